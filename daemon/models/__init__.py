@@ -1,0 +1,40 @@
+"""Models: GGUF reading, configs, tensor maps and forward passes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import ModelConfig
+from .gguf_file import GGUFFile, ModelLoadError
+from .weights import ModelWeights, load_weights, total_weight_bytes
+
+__all__ = ["LoadedModel", "open_model", "ModelLoadError", "ModelConfig"]
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    file: GGUFFile
+    config: ModelConfig
+    weights: ModelWeights | None      # None while parked
+    file_weight_bytes: int            # bytes of the tensors as stored in the GGUF
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+
+def open_model(path: str | Path) -> tuple[GGUFFile, ModelConfig]:
+    """Open and validate a model file without loading weights (checks every tensor's shape and
+    format, so a bad file fails here, before anything is allocated)."""
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    total_weight_bytes(f, cfg)   # walks the tensor plan: missing/unsupported tensors raise now
+    return f, cfg
+
+
+def load_model(path: str | Path, load: Callable[[Any], Any],
+               progress: Callable[[int], None] | None = None) -> LoadedModel:
+    f, cfg = open_model(path)
+    weights = load_weights(f, cfg, load, progress)
+    return LoadedModel(file=f, config=cfg, weights=weights, file_weight_bytes=total_weight_bytes(f, cfg))

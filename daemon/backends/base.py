@@ -1,0 +1,91 @@
+"""The contract between models and backends.
+
+Models (`flashd.daemon.models.dense`) are written once against `Ops`; a backend implements it.
+Tensors are the backend's own type (numpy arrays for `reference`, device buffers for `cuda`) and
+support `.shape` and `.reshape(*shape)` (a view, never a copy).
+
+Shapes use this legend: n = new tokens in the forward, T = cache slots visible, H = query heads,
+Hkv = key/value heads, d = head_dim, D = hidden width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["Batch", "KVCacheSpec", "Ops"]
+
+
+@dataclass(slots=True)
+class Batch:
+    """The new tokens of one forward pass (ARCHITECTURE.md: "The backend contract").
+
+    ids, positions: int32 (n,); n_past: int32 (1,) -- tensors, so a captured CUDA graph reads
+    them from device memory. Token i writes its K/V to cache slot n_past + i and attends every
+    committed slot < n_past plus the new tokens j with mask[i, j] (causal when mask is None).
+    """
+
+    ids: Any
+    positions: Any
+    n_past: Any
+    mask: Any = None          # bool (n, n) or None for causal
+    n_tokens: int = 0         # host copy of n, for shapes
+
+    def __post_init__(self):
+        if not self.n_tokens:
+            self.n_tokens = int(self.ids.shape[0])
+
+
+@dataclass(slots=True, frozen=True)
+class KVCacheSpec:
+    n_layers: int
+    max_ctx: int      # slots per layer
+    n_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self):
+        for name in ("n_layers", "max_ctx", "n_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"KVCacheSpec.{name} must be positive")
+
+
+class Ops(Protocol):
+    """What a model needs from a backend. Every op returns a new tensor."""
+
+    name: str
+
+    # -- memory ----------------------------------------------------------------------------------
+    def load_weight(self, info) -> Any:
+        """A GGUF tensor (TensorInfo) made resident in the backend's preferred form."""
+
+    def kv_cache(self, spec: KVCacheSpec) -> Any:
+        """Storage for K and V of every layer: `cache.layer(i)` is passed to `attention`."""
+
+    def from_numpy(self, array: np.ndarray) -> Any: ...
+
+    def to_numpy(self, tensor) -> np.ndarray: ...
+
+    # -- math ------------------------------------------------------------------------------------
+    def embed(self, table, ids) -> Any:
+        """(n, D) rows of the embedding table."""
+
+    def rmsnorm(self, x, weight, eps: float) -> Any:
+        """x * rsqrt(mean(x^2 over the last axis) + eps) * weight; x (..., d), weight (d,)."""
+
+    def linear(self, x, weight, bias=None, residual=None) -> Any:
+        """x @ weight.T (+ bias) (+ residual); x (n, in), weight (out, in) -> (n, out)."""
+
+    def rope(self, x, positions, theta: float, rope_dim: int, neox: bool) -> Any:
+        """Rotary embedding of the first rope_dim dims of each head; x (n, heads, d)."""
+
+    def attention(self, q, k, v, cache_layer, batch: Batch) -> Any:
+        """Write k, v (n, Hkv, d) to the cache, then softmax(q K^T / sqrt(d) + mask) V.
+
+        q (n, H, d) -> (n, H * d). GQA: query head h reads key/value head h // (H // Hkv).
+        """
+
+    def swiglu(self, gate, up) -> Any:
+        """silu(gate) * up, elementwise."""
+
+    def add(self, a, b) -> Any: ...

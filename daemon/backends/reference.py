@@ -1,0 +1,121 @@
+"""The reference backend: numpy, float32, runs anywhere.
+
+It is the oracle for every other backend and the CPU fallback, so each op is the textbook formula
+with no shortcuts: weights are dequantized once by `gguf.quants.dequantize` (the project's
+definition of what a quantized weight is), activations and the KV cache are float32, and every
+matrix product accumulates in float32 (BLAS).
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf.quants import dequantize
+
+from .base import Batch, KVCacheSpec
+
+__all__ = ["ReferenceOps", "ReferenceKVCache"]
+
+
+class ReferenceKVCache:
+    """K and V for every layer: float32 (n_layers, max_ctx, Hkv, d) each."""
+
+    def __init__(self, spec: KVCacheSpec):
+        self.spec = spec
+        shape = (spec.n_layers, spec.max_ctx, spec.n_kv_heads, spec.head_dim)
+        self.k = np.zeros(shape, np.float32)
+        self.v = np.zeros(shape, np.float32)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.k[i], self.v[i]
+
+    def move(self, src_slots, dst_slots) -> None:
+        """Copy slots src -> dst in every layer (speculative decoding's commit)."""
+        self.k[:, dst_slots] = self.k[:, src_slots]
+        self.v[:, dst_slots] = self.v[:, src_slots]
+
+
+class ReferenceOps:
+    name = "reference"
+
+    # -- memory ----------------------------------------------------------------------------------
+    def load_weight(self, info) -> np.ndarray:
+        w = dequantize(np.asarray(info.blocks), info.qtype)
+        return np.ascontiguousarray(w.reshape(info.shape), dtype=np.float32)
+
+    def kv_cache(self, spec: KVCacheSpec) -> ReferenceKVCache:
+        return ReferenceKVCache(spec)
+
+    def from_numpy(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(array)
+
+    def to_numpy(self, tensor) -> np.ndarray:
+        return np.asarray(tensor)
+
+    # -- math ------------------------------------------------------------------------------------
+    def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return table[ids.astype(np.int64)]
+
+    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+        return (x / np.sqrt(ms + np.float32(eps))) * weight
+
+    def linear(self, x, weight, bias=None, residual=None) -> np.ndarray:
+        y = x @ weight.T if x.shape[0] > 1 else (weight @ x[0])[None, :]  # gemv for one row
+        if bias is not None:
+            y = y + bias
+        if residual is not None:
+            y = y + residual
+        return y
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, theta: float, rope_dim: int,
+             neox: bool) -> np.ndarray:
+        # angle[t, i] = pos_t * theta^(-2i / rope_dim), i < rope_dim / 2; computed in float64
+        half = rope_dim // 2
+        inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
+        angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+        cos = np.cos(angle).astype(np.float32)[:, None, :]   # (n, 1, half)
+        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        out = x.copy()
+        if neox:   # pairs (i, i + half)
+            a, b = x[..., :half], x[..., half:rope_dim]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:rope_dim] = a * sin + b * cos
+        else:      # adjacent pairs (2i, 2i + 1)
+            a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+            out[..., 0:rope_dim:2] = a * cos - b * sin
+            out[..., 1:rope_dim:2] = a * sin + b * cos
+        return out
+
+    def attention(self, q, k, v, cache_layer, batch: Batch) -> np.ndarray:
+        k_cache, v_cache = cache_layer
+        n, n_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        n_past = int(batch.n_past[0])
+        if n_past + n > k_cache.shape[0]:
+            raise ValueError(f"KV cache overflow: {n_past} + {n} > {k_cache.shape[0]} slots")
+        k_cache[n_past:n_past + n] = k
+        v_cache[n_past:n_past + n] = v
+        n_ctx = n_past + n
+        keys = k_cache[:n_ctx]                                   # (T, Hkv, d)
+        values = v_cache[:n_ctx]
+        visible = np.ones((n, n_ctx), dtype=bool)                # (n, T)
+        new = np.tril(np.ones((n, n), bool)) if batch.mask is None else np.asarray(batch.mask, bool)
+        visible[:, n_past:] = new
+        group = n_heads // n_kv_heads
+        qg = q.reshape(n, n_kv_heads, group, head_dim)
+        scores = np.einsum("nkgd,tkd->kgnt", qg, keys) * np.float32(1.0 / np.sqrt(head_dim))
+        scores = np.where(visible[None, None], scores, np.float32(-np.inf))
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = np.einsum("kgnt,tkd->nkgd", probs, values)
+        return out.reshape(n, n_heads * head_dim).astype(np.float32, copy=False)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return gate / (np.float32(1.0) + np.exp(-gate)) * up
+
+    def add(self, a, b) -> np.ndarray:
+        return a + b

@@ -1,0 +1,29 @@
+"""EngineConfig: how `flashd serve` was asked to run, checked on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EngineConfig", "DEVICES"]
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    model: str                          # GGUF path (names are resolved by the CLI before this)
+    device: str = "auto"                # auto: cuda when a GPU and the native library are present
+    max_ctx: int = 4096                 # KV slots; prompt + max_tokens must fit
+    drafts: tuple[str, ...] = ()        # speculative-decoding drafters (paths, or "ngram")
+    prefill_drafter: str | None = None  # PFlash scoring model
+    max_queue: int = 64                 # queued requests beyond the running one; more -> overloaded
+    prefill_chunk: int = 512            # tokens per prefill forward
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if not 16 <= self.max_ctx <= 1 << 20:
+            raise ValueError(f"max_ctx must be in [16, 1048576], got {self.max_ctx}")
+        if self.max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")

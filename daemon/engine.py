@@ -1,0 +1,347 @@
+"""The engine: the one thread that owns the model and executes requests in order (batch 1).
+
+Front ends (stdin, ZeroMQ, the Lucebox dialect) call `submit(request, emit)` from their own
+threads; the engine queues the request (bounded: overflow is an `overloaded` error), runs it, and
+calls `emit(event)` from the engine thread for every event, ending with exactly one terminal event
+(done / result / error). `emit` must not block for long: a front end buffers per client.
+
+`cancel` and `status` are answered at once on the caller's thread so they never wait behind a
+long generation. A failing request never takes the engine down: its exception becomes an error
+event and the next request starts from a clean state.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..protocol import messages as m
+from ..protocol.errors import ProtocolError
+from ..protocol.messages import done_event, error_event, result_event, token_event
+from .backends import select_backend
+from .config import EngineConfig
+from .models import LoadedModel, ModelLoadError, load_model, open_model
+from .runner import ModelRunner
+from .stops import StopMatcher
+
+__all__ = ["Engine", "Emit"]
+
+log = logging.getLogger("flashd.engine")
+
+Emit = Callable[[dict], None]
+
+
+@dataclass(slots=True)
+class _Job:
+    request: object
+    emit: Emit
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.ops = select_backend(config.device)
+        self.model: LoadedModel | None = None
+        self.runner: ModelRunner | None = None
+        self.tokenizer = None
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._running: _Job | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.n_served = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def load(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Load the target model and its tokenizer; `progress(done_bytes, total_bytes)`."""
+        from ..clients.tokenizer import Tokenizer
+
+        f, cfg = open_model(self.config.model)
+        self.tokenizer = Tokenizer.from_gguf(f.reader)
+        self._load_weights(progress)
+
+    def _load_weights(self, progress=None) -> None:
+        done = [0]
+        f, cfg = open_model(self.config.model) if self.model is None else (self.model.file, self.model.config)
+        from .models.weights import total_weight_bytes
+        total = total_weight_bytes(f, cfg)
+
+        def step(n_bytes: int) -> None:
+            done[0] += n_bytes
+            if progress is not None:
+                progress(done[0], total)
+
+        self.model = load_model(self.config.model, self.ops.load_weight, step)
+        self.runner = ModelRunner(self.ops, self.model.config, self.model.weights, self.config.max_ctx,
+                                  self.config.prefill_chunk)
+
+    def start(self) -> None:
+        if self.model is None:
+            raise RuntimeError("Engine.load() must run before start()")
+        self._thread = threading.Thread(target=self._loop, name="flashd-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Cancel everything queued or running and join the engine thread."""
+        with self._cv:
+            self._stopping = True
+            for job in self._queue:
+                job.cancelled.set()
+            if self._running is not None:
+                self._running.cancelled.set()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def ready_info(self) -> dict:
+        cfg = self.model.config
+        return {"model": str(self.model.path), "arch": cfg.arch, "name": cfg.name,
+                "backend": self.ops.name, "max_ctx": self.config.max_ctx,
+                "vocab_size": cfg.vocab_size, "pid": os.getpid()}
+
+    # -- submission (any thread) -----------------------------------------------------------------
+    def submit(self, request, emit: Emit) -> None:
+        if isinstance(request, m.Cancel):
+            emit(result_event(request.id, cancelled=self.cancel(request.target)))
+            return
+        if isinstance(request, m.Status):
+            emit(result_event(request.id, **self.status()))
+            return
+        with self._cv:
+            if self._stopping:
+                emit(error_event(request.id, "cancelled", "the daemon is shutting down"))
+                return
+            if len(self._queue) >= self.config.max_queue:
+                emit(error_event(request.id, "overloaded",
+                                 f"request queue is full ({self.config.max_queue} waiting); retry later"))
+                return
+            self._queue.append(_Job(request, emit))
+            self._cv.notify()
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a queued or running request; False when no such request is pending."""
+        with self._cv:
+            jobs = list(self._queue) + ([self._running] if self._running else [])
+            hit = [j for j in jobs if j.request.id == request_id and not j.cancelled.is_set()]
+            for job in hit:
+                job.cancelled.set()
+            return bool(hit)
+
+    def cancel_where(self, predicate: Callable[[object], bool]) -> int:
+        """Cancel every pending request the predicate selects (e.g. a disconnected client's)."""
+        with self._cv:
+            jobs = list(self._queue) + ([self._running] if self._running else [])
+            hit = [j for j in jobs if predicate(j) and not j.cancelled.is_set()]
+            for job in hit:
+                job.cancelled.set()
+            return len(hit)
+
+    def status(self) -> dict:
+        model = self.model
+        cfg = model.config
+        with self._cv:
+            running = self._running.request.id if self._running else None
+            queued = len(self._queue)
+        kv_bytes = self.runner.cache.n_bytes if self.runner is not None else 0
+        resident = model.weights is not None
+        return {
+            "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.ops.name,
+            "max_ctx": self.config.max_ctx, "parked": {"target": not resident},
+            "drafters": [], "running": running, "queued": queued, "served": self.n_served,
+            "memory": {"weights_bytes": self.ops_weight_bytes() if resident else 0,
+                       "kv_bytes": kv_bytes, "file_weight_bytes": model.file_weight_bytes},
+        }
+
+    def ops_weight_bytes(self) -> int:
+        w = self.model.weights
+        total = 0
+        for t in (w.token_embd, w.output_norm, w.output if w.output is not w.token_embd else None):
+            total += getattr(t, "nbytes", 0) if t is not None else 0
+        for layer in w.layers:
+            for name in layer.__slots__:
+                t = getattr(layer, name)
+                total += getattr(t, "nbytes", 0) if t is not None else 0
+        return int(total)
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stopping:
+                    self._cv.wait()
+                if self._stopping and not self._queue:
+                    return
+                job = self._queue.popleft()
+                self._running = job
+            try:
+                self._execute(job)
+            finally:
+                with self._cv:
+                    self._running = None
+                    self.n_served += 1
+
+    def _execute(self, job: _Job) -> None:
+        req = job.request
+        try:
+            if job.cancelled.is_set():
+                raise ProtocolError("cancelled", "cancelled before it started")
+            handler = getattr(self, "_do_" + type(req).__name__.lower(), None)
+            if handler is None:
+                raise ProtocolError("unknown_command", f"{type(req).__name__.lower()} is not handled")
+            handler(req, job)
+        except ProtocolError as exc:
+            job.emit(error_event(req.id, exc.code, exc.message))
+        except MemoryError as exc:
+            log.exception("out of memory in %s", req.id)
+            job.emit(error_event(req.id, "oom", f"out of memory: {exc}"))
+        except Exception as exc:  # a bug: report it, keep serving
+            log.exception("request %s failed", req.id)
+            job.emit(error_event(req.id, "internal", f"{type(exc).__name__}: {exc}"))
+        finally:
+            if self.runner is not None:
+                self.runner.reset()
+
+    # -- request handlers ------------------------------------------------------------------------
+    def _require_target(self) -> ModelRunner:
+        if self.model.weights is None:
+            raise ProtocolError("parked", "the target model is parked; send `unpark what=target` first")
+        return self.runner
+
+    def _check_ids(self, ids) -> list[int]:
+        vocab = self.model.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ProtocolError("bad_request", f"ids: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        return list(ids)
+
+    def _prompt_ids(self, req) -> list[int]:
+        if req.text is not None:
+            ids = self.tokenizer.encode(req.text, add_special=getattr(req, "add_special", False))
+            if not ids:
+                raise ProtocolError("bad_request", "text: the prompt tokenizes to no tokens")
+            return ids
+        return self._check_ids(req.ids)
+
+    def _do_generate(self, req: m.Generate, job: _Job) -> None:
+        if req.spec != "off":
+            raise ProtocolError("not_implemented", f"spec={req.spec}: speculative decoding is not available yet")
+        if req.compress != "off":
+            raise ProtocolError("not_implemented", f"compress={req.compress}: prompt compression is not available yet")
+        if req.draft is not None:
+            raise ProtocolError("not_loaded", f"draft={req.draft}: no drafter is loaded")
+        runner = self._require_target()
+        prompt = self._prompt_ids(req)
+        if len(prompt) + req.max_tokens > self.config.max_ctx:
+            raise ProtocolError("ctx_overflow", f"prompt {len(prompt)} + max_tokens {req.max_tokens} "
+                                                f"> max_ctx {self.config.max_ctx}")
+        stop_ids = set(req.stop_ids) | (set() if req.ignore_eos else set(self.tokenizer.stop_ids))
+        decoder = self.tokenizer.stream_decoder()
+        stops = StopMatcher(req.stop)
+        out_ids: list[int] = []
+        out_text: list[str] = []
+        out_logprobs: list[dict] = []
+        reason = "length"
+        t_start = time.perf_counter()
+        t_first = None
+        tokens = runner.generate(prompt, req.sampling, req.max_tokens, logprobs=req.logprobs)
+        try:
+            for sampled in tokens:
+                if t_first is None:
+                    t_first = time.perf_counter()
+                if job.cancelled.is_set():
+                    raise ProtocolError("cancelled", f"cancelled after {len(out_ids)} tokens")
+                tok = sampled.token
+                out_ids.append(tok)
+                if tok in stop_ids:
+                    reason = "stop"
+                    text = stops.flush()
+                else:
+                    text = stops.feed(decoder.feed([tok]))
+                    if stops.stopped:
+                        reason = "stop"
+                lp = None
+                if req.logprobs:
+                    lp = [{"id": tok, "logprob": sampled.logprob,
+                           "top": [[t, v] for t, v in sampled.top]}]
+                    out_logprobs.extend(lp)
+                out_text.append(text)
+                if req.stream:
+                    job.emit(token_event(req.id, [tok], text, lp))
+                if reason == "stop":
+                    break
+        finally:
+            tokens.close()
+        if reason == "length":
+            tail = stops.feed(decoder.flush()) + stops.flush()
+            if tail:
+                out_text.append(tail)
+                if req.stream:
+                    job.emit(token_event(req.id, [], tail))
+        t_end = time.perf_counter()
+        t_first = t_first or t_end
+        n_gen = len(out_ids)
+        prefill_s, decode_s = t_first - t_start, t_end - t_first
+        timings = {"prefill_ms": round(prefill_s * 1e3, 3), "decode_ms": round(decode_s * 1e3, 3),
+                   "ttft_ms": round(prefill_s * 1e3, 3),
+                   "prefill_tok_s": round(len(prompt) / prefill_s, 2) if prefill_s > 0 else None,
+                   "decode_tok_s": round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else None}
+        done = done_event(req.id, reason, len(prompt), n_gen, timings)
+        if not req.stream:
+            done["ids"] = out_ids
+            done["text"] = "".join(out_text)
+            if req.logprobs:
+                done["logprobs"] = out_logprobs
+        job.emit(done)
+
+    def _do_tokenize(self, req: m.Tokenize, job: _Job) -> None:
+        job.emit(result_event(req.id, ids=self.tokenizer.encode(req.text, add_special=req.add_special)))
+
+    def _do_detokenize(self, req: m.Detokenize, job: _Job) -> None:
+        job.emit(result_event(req.id, text=self.tokenizer.decode(self._check_ids(req.ids))))
+
+    def _do_score(self, req: m.Score, job: _Job) -> None:
+        runner = self._require_target()
+        ids = self._check_ids(req.ids)
+        if len(ids) > self.config.max_ctx:
+            raise ProtocolError("ctx_overflow", f"{len(ids)} ids > max_ctx {self.config.max_ctx}")
+        logits = runner.score(ids).astype(np.float64)           # (n, vocab)
+        lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        nxt = np.asarray(ids[1:])
+        logprobs = logits[np.arange(len(nxt)), nxt] - lse[:-1]
+        job.emit(result_event(req.id, argmax=[int(t) for t in logits.argmax(-1)],
+                              logprobs=[round(float(x), 6) for x in logprobs]))
+
+    def _do_compress(self, req: m.Compress, job: _Job) -> None:
+        raise ProtocolError("not_implemented", "compress: speculative prefill (PFlash) is not available yet")
+
+    def _do_park(self, req: m.Park, job: _Job) -> None:
+        if req.what in ("target", "all") and self.model.weights is not None:
+            self.model.weights = None
+            self.runner = None            # releases the KV cache too
+        job.emit(result_event(req.id, parked=self.status()["parked"]))
+
+    def _do_unpark(self, req: m.Unpark, job: _Job) -> None:
+        if req.what in ("target", "all") and self.model.weights is None:
+            try:
+                self._load_weights()
+            except ModelLoadError as exc:
+                raise ProtocolError("internal", f"unpark failed: {exc}") from exc
+        job.emit(result_event(req.id, parked=self.status()["parked"]))
+
+    def _do_free(self, req: m.Free, job: _Job) -> None:
+        raise ProtocolError("not_loaded", "free drafter: no prefill drafter is loaded")
+
+    def _do_quit(self, req: m.Quit, job: _Job) -> None:
+        job.emit(result_event(req.id, quitting=True))
+        with self._cv:
+            self._stopping = True
+            for queued in self._queue:
+                queued.cancelled.set()
+            self._cv.notify_all()

@@ -1,0 +1,93 @@
+"""Token selection: the one definition every backend reproduces.
+
+Given the logits of one position, the history of token ids (prompt + generated) and
+`SamplingParams`, `sample()` returns a token id. The steps, in order:
+
+1. penalties over the last `repeat_last_n` ids of the history (counts c[t]):
+   repeat_penalty r (llama.cpp): logit /= r if logit > 0 else logit *= r, for every t with c[t] > 0;
+   frequency f / presence p (OpenAI): logit -= c[t] * f + (c[t] > 0) * p.
+2. temperature 0: argmax (lowest id wins a tie). Otherwise logits / temperature, then
+3. top_k: keep the k largest (ties at the boundary broken by lower id),
+4. softmax, top_p: keep the smallest prefix (by probability, then id) whose mass reaches top_p,
+5. min_p: keep tokens with p >= min_p * p_max,
+6. draw: u = uniform(seed, step) in [0, 1); walk the kept tokens by descending probability (then id)
+   and return the first whose cumulative renormalised mass exceeds u.
+
+`uniform(seed, step)` is a counter-based generator (SplitMix64 of seed and step), so the same seed
+gives the same tokens on every backend and no state is carried between steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..protocol.messages import SamplingParams
+
+__all__ = ["sample", "apply_penalties", "uniform", "candidate_probs", "log_softmax"]
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, step: int) -> float:
+    """A uniform double in [0, 1) that depends only on (seed, step)."""
+    return (_splitmix64(_splitmix64(seed & _MASK64) ^ (step & _MASK64)) >> 11) * 2.0 ** -53
+
+
+def apply_penalties(logits: np.ndarray, history: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Step 1 on a float64 copy of `logits` (vocab,)."""
+    out = logits.astype(np.float64)
+    if params.repeat_last_n == 0 or len(history) == 0:
+        return out
+    if (params.repeat_penalty == 1.0 and params.frequency_penalty == 0.0
+            and params.presence_penalty == 0.0):
+        return out
+    window = np.asarray(history[-params.repeat_last_n:], dtype=np.int64)
+    ids, counts = np.unique(window, return_counts=True)
+    sel = out[ids]
+    if params.repeat_penalty != 1.0:
+        sel = np.where(sel > 0, sel / params.repeat_penalty, sel * params.repeat_penalty)
+    sel = sel - counts * params.frequency_penalty - params.presence_penalty
+    out[ids] = sel
+    return out
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 2-5 for temperature > 0: (ids, probs) of the kept tokens, sorted by (-prob, id)."""
+    x = logits.astype(np.float64) / params.temperature
+    order = np.lexsort((np.arange(x.size), -x))           # by logit desc, then id asc
+    if params.top_k > 0:
+        order = order[:params.top_k]
+    z = x[order] - x[order[0]]
+    probs = np.exp(z)
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(probs), params.top_p, side="left")) + 1
+        order, probs = order[:cut], probs[:cut]
+    if params.min_p > 0.0:
+        keep = probs >= params.min_p * probs[0]
+        order, probs = order[keep], probs[keep]
+    return order, probs / probs.sum()
+
+
+def sample(logits: np.ndarray, history: np.ndarray, params: SamplingParams, step: int) -> int:
+    """The token id chosen at generation step `step` (0 for the first generated token)."""
+    x = apply_penalties(logits, history, params)
+    if params.greedy:
+        return int(np.argmax(x))
+    ids, probs = candidate_probs(x, params)
+    u = uniform(params.seed, step)
+    i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+    return int(ids[min(i, len(ids) - 1)])
