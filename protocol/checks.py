@@ -121,7 +121,9 @@ def check_token_ids(name: str, value: Any, *, min_len: int = 0) -> list[int]:
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise _bad(name, f"expected a list of token ids, got {_kind(value)} {_show(value)}")
-    for index, token in enumerate(value):
+    # Fast path in C for long prompts; the loop below only runs to name the bad element.
+    all_ok = set(map(type, value)) <= {int} and (not value or (min(value) >= 0 and max(value) <= INT32_MAX))
+    for index, token in enumerate(() if all_ok else value):
         if isinstance(token, bool) or not isinstance(token, int):
             raise _bad(name, f"element {index} is {_kind(token)} {_show(token)}, expected an integer")
         if token < 0 or token > INT32_MAX:

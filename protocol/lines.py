@@ -29,6 +29,7 @@ _WORD = re.compile(r"\S+")
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _INT_LIST = re.compile(r"[+-]?[0-9]+(?:,[+-]?[0-9]+)+", re.ASCII)
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_ID_KEY = re.compile(r"(?<!\S)id=")  # `id=` starting a field (lookbehind sees before pos)
 _SAFE_PATH = re.compile(r"[^\s\"][^\s]*")  # an @path that needs no quoting
 _SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*", re.ASCII)  # a str that reads back as itself
 _JSON = json.JSONDecoder(strict=False)  # strict=False: raw tabs etc. allowed inside strings
@@ -101,42 +102,56 @@ def _parse_value(text: str, pos: int, key: str) -> tuple[Any, int]:
 
 def parse_fields(text: str) -> dict[str, Any]:
     """`key=value ...` -> {key: decoded value}; raises ProtocolError("bad_request")."""
-    fields: dict[str, Any] = {}
-    _parse_fields_into(text, fields)
-    return fields
+    return _FieldParser(text).run()
 
 
-def _parse_fields_into(text: str, fields: dict[str, Any]) -> None:
-    """Parse `key=value ...` from text into `fields`, filled as it goes so that a caller that
-    catches an error still sees the fields before it (for the error's request id)."""
-    pos = _SPACE.match(text).end()
-    while pos < len(text):
-        match = _KEY.match(text, pos)
-        if match is None:
-            token = _WORD.match(text, pos).group()
-            if "=" in token:
-                raise _bad(f"bad field name {token.split('=', 1)[0]!r} (letters, digits, _)")
-            raise _bad(f"expected key=value, got {token!r}")
-        key = match.group(1)
-        if key in fields:
-            raise _bad(f"{key}: given twice")
-        fields[key], pos = _parse_value(text, match.end(), key)
-        pos = _SPACE.match(text, pos).end()
+class _FieldParser:
+    """Parses `key=value ...`, keeping what an error report needs: the fields read so far and
+    where the field being read starts."""
 
+    def __init__(self, text: str):
+        self.text = text
+        self.fields: dict[str, Any] = {}
+        self.field_start = 0
 
-def _id_for_errors(text: str, fields: dict[str, Any], default_id: str) -> str | None:
-    """Best effort: the id a malformed line's error answers."""
-    if "id" not in fields:
-        for match in re.finditer(r"(?:^|\s)id=", text):
-            try:
-                fields["id"], _ = _parse_value(text, match.end(), "id")
-            except ProtocolError:
-                return None
-            break
-    try:
-        return check_request_id(fields.get("id", default_id))
-    except ProtocolError:
-        return None
+    def run(self) -> dict[str, Any]:
+        text = self.text
+        pos = _SPACE.match(text).end()
+        while pos < len(text):
+            self.field_start = pos
+            match = _KEY.match(text, pos)
+            if match is None:
+                token = _WORD.match(text, pos).group()
+                if "=" in token:
+                    raise _bad(f"bad field name {token.split('=', 1)[0]!r} (letters, digits, _)")
+                raise _bad(f"expected key=value, got {token!r}")
+            key = match.group(1)
+            if key in self.fields:
+                raise _bad(f"{key}: given twice")
+            self.fields[key], pos = _parse_value(text, match.end(), key)
+            pos = _SPACE.match(text, pos).end()
+        return self.fields
+
+    def id_for_error(self, error: ProtocolError, default_id: str) -> str | None:
+        """Best effort: the id the error answers. An id= read before the error wins; else the
+        first id= from the failing field on (none inside an unterminated string, which runs
+        to the end of the line); else default_id. None when that id= cannot be read."""
+        raw_id = self.fields.get("id")
+        if "id" not in self.fields:
+            end = error.start if isinstance(error, _UnterminatedString) else len(self.text)
+            tail = self.text[:end]
+            match = _ID_KEY.search(tail, self.field_start)
+            if match is None:
+                raw_id = default_id
+            else:
+                try:
+                    raw_id, _ = _parse_value(tail, match.end(), "id")
+                except ProtocolError:
+                    return None
+        try:
+            return check_request_id(raw_id)
+        except ProtocolError:
+            return None
 
 
 def parse_line(line: str, default_id: str, max_line_chars: int = MAX_LINE_CHARS) -> Request | None:
@@ -154,12 +169,11 @@ def parse_line(line: str, default_id: str, max_line_chars: int = MAX_LINE_CHARS)
         return None
     parts = text.split(None, 1)
     verb, rest = parts[0], (parts[1] if len(parts) > 1 else "")
-    fields: dict[str, Any] = {}
+    parser = _FieldParser(rest)
     try:
-        _parse_fields_into(rest, fields)
+        fields = parser.run()
     except ProtocolError as exc:
-        scan_to = exc.start if isinstance(exc, _UnterminatedString) else len(rest)
-        request_id = _id_for_errors(rest[:scan_to], fields, default_id)
+        request_id = parser.id_for_error(exc, default_id)
         if verb not in VERBS:
             raise ProtocolError("unknown_command", f"unknown command {verb!r}; commands: "
                                 f"{', '.join(VERBS)}", request_id) from None
