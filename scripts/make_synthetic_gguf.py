@@ -1,0 +1,797 @@
+"""Synthetic GGUF models: random weights at any shape, in any supported weight format.
+
+The files look like llama.cpp's converter output for the architecture (tensor names and metadata
+keys from `gguf.constants`, GGUF dims order, F32 norms and biases, a byte-level BPE tokenizer), so
+every loader and backend can be tested on small models and benchmarked on real shapes without the
+real weights.
+
+What a weight IS is defined by `gguf.quants.dequantize` of the stored bytes; the float weights the
+file was made from can be regenerated with `float_tensor(spec, name)` (deterministic per tensor).
+
+Layout of the file (numpy shapes, row-major; GGUF reports each shape reversed, ne[0] = columns):
+    token_embd.weight            (vocab, hidden)
+    blk.N.attn_norm.weight       (hidden,)                   F32
+    blk.N.attn_q.weight          (n_heads*head_dim, hidden)   y = W @ x
+    blk.N.attn_k/attn_v.weight   (n_kv_heads*head_dim, hidden)
+    blk.N.attn_{q,k,v}.bias      qwen2 only, F32
+    blk.N.attn_{q,k}_norm.weight qwen3 only, (head_dim,) F32
+    blk.N.attn_output.weight     (hidden, n_heads*head_dim)
+    blk.N.ffn_norm.weight        (hidden,)                   F32
+    blk.N.ffn_gate/ffn_up.weight (ffn, hidden)
+    blk.N.ffn_down.weight        (hidden, ffn)
+    output_norm.weight           (hidden,)                   F32
+    output.weight                (vocab, hidden)             absent when tie_embeddings
+
+CLI: python -m flashd.scripts.make_synthetic_gguf OUT.gguf [--preset qwen2.5-1.5b] [--arch ...] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import functools
+import re
+import sys
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf.constants import GGML_QUANT_SIZES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
+
+# ----------------------------------------------------------------------------------------------
+# Spec
+# ----------------------------------------------------------------------------------------------
+
+# GGML type names accepted for 2-D weight matrices. Q5_1 is not among the formats flashd runs; it is
+# here so tests can check that such a file is refused with a clear error.
+SUPPORTED_WEIGHT_TYPES: tuple[str, ...] = (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+)
+
+# general.file_type for a file whose matrices are all of one type. llama.cpp has no "pure Q4_K"
+# file type; Q4_K_S / Q5_K_S are the closest (mostly that type).
+_FILE_TYPE: dict[str, gguf.LlamaFileType] = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+    "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
+    "Q5_1": gguf.LlamaFileType.MOSTLY_Q5_1,
+    "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S,
+    "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_S,
+    "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
+}
+
+# Special tokens, appended after the byte and merge tokens (ChatML, as in Qwen2.5 and SmolLM2).
+SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+N_BYTE_TOKENS = 256
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@dataclass(slots=True, frozen=True)
+class SyntheticSpec:
+    arch: str = "qwen2"          # a key of ARCH_LAYOUTS: llama | qwen2 | qwen3
+    n_layers: int = 2
+    hidden: int = 64             # embedding_length
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int | None = None  # default hidden // n_heads; qwen3 may differ (key_length/value_length)
+    ffn: int = 128               # feed_forward_length
+    vocab_size: int = 512        # >= 256 byte tokens + 3 special tokens
+    context_length: int = 4096
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    weight_type: str = "Q8_0"    # GGML type name for 2-D weight matrices (SUPPORTED_WEIGHT_TYPES)
+    type_overrides: tuple[tuple[str, str], ...] = ()  # (tensor-name glob, type); later entries win
+    tie_embeddings: bool = False  # no output.weight; lm_head = token_embd
+    seed: int = 0
+    name: str = "synthetic"
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCH_LAYOUTS:
+            raise ValueError(f"arch {self.arch!r} is not one of {sorted(ARCH_LAYOUTS)}")
+        for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "context_length"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim is None and self.hidden % self.n_heads != 0:
+            raise ValueError(f"hidden ({self.hidden}) is not divisible by n_heads ({self.n_heads}); give head_dim")
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
+            raise ValueError(f"head_dim must be a positive int, got {self.head_dim!r}")
+        if self.head_dim_resolved % 2 != 0:
+            raise ValueError(f"head_dim ({self.head_dim_resolved}) must be even (RoPE rotates pairs)")
+        min_vocab = N_BYTE_TOKENS + len(SPECIAL_TOKENS)
+        if not isinstance(self.vocab_size, int) or self.vocab_size < min_vocab:
+            raise ValueError(f"vocab_size must be >= {min_vocab} (byte tokens + special tokens), got {self.vocab_size!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+        if not self.rms_eps > 0:
+            raise ValueError(f"rms_eps must be > 0, got {self.rms_eps!r}")
+        if not self.name:
+            raise ValueError("name must be non-empty")
+        if not isinstance(self.type_overrides, tuple) or not all(
+                isinstance(o, tuple) and len(o) == 2 and all(isinstance(v, str) for v in o)
+                for o in self.type_overrides):
+            raise ValueError(f"type_overrides must be a tuple of (glob, type name) pairs, got {self.type_overrides!r}")
+        for glob, type_name in ((None, self.weight_type), *self.type_overrides):
+            if type_name not in SUPPORTED_WEIGHT_TYPES:
+                where = "weight_type" if glob is None else f"type override for {glob!r}"
+                raise ValueError(f"{where}: {type_name!r} is not one of {SUPPORTED_WEIGHT_TYPES}")
+        tensor_plan(self)  # checks the overrides match tensors and every row fits its format's blocks
+
+    @property
+    def head_dim_resolved(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.n_heads
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensor plan: names, shapes, types and initial distributions, decided before any data exists
+# ----------------------------------------------------------------------------------------------
+
+# The final logits' standard deviation (over the vocabulary) for an RMS-normalised input: wide
+# enough that the top two logits rarely tie, narrow enough that sampling stays non-trivial.
+LOGIT_STD = 2.0
+NORM_WEIGHT_STD = 0.1   # norm weights ~ N(1, 0.1): near 1 but not all equal
+BIAS_STD = 0.1
+
+
+@dataclass(slots=True, frozen=True)
+class TensorPlan:
+    name: str                 # GGUF tensor name, e.g. "blk.0.attn_q.weight"
+    shape: tuple[int, ...]    # numpy shape (rows, cols); GGUFReader reports it reversed
+    qtype: gguf.GGMLQuantizationType
+    init_mean: float          # float weights ~ N(init_mean, init_std)
+    init_std: float
+
+    @property
+    def n_bytes(self) -> int:
+        block_size, type_size = GGML_QUANT_SIZES[self.qtype]
+        return int(np.prod(self.shape)) // block_size * type_size
+
+
+@dataclass(slots=True, frozen=True)
+class TensorSlot:
+    """A tensor of the architecture before its type and distribution are decided."""
+
+    kind: MODEL_TENSOR          # gguf.constants tensor kind (must belong to the arch)
+    suffix: str                 # "weight" | "bias"
+    shape: tuple[int, ...]      # numpy shape, rows first
+    role: str                   # "embedding" | "matrix" | "out_matrix" (writes into the residual
+                                # stream) | "lm_head" | "norm" | "bias": picks the initial distribution
+    bid: int | None = None      # block index for blk.N tensors
+
+    @property
+    def name(self) -> str:
+        return TENSOR_NAMES[self.kind].format(bid=self.bid) + "." + self.suffix
+
+
+@dataclass(slots=True, frozen=True)
+class ArchLayout:
+    """What distinguishes one architecture's file; a new arch is one more entry in ARCH_LAYOUTS."""
+
+    model_arch: gguf.MODEL_ARCH
+    tokenizer_pre: str                                            # tokenizer.ggml.pre
+    layer_tensors: Callable[[SyntheticSpec, int], list[TensorSlot]]  # the tensors of block `bid`
+    write_arch_metadata: Callable[[gguf.GGUFWriter, SyntheticSpec], None]  # arch-specific keys
+
+
+def _dense_layer_tensors(spec: SyntheticSpec, bid: int, *, qkv_bias: bool, qk_norm: bool) -> list[TensorSlot]:
+    """One pre-norm attention + SwiGLU block (llama / qwen2 / qwen3)."""
+    T = MODEL_TENSOR
+    hd = spec.head_dim_resolved
+    q_dim, kv_dim = spec.n_heads * hd, spec.n_kv_heads * hd
+    out = [TensorSlot(T.ATTN_NORM, "weight", (spec.hidden,), "norm", bid)]
+    for kind, rows in ((T.ATTN_Q, q_dim), (T.ATTN_K, kv_dim), (T.ATTN_V, kv_dim)):
+        out.append(TensorSlot(kind, "weight", (rows, spec.hidden), "matrix", bid))
+        if qkv_bias:
+            out.append(TensorSlot(kind, "bias", (rows,), "bias", bid))
+    if qk_norm:   # RMSNorm over each head's hd values, one weight vector shared by all heads
+        out.append(TensorSlot(T.ATTN_Q_NORM, "weight", (hd,), "norm", bid))
+        out.append(TensorSlot(T.ATTN_K_NORM, "weight", (hd,), "norm", bid))
+    out += [
+        TensorSlot(T.ATTN_OUT, "weight", (spec.hidden, q_dim), "out_matrix", bid),
+        TensorSlot(T.FFN_NORM, "weight", (spec.hidden,), "norm", bid),
+        TensorSlot(T.FFN_GATE, "weight", (spec.ffn, spec.hidden), "matrix", bid),
+        TensorSlot(T.FFN_UP, "weight", (spec.ffn, spec.hidden), "matrix", bid),
+        TensorSlot(T.FFN_DOWN, "weight", (spec.hidden, spec.ffn), "out_matrix", bid),
+    ]
+    return out
+
+
+def _write_head_dim_keys(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
+    writer.add_key_length(spec.head_dim_resolved)
+    writer.add_value_length(spec.head_dim_resolved)
+
+
+def _llama_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
+    # The llama converter also writes these two keys.
+    writer.add_vocab_size(spec.vocab_size)
+    writer.add_rope_dimension_count(spec.head_dim_resolved)
+    if spec.head_dim_resolved * spec.n_heads != spec.hidden:
+        _write_head_dim_keys(writer, spec)
+
+
+def _qwen2_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
+    if spec.head_dim_resolved * spec.n_heads != spec.hidden:
+        _write_head_dim_keys(writer, spec)
+
+
+def _qwen3_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
+    # Qwen3 configs carry head_dim, so the converter always writes key_length/value_length.
+    _write_head_dim_keys(writer, spec)
+
+
+ARCH_LAYOUTS: dict[str, ArchLayout] = {
+    "llama": ArchLayout(
+        gguf.MODEL_ARCH.LLAMA, "smollm",
+        functools.partial(_dense_layer_tensors, qkv_bias=False, qk_norm=False), _llama_metadata),
+    "qwen2": ArchLayout(
+        gguf.MODEL_ARCH.QWEN2, "qwen2",
+        functools.partial(_dense_layer_tensors, qkv_bias=True, qk_norm=False), _qwen2_metadata),
+    "qwen3": ArchLayout(
+        gguf.MODEL_ARCH.QWEN3, "qwen2",
+        functools.partial(_dense_layer_tensors, qkv_bias=False, qk_norm=True), _qwen3_metadata),
+}
+
+
+def _init_distribution(spec: SyntheticSpec, role: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(mean, std) of a tensor's float weights, chosen so activations stay O(1) at any depth.
+
+    A matrix (out, in) has std 1/sqrt(in), so W @ x keeps the RMS of an O(1) input. Projections
+    back into the residual stream are further scaled by 1/sqrt(2 n_layers) (GPT-2 style): the
+    residual stream then ends with variance ~ embedding + 2 n_layers * 1/(2 n_layers) = O(1).
+    """
+    if role == "norm":
+        return 1.0, NORM_WEIGHT_STD
+    if role == "bias":
+        return 0.0, BIAS_STD
+    fan_in = shape[-1]
+    if role == "matrix":
+        return 0.0, 1.0 / np.sqrt(fan_in)
+    if role == "out_matrix":
+        return 0.0, 1.0 / np.sqrt(fan_in * 2 * spec.n_layers)
+    if role == "lm_head":      # logits = W @ rmsnorm(x): std LOGIT_STD over the vocabulary
+        return 0.0, LOGIT_STD / np.sqrt(fan_in)
+    if role == "embedding":    # tied: the same matrix is the lm_head
+        return 0.0, (LOGIT_STD / np.sqrt(fan_in)) if spec.tie_embeddings else 1.0
+    raise AssertionError(f"unknown role {role!r}")
+
+
+def _resolve_matrix_type(spec: SyntheticSpec, name: str) -> str:
+    type_name = spec.weight_type
+    for glob, override in spec.type_overrides:
+        if fnmatch.fnmatchcase(name, glob):
+            type_name = override
+    return type_name
+
+
+def tensor_plan(spec: SyntheticSpec) -> list[TensorPlan]:
+    """Every tensor of the file in write order (token_embd, blocks, output_norm, output).
+
+    Raises ValueError naming the tensor when a row length does not fit its format's block size, and
+    when a type override matches no weight matrix (a typo would otherwise be silently ignored).
+    """
+    layout = ARCH_LAYOUTS[spec.arch]
+    T = MODEL_TENSOR
+    slots = [TensorSlot(T.TOKEN_EMBD, "weight", (spec.vocab_size, spec.hidden), "embedding")]
+    for bid in range(spec.n_layers):
+        slots += layout.layer_tensors(spec, bid)
+    slots.append(TensorSlot(T.OUTPUT_NORM, "weight", (spec.hidden,), "norm"))
+    if not spec.tie_embeddings:
+        slots.append(TensorSlot(T.OUTPUT, "weight", (spec.vocab_size, spec.hidden), "lm_head"))
+
+    allowed_kinds = set(MODEL_TENSORS[layout.model_arch])
+    plans: list[TensorPlan] = []
+    for slot in slots:
+        assert slot.kind in allowed_kinds, f"{slot.kind.name} is not a tensor of {spec.arch} in gguf.constants"
+        if len(slot.shape) == 2:
+            qtype = gguf.GGMLQuantizationType[_resolve_matrix_type(spec, slot.name)]
+            block_size = GGML_QUANT_SIZES[qtype][0]
+            if slot.shape[1] % block_size != 0:
+                raise ValueError(
+                    f"{slot.name}: row length {slot.shape[1]} (numpy shape {slot.shape}) is not a "
+                    f"multiple of the {qtype.name} block size {block_size}")
+        else:
+            qtype = gguf.GGMLQuantizationType.F32  # norms and biases stay F32, as llama.cpp writes them
+        mean, std = _init_distribution(spec, slot.role, slot.shape)
+        plans.append(TensorPlan(slot.name, slot.shape, qtype, float(mean), float(std)))
+
+    matrix_names = [p.name for p in plans if len(p.shape) == 2]
+    for glob, _ in spec.type_overrides:
+        if not any(fnmatch.fnmatchcase(n, glob) for n in matrix_names):
+            raise ValueError(f"type override {glob!r} matches no weight matrix of this model")
+    return plans
+
+
+# ----------------------------------------------------------------------------------------------
+# Float weights (deterministic per tensor) and their encoding
+# ----------------------------------------------------------------------------------------------
+
+# Rows generated and encoded at a time: bounds peak memory for vocab-sized matrices at real shapes.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _float_row_chunks(spec: SyntheticSpec, plan: TensorPlan) -> Iterator[np.ndarray]:
+    """The tensor's float32 weights as consecutive row chunks (2-D) or one 1-D chunk.
+
+    The generator is seeded from (spec.seed, tensor name), so a tensor does not depend on the
+    others; chunking draws the same stream as one call would.
+    """
+    rng = np.random.default_rng([spec.seed, zlib.crc32(plan.name.encode())])
+    if len(plan.shape) == 1:
+        yield rng.standard_normal(plan.shape, dtype=np.float32) * np.float32(plan.init_std) + np.float32(plan.init_mean)
+        return
+    n_rows, n_cols = plan.shape
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // n_cols)
+    for row0 in range(0, n_rows, rows_per_chunk):
+        n = min(rows_per_chunk, n_rows - row0)
+        chunk = rng.standard_normal((n, n_cols), dtype=np.float32)
+        chunk *= np.float32(plan.init_std)
+        chunk += np.float32(plan.init_mean)
+        yield chunk
+
+
+def float_tensor(spec: SyntheticSpec, name: str) -> np.ndarray:
+    """The float32 weights (numpy shape of the plan) that tensor `name` of the file was encoded from."""
+    for plan in tensor_plan(spec):
+        if plan.name == name:
+            return np.concatenate(list(_float_row_chunks(spec, plan)), axis=0).reshape(plan.shape)
+    raise KeyError(f"no tensor {name!r} in a {spec.arch} model of this spec")
+
+
+def encode_tensor(x: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """Encode float rows x (n_rows, n_cols) or (n,) in `qtype`.
+
+    Returns float32/float16 arrays of x's shape for F32/F16, else uint8 (n_rows, bytes_per_row).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if qtype in _OWN_QUANTIZERS:
+        block_size = GGML_QUANT_SIZES[qtype][0]
+        blocks = _OWN_QUANTIZERS[qtype](x.reshape(-1, block_size))
+        return blocks.reshape(*x.shape[:-1], -1)
+    return gguf.quants.quantize(x, qtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# K-quant encoders (gguf 0.19 can dequantize Q4_K/Q5_K/Q6_K but not quantize them)
+#
+# Simple, exact-range quantizers, not llama.cpp's error-minimising search: the scales are rounded
+# *up* onto their grids so no value is ever clipped, and every value is rounded to its nearest
+# level, so |dequant - x| <= half a quantization step of its sub-block.
+# ----------------------------------------------------------------------------------------------
+
+QK_K = 256
+
+
+def _f16_round_up(x: np.ndarray) -> np.ndarray:
+    """The smallest float16 >= x (x >= 0, finite), as float32."""
+    h = x.astype(np.float16)
+    if not np.all(np.isfinite(h)):
+        raise ValueError("weights too large for a float16 block scale")
+    low = h.astype(np.float32) < x
+    h[low] = np.nextafter(h[low], np.float16(np.inf))
+    return h.astype(np.float32)
+
+
+def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b > 0, a / np.where(b > 0, b, 1), 0).astype(np.float32)
+
+
+def _affine_k_scales(x: np.ndarray, n_levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Scales of the Q4_K/Q5_K form y = d*sc[j]*q - dmin*m[j], q in [0, n_levels), sc, m in [0, 63].
+
+    x: (n_blocks, 8, 32). Returns d, dmin (n_blocks,) f16-exact float32, sc, m (n_blocks, 8) uint8
+    and q (n_blocks, 8, 32) uint8.
+    """
+    sub_min = np.minimum(x.min(axis=-1), 0.0)                     # (n, 8), <= 0 as in ggml
+    sub_max = x.max(axis=-1)
+    dmin = _f16_round_up(np.max(-sub_min, axis=-1) / 63)          # (n,)
+    m = np.ceil(_safe_div(-sub_min, dmin[:, None])).clip(0, 63)    # offset dmin*m <= sub_min: covers
+    offset = dmin[:, None] * m                                     # (n, 8), >= -sub_min
+    need = (sub_max + offset) / (n_levels - 1)                     # step that reaches sub_max
+    d = _f16_round_up(np.max(need, axis=-1) / 63)
+    sc = np.ceil(_safe_div(need, d[:, None])).clip(0, 63)
+    step = d[:, None] * sc
+    q = np.rint(_safe_div(x + offset[..., None], np.broadcast_to(step[..., None], x.shape)))
+    q = q.clip(0, n_levels - 1)
+    return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
+
+
+def _pack_k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """ggml's 12-byte packing of eight 6-bit scales and mins (inverse of Q4_K.get_scale_min)."""
+    lo_sc, hi_sc = sc[:, :4], sc[:, 4:]
+    lo_m, hi_m = m[:, :4], m[:, 4:]
+    b0 = (lo_sc & 0x3F) | ((hi_sc >> 4) << 6)
+    b1 = (lo_m & 0x3F) | ((hi_m >> 4) << 6)
+    b2 = (hi_sc & 0x0F) | ((hi_m & 0x0F) << 4)
+    return np.concatenate([b0, b1, b2], axis=-1).astype(np.uint8)
+
+
+def _pack_nibbles_k(q_low: np.ndarray) -> np.ndarray:
+    """Low 4 bits of (n, 8, 32) values: byte c*32+i holds sub-block 2c (low) and 2c+1 (high)."""
+    q_low = (q_low & 0x0F).reshape(-1, 4, 2, 32)
+    return (q_low[:, :, 0, :] | (q_low[:, :, 1, :] << 4)).reshape(-1, 128)
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def quantize_q4_k(blocks: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 144) uint8: d f16, dmin f16, scales[12], qs[128]."""
+    d, dmin, sc, m, q = _affine_k_scales(blocks.reshape(-1, 8, 32), 16)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, m), _pack_nibbles_k(q)], axis=-1)
+
+
+def quantize_q5_k(blocks: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 176) uint8: d, dmin, scales[12], qh[32] (bit j = sub-block j), qs[128]."""
+    d, dmin, sc, m, q = _affine_k_scales(blocks.reshape(-1, 8, 32), 32)
+    high = (q >> 4) & 1                                             # (n, 8, 32)
+    qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
+    for j in range(8):
+        qh |= high[:, j, :] << j
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, m), qh, _pack_nibbles_k(q)], axis=-1)
+
+
+def quantize_q6_k(blocks: np.ndarray) -> np.ndarray:
+    """(n, 256) float32 -> (n, 210) uint8: ql[128], qh[64], scales int8[16], d f16.
+
+    y = d * scales[s] * (q - 32), q in [0, 64), sub-blocks s of 16 values.
+    """
+    x = blocks.reshape(-1, 16, 16)
+    # Step that keeps the sub-block inside [-32, 31] levels (negative side reaches -32).
+    need = np.maximum(np.maximum(-x.min(axis=-1), 0) / 32, np.maximum(x.max(axis=-1), 0) / 31)  # (n, 16)
+    d = _f16_round_up(np.max(need, axis=-1) / 127)
+    sc = np.ceil(_safe_div(need, d[:, None])).clip(0, 127)
+    step = d[:, None] * sc
+    q = np.rint(_safe_div(x, np.broadcast_to(step[..., None], x.shape))).clip(-32, 31)
+    q = (q + 32).astype(np.uint8).reshape(-1, 2, 128)               # halves of 128 values
+    low = q & 0x0F
+    high = q >> 4
+    # ql[h*64 + b]: low nibble = value h*128+b, high nibble = value h*128+64+b
+    ql = (low[:, :, :64] | (low[:, :, 64:] << 4)).reshape(-1, 128)
+    # qh[h*32 + b] bits 2k..2k+1 = high bits of value h*128 + 32k + b
+    high = high.reshape(-1, 2, 4, 32)
+    qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)).reshape(-1, 64)
+    scales = sc.astype(np.int8).view(np.uint8)
+    return np.concatenate([ql, qh, scales, _f16_bytes(d)], axis=-1)
+
+
+_OWN_QUANTIZERS: dict[gguf.GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
+    gguf.GGMLQuantizationType.Q4_K: quantize_q4_k,
+    gguf.GGMLQuantizationType.Q5_K: quantize_q5_k,
+    gguf.GGMLQuantizationType.Q6_K: quantize_q6_k,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer: GPT-2 byte-level BPE trained on a small embedded English + code text
+# ----------------------------------------------------------------------------------------------
+
+_TRAINING_TEXT = '''\
+The quick brown fox jumps over the lazy dog. A language model reads text as a sequence of tokens
+and predicts the next one. When the model is small, it runs fast on the local machine; when it is
+large, the weights are stored in quantized formats and read from memory for every new token. This
+is the reason that decoding at batch one is bound by memory bandwidth and by the time it takes to
+launch the kernels, and not by the number of operations. Speculative decoding drafts several
+tokens with a cheap model and then verifies all of them with one forward pass of the target, so
+the output is exactly the same as plain greedy decoding while the number of passes goes down.
+Hello, world! How are you today? I am fine, thank you. What is the answer to this question?
+The user asked the assistant to write a function that returns the sum of the numbers in a list,
+and the assistant wrote the function, tested it, and explained how it works in a few sentences.
+
+def fibonacci(n: int) -> int:
+    """Return the n-th Fibonacci number."""
+    if n < 2:
+        return n
+    a, b = 0, 1
+    for _ in range(n - 1):
+        a, b = b, a + b
+    return b
+
+
+class Tokenizer:
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+        self.vocab = vocab
+        self.merges = {pair: rank for rank, pair in enumerate(merges)}
+
+    def encode(self, text: str) -> list[int]:
+        tokens = [self.vocab[ch] for ch in text]
+        return tokens
+
+
+for i in range(10):
+    print(f"value {i}: {i * i}")
+
+import numpy as np
+x = np.zeros((4, 8), dtype=np.float32)
+result = {"name": "model", "layers": 24, "hidden_size": 1536, "vocab_size": 151936}
+if result["layers"] > 0 and x.shape[0] == 4:
+    print("ok", result)
+else:
+    raise ValueError("the model has no layers")
+'''
+
+# ASCII rendering of the qwen2 / llama-bpe pre-tokenizer pattern (the embedded text is ASCII):
+# contractions | optional non-letter + letters | one digit | punctuation run | newlines | spaces.
+_PRETOKEN_RE = re.compile(
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]| ?[^\sA-Za-z0-9]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@functools.cache
+def bytes_to_unicode() -> tuple[str, ...]:
+    """GPT-2's printable character for each byte value 0..255 (index = byte)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return tuple(chr(table[b]) for b in range(256))
+
+
+def _byte_tokens_in_vocab_order() -> list[str]:
+    """The 256 byte tokens in GPT-2 / Qwen id order (printable bytes first: '!' is id 0)."""
+    chars = bytes_to_unicode()
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    rest = [b for b in range(256) if b not in set(printable)]
+    return [chars[b] for b in printable + rest]
+
+
+@dataclass(slots=True, frozen=True)
+class SyntheticVocab:
+    tokens: tuple[str, ...]        # id -> token string (byte-level unicode form)
+    token_types: tuple[int, ...]   # gguf.TokenType: NORMAL for bytes and merges, CONTROL for specials
+    merges: tuple[str, ...]        # "left right", highest priority first
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+
+def _train_merges(text: str, max_merges: int) -> list[tuple[str, str]]:
+    """Byte-level BPE merges learned from `text` (most frequent pair first, ties by pair order)."""
+    chars = bytes_to_unicode()
+    word_counts = Counter(_PRETOKEN_RE.findall(text))
+    words = [[chars[b] for b in w.encode("utf-8")] for w in word_counts]
+    freqs = list(word_counts.values())
+    pair_counts: Counter[tuple[str, str]] = Counter()
+    pair_words: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
+    for i, w in enumerate(words):
+        for pair in zip(w, w[1:]):
+            pair_counts[pair] += freqs[i]
+            pair_words[pair].add(i)
+
+    merges: list[tuple[str, str]] = []
+    while len(merges) < max_merges and pair_counts:
+        best = min(pair_counts, key=lambda p: (-pair_counts[p], p))
+        merges.append(best)
+        joined = best[0] + best[1]
+        for i in sorted(pair_words.pop(best)):
+            old = words[i]
+            for pair in zip(old, old[1:]):
+                pair_counts[pair] -= freqs[i]
+                if pair_counts[pair] == 0:
+                    del pair_counts[pair]
+            new: list[str] = []
+            k = 0
+            while k < len(old):
+                if k + 1 < len(old) and (old[k], old[k + 1]) == best:
+                    new.append(joined)
+                    k += 2
+                else:
+                    new.append(old[k])
+                    k += 1
+            words[i] = new
+            for pair in zip(new, new[1:]):
+                pair_counts[pair] += freqs[i]
+                pair_words[pair].add(i)
+    return merges
+
+
+@functools.cache
+def build_vocab(vocab_size: int) -> SyntheticVocab:
+    """256 byte tokens, merge tokens up to vocab_size - 3, then the 3 special tokens.
+
+    Merges come from BPE on the embedded text; when the text has no pairs left (vocabularies larger
+    than a few hundred merges, e.g. the real 151936), further merges extend existing tokens by one
+    lowercase letter, in id order, so every token still comes from exactly one merge rule chain.
+    """
+    n_merge_tokens = vocab_size - N_BYTE_TOKENS - len(SPECIAL_TOKENS)
+    tokens = _byte_tokens_in_vocab_order()
+    known = set(tokens)
+    merges: list[str] = []
+    # Training can repeat a result string ("a"+"bc" and "ab"+"c"); such a rule adds no token, so
+    # ask for enough rules and stop at the token count.
+    for left, right in _train_merges(_TRAINING_TEXT, n_merge_tokens * 2):
+        if len(tokens) - N_BYTE_TOKENS == n_merge_tokens:
+            break
+        merges.append(f"{left} {right}")
+        if left + right not in known:
+            known.add(left + right)
+            tokens.append(left + right)
+    letters = [bytes_to_unicode()[b] for b in range(ord("a"), ord("z") + 1)]
+    stem = N_BYTE_TOKENS  # extend merge tokens in id order, including the ones made here
+    while len(tokens) - N_BYTE_TOKENS < n_merge_tokens:
+        # The newest token is the longest, so its extensions are new: stem never passes the end.
+        assert stem < len(tokens)
+        left = tokens[stem]
+        stem += 1
+        for letter in letters:
+            if len(tokens) - N_BYTE_TOKENS == n_merge_tokens:
+                break
+            if left + letter not in known:
+                known.add(left + letter)
+                tokens.append(left + letter)
+                merges.append(f"{left} {letter}")
+    n_normal = len(tokens)
+    tokens += SPECIAL_TOKENS
+    token_types = [int(gguf.TokenType.NORMAL)] * n_normal + [int(gguf.TokenType.CONTROL)] * len(SPECIAL_TOKENS)
+    endoftext, _, im_end = (n_normal + i for i in range(len(SPECIAL_TOKENS)))
+    return SyntheticVocab(tuple(tokens), tuple(token_types), tuple(merges),
+                          bos_id=endoftext, eos_id=im_end, pad_id=endoftext)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------
+
+def _write_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
+    layout = ARCH_LAYOUTS[spec.arch]
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(spec.name)
+    writer.add_block_count(spec.n_layers)
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(spec.hidden)
+    writer.add_feed_forward_length(spec.ffn)
+    writer.add_head_count(spec.n_heads)
+    writer.add_head_count_kv(spec.n_kv_heads)
+    writer.add_rope_freq_base(spec.rope_theta)
+    writer.add_layer_norm_rms_eps(spec.rms_eps)
+    writer.add_file_type(_FILE_TYPE[spec.weight_type])
+    layout.write_arch_metadata(writer, spec)
+
+    vocab = build_vocab(spec.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(layout.tokenizer_pre)
+    writer.add_token_list(list(vocab.tokens))
+    writer.add_token_types(list(vocab.token_types))
+    writer.add_token_merges(list(vocab.merges))
+    writer.add_bos_token_id(vocab.bos_id)
+    writer.add_eos_token_id(vocab.eos_id)
+    writer.add_pad_token_id(vocab.pad_id)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def write_synthetic_model(path: str | Path, spec: SyntheticSpec, *, progress: Callable[[str], None] | None = None) -> Path:
+    """Write the model of `spec` to `path`, one tensor in memory at a time; returns the path."""
+    path = Path(path)
+    plans = tensor_plan(spec)
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[ARCH_LAYOUTS[spec.arch].model_arch])
+    _write_metadata(writer, spec)
+    for plan in plans:
+        # Element shape + raw_dtype: the writer stores the shape reversed (ne[0] = columns).
+        writer.add_tensor_info(plan.name, plan.shape, np.dtype(np.float32), plan.n_bytes, raw_dtype=plan.qtype)
+    complete = False
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for plan in plans:
+            if progress is not None:
+                progress(f"{plan.name} {plan.shape} {plan.qtype.name}")
+            encoded = [encode_tensor(chunk, plan.qtype) for chunk in _float_row_chunks(spec, plan)]
+            data = np.concatenate(encoded, axis=0) if len(encoded) > 1 else encoded[0]
+            writer.write_tensor_data(data)
+        complete = True
+    finally:
+        writer.close()
+        if not complete:
+            path.unlink(missing_ok=True)   # never leave a truncated model behind
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Presets and CLI
+# ----------------------------------------------------------------------------------------------
+
+# Real shapes (hyper-parameters of the GGUFs of the same name; both keep a separate output.weight).
+PRESETS: dict[str, SyntheticSpec] = {
+    "qwen2.5-0.5b": SyntheticSpec(
+        arch="qwen2", n_layers=24, hidden=896, n_heads=14, n_kv_heads=2, ffn=4864, vocab_size=151936,
+        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q8_0",
+        name="synthetic qwen2.5-0.5b"),
+    "qwen2.5-1.5b": SyntheticSpec(
+        arch="qwen2", n_layers=28, hidden=1536, n_heads=12, n_kv_heads=2, ffn=8960, vocab_size=151936,
+        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q8_0",
+        name="synthetic qwen2.5-1.5b"),
+}
+
+# CLI flag -> SyntheticSpec field
+_CLI_FIELDS = {
+    "arch": "arch", "layers": "n_layers", "hidden": "hidden", "heads": "n_heads", "kv_heads": "n_kv_heads",
+    "head_dim": "head_dim", "ffn": "ffn", "vocab": "vocab_size", "ctx": "context_length",
+    "rope_theta": "rope_theta", "rms_eps": "rms_eps", "type": "weight_type", "seed": "seed", "name": "name",
+}
+
+
+def _parse_override(text: str) -> tuple[str, str]:
+    glob, sep, type_name = text.rpartition("=")
+    if not sep or not glob or not type_name:
+        raise argparse.ArgumentTypeError(f"expected GLOB=TYPE, got {text!r}")
+    return glob, type_name.upper()
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m flashd.scripts.make_synthetic_gguf",
+        description="Write a GGUF model with random weights (llama/qwen2/qwen3 layout, any weight format).")
+    p.add_argument("out", type=Path, help="output .gguf path")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="start from real shapes; other flags override")
+    p.add_argument("--arch", choices=sorted(ARCH_LAYOUTS))
+    p.add_argument("--layers", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--kv-heads", type=int)
+    p.add_argument("--head-dim", type=int)
+    p.add_argument("--ffn", type=int)
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--ctx", type=int, help="context_length")
+    p.add_argument("--rope-theta", type=float)
+    p.add_argument("--rms-eps", type=float)
+    p.add_argument("--type", type=str.upper, choices=SUPPORTED_WEIGHT_TYPES, help="weight matrix format")
+    p.add_argument("--override", type=_parse_override, action="append", default=[], metavar="GLOB=TYPE",
+                   help="type for matching weight matrices, e.g. 'token_embd.weight=Q4_K' (repeatable; later wins)")
+    p.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None, help="tie lm_head to token_embd")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--name")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not list tensors on stderr")
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> SyntheticSpec:
+    base = PRESETS[args.preset] if args.preset else SyntheticSpec()
+    changes = {field: getattr(args, flag) for flag, field in _CLI_FIELDS.items() if getattr(args, flag) is not None}
+    if args.tie is not None:
+        changes["tie_embeddings"] = args.tie
+    if args.override:
+        changes["type_overrides"] = base.type_overrides + tuple(args.override)
+    return dataclasses.replace(base, **changes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    try:
+        spec = spec_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    path = write_synthetic_model(args.out, spec, progress=progress)
+    print(f"wrote {path} ({path.stat().st_size} bytes): {spec}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
