@@ -27,6 +27,7 @@ from ..protocol.messages import done_event, error_event, result_event, token_eve
 from .backends import select_backend
 from .config import EngineConfig
 from .models import LoadedModel, ModelLoadError, load_model, open_model
+from .models.weights import total_weight_bytes
 from .runner import ModelRunner
 from .stops import StopMatcher
 
@@ -47,7 +48,10 @@ class _Job:
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.ops = select_backend(config.device)
+        self.backend = select_backend(config.device)
+        self.ops = self.backend.ops
+        self.plan = None
+        self._opened = None                     # (GGUFFile, ModelConfig) of the target
         self.model: LoadedModel | None = None
         self.runner: ModelRunner | None = None
         self.tokenizer = None
@@ -60,27 +64,30 @@ class Engine:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def load(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """Load the target model and its tokenizer; `progress(done_bytes, total_bytes)`."""
+        """Check the memory plan, then load the target model and its tokenizer;
+        `progress(done_bytes, total_bytes)` follows the weight upload."""
         from ..clients.tokenizer import Tokenizer
 
         f, cfg = open_model(self.config.model)
         self.tokenizer = Tokenizer.from_gguf(f.reader)
+        self.plan = self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx,
+                                      self.config.prefill_chunk)
+        self.backend.check_fits(self.plan)       # before anything is allocated
+        self._opened = (f, cfg)
         self._load_weights(progress)
 
     def _load_weights(self, progress=None) -> None:
         done = [0]
-        f, cfg = open_model(self.config.model) if self.model is None else (self.model.file, self.model.config)
-        from .models.weights import total_weight_bytes
-        total = total_weight_bytes(f, cfg)
+        total = self.plan.weights_bytes
 
         def step(n_bytes: int) -> None:
             done[0] += n_bytes
             if progress is not None:
                 progress(done[0], total)
 
-        self.model = load_model(self.config.model, self.ops.load_weight, step)
-        self.runner = ModelRunner(self.ops, self.model.config, self.model.weights, self.config.max_ctx,
-                                  self.config.prefill_chunk)
+        self.model = load_model(self._opened, self.ops.load_weight, step)
+        self.runner = self.backend.make_runner(self.model.config, self.model.weights, self.config.max_ctx,
+                                               self.config.prefill_chunk, self.plan)
 
     def start(self) -> None:
         if self.model is None:
@@ -103,7 +110,7 @@ class Engine:
     def ready_info(self) -> dict:
         cfg = self.model.config
         return {"model": str(self.model.path), "arch": cfg.arch, "name": cfg.name,
-                "backend": self.ops.name, "max_ctx": self.config.max_ctx,
+                "backend": self.backend.name, "device": self.backend.info(), "max_ctx": self.config.max_ctx,
                 "vocab_size": cfg.vocab_size, "pid": os.getpid()}
 
     # -- submission (any thread) -----------------------------------------------------------------
@@ -127,21 +134,26 @@ class Engine:
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request; False when no such request is pending."""
-        with self._cv:
-            jobs = list(self._queue) + ([self._running] if self._running else [])
-            hit = [j for j in jobs if j.request.id == request_id and not j.cancelled.is_set()]
-            for job in hit:
-                job.cancelled.set()
-            return bool(hit)
+        return self.cancel_where(lambda job: job.request.id == request_id) > 0
 
     def cancel_where(self, predicate: Callable[[object], bool]) -> int:
-        """Cancel every pending request the predicate selects (e.g. a disconnected client's)."""
+        """Cancel every pending request the predicate selects (e.g. a disconnected client's).
+
+        A queued request leaves the queue and gets its `cancelled` error at once, on the
+        caller's thread (not after the running request ends); the running one stops at its
+        next step and its error comes from the engine thread.
+        """
         with self._cv:
             jobs = list(self._queue) + ([self._running] if self._running else [])
             hit = [j for j in jobs if predicate(j) and not j.cancelled.is_set()]
             for job in hit:
                 job.cancelled.set()
-            return len(hit)
+            queued = [j for j in hit if j is not self._running]
+            for job in queued:
+                self._queue.remove(job)
+        for job in queued:
+            job.emit(error_event(job.request.id, "cancelled", "cancelled before it started"))
+        return len(hit)
 
     def status(self) -> dict:
         model = self.model
@@ -152,23 +164,18 @@ class Engine:
         kv_bytes = self.runner.cache.n_bytes if self.runner is not None else 0
         resident = model.weights is not None
         return {
-            "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.ops.name,
+            "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
             "max_ctx": self.config.max_ctx, "parked": {"target": not resident},
             "drafters": [], "running": running, "queued": queued, "served": self.n_served,
-            "memory": {"weights_bytes": self.ops_weight_bytes() if resident else 0,
-                       "kv_bytes": kv_bytes, "file_weight_bytes": model.file_weight_bytes},
+            "memory": {"plan": self.plan.as_dict(), "resident_weights_bytes": self._weight_bytes() if resident else 0,
+                       "resident_kv_bytes": kv_bytes},
         }
 
-    def ops_weight_bytes(self) -> int:
+    def _weight_bytes(self) -> int:
         w = self.model.weights
-        total = 0
-        for t in (w.token_embd, w.output_norm, w.output if w.output is not w.token_embd else None):
-            total += getattr(t, "nbytes", 0) if t is not None else 0
-        for layer in w.layers:
-            for name in layer.__slots__:
-                t = getattr(layer, name)
-                total += getattr(t, "nbytes", 0) if t is not None else 0
-        return int(total)
+        tensors = [w.token_embd, w.output_norm] + ([w.output] if w.output is not w.token_embd else [])
+        tensors += [getattr(layer, name) for layer in w.layers for name in layer.__slots__]
+        return int(sum(getattr(t, "nbytes", 0) for t in tensors if t is not None))
 
     # -- the engine thread -----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -323,8 +330,10 @@ class Engine:
 
     def _do_park(self, req: m.Park, job: _Job) -> None:
         if req.what in ("target", "all") and self.model.weights is not None:
+            if hasattr(self.runner, "close"):
+                self.runner.close()
             self.model.weights = None
-            self.runner = None            # releases the KV cache too
+            self.runner = None            # releases the KV cache and the weights' memory
         job.emit(result_event(req.id, parked=self.status()["parked"]))
 
     def _do_unpark(self, req: m.Unpark, job: _Job) -> None:

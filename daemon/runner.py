@@ -47,6 +47,7 @@ class ModelRunner:
         if self.n_past + n > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
         ops = self.ops
+        ops.begin_forward()
         batch = Batch(ids=ops.from_numpy(ids),
                       positions=ops.from_numpy(np.arange(self.n_past, self.n_past + n, dtype=np.int32)),
                       n_past=ops.from_numpy(np.array([self.n_past], np.int32)), n_tokens=n)

@@ -7,11 +7,15 @@ Given the logits of one position, the history of token ids (prompt + generated) 
    repeat_penalty r (llama.cpp): logit /= r if logit > 0 else logit *= r, for every t with c[t] > 0;
    frequency f / presence p (OpenAI): logit -= c[t] * f + (c[t] > 0) * p.
 2. temperature 0: argmax (lowest id wins a tie). Otherwise logits / temperature, then
-3. top_k: keep the k largest (ties at the boundary broken by lower id),
-4. softmax, top_p: keep the smallest prefix (by probability, then id) whose mass reaches top_p,
+3. top_k: keep tokens whose logit is >= the k-th largest logit,
+4. softmax over the kept tokens; top_p: keep tokens with p >= tau, where tau is the largest
+   threshold whose kept mass still reaches top_p (the smallest most-likely set, ties included),
 5. min_p: keep tokens with p >= min_p * p_max,
-6. draw: u = uniform(seed, step) in [0, 1); walk the kept tokens by descending probability (then id)
-   and return the first whose cumulative renormalised mass exceeds u.
+6. draw: u = uniform(seed, step) in [0, 1); walk the kept tokens in ascending id order and return
+   the first whose cumulative renormalised mass exceeds u.
+
+Every filter is a threshold and the walk is in id order, so a GPU needs no sort: selections are
+reductions and the draw is a prefix sum. Ties at a threshold are all kept.
 
 `uniform(seed, step)` is a counter-based generator (SplitMix64 of seed and step), so the same seed
 gives the same tokens on every backend and no state is carried between steps.
@@ -65,21 +69,22 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """Steps 2-5 for temperature > 0: (ids, probs) of the kept tokens, sorted by (-prob, id)."""
+    """Steps 2-5 for temperature > 0: (ids, probs) of the kept tokens, in ascending id order."""
     x = logits.astype(np.float64) / params.temperature
-    order = np.lexsort((np.arange(x.size), -x))           # by logit desc, then id asc
-    if params.top_k > 0:
-        order = order[:params.top_k]
-    z = x[order] - x[order[0]]
-    probs = np.exp(z)
+    keep = np.ones(x.size, bool)
+    if 0 < params.top_k < x.size:
+        keep &= x >= np.partition(x, x.size - params.top_k)[x.size - params.top_k]
+    probs = np.where(keep, np.exp(x - x.max()), 0.0)
     probs /= probs.sum()
     if params.top_p < 1.0:
-        cut = int(np.searchsorted(np.cumsum(probs), params.top_p, side="left")) + 1
-        order, probs = order[:cut], probs[:cut]
+        desc = np.sort(probs[keep])[::-1]
+        cut = min(int(np.searchsorted(np.cumsum(desc), params.top_p, side="left")), desc.size - 1)
+        keep &= probs >= desc[cut]
     if params.min_p > 0.0:
-        keep = probs >= params.min_p * probs[0]
-        order, probs = order[keep], probs[keep]
-    return order, probs / probs.sum()
+        keep &= probs >= params.min_p * probs.max()
+    ids = np.flatnonzero(keep)
+    kept = probs[ids]
+    return ids, kept / kept.sum()
 
 
 def sample(logits: np.ndarray, history: np.ndarray, params: SamplingParams, step: int) -> int:

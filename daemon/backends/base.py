@@ -66,6 +66,13 @@ class Ops(Protocol):
 
     def to_numpy(self, tensor) -> np.ndarray: ...
 
+    def begin_forward(self) -> None:
+        """A new forward pass starts: scratch from the previous one may be reused."""
+
+    def begin_layer(self, index: int) -> None:
+        """Layer `index` starts (index == n_layers: the output head). Tensors made before the
+        previous layer started are dead from here on, except what the model still holds (h)."""
+
     # -- math ------------------------------------------------------------------------------------
     def embed(self, table, ids) -> Any:
         """(n, D) rows of the embedding table."""
@@ -75,6 +82,12 @@ class Ops(Protocol):
 
     def linear(self, x, weight, bias=None, residual=None) -> Any:
         """x @ weight.T (+ bias) (+ residual); x (n, in), weight (out, in) -> (n, out)."""
+
+    def linears(self, x, weights, biases) -> tuple:
+        """Several projections of one input (q, k, v): one launch where the backend can."""
+
+    def swiglu_linear(self, x, w_gate, w_up) -> Any:
+        """silu(x @ w_gate.T) * (x @ w_up.T): the first half of the SwiGLU MLP, fused."""
 
     def rope(self, x, positions, theta: float, rope_dim: int, neox: bool) -> Any:
         """Rotary embedding of the first rope_dim dims of each head; x (n, heads, d)."""

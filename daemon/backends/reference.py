@@ -54,6 +54,12 @@ class ReferenceOps:
     def to_numpy(self, tensor) -> np.ndarray:
         return np.asarray(tensor)
 
+    def begin_forward(self) -> None:
+        pass
+
+    def begin_layer(self, index: int) -> None:
+        pass
+
     # -- math ------------------------------------------------------------------------------------
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return table[ids.astype(np.int64)]
@@ -69,6 +75,12 @@ class ReferenceOps:
         if residual is not None:
             y = y + residual
         return y
+
+    def linears(self, x, weights, biases) -> tuple:
+        return tuple(self.linear(x, w, b) for w, b in zip(weights, biases))
+
+    def swiglu_linear(self, x, w_gate, w_up) -> np.ndarray:
+        return self.swiglu(self.linear(x, w_gate), self.linear(x, w_up))
 
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float, rope_dim: int,
              neox: bool) -> np.ndarray:
@@ -115,7 +127,8 @@ class ReferenceOps:
         return out.reshape(n, n_heads * head_dim).astype(np.float32, copy=False)
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return gate / (np.float32(1.0) + np.exp(-gate)) * up
+        sigmoid = np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * gate))  # no overflow
+        return gate * sigmoid * up
 
     def add(self, a, b) -> np.ndarray:
         return a + b

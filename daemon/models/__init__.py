@@ -33,8 +33,10 @@ def open_model(path: str | Path) -> tuple[GGUFFile, ModelConfig]:
     return f, cfg
 
 
-def load_model(path: str | Path, load: Callable[[Any], Any],
+def load_model(source: str | Path | tuple[GGUFFile, ModelConfig], load: Callable[[Any], Any],
                progress: Callable[[int], None] | None = None) -> LoadedModel:
-    f, cfg = open_model(path)
+    """Load every weight through `load` (the backend's). `source` is a path or an already opened
+    (GGUFFile, ModelConfig) pair (opening a GGUF with a large vocabulary takes seconds)."""
+    f, cfg = source if isinstance(source, tuple) else open_model(source)
     weights = load_weights(f, cfg, load, progress)
     return LoadedModel(file=f, config=cfg, weights=weights, file_weight_bytes=total_weight_bytes(f, cfg))

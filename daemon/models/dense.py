@@ -15,9 +15,10 @@ __all__ = ["forward", "decoder_layer"]
 
 def attention_block(ops, cfg: ModelConfig, x, w: LayerWeights, cache_layer, batch: Batch, residual):
     n = batch.n_tokens
-    q = ops.linear(x, w.attn_q, w.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
-    k = ops.linear(x, w.attn_k, w.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
-    v = ops.linear(x, w.attn_v, w.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+    q, k, v = ops.linears(x, (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_bias, w.attn_k_bias, w.attn_v_bias))
+    q = q.reshape(n, cfg.n_heads, cfg.head_dim)
+    k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
+    v = v.reshape(n, cfg.n_kv_heads, cfg.head_dim)
     if cfg.qk_norm:                                     # qwen3: RMSNorm over each head's d
         q = ops.rmsnorm(q, w.attn_q_norm, cfg.rms_eps)
         k = ops.rmsnorm(k, w.attn_k_norm, cfg.rms_eps)
@@ -28,8 +29,7 @@ def attention_block(ops, cfg: ModelConfig, x, w: LayerWeights, cache_layer, batc
 
 
 def mlp_block(ops, x, w: LayerWeights, residual):
-    return ops.linear(ops.swiglu(ops.linear(x, w.ffn_gate), ops.linear(x, w.ffn_up)), w.ffn_down,
-                      residual=residual)
+    return ops.linear(ops.swiglu_linear(x, w.ffn_gate, w.ffn_up), w.ffn_down, residual=residual)
 
 
 def decoder_layer(ops, cfg: ModelConfig, h, w: LayerWeights, cache_layer, batch: Batch):
@@ -45,9 +45,11 @@ def forward(ops, cfg: ModelConfig, weights: ModelWeights, cache, batch: Batch, *
     """
     h = ops.embed(weights.token_embd, batch.ids)
     for i, layer in enumerate(weights.layers):
+        ops.begin_layer(i)          # a backend may recycle the previous layer's scratch here
         h = decoder_layer(ops, cfg, h, layer, cache.layer(i), batch)
         if hidden_sink is not None:
             hidden_sink(i, h)
+    ops.begin_layer(len(weights.layers))
     if not all_logits and batch.n_tokens > 1:
         h = h[batch.n_tokens - 1:]
     return ops.linear(ops.rmsnorm(h, weights.output_norm, cfg.rms_eps), weights.output)

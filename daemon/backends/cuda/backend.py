@@ -1,0 +1,89 @@
+"""CudaBackend: the device, the ops, the memory plan and the runner factory for the GPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...models.config import ModelConfig
+from .lib import load
+from .ops import DECODE_CHUNK_SLOTS, CudaOps
+from .runner import SCORE_CHUNK, CudaRunner
+from .tensor import Device
+
+__all__ = ["CudaBackend", "MemoryPlan", "MemoryPlanError"]
+
+ALIGN = 256
+SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
+
+
+class MemoryPlanError(MemoryError):
+    """The model does not fit on the device with the requested max_ctx; nothing was allocated."""
+
+
+@dataclass(slots=True, frozen=True)
+class MemoryPlan:
+    weights_bytes: int
+    kv_bytes: int
+    arena_bytes: int          # both halves of the activation arena
+    scratch_bytes: int        # two float16 copies of the largest weight (prefill GEMM path)
+    workspace_bytes: int      # decode attention partials + sampler scratch + small buffers
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.arena_bytes + self.scratch_bytes + self.workspace_bytes
+
+    def as_dict(self) -> dict:
+        return {"weights_bytes": self.weights_bytes, "kv_bytes": self.kv_bytes, "arena_bytes": self.arena_bytes,
+                "scratch_bytes": self.scratch_bytes, "workspace_bytes": self.workspace_bytes,
+                "total_bytes": self.total_bytes}
+
+
+def _arena_half_bytes(cfg: ModelConfig, chunk: int) -> int:
+    """Bytes one layer (one arena half) takes for a chunk of `chunk` tokens, plus the head."""
+    f32 = 4
+    def up(n): return (n * f32 + ALIGN - 1) // ALIGN * ALIGN
+    c = chunk
+    layer = (up(c * cfg.hidden)                                   # embedding (before layer 0)
+             + up(c * cfg.q_dim) + 2 * up(c * cfg.kv_dim)         # q, k, v
+             + up(c * cfg.q_dim) + up(c * cfg.hidden)             # attention out, o-proj (+residual)
+             + 3 * up(c * cfg.hidden)                             # materialized norms (prefill GEMM path)
+             + 2 * up(c * cfg.q_dim)                              # materialized qk-norms (qwen3)
+             + up(c * cfg.ffn) + up(c * cfg.hidden))              # swiglu, down (+residual)
+    head = up(cfg.hidden) * 2 + up(max(SCORE_CHUNK, 1) * cfg.vocab_size) + up(SCORE_CHUNK * cfg.hidden) * 2
+    return max(layer, head) + (1 << 20)
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, device_index: int = 0, lib_path: str | None = None):
+        self.native = load(lib_path)
+        self.device = Device(self.native, device_index)
+        self.ops = CudaOps(self.device)
+
+    def info(self) -> dict:
+        return self.device.info()
+
+    def plan(self, cfg: ModelConfig, weight_bytes: int, max_ctx: int, prefill_chunk: int) -> MemoryPlan:
+        lib = self.device.lib
+        kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_ctx * cfg.head_dim * 2
+        largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
+        workspace = (int(lib.fd_attention_decode_workspace_bytes(cfg.n_heads, cfg.head_dim, max_ctx,
+                                                                 DECODE_CHUNK_SLOTS))
+                     + int(lib.fd_sample_workspace_bytes(cfg.vocab_size)) + 8 * (max_ctx + 2 * prefill_chunk))
+        return MemoryPlan(weights_bytes=weight_bytes, kv_bytes=kv,
+                          arena_bytes=2 * _arena_half_bytes(cfg, prefill_chunk),
+                          scratch_bytes=2 * largest * 2, workspace_bytes=workspace)
+
+    def check_fits(self, plan: MemoryPlan) -> None:
+        free, total = self.device.mem_info()
+        if plan.total_bytes + SAFETY_BYTES > free:
+            raise MemoryPlanError(
+                f"the model needs {plan.total_bytes / 2**30:.2f} GiB on the GPU "
+                f"({', '.join(f'{k[:-6]} {v / 2**30:.2f}' for k, v in plan.as_dict().items() if k != 'total_bytes')}"
+                f" GiB) but {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB are free; lower --max-ctx")
+
+    def make_runner(self, cfg: ModelConfig, weights, max_ctx: int, prefill_chunk: int, plan: MemoryPlan):
+        self.ops.reserve_arena(plan.arena_bytes // 2)
+        self.ops.reserve_scratch(plan.scratch_bytes // 4)
+        self.ops.reserve_attention(cfg.n_heads, cfg.head_dim, max_ctx)
+        return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk)

@@ -1,0 +1,137 @@
+"""Building libflashd_cuda.so with nvcc, cached by a hash of sources, flags, arch and compiler.
+
+`flashd build [--arch sm_XX]` forces a build; the CUDA backend builds on first use. The library
+lands in the user cache dir (FLASHD_CACHE_DIR, else $XDG_CACHE_HOME/flashd, else ~/.cache/flashd)
+under native/, named by its key, so different sources or GPUs never share a stale build.
+FLASHD_NATIVE_LIB names a prebuilt library to use instead (e.g. one compiled on another machine).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ....native import CUDA_DIR, HEADER, HIP_DIR
+
+__all__ = ["BuildError", "BuildSpec", "build_library", "library_path", "cache_dir", "detect_arch"]
+
+
+class BuildError(RuntimeError):
+    """The native library could not be built; the message carries the compiler's output."""
+
+
+def cache_dir() -> Path:
+    if os.environ.get("FLASHD_CACHE_DIR"):
+        return Path(os.environ["FLASHD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flashd"
+
+
+def find_nvcc() -> str | None:
+    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def detect_arch() -> str | None:
+    """sm_XX of GPU 0 from nvidia-smi, or None when no GPU is visible."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout.split()
+    except (subprocess.SubprocessError, OSError):
+        return None
+    if not out:
+        return None
+    major, minor = out[0].strip().split(".")
+    return f"sm_{major}{minor}"
+
+
+@dataclass(slots=True, frozen=True)
+class BuildSpec:
+    arch: str                       # sm_90, sm_89, ...
+    nvcc: str
+    debug: bool = False
+
+    def __post_init__(self):
+        if not (self.arch.startswith("sm_") and self.arch[3:].rstrip("a").isdigit()):
+            raise BuildError(f"arch must look like sm_90 or sm_90a, got {self.arch!r}")
+
+    @property
+    def flags(self) -> list[str]:
+        gencode = f"-gencode=arch=compute_{self.arch[3:]},code={self.arch}"
+        opt = ["-O0", "-G"] if self.debug else ["-O3", "--use_fast_math", "-lineinfo"]
+        return ["-std=c++17", gencode, *opt, "-Xcompiler=-fPIC", "--expt-relaxed-constexpr",
+                "-Xptxas=-warn-spills"]
+
+
+def _sources() -> list[Path]:
+    return sorted(CUDA_DIR.glob("*.cu"))
+
+
+def _key(spec: BuildSpec) -> str:
+    h = hashlib.sha256()
+    version = subprocess.run([spec.nvcc, "--version"], capture_output=True, text=True).stdout
+    h.update(version.encode())
+    h.update(" ".join(spec.flags).encode())
+    files = [HEADER, *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def library_path(spec: BuildSpec) -> Path:
+    return cache_dir() / "native" / f"libflashd_cuda-{spec.arch}-{_key(spec)}.so"
+
+
+def _compile(spec: BuildSpec, src: Path, obj: Path) -> None:
+    cmd = [spec.nvcc, *spec.flags, "-c", str(src), "-o", str(obj)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise BuildError(f"nvcc failed on {src.name}:\n$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+
+
+def build_library(arch: str | None = None, *, force: bool = False, debug: bool = False,
+                  jobs: int | None = None, log=None) -> Path:
+    """Build (or find in the cache) the library for `arch` (default: the local GPU's)."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise BuildError("nvcc not found (set NVCC or put the CUDA toolkit's bin/ on PATH)")
+    arch = arch or detect_arch()
+    if arch is None:
+        raise BuildError("no GPU visible to detect the architecture; pass --arch sm_XX")
+    spec = BuildSpec(arch=arch, nvcc=nvcc, debug=debug)
+    out = library_path(spec)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # one builder per key; others wait and reuse
+        if out.exists() and not force:
+            return out
+        work = out.with_suffix(".build")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        sources = _sources()
+        objs = [work / (s.stem + ".o") for s in sources]
+        if log:
+            log(f"building {out.name} from {len(sources)} sources with {nvcc} for {arch}")
+        with concurrent.futures.ThreadPoolExecutor(jobs or os.cpu_count() or 2) as pool:
+            for fut in [pool.submit(_compile, spec, s, o) for s, o in zip(sources, objs)]:
+                fut.result()
+        tmp = work / out.name
+        cmd = [nvcc, "-shared", f"-gencode=arch=compute_{arch[3:]},code={arch}", "-cudart=static",
+               "-o", str(tmp), *map(str, objs)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise BuildError(f"link failed:\n$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+        os.replace(tmp, out)
+        shutil.rmtree(work, ignore_errors=True)
+        return out

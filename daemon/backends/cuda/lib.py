@@ -1,0 +1,61 @@
+"""cffi binding of libflashd_cuda: the declarations come from native/include/flashd.h itself.
+
+`load()` returns the process-wide `NativeLib` (ffi + lib), building the library on first use.
+`check(status, what)` turns a non-zero status into `CudaError` naming the call.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+import cffi
+
+from ....native import HEADER
+from .build import build_library
+
+__all__ = ["NativeLib", "CudaError", "load", "cdef_source"]
+
+_lock = threading.Lock()
+_loaded: "NativeLib | None" = None
+
+
+class CudaError(RuntimeError):
+    def __init__(self, status: int, what: str, message: str):
+        super().__init__(f"{what}: {message} (status {status})")
+        self.status = status
+        self.is_oom = status == 2   # cudaErrorMemoryAllocation
+
+
+def cdef_source(header: Path = HEADER) -> str:
+    text = header.read_text()
+    m = re.search(r"/\* --- cdef begin --- \*/(.*)/\* --- cdef end --- \*/", text, re.S)
+    if m is None:
+        raise RuntimeError(f"{header}: cdef markers not found")
+    return m.group(1)
+
+
+class NativeLib:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(cdef_source())
+        self.lib = self.ffi.dlopen(str(self.path))
+        if self.lib.fd_abi_version() != self.lib.FD_ABI_VERSION:
+            raise RuntimeError(f"{self.path}: ABI version {self.lib.fd_abi_version()} != header's "
+                               f"{self.lib.FD_ABI_VERSION}")
+
+    def check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise CudaError(status, what, self.ffi.string(self.lib.fd_status_string(status)).decode())
+
+
+def load(path: str | os.PathLike | None = None) -> NativeLib:
+    """The library at `path`, FLASHD_NATIVE_LIB, or built for the local GPU (cached)."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            path = path or os.environ.get("FLASHD_NATIVE_LIB") or build_library()
+            _loaded = NativeLib(Path(path))
+        return _loaded

@@ -1,0 +1,293 @@
+"""CudaOps: the `Ops` interface on the GPU through libflashd_cuda.
+
+Weights stay in their GGUF formats on the device (`QuantWeight`); activations are float32 tensors
+taken from a bump arena that the runner resets before every forward, so a replayed forward uses
+the same addresses (CUDA-graph capture of the decode step).
+
+Fusion without changing the model code: `rmsnorm` of a hidden state returns a pending `Normed`
+that the next projection applies in its prologue, and `rope` returns a pending `Roped` that
+`attention` applies while it writes the KV cache. Batches of up to GEMV_MAX_ROWS tokens use the
+quantized GEMV kernels (decode, speculative verification); larger ones dequantize each weight to
+float16 into a scratch buffer and run the tensor-core GEMM (prefill).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..base import Batch, KVCacheSpec
+from .tensor import Arena, Device, DeviceTensor
+
+__all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "GEMV_MAX_ROWS"]
+
+GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
+DECODE_CHUNK_SLOTS = 256      # split-K chunk of the decode attention
+
+
+@dataclass(slots=True, eq=False)
+class QuantWeight:
+    """A 2-D GGUF weight resident on the device in its stored format."""
+
+    data: DeviceTensor        # uint8, the raw blocks
+    qtype: int                # GGML type id
+    rows: int
+    cols: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+@dataclass(slots=True, eq=False)
+class Normed:
+    """rmsnorm(x) * weight, not yet computed."""
+
+    x: DeviceTensor
+    weight: DeviceTensor
+    eps: float
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+
+@dataclass(slots=True, eq=False)
+class Roped:
+    """x with RoPE at `positions`, not yet applied (attention applies it in place)."""
+
+    x: DeviceTensor
+    positions: DeviceTensor
+    theta: float
+    rope_dim: int
+    neox: bool
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+
+class CudaKVCache:
+    """float16 K and V, per layer [n_kv_heads][max_ctx][head_dim], in one allocation."""
+
+    def __init__(self, device: Device, spec: KVCacheSpec):
+        self.spec = spec
+        self.layer_elems = spec.n_kv_heads * spec.max_ctx * spec.head_dim
+        self.storage = device.empty((2 * spec.n_layers * self.layer_elems,), np.float16)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.storage.nbytes
+
+    def layer(self, i: int) -> tuple[DeviceTensor, DeviceTensor]:
+        base = self.storage.ptr + 2 * i * self.layer_elems * 2
+        shape = (self.spec.n_kv_heads, self.spec.max_ctx, self.spec.head_dim)
+        return (DeviceTensor(base, shape, np.dtype(np.float16), self.storage.owner),
+                DeviceTensor(base + self.layer_elems * 2, shape, np.dtype(np.float16), self.storage.owner))
+
+
+class CudaOps:
+    name = "cuda"
+
+    def __init__(self, device: Device):
+        self.dev = device
+        self.lib, self.ffi = device.lib, device.ffi
+        self.arena: Arena | None = None          # sized by reserve_arena (the memory plan)
+        self.scratch_elems = 0
+        self.scratch: list[DeviceTensor] = []
+        self.attn_workspace: DeviceTensor | None = None
+
+    # -- planning --------------------------------------------------------------------------------
+    def reserve_arena(self, half_bytes: int) -> None:
+        if self.arena is None or self.arena.half_bytes < half_bytes:
+            self.arena = None
+            self.arena = Arena(self.dev, half_bytes)
+
+    def reserve_scratch(self, n_elems: int) -> None:
+        """Two float16 buffers of n_elems for dequantized weights (the GEMM path; two for SwiGLU)."""
+        if n_elems > self.scratch_elems:
+            self.scratch = [self.dev.empty((n_elems,), np.float16) for _ in range(2)]
+            self.scratch_elems = n_elems
+
+    def reserve_attention(self, n_heads: int, head_dim: int, max_ctx: int) -> None:
+        n = self.lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS)
+        if self.attn_workspace is None or self.attn_workspace.nbytes < n:
+            self.attn_workspace = self.dev.empty((max(int(n), 1),), np.uint8)
+
+    def begin_forward(self) -> None:
+        self.arena.reset()
+
+    def begin_layer(self, index: int) -> None:
+        self.arena.switch(index)
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _check(self, status: int, what: str) -> None:
+        if status:
+            self.dev.native.check(status, what)
+
+    def load_weight(self, info):
+        host = np.asarray(info.blocks)
+        if len(info.shape) == 1:                       # norms, biases: float32 on the device
+            from gguf.quants import dequantize
+            vec = dequantize(host, info.qtype).reshape(-1).astype(np.float32)
+            return self.dev.upload(vec)
+        rows, cols = info.shape
+        data = self.dev.upload(host.view(np.uint8).reshape(-1))
+        return QuantWeight(data=data, qtype=int(info.qtype), rows=rows, cols=cols)
+
+    def kv_cache(self, spec: KVCacheSpec) -> CudaKVCache:
+        return CudaKVCache(self.dev, spec)
+
+    def from_numpy(self, array: np.ndarray) -> DeviceTensor:
+        return self.dev.upload(np.ascontiguousarray(array))
+
+    def to_numpy(self, t) -> np.ndarray:
+        return self.dev.download(self.materialize(t))
+
+    def take(self, shape, dtype=np.float32) -> DeviceTensor:
+        return self.arena.take(tuple(shape), dtype)
+
+    def p(self, t, ctype="void*"):
+        return self.dev.p(t, ctype)
+
+    # -- pending values --------------------------------------------------------------------------
+    def materialize(self, t):
+        if isinstance(t, Normed):
+            rows = t.x.size // t.x.shape[-1]
+            out = self.take(t.x.shape)
+            self._check(self.lib.fd_rmsnorm(self.p(out, "float*"), self.p(t.x, "float*"), self.p(t.weight, "float*"),
+                                            rows, t.x.shape[-1], t.eps, self.dev.stream), "fd_rmsnorm")
+            return out
+        if isinstance(t, Roped):
+            raise TypeError("a RoPE'd tensor can only be consumed by attention")
+        return t
+
+    @staticmethod
+    def _norm_parts(x):
+        return (x.x, x.weight, x.eps) if isinstance(x, Normed) else (x, None, 0.0)
+
+    # -- math ------------------------------------------------------------------------------------
+    def embed(self, table: QuantWeight, ids: DeviceTensor) -> DeviceTensor:
+        n = ids.shape[0]
+        out = self.take((n, table.cols))
+        self._check(self.lib.fd_embed(self.p(out, "float*"), self.p(table.data), table.qtype, table.rows, table.cols,
+                                      self.p(ids, "int32_t*"), n, self.dev.stream), "fd_embed")
+        return out
+
+    def rmsnorm(self, x, weight, eps: float):
+        if x.ndim == 2 and not isinstance(x, Normed):
+            return Normed(x, weight, float(eps))       # fused into the consumer's prologue
+        return self.materialize(Normed(self.materialize(x), weight, float(eps)))
+
+    def _dequant(self, w: QuantWeight, slot: int) -> DeviceTensor:
+        n = w.rows * w.cols
+        if n > self.scratch_elems:
+            raise MemoryError(f"weight scratch of {self.scratch_elems} elements is smaller than {w.rows}x{w.cols}")
+        buf = self.scratch[slot]
+        self._check(self.lib.fd_dequant_f16(self.p(buf), self.p(w.data), w.qtype, w.rows, w.cols, self.dev.stream),
+                    "fd_dequant_f16")
+        return buf
+
+    def linear(self, x, weight: QuantWeight, bias=None, residual=None) -> DeviceTensor:
+        n = x.shape[0]
+        y = self.take((n, weight.rows))
+        if n <= GEMV_MAX_ROWS:
+            xs, norm_w, eps = self._norm_parts(x)
+            self._check(self.lib.fd_gemv(self.p(y, "float*"), self.p(weight.data), weight.qtype, weight.rows,
+                                         weight.cols, self.p(xs, "float*"), n, self.p(norm_w, "float*"), eps,
+                                         self.p(bias, "float*"), self.p(residual, "float*"), self.dev.stream),
+                        "fd_gemv")
+            return y
+        xm = self.materialize(x)
+        w16 = self._dequant(weight, 0)
+        self._check(self.lib.fd_gemm_f16(self.p(y, "float*"), self.p(xm, "float*"), self.p(w16), n, weight.rows,
+                                         weight.cols, self.p(bias, "float*"), self.p(residual, "float*"),
+                                         self.dev.stream), "fd_gemm_f16")
+        return y
+
+    def linears(self, x, weights, biases) -> tuple:
+        n = x.shape[0]
+        if n > GEMV_MAX_ROWS:
+            xm = self.materialize(x)
+            return tuple(self.linear(xm, w, b) for w, b in zip(weights, biases))
+        outs = [self.take((n, w.rows)) for w in weights]
+        xs, norm_w, eps = self._norm_parts(x)
+        k = len(weights)
+        ys = self.ffi.new("float*[]", [self.p(o, "float*") for o in outs])
+        ws = self.ffi.new("void*[]", [self.p(w.data) for w in weights])
+        qt = self.ffi.new("int[]", [w.qtype for w in weights])
+        rows = self.ffi.new("int[]", [w.rows for w in weights])
+        bs = self.ffi.new("float*[]", [self.p(b, "float*") for b in biases])
+        self._check(self.lib.fd_gemv_multi(k, ys, ws, qt, rows, bs, weights[0].cols, self.p(xs, "float*"), n,
+                                           self.p(norm_w, "float*"), eps, self.dev.stream), "fd_gemv_multi")
+        return tuple(outs)
+
+    def swiglu_linear(self, x, w_gate: QuantWeight, w_up: QuantWeight) -> DeviceTensor:
+        n = x.shape[0]
+        y = self.take((n, w_gate.rows))
+        if n <= GEMV_MAX_ROWS:
+            xs, norm_w, eps = self._norm_parts(x)
+            self._check(self.lib.fd_gemv_swiglu(self.p(y, "float*"), self.p(w_gate.data), w_gate.qtype,
+                                                self.p(w_up.data), w_up.qtype, w_gate.rows, w_gate.cols,
+                                                self.p(xs, "float*"), n, self.p(norm_w, "float*"), eps,
+                                                self.dev.stream), "fd_gemv_swiglu")
+            return y
+        xm = self.materialize(x)
+        g16, u16 = self._dequant(w_gate, 0), self._dequant(w_up, 1)
+        self._check(self.lib.fd_gemm_swiglu_f16(self.p(y, "float*"), self.p(xm, "float*"), self.p(g16), self.p(u16),
+                                                n, w_gate.rows, w_gate.cols, self.dev.stream), "fd_gemm_swiglu_f16")
+        return y
+
+    def rope(self, x, positions, theta: float, rope_dim: int, neox: bool) -> Roped:
+        return Roped(self.materialize(x), positions, float(theta), int(rope_dim), bool(neox))
+
+    def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
+        if not (isinstance(q, Roped) and isinstance(k, Roped)):
+            raise TypeError("CudaOps.attention expects q and k from ops.rope")
+        k_cache, v_cache = cache_layer
+        n, n_heads, head_dim = q.x.shape
+        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        lib, s = self.lib, self.dev.stream
+        self._check(lib.fd_rope_kv_write(self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"),
+                                         self.p(k_cache), self.p(v_cache), self.p(q.positions, "int32_t*"),
+                                         self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
+                                         q.rope_dim, q.theta, int(q.neox), max_ctx, s), "fd_rope_kv_write")
+        o = self.take((n, n_heads * head_dim))
+        scale = float(1.0 / np.sqrt(head_dim))
+        common = (self.p(k_cache), self.p(v_cache))
+        if batch.mask is not None:
+            self._check(lib.fd_attention_masked(self.p(o, "float*"), self.p(q.x, "float*"), *common,
+                                                self.p(batch.mask, "uint8_t*"), self.p(batch.n_past, "int32_t*"), n,
+                                                n_heads, n_kv_heads, head_dim, max_ctx, scale, s),
+                        "fd_attention_masked")
+        elif n == 1:
+            self._check(lib.fd_attention_decode(self.p(o, "float*"), self.p(q.x, "float*"), *common,
+                                                self.p(batch.n_past, "int32_t*"), n_heads, n_kv_heads, head_dim,
+                                                max_ctx, DECODE_CHUNK_SLOTS, scale, self.p(self.attn_workspace), s),
+                        "fd_attention_decode")
+        else:
+            self._check(lib.fd_attention_prefill(self.p(o, "float*"), self.p(q.x, "float*"), *common,
+                                                 self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
+                                                 max_ctx, scale, s), "fd_attention_prefill")
+        return o
+
+    def swiglu(self, gate, up) -> DeviceTensor:
+        out = self.take(gate.shape)
+        self._check(self.lib.fd_swiglu(self.p(out, "float*"), self.p(gate, "float*"), self.p(up, "float*"), gate.size,
+                                       self.dev.stream), "fd_swiglu")
+        return out
+
+    def add(self, a, b) -> DeviceTensor:
+        out = self.take(a.shape)
+        self._check(self.lib.fd_add(self.p(out, "float*"), self.p(a, "float*"), self.p(b, "float*"), a.size,
+                                    self.dev.stream), "fd_add")
+        return out
+
+    def argmax(self, logits: DeviceTensor, out: DeviceTensor) -> None:
+        rows, vocab = logits.shape
+        self._check(self.lib.fd_argmax(self.p(out, "int32_t*"), self.p(logits, "float*"), rows, vocab,
+                                       self.dev.stream), "fd_argmax")

@@ -1,0 +1,213 @@
+"""CudaRunner: the decode loop on the GPU, one CUDA-graph launch per token.
+
+The decode step's inputs live in device memory (`tok`, `pos`, `n_past`, `step`, the token
+history for penalties). One captured graph runs: forward of `tok` at `pos` -> token selection
+into `tok` -> `fd_decode_advance` (appends to the history, writes the token into a ring of pinned
+host memory, advances the scalars). The host keeps PIPELINE_DEPTH steps in flight and reads token
+k from the ring once step k's event completes, so it never waits for the GPU to go idle; it only
+streams and stops. A consumer that stops early leaves at most PIPELINE_DEPTH tokens computed and
+discarded.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterator
+
+import numpy as np
+
+from ...protocol.messages import SamplingParams
+from ...runner import ModelRunner, Sampled
+from ..base import Batch
+from ...models.dense import forward
+from .ops import CudaOps
+
+__all__ = ["CudaRunner"]
+
+RING_LEN = 64
+PIPELINE_DEPTH = 2
+MAX_CACHED_GRAPHS = 8
+SCORE_CHUNK = 64          # rows of logits per forward when every position's logits are needed
+
+
+def _uses_penalties(p: SamplingParams) -> bool:
+    return p.repeat_last_n > 0 and (p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0
+                                    or p.presence_penalty != 0.0)
+
+
+class CudaRunner(ModelRunner):
+    def __init__(self, ops: CudaOps, cfg, weights, max_ctx: int, prefill_chunk: int = 512):
+        super().__init__(ops, cfg, weights, max_ctx, prefill_chunk)
+        dev = self.dev = ops.dev
+        ffi, lib = dev.ffi, dev.lib
+        i32 = np.int32
+        # prefill inputs (host-written per chunk)
+        self.p_ids = dev.empty((prefill_chunk,), i32)
+        self.p_pos = dev.empty((prefill_chunk,), i32)
+        self.p_n_past = dev.empty((1,), i32)
+        # decode state (device-resident; read by the captured graph)
+        self.tok = dev.empty((1,), i32)
+        self.pos = dev.empty((1,), i32)
+        self.n_past_dev = dev.empty((1,), i32)
+        self.step = dev.empty((1,), i32)
+        self.history = dev.empty((max_ctx + 1,), i32)
+        self.n_history = dev.empty((1,), i32)
+        self.sample_ws = dev.empty((max(int(lib.fd_sample_workspace_bytes(cfg.vocab_size)), 1),), np.uint8)
+        ring = ffi.new("void**")
+        dev.native.check(lib.fd_host_alloc(ring, RING_LEN * 4), "cudaHostAlloc(ring)")
+        self._ring_ptr = ring[0]
+        self.ring = np.frombuffer(ffi.buffer(self._ring_ptr, RING_LEN * 4), dtype=np.int32)
+        self.events = []
+        for _ in range(RING_LEN):
+            e = ffi.new("void**")
+            dev.native.check(lib.fd_event_create(e, 0), "cudaEventCreate")
+            self.events.append(e[0])
+        self.graphs: OrderedDict[object, object] = OrderedDict()
+        self._warm_up()
+
+    def close(self) -> None:
+        lib = self.dev.lib
+        self.dev.synchronize()
+        for g in self.graphs.values():
+            lib.fd_graph_destroy(g)
+        self.graphs.clear()
+        for e in self.events:
+            lib.fd_event_destroy(e)
+        self.events = []
+        if self._ring_ptr is not None:
+            self.ring = None
+            lib.fd_host_free(self._ring_ptr)
+            self._ring_ptr = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- forward passes --------------------------------------------------------------------------
+    def _forward_device(self, ids, *, all_logits: bool):
+        """Eager forward of a chunk; returns the logits as a device tensor (in the arena)."""
+        n = len(ids)
+        if n > self.p_ids.shape[0]:
+            raise ValueError(f"chunk of {n} tokens > prefill buffer {self.p_ids.shape[0]}")
+        if self.n_past + n > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        dev = self.dev
+        dev.upload(np.asarray(ids, np.int32), out=self.p_ids[:n])
+        dev.upload(np.arange(self.n_past, self.n_past + n, dtype=np.int32), out=self.p_pos[:n])
+        dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
+        self.ops.begin_forward()
+        batch = Batch(ids=self.p_ids[:n], positions=self.p_pos[:n], n_past=self.p_n_past, n_tokens=n)
+        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits)
+        self.n_past += n
+        return logits
+
+    def _forward(self, ids, *, all_logits: bool) -> np.ndarray:
+        return self.dev.download(self._forward_device(ids, all_logits=all_logits))
+
+    def score(self, ids) -> np.ndarray:
+        self.reset()
+        try:
+            return np.concatenate([self._forward(ids[s:s + SCORE_CHUNK], all_logits=True)
+                                   for s in range(0, len(ids), SCORE_CHUNK)])
+        finally:
+            self.reset()
+
+    # -- the decode step -------------------------------------------------------------------------
+    def _select(self, logits, params: SamplingParams | None) -> None:
+        """Token selection into self.tok (device); params None = greedy."""
+        lib, p = self.dev.lib, self.dev.p
+        s = self.dev.stream
+        if params is None:
+            status = lib.fd_argmax(p(self.tok, "int32_t*"), p(logits, "float*"), 1, self.cfg.vocab_size, s)
+        else:
+            status = lib.fd_sample(p(self.tok, "int32_t*"), p(logits, "float*"), self.cfg.vocab_size,
+                                   p(self.history, "int32_t*"), p(self.n_history, "int32_t*"), params.repeat_last_n,
+                                   params.repeat_penalty, params.frequency_penalty, params.presence_penalty,
+                                   params.temperature, params.top_k, params.top_p, params.min_p, params.seed,
+                                   p(self.step, "int32_t*"), p(self.sample_ws), s)
+        self.dev.native.check(status, "token selection")
+
+    def _advance(self) -> None:
+        lib, p = self.dev.lib, self.dev.p
+        self.dev.native.check(lib.fd_decode_advance(p(self.tok, "int32_t*"), p(self.history, "int32_t*"),
+                                                    p(self.n_history, "int32_t*"), self._ring_ptr, RING_LEN,
+                                                    p(self.step, "int32_t*"), p(self.pos, "int32_t*"),
+                                                    p(self.n_past_dev, "int32_t*"), self.dev.stream),
+                              "fd_decode_advance")
+
+    def _decode_body(self, params: SamplingParams | None) -> None:
+        self.ops.begin_forward()
+        batch = Batch(ids=self.tok, positions=self.pos, n_past=self.n_past_dev, n_tokens=1)
+        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch)
+        self._select(logits, params)
+        self._advance()
+
+    def _set_state(self, n_past: int, n_history: int) -> None:
+        for t, v in ((self.pos, n_past), (self.n_past_dev, n_past), (self.step, 0), (self.n_history, n_history),
+                     (self.tok, 0)):
+            self.dev.upload(np.array([v], np.int32), out=t)
+
+    def _warm_up(self) -> None:
+        """Run the step once eagerly (first-use kernel setup happens outside capture), then
+        capture the greedy graph."""
+        self._set_state(0, 0)
+        self._decode_body(None)
+        self.dev.synchronize()
+        self._graph(None)
+
+    def _graph(self, params: SamplingParams | None):
+        key = None if params is None else params
+        g = self.graphs.get(key)
+        if g is not None:
+            self.graphs.move_to_end(key)
+            return g
+        dev = self.dev
+        dev.native.check(dev.lib.fd_graph_begin_capture(dev.stream), "begin capture")
+        try:
+            self._decode_body(params)
+        finally:
+            out = dev.ffi.new("void**")
+            status = dev.lib.fd_graph_end_capture(dev.stream, out)
+        dev.native.check(status, "end capture")
+        self.graphs[key] = out[0]
+        if len(self.graphs) > MAX_CACHED_GRAPHS:
+            old_key = next(k for k in self.graphs if k is not None)
+            dev.lib.fd_graph_destroy(self.graphs.pop(old_key))
+        return out[0]
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
+                 logprobs: int = 0) -> Iterator[Sampled]:
+        if logprobs or max_new_tokens == 0 or (params.greedy and _uses_penalties(params)):
+            # logprobs need the logits on the host; greedy-with-penalties has no device kernel
+            yield from super().generate(prompt, params, max_new_tokens, logprobs)
+            return
+        dev, lib = self.dev, self.dev.lib
+        sel = None if params.greedy else params
+        self.reset()
+        n_prompt = len(prompt)
+        dev.upload(np.asarray(prompt, np.int32), out=self.history[:n_prompt])
+        self._set_state(n_prompt - 1, n_prompt)     # advance() moves pos/n_past to the new token's slot
+        logits = None
+        for start in range(0, n_prompt, self.prefill_chunk):
+            logits = self._forward_device(prompt[start:start + self.prefill_chunk], all_logits=False)
+        self._select(logits, sel)
+        self._advance()
+        dev.native.check(lib.fd_event_record(self.events[0], dev.stream), "event record")
+        graph = self._graph(sel)
+        launched, read = 1, 0
+        try:
+            while read < max_new_tokens:
+                while launched < max_new_tokens and launched - read < PIPELINE_DEPTH:
+                    dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+                    dev.native.check(lib.fd_event_record(self.events[launched % RING_LEN], dev.stream),
+                                     "event record")
+                    launched += 1
+                dev.native.check(lib.fd_event_synchronize(self.events[read % RING_LEN]), "decode step")
+                token = int(self.ring[read % RING_LEN])
+                read += 1
+                yield Sampled(token)
+        finally:
+            dev.synchronize()        # nothing may still write the cache when the next request starts
+            self.n_past = n_prompt + max(launched - 1, 0)

@@ -1,0 +1,182 @@
+"""Device memory as tensors: `Device` (allocation, copies, one stream) and `DeviceTensor`.
+
+A DeviceTensor is a typed, shaped, contiguous view of device memory. It keeps its `Allocation`
+alive; views (reshape, row slices) share it. Arena tensors (`Arena.take`) share the arena's one
+allocation and are valid until the arena is reset.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .lib import NativeLib
+
+__all__ = ["Device", "DeviceTensor", "Allocation", "Arena"]
+
+ALIGN_BYTES = 256
+
+
+class Allocation:
+    """One cudaMalloc'd block, freed when the last tensor referring to it goes away."""
+
+    __slots__ = ("native", "ptr", "n_bytes")
+
+    def __init__(self, native: NativeLib, n_bytes: int):
+        self.native = native
+        self.n_bytes = n_bytes
+        out = native.ffi.new("void**")
+        native.check(native.lib.fd_malloc(out, max(n_bytes, 1)), f"cudaMalloc({n_bytes} bytes)")
+        self.ptr = int(native.ffi.cast("uintptr_t", out[0]))
+
+    def free(self) -> None:
+        if self.ptr:
+            self.native.lib.fd_free(self.native.ffi.cast("void*", self.ptr))
+            self.ptr = 0
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:   # interpreter shutdown: the process is exiting anyway
+            pass
+
+
+@dataclass(slots=True, eq=False)
+class DeviceTensor:
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    owner: object = None           # Allocation or Arena keeping the memory alive
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, *shape: int) -> "DeviceTensor":
+        if len(shape) == 1 and isinstance(shape[0], tuple):
+            shape = shape[0]
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape = tuple(self.size // known if d == -1 else d for d in shape)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return DeviceTensor(self.ptr, tuple(shape), self.dtype, self.owner)
+
+    def __getitem__(self, key) -> "DeviceTensor":
+        """Row slices only (contiguous): t[a:b]."""
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("DeviceTensor supports contiguous row slices t[a:b] only")
+        start, stop, _ = key.indices(self.shape[0])
+        stop = max(stop, start)
+        row_bytes = self.nbytes // self.shape[0] if self.shape[0] else 0
+        return DeviceTensor(self.ptr + start * row_bytes, (stop - start, *self.shape[1:]), self.dtype, self.owner)
+
+
+class Arena:
+    """Activation scratch: two halves used alternately, one per layer, each a bump allocator.
+
+    Layer i takes from half i % 2 after resetting it, so it may read the previous layer's output
+    (in the other half) while everything older is recycled. The same sequence of takes yields
+    the same addresses, which is what lets a captured CUDA graph be replayed.
+    """
+
+    def __init__(self, device: "Device", half_bytes: int):
+        self.alloc = Allocation(device.native, 2 * half_bytes)
+        self.half_bytes = half_bytes
+        self.half = 1
+        self.offset = 0
+        self.high_water = 0        # most bytes any half held
+
+    def reset(self) -> None:
+        """A new forward: start in half 1 so that layer 0 gets half 0."""
+        self.half, self.offset = 1, 0
+
+    def switch(self, index: int) -> None:
+        self.half, self.offset = index % 2, 0
+
+    def take(self, shape: tuple[int, ...], dtype=np.float32) -> DeviceTensor:
+        dtype = np.dtype(dtype)
+        n_bytes = math.prod(shape) * dtype.itemsize
+        start = self.offset
+        end = start + (n_bytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+        if end > self.half_bytes:
+            raise MemoryError(f"activation arena exhausted: a layer needs more than {self.half_bytes} bytes")
+        self.offset = end
+        self.high_water = max(self.high_water, end)
+        return DeviceTensor(self.alloc.ptr + self.half * self.half_bytes + start, tuple(shape), dtype, self)
+
+
+class Device:
+    """One GPU, the native library and the stream every op is issued on."""
+
+    def __init__(self, native: NativeLib, index: int = 0):
+        self.native = native
+        self.ffi, self.lib = native.ffi, native.lib
+        self.index = index
+        native.check(self.lib.fd_set_device(index), f"cudaSetDevice({index})")
+        out = self.ffi.new("void**")
+        native.check(self.lib.fd_stream_create(out), "cudaStreamCreate")
+        self.stream = out[0]
+
+    # -- info ------------------------------------------------------------------------------------
+    def info(self) -> dict:
+        name = self.ffi.new("char[256]")
+        ints = [self.ffi.new("int*") for _ in range(5)]
+        total = self.ffi.new("size_t*")
+        self.native.check(self.lib.fd_device_info(self.index, name, 256, ints[0], ints[1], ints[2], total,
+                                                  ints[3], ints[4]), "cudaGetDeviceProperties")
+        return {"name": self.ffi.string(name).decode(), "cc": f"{ints[0][0]}.{ints[1][0]}", "n_sms": ints[2][0],
+                "total_bytes": int(total[0]), "mem_clock_khz": ints[3][0], "mem_bus_bits": ints[4][0]}
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = self.ffi.new("size_t*"), self.ffi.new("size_t*")
+        self.native.check(self.lib.fd_mem_info(free, total), "cudaMemGetInfo")
+        return int(free[0]), int(total[0])
+
+    # -- memory ----------------------------------------------------------------------------------
+    def p(self, t: DeviceTensor | None, ctype: str = "void*"):
+        """The cffi pointer of a tensor (NULL for None)."""
+        return self.ffi.NULL if t is None else self.ffi.cast(ctype, t.ptr)
+
+    def empty(self, shape, dtype=np.float32) -> DeviceTensor:
+        shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        dtype = np.dtype(dtype)
+        alloc = Allocation(self.native, math.prod(shape) * dtype.itemsize)
+        return DeviceTensor(alloc.ptr, shape, dtype, alloc)
+
+    def fill_bytes(self, t: DeviceTensor, byte_value: int) -> None:
+        self.native.check(self.lib.fd_memset(self.p(t), byte_value, t.nbytes, self.stream), "cudaMemset")
+
+    def upload(self, array: np.ndarray, out: DeviceTensor | None = None) -> DeviceTensor:
+        array = np.ascontiguousarray(array)
+        t = out if out is not None else self.empty(array.shape, array.dtype)
+        if t.nbytes != array.nbytes:
+            raise ValueError(f"upload of {array.nbytes} bytes into a {t.nbytes}-byte tensor")
+        src = self.ffi.from_buffer("char[]", array)
+        self.native.check(self.lib.fd_memcpy_h2d(self.p(t), src, array.nbytes, self.stream), "memcpy H2D")
+        self.synchronize()   # the host buffer may be freed as soon as we return
+        return t
+
+    def download(self, t: DeviceTensor) -> np.ndarray:
+        out = np.empty(t.shape, t.dtype)
+        self.native.check(self.lib.fd_memcpy_d2h(self.ffi.from_buffer("char[]", out), self.p(t), t.nbytes,
+                                                 self.stream), "memcpy D2H")
+        self.synchronize()
+        return out
+
+    def copy(self, dst: DeviceTensor, src: DeviceTensor) -> None:
+        if dst.nbytes != src.nbytes:
+            raise ValueError("copy between tensors of different sizes")
+        self.native.check(self.lib.fd_memcpy_d2d(self.p(dst), self.p(src), src.nbytes, self.stream), "memcpy D2D")
+
+    def synchronize(self) -> None:
+        self.native.check(self.lib.fd_stream_synchronize(self.stream), "cudaStreamSynchronize")

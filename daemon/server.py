@@ -1,0 +1,547 @@
+"""`flashd serve`: one engine behind two front ends at once, stdin/stdout and ZeroMQ.
+
+  stdin line ─ StdinFrontend (thread) ──┐                    ┌─ StdioClient: JSON line on stdout
+                                        ├─ Server.dispatch ──┤
+  zmq frame ── ZmqFrontend (thread) ────┘   engine.submit    └─ ZmqClient: msgpack frame, routed
+                                                                to the peer that asked
+
+A *client* is one source of requests and the place its events go: stdin/stdout is one client,
+every ZeroMQ peer (by its routing identity) is another. Request ids are per client, so two peers
+may both use id "a"; `cancel target=a` reaches only the sender's own request. Ids the client
+does not give are assigned by the server: "r1", "r2", ..., unique for the daemon's lifetime.
+
+Life cycle: load the model (progress bar on stderr), print the `ready` event on stdout, serve.
+The daemon stops, cancelling what is queued or running and exiting 0, on `quit` (from either
+front end), SIGINT/SIGTERM, or end of stdin. At end of stdin without --zmq it first finishes the
+requests already sent; with --zmq it keeps serving ZeroMQ (stdin closing is then not a stop
+signal, so a daemon started with `< /dev/null` serves ZeroMQ until `quit` or a signal).
+
+Threads: the engine thread emits events; the stdin thread reads lines; the ZeroMQ thread owns
+the ROUTER socket (zmq sockets are not thread-safe), so events for ZeroMQ peers are encoded on
+the emitting thread, queued, and the ZeroMQ thread is woken through an inproc PAIR socket.
+stdout lines are written by the emitting thread under a lock: a stdin client that stops reading
+its stdout stalls the engine (back-pressure), which is what a pipe to a single parent wants.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import click
+import zmq
+
+from ..protocol import lines, wire
+from ..protocol.errors import ProtocolError
+from ..protocol.events import TERMINAL_EVENTS, error_event, ready_event, result_event
+from ..protocol.messages import Cancel, Quit, Request, resolve_ids_files
+from .config import DEVICES, EngineConfig
+from .process import (
+    LOG_LEVELS, LineReader, OverlongLine, StartupError, StopSignals, claim_stdout, load_engine,
+    read_ids_file, resolve_model, setup_logging,
+)
+
+__all__ = ["ServeConfig", "serve", "serve_command", "check_zmq_address"]
+
+log = logging.getLogger("flashd.server")
+
+ENGINE_STOP_TIMEOUT_S = 60.0   # a stop waits this long for a forward pass in flight to finish
+ZMQ_LINGER_MS = 2000           # at exit, undelivered frames get this long to reach their peers
+BUILTIN_DRAFTS = ("ngram",)    # drafters that need no file
+
+
+def check_zmq_address(address: str, allow_remote: bool) -> str:
+    """`tcp://HOST:PORT` (PORT may be `*`: any free port) or `ipc://PATH`. HOST must be a
+    loopback address unless allow_remote: the protocol has no authentication."""
+    scheme, sep, rest = address.partition("://")
+    if not sep or not rest:
+        raise ValueError(f"--zmq {address!r}: expected tcp://HOST:PORT or ipc://PATH")
+    if scheme == "ipc":
+        return address
+    if scheme != "tcp":
+        raise ValueError(f"--zmq {address!r}: only tcp:// and ipc:// addresses are served")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not (port == "*" or (port.isdigit() and int(port) <= 65535)):
+        raise ValueError(f"--zmq {address!r}: expected tcp://HOST:PORT with PORT a number or *")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if host == "localhost":
+        return address
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False            # `*`, an interface name or a DNS name: not known to be loopback
+    if not loopback and not allow_remote:
+        raise ValueError(f"--zmq {address!r}: {host} is not a loopback address; the protocol has no "
+                         f"authentication, so serving other machines needs --zmq-allow-remote")
+    return address
+
+
+@dataclass(slots=True, frozen=True)
+class ServeConfig:
+    """The `flashd serve` command line."""
+
+    model: str                          # path, or a name the model registry knows
+    drafts: tuple[str, ...] = ()        # speculative-decoding drafters: paths, names or "ngram"
+    prefill_drafter: str | None = None  # PFlash scoring model
+    device: str = "auto"
+    max_ctx: int = 4096
+    zmq: str | None = None              # ROUTER address; None: no ZeroMQ front end
+    zmq_allow_remote: bool = False
+    stdin: bool = True                  # read requests from stdin (events always go to stdout)
+    max_queue: int = 64
+    max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
+    log_level: str = "info"
+
+    def __post_init__(self):
+        if not self.stdin and self.zmq is None:
+            raise ValueError("--no-stdin needs --zmq ADDR: otherwise nothing would be served")
+        if self.zmq is not None:
+            check_zmq_address(self.zmq, self.zmq_allow_remote)
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
+
+
+# ---------------------------------------------------------------------------------- clients
+
+
+class Client:
+    """A source of requests and the sink of their events. `pending` counts the client's
+    requests handed to the engine whose terminal event has not been delivered yet."""
+
+    def __init__(self, server: Server, name: str):
+        self.server, self.name = server, name
+        self.pending = 0
+        self.gone = False             # its reader went away: events are dropped, requests cancelled
+        self._idle = threading.Condition()
+
+    def send(self, event: dict, finished: Request | None = None) -> None:
+        """Deliver `event`; `finished` is the request a terminal event ends (None otherwise)."""
+        raise NotImplementedError
+
+    def started(self) -> None:
+        with self._idle:
+            self.pending += 1
+
+    def _finished(self, request: Request) -> None:
+        with self._idle:
+            self.pending -= 1
+            self._idle.notify_all()
+        if isinstance(request, Quit):
+            self.server.request_stop(f"quit from {self.name}")
+
+    def wait_idle(self, stop: threading.Event) -> None:
+        """Block until every pending request has ended (or the daemon stops)."""
+        with self._idle:
+            while self.pending and not stop.is_set():
+                self._idle.wait(0.1)
+
+
+class _Reply:
+    """The `emit` callback of one request. The engine calls it from its thread with every
+    event; Server.cancel predicates read `.client` to find a client's requests."""
+
+    __slots__ = ("client", "request")
+
+    def __init__(self, client: Client, request: Request):
+        self.client, self.request = client, request
+
+    def __call__(self, event: dict) -> None:
+        self.client.send(event, self.request if event.get("event") in TERMINAL_EVENTS else None)
+
+
+class StdioClient(Client):
+    """Events as JSON lines on the claimed stdout: one write + flush per event, under a lock."""
+
+    def __init__(self, server: Server, out: BinaryIO):
+        super().__init__(server, "stdin")
+        self._out = out
+        self._out_lock = threading.Lock()
+
+    def send(self, event: dict, finished: Request | None = None) -> None:
+        data = (lines.encode_event(event) + "\n").encode("utf-8")
+        broke = False
+        with self._out_lock:
+            if not self.gone:
+                try:
+                    self._out.write(data)
+                    self._out.flush()
+                except OSError as exc:            # BrokenPipeError: whoever read stdout is gone
+                    self.gone = broke = True
+                    log.warning("stdout is closed (%s): stdin's requests are cancelled", exc)
+        if broke:
+            self.server.client_gone(self)
+        if finished is not None:
+            self._finished(finished)
+
+
+class ZmqClient(Client):
+    """One ZeroMQ peer. Events are encoded on the emitting thread and queued for the ZeroMQ
+    thread, which sends them to this identity."""
+
+    def __init__(self, server: Server, frontend: ZmqFrontend, identity: bytes):
+        super().__init__(server, f"zmq peer {identity.hex()}")
+        self.frontend, self.identity = frontend, identity
+
+    def send(self, event: dict, finished: Request | None = None) -> None:
+        self.frontend.post(self, wire.encode_event(event), finished)
+
+
+# ---------------------------------------------------------------------------------- server
+
+
+class Server:
+    """Request ids, dispatch to the engine, per-client cancel, and the stop signal."""
+
+    def __init__(self, engine, config: ServeConfig):
+        self.engine, self.config = engine, config
+        self.zmq: ZmqFrontend | None = None
+        self.stopped = threading.Event()
+        self.stop_reason = ""
+        self._id_lock = threading.Lock()
+        self._n_ids = 0
+
+    def next_id(self) -> str:
+        with self._id_lock:
+            self._n_ids += 1
+            return f"r{self._n_ids}"
+
+    def dispatch(self, request: Request, client: Client) -> None:
+        """Hand a parsed request to the engine; its events go back to `client`."""
+        if isinstance(request, Cancel):       # scoped to the client's own requests
+            target = request.target
+            n_cancelled = self.engine.cancel_where(
+                lambda job: getattr(job.emit, "client", None) is client and job.request.id == target)
+            client.send(result_event(request.id, cancelled=n_cancelled > 0))
+            return
+        client.started()
+        self.engine.submit(request, _Reply(client, request))
+
+    def client_gone(self, client: Client) -> None:
+        """The client can no longer receive events: cancel everything it still has pending."""
+        n = self.engine.cancel_where(lambda job: getattr(job.emit, "client", None) is client)
+        if n:
+            log.info("%s went away: cancelled %d request(s)", client.name, n)
+        if isinstance(client, StdioClient) and self.zmq is None:
+            self.request_stop("stdout closed")
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stopped.is_set():
+            self.stop_reason = reason
+            self.stopped.set()
+
+
+# ---------------------------------------------------------------------------------- stdin
+
+
+class StdinFrontend:
+    """Reads request lines from fd 0 on its own thread: parse, read @files, dispatch."""
+
+    def __init__(self, server: Server, client: StdioClient, fd: int = 0):
+        self.server, self.client, self.fd = server, client, fd
+        self._thread = threading.Thread(target=self._run, name="flashd-stdin", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        server = self.server
+        try:
+            for line in LineReader(self.fd, server.config.max_request_bytes, server.stopped):
+                self.handle(line)
+        except Exception:
+            log.exception("stdin reader failed")
+            server.request_stop("stdin reader failed")
+            return
+        if server.stopped.is_set():
+            return
+        if server.zmq is not None:
+            log.info("stdin closed: still serving ZeroMQ at %s (stop with quit or SIGTERM)", server.zmq.endpoint)
+            return
+        log.info("stdin closed: finishing %d pending request(s), then exiting", self.client.pending)
+        self.client.wait_idle(server.stopped)
+        server.request_stop("stdin closed")
+
+    def handle(self, line: bytes | OverlongLine) -> None:
+        server, client = self.server, self.client
+        default_id = server.next_id()
+        limit = server.config.max_request_bytes
+        if isinstance(line, OverlongLine):
+            client.send(error_event(default_id, "bad_request",
+                                    f"line of {line.n_bytes} bytes exceeds the limit of {limit} bytes"))
+            return
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            client.send(error_event(default_id, "bad_request", f"line is not valid UTF-8: byte "
+                                    f"{line[exc.start:exc.start + 1]!r} at offset {exc.start} ({exc.reason})"))
+            return
+        try:
+            request = lines.parse_line(text, default_id, limit)
+            if request is None:
+                return
+            request = resolve_ids_files(request, lambda path: read_ids_file(path, limit))
+        except ProtocolError as exc:
+            client.send(error_event(exc.request_id or default_id, exc.code, exc.message))
+            return
+        server.dispatch(request, client)
+
+
+# ---------------------------------------------------------------------------------- zeromq
+
+
+class ZmqFrontend:
+    """A ROUTER socket served by one thread. Peers are DEALERs: each message is one msgpack
+    request frame; each event goes back as one frame to the identity that asked.
+
+    ROUTER_MANDATORY makes a send to a peer that has disconnected fail (EHOSTUNREACH) instead
+    of vanishing silently: that is how a client that went away is noticed, and its pending
+    requests are then cancelled. SNDHWM is unlimited so that a send never blocks the thread:
+    a peer that reads slowly has its events buffered in the daemon.
+    """
+
+    def __init__(self, address: str, max_frame_bytes: int):
+        self.max_frame_bytes = max_frame_bytes
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.LINGER, ZMQ_LINGER_MS)
+        try:
+            self._router.bind(address)
+        except zmq.ZMQError as exc:
+            self._router.close(0)
+            self._ctx.term()
+            raise StartupError(f"--zmq {address}: cannot bind: {exc}") from None
+        self.endpoint: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        wake_address = f"inproc://flashd-wake-{id(self):x}"
+        self._wake_in = self._ctx.socket(zmq.PAIR)
+        self._wake_in.bind(wake_address)
+        self._wake_out = self._ctx.socket(zmq.PAIR)
+        self._wake_out.connect(wake_address)
+        self._wake_lock = threading.Lock()    # _wake_out is used by any emitting thread
+        self._outbox: queue.SimpleQueue[tuple[ZmqClient, bytes, Request | None]] = queue.SimpleQueue()
+        self._clients: dict[bytes, ZmqClient] = {}   # peers with pending requests (ZeroMQ thread only)
+        self._closing = False
+        self._closed = False
+        self._server: Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, server: Server) -> None:
+        self._server = server
+        self._thread = threading.Thread(target=self._run, name="flashd-zmq", daemon=True)
+        self._thread.start()
+
+    def post(self, client: ZmqClient, frame: bytes, finished: Request | None) -> None:
+        """Queue a frame for `client` (any thread) and wake the ZeroMQ thread."""
+        self._outbox.put((client, frame, finished))
+        if threading.current_thread() is self._thread:
+            return                            # the loop drains the outbox before it polls again
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if not self._closed:
+                try:
+                    self._wake_out.send(b"", zmq.NOBLOCK)
+                except zmq.Again:             # wake-ups already pending: the thread will run
+                    pass
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued, then close (call after the engine has stopped emitting)."""
+        self._closing = True
+        if self._thread is not None and self._thread.is_alive():
+            self._wake()
+            self._thread.join(timeout)
+        else:
+            self._close_sockets()
+
+    # -- the ZeroMQ thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_in, zmq.POLLIN)
+        try:
+            while not self._closing:
+                ready = dict(poller.poll())
+                if self._wake_in in ready:
+                    self._drain_wake()
+                if self._router in ready:
+                    self._receive_some()
+                self._send_outbox()
+            self._send_outbox()
+        except Exception:
+            log.exception("ZeroMQ front end failed")
+            self._server.request_stop("ZeroMQ front end failed")
+        finally:
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        with self._wake_lock:
+            self._closed = True
+            self._wake_out.close(0)
+        self._wake_in.close(0)
+        self._router.close()                  # keeps LINGER: queued frames still go out
+        self._ctx.term()
+
+    def _drain_wake(self) -> None:
+        while True:
+            try:
+                self._wake_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def _receive_some(self, max_messages: int = 64) -> None:
+        """Up to max_messages requests, then back to sending (so events keep flowing)."""
+        for _ in range(max_messages):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_message(frames)
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        server = self._server
+        identity = frames[0]
+        client = self._clients.get(identity)
+        if client is None:
+            client = self._clients[identity] = ZmqClient(server, self, identity)
+        default_id = server.next_id()
+        if len(frames) != 2:
+            client.send(error_event(default_id, "bad_request", f"expected one msgpack frame per message, "
+                                                               f"got {len(frames) - 1} frames"))
+            return
+        try:
+            request = wire.decode_request(frames[1], default_id, self.max_frame_bytes)
+        except ProtocolError as exc:
+            client.send(error_event(exc.request_id or default_id, exc.code, exc.message))
+            return
+        server.dispatch(request, client)
+
+    def _send_outbox(self) -> None:
+        while True:
+            try:
+                client, frame, finished = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            if not client.gone:
+                try:
+                    self._router.send_multipart([client.identity, frame], zmq.NOBLOCK)
+                except zmq.ZMQError as exc:
+                    if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                        raise
+                    client.gone = True
+                    log.info("%s is unreachable (%s)", client.name, exc)
+                    self._server.client_gone(client)
+            if finished is not None:
+                client._finished(finished)
+            if client.pending == 0 and self._clients.get(client.identity) is client:
+                del self._clients[client.identity]
+
+
+# ---------------------------------------------------------------------------------- process
+
+
+def _resolve_drafts(config: ServeConfig) -> tuple[tuple[str, ...], str | None]:
+    drafts = tuple(d if d in BUILTIN_DRAFTS else str(resolve_model(d, "--draft")) for d in config.drafts)
+    prefill = (str(resolve_model(config.prefill_drafter, "--prefill-drafter"))
+               if config.prefill_drafter is not None else None)
+    if drafts or prefill:
+        log.warning("speculative decoding and prefill compression are not available yet: drafters %s "
+                    "were checked but are not loaded; generation runs plain decoding",
+                    ", ".join(drafts + ((prefill,) if prefill else ())))
+    return drafts, prefill
+
+
+def serve(config: ServeConfig) -> int:
+    """Run the daemon until it is told to stop; the process exit status."""
+    setup_logging(config.log_level)
+    out = claim_stdout()
+    zmq_frontend = None
+    try:
+        model = resolve_model(config.model, "--model")
+        drafts, prefill = _resolve_drafts(config)
+        if config.zmq is not None:            # bind before the (long) load: a bad address fails fast
+            zmq_frontend = ZmqFrontend(config.zmq, config.max_request_bytes)
+        engine = load_engine(EngineConfig(model=str(model), device=config.device, max_ctx=config.max_ctx,
+                                          drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue))
+    except StartupError as exc:
+        log.error("%s", exc)
+        if zmq_frontend is not None:
+            zmq_frontend.close()
+        return 1
+    except KeyboardInterrupt:
+        log.info("interrupted while loading")
+        if zmq_frontend is not None:
+            zmq_frontend.close()
+        return 130
+
+    server = Server(engine, config)
+    server.zmq = zmq_frontend
+    stdio = StdioClient(server, out)
+    signals = StopSignals(server.request_stop)
+    engine.start()
+    endpoint = zmq_frontend.endpoint if zmq_frontend is not None else None
+    stdio.send(ready_event(**{**engine.ready_info(), "zmq": endpoint, "stdin": config.stdin,
+                              "drafts": list(drafts), "prefill_drafter": prefill}))
+    log.info("ready: serving %s", " and ".join(
+        (["stdin"] if config.stdin else []) + ([f"ZeroMQ at {endpoint}"] if endpoint else [])))
+    if zmq_frontend is not None:
+        zmq_frontend.start(server)
+    stdin = StdinFrontend(server, stdio) if config.stdin else None
+    if stdin is not None:
+        stdin.start()
+
+    while not server.stopped.wait(0.5):       # a timed wait keeps signal handlers running promptly
+        pass
+    log.info("stopping: %s", server.stop_reason)
+    engine.stop(ENGINE_STOP_TIMEOUT_S)       # cancels queued and running requests
+    if zmq_frontend is not None:
+        zmq_frontend.close()
+    if stdin is not None:
+        stdin.join(1.0)
+    signals.restore()
+    try:
+        out.flush()
+    except OSError:
+        pass
+    log.info("stopped")
+    return 0
+
+
+@click.command("serve")
+@click.option("--model", required=True, metavar="PATH|NAME", help="Target model: a GGUF path or a model name.")
+@click.option("--draft", "drafts", multiple=True, metavar="PATH|NAME",
+              help="Speculative-decoding drafter (repeatable; `ngram` is built in).")
+@click.option("--prefill-drafter", metavar="PATH|NAME", help="PFlash prompt-scoring model.")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
+@click.option("--max-ctx", type=click.IntRange(16, 1 << 20), default=4096, show_default=True,
+              help="Context slots: prompt + max_tokens must fit.")
+@click.option("--zmq", "zmq_address", metavar="ADDR",
+              help="Also serve ZeroMQ on a ROUTER socket: tcp://127.0.0.1:PORT (PORT may be *) or ipc://PATH.")
+@click.option("--zmq-allow-remote", is_flag=True, help="Allow a non-loopback tcp:// address (no authentication!).")
+@click.option("--no-stdin", is_flag=True, help="Do not read requests from stdin (needs --zmq).")
+@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests waiting behind the running one; more are answered `overloaded`.")
+@click.option("--max-request-bytes", type=click.IntRange(min=1), default=wire.MAX_FRAME_BYTES, show_default=True,
+              help="Largest stdin line, ZeroMQ frame or @file.")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
+                  max_queue, max_request_bytes, log_level):
+    """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
+    try:
+        config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
+                             max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
+                             stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
+                             log_level=log_level)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    raise SystemExit(serve(config))

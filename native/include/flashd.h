@@ -1,0 +1,171 @@
+/* flashd.h -- the whole C ABI of libflashd_cuda (and libflashd_hip, from the same sources).
+ *
+ * Conventions
+ *   - Every function returns an int status: 0 ok, > 0 a cudaError_t (hipError_t) value,
+ *     < 0 a flashd argument error (FD_E_*). fd_status_string() names any status.
+ *   - Every kernel launcher takes the stream last (void*, NULL = the legacy default stream) and is
+ *     asynchronous; none allocates memory or synchronizes, so all are safe inside graph capture.
+ *   - Pointers are device pointers unless named host_*. Activations are float32 row-major; the KV
+ *     cache is float16 laid out [n_kv_heads][max_ctx][head_dim] per layer.
+ *   - Weights are GGUF tensors as stored: (rows, cols) row-major, each row cols / block_size blocks
+ *     of the format `qtype` (GGML type ids: FD_Q_*).
+ *   - Scalars that change between decode steps (positions, n_past, the step counter) are read
+ *     from device memory (const int* ...), so a captured graph can be replayed every step.
+ *
+ * This file is read by cffi's cdef, so the part between the markers is plain declarations only:
+ * no #include, no #if, no macros other than integer constants.
+ */
+#ifndef FLASHD_H
+#define FLASHD_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* --- cdef begin --- */
+
+#define FD_ABI_VERSION 1
+
+#define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
+#define FD_E_QTYPE -2        /* weight format not supported by this kernel */
+#define FD_E_SHAPE -3        /* shape not supported by this kernel (e.g. head_dim, cols % block) */
+
+#define FD_Q_F32 0
+#define FD_Q_F16 1
+#define FD_Q_Q4_0 2
+#define FD_Q_Q4_1 3
+#define FD_Q_Q5_0 6
+#define FD_Q_Q8_0 8
+#define FD_Q_Q4_K 12
+#define FD_Q_Q5_K 13
+#define FD_Q_Q6_K 14
+#define FD_Q_BF16 30
+
+/* ---- runtime: devices, memory, streams, events, graphs (runtime.cu) ---------------------- */
+int fd_abi_version(void);
+const char* fd_status_string(int status);
+int fd_device_count(int* n_devices);
+int fd_set_device(int device);
+int fd_device_info(int device, char* name, int name_len, int* cc_major, int* cc_minor,
+                   int* n_sms, size_t* total_bytes, int* clock_khz, int* mem_bus_bits);
+int fd_mem_info(size_t* free_bytes, size_t* total_bytes);
+int fd_malloc(void** ptr, size_t n_bytes);
+int fd_free(void* ptr);
+int fd_host_alloc(void** host_ptr, size_t n_bytes);          /* pinned, mapped into the device */
+int fd_host_free(void* host_ptr);
+int fd_memcpy_h2d(void* dst, const void* host_src, size_t n_bytes, void* stream);
+int fd_memcpy_d2h(void* host_dst, const void* src, size_t n_bytes, void* stream);
+int fd_memcpy_d2d(void* dst, const void* src, size_t n_bytes, void* stream);
+int fd_memset(void* dst, int byte_value, size_t n_bytes, void* stream);
+int fd_stream_create(void** stream);
+int fd_stream_destroy(void* stream);
+int fd_stream_synchronize(void* stream);
+int fd_event_create(void** event, int with_timing);
+int fd_event_destroy(void* event);
+int fd_event_record(void* event, void* stream);
+int fd_event_synchronize(void* event);
+int fd_event_query(void* event);                             /* 0 done, FD_NOT_READY pending */
+int fd_event_elapsed_ms(float* ms, void* start_event, void* end_event);
+int fd_graph_begin_capture(void* stream);
+int fd_graph_end_capture(void* stream, void** graph_exec);
+int fd_graph_launch(void* graph_exec, void* stream);
+int fd_graph_destroy(void* graph_exec);
+int fd_not_ready_status(void);                               /* the status fd_event_query returns while pending */
+
+/* ---- weights: dequantization and embedding lookup (dequant.cu) --------------------------- */
+/* dst (rows, cols) float16 = the weight, exactly as gguf.quants.dequantize defines it (rounded to f16) */
+int fd_dequant_f16(void* dst, const void* w, int qtype, int64_t rows, int64_t cols, void* stream);
+/* dst (n_ids, cols) float32 = rows ids[i] of table (n_table_rows, cols); ids outside the table -> FD_E_ARG is
+   not checkable on the device: such rows are written as NaN */
+int fd_embed(float* dst, const void* table, int qtype, int64_t n_table_rows, int64_t cols,
+             const int32_t* ids, int n_ids, void* stream);
+
+/* ---- decode projections: quantized GEMV (gemv.cu) ----------------------------------------- */
+/* For each of n_x input rows i (1 <= n_x <= 8):
+     xn = norm_w ? rmsnorm(x[i]) * norm_w : x[i]                    (x: (n_x, cols))
+     y[i, r] = dot(W[r, :], xn) (+ bias[r]) (+ residual[i, r])      (y: (n_x, rows))
+   y may alias residual. */
+int fd_gemv(float* y, const void* w, int qtype, int rows, int cols, const float* x, int n_x,
+            const float* norm_w, float eps, const float* bias, const float* residual, void* stream);
+/* Up to 4 matrices sharing one input (e.g. q, k, v): y_j = W_j xn (+ bias_j), one launch.
+   Host arrays of n_mats entries; bias_j may be NULL. */
+int fd_gemv_multi(int n_mats, float* const* y, const void* const* w, const int* qtype, const int* rows,
+                  const float* const* bias, int cols, const float* x, int n_x, const float* norm_w,
+                  float eps, void* stream);
+/* y[i, r] = silu(dot(Wg[r], xn)) * dot(Wu[r], xn)  (the SwiGLU MLP's first half), y: (n_x, rows) */
+int fd_gemv_swiglu(float* y, const void* w_gate, int qtype_gate, const void* w_up, int qtype_up,
+                   int rows, int cols, const float* x, int n_x, const float* norm_w, float eps,
+                   void* stream);
+
+/* ---- prefill projections: tensor-core GEMM (gemm.cu) -------------------------------------- */
+/* y (m, n) = x (m, k) float32 @ w (n, k) float16 ^T (+ bias[n]) (+ residual (m, n)); f32 accumulate.
+   y may alias residual. k % 8 == 0. */
+int fd_gemm_f16(float* y, const float* x, const void* w_f16, int m, int n, int k, const float* bias,
+                const float* residual, void* stream);
+/* y (m, n) = silu(x @ wg^T) * (x @ wu^T), both weights (n, k) float16 */
+int fd_gemm_swiglu_f16(float* y, const float* x, const void* wg_f16, const void* wu_f16, int m, int n,
+                       int k, void* stream);
+
+/* ---- norms and elementwise (norm.cu, elementwise.cu) -------------------------------------- */
+/* y (rows, cols) = x * rsqrt(mean(x^2) + eps) * w; y may alias x */
+int fd_rmsnorm(float* y, const float* x, const float* w, int rows, int cols, float eps, void* stream);
+int fd_add(float* y, const float* a, const float* b, int64_t n, void* stream);
+int fd_swiglu(float* y, const float* gate, const float* up, int64_t n, void* stream);
+
+/* ---- RoPE and the KV cache (rope.cu) ------------------------------------------------------ */
+/* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i]
+   (first rope_dim dims of each head; neox: pairs (j, j + rope_dim/2), else (2j, 2j+1);
+   angle = pos * theta^(-2j/rope_dim)), then stores k and v (n, n_kv_heads, head_dim) as float16
+   into the cache slots *n_past + i. */
+int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache,
+                     const int32_t* positions, const int32_t* n_past, int n, int n_heads,
+                     int n_kv_heads, int head_dim, int rope_dim, float theta, int neox, int max_ctx,
+                     void* stream);
+/* Copies cache slots src[i] -> dst[i] for i < n_moves in every head of one layer (speculative commit). */
+int fd_kv_move(void* k_cache, void* v_cache, const int32_t* src_slots, const int32_t* dst_slots,
+               int n_moves, int n_kv_heads, int head_dim, int max_ctx, void* stream);
+
+/* ---- attention (attention_decode.cu, attention_prefill.cu, attention_masked.cu) ------------
+   q (n, n_heads, head_dim) float32 (already rotated), o (n, n_heads * head_dim) float32.
+   Query head h reads KV head h / (n_heads / n_kv_heads). scale is usually 1/sqrt(head_dim). */
+/* n = 1: attends slots [0, *n_past] (the new token's K/V already stored at slot *n_past).
+   Split over the context in chunks of chunk_len slots; workspace holds the partial results:
+   fd_attention_decode_workspace_bytes() bytes. */
+size_t fd_attention_decode_workspace_bytes(int n_heads, int head_dim, int max_ctx, int chunk_len);
+int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache,
+                        const int32_t* n_past, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+                        int chunk_len, float scale, void* workspace, void* stream);
+/* n new tokens at slots *n_past + i, causal: token i attends slots [0, *n_past + i]. Tensor cores.
+   head_dim in {64, 128}. */
+int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache,
+                         const int32_t* n_past, int n, int n_heads, int n_kv_heads, int head_dim,
+                         int max_ctx, float scale, void* stream);
+/* n new tokens (n <= 256) at slots *n_past + i with an explicit mask over the new tokens: token i
+   attends every slot < *n_past and slot *n_past + j iff mask[i * n + j] != 0 (uint8, (n, n)). */
+int fd_attention_masked(float* o, const float* q, const void* k_cache, const void* v_cache,
+                        const uint8_t* mask, const int32_t* n_past, int n, int n_heads, int n_kv_heads,
+                        int head_dim, int max_ctx, float scale, void* stream);
+
+/* ---- token selection (sampling.cu) -------------------------------------------------------- */
+/* out[r] = argmax of logits row r (n_rows, n_vocab); the lowest id wins ties */
+int fd_argmax(int32_t* out, const float* logits, int n_rows, int n_vocab, void* stream);
+/* One token from logits (n_vocab,) following flashd.daemon.sampling exactly: penalties over
+   history[0 .. *n_history) (the last repeat_last_n of them), temperature, top_k, top_p, min_p,
+   u = uniform(seed, *step) (SplitMix64), walk kept ids in ascending order. temperature must be > 0
+   (greedy uses fd_argmax). workspace: fd_sample_workspace_bytes(n_vocab) bytes. */
+size_t fd_sample_workspace_bytes(int n_vocab);
+int fd_sample(int32_t* out, const float* logits, int n_vocab, const int32_t* history,
+              const int32_t* n_history, int repeat_last_n, float repeat_penalty, float frequency_penalty,
+              float presence_penalty, float temperature, int top_k, float top_p, float min_p,
+              uint64_t seed, const int32_t* step, void* workspace, void* stream);
+/* The decode loop's bookkeeping after a token is chosen, on the device (one thread):
+     history[*n_history] = *token; *n_history += 1; ring[*step % ring_len] = *token (ring is pinned
+     host memory mapped into the device); *step += 1; positions[0] += 1; *n_past += 1.  */
+int fd_decode_advance(const int32_t* token, int32_t* history, int32_t* n_history, int32_t* ring,
+                      int ring_len, int32_t* step, int32_t* positions, int32_t* n_past, void* stream);
+
+/* --- cdef end --- */
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHD_H */
