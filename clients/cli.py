@@ -56,7 +56,7 @@ def _resolve(model: str) -> Path:
 
     try:
         return resolve_model(model, download=True, progress=True)
-    except (ModelNotFoundError, ModelFetchError) as exc:
+    except (ModelNotFoundError, ModelFetchError, ValueError) as exc:  # ValueError: a bad env setting
         raise _fail(str(exc)) from None
 
 
@@ -372,7 +372,10 @@ def pull_command(names, force, verify, quiet):
     from .pull import pull_model, verify_model_file
     from .registry import FetchConfig, ModelFetchError, ModelNotFoundError, find_model, lookup_known
 
-    config = FetchConfig.from_env()
+    try:
+        config = FetchConfig.from_env()
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     for name in names:
         try:
             model = lookup_known(name)
@@ -391,7 +394,10 @@ def models_command():
     """List the known model names, their sizes and where they are if downloaded."""
     from .registry import DEFAULT_MODEL, KNOWN_MODELS, FetchConfig, ModelFetchError, find_model
 
-    config = FetchConfig.from_env()
+    try:
+        config = FetchConfig.from_env()
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     width = max(len(name) for name in KNOWN_MODELS)
     for name, model in KNOWN_MODELS.items():
         try:

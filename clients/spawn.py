@@ -64,6 +64,18 @@ class DaemonOptions:
         return args + list(self.extra_args)
 
 
+MAX_IPC_PATH_BYTES = 100  # sun_path holds 108 bytes on Linux (104 on macOS)
+
+
+def _private_address(workdir: Path) -> str:
+    """An ipc socket in the private directory; where ipc is unavailable or the path too long,
+    a free loopback port (the daemon picks it; its ready event says which)."""
+    socket_path = f"{workdir}/flashd-{os.getpid()}.sock"
+    if os.name == "posix" and len(socket_path.encode()) <= MAX_IPC_PATH_BYTES:
+        return f"ipc://{socket_path}"
+    return "tcp://127.0.0.1:*"
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: ask Linux to send SIGTERM when the parent goes away."""
     if sys.platform.startswith("linux"):
@@ -88,7 +100,7 @@ class LocalDaemon:
     def start(cls, options: DaemonOptions, *, env: dict | None = None) -> "LocalDaemon":
         """Start the daemon and wait for its ready event (DaemonStartError if it never comes)."""
         workdir = Path(tempfile.mkdtemp(prefix="flashd-"))  # mode 0700
-        address = f"ipc://{workdir}/flashd-{os.getpid()}.sock"
+        address = _private_address(workdir)
         try:
             process = subprocess.Popen(
                 options.argv(address), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
