@@ -23,7 +23,7 @@ import numpy as np
 
 from ..protocol import messages as m
 from ..protocol.errors import ProtocolError
-from ..protocol.messages import done_event, error_event, result_event, token_event
+from ..protocol.messages import TERMINAL_EVENTS, done_event, error_event, result_event, token_event
 from .backends import select_backend
 from .config import EngineConfig
 from .models import LoadedModel, ModelLoadError, load_model, open_model
@@ -187,12 +187,24 @@ class Engine:
                     return
                 job = self._queue.popleft()
                 self._running = job
+            client_emit = job.emit
+
+            def emit(event: dict, job=job, client_emit=client_emit) -> None:
+                if event.get("event") in TERMINAL_EVENTS:    # idle before the client hears "done"
+                    with self._cv:
+                        if self._running is job:
+                            self._running = None
+                            self.n_served += 1
+                client_emit(event)
+
+            job.emit = emit
             try:
                 self._execute(job)
             finally:
                 with self._cv:
-                    self._running = None
-                    self.n_served += 1
+                    if self._running is job:
+                        self._running = None
+                        self.n_served += 1
 
     def _execute(self, job: _Job) -> None:
         req = job.request

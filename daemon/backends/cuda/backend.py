@@ -87,3 +87,30 @@ class CudaBackend:
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.head_dim, max_ctx)
         return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk)
+
+
+def measure_copy_gbs(device: Device, n_bytes: int = 1 << 30, reps: int = 5) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written (the
+    figure a decode step's weight streaming is compared against)."""
+    import numpy as np
+
+    src, dst = device.empty((n_bytes,), np.uint8), device.empty((n_bytes,), np.uint8)
+    ffi, lib = device.ffi, device.lib
+    ev = [ffi.new("void**"), ffi.new("void**")]
+    for e in ev:
+        device.native.check(lib.fd_event_create(e, 1), "event")
+    ms = ffi.new("float*")
+    best = 0.0
+    try:
+        for i in range(reps + 1):
+            lib.fd_event_record(ev[0][0], device.stream)
+            device.copy(dst, src)
+            lib.fd_event_record(ev[1][0], device.stream)
+            device.native.check(lib.fd_event_synchronize(ev[1][0]), "event sync")
+            lib.fd_event_elapsed_ms(ms, ev[0][0], ev[1][0])
+            if i:
+                best = max(best, 2 * n_bytes / (ms[0] * 1e-3) / 1e9)
+    finally:
+        for e in ev:
+            lib.fd_event_destroy(e[0])
+    return best

@@ -135,3 +135,23 @@ def build_library(arch: str | None = None, *, force: bool = False, debug: bool =
         os.replace(tmp, out)
         shutil.rmtree(work, ignore_errors=True)
         return out
+
+
+def build_command():
+    """The `flashd build` click command (made lazily so importing this module needs no click)."""
+    import click
+
+    @click.command("build")
+    @click.option("--arch", default=None, help="sm_XX (default: the local GPU's)")
+    @click.option("--force/--no-force", default=True, show_default=True, help="rebuild even if cached")
+    @click.option("--debug", is_flag=True, help="-G -O0 device debug build")
+    def command(arch, force, debug):
+        """Build libflashd_cuda for this GPU (or --arch) and print its path."""
+        import sys
+        try:
+            path = build_library(arch, force=force, debug=debug, log=lambda m: print(m, file=sys.stderr))
+        except BuildError as exc:
+            raise click.ClickException(str(exc))
+        click.echo(str(path))
+
+    return command

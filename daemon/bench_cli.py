@@ -1,0 +1,50 @@
+"""The `flashd bench` command (see flashd.daemon.bench)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command("bench")
+@click.option("--model", "-m", "model", default=None, help="GGUF path or known model name (default model if omitted)")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("-p", "--prompt-sizes", default="512,8192", show_default=True, help="ppN tests (comma list; empty: none)")
+@click.option("-n", "--gen-sizes", default="128", show_default=True, help="tgN tests (comma list; empty: none)")
+@click.option("-d", "--depths", default="0,8192", show_default=True, help="depths for the tg tests")
+@click.option("-r", "--reps", default=3, show_default=True, help="repetitions per test (median reported)")
+@click.option("--max-ctx", default=None, type=int, help="default: what the tests need")
+@click.option("--prefill-chunk", default=512, show_default=True)
+def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk):
+    """llama-bench-like table of prefill and decode throughput, with % of the bandwidth roofline."""
+    from ..clients.registry import DEFAULT_MODEL, resolve_model
+    from .bench import format_table, run_bench
+    from .config import EngineConfig
+    from .engine import Engine
+    from .models.gguf_file import GGUFFile
+
+    ints = lambda s: [int(x) for x in s.split(",") if x.strip()]   # noqa: E731
+    tests = [f"pp{n}" for n in ints(prompt_sizes)]
+    tests += [f"tg{n}" + (f"@d{d}" if d else "") for n in ints(gen_sizes) for d in ints(depths)]
+    need = max([n for n in ints(prompt_sizes)] + [n + d + 1 for n in ints(gen_sizes) for d in ints(depths)] + [16])
+    path = resolve_model(model or DEFAULT_MODEL)
+    engine = Engine(EngineConfig(model=str(path), device=device, max_ctx=max_ctx or need,
+                                 prefill_chunk=prefill_chunk))
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"loading {path} on {engine.backend.name}")
+    engine.load()
+    cfg = engine.model.config
+    f = engine.model.file
+    embd = f.tensor("token_embd.weight").n_bytes
+    copy_gbs = None
+    note = ""
+    if engine.backend.name == "cuda":
+        from .backends.cuda.backend import measure_copy_gbs
+        copy_gbs = measure_copy_gbs(engine.backend.device)
+        info = engine.backend.info()
+        note = (f"GPU: {info['name']}; roofline: measured device copy bandwidth {copy_gbs:.0f} GB/s / bytes read "
+                f"per decode step")
+    results = run_bench(engine.runner, cfg, tests, reps=reps, weight_bytes=engine.model.file_weight_bytes,
+                        embd_bytes=embd, copy_gbs=copy_gbs, log=log)
+    vram = engine.plan.total_bytes if engine.backend.name == "cuda" else None
+    click.echo(format_table(cfg.name or path.name, engine.backend.name, path.stat().st_size, results, vram, note))
