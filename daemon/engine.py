@@ -41,8 +41,16 @@ Emit = Callable[[dict], None]
 @dataclass(slots=True)
 class _Job:
     request: object
-    emit: Emit
+    emit: Emit                 # the front end's sink (front ends may tag it, e.g. emit.client)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    engine: "Engine | None" = None
+
+    def send(self, event: dict) -> None:
+        """Emit an event; before a terminal one the engine marks itself idle, so a `status`
+        sent right after "done" never still shows this request running."""
+        if event.get("event") in TERMINAL_EVENTS and self.engine is not None:
+            self.engine._finish(self)
+        self.emit(event)
 
 
 class Engine:
@@ -129,7 +137,7 @@ class Engine:
                 emit(error_event(request.id, "overloaded",
                                  f"request queue is full ({self.config.max_queue} waiting); retry later"))
                 return
-            self._queue.append(_Job(request, emit))
+            self._queue.append(_Job(request, emit, engine=self))
             self._cv.notify()
 
     def cancel(self, request_id: str) -> bool:
@@ -187,24 +195,16 @@ class Engine:
                     return
                 job = self._queue.popleft()
                 self._running = job
-            client_emit = job.emit
-
-            def emit(event: dict, job=job, client_emit=client_emit) -> None:
-                if event.get("event") in TERMINAL_EVENTS:    # idle before the client hears "done"
-                    with self._cv:
-                        if self._running is job:
-                            self._running = None
-                            self.n_served += 1
-                client_emit(event)
-
-            job.emit = emit
             try:
                 self._execute(job)
             finally:
-                with self._cv:
-                    if self._running is job:
-                        self._running = None
-                        self.n_served += 1
+                self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        with self._cv:
+            if self._running is job:
+                self._running = None
+                self.n_served += 1
 
     def _execute(self, job: _Job) -> None:
         req = job.request
@@ -216,13 +216,13 @@ class Engine:
                 raise ProtocolError("unknown_command", f"{type(req).__name__.lower()} is not handled")
             handler(req, job)
         except ProtocolError as exc:
-            job.emit(error_event(req.id, exc.code, exc.message))
+            job.send(error_event(req.id, exc.code, exc.message))
         except MemoryError as exc:
             log.exception("out of memory in %s", req.id)
-            job.emit(error_event(req.id, "oom", f"out of memory: {exc}"))
+            job.send(error_event(req.id, "oom", f"out of memory: {exc}"))
         except Exception as exc:  # a bug: report it, keep serving
             log.exception("request %s failed", req.id)
-            job.emit(error_event(req.id, "internal", f"{type(exc).__name__}: {exc}"))
+            job.send(error_event(req.id, "internal", f"{type(exc).__name__}: {exc}"))
         finally:
             if self.runner is not None:
                 self.runner.reset()
@@ -292,7 +292,7 @@ class Engine:
                     out_logprobs.extend(lp)
                 out_text.append(text)
                 if req.stream:
-                    job.emit(token_event(req.id, [tok], text, lp))
+                    job.send(token_event(req.id, [tok], text, lp))
                 if reason == "stop":
                     break
         finally:
@@ -302,7 +302,7 @@ class Engine:
             if tail:
                 out_text.append(tail)
                 if req.stream:
-                    job.emit(token_event(req.id, [], tail))
+                    job.send(token_event(req.id, [], tail))
         t_end = time.perf_counter()
         t_first = t_first or t_end
         n_gen = len(out_ids)
@@ -317,13 +317,13 @@ class Engine:
             done["text"] = "".join(out_text)
             if req.logprobs:
                 done["logprobs"] = out_logprobs
-        job.emit(done)
+        job.send(done)
 
     def _do_tokenize(self, req: m.Tokenize, job: _Job) -> None:
-        job.emit(result_event(req.id, ids=self.tokenizer.encode(req.text, add_special=req.add_special)))
+        job.send(result_event(req.id, ids=self.tokenizer.encode(req.text, add_special=req.add_special)))
 
     def _do_detokenize(self, req: m.Detokenize, job: _Job) -> None:
-        job.emit(result_event(req.id, text=self.tokenizer.decode(self._check_ids(req.ids))))
+        job.send(result_event(req.id, text=self.tokenizer.decode(self._check_ids(req.ids))))
 
     def _do_score(self, req: m.Score, job: _Job) -> None:
         runner = self._require_target()
@@ -334,7 +334,7 @@ class Engine:
         lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         nxt = np.asarray(ids[1:])
         logprobs = logits[np.arange(len(nxt)), nxt] - lse[:-1]
-        job.emit(result_event(req.id, argmax=[int(t) for t in logits.argmax(-1)],
+        job.send(result_event(req.id, argmax=[int(t) for t in logits.argmax(-1)],
                               logprobs=[round(float(x), 6) for x in logprobs]))
 
     def _do_compress(self, req: m.Compress, job: _Job) -> None:
@@ -346,7 +346,7 @@ class Engine:
                 self.runner.close()
             self.model.weights = None
             self.runner = None            # releases the KV cache and the weights' memory
-        job.emit(result_event(req.id, parked=self.status()["parked"]))
+        job.send(result_event(req.id, parked=self.status()["parked"]))
 
     def _do_unpark(self, req: m.Unpark, job: _Job) -> None:
         if req.what in ("target", "all") and self.model.weights is None:
@@ -354,13 +354,13 @@ class Engine:
                 self._load_weights()
             except ModelLoadError as exc:
                 raise ProtocolError("internal", f"unpark failed: {exc}") from exc
-        job.emit(result_event(req.id, parked=self.status()["parked"]))
+        job.send(result_event(req.id, parked=self.status()["parked"]))
 
     def _do_free(self, req: m.Free, job: _Job) -> None:
         raise ProtocolError("not_loaded", "free drafter: no prefill drafter is loaded")
 
     def _do_quit(self, req: m.Quit, job: _Job) -> None:
-        job.emit(result_event(req.id, quitting=True))
+        job.send(result_event(req.id, quitting=True))
         with self._cv:
             self._stopping = True
             for queued in self._queue:
