@@ -97,6 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("-d", default="0,8192")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-llama", action="store_true", help="flashd only")
+    ap.add_argument("--build-only", action="store_true", help="build llama-bench and exit")
     ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
     args = ap.parse_args(argv)
 
@@ -109,6 +110,9 @@ def main(argv=None) -> int:
         if args.sdist is None:
             ap.error("--sdist or --llama-bench is required (or --skip-llama)")
         exe = build_llama_bench(args.sdist, args.build_dir, args.arch, os.cpu_count() or 8)
+    if args.build_only:
+        print(exe)
+        return 0
 
     sections, records = [], []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
