@@ -176,11 +176,14 @@ class LuceboxDaemon:
         if isinstance(request, (Park, Unpark)):
             return lb.ok_line(verb_of(request), what=request.what)
         if isinstance(request, Compress):
-            return lb.ok_line("compress", **{k: event[k] for k in ("n_in", "n_out") if k in event})
+            return lb.ok_line("compress", **{k: event[k] for k in ("n_in", "n_out", "ms") if k in event})
         return lb.ok_line(verb_of(request))
 
 
 def _check_stream_fd(fd: int) -> None:
+    if fd in (0, 1):
+        raise StartupError(f"--stream-fd={fd}: that is std{'in' if fd == 0 else 'out'}; the ids need a "
+                           f"descriptor of their own (a pipe)")
     try:
         os.fstat(fd)
     except OSError as exc:
@@ -222,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     engine.start()
     try:
         status = daemon.run(LineReader(0, MAX_LINE_BYTES, daemon.stopping))
+    except OSError as exc:                    # stdout closed, or stdin unreadable: the client is gone
+        log.error("lost the client's pipes: %s", exc)
+        status = 1
     finally:
         engine.stop(ENGINE_STOP_TIMEOUT_S)
         signals.restore()

@@ -58,10 +58,20 @@ def setup_logging(level: str) -> None:
 def claim_stdout() -> BinaryIO:
     """Return a private binary stream on the original stdout and point fd 1 at stderr.
 
+    Standard fds that are closed are first opened on /dev/null (a closed stdin reads as empty).
+
     After this, only the returned stream reaches the process that reads our stdout; anything
     else that writes to fd 1 or sys.stdout (a library's progress print, a C printf) lands on
     stderr instead of corrupting protocol lines.
     """
+    for fd in (0, 1, 2):          # a closed standard fd would be reused by the next open/dup
+        try:
+            os.fstat(fd)
+        except OSError:
+            null_fd = os.open(os.devnull, os.O_RDWR)
+            if null_fd != fd:
+                os.dup2(null_fd, fd)
+                os.close(null_fd)
     sys.stdout.flush()
     protocol_fd = os.dup(1)
     os.dup2(2, 1)

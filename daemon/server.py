@@ -127,7 +127,7 @@ class Client:
         with self._idle:
             self.pending += 1
 
-    def _finished(self, request: Request) -> None:
+    def request_ended(self, request: Request) -> None:
         with self._idle:
             self.pending -= 1
             self._idle.notify_all()
@@ -170,13 +170,13 @@ class StdioClient(Client):
                 try:
                     self._out.write(data)
                     self._out.flush()
-                except OSError as exc:            # BrokenPipeError: whoever read stdout is gone
+                except (OSError, ValueError) as exc:   # BrokenPipeError: stdout's reader is gone
                     self.gone = broke = True
                     log.warning("stdout is closed (%s): stdin's requests are cancelled", exc)
         if broke:
             self.server.client_gone(self)
         if finished is not None:
-            self._finished(finished)
+            self.request_ended(finished)
 
 
 class ZmqClient(Client):
@@ -257,6 +257,8 @@ class StdinFrontend:
         try:
             for line in LineReader(self.fd, server.config.max_request_bytes, server.stopped):
                 self.handle(line)
+        except OSError as exc:                # e.g. started with stdin closed: as if at its end
+            log.warning("stdin is unreadable (%s): treated as closed", exc)
         except Exception:
             log.exception("stdin reader failed")
             server.request_stop("stdin reader failed")
@@ -290,7 +292,7 @@ class StdinFrontend:
                 return
             request = resolve_ids_files(request, lambda path: read_ids_file(path, limit))
         except ProtocolError as exc:
-            client.send(error_event(exc.request_id or default_id, exc.code, exc.message))
+            client.send(error_event(exc.request_id, exc.code, exc.message))   # None: id given but unreadable
             return
         server.dispatch(request, client)
 
@@ -422,7 +424,7 @@ class ZmqFrontend:
         try:
             request = wire.decode_request(frames[1], default_id, self.max_frame_bytes)
         except ProtocolError as exc:
-            client.send(error_event(exc.request_id or default_id, exc.code, exc.message))
+            client.send(error_event(exc.request_id, exc.code, exc.message))   # None: id given but unreadable
             return
         server.dispatch(request, client)
 
@@ -442,7 +444,7 @@ class ZmqFrontend:
                     log.info("%s is unreachable (%s)", client.name, exc)
                     self._server.client_gone(client)
             if finished is not None:
-                client._finished(finished)
+                client.request_ended(finished)
             if client.pending == 0 and self._clients.get(client.identity) is client:
                 del self._clients[client.identity]
 
@@ -510,8 +512,8 @@ def serve(config: ServeConfig) -> int:
         stdin.join(1.0)
     signals.restore()
     try:
-        out.flush()
-    except OSError:
+        out.close()
+    except OSError:                           # stdout's reader is gone: nothing left to tell it
         pass
     log.info("stopped")
     return 0
