@@ -416,3 +416,7 @@ def models_command():
 
 if __name__ == "__main__":
     main()
+
+
+if __name__ == "__main__":
+    main()
