@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     ints = lambda s: [int(x) for x in s.split(",") if x]   # noqa: E731
     tests = [f"pp{n}" for n in ints(args.p)] + [f"tg{n}" + (f"@d{d}" if d else "") for n in ints(args.n)
                                                    for d in ints(args.d)]
-    max_ctx = max(ints(args.p) + [n + d + 1 for n in ints(args.n) for d in ints(args.d)])
+    max_ctx = max(ints(args.p) + [n + max(d, 1) + 1 for n in ints(args.n) for d in ints(args.d)])
     exe = args.llama_bench
     if not args.skip_llama and exe is None:
         if args.sdist is None:

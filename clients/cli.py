@@ -416,7 +416,3 @@ def models_command():
 
 if __name__ == "__main__":
     main()
-
-
-if __name__ == "__main__":
-    main()

@@ -81,8 +81,9 @@ def run_bench(runner, cfg, tests: list[str], *, reps: int = 3, weight_bytes: int
     results = []
     for spec in tests:
         kind, n, depth = parse_test(spec)
-        if depth + n + 1 > runner.max_ctx:
-            raise ValueError(f"{spec} needs max_ctx >= {depth + n + 1} (have {runner.max_ctx})")
+        need = n if kind == "pp" else max(depth, 1) + n + 1
+        if need > runner.max_ctx:
+            raise ValueError(f"{spec} needs max_ctx >= {need} (have {runner.max_ctx})")
         fn = (lambda: _time_pp(runner, cfg.vocab_size, n, rng)) if kind == "pp" else \
              (lambda: _time_tg(runner, cfg.vocab_size, n, depth, rng))
         fn()                                    # warm-up

@@ -26,7 +26,8 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
     ints = lambda s: [int(x) for x in s.split(",") if x.strip()]   # noqa: E731
     tests = [f"pp{n}" for n in ints(prompt_sizes)]
     tests += [f"tg{n}" + (f"@d{d}" if d else "") for n in ints(gen_sizes) for d in ints(depths)]
-    need = max([n for n in ints(prompt_sizes)] + [n + d + 1 for n in ints(gen_sizes) for d in ints(depths)] + [16])
+    need = max([n for n in ints(prompt_sizes)] + [n + max(d, 1) + 1 for n in ints(gen_sizes) for d in ints(depths)]
+               + [16])
     path = resolve_model(model or DEFAULT_MODEL)
     engine = Engine(EngineConfig(model=str(path), device=device, max_ctx=max_ctx or need,
                                  prefill_chunk=prefill_chunk))
