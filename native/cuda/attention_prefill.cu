@@ -1,0 +1,405 @@
+// attention_prefill.cu -- causal flash attention (FlashAttention-2 style) of a prefill chunk over
+// the KV cache, on tensor cores.
+//
+//   q (n, n_heads, head_dim) f32, already rotated; k/v cache f16 [n_kv_heads][max_ctx][head_dim]
+//   (this layer); the n new tokens sit at slots p0 + i with p0 = *n_past (device memory), and
+//   token i attends slots [0, p0 + i]. Query head h reads kv head h / (n_heads / n_kv_heads).
+//   o (n, n_heads * head_dim) f32 = softmax(scale * q k^T) v per (token, head).
+//
+// Rows: the G = n_heads / n_kv_heads query heads of one kv head are processed together, as
+// "flattened rows" R = token * G + head_in_group (R < n * G). A block takes BQ = 16 * NQW
+// consecutive rows of one kv head, so each K/V tile it stages serves all G heads (GQA reuse) and
+// the causal diagonal of a tile spans only BQ / G tokens. Blocks run latest rows first (they see
+// the most keys), for load balance.
+//
+// Per block: NQW x NKS warps. Warp (wq, ks) owns rows wq*16 .. wq*16+15 and, of every 64-key tile,
+// the KW = 64 / NKS keys ks*KW .. ks*KW+KW-1; the NKS partial softmax states of a row are merged
+// through shared memory at the end (split over keys inside the block, so that short query ranges
+// -- n = 512 with 8K of context -- still give 8 warps per block). Per 64-key tile:
+//   - K and V tiles (64 x head_dim f16) arrive by cp.async, double-buffered; slots past the last
+//     visible one are zero-filled, never read;
+//   - S = Q K^T: Q fragments (f32 rounded to f16) stay in registers for the whole loop, K fragments
+//     by ldmatrix (K rows are the mma's "col" B operand as stored);
+//   - scale * log2(e) applied in f32; the causal mask only on tiles that cross the diagonal of the
+//     block's first row (tiles wholly past the last row's diagonal are never visited);
+//   - online softmax in f32 with exp2; a row that has seen only masked keys keeps m = -inf and
+//     uses 0 as its reference so that no inf - inf appears;
+//   - O += P V with P rounded to f16: the S accumulator fragments are exactly the A fragments of
+//     the PV mma, V fragments by ldmatrix.trans.
+// Shared K/V rows are head_dim + 8 halves apart so ldmatrix phases are bank-conflict free.
+//
+// Configurations (launcher): NQW x NKS = 4 x 1 (4 warps; many blocks) and 4 x 2 (8 warps; fewer
+// blocks than SMs, e.g. a 512-token chunk after a long context). head_dim 64 and 128.
+//
+// SIMT fallback (HIP, pre-sm_80 devices, or misaligned pointers): one warp per (token, head),
+// online softmax over the visible slots one key at a time, q rounded to f16 as in the mma path.
+#include "mma.cuh"
+
+#include <limits.h>
+
+namespace fd {
+namespace {
+
+constexpr int FLASH_BKV = 64;   // keys per tile
+constexpr float LOG2E = 1.4426950408889634f;
+
+template <int HD_, int NQW_, int NKS_, int MIN_BLOCKS_>
+struct FlashCfg {
+    static constexpr int HD = HD_, NQW = NQW_, NKS = NKS_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int n_warps = NQW * NKS;
+    static constexpr int n_threads = 32 * n_warps;
+    static constexpr int BQ = 16 * NQW;                    // flattened rows per block
+    static constexpr int KW = FLASH_BKV / NKS;             // keys per warp per tile
+    static constexpr int LD = HD + 8;                      // halves per shared K/V row
+    static constexpr int kv_tile_halves = FLASH_BKV * LD;
+    static constexpr int kv_bytes = 2 * 2 * kv_tile_halves * 2;       // {K, V} x 2 stages, f16
+    static constexpr int O_LD = HD + 8;                    // floats per row of a partial O (merge)
+    static constexpr int merge_o_bytes = NKS > 1 ? n_warps * 16 * O_LD * 4 : 0;
+    static constexpr int merge_ml_bytes = NKS > 1 ? n_warps * 16 * 2 * 4 : 0;
+    static constexpr int merge_ml_offset = kv_bytes > merge_o_bytes ? kv_bytes : merge_o_bytes;
+    static constexpr int smem_bytes = merge_ml_offset + merge_ml_bytes;
+    static constexpr int chunks = FLASH_BKV * (HD / 8) / n_threads;   // 16 B chunks per thread per tile
+
+    static_assert(HD % 16 == 0 && KW % 16 == 0, "mma tiles");
+    static_assert(FLASH_BKV * (HD / 8) % n_threads == 0, "K/V tile must split evenly over threads");
+};
+
+#if FD_HAS_MMA
+
+template <class C>
+__global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill_mma_kernel(
+    float* __restrict__ o, const float* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int32_t* __restrict__ n_past, int n, int n_heads, int n_kv_heads,
+    int max_ctx, float scale_log2) {
+#if FD_MMA_DEVICE_OK
+    using namespace fd::mma;
+    constexpr int HD = C::HD, KW = C::KW, LD = C::LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __half* k_smem = reinterpret_cast<__half*>(smem_raw);      // [2][64][LD]
+    __half* v_smem = k_smem + 2 * C::kv_tile_halves;           // [2][64][LD]
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wq = warp % C::NQW, ks = warp / C::NQW;
+    const int g = lane / 4, t = lane % 4;
+    const int group = n_heads / n_kv_heads;
+    const int kvh = blockIdx.y;
+    const int n_rows = n * group;
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * C::BQ;     // latest rows (most keys) first
+    const int p0 = max(*n_past, 0);
+    // last visible slot of a token, clamped into the cache (only a caller breaking
+    // *n_past + n <= max_ctx could need the clamp; it keeps every read in bounds)
+    auto last_slot = [&](int token) { return min(p0 + token, max_ctx - 1); };
+    const int first_lim = last_slot(row0 / group);
+    const int kv_len = last_slot(min(row0 + C::BQ - 1, n_rows - 1) / group) + 1;   // slots [0, kv_len) read
+    const int n_tiles = ceil_div(kv_len, FLASH_BKV);
+
+    // ---- Q fragments of this warp's 16 rows (A operand, f16) and their visible limits ---------
+    uint32_t qf[HD / 16][4];
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = min(row0 + wq * 16 + g + 8 * h, n_rows - 1);   // padding rows repeat the last row
+        const int token = r / group, head = kvh * group + r % group;
+        lim[h] = last_slot(token);
+        const float* q_row = q + ((size_t)token * n_heads + head) * HD;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            const float2 lo = *reinterpret_cast<const float2*>(q_row + kk * 16 + 2 * t);
+            const float2 hi = *reinterpret_cast<const float2*>(q_row + kk * 16 + 8 + 2 * t);
+            qf[kk][h] = pack_half2(lo.x, lo.y);       // a[0] (row g) / a[1] (row g + 8): cols 2t, 2t+1
+            qf[kk][2 + h] = pack_half2(hi.x, hi.y);   // a[2] / a[3]: cols 2t+8, 2t+9
+        }
+    }
+
+    auto load_kv = [&](int tile, int stage) {
+#pragma unroll
+        for (int i = 0; i < C::chunks; ++i) {
+            const int c = tid + i * C::n_threads;
+            const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
+            const int slot = tile * FLASH_BKV + row;
+            const bool ok = slot < kv_len;
+            const size_t off = ((size_t)kvh * max_ctx + slot) * HD + col;
+            const int s_off = stage * C::kv_tile_halves + row * LD + col;
+            cp_async_16(smem_u32(k_smem + s_off), ok ? k_cache + off : k_cache, ok);
+            cp_async_16(smem_u32(v_smem + s_off), ok ? v_cache + off : v_cache, ok);
+        }
+    };
+
+    float o_acc[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[d][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY};   // running max of rows g, g+8 (log2 domain)
+    float l_run[2] = {0.f, 0.f};               // this thread's partial row sums
+
+    load_kv(0, 0);
+    cp_async_commit();
+    for (int j = 0; j < n_tiles; ++j) {
+        cp_async_wait<0>();
+        __syncthreads();   // tile j visible to all; every warp is done with tile j - 1
+        if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % 2);
+        cp_async_commit();
+
+        const __half* k_tile = k_smem + (j % 2) * C::kv_tile_halves + (ks * KW) * LD;
+        const __half* v_tile = v_smem + (j % 2) * C::kv_tile_halves + (ks * KW) * LD;
+
+        // S (16 x KW) = Q K^T
+        float s[KW / 8][4];
+#pragma unroll
+        for (int ni = 0; ni < KW / 8; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[ni][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+            for (int np = 0; np < KW / 16; ++np) {   // keys 0-7 x d 0-7|8-15, keys 8-15 x d 0-7|8-15
+                uint32_t r[4];
+                ldmatrix_x4(r, smem_u32(k_tile + (np * 16 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
+                                        ((lane / 8) % 2) * 8));
+                mma_16816(s[2 * np], qf[kk], r[0], r[1]);
+                mma_16816(s[2 * np + 1], qf[kk], r[2], r[3]);
+            }
+
+        // scale, causal mask (s[ni][2h + e] is row g + 8h, key ni*8 + 2t + e of this warp's keys)
+        const int key0 = j * FLASH_BKV + ks * KW;
+        const bool masked = j * FLASH_BKV + FLASH_BKV - 1 > first_lim;
+#pragma unroll
+        for (int ni = 0; ni < KW / 8; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[ni][e] *= scale_log2;
+                if (masked && key0 + ni * 8 + 2 * t + (e & 1) > lim[e >> 1]) s[ni][e] = -INFINITY;
+            }
+
+        // online softmax; the 4 threads of a quad (same g) hold a row's KW keys between them
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int ni = 0; ni < KW / 8; ++ni) tile_max = fmaxf(tile_max, fmaxf(s[ni][2 * h], s[ni][2 * h + 1]));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            const float m_new = fmaxf(m_run[h], tile_max);
+            const float m_ref = m_new == -INFINITY ? 0.f : m_new;   // all keys so far masked
+            const float alpha = exp2f(m_run[h] - m_ref);            // 0 when m_run was -inf
+            m_run[h] = m_new;
+            float row_sum = 0.f;
+#pragma unroll
+            for (int ni = 0; ni < KW / 8; ++ni) {
+                s[ni][2 * h] = exp2f(s[ni][2 * h] - m_ref);
+                s[ni][2 * h + 1] = exp2f(s[ni][2 * h + 1] - m_ref);
+                row_sum += s[ni][2 * h] + s[ni][2 * h + 1];
+            }
+            l_run[h] = l_run[h] * alpha + row_sum;
+#pragma unroll
+            for (int d = 0; d < HD / 8; ++d) {
+                o_acc[d][2 * h] *= alpha;
+                o_acc[d][2 * h + 1] *= alpha;
+            }
+        }
+
+        // O (16 x HD) += P (16 x KW, f16) V (KW x HD)
+#pragma unroll
+        for (int kc = 0; kc < KW / 16; ++kc) {
+            uint32_t pa[4];   // C fragments of S tiles 2kc, 2kc+1 are the A fragment of keys 16kc..16kc+15
+            pa[0] = pack_half2(s[2 * kc][0], s[2 * kc][1]);
+            pa[1] = pack_half2(s[2 * kc][2], s[2 * kc][3]);
+            pa[2] = pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            pa[3] = pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {   // trans: keys 0-7|8-15 x d 0-7, then d 8-15
+                uint32_t r[4];
+                ldmatrix_x4_trans(r, smem_u32(v_tile + (kc * 16 + lane % 16) * LD + dp * 16 + (lane / 16) * 8));
+                mma_16816(o_acc[2 * dp], pa, r[0], r[1]);
+                mma_16816(o_acc[2 * dp + 1], pa, r[2], r[3]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+
+    if constexpr (C::NKS == 1) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + wq * 16 + g + 8 * h;
+            if (r >= n_rows) continue;
+            const int token = r / group, head = kvh * group + r % group;
+            float* o_row = o + ((size_t)token * n_heads + head) * HD;
+            const float inv = 1.f / l_run[h];   // >= 1: the row's maximum contributes exp2(0)
+#pragma unroll
+            for (int d = 0; d < HD / 8; ++d)
+                *reinterpret_cast<float2*>(o_row + d * 8 + 2 * t) =
+                    make_float2(o_acc[d][2 * h] * inv, o_acc[d][2 * h + 1] * inv);
+        }
+    } else {
+        // merge the NKS key splits of each row: m* = max m_s, o = sum_s 2^(m_s - m*) O_s / sum_s 2^(m_s - m*) l_s
+        __syncthreads();   // all warps done with K/V shared memory (reused below)
+        float* o_part = reinterpret_cast<float*>(smem_raw);                         // [n_warps][16][O_LD]
+        float* ml = reinterpret_cast<float*>(smem_raw + C::merge_ml_offset);        // [n_warps][16][2]
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int rr = g + 8 * h;
+#pragma unroll
+            for (int d = 0; d < HD / 8; ++d)
+                *reinterpret_cast<float2*>(o_part + (warp * 16 + rr) * C::O_LD + d * 8 + 2 * t) =
+                    make_float2(o_acc[d][2 * h], o_acc[d][2 * h + 1]);
+            if (t == 0) {
+                ml[(warp * 16 + rr) * 2 + 0] = m_run[h];
+                ml[(warp * 16 + rr) * 2 + 1] = l_run[h];
+            }
+        }
+        __syncthreads();
+        for (int idx = tid; idx < C::BQ * (HD / 4); idx += C::n_threads) {
+            const int rb = idx / (HD / 4), d = (idx % (HD / 4)) * 4;   // row in block, first dim
+            const int r = row0 + rb;
+            if (r >= n_rows) continue;
+            const int wq_r = rb / 16, rr = rb % 16;
+            float m_star = -INFINITY;
+#pragma unroll
+            for (int sp = 0; sp < C::NKS; ++sp) m_star = fmaxf(m_star, ml[((sp * C::NQW + wq_r) * 16 + rr) * 2]);
+            const float m_ref = m_star == -INFINITY ? 0.f : m_star;
+            float l_star = 0.f;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int sp = 0; sp < C::NKS; ++sp) {
+                const int w = sp * C::NQW + wq_r;
+                const float f = exp2f(ml[(w * 16 + rr) * 2] - m_ref);
+                l_star += f * ml[(w * 16 + rr) * 2 + 1];
+                const float4 part = *reinterpret_cast<const float4*>(o_part + (w * 16 + rr) * C::O_LD + d);
+                acc.x += f * part.x;
+                acc.y += f * part.y;
+                acc.z += f * part.z;
+                acc.w += f * part.w;
+            }
+            const float inv = 1.f / l_star;
+            const int token = r / group, head = kvh * group + r % group;
+            *reinterpret_cast<float4*>(o + ((size_t)token * n_heads + head) * HD + d) =
+                make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        }
+    }
+#else
+    __trap();   // built for a target without mma.sync m16n8k16; launchers never pick this kernel there
+#endif
+}
+
+#endif  // FD_HAS_MMA
+
+// ---- SIMT fallback: one warp per (token, head) row --------------------------------------------
+constexpr int SIMT_WARPS = 4;
+
+template <int HD>
+__global__ void __launch_bounds__(SIMT_WARPS* FD_WARP) attention_prefill_simt_kernel(
+    float* __restrict__ o, const float* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int32_t* __restrict__ n_past, int n, int n_heads, int n_kv_heads,
+    int max_ctx, float scale_log2) {
+    constexpr int PER_LANE = HD / FD_WARP;   // dims d = lane + FD_WARP * i
+    const int lane = threadIdx.x % FD_WARP;
+    const int row = blockIdx.x * SIMT_WARPS + threadIdx.x / FD_WARP;   // token * n_heads + head
+    if (row >= n * n_heads) return;
+    const int token = row / n_heads, head = row % n_heads;
+    const int kvh = head / (n_heads / n_kv_heads);
+    const int lim = min(max(*n_past, 0) + token, max_ctx - 1);
+    float qv[PER_LANE], acc[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        qv[i] = __half2float(__float2half_rn(q[(size_t)row * HD + lane + FD_WARP * i]));
+        acc[i] = 0.f;
+    }
+    const __half* k_head = k_cache + (size_t)kvh * max_ctx * HD;
+    const __half* v_head = v_cache + (size_t)kvh * max_ctx * HD;
+    float m_run = -INFINITY, l_run = 0.f;
+    for (int slot = 0; slot <= lim; ++slot) {
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) dot += qv[i] * __half2float(k_head[(size_t)slot * HD + lane + FD_WARP * i]);
+        const float s = warp_sum(dot) * scale_log2;
+        const float m_new = fmaxf(m_run, s);
+        const float alpha = exp2f(m_run - m_new), p = exp2f(s - m_new);
+        l_run = l_run * alpha + p;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i)
+            acc[i] = acc[i] * alpha + p * __half2float(v_head[(size_t)slot * HD + lane + FD_WARP * i]);
+        m_run = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) o[(size_t)row * HD + lane + FD_WARP * i] = acc[i] / l_run;
+}
+
+template <int HD>
+int launch_simt(float* o, const float* q, const __half* k_cache, const __half* v_cache, const int32_t* n_past, int n,
+                int n_heads, int n_kv_heads, int max_ctx, float scale_log2, cudaStream_t stream) {
+    const int n_blocks = ceil_div(n * n_heads, SIMT_WARPS);
+    attention_prefill_simt_kernel<HD><<<n_blocks, SIMT_WARPS * FD_WARP, 0, stream>>>(
+        o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2);
+    return FD_LAUNCH_STATUS();
+}
+
+#if FD_HAS_MMA
+
+template <class C>
+int launch_mma(float* o, const float* q, const __half* k_cache, const __half* v_cache, const int32_t* n_past, int n,
+               int n_heads, int n_kv_heads, int max_ctx, float scale_log2, cudaStream_t stream) {
+    const auto kernel = attention_prefill_mma_kernel<C>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem_bytes);
+    if (err != cudaSuccess) return (int)err;
+    const int n_rows = n * (n_heads / n_kv_heads);
+    const dim3 grid(ceil_div(n_rows, C::BQ), n_kv_heads);
+    kernel<<<grid, C::n_threads, C::smem_bytes, stream>>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
+                                                          max_ctx, scale_log2);
+    return FD_LAUNCH_STATUS();
+}
+
+// 64 rows per block. With at least one block per SM, 4 warps per block (two blocks share an SM);
+// with fewer blocks (n = 512 with GQA: 96 or 112 blocks), 8 warps splitting each key tile, so the
+// occupied SMs run twice the warps. (Measured on an H200: 4x1 is 1.4x faster than 4x2 at n = 8192,
+// they tie at n = 512 with 8K of context; 32-row blocks were slower everywhere.)
+template <int HD>
+int launch_mma_for(int n_sms, float* o, const float* q, const __half* k_cache, const __half* v_cache,
+                   const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
+                   cudaStream_t stream) {
+    const int blocks_64 = ceil_div(n * (n_heads / n_kv_heads), 64) * n_kv_heads;
+    if (blocks_64 >= n_sms)
+        return launch_mma<FlashCfg<HD, 4, 1, 2>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                 scale_log2, stream);
+    return launch_mma<FlashCfg<HD, 4, 2, 1>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                             scale_log2, stream);
+}
+
+#endif  // FD_HAS_MMA
+
+}  // namespace
+}  // namespace fd
+
+extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache,
+                                    const int32_t* n_past, int n, int n_heads, int n_kv_heads, int head_dim,
+                                    int max_ctx, float scale, void* stream) {
+    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past);
+    FD_CHECK_ARG(n >= 1 && n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && max_ctx >= 1);
+    FD_CHECK_ARG((int64_t)n * n_heads <= INT_MAX && isfinite(scale));
+    if (head_dim != 64 && head_dim != 128) return FD_E_SHAPE;
+    const __half* kc = static_cast<const __half*>(k_cache);
+    const __half* vc = static_cast<const __half*>(v_cache);
+    const float scale_log2 = scale * fd::LOG2E;
+    cudaStream_t s = (cudaStream_t)stream;
+#if FD_HAS_MMA
+    fd::MmaDevice dev;
+    cudaError_t err = fd::query_mma_device(&dev);
+    if (err != cudaSuccess) return (int)err;
+    // float2 q loads, float2 / float4 o stores, 16-byte cp.async of cache rows
+    const bool aligned = fd::is_aligned(o, 16) && fd::is_aligned(q, 8) && fd::is_aligned(kc, 16) &&
+                         fd::is_aligned(vc, 16);
+    if (dev.has_mma && aligned) {
+        return head_dim == 64
+                   ? fd::launch_mma_for<64>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s)
+                   : fd::launch_mma_for<128>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);
+    }
+#endif
+    return head_dim == 64
+               ? fd::launch_simt<64>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s)
+               : fd::launch_simt<128>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);
+}
