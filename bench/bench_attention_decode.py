@@ -1,0 +1,149 @@
+"""Decode attention (fd_attention_decode) at depth, plus tree-verification attention and token
+selection for context: `python bench/bench_attention_decode.py [--max-ctx 32768]`.
+
+Bytes per decode-attention call = the K and V rows read: 2 * n_kv_heads * (n_past + 1) * head_dim *
+2 bytes. The grid is sized for max_ctx (fixed when the decode step is captured), so shallow depths
+also show the cost of the splits that exit at once. One line per case (bench/timing.py: L2 flushed
+before every repetition, median of CUDA-event times); decode cases are also timed after a read-only
+flush ("clean-L2"), closer to the decode step, where the weights just streamed through L2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import KernelTimer, report  # noqa: E402
+
+from flashd.daemon.backends.cuda.lib import load  # noqa: E402
+from flashd.daemon.backends.cuda.tensor import Device  # noqa: E402
+
+MODELS = {
+    # name: (n_heads, n_kv_heads, head_dim)
+    "qwen2.5-1.5b": (12, 2, 128),
+    "qwen2.5-0.5b": (14, 2, 64),
+}
+
+
+_READ_FLUSH = {}
+
+
+def read_flush(dev):
+    """An L2 flush that leaves clean lines, as the decode step's weight reads do: read 256 MB
+    (fd_argmax over 256 rows). bench/timing.py's memset flush leaves the L2 full of dirty lines,
+    which adds write-backs to every miss of the next kernel -- pessimistic for latency-bound
+    kernels."""
+    if "fn" not in _READ_FLUSH:
+        rows, cols = 256, (256 << 20) // 4 // 256
+        buf = dev.empty((rows * cols,))
+        dev.fill_bytes(buf, 0)
+        out = dev.empty((rows,), np.int32)
+        _READ_FLUSH["keep"] = (buf, out)
+        _READ_FLUSH["fn"] = lambda: dev.native.check(
+            dev.lib.fd_argmax(dev.p(out, "int32_t*"), dev.p(buf, "float*"), rows, cols, dev.stream), "flush")
+    return _READ_FLUSH["fn"]
+
+
+def bench_decode(dev, timer, max_ctx, depths, chunk_lens):
+    lib, p = dev.lib, dev.p
+    rng = np.random.default_rng(0)
+    for name, (n_heads, n_kv_heads, head_dim) in MODELS.items():
+        cache = rng.standard_normal((n_kv_heads, max_ctx, head_dim)).astype(np.float16)
+        kc, vc = dev.upload(cache), dev.upload(cache[:, ::-1].copy())
+        q = dev.upload(rng.standard_normal(n_heads * head_dim).astype(np.float32))
+        o = dev.empty((n_heads * head_dim,))
+        n_past = dev.empty((1,), np.int32)
+        scale = 1.0 / np.sqrt(head_dim)
+        for chunk_len in chunk_lens:
+            ws = dev.empty((lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk_len),),
+                           np.uint8)
+            for depth in depths:
+                dev.upload(np.array([depth - 1], np.int32), out=n_past)
+
+                def call():
+                    dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
+                                                             p(n_past, "int32_t*"), n_heads, n_kv_heads, head_dim,
+                                                             max_ctx, chunk_len, scale, p(ws), dev.stream),
+                                     "fd_attention_decode")
+                n_bytes = 2 * n_kv_heads * depth * head_dim * 2
+                for flush_name, flush in (("", timer.flush_l2), (" clean-L2", read_flush(dev))):
+                    timer.flush_l2 = flush
+                    ms = timer.time(call, reps=50)
+                    print(report(f"decode attn {name} depth {depth} chunk {chunk_len}{flush_name}", ms,
+                                 n_bytes=n_bytes, peak_gbs=timer.peak_gbs), flush=True)
+                timer.flush_l2 = KernelTimer.flush_l2.__get__(timer)
+
+
+def bench_masked(dev, timer, n_pasts, ns):
+    lib, p = dev.lib, dev.p
+    rng = np.random.default_rng(1)
+    n_heads, n_kv_heads, head_dim = MODELS["qwen2.5-1.5b"]
+    max_ctx = max(n_pasts) + max(ns)
+    cache = rng.standard_normal((n_kv_heads, max_ctx, head_dim)).astype(np.float16)
+    kc, vc = dev.upload(cache), dev.upload(cache)
+    n_past = dev.empty((1,), np.int32)
+    for n in ns:
+        q = dev.upload(rng.standard_normal(n * n_heads * head_dim).astype(np.float32))
+        o = dev.empty((n * n_heads * head_dim,))
+        mask = dev.upload(np.tril(np.ones((n, n), np.uint8)))
+        for past in n_pasts:
+            dev.upload(np.array([past], np.int32), out=n_past)
+
+            def call():
+                dev.native.check(lib.fd_attention_masked(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
+                                                         p(mask, "uint8_t*"), p(n_past, "int32_t*"), n, n_heads,
+                                                         n_kv_heads, head_dim, max_ctx, 1.0 / np.sqrt(head_dim),
+                                                         dev.stream), "fd_attention_masked")
+            ms = timer.time(call, reps=20)
+            n_bytes = 2 * n_kv_heads * (past + n) * head_dim * 2
+            flops = 4 * n * n_heads * (past + n) * head_dim
+            print(report(f"masked attn qwen2.5-1.5b n {n} n_past {past}", ms, n_bytes=n_bytes, flops=flops,
+                         peak_gbs=timer.peak_gbs), flush=True)
+
+
+def bench_selection(dev, timer, n_vocab=151936):
+    lib, p = dev.lib, dev.p
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(n_vocab).astype(np.float32) * 2
+    x[rng.choice(n_vocab, 20, replace=False)] += 8
+    logits = dev.upload(x)
+    out = dev.empty((1,), np.int32)
+    step = dev.upload(np.zeros(1, np.int32))
+    history = dev.upload(rng.integers(0, n_vocab, 256).astype(np.int32))
+    n_history = dev.upload(np.array([256], np.int32))
+    ws = dev.empty((lib.fd_sample_workspace_bytes(n_vocab),), np.uint8)
+    ms = timer.time(lambda: lib.fd_argmax(p(out, "int32_t*"), p(logits, "float*"), 1, n_vocab, dev.stream))
+    print(report(f"argmax vocab {n_vocab}", ms, n_bytes=4 * n_vocab, peak_gbs=timer.peak_gbs), flush=True)
+    cases = {
+        "T=0.8": (64, 1.0, 0, 1.0, 0.0),
+        "T=0.8 top_k 40 top_p 0.95 rep 1.1": (64, 1.1, 40, 0.95, 0.0),
+        "T=0.8 top_p 0.9 min_p 0.05": (64, 1.0, 0, 0.9, 0.05),
+    }
+    for name, (last_n, rep, top_k, top_p, min_p) in cases.items():
+        def call():
+            dev.native.check(lib.fd_sample(p(out, "int32_t*"), p(logits, "float*"), n_vocab, p(history, "int32_t*"),
+                                           p(n_history, "int32_t*"), last_n, rep, 0.0, 0.0, 0.8, top_k, top_p,
+                                           min_p, 7, p(step, "int32_t*"), p(ws), dev.stream), "fd_sample")
+        ms = timer.time(call)
+        print(report(f"sample vocab {n_vocab} {name}", ms, n_bytes=4 * n_vocab, peak_gbs=timer.peak_gbs), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-ctx", type=int, default=32768)
+    args = ap.parse_args()
+    dev = Device(load())
+    timer = KernelTimer(dev)
+    info = timer.info
+    print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {timer.peak_gbs:.0f} GB/s")
+    depths = [d for d in (256, 1024, 8192, 32768) if d <= args.max_ctx]
+    bench_decode(dev, timer, args.max_ctx, depths, chunk_lens=(64, 256))
+    bench_masked(dev, timer, n_pasts=(1024, 8192, 32768), ns=(16, 64))
+    bench_selection(dev, timer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+// attention_decode.cu -- attention of one new token over the KV cache, split-K over the context
+// (flashd.h: fd_attention_decode, fd_attention_decode_workspace_bytes). The hot path at long
+// context: every decode step runs it once per layer.
+//
+//   o (1, n_heads * head_dim) = softmax(q k^T * scale) v over cache slots [0, *n_past]
+//   q (1, n_heads, head_dim) float32, already rotated; K/V float16 [n_kv_heads][max_ctx][head_dim]
+//
+// Launch (graph-capture safe: the grid depends only on the arguments, *n_past is read on the
+// device):
+//   1. splitk_kernel (attention_splitk.cuh): grid (n_splits, n_kv_heads, ceil(G / 16)), 128
+//      threads, G = n_heads / n_kv_heads. One block per (split, KV head) handles all G query heads
+//      of the group (G <= 16 per block), so each K/V row is read from DRAM once, in 16-byte
+//      cp.async pieces through a 3-stage shared-memory pipeline (tiles of 64 slots), and the
+//      score/PV products run on tensor cores. The context [0, *n_past] is cut into chunks of
+//      chunk_len slots; split s takes chunks s, s + n_splits, ... and writes one partial
+//      (max, sum, unnormalised o) per query head to the workspace. n_splits is fixed per launch:
+//      enough blocks to fill the GPU (BLOCKS_PER_SM * 132 SMs over n_kv_heads), capped by the
+//      number of chunks max_ctx holds; at a shallow depth the splits with no chunk exit at once.
+//   2. combine_kernel: one block per query head reduces the active splits' partials into o.
+//   If max_ctx fits one chunk (n_splits == 1) the first kernel writes o itself.
+//
+// chunk_len: a multiple of 64 (the tile), e.g. 64..512. It sets the granularity of the split:
+// smaller chunks spread a short context over more blocks (lower latency at a few hundred slots);
+// at depth every split streams several chunks, so bandwidth does not depend on it. Workspace:
+// n_heads * min(ceil(max_ctx / chunk_len), 512) * (head_dim + 2) floats.
+#include "attention_splitk.cuh"
+
+namespace {
+
+using namespace fd::attn;
+
+constexpr int N_SMS = 132;                      // H100/H200; only sizes the split count
+constexpr size_t SMEM_PER_SM = 228 * 1024;
+
+template <int HD>
+constexpr int blocks_per_sm() {
+    return (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024)) > 0 ? (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024))
+                                                                 : 1;
+}
+
+int n_chunks_for(int max_ctx, int chunk_len) { return (max_ctx - 1) / chunk_len + 1; }
+
+template <int HD>
+int launch(Params p, int row_tiles, cudaStream_t stream) {
+    const int target = blocks_per_sm<HD>() * N_SMS / (p.n_kv_heads * row_tiles);
+    const int cap = n_chunks_for(p.max_ctx, p.chunk_len) < MAX_SPLITS ? n_chunks_for(p.max_ctx, p.chunk_len) : MAX_SPLITS;
+    p.n_splits = target < 1 ? 1 : (target > cap ? cap : target);
+    const size_t smem = Cfg<HD>::SMEM_BYTES;
+    cudaFuncSetAttribute(splitk_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    splitk_kernel<HD, false><<<dim3(p.n_splits, p.n_kv_heads, row_tiles), THREADS, smem, stream>>>(p);
+    if (p.n_splits > 1) combine_kernel<false, HD><<<p.n_heads, COMBINE_THREADS, 0, stream>>>(p);
+    return FD_LAUNCH_STATUS();
+}
+
+}  // namespace
+
+extern "C" size_t fd_attention_decode_workspace_bytes(int n_heads, int head_dim, int max_ctx, int chunk_len) {
+    if (n_heads <= 0 || head_dim <= 0 || max_ctx <= 0 || chunk_len <= 0) return 0;
+    const int n_chunks = n_chunks_for(max_ctx, chunk_len);
+    const size_t n_splits = (size_t)(n_chunks < MAX_SPLITS ? n_chunks : MAX_SPLITS);
+    return (size_t)n_heads * n_splits * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache,
+                                   const int32_t* n_past, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+                                   int chunk_len, float scale, void* workspace, void* stream) {
+    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && workspace);
+    FD_CHECK_ARG(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && max_ctx > 0);
+    FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
+    FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
+    FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
+                 ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
+    const int group = n_heads / n_kv_heads;
+    const int row_tiles = (group + ROWS - 1) / ROWS;
+    Params p;
+    p.q = q;
+    p.k_cache = (const __half*)k_cache;
+    p.v_cache = (const __half*)v_cache;
+    p.n_past = n_past;
+    p.mask = nullptr;
+    p.o = o;
+    const int cap_splits = n_chunks_for(max_ctx, chunk_len) < MAX_SPLITS ? n_chunks_for(max_ctx, chunk_len) : MAX_SPLITS;
+    p.ws_acc = (float*)workspace;                                          // [n_heads][n_splits][HD]
+    p.ws_m = p.ws_acc + (size_t)n_heads * cap_splits * head_dim;          // [n_heads][n_splits]
+    p.ws_l = p.ws_m + (size_t)n_heads * cap_splits;
+    p.n = 1;
+    p.n_heads = n_heads;
+    p.n_kv_heads = n_kv_heads;
+    p.group = group;
+    p.max_ctx = max_ctx;
+    p.chunk_len = chunk_len;
+    p.n_splits = 1;
+    p.q_scale = scale * LOG2E;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (head_dim) {
+        case 64: return launch<64>(p, row_tiles, s);
+        case 128: return launch<128>(p, row_tiles, s);
+        case 256: return launch<256>(p, row_tiles, s);
+        default: return FD_E_SHAPE;
+    }
+}

@@ -1,0 +1,596 @@
+// attention_splitk.cuh -- the split-K flash-attention core of attention_decode.cu (n = 1) and
+// attention_masked.cu (tree verification), over the float16 KV cache [n_kv_heads][max_ctx][head_dim].
+//
+// A block owns one KV head, one tile of ROWS = 16 query rows and one split of the context:
+//   query rows  r = (token, head in the KV head's group): row index gr = token * group + g, so the
+//               G = n_heads / n_kv_heads heads that share the KV head read each K/V row once.
+//   splits      the visible slots [0, L) are cut into chunks of chunk_len slots; split s takes
+//               chunks s, s + n_splits, ... (a grid sized for max_ctx still balances at any depth:
+//               splits whose first chunk starts at or past L exit at once).
+//   tiles       a split's chunks are streamed in tiles of TILE = 64 slots through a STAGES-deep
+//               cp.async pipeline of shared memory (K and V rows padded to HD + 8 halves so the
+//               ldmatrix row reads of 8 consecutive rows hit distinct banks).
+//   warps       4 warps; warp w takes slots [16w, 16w + 16) of every tile and keeps its own online
+//               softmax state (running max m, sum l, o[16][HD]) -- no synchronisation per tile
+//               beyond the pipeline's one __syncthreads. At the end the 4 states are merged in
+//               shared memory, and the block writes either the normalised output (one split) or
+//               the split's partial (m, l, unnormalised o) to the workspace for a combine kernel.
+//
+// Warp math (FD_ATTN_MMA, sm_80+): tensor-core mma.m16n8k16 (f16 in, f32 accumulate) with the 16
+// query rows as M. QK^T: A = q, B = K rows via ldmatrix; PV: A = P from the score fragments, B =
+// V via ldmatrix.trans. To keep float32 accuracy, q (pre-multiplied by scale * log2 e) and P are
+// each split into f16 hi + lo parts and multiplied twice (K and V are f16 already, so products
+// are exact and the error is the ~2^-22 of the split plus f32 accumulation). Softmax runs in the
+// log2 domain (exp2f). Without tensor cores (HIP, or -DFD_ATTENTION_SIMT to test) a SIMT warp
+// step with the same inputs and merge layout is used.
+//
+// Numerical contract: o = softmax(q k^T * scale) v over the visible slots, with the f16 cache
+// values as given; rows that see no slot at all (only possible in masked mode with n_past = 0 and
+// an empty mask row) come out NaN, like the reference's softmax of all -inf.
+#pragma once
+
+#include "common.cuh"
+
+#if FD_HAS_MMA
+#define FD_ATTN_ASYNC 1           // cp.async pipeline
+#else
+#define FD_ATTN_ASYNC 0
+#endif
+#if FD_HAS_MMA && !defined(FD_ATTENTION_SIMT)
+#define FD_ATTN_MMA 1             // tensor-core warp step
+#else
+#define FD_ATTN_MMA 0
+#endif
+
+namespace fd {
+namespace attn {
+
+constexpr int ROWS = 16;                       // query rows per block (one m16 tile)
+constexpr int WARPS = FD_ATTN_ASYNC ? 4 : 2;   // HIP: 2 warps, smaller tiles (64 KB LDS)
+constexpr int THREADS = WARPS * 32;
+constexpr int WARP_SLOTS = 16;                 // slots per warp per tile
+constexpr int TILE = WARPS * WARP_SLOTS;       // slots per pipeline stage
+constexpr int CHUNK_MULTIPLE = 64;             // chunk_len granularity accepted by the launchers
+constexpr float LOG2E = 1.4426950408889634f;
+
+template <int HD>
+struct Cfg {
+    static constexpr int STAGES = FD_ATTN_ASYNC ? (HD >= 256 ? 2 : 3) : 2;
+    static constexpr int LD = HD + 8;          // padded row stride (halves)
+    static constexpr int CHUNKS = HD / 8;      // 16-byte pieces per K/V row
+    static constexpr size_t Q_BYTES = 2 * ROWS * LD * sizeof(__half);           // q hi, q lo
+    static constexpr size_t STAGE_BYTES = 2 * TILE * LD * sizeof(__half);       // K, V
+    static constexpr size_t PIPE_BYTES = STAGES * STAGE_BYTES;
+    static constexpr size_t MERGE_BYTES = ((size_t)WARPS * ROWS * (HD + 3) + 2 * ROWS) * sizeof(float);
+    static constexpr size_t SMEM_BYTES = Q_BYTES + (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES);
+};
+
+struct Params {
+    const float* q;            // (n, n_heads, HD) float32
+    const __half* k_cache;     // [n_kv_heads][max_ctx][HD]
+    const __half* v_cache;
+    const int32_t* n_past;     // device scalar
+    const uint8_t* mask;       // (n, n) or nullptr (decode)
+    float* o;                  // (n, n_heads * HD): written when n_splits == 1
+    float* ws_acc;             // [n * n_heads][n_splits][HD] partial unnormalised o (n_splits > 1)
+    float* ws_m;               // [n * n_heads][n_splits] running max (log2 domain)
+    float* ws_l;               // [n * n_heads][n_splits] softmax denominator
+    int n, n_heads, n_kv_heads, group, max_ctx, chunk_len, n_splits;
+    float q_scale;             // scale * log2(e)
+};
+
+// Visible slots [0, L): decode sees [0, n_past]; masked sees [0, n_past + n) (minus the mask).
+template <bool MASKED>
+__device__ __forceinline__ int visible_len(int n_past, int n, int max_ctx) {
+    const int np = max(n_past, 0);
+    return MASKED ? min(np + n, max_ctx) : min(np + 1, max_ctx);
+}
+
+// ---- pipeline primitives ------------------------------------------------------------------
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if FD_ATTN_ASYNC
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+#else
+    *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if FD_ATTN_ASYNC
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if FD_ATTN_ASYNC
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Per-thread view of which query rows it holds and how visibility is decided.
+struct RowCtx {
+    int L;                     // visible slots [0, L)
+    int n_past;                // >= 0
+    int n;                     // new tokens (masked mode)
+    const uint8_t* mask;
+};
+
+template <bool MASKED>
+__device__ __forceinline__ bool visible(const RowCtx& c, int token, int slot) {
+    if (slot >= c.L) return false;
+    if (!MASKED || slot < c.n_past) return true;
+    return token >= 0 && c.mask[(size_t)token * c.n + (slot - c.n_past)] != 0;
+}
+
+#if FD_ATTN_MMA
+// ---- tensor-core warp step ----------------------------------------------------------------
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const __half* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// c (16x8 f32) += a (16x16 f16, row) * b (16x8 f16, col)
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// (a, b) -> f16x2 hi and the f16x2 of the rounding remainders
+__device__ __forceinline__ void split_pack(float a, float b, uint32_t& hi, uint32_t& lo) {
+    const __half2 h = __floats2half2_rn(a, b);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// Fragment ownership (PTX mma.m16n8k16): g = lane / 4, t2 = 2 * (lane % 4). Scores s[j][e]: row
+// (e < 2 ? g : g + 8), slot j * 8 + t2 + (e & 1). Output o[nt][e]: row (e < 2 ? g : g + 8), dim
+// nt * 8 + t2 + (e & 1). m[2], l[2]: rows g and g + 8 (l is this thread's partial sum over its
+// columns until the final quad reduction).
+template <int HD>
+struct WarpState {
+    float m[2];
+    float l[2];
+    float o[HD / 8][4];
+    __device__ __forceinline__ void init() {
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    }
+};
+
+// One warp: 16 query rows x 16 slots (ks/vs point at the warp's first slot row in shared memory).
+template <int HD, bool MASKED>
+__device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, const __half* ks,
+                                          const __half* vs, int slot0, bool all_visible, const RowCtx& ctx,
+                                          const int (&tok)[2]) {
+    constexpr int LD = Cfg<HD>::LD;
+    const int lane = threadIdx.x & 31, mi = lane >> 3, t2 = (lane & 3) * 2;
+    // hi and lo products in separate accumulators: four independent mma chains, not two
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float s_lo[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t ah[4], al[4], b[4];
+        const int qoff = ((mi & 1) * 8 + (lane & 7)) * LD + kk * 16 + (mi >> 1) * 8;
+        ldsm_x4(ah, q_hi + qoff);
+        ldsm_x4(al, q_lo + qoff);
+        ldsm_x4(b, ks + ((mi >> 1) * 8 + (lane & 7)) * LD + kk * 16 + (mi & 1) * 8);
+        mma16816(s[0], ah, b[0], b[1]);
+        mma16816(s_lo[0], al, b[0], b[1]);
+        mma16816(s[1], ah, b[2], b[3]);
+        mma16816(s_lo[1], al, b[2], b[3]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] += s_lo[j][e];
+    // mask, online softmax (log2 domain)
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int slot = slot0 + j * 8 + t2 + (e & 1);
+            if (!all_visible && !visible<MASKED>(ctx, tok[e >> 1], slot)) s[j][e] = -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+        }
+    float m_use[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(st.m[r], mx[r]);
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;      // no slot seen yet: keep exp2 finite
+        alpha[r] = exp2f(st.m[r] - m_use[r]);
+        st.m[r] = m_new;
+    }
+    float rowsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = exp2f(s[j][e] - m_use[e >> 1]);
+            rowsum[e >> 1] += s[j][e];
+        }
+    st.l[0] = st.l[0] * alpha[0] + rowsum[0];
+    st.l[1] = st.l[1] * alpha[1] + rowsum[1];
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {   // a row max moved
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; ++nt) {
+            st.o[nt][0] *= alpha[0];
+            st.o[nt][1] *= alpha[0];
+            st.o[nt][2] *= alpha[1];
+            st.o[nt][3] *= alpha[1];
+        }
+    }
+    // P (16 rows x 16 slots) as the A operand: k = slot
+    uint32_t ph[4], pl[4];
+    split_pack(s[0][0], s[0][1], ph[0], pl[0]);
+    split_pack(s[0][2], s[0][3], ph[1], pl[1]);
+    split_pack(s[1][0], s[1][1], ph[2], pl[2]);
+    split_pack(s[1][2], s[1][3], ph[3], pl[3]);
+#pragma unroll
+    for (int np = 0; np < HD / 16; ++np) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, vs + ((mi & 1) * 8 + (lane & 7)) * LD + np * 16 + (mi >> 1) * 8);
+        mma16816(st.o[2 * np], ph, b[0], b[1]);
+        mma16816(st.o[2 * np], pl, b[0], b[1]);
+        mma16816(st.o[2 * np + 1], ph, b[2], b[3]);
+        mma16816(st.o[2 * np + 1], pl, b[2], b[3]);
+    }
+}
+
+// Writes the warp's state to the merge area: m_s[w][r], l_s[w][r], o_s[w][r][HD].
+template <int HD>
+__device__ __forceinline__ void warp_store(WarpState<HD>& st, float* m_s, float* l_s, float* o_s) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
+    }
+    if ((lane & 3) == 0) {
+        m_s[w * ROWS + g] = st.m[0];
+        m_s[w * ROWS + g + 8] = st.m[1];
+        l_s[w * ROWS + g] = st.l[0];
+        l_s[w * ROWS + g + 8] = st.l[1];
+    }
+    float* ow = o_s + (size_t)w * ROWS * HD;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) {
+        *reinterpret_cast<float2*>(ow + g * HD + nt * 8 + t2) = make_float2(st.o[nt][0], st.o[nt][1]);
+        *reinterpret_cast<float2*>(ow + (g + 8) * HD + nt * 8 + t2) = make_float2(st.o[nt][2], st.o[nt][3]);
+    }
+}
+
+#else  // !FD_ATTN_MMA
+// ---- SIMT warp step (HIP, or -DFD_ATTENTION_SIMT) -----------------------------------------------
+// Lane = (row r = lane % 16, half h = lane / 16): scores for the row's slots 8h .. 8h + 7, output
+// dims [h * HD / 2, (h + 1) * HD / 2). m and l are per row (l: this lane's slots until the end).
+template <int HD>
+struct WarpState {
+    float m, l;
+    float o[HD / 2];
+    __device__ __forceinline__ void init() {
+        m = -INFINITY;
+        l = 0.0f;
+#pragma unroll
+        for (int d = 0; d < HD / 2; ++d) o[d] = 0.0f;
+    }
+};
+
+template <int HD, bool MASKED>
+__device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, const __half* ks,
+                                          const __half* vs, int slot0, bool all_visible, const RowCtx& ctx,
+                                          const int (&tok)[2]) {
+    constexpr int LD = Cfg<HD>::LD;
+    const int lane = threadIdx.x & 31, r = lane & 15, h = lane >> 4;
+    float s[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const __half* krow = ks + (h * 8 + j) * LD;
+        float acc = 0.0f;
+        for (int d = 0; d < HD; ++d)
+            acc += (__half2float(q_hi[r * LD + d]) + __half2float(q_lo[r * LD + d])) * __half2float(krow[d]);
+        s[j] = (all_visible || visible<MASKED>(ctx, tok[0], slot0 + h * 8 + j)) ? acc : -INFINITY;
+    }
+    float mx = s[0];
+#pragma unroll
+    for (int j = 1; j < 8; ++j) mx = fmaxf(mx, s[j]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(st.m, mx);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = exp2f(st.m - m_use);
+    st.m = m_new;
+    float rowsum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        s[j] = exp2f(s[j] - m_use);
+        rowsum += s[j];
+    }
+    st.l = st.l * alpha + rowsum;
+#pragma unroll
+    for (int d = 0; d < HD / 2; ++d) st.o[d] *= alpha;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float pa = s[j], pb = __shfl_xor_sync(0xffffffffu, s[j], 16);
+        const __half* va = vs + (h * 8 + j) * LD + h * (HD / 2);
+        const __half* vb = vs + ((1 - h) * 8 + j) * LD + h * (HD / 2);
+#pragma unroll
+        for (int d = 0; d < HD / 2; ++d) st.o[d] += pa * __half2float(va[d]) + pb * __half2float(vb[d]);
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void warp_store(WarpState<HD>& st, float* m_s, float* l_s, float* o_s) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, r = lane & 15, h = lane >> 4;
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 16);
+    if (h == 0) {
+        m_s[w * ROWS + r] = st.m;
+        l_s[w * ROWS + r] = st.l;
+    }
+    float* ow = o_s + ((size_t)w * ROWS + r) * HD + h * (HD / 2);
+#pragma unroll
+    for (int d = 0; d < HD / 2; ++d) ow[d] = st.o[d];
+}
+#endif  // FD_ATTN_MMA
+
+// ---- the block ----------------------------------------------------------------------------
+// grid (n_splits, n_kv_heads, row tiles of 16 query rows); THREADS threads; Cfg<HD>::SMEM_BYTES
+template <int HD, bool MASKED>
+__global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
+    using C = Cfg<HD>;
+    constexpr int LD = C::LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __half* q_hi = reinterpret_cast<__half*>(smem_raw);
+    __half* q_lo = q_hi + ROWS * LD;
+    __half* pipe = q_lo + ROWS * LD;                  // STAGES x (K [TILE][LD], V [TILE][LD])
+    float* m_s = reinterpret_cast<float*>(pipe);      // merge area, after the pipeline drains
+    float* l_s = m_s + WARPS * ROWS;
+    float* o_s = l_s + WARPS * ROWS;
+
+    const int split = blockIdx.x, kvh = blockIdx.y, row0 = blockIdx.z * ROWS;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    RowCtx ctx;
+    ctx.n_past = max(p.n_past[0], 0);
+    ctx.n = p.n;
+    ctx.mask = p.mask;
+    ctx.L = visible_len<MASKED>(p.n_past[0], p.n, p.max_ctx);
+    const int n_chunks = (ctx.L + p.chunk_len - 1) / p.chunk_len;
+    if (split >= n_chunks) return;                    // this split has no slot at this depth
+    const int n_rows = p.n * p.group;
+    // slots below this are visible to every row: the per-element check is skipped there
+    const int plain_end = MASKED ? min(ctx.n_past, ctx.L) : ctx.L;
+
+    // this split's tiles: chunks split, split + n_splits, ...; all full but the global last one
+    const int tiles_per_chunk = p.chunk_len / TILE;
+    const int n_my_chunks = (n_chunks - split + p.n_splits - 1) / p.n_splits;
+    const int last_chunk = split + (n_my_chunks - 1) * p.n_splits;
+    const int last_tiles = min(tiles_per_chunk, (ctx.L - last_chunk * p.chunk_len + TILE - 1) / TILE);
+    const int n_tiles = (n_my_chunks - 1) * tiles_per_chunk + last_tiles;
+    auto tile_slot0 = [&](int k) {
+        return (split + (k / tiles_per_chunk) * p.n_splits) * p.chunk_len + (k % tiles_per_chunk) * TILE;
+    };
+    // each thread copies one fixed 16-byte column piece of rows r0, r0 + ROW_STEP, ... of a tile
+    constexpr int ROW_STEP = THREADS / C::CHUNKS;
+    static_assert(THREADS % C::CHUNKS == 0 && TILE % ROW_STEP == 0, "tile copy mapping");
+    const int piece = tid % C::CHUNKS, r0 = tid / C::CHUNKS;
+    const __half* k_src = p.k_cache + (size_t)kvh * p.max_ctx * HD + piece * 8;
+    const __half* v_src = p.v_cache + (size_t)kvh * p.max_ctx * HD + piece * 8;
+    auto load_tile = [&](int k) {
+        if (k < n_tiles) {
+            const int s0 = tile_slot0(k);
+            __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
+#pragma unroll
+            for (int j = 0; j < TILE / ROW_STEP; ++j) {
+                const int slot = s0 + r0 + j * ROW_STEP;
+                const bool valid = slot < ctx.L;       // past L: zero-filled (never NaN garbage)
+                const size_t off = (size_t)(valid ? slot : 0) * HD;
+                cp_async16(ks + j * ROW_STEP * LD, k_src + off, valid);
+                cp_async16(ks + TILE * LD + j * ROW_STEP * LD, v_src + off, valid);
+            }
+        }
+        cp_async_commit();                             // empty groups keep the count uniform
+    };
+#pragma unroll 1
+    for (int s = 0; s < C::STAGES - 1; ++s) load_tile(s);   // in flight while q is staged
+
+    // q rows -> shared memory, scaled into the log2 domain and split into f16 hi + lo (all loads
+    // first: the shared stores would otherwise serialise one global round trip per element)
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    float qv[Q_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {
+        const int e = tid + j * THREADS, r = e / HD, d = e % HD, gr = row0 + r;
+        qv[j] = 0.0f;
+        if (gr < n_rows) {
+            const int token = gr / p.group, head = kvh * p.group + gr % p.group;
+            qv[j] = __ldg(p.q + ((size_t)token * p.n_heads + head) * HD + d);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {
+        const int e = tid + j * THREADS, r = e / HD, d = e % HD;
+        const float v = qv[j] * p.q_scale;
+        const __half hi = __float2half_rn(v);
+        q_hi[r * LD + d] = hi;
+        q_lo[r * LD + d] = __float2half_rn(v - __half2float(hi));
+    }
+
+    // the token of each query row this thread's fragments hold (-1: padding row)
+    int tok[2];
+#if FD_ATTN_MMA
+    {
+        const int g = lane >> 2;
+        tok[0] = row0 + g < n_rows ? (row0 + g) / p.group : -1;
+        tok[1] = row0 + g + 8 < n_rows ? (row0 + g + 8) / p.group : -1;
+    }
+#else
+    tok[0] = tok[1] = row0 + (lane & 15) < n_rows ? (row0 + (lane & 15)) / p.group : -1;
+#endif
+
+    WarpState<HD> st;
+    st.init();
+#pragma unroll 1
+    for (int k = 0; k < n_tiles; ++k) {
+        cp_async_wait<C::STAGES - 2>();
+        __syncthreads();                               // tile k landed; tile k-1's buffer is free
+        load_tile(k + C::STAGES - 1);
+        const int slot0 = tile_slot0(k) + warp * WARP_SLOTS;
+        if (slot0 < ctx.L) {
+            const __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
+            warp_step<HD, MASKED>(st, q_hi, q_lo, ks, ks + TILE * LD, slot0, slot0 + WARP_SLOTS <= plain_end, ctx,
+                                  tok);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();                                   // the pipeline area becomes the merge area
+    warp_store<HD>(st, m_s, l_s, o_s);
+    __syncthreads();
+
+    // merge the warps' states: per-row weights first, then float4 sweeps over the outputs
+    float* wt_s = o_s + (size_t)WARPS * ROWS * HD;     // [WARPS][ROWS]
+    float* row_l = wt_s + WARPS * ROWS;                // [ROWS]
+    float* row_m = row_l + ROWS;                       // [ROWS]
+    if (tid < ROWS) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) m = fmaxf(m, m_s[w * ROWS + tid]);
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float wt = m == -INFINITY ? 0.0f : exp2f(m_s[w * ROWS + tid] - m);
+            wt_s[w * ROWS + tid] = wt;
+            l += wt * l_s[w * ROWS + tid];
+        }
+        row_m[tid] = m;
+        row_l[tid] = l;
+    }
+    __syncthreads();
+    for (int e = tid * 4; e < ROWS * HD; e += THREADS * 4) {
+        const int r = e / HD, d = e % HD, gr = row0 + r;
+        if (gr >= n_rows) continue;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float wt = wt_s[w * ROWS + r];
+            const float4 v = *reinterpret_cast<const float4*>(o_s + ((size_t)w * ROWS + r) * HD + d);
+            acc.x += wt * v.x;
+            acc.y += wt * v.y;
+            acc.z += wt * v.z;
+            acc.w += wt * v.w;
+        }
+        const float l = row_l[r];
+        const int token = gr / p.group, head = kvh * p.group + gr % p.group;
+        const size_t qrow = (size_t)token * p.n_heads + head;     // query row in (n, n_heads)
+        if (p.n_splits == 1) {
+            const float inv = l > 0.0f ? 1.0f / l : __int_as_float(0x7fffffff);
+            *reinterpret_cast<float4*>(p.o + qrow * HD + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv,
+                                                                          acc.w * inv);
+        } else {
+            const size_t at = qrow * p.n_splits + split;
+            *reinterpret_cast<float4*>(p.ws_acc + at * HD + d) = acc;
+            if (d == 0) {
+                p.ws_m[at] = row_m[r];
+                p.ws_l[at] = l;
+            }
+        }
+    }
+}
+
+// Combine the splits' partials: one block per query row (n * n_heads rows), COMBINE_THREADS
+// threads. Warp w merges splits w, w + COMBINE_WARPS, ... (COMBINE_UNROLL of them per round, all
+// loads of a round in flight at once: up to 128 splits in one memory round trip) into its own
+// (max, sum, acc) online-softmax state, lanes covering head_dim; the warps' states meet in shared
+// memory.
+constexpr int COMBINE_THREADS = 512;
+constexpr int COMBINE_WARPS = COMBINE_THREADS / 32;
+constexpr int COMBINE_UNROLL = 8;
+constexpr int MAX_SPLITS = 512;
+
+template <bool MASKED, int HD>
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p) {
+    constexpr int PER_LANE = HD / 32;          // 2, 4 or 8 consecutive dims
+    __shared__ float wm[COMBINE_WARPS], wl[COMBINE_WARPS];
+    __shared__ float wa[COMBINE_WARPS][HD];
+    const size_t qrow = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int L = visible_len<MASKED>(p.n_past[0], p.n, p.max_ctx);
+    const int n_active = min(p.n_splits, (L + p.chunk_len - 1) / p.chunk_len);
+    const float* m_row = p.ws_m + qrow * p.n_splits;
+    const float* l_row = p.ws_l + qrow * p.n_splits;
+    const float* acc_row = p.ws_acc + qrow * p.n_splits * HD + lane * PER_LANE;
+    float m = -INFINITY, l = 0.0f, a[PER_LANE];
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) a[j] = 0.0f;
+    for (int s0 = warp; s0 < n_active; s0 += COMBINE_WARPS * COMBINE_UNROLL) {
+        float ms[COMBINE_UNROLL], ls[COMBINE_UNROLL], as[COMBINE_UNROLL][PER_LANE];
+#pragma unroll
+        for (int u = 0; u < COMBINE_UNROLL; ++u) {
+            const int s = s0 + u * COMBINE_WARPS;
+            const bool ok = s < n_active;
+            ms[u] = ok ? m_row[s] : -INFINITY;
+            ls[u] = ok ? l_row[s] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < PER_LANE; j += 2) {
+                const float2 t = ok ? *reinterpret_cast<const float2*>(acc_row + (size_t)s * HD + j)
+                                    : make_float2(0.f, 0.f);
+                as[u][j] = t.x;
+                as[u][j + 1] = t.y;
+            }
+        }
+        float mb = m;
+#pragma unroll
+        for (int u = 0; u < COMBINE_UNROLL; ++u) mb = fmaxf(mb, ms[u]);
+        if (mb == -INFINITY) continue;                 // nothing visible yet
+        const float f = exp2f(m - mb);                 // m = -inf: 0
+        l *= f;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) a[j] *= f;
+#pragma unroll
+        for (int u = 0; u < COMBINE_UNROLL; ++u) {
+            const float wt = exp2f(ms[u] - mb);        // padding (-inf): 0
+            l += wt * ls[u];
+#pragma unroll
+            for (int j = 0; j < PER_LANE; ++j) a[j] += wt * as[u][j];
+        }
+        m = mb;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) wa[warp][lane * PER_LANE + j] = a[j];
+    __syncthreads();
+    for (int d = threadIdx.x; d < HD; d += COMBINE_THREADS) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < COMBINE_WARPS; ++w) mx = fmaxf(mx, wm[w]);
+        float lsum = 0.0f, acc = 0.0f;
+        if (mx != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < COMBINE_WARPS; ++w) {
+                const float wt = exp2f(wm[w] - mx);
+                lsum += wt * wl[w];
+                acc += wt * wa[w][d];
+            }
+        }
+        p.o[qrow * HD + d] = lsum > 0.0f ? acc / lsum : __int_as_float(0x7fffffff);
+    }
+}
+
+}  // namespace attn
+}  // namespace fd

@@ -1,0 +1,150 @@
+// rope.cu -- rotary position embedding fused with the KV-cache write, and the KV slot moves of a
+// speculative commit (flashd.h: fd_rope_kv_write, fd_kv_move).
+//
+// fd_rope_kv_write: q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim), float32, are rotated
+// in place at positions[i]: for j < rope_dim / 2 the pair (a, b) = neox ? (x[j], x[j + rope_dim/2])
+// : (x[2j], x[2j+1]) becomes (a cos - b sin, a sin + b cos) with angle = pos * theta^(-2j/rope_dim);
+// dims >= rope_dim are left alone. Then k and v (n, n_kv_heads, head_dim) are stored as float16
+// (round to nearest even) into the cache, float16 [n_kv_heads][max_ctx][head_dim] per layer, at
+// slot *n_past + i. A slot outside [0, max_ctx) is not written (the device cannot report it; the
+// host's memory plan keeps n_past + n <= max_ctx). q may be NULL (K/V injection without queries).
+//
+// Accuracy: the reference (flashd ReferenceOps.rope) forms angles in float64 and rounds cos/sin to
+// float32; this kernel does the same -- inv_freq = pow(theta, -2j/rope_dim) and angle = pos *
+// inv_freq in double, sincos in double (full argument reduction, unaffected by --use_fast_math),
+// then (float) -- and evaluates a*c - b*s with separately rounded products (no FMA contraction),
+// exactly like numpy's float32 expression. The result therefore equals the reference bit for bit
+// except where CUDA's double pow/sincos (<= 2 ulp of a double) flips a float32 rounding of cos or
+// sin: an error of at most 1 float ulp of cos/sin, i.e. |err| <= 1.2e-7 * (|a| + |b|), for any
+// position (int32) and theta.
+//
+// Launch: one block of 128 threads per token. The block first tabulates cos/sin for its position
+// (rope_dim / 2 <= 256 entries in shared memory), then walks (head, pair) for q and k, the
+// unrotated tail of k, and v. Work per token is a few KB, so a simple mapping is enough.
+//
+// fd_kv_move: for every move i, cache slot src[i] -> slot dst[i] in every KV head, K and V. All
+// sources are read before any destination is written (numpy's fancy-index assignment, the
+// reference's ReferenceKVCache.move), so a destination may be another move's source. Launch: one
+// block per (kv head, K|V, 16-byte column chunk of a row); the block stages its chunk of every
+// source row in shared memory (n_moves <= FD_KV_MOVE_MAX), synchronizes, then writes. Moves whose
+// src or dst is outside [0, max_ctx) are skipped.
+#include "common.cuh"
+
+namespace {
+
+constexpr int ROPE_THREADS = 128;
+constexpr int ROPE_MAX_HALF = 256;          // rope_dim <= 512
+constexpr int KV_MOVE_THREADS = 256;
+constexpr int FD_KV_MOVE_MAX = 2048;        // 2048 x 16 B = 32 KB of staging per block
+
+__global__ void __launch_bounds__(ROPE_THREADS)
+rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __restrict__ k_cache,
+                     __half* __restrict__ v_cache, const int32_t* __restrict__ positions,
+                     const int32_t* __restrict__ n_past, int n_heads, int n_kv_heads, int head_dim, int rope_dim,
+                     double theta, int neox, int max_ctx) {
+    __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
+    const int i = blockIdx.x;                 // token
+    const int half = rope_dim / 2;
+    const double pos = (double)positions[i];
+    for (int j = threadIdx.x; j < half; j += ROPE_THREADS) {
+        // the reference: theta ** (-arange(half) * 2.0 / rope_dim), angle = pos * inv_freq (float64)
+        const double inv_freq = pow(theta, (-(double)j * 2.0) / (double)rope_dim);
+        double s, c;
+        sincos(pos * inv_freq, &s, &c);
+        cos_s[j] = (float)c;
+        sin_s[j] = (float)s;
+    }
+    __syncthreads();
+
+    // (a, b) -> (a c - b s, a s + b c), products rounded separately as numpy does in float32
+    auto rotate = [&](float* x, int j, float& ra, float& rb) {
+        const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+        const float a = x[ia], b = x[ib], c = cos_s[j], s = sin_s[j];
+        ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        rb = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        x[ia] = ra;
+        x[ib] = rb;
+    };
+
+    if (q != nullptr) {
+        float* qi = q + (size_t)i * n_heads * head_dim;
+        for (int p = threadIdx.x; p < n_heads * half; p += ROPE_THREADS) {
+            float ra, rb;
+            rotate(qi + (size_t)(p / half) * head_dim, p % half, ra, rb);
+        }
+    }
+
+    const int slot = n_past[0] + i;
+    const bool store = slot >= 0 && slot < max_ctx;
+    float* ki = k + (size_t)i * n_kv_heads * head_dim;
+    const float* vi = v + (size_t)i * n_kv_heads * head_dim;
+    for (int p = threadIdx.x; p < n_kv_heads * half; p += ROPE_THREADS) {
+        const int h = p / half, j = p % half;
+        float ra, rb;
+        rotate(ki + (size_t)h * head_dim, j, ra, rb);
+        if (store) {
+            __half* row = k_cache + ((size_t)h * max_ctx + slot) * head_dim;
+            row[neox ? j : 2 * j] = __float2half_rn(ra);
+            row[neox ? j + half : 2 * j + 1] = __float2half_rn(rb);
+        }
+    }
+    if (!store) return;
+    const int tail = head_dim - rope_dim;     // unrotated dims of k
+    for (int e = threadIdx.x; e < n_kv_heads * tail; e += ROPE_THREADS) {
+        const int h = e / tail, d = rope_dim + e % tail;
+        k_cache[((size_t)h * max_ctx + slot) * head_dim + d] = __float2half_rn(ki[(size_t)h * head_dim + d]);
+    }
+    for (int e = threadIdx.x; e < n_kv_heads * head_dim; e += ROPE_THREADS) {
+        const int h = e / head_dim, d = e % head_dim;
+        v_cache[((size_t)h * max_ctx + slot) * head_dim + d] = __float2half_rn(vi[e]);
+    }
+}
+
+// grid (n_kv_heads * 2, head_dim / 8): x = kv head * 2 + (0: K, 1: V), y = 16-byte chunk of a row
+__global__ void __launch_bounds__(KV_MOVE_THREADS)
+kv_move_kernel(__half* k_cache, __half* v_cache, const int32_t* __restrict__ src_slots,
+               const int32_t* __restrict__ dst_slots, int n_moves, int head_dim, int max_ctx) {
+    __shared__ uint4 staged[FD_KV_MOVE_MAX];
+    __half* cache = (blockIdx.x & 1) ? v_cache : k_cache;
+    __half* base = cache + (size_t)(blockIdx.x >> 1) * max_ctx * head_dim + (size_t)blockIdx.y * 8;
+    for (int i = threadIdx.x; i < n_moves; i += KV_MOVE_THREADS) {
+        const int s = src_slots[i];
+        if (s >= 0 && s < max_ctx) staged[i] = *reinterpret_cast<const uint4*>(base + (size_t)s * head_dim);
+    }
+    __syncthreads();   // every source read before any destination is written
+    for (int i = threadIdx.x; i < n_moves; i += KV_MOVE_THREADS) {
+        const int s = src_slots[i], d = dst_slots[i];
+        if (s >= 0 && s < max_ctx && d >= 0 && d < max_ctx)
+            *reinterpret_cast<uint4*>(base + (size_t)d * head_dim) = staged[i];
+    }
+}
+
+}  // namespace
+
+extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache,
+                                const int32_t* positions, const int32_t* n_past, int n, int n_heads, int n_kv_heads,
+                                int head_dim, int rope_dim, float theta, int neox, int max_ctx, void* stream) {
+    FD_CHECK_ARG(k && v && k_cache && v_cache && positions && n_past);
+    FD_CHECK_ARG(n >= 0 && n_heads > 0 && n_kv_heads > 0 && max_ctx > 0);
+    FD_CHECK_ARG(head_dim > 0 && rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= head_dim);
+    FD_CHECK_ARG(theta > 0.0f);
+    if (rope_dim / 2 > ROPE_MAX_HALF) return FD_E_SHAPE;
+    if (n == 0) return 0;
+    rope_kv_write_kernel<<<n, ROPE_THREADS, 0, (cudaStream_t)stream>>>(
+        q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, n_heads, n_kv_heads, head_dim, rope_dim,
+        (double)theta, neox != 0, max_ctx);
+    return FD_LAUNCH_STATUS();
+}
+
+extern "C" int fd_kv_move(void* k_cache, void* v_cache, const int32_t* src_slots, const int32_t* dst_slots,
+                          int n_moves, int n_kv_heads, int head_dim, int max_ctx, void* stream) {
+    FD_CHECK_ARG(k_cache && v_cache && src_slots && dst_slots);
+    FD_CHECK_ARG(n_moves >= 0 && n_moves <= FD_KV_MOVE_MAX && n_kv_heads > 0 && head_dim > 0 && max_ctx > 0);
+    if (head_dim % 8 != 0) return FD_E_SHAPE;                              // 16-byte row chunks
+    FD_CHECK_ARG(((uintptr_t)k_cache & 15u) == 0 && ((uintptr_t)v_cache & 15u) == 0);
+    if (n_moves == 0) return 0;
+    dim3 grid(n_kv_heads * 2, head_dim / 8);
+    kv_move_kernel<<<grid, KV_MOVE_THREADS, 0, (cudaStream_t)stream>>>((__half*)k_cache, (__half*)v_cache, src_slots,
+                                                                       dst_slots, n_moves, head_dim, max_ctx);
+    return FD_LAUNCH_STATUS();
+}
