@@ -3,8 +3,7 @@ causal attention over a KV cache.
 
 Lane-level, with the kernel's index formulas: flattened (token, head-in-group) rows, latest-first
 block order, the visible-slot limits, which key tiles are visited and which are masked (only those
-crossing the diagonal of the block's first row), K/V cp.async double buffering with wait_group
-semantics, Q / K / V / P fragments through the PTX layouts (ldmatrix, ldmatrix.trans, mma from
+crossing the diagonal of the block's first row), the K/V cp.async ring with wait_group semantics, Q / K / V / P fragments through the PTX layouts (ldmatrix, ldmatrix.trans, mma from
 tests/test_gemm_tiling.py), the exp2 online softmax with its all-masked guard, and the merge of the
 key-split warps. Shared memory is the kernel's flat arrays poisoned with NaN.
 
@@ -27,10 +26,11 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True, slots=True)
 class FlashCfg:
-    """FlashCfg<HD, NQW, NKS, ...> of attention_prefill.cu."""
+    """FlashCfg<HD, NQW, NKS, STAGES, ...> of attention_prefill.cu."""
     hd: int
     nqw: int
     nks: int
+    stages: int
 
     n_warps = property(lambda s: s.nqw * s.nks)
     n_threads = property(lambda s: 32 * s.n_warps)
@@ -41,7 +41,8 @@ class FlashCfg:
     chunks = property(lambda s: FLASH_BKV * (s.hd // 8) // s.n_threads)
 
 
-KERNEL_CONFIGS = [(4, 1), (4, 2), (2, 4)]   # launch_mma_for's NQW x NKS choices, and a 4-way key split
+# launch_mma_for's NQW x NKS x STAGES choices, a 4-way key split, and a double buffer
+KERNEL_CONFIGS = [(4, 1, 3), (4, 2, 4), (2, 4, 2)]
 
 
 def oracle(q16, k16, v16, p0, n_kv):
@@ -104,8 +105,8 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
                 qf[warp, kk, :, h] = f16(q[token[:, None], head[:, None], cols])
                 qf[warp, kk, :, 2 + h] = f16(q[token[:, None], head[:, None], cols + 8])
 
-    k_smem = np.full(2 * cfg.kv_tile_halves, np.nan)
-    v_smem = np.full(2 * cfg.kv_tile_halves, np.nan)
+    k_smem = np.full(cfg.stages * cfg.kv_tile_halves, np.nan)
+    v_smem = np.full(cfg.stages * cfg.kv_tile_halves, np.nan)
     k_copies, v_copies = AsyncCopies(k_smem), AsyncCopies(v_smem)
 
     def load_kv(tile, stage):
@@ -128,12 +129,14 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
     def quad_max(v):                                  # __shfl_xor 1, 2 within groups of 4 lanes
         return v.reshape(8, 4).max(axis=1).repeat(4)
 
-    load_kv(0, 0)
-    k_copies.commit(), v_copies.commit()
+    for st in range(cfg.stages - 1):
+        if st < n_tiles:
+            load_kv(st, st)
+        k_copies.commit(), v_copies.commit()
     for j in range(n_tiles):
-        k_copies.wait(0), v_copies.wait(0)
-        if j + 1 < n_tiles:
-            load_kv(j + 1, (j + 1) % 2)
+        k_copies.wait(cfg.stages - 2), v_copies.wait(cfg.stages - 2)
+        if j + cfg.stages - 1 < n_tiles:
+            load_kv(j + cfg.stages - 1, (j + cfg.stages - 1) % cfg.stages)
         k_copies.commit(), v_copies.commit()
         masked = j * FLASH_BKV + FLASH_BKV - 1 > first_lim
         if stats is not None:
@@ -141,8 +144,8 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
             stats["masked"] += int(masked)
         for warp in range(cfg.n_warps):
             ks = warp // cfg.nqw
-            k_tile = (j % 2) * cfg.kv_tile_halves + (ks * kw) * ld
-            v_tile = (j % 2) * cfg.kv_tile_halves + (ks * kw) * ld
+            k_tile = (j % cfg.stages) * cfg.kv_tile_halves + (ks * kw) * ld
+            v_tile = (j % cfg.stages) * cfg.kv_tile_halves + (ks * kw) * ld
             s = np.zeros((kw // 8, WARP, 4))
             for kk in range(hd // 16):
                 for np_ in range(kw // 16):
@@ -232,16 +235,16 @@ def _inputs(rng, n, n_heads, n_kv, hd, p0, max_ctx):
     return q, k_cache, v_cache
 
 
-@pytest.mark.parametrize("nqw,nks", KERNEL_CONFIGS)
+@pytest.mark.parametrize("nqw,nks,stages", KERNEL_CONFIGS)
 @pytest.mark.parametrize("n,n_heads,n_kv,p0", [(1, 2, 2, 0), (5, 6, 2, 3), (37, 3, 1, 70), (13, 7, 1, 130),
                                                (70, 2, 1, 0), (5, 4, 2, 62), (3, 1, 1, 63)])
-def test_flash_emulation_matches_attention(nqw, nks, n, n_heads, n_kv, p0):
+def test_flash_emulation_matches_attention(nqw, nks, stages, n, n_heads, n_kv, p0):
     hd = 64
     rng = np.random.default_rng(n * 100 + n_heads + p0)
     max_ctx = p0 + n + 5
     q, k_cache, v_cache = _inputs(rng, n, n_heads, n_kv, hd, p0, max_ctx)
     want = oracle(f16(q), k_cache, v_cache, p0, n_kv)
-    cfg = FlashCfg(hd, nqw, nks)
+    cfg = FlashCfg(hd, nqw, nks, stages)
     scale = 1 / np.sqrt(hd)
     exact = emulate_attention(cfg, q, k_cache, v_cache, p0, max_ctx, scale, round_p=False)
     assert not np.isnan(exact).any(), "an output element was never written (or read unwritten memory)"
@@ -255,21 +258,21 @@ def test_flash_emulation_head_dim_128():
     n, n_heads, n_kv, p0, hd = 9, 4, 2, 66, 128
     q, k_cache, v_cache = _inputs(rng, n, n_heads, n_kv, hd, p0, p0 + n)
     want = oracle(f16(q), k_cache, v_cache, p0, n_kv)
-    for nqw, nks in KERNEL_CONFIGS:
-        got = emulate_attention(FlashCfg(hd, nqw, nks), q, k_cache, v_cache, p0, p0 + n, 1 / np.sqrt(hd),
+    for nqw, nks, stages in KERNEL_CONFIGS:
+        got = emulate_attention(FlashCfg(hd, nqw, nks, stages), q, k_cache, v_cache, p0, p0 + n, 1 / np.sqrt(hd),
                                 round_p=False)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("nqw,nks", KERNEL_CONFIGS)
-def test_flash_visits_only_needed_tiles_and_masks_only_the_diagonal(nqw, nks):
+@pytest.mark.parametrize("nqw,nks,stages", KERNEL_CONFIGS)
+def test_flash_visits_only_needed_tiles_and_masks_only_the_diagonal(nqw, nks, stages):
     """With 300 slots of context and 40 tokens (G = 2: 80 rows, two or three blocks), a block
     visits ceil((p0 + last token + 1) / 64) tiles and masks only those past its first row's limit.
     (p0 = 62 and 63 in the attention test above put a first row's limit next to a tile edge.)"""
     rng = np.random.default_rng(11)
     n, n_heads, n_kv, p0, hd = 40, 2, 1, 300, 64
     q, k_cache, v_cache = _inputs(rng, n, n_heads, n_kv, hd, p0, p0 + n)
-    cfg = FlashCfg(hd, nqw, nks)
+    cfg = FlashCfg(hd, nqw, nks, stages)
     stats = {"tiles": 0, "masked": 0}
     emulate_attention(cfg, q, k_cache, v_cache, p0, p0 + n, 0.125, stats=stats)
     want_tiles = want_masked = 0
@@ -289,5 +292,5 @@ def test_flash_emulation_clamps_to_the_cache():
     q = rng.standard_normal((n, n_heads, hd))
     k_cache = f16(rng.standard_normal((n_kv, max_ctx, hd)))
     v_cache = f16(rng.standard_normal((n_kv, max_ctx, hd)))
-    got = emulate_attention(FlashCfg(hd, 4, 2), q, k_cache, v_cache, 5, max_ctx, 0.125)
+    got = emulate_attention(FlashCfg(hd, 4, 2, 4), q, k_cache, v_cache, 5, max_ctx, 0.125)
     assert np.isfinite(got).all()

@@ -16,8 +16,8 @@
 // the KW = 64 / NKS keys ks*KW .. ks*KW+KW-1; the NKS partial softmax states of a row are merged
 // through shared memory at the end (split over keys inside the block, so that short query ranges
 // -- n = 512 with 8K of context -- still give 8 warps per block). Per 64-key tile:
-//   - K and V tiles (64 x head_dim f16) arrive by cp.async, double-buffered; slots past the last
-//     visible one are zero-filled, never read;
+//   - K and V tiles (64 x head_dim f16) arrive by cp.async through a STAGES-deep ring; slots past
+//     the last visible one are zero-filled, never read;
 //   - S = Q K^T: Q fragments (f32 rounded to f16) stay in registers for the whole loop, K fragments
 //     by ldmatrix (K rows are the mma's "col" B operand as stored);
 //   - scale * log2(e) applied in f32; the causal mask only on tiles that cross the diagonal of the
@@ -28,8 +28,8 @@
 //     the PV mma, V fragments by ldmatrix.trans.
 // Shared K/V rows are head_dim + 8 halves apart so ldmatrix phases are bank-conflict free.
 //
-// Configurations (launcher): NQW x NKS = 4 x 1 (4 warps; many blocks) and 4 x 2 (8 warps; fewer
-// blocks than SMs, e.g. a 512-token chunk after a long context). head_dim 64 and 128.
+// Configurations (launcher): NQW x NKS = 4 x 1 (4 warps, 3 stages; many blocks) and 4 x 2 (8 warps,
+// 4 stages; fewer blocks than SMs, e.g. a 512-token chunk after a long context). head_dim 64, 128.
 //
 // SIMT fallback (HIP, pre-sm_80 devices, or misaligned pointers): one warp per (token, head),
 // online softmax over the visible slots one key at a time, q rounded to f16 as in the mma path.
@@ -43,16 +43,17 @@ namespace {
 constexpr int FLASH_BKV = 64;   // keys per tile
 constexpr float LOG2E = 1.4426950408889634f;
 
-template <int HD_, int NQW_, int NKS_, int MIN_BLOCKS_>
+template <int HD_, int NQW_, int NKS_, int STAGES_, int MIN_BLOCKS_>
 struct FlashCfg {
     static constexpr int HD = HD_, NQW = NQW_, NKS = NKS_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int STAGES = STAGES_;                 // K/V ring depth (STAGES - 1 tiles in flight)
     static constexpr int n_warps = NQW * NKS;
     static constexpr int n_threads = 32 * n_warps;
     static constexpr int BQ = 16 * NQW;                    // flattened rows per block
     static constexpr int KW = FLASH_BKV / NKS;             // keys per warp per tile
     static constexpr int LD = HD + 8;                      // halves per shared K/V row
     static constexpr int kv_tile_halves = FLASH_BKV * LD;
-    static constexpr int kv_bytes = 2 * 2 * kv_tile_halves * 2;       // {K, V} x 2 stages, f16
+    static constexpr int kv_bytes = 2 * STAGES * kv_tile_halves * 2;  // {K, V} x STAGES, f16
     static constexpr int O_LD = HD + 8;                    // floats per row of a partial O (merge)
     static constexpr int merge_o_bytes = NKS > 1 ? n_warps * 16 * O_LD * 4 : 0;
     static constexpr int merge_ml_bytes = NKS > 1 ? n_warps * 16 * 2 * 4 : 0;
@@ -61,6 +62,7 @@ struct FlashCfg {
     static constexpr int chunks = FLASH_BKV * (HD / 8) / n_threads;   // 16 B chunks per thread per tile
 
     static_assert(HD % 16 == 0 && KW % 16 == 0, "mma tiles");
+    static_assert(STAGES >= 2, "ring");
     static_assert(FLASH_BKV * (HD / 8) % n_threads == 0, "K/V tile must split evenly over threads");
 };
 
@@ -75,8 +77,8 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     using namespace fd::mma;
     constexpr int HD = C::HD, KW = C::KW, LD = C::LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    __half* k_smem = reinterpret_cast<__half*>(smem_raw);      // [2][64][LD]
-    __half* v_smem = k_smem + 2 * C::kv_tile_halves;           // [2][64][LD]
+    __half* k_smem = reinterpret_cast<__half*>(smem_raw);      // [STAGES][64][LD]
+    __half* v_smem = k_smem + C::STAGES * C::kv_tile_halves;   // [STAGES][64][LD]
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wq = warp % C::NQW, ks = warp / C::NQW;
@@ -133,16 +135,20 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     float m_run[2] = {-INFINITY, -INFINITY};   // running max of rows g, g+8 (log2 domain)
     float l_run[2] = {0.f, 0.f};               // this thread's partial row sums
 
-    load_kv(0, 0);
-    cp_async_commit();
-    for (int j = 0; j < n_tiles; ++j) {
-        cp_async_wait<0>();
-        __syncthreads();   // tile j visible to all; every warp is done with tile j - 1
-        if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) % 2);
+    // One cp.async group per tile (empty past the end): wait_group<STAGES - 2> = "tile j landed".
+#pragma unroll
+    for (int st = 0; st < C::STAGES - 1; ++st) {
+        if (st < n_tiles) load_kv(st, st);
         cp_async_commit();
+    }
+    for (int j = 0; j < n_tiles; ++j) {
+        cp_async_wait<C::STAGES - 2>();
+        __syncthreads();   // tile j visible to all; every warp is done with tile j - 1
+        if (j + C::STAGES - 1 < n_tiles) load_kv(j + C::STAGES - 1, (j + C::STAGES - 1) % C::STAGES);
+        cp_async_commit();   // (into slot (j - 1) % STAGES, free since the barrier)
 
-        const __half* k_tile = k_smem + (j % 2) * C::kv_tile_halves + (ks * KW) * LD;
-        const __half* v_tile = v_smem + (j % 2) * C::kv_tile_halves + (ks * KW) * LD;
+        const __half* k_tile = k_smem + (j % C::STAGES) * C::kv_tile_halves + (ks * KW) * LD;
+        const __half* v_tile = v_smem + (j % C::STAGES) * C::kv_tile_halves + (ks * KW) * LD;
 
         // S (16 x KW) = Q K^T
         float s[KW / 8][4];
@@ -354,19 +360,20 @@ int launch_mma(float* o, const float* q, const __half* k_cache, const __half* v_
     return FD_LAUNCH_STATUS();
 }
 
-// 64 rows per block. With at least one block per SM, 4 warps per block (two blocks share an SM);
-// with fewer blocks (n = 512 with GQA: 96 or 112 blocks), 8 warps splitting each key tile, so the
-// occupied SMs run twice the warps. (Measured on an H200: 4x1 is 1.4x faster than 4x2 at n = 8192,
-// they tie at n = 512 with 8K of context; 32-row blocks were slower everywhere.)
+// 64 rows per block. With at least one block per SM: 4 warps per block, a 3-deep K/V ring, two
+// blocks per SM. With fewer blocks (n = 512 with GQA: 96 or 112 blocks): 8 warps splitting each key
+// tile and a 4-deep ring, one block per SM. Measured on an H200: 4x1 is 1.4x faster than 4x2 at
+// n = 8192, they tie at n = 512 after 8K of context, where the deeper ring gains 10% at head_dim 64;
+// 32-row blocks (2 x 4 warps) were slower everywhere.
 template <int HD>
 int launch_mma_for(int n_sms, float* o, const float* q, const __half* k_cache, const __half* v_cache,
                    const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
                    cudaStream_t stream) {
     const int blocks_64 = ceil_div(n * (n_heads / n_kv_heads), 64) * n_kv_heads;
     if (blocks_64 >= n_sms)
-        return launch_mma<FlashCfg<HD, 4, 1, 2>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
+        return launch_mma<FlashCfg<HD, 4, 1, 3, 2>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
                                                  scale_log2, stream);
-    return launch_mma<FlashCfg<HD, 4, 2, 1>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
+    return launch_mma<FlashCfg<HD, 4, 2, 4, 1>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
                                              scale_log2, stream);
 }
 
