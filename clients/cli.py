@@ -32,8 +32,10 @@ def _register() -> None:
     from ..daemon.backends.cuda.build import build_command
     from ..daemon.bench_cli import bench_command
     from ..daemon.server import serve_command
+    from .http.server import http_command
 
     main.add_command(serve_command, "serve")
+    main.add_command(http_command, "http")
     main.add_command(bench_command, "bench")
     main.add_command(build_command(), "build")
 

@@ -1,0 +1,28 @@
+"""The gateway's settings (`flashd http` options), checked once."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["GatewayConfig"]
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"            # loopback by default: nothing outside this machine can connect
+    port: int = 8000                    # 0: any free port
+    api_key: str | None = None          # None: no key needed; else Bearer / x-api-key must match
+    default_temperature: float = 1.0    # when a request gives none (both APIs document 1.0)
+    inactivity_timeout_s: float = 600.0  # longest wait for the daemon's next event (CPU prefill is slow)
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("host must not be empty")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (leave it out for no key)")
+        if not (math.isfinite(self.default_temperature) and 0 <= self.default_temperature <= 2):
+            raise ValueError(f"default_temperature must be in [0, 2], got {self.default_temperature}")
+        if not self.inactivity_timeout_s > 0:
+            raise ValueError(f"inactivity_timeout_s must be > 0, got {self.inactivity_timeout_s}")

@@ -1,0 +1,211 @@
+"""Request bodies of the OpenAI-compatible endpoints, as pydantic models.
+
+These models are the contract: FastAPI validates every request against them and publishes them
+in /openapi.json, so the schema says exactly what the server accepts. Every model forbids unknown
+fields (a 400 naming the field), types are strict (no "0.7" for 0.7, no true for 1), and a
+parameter flashd cannot honour is either absent (unknown -> 400) or typed so that only the
+values it can honour validate (`n` must be 1, `logit_bias` must be empty, `response_format` must
+be text, ...); `UNSUPPORTED_HINTS` adds the reason to the error message.
+
+Parameters accepted and ignored by design (harmless, documented in the README): `user`,
+`metadata`, `service_tier`, `prompt_cache_key`, `safety_identifier`,
+`stream_options.include_obfuscation`.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "FunctionDefinition",
+    "UNSUPPORTED_HINTS", "Tool",
+]
+
+INT32_MAX = 2**31 - 1
+MAX_STOP = 15  # the daemon takes 16 stop strings; one is kept for parallel_tool_calls=false
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_.\-]{1,64}$"
+
+# Why a rejected parameter is rejected; appended to the 400's message.
+UNSUPPORTED_HINTS = {
+    "n": "flashd returns one choice per request; send n=1 or leave it out",
+    "best_of": "flashd returns one choice per request",
+    "logit_bias": "logit biases are not supported",
+    "response_format": "structured output (json_object / json_schema) is not supported: flashd "
+                       "cannot constrain the output to a schema",
+    "tool_choice": "flashd cannot force a tool call: 'required' and a named function are not "
+                   "supported; use 'auto' or 'none'",
+    "audio": "flashd serves text models only",
+    "modalities": "flashd serves text models only",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the deprecated `functions` API is not supported; use `tools`",
+    "function_call": "the deprecated `function_call` API is not supported; use `tool_choice`",
+    "reasoning_effort": "the served models do not reason; leave reasoning_effort out",
+    "verbosity": "verbosity is not supported",
+    "store": "flashd does not store completions",
+    "echo": "echo is not supported",
+    "suffix": "fill-in-the-middle suffixes are not supported on /v1/completions",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = Field(None, description="Send a last chunk with `usage` (and `usage: null` on the others).")
+    include_obfuscation: bool | None = Field(None, description="Accepted and ignored: flashd never pads chunks.")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="The arguments as a JSON string.")
+
+
+class AssistantToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Strict):
+    """One message of the conversation. `developer` is treated as `system`."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, description="Passed to the chat template.")
+    tool_calls: list[AssistantToolCall] | None = Field(None, description="Assistant messages only.")
+    tool_call_id: str | None = Field(None, description="Tool messages only: the call answered.")
+    refusal: None = None
+    function_call: None = None
+    audio: None = None
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls: only assistant messages have tool calls, this one is {self.role}")
+        if self.role == "tool":
+            if self.tool_call_id is None:
+                raise ValueError("tool_call_id: a tool message needs the id of the call it answers")
+        elif self.tool_call_id is not None:
+            raise ValueError(f"tool_call_id: only tool messages have one, this one is {self.role}")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"content: a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        """The content as one string (text parts joined by newlines)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class FunctionDefinition(_Strict):
+    name: Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
+    description: str | None = None
+    parameters: dict | None = Field(None, description="JSON Schema of the arguments (shown to the model).")
+    strict: Literal[False] | None = Field(None, description="Strict schema adherence cannot be guaranteed: only false.")
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ResponseFormatText(_Strict):
+    type: Literal["text"]
+
+
+class _Sampling(_Strict):
+    """Sampling and stopping parameters shared by both OpenAI endpoints."""
+
+    model: str = Field(description="Any name: flashd serves one model, named in the response.")
+    temperature: float | None = Field(None, ge=0, le=2, description="Default: the gateway's --default-temperature (1.0). 0 = greedy.")
+    top_p: float | None = Field(None, ge=0, le=1, description="0 means greedy.")
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="Extension: keep the k most likely tokens; 0 or -1 = off.")
+    min_p: float | None = Field(None, ge=0, lt=1, description="Extension: drop tokens below min_p * p_max.")
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="Extension (llama.cpp semantics): > 1 discourages repeats.")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="Same seed, same request: same output. Negative seeds wrap to uint64.")
+    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = Field(None, description="Extension: keep generating past the end-of-sequence token.")
+    n: Literal[1] | None = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+    user: str | None = Field(None, description="Accepted and ignored.")
+    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored.")
+    service_tier: str | None = Field(None, description="Accepted and ignored (one tier).")
+    store: Literal[False] | None = None
+
+    @model_validator(mode="after")
+    def _check_stop(self) -> "_Sampling":
+        if isinstance(self.stop, str) and not self.stop:
+            raise ValueError("stop: an empty stop string never matches; leave it out")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed with stream=true")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Default: the rest of the context.")
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Same as max_tokens.")
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = Field(None, description="false: generation stops after the first call.")
+    response_format: ResponseFormatText | None = None
+    modalities: list[Literal["text"]] | None = None
+    prompt_cache_key: str | None = Field(None, description="Accepted and ignored.")
+    safety_identifier: str | None = Field(None, description="Accepted and ignored.")
+    audio: None = None
+    prediction: None = None
+    web_search_options: None = None
+    functions: None = None
+    function_call: None = None
+    reasoning_effort: None = None
+    verbosity: None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> "ChatCompletionRequest":
+        if (self.max_tokens is not None and self.max_completion_tokens is not None
+                and self.max_tokens != self.max_completion_tokens):
+            raise ValueError(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                             f"({self.max_completion_tokens}) disagree; send one of them")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs=true")
+        if self.tools is not None:
+            names = [tool.function.name for tool in self.tools]
+            duplicates = sorted({name for name in names if names.count(name) > 1})
+            if duplicates:
+                raise ValueError(f"tools: function names must be unique, {duplicates[0]!r} repeats")
+        return self
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)] = Field(
+        description="A string, a list of one string, or a list of token ids.")
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Default 16, as in OpenAI's API.")
+    logprobs: int | None = Field(None, ge=0, le=20, description="Report the n most likely tokens at each step (0: the chosen token's logprob only).")
+    echo: Literal[False] | None = None
+    best_of: Literal[1] | None = None
+    suffix: None = None

@@ -1,0 +1,231 @@
+"""Fixtures of the HTTP gateway tests: a real daemon on a tiny synthetic model, the gateway as a
+real uvicorn server on a free loopback port (in a thread), and a scripted fake daemon (a ZeroMQ
+ROUTER) for outputs a random model cannot be made to produce on cue (tool calls)."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import gguf
+import msgpack
+import pytest
+import uvicorn
+import zmq
+
+from flashd.clients.client import Client
+from flashd.clients.http.app import create_app
+from flashd.clients.http.config import GatewayConfig
+from flashd.clients.http.daemon_link import DaemonLink
+from flashd.clients.spawn import DaemonOptions, LocalDaemon
+from flashd.clients.tokenizer import read_gguf_metadata
+from flashd.protocol import wire
+
+# A qwen2-shaped model that loads in well under a second and decodes ~1000 tokens/s on the
+# reference backend; its random weights rarely produce the end token, so outputs run to max_tokens.
+TINY = dict(arch="qwen2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,
+            weight_type="Q8_0", seed=11, name="http-test")
+TINY_MAX_CTX = 4096
+TIMEOUT_S = 30.0
+QWEN_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "tokenizer" / "qwen2.5_chat_template.jinja"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class GatewayServer:
+    """`create_app` served by uvicorn in a thread on a free loopback port."""
+
+    def __init__(self, link: DaemonLink, config: GatewayConfig):
+        self.app = create_app(link, config)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                                     log_level="warning", timeout_graceful_shutdown=2))
+        self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+
+@contextlib.contextmanager
+def serve_gateway(client: Client, **config) -> Iterator[GatewayServer]:
+    link = DaemonLink.open(client, inactivity_timeout_s=TIMEOUT_S)
+    server = GatewayServer(link, GatewayConfig(port=0, **config))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(synthetic_model) -> Path:
+    return synthetic_model(**TINY)
+
+
+@pytest.fixture(scope="session")
+def daemon(tiny_model) -> Iterator[LocalDaemon]:
+    with LocalDaemon.start(DaemonOptions(model=str(tiny_model), device="cpu", max_ctx=TINY_MAX_CTX,
+                                         ready_timeout_s=60)) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def daemon_client(daemon) -> Iterator[Client]:
+    """A client of the daemon for the tests' own oracle requests."""
+    with daemon.connect(timeout_s=TIMEOUT_S) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def gateway(daemon) -> Iterator[GatewayServer]:
+    with daemon.connect(timeout_s=TIMEOUT_S) as client, serve_gateway(client) as server:
+        yield server
+
+
+def wait_idle(client: Client, timeout_s: float) -> float:
+    """Seconds until the daemon runs nothing and queues nothing; fails after timeout_s."""
+    t_start = time.monotonic()
+    while True:
+        status = client.status()
+        if status["running"] is None and status["queued"] == 0:
+            return time.monotonic() - t_start
+        assert time.monotonic() - t_start < timeout_s, f"the daemon is still busy: {status}"
+        time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------------------------
+# A scripted fake daemon
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tool_model(tiny_model, tmp_path_factory) -> Path:
+    """A GGUF holding only the tiny model's tokenizer and Qwen2.5's chat template (which shows
+    tools to the model): all the gateway reads from a model file."""
+    path = tmp_path_factory.mktemp("tool-model") / "qwen-template.gguf"
+    metadata = read_gguf_metadata(tiny_model, prefix="tokenizer.")
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
+    writer.add_token_list(list(metadata["tokenizer.ggml.tokens"]))
+    writer.add_token_types([int(t) for t in metadata["tokenizer.ggml.token_type"]])
+    writer.add_token_merges(list(metadata["tokenizer.ggml.merges"]))
+    writer.add_bos_token_id(int(metadata["tokenizer.ggml.bos_token_id"]))
+    writer.add_eos_token_id(int(metadata["tokenizer.ggml.eos_token_id"]))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(QWEN_TEMPLATE.read_text())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+class FakeDaemon:
+    """A ROUTER on a loopback port that answers like a daemon: `status` names `model_path`;
+    `generate` streams `reply` (a list of text chunks, one token event each, then the EOS token and
+    `done`), or, with `endless`, one token every 10 ms until cancelled. Every request received is
+    kept in `received`, every cancel target in `cancelled`."""
+
+    def __init__(self, model_path: Path, eos_id: int):
+        self.model_path = model_path
+        self.eos_id = eos_id
+        self.reply: list[str] = []
+        self.reason = "stop"
+        self.endless = False
+        self.received: list[dict] = []
+        self.cancelled: list[str] = []
+        self._context = zmq.Context()
+        self._router = self._context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self.address = f"tcp://127.0.0.1:{self._router.bind_to_random_port('tcp://127.0.0.1')}"
+        self._streams: dict[str, bytes] = {}  # endless request id -> client identity
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-daemon", daemon=True)
+        self._thread.start()
+
+    def requests(self, cmd: str) -> list[dict]:
+        return [r for r in self.received if r.get("cmd") == cmd]
+
+    def _send(self, identity: bytes, event: dict) -> None:
+        self._router.send_multipart([identity, wire.encode_event(event)])
+
+    def _answer(self, identity: bytes, fields: dict) -> None:
+        cmd, request_id = fields.get("cmd"), fields.get("id")
+        if cmd == "status":
+            self._send(identity, {"id": request_id, "event": "result", "model": str(self.model_path),
+                                  "max_ctx": 4096, "running": None, "queued": 0, "served": 0, "backend": "fake"})
+        elif cmd == "cancel":
+            self.cancelled.append(fields["target"])
+            found = self._streams.pop(fields["target"], None)
+            self._send(identity, {"id": request_id, "event": "result", "cancelled": found is not None})
+            if found is not None:
+                self._send(found, {"id": fields["target"], "event": "error", "code": "cancelled",
+                                   "message": "cancelled"})
+        elif cmd == "generate":
+            if self.endless:
+                self._streams[request_id] = identity
+                return
+            n_prompt = len(fields["ids"]) // 4 if isinstance(fields["ids"], bytes) else len(fields["ids"])
+            for n, text in enumerate(self.reply):
+                self._send(identity, {"id": request_id, "event": "token", "ids": [10 + n % 200], "text": text})
+            ids = [] if self.reason == "length" else [self.eos_id]
+            if ids:
+                self._send(identity, {"id": request_id, "event": "token", "ids": ids, "text": ""})
+            self._send(identity, {"id": request_id, "event": "done", "reason": self.reason, "n_prompt": n_prompt,
+                                  "n_gen": len(self.reply) + len(ids), "timings": {}})
+        else:
+            self._send(identity, {"id": request_id, "event": "error", "code": "unknown_command", "message": cmd})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._router.poll(10):
+                identity, frame = self._router.recv_multipart()
+                fields = msgpack.unpackb(frame, raw=False)
+                self.received.append(fields)
+                self._answer(identity, fields)
+            for request_id, identity in list(self._streams.items()):
+                self._send(identity, {"id": request_id, "event": "token", "ids": [33], "text": "a"})
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._router.close()
+        self._context.term()
+
+
+@pytest.fixture
+def fake_gateway(tool_model) -> Iterator[tuple[FakeDaemon, GatewayServer]]:
+    from flashd.clients.tokenizer import Tokenizer
+
+    fake = FakeDaemon(tool_model, eos_id=Tokenizer.from_gguf(tool_model).eos_id)
+    try:
+        with Client(fake.address, timeout_s=TIMEOUT_S) as client, serve_gateway(client) as server:
+            yield fake, server
+    finally:
+        fake.close()
+
+
+@pytest.fixture
+def make_gateway() -> Iterator[Callable[..., GatewayServer]]:
+    """Start extra gateways (e.g. with an API key) on a client; stopped after the test."""
+    stack = contextlib.ExitStack()
+
+    def make(client: Client, **config) -> GatewayServer:
+        return stack.enter_context(serve_gateway(client, **config))
+
+    with stack:
+        yield make
