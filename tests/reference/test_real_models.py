@@ -23,6 +23,8 @@ MODELS = ["qwen2.5-coder-0.5b", "smollm2-135m"]
 # are much coarser and its next-token distributions flatter, so llama.cpp's 8-bit activation
 # rounding flips more close calls (measured 96.3%); 95% still catches any real defect, which
 # shows up as agreement far below 90%.
+MIN_GREEDY_MATCHES = {"qwen2.5-coder-0.5b": 7, "smollm2-135m": 5}
+CLOSE_CALL_LOGITS = 0.5
 MIN_ARGMAX_AGREEMENT = {"qwen2.5-coder-0.5b": 0.98, "smollm2-135m": 0.95}
 N_GREEDY = 16
 
@@ -39,14 +41,25 @@ def case(request, real_model):
 
 
 def test_greedy_tokens_match_llama_cpp(case):
+    """0.5B: the issue's bar, 7 of 8 prompts with identical first 16 tokens. Every model: where
+    the sequences part, it is a close call -- llama.cpp's own top-2 logits were within
+    CLOSE_CALL_LOGITS there and its choice is our runner-up (the two implementations' logits
+    differ by up to ~0.4 on SmolLM2's Q4_1 weights)."""
     name, rec, runner = case
     matches = []
     for g in rec["greedy"]:
         want = g["generated_ids"][:N_GREEDY]
         got = [s.token for s in runner.generate(g["prompt_ids"], SamplingParams(), len(want))]
         matches.append(got == want)
-        print(f"{name} {g['name']}: {'match' if got == want else 'DIFFER'}\n  want {want}\n  got  {got}")
-    assert sum(matches) >= 7, f"only {sum(matches)} of {len(matches)} prompts match llama.cpp's first {N_GREEDY} tokens"
+        if got != want:
+            step = next(i for i in range(len(want)) if got[i] != want[i])
+            gap = g["top_logits"][step][0] - g["top_logits"][step][1]
+            ours = runner.score(g["prompt_ids"] + want[:step + 1])[-2]
+            runner_up = int(np.argsort(-ours)[1])
+            print(f"{name} {g['name']}: parts at step {step}, llama.cpp top-2 gap {gap:.3f}")
+            assert gap < CLOSE_CALL_LOGITS and runner_up == want[step], (g["name"], step, gap)
+    print(f"{name}: {sum(matches)} of {len(matches)} prompts identical for {N_GREEDY} tokens")
+    assert sum(matches) >= MIN_GREEDY_MATCHES[name]
 
 
 def test_teacher_forced_argmax_agrees_with_llama_cpp(case):
@@ -65,3 +78,14 @@ def test_teacher_forced_argmax_agrees_with_llama_cpp(case):
     lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     nll = float(-(lp - lse[:len(lp)]).mean())
     assert abs(nll - tf["mean_nll"]) <= 0.02 * tf["mean_nll"], (nll, tf["mean_nll"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_prompt_tokenization_matches_llama_cpp(real_model, name):
+    from flashd.clients.tokenizer import Tokenizer
+
+    rec = json.loads((DATA / f"{name}.json").read_text())
+    prompts = {p["name"]: p["text"] for p in json.loads((DATA / "prompts.json").read_text())["prompts"]}
+    tok = Tokenizer.from_gguf(real_model(name))
+    for g in rec["greedy"]:
+        assert tok.encode(prompts[g["name"]]) == g["prompt_ids"], g["name"]
