@@ -726,6 +726,24 @@ PRESETS: dict[str, SyntheticSpec] = {
         arch="qwen2", n_layers=28, hidden=1536, n_heads=12, n_kv_heads=2, ffn=8960, vocab_size=151936,
         context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q8_0",
         name="synthetic qwen2.5-1.5b"),
+    # Clones of the real Q4_K_M files: same shapes and the same format for every tensor (read off
+    # the files), random weights. Kernels do the same work on them as on the real models, so they
+    # stand in for speed measurements where the real files cannot be copied.
+    "qwen2.5-coder-1.5b-q4_k_m": SyntheticSpec(
+        arch="qwen2", n_layers=28, hidden=1536, n_heads=12, n_kv_heads=2, ffn=8960, vocab_size=151936,
+        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q4_K",
+        type_overrides=(("output.weight", "Q6_K"),) + tuple(
+            (f"blk.{i}.{t}.weight", "Q6_K") for i in (0, 1, 5, 6, 7, 8, 9, 10, 13, 16, 19, 21, 24, 27)
+            for t in ("attn_v", "ffn_down")),
+        name="synthetic clone of qwen2.5-coder-1.5b-instruct-q4_k_m"),
+    "qwen2.5-coder-0.5b-q4_k_m": SyntheticSpec(
+        arch="qwen2", n_layers=24, hidden=896, n_heads=14, n_kv_heads=2, ffn=4864, vocab_size=151936,
+        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q5_0",
+        type_overrides=(("output.weight", "Q8_0"),)
+        + tuple((f"blk.{i}.attn_v.weight", "Q8_0") for i in (0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21))
+        + tuple((f"blk.{i}.ffn_down.weight", "Q6_K") for i in (0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21))
+        + tuple((f"blk.{i}.ffn_down.weight", "Q4_K") for i in (2, 4, 5, 11, 12, 14, 15, 17, 18, 20, 22, 23)),
+        name="synthetic clone of qwen2.5-coder-0.5b-instruct-q4_k_m"),
 }
 
 # CLI flag -> SyntheticSpec field
