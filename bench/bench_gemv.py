@@ -1,0 +1,165 @@
+"""Decode-projection GEMV bandwidth at the shapes of Qwen2.5-Coder-1.5B / 0.5B, per weight format.
+
+    python bench/bench_gemv.py [--reps 50] [--formats Q4_K,Q6_K,...] [--quick]
+
+Two timings per case (median of --reps):
+  single  one fd_gemv between two events, L2 flushed before each repetition (bench/timing.py). For a
+          few-MB matrix this includes the launch latency and the ramp-up of one kernel.
+  graph   a CUDA graph of back-to-back fd_gemv launches cycling through enough copies of the weight
+          to overflow L2 (so each launch streams from DRAM), time per launch. This is how a captured
+          decode step runs: launches back to back, no host gaps.
+GB/s counts the bytes the kernel must move (weights + x + y); % is of the DRAM peak from the device
+attributes. A device-to-device copy is timed first as the practically reachable bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import KernelTimer, report   # noqa: E402
+
+from flashd.daemon.backends.cuda.lib import load       # noqa: E402
+from flashd.daemon.backends.cuda.tensor import Device  # noqa: E402
+
+FORMATS = {"Q4_K": T.Q4_K, "Q6_K": T.Q6_K, "Q5_0": T.Q5_0, "Q8_0": T.Q8_0, "F16": T.F16}
+# (label, rows, cols): Qwen2.5-Coder-1.5B (hidden 1536, ffn 8960, 2 kv heads x 128) and 0.5B (896, 4864)
+SHAPES_1_5B = [("ffn_gate/up 1.5B", 8960, 1536), ("ffn_down 1.5B", 1536, 8960), ("lm_head 1.5B", 151936, 1536),
+               ("attn_q/o 1.5B", 1536, 1536), ("attn_k/v 1.5B", 256, 1536)]
+SHAPES_0_5B = [("ffn_gate/up 0.5B", 4864, 896), ("ffn_down 0.5B", 896, 4864), ("lm_head 0.5B", 151936, 896),
+               ("attn_k/v 0.5B", 128, 896)]
+GRAPH_WORKING_SET = 160 << 20   # > the L2 of H100 (50 MB) / H200 (60 MB) with room
+
+
+def random_weights(rng, qtype, rows, cols) -> np.ndarray:
+    if qtype == T.F16:
+        return rng.standard_normal((rows, cols), dtype=np.float32).astype(np.float16).view(np.uint8)
+    block, size = GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    d = (rng.uniform(1e-3, 1e-2, (rows, cols // block)) * np.where(rng.random((rows, cols // block)) < .5, -1, 1))
+    d = d.astype(np.float16).view(np.uint8).reshape(rows, cols // block, 2)
+    if qtype == T.Q6_K:
+        data[..., 208:210] = d
+    else:
+        data[..., 0:2] = d
+        if qtype in (T.Q4_K, T.Q5_K):
+            data[..., 2:4] = d
+    return data.reshape(rows, -1)
+
+
+def supported(qtype, cols) -> bool:
+    return qtype == T.F16 or cols % GGML_QUANT_SIZES[qtype][0] == 0
+
+
+class Bench:
+    def __init__(self, reps: int):
+        self.native = load()
+        self.dev = Device(self.native)
+        self.timer = KernelTimer(self.dev)
+        self.reps = reps
+        self.ffi, self.lib = self.native.ffi, self.native.lib
+        self.rng = np.random.default_rng(0)
+
+    def check(self, st, what):
+        self.native.check(st, what)
+
+    def copy_bandwidth(self) -> None:
+        n = 512 << 20
+        a, b = self.dev.empty(n // 4), self.dev.empty(n // 4)
+        ms = self.timer.time(lambda: self.lib.fd_memcpy_d2d(self.dev.p(b), self.dev.p(a), n, self.dev.stream),
+                             reps=20, flush=False)
+        print(report("device-to-device copy 512 MB (read + write)", ms, n_bytes=2 * n, peak_gbs=self.timer.peak_gbs))
+
+    def gemv_fn(self, y, w, qtype, rows, cols, x, n_x, norm):
+        dev, lib = self.dev, self.lib
+        py, pw, px, pn = dev.p(y, "float*"), dev.p(w), dev.p(x, "float*"), dev.p(norm, "float*")
+        N = self.ffi.NULL
+        return lambda: lib.fd_gemv(py, pw, int(qtype), rows, cols, px, n_x, pn, 1e-6, N, N, dev.stream)
+
+    def graph_ms(self, fns: list) -> float:
+        """Median time per launch of a graph that runs fns back to back (each once)."""
+        dev, lib, ffi = self.dev, self.lib, self.ffi
+        self.check(lib.fd_graph_begin_capture(dev.stream), "begin capture")
+        for fn in fns:
+            self.check(fn(), "gemv in capture")
+        g = ffi.new("void**")
+        self.check(lib.fd_graph_end_capture(dev.stream, g), "end capture")
+        ms = self.timer.time(lambda: lib.fd_graph_launch(g[0], dev.stream), reps=max(5, self.reps // 5), flush=False)
+        lib.fd_graph_destroy(g[0])
+        return ms / len(fns)
+
+    def case(self, label, qtype, rows, cols, n_x=1, norm=True) -> None:
+        dev = self.dev
+        data = random_weights(self.rng, qtype, rows, cols)
+        w_bytes = data.nbytes
+        n_copies = max(1, min(32, -(-GRAPH_WORKING_SET // w_bytes)))
+        ws = [dev.upload(data) for _ in range(n_copies)]
+        x = dev.upload(self.rng.standard_normal((n_x, cols), dtype=np.float32))
+        norm_w = dev.upload(np.ones(cols, np.float32)) if norm else None
+        y = dev.empty((n_x, rows))
+        fns = [self.gemv_fn(y, w, qtype, rows, cols, x, n_x, norm_w) for w in ws]
+        self.check(fns[0](), "fd_gemv")
+        moved = w_bytes + 4 * n_x * (cols + rows)
+        name = f"{label} {qtype.name} {rows}x{cols} n_x={n_x}"
+        ms = self.timer.time(fns[0], reps=self.reps)
+        print(report(name + " single", ms, n_bytes=moved, peak_gbs=self.timer.peak_gbs), flush=True)
+        if n_copies > 1:
+            gms = self.graph_ms(fns * max(1, 64 // n_copies))
+            print(report(name + f" graph({n_copies}x)", gms, n_bytes=moved, peak_gbs=self.timer.peak_gbs), flush=True)
+        del ws
+
+    def swiglu_case(self, qtype, rows, cols, n_x=1) -> None:
+        dev, lib, ffi = self.dev, self.lib, self.ffi
+        dg, du = random_weights(self.rng, qtype, rows, cols), random_weights(self.rng, qtype, rows, cols)
+        n_copies = max(1, min(16, -(-GRAPH_WORKING_SET // (2 * dg.nbytes))))
+        pairs = [(dev.upload(dg), dev.upload(du)) for _ in range(n_copies)]
+        x = dev.upload(self.rng.standard_normal((n_x, cols), dtype=np.float32))
+        norm_w = dev.upload(np.ones(cols, np.float32))
+        y = dev.empty((n_x, rows))
+
+        def fn(g, u):
+            return lambda: lib.fd_gemv_swiglu(dev.p(y, "float*"), dev.p(g), int(qtype), dev.p(u), int(qtype), rows, cols,
+                                              dev.p(x, "float*"), n_x, dev.p(norm_w, "float*"), 1e-6, dev.stream)
+        fns = [fn(g, u) for g, u in pairs]
+        self.check(fns[0](), "fd_gemv_swiglu")
+        moved = 2 * dg.nbytes + 4 * n_x * (cols + rows)
+        name = f"swiglu gate+up {qtype.name} 2x{rows}x{cols} n_x={n_x}"
+        print(report(name + " single", self.timer.time(fns[0], reps=self.reps), n_bytes=moved,
+                     peak_gbs=self.timer.peak_gbs), flush=True)
+        print(report(name + f" graph({n_copies}x)", self.graph_ms(fns * max(1, 64 // n_copies)), n_bytes=moved,
+                     peak_gbs=self.timer.peak_gbs), flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--quick", action="store_true", help="only the 1.5B shapes at n_x = 1")
+    args = ap.parse_args(argv)
+    b = Bench(args.reps)
+    info = b.timer.info
+    print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {b.timer.peak_gbs:.0f} GB/s")
+    b.copy_bandwidth()
+    formats = [FORMATS[f] for f in args.formats.split(",")]
+    shapes = SHAPES_1_5B if args.quick else SHAPES_1_5B + SHAPES_0_5B
+    for qtype in formats:
+        for label, rows, cols in shapes:
+            if supported(qtype, cols):
+                b.case(label, qtype, rows, cols)
+    if not args.quick:
+        for qtype in formats:
+            for n_x in (2, 4, 8):
+                b.case("ffn_gate/up 1.5B", qtype, 8960, 1536, n_x=n_x)
+        for qtype in (T.Q4_K, T.Q5_0):
+            cols = 1536 if qtype == T.Q4_K else 896
+            rows = 8960 if qtype == T.Q4_K else 4864
+            b.swiglu_case(qtype, rows, cols)
+
+
+if __name__ == "__main__":
+    main()

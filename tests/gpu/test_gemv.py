@@ -1,0 +1,296 @@
+"""fd_gemv, fd_gemv_multi, fd_gemv_swiglu against float64 numpy on gguf-dequantized weights.
+
+Oracle: W = gguf.quants.dequantize(bytes) in float64; xn = x (or x / sqrt(mean(x^2) + eps) * norm_w)
+in float64; y = xn @ W.T (+ bias) (+ residual).
+Tolerance: |y - oracle| <= 1e-5 * (|xn| @ |W|.T) + 1e-6 * (|bias| + |residual|). The kernel's weights
+are exact; its float32 sums run over <= 9000 products in chains of <= 32 plus a shuffle tree, and
+the norm scale uses rsqrtf (a few ulp): both stay well under 1e-5 of sum |W||xn|.
+Outputs are poisoned with NaN bytes first (except where y aliases the residual).
+"""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+FORMATS = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+FLOAT_FORMATS = (T.F32, T.F16, T.BF16)
+
+
+def random_weights(rng, qtype, rows: int, cols: int) -> np.ndarray:
+    """(rows, row_bytes) uint8 of a valid tensor: random codes, sane f16 scales (as test_dequant.py)."""
+    if qtype in FLOAT_FORMATS:
+        v = rng.standard_normal((rows, cols)).astype(np.float32)
+        if qtype == T.F32:
+            return v.view(np.uint8).reshape(rows, -1)
+        if qtype == T.F16:
+            return v.astype(np.float16).view(np.uint8).reshape(rows, -1)
+        return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
+    block, size = GGML_QUANT_SIZES[qtype]
+    nb = cols // block
+    data = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
+
+    def f16(lo, hi):
+        mag = np.exp(rng.uniform(np.log(lo), np.log(hi), (rows, nb)))
+        sign = np.where(rng.random((rows, nb)) < 0.5, -1.0, 1.0)
+        return (mag * sign).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+
+    if qtype in (T.Q4_0, T.Q5_0, T.Q8_0):
+        data[..., 0:2] = f16(1e-4, 1e-1)
+    elif qtype == T.Q4_1:
+        data[..., 0:2] = f16(1e-4, 1e-1)
+        data[..., 2:4] = f16(1e-4, 1.0)
+    elif qtype in (T.Q4_K, T.Q5_K):
+        data[..., 0:2] = f16(1e-5, 1e-2)
+        data[..., 2:4] = f16(1e-5, 1e-2)
+    elif qtype == T.Q6_K:
+        data[..., 208:210] = f16(1e-5, 1e-2)
+    return data.reshape(rows, nb * size)
+
+
+def cols_of(qtype, n_blocks: int) -> int:
+    return n_blocks if qtype in FLOAT_FORMATS else n_blocks * GGML_QUANT_SIZES[qtype][0]
+
+FD_E_ARG, FD_E_QTYPE, FD_E_SHAPE = -1, -2, -3
+EPS = 1e-6
+REL_TOL = 1e-5
+
+
+def weights64(data, qtype, rows, cols):
+    return dequantize(data, qtype).reshape(rows, cols).astype(np.float64)
+
+
+def normed64(x, norm_w):
+    x64 = x.astype(np.float64)
+    if norm_w is None:
+        return x64
+    return x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + EPS) * norm_w.astype(np.float64)
+
+
+def assert_close(got, want, scale, extra=0.0, what=""):
+    err = np.abs(got.astype(np.float64) - want)
+    tol = REL_TOL * scale + 1e-6 * extra + 1e-30
+    bad = ~(err <= tol)   # NaN fails
+    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} off; worst err {np.nanmax(err)} "
+                           f"at tol {tol.reshape(-1)[np.argmax(bad.reshape(-1))]}; got {got[bad][:4]} want {want[bad][:4]}")
+
+
+def call_gemv(native, dev, y, w, qtype, rows, cols, x, n_x, norm, bias, res):
+    native.check(native.lib.fd_gemv(dev.p(y, "float*"), dev.p(w), int(qtype), rows, cols, dev.p(x, "float*"), n_x,
+                                    dev.p(norm, "float*"), EPS, dev.p(bias, "float*"), dev.p(res, "float*"),
+                                    dev.stream), "fd_gemv")
+    dev.synchronize()
+
+
+def float_cols(n_blocks):
+    return {1: 1, 3: 3, 7: 7}[n_blocks]
+
+
+@pytest.mark.parametrize("n_x", [1, 3, 8])
+@pytest.mark.parametrize("n_blocks", [1, 3, 7])
+@pytest.mark.parametrize("rows", [1, 7, 129, 1000])
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
+def test_gemv_every_format_and_epilogue(native, dev, rng, poisoned, qtype, rows, n_blocks, n_x):
+    cols = cols_of(qtype, n_blocks) if qtype not in FLOAT_FORMATS else float_cols(n_blocks)
+    data = random_weights(rng, qtype, rows, cols)
+    w = dev.upload(data)
+    W = weights64(data, qtype, rows, cols)
+    x = rng.standard_normal((n_x, cols)).astype(np.float32)
+    d_x = dev.upload(x)
+    norm_w = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+    d_norm = dev.upload(norm_w)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    d_bias = dev.upload(bias)
+    residual = rng.standard_normal((n_x, rows)).astype(np.float32)
+    for use_norm in (False, True):
+        xn = normed64(x, norm_w if use_norm else None)
+        dot = xn @ W.T
+        scale = np.abs(xn) @ np.abs(W).T
+        # plain
+        y = poisoned((n_x, rows))
+        call_gemv(native, dev, y, w, qtype, rows, cols, d_x, n_x, d_norm if use_norm else None, None, None)
+        assert_close(dev.download(y), dot, scale, what=f"plain norm={use_norm}")
+        # bias
+        y = poisoned((n_x, rows))
+        call_gemv(native, dev, y, w, qtype, rows, cols, d_x, n_x, d_norm if use_norm else None, d_bias, None)
+        assert_close(dev.download(y), dot + bias, scale, np.abs(bias), what=f"bias norm={use_norm}")
+        # residual in a separate buffer
+        d_res = dev.upload(residual)
+        y = poisoned((n_x, rows))
+        call_gemv(native, dev, y, w, qtype, rows, cols, d_x, n_x, d_norm if use_norm else None, None, d_res)
+        assert_close(dev.download(y), dot + residual, scale, np.abs(residual), what=f"residual norm={use_norm}")
+        np.testing.assert_array_equal(dev.download(d_res), residual)   # residual untouched
+        # y aliases the residual (the decoder's x += W h), with bias
+        d_yr = dev.upload(residual)
+        call_gemv(native, dev, d_yr, w, qtype, rows, cols, d_x, n_x, d_norm if use_norm else None, d_bias, d_yr)
+        assert_close(dev.download(d_yr), dot + bias + residual, scale, np.abs(bias) + np.abs(residual),
+                     what=f"aliased norm={use_norm}")
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.F16], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows,cols", [(8960, 1536), (1536, 8960), (256, 1536)])
+def test_gemv_real_shapes(native, dev, rng, poisoned, qtype, rows, cols):
+    """Qwen2.5-1.5B's projections: many steps per warp (8960 rows), wide rows (8960 cols)."""
+    data = random_weights(rng, qtype, rows, cols)
+    w = dev.upload(data)
+    W = weights64(data, qtype, rows, cols)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    norm_w = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+    y = poisoned((1, rows))
+    call_gemv(native, dev, y, w, qtype, rows, cols, dev.upload(x), 1, dev.upload(norm_w), None, None)
+    xn = normed64(x, norm_w)
+    assert_close(dev.download(y), xn @ W.T, np.abs(xn) @ np.abs(W).T, what=f"{qtype.name} {rows}x{cols}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.F16], ids=lambda q: q.name)
+def test_gemv_eight_rows_of_wide_input_take_several_passes(native, dev, rng, poisoned, qtype):
+    """n_x = 8 x cols 8960 floats do not fit shared memory at once: the launcher splits the x rows."""
+    rows, cols, n_x = 300, 8960, 8
+    data = random_weights(rng, qtype, rows, cols)
+    w = dev.upload(data)
+    W = weights64(data, qtype, rows, cols)
+    x = rng.standard_normal((n_x, cols)).astype(np.float32)
+    norm_w = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+    residual = rng.standard_normal((n_x, rows)).astype(np.float32)
+    d_yr = dev.upload(residual)
+    call_gemv(native, dev, d_yr, w, qtype, rows, cols, dev.upload(x), n_x, dev.upload(norm_w), None, d_yr)
+    xn = normed64(x, norm_w)
+    assert_close(dev.download(d_yr), xn @ W.T + residual, np.abs(xn) @ np.abs(W).T, np.abs(residual))
+
+
+@pytest.mark.slow
+def test_gemv_lm_head_sized(native, dev, rng, poisoned):
+    rows, cols = 40000, 1536   # a quarter of Qwen's vocabulary: persistent warps, ~10 steps each
+    data = random_weights(rng, T.Q6_K, rows, cols)
+    w = dev.upload(data)
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    y = poisoned((2, rows))
+    call_gemv(native, dev, y, w, T.Q6_K, rows, cols, dev.upload(x), 2, None, None, None)
+    W = weights64(data, T.Q6_K, rows, cols)
+    assert_close(dev.download(y), x.astype(np.float64) @ W.T, np.abs(x.astype(np.float64)) @ np.abs(W).T)
+
+
+def run_multi(native, dev, ys, ws, qtypes, rows, biases, cols, d_x, n_x, d_norm):
+    ffi = native.ffi
+    n = len(ws)
+    c_y = ffi.new("float*[]", [dev.p(t, "float*") for t in ys])
+    c_w = ffi.new("void*[]", [dev.p(t) for t in ws])
+    c_q = ffi.new("int[]", [int(q) for q in qtypes])
+    c_r = ffi.new("int[]", rows)
+    c_b = ffi.new("float*[]", [dev.p(b, "float*") for b in biases])
+    native.check(native.lib.fd_gemv_multi(n, c_y, c_w, c_q, c_r, c_b, cols, dev.p(d_x, "float*"), n_x,
+                                          dev.p(d_norm, "float*"), EPS, dev.stream), "fd_gemv_multi")
+    dev.synchronize()
+
+
+@pytest.mark.parametrize("n_x", [1, 3, 8])
+@pytest.mark.parametrize("case", [
+    # (cols, [(qtype, rows, with_bias)]): Qwen 1.5B q/k/v (Q4_K + Q6_K v), 0.5B (Q5_0 + Q8_0 v),
+    # every layout at once, and float weights with tails
+    (1536, [(T.Q4_K, 1536, True), (T.Q4_K, 256, True), (T.Q6_K, 256, True)]),
+    (896, [(T.Q5_0, 896, True), (T.Q5_0, 128, True), (T.Q8_0, 128, False)]),
+    (512, [(T.Q4_K, 129, False), (T.Q8_0, 7, True), (T.Q4_0, 1, True), (T.F16, 1000, False)]),
+    (37, [(T.F32, 5, True), (T.BF16, 130, False)]),
+], ids=["qwen1.5b-qkv", "qwen0.5b-qkv", "mixed-layouts", "floats"])
+def test_gemv_multi_mixed_formats(native, dev, rng, poisoned, case, n_x):
+    cols, mats = case
+    x = rng.standard_normal((n_x, cols)).astype(np.float32)
+    norm_w = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+    d_x, d_norm = dev.upload(x), dev.upload(norm_w)
+    for use_norm in (False, True):
+        xn = normed64(x, norm_w if use_norm else None)
+        ws, ys, biases, Ws, bs = [], [], [], [], []
+        for qtype, rows, with_bias in mats:
+            data = random_weights(rng, qtype, rows, cols)
+            ws.append(dev.upload(data))
+            Ws.append(weights64(data, qtype, rows, cols))
+            ys.append(poisoned((n_x, rows)))
+            b = rng.standard_normal(rows).astype(np.float32) if with_bias else None
+            bs.append(b)
+            biases.append(dev.upload(b) if with_bias else None)
+        run_multi(native, dev, ys, ws, [m[0] for m in mats], [m[1] for m in mats], biases, cols, d_x, n_x,
+                  d_norm if use_norm else None)
+        for k, (y, W, b) in enumerate(zip(ys, Ws, bs)):
+            want = xn @ W.T + (b if b is not None else 0)
+            assert_close(dev.download(y), want, np.abs(xn) @ np.abs(W).T, np.abs(b) if b is not None else 0,
+                         what=f"matrix {k} ({mats[k][0].name}) norm={use_norm}")
+
+
+@pytest.mark.parametrize("n_x", [1, 3, 8])
+@pytest.mark.parametrize("qtypes,rows,cols", [
+    ((T.Q4_K, T.Q4_K), 8960, 1536),
+    ((T.Q5_0, T.Q5_0), 4864, 896),
+    ((T.Q4_K, T.Q6_K), 129, 512),
+    ((T.Q8_0, T.F16), 1, 64),
+    ((T.Q4_1, T.Q4_1), 1000, 576),
+], ids=["q4k-1.5b", "q5_0-0.5b", "mixed-k", "mixed-q8-f16", "q4_1-smollm"])
+def test_gemv_swiglu(native, dev, rng, poisoned, qtypes, rows, cols, n_x):
+    qg, qu = qtypes
+    dg, du = random_weights(rng, qg, rows, cols), random_weights(rng, qu, rows, cols)
+    Wg, Wu = weights64(dg, qg, rows, cols), weights64(du, qu, rows, cols)
+    x = rng.standard_normal((n_x, cols)).astype(np.float32)
+    norm_w = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+    d_wg, d_wu, d_x, d_norm = dev.upload(dg), dev.upload(du), dev.upload(x), dev.upload(norm_w)
+    for use_norm in (False, True):
+        y = poisoned((n_x, rows))
+        native.check(native.lib.fd_gemv_swiglu(dev.p(y, "float*"), dev.p(d_wg), int(qg), dev.p(d_wu), int(qu), rows,
+                                               cols, dev.p(d_x, "float*"), n_x,
+                                               dev.p(d_norm if use_norm else None, "float*"), EPS, dev.stream),
+                     "fd_gemv_swiglu")
+        dev.synchronize()
+        xn = normed64(x, norm_w if use_norm else None)
+        g, u = xn @ Wg.T, xn @ Wu.T
+        sig = 1 / (1 + np.exp(-g))
+        want = g * sig * u
+        # error propagation: |d silu(g)/dg| <= 1.1, so dy <= 1.1 |u| dg + |silu(g)| du
+        scale = 1.1 * np.abs(u) * (np.abs(xn) @ np.abs(Wg).T) + np.abs(g * sig) * (np.abs(xn) @ np.abs(Wu).T)
+        assert_close(dev.download(y), want, scale, what=f"swiglu norm={use_norm}")
+
+
+def test_gemv_inside_graph_capture(native, dev, rng, poisoned):
+    """The decode step is replayed as a CUDA graph: the launch (and its first-use setup) must capture."""
+    lib, ffi = native.lib, native.ffi
+    rows, cols, n_x = 300, 1536, 5
+    data = random_weights(rng, T.Q4_K, rows, cols)
+    w, x = dev.upload(data), rng.standard_normal((n_x, cols)).astype(np.float32)
+    d_x = dev.upload(x)
+    y = poisoned((n_x, rows))
+    native.check(lib.fd_graph_begin_capture(dev.stream), "begin capture")
+    st = lib.fd_gemv(dev.p(y, "float*"), dev.p(w), int(T.Q4_K), rows, cols, dev.p(d_x, "float*"), n_x, ffi.NULL,
+                     EPS, ffi.NULL, ffi.NULL, dev.stream)
+    graph = ffi.new("void**")
+    native.check(lib.fd_graph_end_capture(dev.stream, graph), "end capture")
+    native.check(st, "fd_gemv in capture")
+    native.check(lib.fd_graph_launch(graph[0], dev.stream), "graph launch")
+    dev.synchronize()
+    lib.fd_graph_destroy(graph[0])
+    W = weights64(data, T.Q4_K, rows, cols)
+    x64 = x.astype(np.float64)
+    assert_close(dev.download(y), x64 @ W.T, np.abs(x64) @ np.abs(W).T)
+
+
+def test_bad_arguments(native, dev, rng):
+    lib, ffi = native.lib, native.ffi
+    s = dev.stream
+    w = dev.upload(random_weights(rng, T.Q4_K, 4, 512))
+    x = dev.upload(np.ones((8, 512), np.float32))
+    y = dev.empty((8, 4))
+    Y, X, W = dev.p(y, "float*"), dev.p(x, "float*"), dev.p(w)
+    N = ffi.NULL
+    assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 500, X, 1, N, EPS, N, N, s) == FD_E_SHAPE
+    assert lib.fd_gemv(Y, W, int(T.Q2_K), 4, 512, X, 1, N, EPS, N, N, s) == FD_E_QTYPE
+    assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 0, N, EPS, N, N, s) == FD_E_ARG
+    assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
+    assert lib.fd_gemv(Y, W, int(T.Q4_K), 0, 512, X, 1, N, EPS, N, N, s) == FD_E_ARG
+    assert lib.fd_gemv(N, W, int(T.Q4_K), 4, 512, X, 1, N, EPS, N, N, s) == FD_E_ARG
+    assert lib.fd_gemv(Y, ffi.cast("void*", w.ptr + 4), int(T.Q4_K), 1, 256, X, 1, N, EPS, N, N, s) == FD_E_ARG
+    ys = ffi.new("float*[]", [Y] * 5)
+    ws = ffi.new("void*[]", [W] * 5)
+    qs = ffi.new("int[]", [int(T.Q4_K)] * 5)
+    rs = ffi.new("int[]", [4] * 5)
+    assert lib.fd_gemv_multi(5, ys, ws, qs, rs, N, 512, X, 1, N, EPS, s) == FD_E_ARG
+    assert lib.fd_gemv_multi(0, ys, ws, qs, rs, N, 512, X, 1, N, EPS, s) == FD_E_ARG
+    qs[1] = int(T.Q2_K)
+    assert lib.fd_gemv_multi(2, ys, ws, qs, rs, N, 512, X, 1, N, EPS, s) == FD_E_QTYPE
+    assert lib.fd_gemv_swiglu(Y, W, int(T.Q4_K), W, int(T.Q8_0), 4, 500, X, 1, N, EPS, s) == FD_E_SHAPE
