@@ -3,7 +3,7 @@ as pydantic models (see openai_schemas.py for the rules: unknown fields and wron
 naming them; values flashd cannot honour do not validate).
 
 Accepted and ignored by design (harmless, documented in the README): `metadata.user_id`,
-`service_tier`, `cache_control` on blocks, system blocks and tools (a caching hint).
+`service_tier`, `cache_control` (top level) and on blocks, system blocks and tools (a caching hint).
 """
 from __future__ import annotations
 
@@ -143,6 +143,7 @@ class MessagesRequest(_Conversation):
     top_p: float | None = Field(None, ge=0, le=1, description="0 means greedy.")
     top_k: int | None = Field(None, ge=0, le=INT32_MAX, description="0 = off.")
     metadata: Metadata | None = None
+    cache_control: CacheControl | None = Field(None, description="Accepted and ignored (a caching hint).")
     service_tier: Literal["auto", "standard_only"] | None = Field(None, description="Accepted and ignored (one tier).")
 
 
