@@ -3,8 +3,9 @@ selection for context: `python bench/bench_attention_decode.py [--max-ctx 32768]
 
 Bytes per decode-attention call = the K and V rows read: 2 * n_kv_heads * (n_past + 1) * head_dim *
 2 bytes. The grid is sized for max_ctx (fixed when the decode step is captured), so shallow depths
-also show the cost of the splits that exit at once. One line per case (bench/timing.py: L2 flushed
-before every repetition, median of CUDA-event times); decode cases are also timed after a read-only
+also show the cost of the splits that exit at once. Every call is captured once in a CUDA graph
+and replayed, as in the captured decode step. One line per case (bench/timing.py: L2 flushed before
+every repetition, median of CUDA-event times); decode cases are also timed after a read-only
 flush ("clean-L2"), closer to the decode step, where the weights just streamed through L2.
 """
 from __future__ import annotations
@@ -29,6 +30,18 @@ MODELS = {
 
 
 _READ_FLUSH = {}
+
+
+def graphed(dev, fn):
+    """fn captured once into a CUDA graph; returns the replay (how every kernel here runs inside the
+    captured decode step: no per-call host work in the timing)."""
+    lib, ffi = dev.lib, dev.ffi
+    dev.native.check(lib.fd_graph_begin_capture(dev.stream), "fd_graph_begin_capture")
+    fn()
+    out = ffi.new("void**")
+    dev.native.check(lib.fd_graph_end_capture(dev.stream, out), "fd_graph_end_capture")
+    exe = out[0]
+    return lambda: dev.native.check(lib.fd_graph_launch(exe, dev.stream), "fd_graph_launch")
 
 
 def read_flush(dev):
@@ -69,6 +82,7 @@ def bench_decode(dev, timer, max_ctx, depths, chunk_lens):
                                                              max_ctx, chunk_len, scale, p(ws), dev.stream),
                                      "fd_attention_decode")
                 n_bytes = 2 * n_kv_heads * depth * head_dim * 2
+                call = graphed(dev, call)
                 for flush_name, flush in (("", timer.flush_l2), (" clean-L2", read_flush(dev))):
                     timer.flush_l2 = flush
                     ms = timer.time(call, reps=50)
@@ -97,7 +111,7 @@ def bench_masked(dev, timer, n_pasts, ns):
                                                          p(mask, "uint8_t*"), p(n_past, "int32_t*"), n, n_heads,
                                                          n_kv_heads, head_dim, max_ctx, 1.0 / np.sqrt(head_dim),
                                                          dev.stream), "fd_attention_masked")
-            ms = timer.time(call, reps=20)
+            ms = timer.time(graphed(dev, call), reps=20)
             n_bytes = 2 * n_kv_heads * (past + n) * head_dim * 2
             flops = 4 * n * n_heads * (past + n) * head_dim
             print(report(f"masked attn qwen2.5-1.5b n {n} n_past {past}", ms, n_bytes=n_bytes, flops=flops,
@@ -115,7 +129,8 @@ def bench_selection(dev, timer, n_vocab=151936):
     history = dev.upload(rng.integers(0, n_vocab, 256).astype(np.int32))
     n_history = dev.upload(np.array([256], np.int32))
     ws = dev.empty((lib.fd_sample_workspace_bytes(n_vocab),), np.uint8)
-    ms = timer.time(lambda: lib.fd_argmax(p(out, "int32_t*"), p(logits, "float*"), 1, n_vocab, dev.stream))
+    ms = timer.time(graphed(dev, lambda: lib.fd_argmax(p(out, "int32_t*"), p(logits, "float*"), 1, n_vocab,
+                                                       dev.stream)))
     print(report(f"argmax vocab {n_vocab}", ms, n_bytes=4 * n_vocab, peak_gbs=timer.peak_gbs), flush=True)
     cases = {
         "T=0.8": (64, 1.0, 0, 1.0, 0.0),
@@ -127,7 +142,7 @@ def bench_selection(dev, timer, n_vocab=151936):
             dev.native.check(lib.fd_sample(p(out, "int32_t*"), p(logits, "float*"), n_vocab, p(history, "int32_t*"),
                                            p(n_history, "int32_t*"), last_n, rep, 0.0, 0.0, 0.8, top_k, top_p,
                                            min_p, 7, p(step, "int32_t*"), p(ws), dev.stream), "fd_sample")
-        ms = timer.time(call)
+        ms = timer.time(graphed(dev, call))
         print(report(f"sample vocab {n_vocab} {name}", ms, n_bytes=4 * n_vocab, peak_gbs=timer.peak_gbs), flush=True)
 
 
@@ -139,6 +154,14 @@ def main() -> None:
     timer = KernelTimer(dev)
     info = timer.info
     print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {timer.peak_gbs:.0f} GB/s")
+    # the timing floor: a graph holding one single-thread kernel (fd_decode_advance)
+    one = [dev.upload(np.zeros(1, np.int32)) for _ in range(6)]
+    ring = dev.empty((4,), np.int32)
+    floor_ms = timer.time(graphed(dev, lambda: dev.lib.fd_decode_advance(*[dev.p(t, "int32_t*") for t in one[:3]],
+                                                                         dev.p(ring, "int32_t*"), 4,
+                                                                         *[dev.p(t, "int32_t*") for t in one[3:]],
+                                                                         dev.stream)))
+    print(report("floor: graph of one 1-thread kernel", floor_ms), flush=True)
     depths = [d for d in (256, 1024, 8192, 32768) if d <= args.max_ctx]
     bench_decode(dev, timer, args.max_ctx, depths, chunk_lens=(64, 256))
     bench_masked(dev, timer, n_pasts=(1024, 8192, 32768), ns=(16, 64))

@@ -14,7 +14,7 @@ from flashd.daemon.sampling import apply_penalties, sample, uniform
 from flashd.protocol.messages import SamplingParams
 
 THREADS = 1024
-CAND_CAP = 6144
+CAND_CAP = 32768
 FIX_ONE = 2.0 ** 40
 LOG2_P_MIN = np.float32(-40.0)
 LEVELS = ((21, 11), (10, 11), (0, 10))          # (shift, width) of the three radix digits
@@ -147,13 +147,19 @@ def emulate_sample(logits, history, params, step):
             if int(fix_of_bits(maxima_bits).sum(dtype=np.uint64)) >= target:
                 lo = np.array([radix_select(maxima_bits[maxima_bits != 0], target, mass=True)],
                               np.uint32).view(f32)[0]
+            if lo > 0:
+                true_tau = np.array([radix_select(p_all[p_all > 0].view(np.uint32), target, mass=True)],
+                                    np.uint32).view(f32)[0]
+                assert true_tau >= lo, "lo <= tau"
+            lo = max(lo, f32(params.min_p))          # only tau >= min_p can matter
             filt = lo > 0 or V <= CAND_CAP
             cand_p = p_all[(p_all > 0) & (p_all >= lo)] if filt else None
             stats["tau_overflow"] = cand_p is None or cand_p.size > CAND_CAP
-            src = p_all[p_all > 0] if stats["tau_overflow"] else cand_p
-            tau = np.array([radix_select(src.view(np.uint32), target, mass=True)], np.uint32).view(f32)[0]
-            if lo > 0:
-                assert tau >= lo, "lo <= tau"
+            if stats["tau_overflow"]:
+                tau = np.array([radix_select(p_all[p_all > 0].view(np.uint32), target, mass=True)],
+                               np.uint32).view(f32)[0]
+            elif int(fix_of_bits(cand_p.view(np.uint32)).sum(dtype=np.uint64)) >= target:
+                tau = np.array([radix_select(cand_p.view(np.uint32), target, mass=True)], np.uint32).view(f32)[0]
     cut = max(tau, f32(params.min_p))
 
     if small:

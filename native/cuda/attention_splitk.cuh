@@ -24,6 +24,9 @@
 // log2 domain (exp2f). Without tensor cores (HIP, or -DFD_ATTENTION_SIMT to test) a SIMT warp
 // step with the same inputs and merge layout is used.
 //
+// Launch latency: both kernels here are launched with programmatic dependent launch on sm_90
+// (launch_pdl): pdl_wait() at the top of each kernel orders it after the previous kernel's writes.
+//
 // Numerical contract: o = softmax(q k^T * scale) v over the visible slots, with the f16 cache
 // values as given; rows that see no slot at all (only possible in masked mode with n_past = 0 and
 // an empty mask row) come out NaN, like the reference's softmax of all -inf.
@@ -107,6 +110,21 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start while
+// the previous kernel in the stream finishes; pdl_wait() blocks until that kernel has completed and
+// its writes are visible, pdl_launch_dependents() lets the next PDL-launched kernel start early.
+// Both are no-ops without PDL and on older GPUs.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Per-thread view of which query rows it holds and how visibility is decided.
 struct RowCtx {
     int L;                     // visible slots [0, L)
@@ -177,25 +195,34 @@ __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi,
                                           const int (&tok)[2]) {
     constexpr int LD = Cfg<HD>::LD;
     const int lane = threadIdx.x & 31, mi = lane >> 3, t2 = (lane & 3) * 2;
-    // hi and lo products in separate accumulators: four independent mma chains, not two
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    float s_lo[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // (hi, lo) x (even, odd k-step) x 2 slot groups: eight independent mma chains, so the
+    // tensor-core latency overlaps within the warp
+    float acc[2][2][2][4];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) acc[a][b][j][0] = acc[a][b][j][1] = acc[a][b][j][2] = acc[a][b][j][3] = 0.f;
+    const int q_row_off = ((mi & 1) * 8 + (lane & 7)) * LD + (mi >> 1) * 8;
+    const int k_row_off = ((mi >> 1) * 8 + (lane & 7)) * LD + (mi & 1) * 8;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
         uint32_t ah[4], al[4], b[4];
-        const int qoff = ((mi & 1) * 8 + (lane & 7)) * LD + kk * 16 + (mi >> 1) * 8;
-        ldsm_x4(ah, q_hi + qoff);
-        ldsm_x4(al, q_lo + qoff);
-        ldsm_x4(b, ks + ((mi >> 1) * 8 + (lane & 7)) * LD + kk * 16 + (mi & 1) * 8);
-        mma16816(s[0], ah, b[0], b[1]);
-        mma16816(s_lo[0], al, b[0], b[1]);
-        mma16816(s[1], ah, b[2], b[3]);
-        mma16816(s_lo[1], al, b[2], b[3]);
+        ldsm_x4(ah, q_hi + q_row_off + kk * 16);
+        ldsm_x4(al, q_lo + q_row_off + kk * 16);
+        ldsm_x4(b, ks + k_row_off + kk * 16);
+        mma16816(acc[0][kk & 1][0], ah, b[0], b[1]);
+        mma16816(acc[1][kk & 1][0], al, b[0], b[1]);
+        mma16816(acc[0][kk & 1][1], ah, b[2], b[3]);
+        mma16816(acc[1][kk & 1][1], al, b[2], b[3]);
     }
+    float s[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] += s_lo[j][e];
+        for (int e = 0; e < 4; ++e)
+            s[j][e] = (acc[0][0][j][e] + acc[0][1][j][e]) + (acc[1][0][j][e] + acc[1][1][j][e]);
     // mask, online softmax (log2 domain)
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -363,6 +390,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
 
     const int split = blockIdx.x, kvh = blockIdx.y, row0 = blockIdx.z * ROWS;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    pdl_wait();                  // q, the new K/V and n_past come from earlier kernels
+    pdl_launch_dependents();     // the combine kernel may start waiting on us now
     RowCtx ctx;
     ctx.n_past = max(p.n_past[0], 0);
     ctx.n = p.n;
@@ -380,26 +409,50 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     const int last_chunk = split + (n_my_chunks - 1) * p.n_splits;
     const int last_tiles = min(tiles_per_chunk, (ctx.L - last_chunk * p.chunk_len + TILE - 1) / TILE);
     const int n_tiles = (n_my_chunks - 1) * tiles_per_chunk + last_tiles;
-    auto tile_slot0 = [&](int k) {
-        return (split + (k / tiles_per_chunk) * p.n_splits) * p.chunk_len + (k % tiles_per_chunk) * TILE;
+    // tile k of this split starts at slot (split + (k / tpc) * n_splits) * chunk_len + (k % tpc) * TILE;
+    // two cursors walk that sequence (the loader runs STAGES - 1 tiles ahead) without divisions
+    struct Cursor {
+        int slot0, t, chunk0;
     };
+    const int chunk_step = p.n_splits * p.chunk_len;
+    auto advance = [&](Cursor& c) {
+        c.slot0 += TILE;
+        if (++c.t == tiles_per_chunk) {
+            c.t = 0;
+            c.chunk0 += chunk_step;
+            c.slot0 = c.chunk0;
+        }
+    };
+    Cursor load_cur = {split * p.chunk_len, 0, split * p.chunk_len};
+    Cursor comp_cur = load_cur;
     // each thread copies one fixed 16-byte column piece of rows r0, r0 + ROW_STEP, ... of a tile
     constexpr int ROW_STEP = THREADS / C::CHUNKS;
     static_assert(THREADS % C::CHUNKS == 0 && TILE % ROW_STEP == 0, "tile copy mapping");
     const int piece = tid % C::CHUNKS, r0 = tid / C::CHUNKS;
     const __half* k_src = p.k_cache + (size_t)kvh * p.max_ctx * HD + piece * 8;
     const __half* v_src = p.v_cache + (size_t)kvh * p.max_ctx * HD + piece * 8;
-    auto load_tile = [&](int k) {
+    auto load_tile = [&](int k) {                      // tile k == the load cursor's tile
         if (k < n_tiles) {
-            const int s0 = tile_slot0(k);
+            const int s0 = load_cur.slot0;
+            advance(load_cur);
             __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
+            if (s0 + TILE <= ctx.L) {                  // whole tile visible: constant offsets only
+                const __half* kp = k_src + (size_t)(s0 + r0) * HD;
+                const __half* vp = v_src + (size_t)(s0 + r0) * HD;
 #pragma unroll
-            for (int j = 0; j < TILE / ROW_STEP; ++j) {
-                const int slot = s0 + r0 + j * ROW_STEP;
-                const bool valid = slot < ctx.L;       // past L: zero-filled (never NaN garbage)
-                const size_t off = (size_t)(valid ? slot : 0) * HD;
-                cp_async16(ks + j * ROW_STEP * LD, k_src + off, valid);
-                cp_async16(ks + TILE * LD + j * ROW_STEP * LD, v_src + off, valid);
+                for (int j = 0; j < TILE / ROW_STEP; ++j) {
+                    cp_async16(ks + j * ROW_STEP * LD, kp + j * ROW_STEP * HD, true);
+                    cp_async16(ks + TILE * LD + j * ROW_STEP * LD, vp + j * ROW_STEP * HD, true);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < TILE / ROW_STEP; ++j) {
+                    const int slot = s0 + r0 + j * ROW_STEP;
+                    const bool valid = slot < ctx.L;   // past L: zero-filled (never NaN garbage)
+                    const size_t off = (size_t)(valid ? slot : 0) * HD;
+                    cp_async16(ks + j * ROW_STEP * LD, k_src + off, valid);
+                    cp_async16(ks + TILE * LD + j * ROW_STEP * LD, v_src + off, valid);
+                }
             }
         }
         cp_async_commit();                             // empty groups keep the count uniform
@@ -448,7 +501,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         cp_async_wait<C::STAGES - 2>();
         __syncthreads();                               // tile k landed; tile k-1's buffer is free
         load_tile(k + C::STAGES - 1);
-        const int slot0 = tile_slot0(k) + warp * WARP_SLOTS;
+        const int slot0 = comp_cur.slot0 + warp * WARP_SLOTS;
+        advance(comp_cur);
         if (slot0 < ctx.L) {
             const __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
             warp_step<HD, MASKED>(st, q_hi, q_lo, ks, ks + TILE * LD, slot0, slot0 + WARP_SLOTS <= plain_end, ctx,
@@ -511,18 +565,21 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
 }
 
 // Combine the splits' partials: one block per query row (n * n_heads rows), COMBINE_THREADS
-// threads. Warp w merges splits w, w + COMBINE_WARPS, ... (COMBINE_UNROLL of them per round, all
-// loads of a round in flight at once: up to 128 splits in one memory round trip) into its own
+// threads. Warp w merges splits w, w + COMBINE_WARPS, ... (combine_unroll<HD>() of them per round,
+// all loads of a round in flight at once: the launchers' up to 198 splits (HD <= 128) in one memory
+// round trip) into its own
 // (max, sum, acc) online-softmax state, lanes covering head_dim; the warps' states meet in shared
 // memory.
 constexpr int COMBINE_THREADS = 512;
 constexpr int COMBINE_WARPS = COMBINE_THREADS / 32;
-constexpr int COMBINE_UNROLL = 8;
 constexpr int MAX_SPLITS = 512;
+template <int HD>
+constexpr int combine_unroll() { return HD >= 256 ? 8 : 13; }   // registers: 13 x (HD / 32 + 2) floats
 
 template <bool MASKED, int HD>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p) {
     constexpr int PER_LANE = HD / 32;          // 2, 4 or 8 consecutive dims
+    constexpr int COMBINE_UNROLL = combine_unroll<HD>();
     __shared__ float wm[COMBINE_WARPS], wl[COMBINE_WARPS];
     __shared__ float wa[COMBINE_WARPS][HD];
     const size_t qrow = blockIdx.x;
@@ -532,6 +589,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
     const float* m_row = p.ws_m + qrow * p.n_splits;
     const float* l_row = p.ws_l + qrow * p.n_splits;
     const float* acc_row = p.ws_acc + qrow * p.n_splits * HD + lane * PER_LANE;
+    pdl_wait();                  // the partials of the split kernel
     float m = -INFINITY, l = 0.0f, a[PER_LANE];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) a[j] = 0.0f;
@@ -590,6 +648,34 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
         }
         p.o[qrow * HD + d] = lsum > 0.0f ? acc / lsum : __int_as_float(0x7fffffff);
     }
+}
+
+
+// Launches kernel(p) with programmatic dependent launch where the device supports it (sm_90+):
+// the kernel's blocks may become resident while the previous kernel drains; they call pdl_wait()
+// before touching its results. Elsewhere (older GPUs, HIP) a plain launch.
+template <class Kernel>
+void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Params& p) {
+#if FD_HAS_MMA
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (major >= 9) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        cudaLaunchKernelEx(&cfg, kernel, p);
+        return;
+    }
+#endif
+    kernel<<<grid, block, smem, stream>>>(p);
 }
 
 }  // namespace attn
