@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from .openai_schemas import INT32_MAX, MAX_STOP, TOOL_NAME_PATTERN
 
-__all__ = ["Block", "CountTokensRequest", "MessagesRequest", "Message", "ToolDefinition", "UNSUPPORTED_HINTS"]
+__all__ = ["Block", "ToolResultBlock", "ToolUseBlock", "CountTokensRequest", "MessagesRequest", "Message", "ToolDefinition", "UNSUPPORTED_HINTS"]
 
 UNSUPPORTED_HINTS = {
     "tool_choice": "flashd cannot force a tool call: 'any' and 'tool' are not supported; use "
@@ -39,32 +39,24 @@ class TextBlock(_Strict):
     citations: None = None
 
 
-class Block(_Strict):
-    """A content block: `text`, `tool_use` (assistant) or `tool_result` (user)."""
+class ToolUseBlock(_Strict):
+    """A tool call the assistant made (in the conversation so far)."""
 
-    type: Literal["text", "tool_use", "tool_result"]
-    text: str | None = Field(None, description="text blocks")
-    id: str | None = Field(None, description="tool_use blocks")
-    name: str | None = Field(None, description="tool_use blocks")
-    input: dict | None = Field(None, description="tool_use blocks")
-    tool_use_id: str | None = Field(None, description="tool_result blocks")
-    content: str | list[TextBlock] | None = Field(None, description="tool_result blocks")
-    is_error: bool | None = Field(None, description="tool_result blocks")
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
     cache_control: CacheControl | None = Field(None, description="Accepted and ignored.")
-    citations: None = None
 
-    @model_validator(mode="after")
-    def _check_type_fields(self) -> "Block":
-        allowed = {"text": {"text"}, "tool_use": {"id", "name", "input"},
-                   "tool_result": {"tool_use_id", "content", "is_error"}}[self.type]
-        required = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}[self.type]
-        for field in ("text", "id", "name", "input", "tool_use_id", "content", "is_error"):
-            if field not in allowed and getattr(self, field) is not None:
-                raise ValueError(f"{field}: not a field of a {self.type} block")
-        for field in required:
-            if getattr(self, field) is None:
-                raise ValueError(f"{field}: a {self.type} block needs it")
-        return self
+
+class ToolResultBlock(_Strict):
+    """The result of a tool call, sent by the user."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = Field(None, description="Accepted and ignored.")
 
     def result_text(self) -> str:
         if self.content is None:
@@ -72,6 +64,23 @@ class Block(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(block.text for block in self.content)
+
+
+_BLOCK_TAGS = {"text": "TextBlock", "tool_use": "ToolUseBlock", "tool_result": "ToolResultBlock"}
+
+
+def _block_tag(value) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return _BLOCK_TAGS.get(kind) if isinstance(kind, str) else None
+
+
+Block = Annotated[
+    Annotated[TextBlock, Tag("TextBlock")] | Annotated[ToolUseBlock, Tag("ToolUseBlock")]
+    | Annotated[ToolResultBlock, Tag("ToolResultBlock")],
+    Discriminator(_block_tag, custom_error_type="invalid_block_type",
+                  custom_error_message="type must be one of text, tool_use, tool_result (flashd serves text "
+                                       "models: no images or documents)",
+                  custom_error_context={})]
 
 
 class Message(_Strict):

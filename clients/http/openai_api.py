@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 
 from .errors import ApiError, openai_error_body
 from .generation import Finish, GenerationSettings, Step, TokenLogprob, generate
-from .openai_schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .prompts import chat_prompt_ids, completion_prompt_ids
 from .sse import sse_event
 from .streaming import DisconnectWatch, stream_after_first
@@ -95,16 +95,18 @@ def _arguments_for_template(arguments: str):
     return value
 
 
-def _template_message(message: ChatMessage) -> dict:
+def _template_message(message) -> dict:
+    """One validated message (SystemMessage, UserMessage, AssistantMessage or ToolMessage) in the
+    HF chat-template shape."""
     out = {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
     if message.name is not None:
         out["name"] = message.name
-    if message.tool_calls:
+    if getattr(message, "tool_calls", None):
         out["tool_calls"] = [{"id": call.id, "type": "function",
                               "function": {"name": call.function.name,
                                            "arguments": _arguments_for_template(call.function.arguments)}}
                              for call in message.tool_calls]
-    if message.tool_call_id is not None:
+    if getattr(message, "tool_call_id", None) is not None:
         out["tool_call_id"] = message.tool_call_id
     return out
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 __all__ = [
     "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "FunctionDefinition",
@@ -74,38 +74,67 @@ class AssistantToolCall(_Strict):
     function: FunctionCall
 
 
-class ChatMessage(_Strict):
-    """One message of the conversation. `developer` is treated as `system`."""
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+class _MessageBase(_Strict):
     name: str | None = Field(None, description="Passed to the chat template.")
-    tool_calls: list[AssistantToolCall] | None = Field(None, description="Assistant messages only.")
-    tool_call_id: str | None = Field(None, description="Tool messages only: the call answered.")
+
+    def text(self) -> str:
+        """The content as one string (text parts joined by newlines)."""
+        content = getattr(self, "content", None)
+        if content is None:
+            return ""
+        if isinstance(content, str):
+            return content
+        return "\n".join(part.text for part in content)
+
+
+class SystemMessage(_MessageBase):
+    """A system message; `developer` is treated as `system`."""
+
+    role: Literal["system", "developer"]
+    content: str | list[TextPart]
+
+
+class UserMessage(_MessageBase):
+    role: Literal["user"]
+    content: str | list[TextPart]
+
+
+class AssistantMessage(_MessageBase):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
     refusal: None = None
     function_call: None = None
     audio: None = None
 
     @model_validator(mode="after")
-    def _check_role_fields(self) -> "ChatMessage":
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError(f"tool_calls: only assistant messages have tool calls, this one is {self.role}")
-        if self.role == "tool":
-            if self.tool_call_id is None:
-                raise ValueError("tool_call_id: a tool message needs the id of the call it answers")
-        elif self.tool_call_id is not None:
-            raise ValueError(f"tool_call_id: only tool messages have one, this one is {self.role}")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"content: a {self.role} message needs content")
+    def _check_content(self) -> "AssistantMessage":
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content: an assistant message needs content or tool_calls")
         return self
 
-    def text(self) -> str:
-        """The content as one string (text parts joined by newlines)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)
+
+class ToolMessage(_MessageBase):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str = Field(description="The id of the call this message answers.")
+
+
+_MESSAGE_TAGS = {"system": "SystemMessage", "developer": "SystemMessage", "user": "UserMessage",
+                 "assistant": "AssistantMessage", "tool": "ToolMessage"}
+
+
+def _message_tag(value) -> str | None:
+    role = value.get("role") if isinstance(value, dict) else getattr(value, "role", None)
+    return _MESSAGE_TAGS.get(role) if isinstance(role, str) else None
+
+
+ChatMessage = Annotated[
+    Annotated[SystemMessage, Tag("SystemMessage")] | Annotated[UserMessage, Tag("UserMessage")]
+    | Annotated[AssistantMessage, Tag("AssistantMessage")] | Annotated[ToolMessage, Tag("ToolMessage")],
+    Discriminator(_message_tag, custom_error_type="invalid_role",
+                  custom_error_message="role must be one of system, developer, user, assistant, tool",
+                  custom_error_context={})]
 
 
 class FunctionDefinition(_Strict):
@@ -136,7 +165,7 @@ class _Sampling(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="Same seed, same request: same output. Negative seeds wrap to uint64.")
-    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)] | None = None
+    stop: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = Field(None, description="Extension: keep generating past the end-of-sequence token.")
@@ -149,8 +178,6 @@ class _Sampling(_Strict):
 
     @model_validator(mode="after")
     def _check_stop(self) -> "_Sampling":
-        if isinstance(self.stop, str) and not self.stop:
-            raise ValueError("stop: an empty stop string never matches; leave it out")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed with stream=true")
         return self

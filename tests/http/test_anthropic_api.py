@@ -106,7 +106,8 @@ def test_block_shapes(claude):
 
 def test_ignored_fields_are_accepted(claude):
     reply = claude.messages.create(model="m", max_tokens=2, messages=MESSAGES, metadata={"user_id": "u1"},
-                                   service_tier="auto", thinking={"type": "disabled"})
+                                   service_tier="auto", thinking={"type": "disabled"},
+                                   cache_control={"type": "ephemeral"})
     assert reply.usage.output_tokens == 2
 
 
