@@ -22,7 +22,7 @@ from .tensor import Arena, Device, DeviceTensor
 __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "GEMV_MAX_ROWS"]
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
-DECODE_CHUNK_SLOTS = 256      # split-K chunk of the decode attention
+DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
 
 
 @dataclass(slots=True, eq=False)
