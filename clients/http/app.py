@@ -158,6 +158,12 @@ def create_app(link: DaemonLink, config: GatewayConfig) -> FastAPI:
                    405: f"method {request.method} is not allowed on {request.url.path}"}.get(status, str(error.detail))
         return _error_response(request, ApiError(status, message))
 
+    @app.exception_handler(UnicodeEncodeError)
+    async def on_bad_unicode(request: Request, error: UnicodeEncodeError) -> JSONResponse:
+        # A lone surrogate ("\ud800" is valid JSON) in a string sent on to the daemon.
+        return _error_response(request, ApiError(400, f"the request holds text that is not valid Unicode: "
+                                                      f"{error.reason}"))
+
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, error: ClientGone) -> Response:
         return Response(status_code=CLIENT_CLOSED_STATUS)

@@ -50,6 +50,11 @@ def completion_prompt_ids(model: ModelFiles, prompt: str | list) -> list[int]:
 
 def _encode(model: ModelFiles, text: str, *, template_has_bos: bool) -> list[int]:
     tokenizer = model.tokenizer
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON can carry lone surrogates ("\ud800"); text cannot
+        raise ApiError(400, f"the prompt is not valid Unicode: {exc.reason} "
+                            f"({text[exc.start:exc.end].encode('unicode_escape').decode()})") from None
     ids = tokenizer.encode(text, add_special=False)
     # A BOS where the model wants one, unless the chat template already wrote it (as llama.cpp does).
     if tokenizer.add_bos and tokenizer.bos_id is not None and not (template_has_bos and ids[:1] == [tokenizer.bos_id]):

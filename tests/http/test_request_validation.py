@@ -4,6 +4,8 @@ Also: every request parameter in /openapi.json is covered by a test (this file's
 behaviour test), the API key, and unknown routes."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -160,6 +162,18 @@ def test_malformed_json_and_non_objects(gateway, path):
     # a body sent without a JSON content type (curl -d) is still read as JSON
     reply = httpx.post(gateway.url + path, content=b'{"model": 1}', timeout=30)
     assert reply.status_code == 400 and "model" in _error_message(path, reply)
+
+
+def test_lone_surrogates_are_400s(gateway):
+    cases = [("/v1/chat/completions", {**OPENAI_BASE, "messages": [{"role": "user", "content": "a\ud800"}]}),
+             ("/v1/chat/completions", {**OPENAI_BASE, "stop": ["\udfff"]}),
+             ("/v1/completions", {**COMPLETION_BASE, "prompt": "\ud800"}),
+             ("/v1/messages", {**ANTHROPIC_BASE, "stop_sequences": ["\ud800"]}),
+             ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": "\udc00"}]})]
+    for path, body in cases:
+        raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as a \u escape
+        reply = httpx.post(gateway.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
+        assert reply.status_code == 400 and "nicode" in _error_message(path, reply), reply.text
 
 
 def test_wrong_types_name_the_parameter(gateway):
