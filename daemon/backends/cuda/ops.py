@@ -195,12 +195,17 @@ class CudaOps:
     def linear(self, x, weight: QuantWeight, bias=None, residual=None) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, weight.rows))
-        if n <= GEMV_MAX_ROWS:
+        if n <= GEMV_MAX_ROWS or weight.rows * weight.cols > self.scratch_elems:
+            # GEMV in groups of up to 8 rows: decode, verification, and weights too large for the
+            # dequantization scratch (the lm_head when every position's logits are wanted)
             xs, norm_w, eps = self._norm_parts(x)
-            self._check(self.lib.fd_gemv(self.p(y, "float*"), self.p(weight.data), weight.qtype, weight.rows,
-                                         weight.cols, self.p(xs, "float*"), n, self.p(norm_w, "float*"), eps,
-                                         self.p(bias, "float*"), self.p(residual, "float*"), self.dev.stream),
-                        "fd_gemv")
+            for s in range(0, n, GEMV_MAX_ROWS):
+                e = min(n, s + GEMV_MAX_ROWS)
+                self._check(self.lib.fd_gemv(self.p(y[s:e], "float*"), self.p(weight.data), weight.qtype, weight.rows,
+                                             weight.cols, self.p(xs[s:e], "float*"), e - s, self.p(norm_w, "float*"),
+                                             eps, self.p(bias, "float*"),
+                                             self.p(None if residual is None else residual[s:e], "float*"),
+                                             self.dev.stream), "fd_gemv")
             return y
         xm = self.materialize(x)
         w16 = self._dequant(weight, 0)

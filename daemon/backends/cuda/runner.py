@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ...protocol.messages import SamplingParams
+from ....protocol.messages import SamplingParams
 from ...runner import ModelRunner, Sampled
 from ..base import Batch
 from ...models.dense import forward
