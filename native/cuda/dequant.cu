@@ -111,19 +111,15 @@ struct DqOps {
             const int blk = p / F::LPB;
             const int64_t e0 = (st.blk0 + blk) * F::BE;   // first element of the block in the stream
             typename F::Raw raw;
-            F::load(base + (int64_t)blk * F::BB, j, raw);
+            F::template load<false>(base + (int64_t)blk * F::BB, j, raw);
             const int64_t n_valid = n_valid_total - e0;
             if constexpr (F::IS_FLOAT) F::mask(raw, n_valid < F::BE ? (int)n_valid : F::BE);
             float pa[F::PARTS], pb[F::PARTS];
             F::params(raw, j, pa, pb);
 #pragma unroll
             for (int run = 0; run < F::RUNS; ++run) {
-                constexpr int RPP = F::RUNS / F::PARTS;
-                const int part = run / RPP;
-                float qv[4], v[4];
-                F::codes(raw, j, run, qv);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) v[i] = fmaf(pa[part], qv[i], pb[part]);   // exact: a*q has <= 24 bits
+                float v[4];
+                decode_run<QT>(raw, j, run, pa, pb, v);   // gguf's float32 values, bit for bit
                 const int64_t e = e0 + F::col(j, run);
                 const bool full = !F::IS_FLOAT || n_valid - F::col(j, run) >= 4;
                 if (EMBED) {

@@ -5,19 +5,21 @@
 // Layouts: x (n_x, cols) f32, norm_w (cols,), y / residual (n_x, rows) f32, W as stored (quant.cuh).
 //
 // Design (decode is bandwidth-bound: every weight byte is read once, at full width, with many bytes
-// in flight; the arithmetic per weight is ~4 instructions so compute hides under the loads):
+// in flight; the arithmetic per weight is ~2-3 instructions so compute can hide under the loads):
 //   * Grid: at most one CTA per SM (the staged activations are copied once per SM), W warps each
-//     (W <= 32 for n_x = 1, whose kernels fit 64 registers; <= 16 otherwise, 12 for the n_x = 8
-//     swiglu). Warps are independent: a "step" is G consecutive rows of one matrix; warp k of the
-//     grid takes steps k, k + n_warps, ... When the grid can hold one warp per step (all projections of the 1.5B
-//     model but lm_head), every warp gets exactly one step and stages it single-buffered: all weight
-//     loads are in flight at once and there is no tail. Otherwise warps are persistent and
+//     (W <= 24 for n_x = 1, whose kernels fit 85 registers; <= 16 otherwise, 12 for the n_x = 8
+//     swiglu). Warps are independent: a "step" is G consecutive rows of one matrix; warp w of CTA b
+//     takes steps w * n_ctas + b + k * n_warps_total (consecutive steps on different SMs). When the
+//     grid can hold one warp per step (all projections of the 1.5B model but lm_head), every warp
+//     gets at most one step and stages it single-buffered: all weight loads are in flight at once
+//     and there is no tail. Otherwise warps are persistent and
 //     double-buffered, W chosen so that every warp runs the same number of rounds (+-1 step).
-//   * Prologue (per CTA): x rows -> xn = x * rsqrt(mean(x^2) + eps) * norm_w (if norm_w) staged in
-//     shared memory as float, in each activation layout the matrices' formats read (quant.cuh:
-//     XL_PLAIN / XL_S32 / XL_PAD64, chosen so the float4 reads of a quarter-warp hit distinct bank
-//     quads), plus per-32-column sums of xn when a format has mins (Q4_K, Q5_K: w = a*q + b, so
-//     sum w x = a sum q x + b sum x). The first step's weight copy is issued before the prologue.
+//   * Prologue (per CTA): x rows -> xn = x * rsqrt(mean(x^2) + eps) * norm_w (if norm_w), staged in
+//     shared memory as float xn * 2^80 (quant.cuh scaled_codes) in each activation layout the
+//     matrices' formats read (XL_PAD32 / XL_PAD64: float4 reads of a quarter-warp hit distinct bank
+//     quads), plus sums of xn over every 16 and 32 columns (zero points and mins: sum w x =
+//     a sum code x + (b - a OFFSET) sum x). Loads are batched 8 per thread; CTAs have >= 8 warps
+//     to share it. The first step's weight copy is issued before the prologue.
 //   * Weight streaming: each warp copies its steps into its shared-memory buffer(s) with 16-byte
 //     cp.async (warp_stage: every format, also the 2-byte-aligned ones, is fetched with aligned
 //     16-byte loads, perfectly coalesced); double-buffered, step s + n_warps is in flight while
@@ -32,8 +34,10 @@
 //   * n_x * cols too large for shared memory: the launcher splits the x rows into passes (each pass
 //     rereads W); e.g. cols 8960 holds 4 rows per pass.
 //
-// Numerics: codes and scales are exact (quant.cuh); sum q x accumulates in float32 per part, then
-// acc += a * part (+ b * xsum). Error vs the float64 oracle ~ 1e-6 * sum |W||xn| for cols <= 9000.
+// Numerics: codes and scales are exact (quant.cuh); sum code * x accumulates in float32 per part (per
+// byte class when n_x = 1), then acc += a * that + (b - a * OFFSET) * sum(x over the part). Error vs
+// the float64 oracle ~ 1e-6 * sum |W||xn| for cols <= 9000. |x| must stay below 2^48 (x * 2^80 is
+// a float) -- activations are many orders of magnitude smaller.
 //
 // Shared memory: up to the device's opt-in maximum, raised with cudaFuncSetAttribute on the first
 // launch of each kernel instantiation (host-side, no stream work: allowed also during capture).
@@ -50,11 +54,12 @@ using namespace fd::q;
 
 constexpr int MAX_MATS = 4;
 constexpr int MAX_NX = 8;
-// warps per CTA: n_x = 1 kernels fit 64 registers per thread, so an SM holds 32 warps of them;
+// warps per CTA: n_x = 1 kernels fit 85 registers per thread, so an SM holds 24 warps of them;
 // the others take up to 128 registers (16 warps), swiglu with 8 rows up to 168 (12 warps)
-__host__ __device__ constexpr int max_warps_for(int nx, bool swiglu) { return nx == 1 ? 32 : (swiglu && nx >= 8) ? 12 : 16; }
+__host__ __device__ constexpr int max_warps_for(int nx, bool swiglu) { return nx == 1 ? 24 : (swiglu && nx >= 8) ? 12 : 16; }
 constexpr int STAGE_TARGET_BYTES = 6 * 1024;  // a step's staged bytes: 16 warps x 2 buffers fit with x
-constexpr int SCRATCH_BYTES = 128;            // block_sum scratch at the start of shared memory
+constexpr int SCRATCH_BYTES = 32 * MAX_NX * 4; // block_sum_n scratch at the start of shared memory
+constexpr int MIN_CTA_WARPS = 8;              // threads to share the prologue
 
 struct GemvMat {
     const uint8_t* w;
@@ -65,6 +70,7 @@ struct GemvMat {
     int lpr;                  // lanes per row; G = 32 / lpr rows per step
     int pieces;               // pieces per row
     int first_step;           // steps of earlier matrices
+    int aligned16;            // float formats: every row 16-byte aligned (LDS.128 loads)
 };
 
 struct GemvArgs {
@@ -75,9 +81,10 @@ struct GemvArgs {
     const float* residual;    // (n_x, rows) of mat[0] or NULL
     float eps;
     int cols, n_x;
-    int x_off[XL_COUNT];      // float offset of each layout's staged rows in shared memory, -1 if unused
+    int x_off[XL_COUNT];      // float offset of each layout's staged rows (xn * 2^X_SCALE_LOG2), -1 if unused
     int x_row[XL_COUNT];      // floats per staged row in that layout
-    int xsum_off, xsum_row;   // per-32-column sums (n_x rows of xsum_row floats), -1 if unused
+    int xsum16_off, xsum32_off;   // sums of xn over 16 / 32 consecutive columns (n_x rows each), -1 if unused
+    int xsum16_row, xsum32_row;
     int stage_off;            // byte offset of the warp stage buffers (16-aligned)
     int stage_bytes;          // one buffer; a warp owns n_bufs
     int n_bufs;               // 2: double-buffered steps; 1: every warp has a single step
@@ -94,10 +101,29 @@ __device__ __forceinline__ GemvMat mat_of_step(const GemvArgs& a, int s) {
 }
 
 // ---- prologue: stage xn in shared memory ---------------------------------------------------------------
+// Sums of NX values over the block at once (one pair of barriers); scratch: 32 * NX floats.
+template <int NX>
+__device__ __forceinline__ void block_sum_n(float (&v)[NX], float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+#pragma unroll
+    for (int i = 0; i < NX; ++i) v[i] = warp_sum(v[i]);
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < NX; ++i) scratch[i * 32 + warp] = v[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < NX; ++i) v[i] = warp_sum(lane < n_warps ? scratch[i * 32 + lane] : 0.0f);
+}
+
+constexpr int X_BATCH = 8;   // x loads in flight per thread in the prologue
+
+// xn (scaled by 2^X_SCALE_LOG2) into each used layout, zero-padded; sums of xn per 16 and 32
+// columns. Loads are issued X_BATCH at a time per thread (the prologue is latency-bound).
 template <int NX>
 __device__ void stage_x(const GemvArgs& a, float* smf) {
     const int tid = threadIdx.x, n_threads = blockDim.x;
     const int cols = a.cols, n_x = a.n_x;
+    const int cols_pad = (cols + 63) & ~63;
     float scale[NX];
 #pragma unroll
     for (int i = 0; i < NX; ++i) scale[i] = 1.0f;
@@ -105,33 +131,60 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
         float ss[NX];
 #pragma unroll
         for (int i = 0; i < NX; ++i) ss[i] = 0.0f;
-        for (int c = tid; c < cols; c += n_threads) {
+        for (int c0 = tid; c0 < cols; c0 += X_BATCH * n_threads) {
 #pragma unroll
-            for (int i = 0; i < NX; ++i)
-                if (i < n_x) { const float v = a.x[(int64_t)i * cols + c]; ss[i] = fmaf(v, v, ss[i]); }
-        }
+            for (int i = 0; i < NX; ++i) {
+                if (i >= n_x) break;
+                float v[X_BATCH];
 #pragma unroll
-        for (int i = 0; i < NX; ++i) {
-            const float total = block_sum(ss[i], smf);
-            scale[i] = rsqrtf(total / (float)cols + a.eps);
+                for (int u = 0; u < X_BATCH; ++u) {
+                    const int c = c0 + u * n_threads;
+                    v[u] = c < cols ? __ldg(a.x + (int64_t)i * cols + c) : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < X_BATCH; ++u) ss[i] = fmaf(v[u], v[u], ss[i]);
+            }
         }
+        block_sum_n(ss, smf);
+#pragma unroll
+        for (int i = 0; i < NX; ++i) scale[i] = rsqrtf(ss[i] / (float)cols + a.eps);
     }
-    // c runs over 32-aligned groups per warp (tid's warp base and n_threads are multiples of 32), so a
-    // warp's lanes are all in range or all out: the warp sums below are full-warp.
-    const int cols_pad = (cols + 63) & ~63;
-    for (int c = tid; c < cols_pad; c += n_threads) {
-        const bool in = c < cols;
-        const float nw = in ? (a.norm_w ? a.norm_w[c] : 1.0f) : 0.0f;
+    const float up = exp2i(X_SCALE_LOG2);
+    // c runs over 32-aligned groups per warp (n_threads is a multiple of 32): the warp sums below are
+    // over 32 consecutive columns, all lanes present
+    for (int c0 = tid; c0 < cols_pad; c0 += X_BATCH * n_threads) {
+        float nw[X_BATCH];
+#pragma unroll
+        for (int u = 0; u < X_BATCH; ++u) {
+            const int c = c0 + u * n_threads;
+            nw[u] = c < cols ? (a.norm_w ? __ldg(a.norm_w + c) : 1.0f) : 0.0f;
+        }
 #pragma unroll
         for (int i = 0; i < NX; ++i) {
             if (i >= n_x) break;
-            const float v = in ? a.x[(int64_t)i * cols + c] * scale[i] * nw : 0.0f;
+            float v[X_BATCH];
 #pragma unroll
-            for (int L = 0; L < XL_COUNT; ++L)
-                if (a.x_off[L] >= 0) smf[a.x_off[L] + i * a.x_row[L] + x_phys(L, c)] = v;
-            if (a.xsum_off >= 0) {
-                const float s = warp_sum(v);
-                if ((tid & 31) == 0 && c < cols) smf[a.xsum_off + i * a.xsum_row + (c >> 5)] = s;
+            for (int u = 0; u < X_BATCH; ++u) {
+                const int c = c0 + u * n_threads;
+                v[u] = c < cols ? __ldg(a.x + (int64_t)i * cols + c) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < X_BATCH; ++u) {
+                const int c = c0 + u * n_threads;
+                if (c - (tid & 31) >= cols_pad) break;   // warp-uniform: the whole 32-group is past the end
+                const float xn = v[u] * scale[i] * nw[u];
+#pragma unroll
+                for (int L = 0; L < XL_COUNT; ++L)
+                    if (a.x_off[L] >= 0) smf[a.x_off[L] + i * a.x_row[L] + x_phys(L, c)] = xn * up;
+                if (a.xsum16_off >= 0) {
+                    float s = xn;
+#pragma unroll
+                    for (int off = 8; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);   // 16-lane sums
+                    const int g16 = c >> 4;
+                    if ((tid & 15) == 0 && c < cols) smf[a.xsum16_off + i * a.xsum16_row + g16] = s;
+                    s += __shfl_xor_sync(0xffffffffu, s, 16);
+                    if ((tid & 31) == 0 && c < cols) smf[a.xsum32_off + i * a.xsum32_row + (c >> 5)] = s;
+                }
             }
         }
     }
@@ -139,67 +192,91 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
 }
 
 // ---- one row's dot products over its pieces -------------------------------------------------------------
-// acc[i] += sum over the lane's pieces of dot(W[row, piece cols], xn[i, piece cols])
-template <int QT, int NX>
-__device__ __forceinline__ void row_dot(const uint8_t* wrow, int t, int lpr, int pieces, int cols,
-                                        const float* xs, int x_row, const float* xsum, int xsum_row,
-                                        float (&acc)[NX]) {
+// acc[i] += sum over the lane's pieces of dot(W[row, piece cols], xn[i, piece cols]).
+// Quant formats, per part: cls[i][c] = sum of scaled_codes of class c * xs (= x * 2^X_SCALE_LOG2), then
+// acc += a * sum_c cls * class_scale(c, shift) + (b - a * OFFSET) * sum(x over the part's columns).
+template <int QT, int NX, bool A16>
+__device__ __forceinline__ void row_dot(const uint8_t* wrow, int t, int lpr, int pieces, int cols, const float* xs,
+                                        int x_row, const float* xsum, int xsum_row, float (&acc)[NX]) {
     using F = Fmt<QT>;
-    constexpr int RPP = F::RUNS / F::PARTS;               // runs per part
-    constexpr int NACC = (NX == 1 && RPP > 1) ? 2 : 1;   // independent FMA chains when n_x is 1
-    const int j = t % F::LPB;                             // the lane's piece within each block
+    constexpr int RPP = F::RUNS / F::PARTS;   // runs per part
+    const int j = t % F::LPB;                  // the lane's piece within each block (LPB divides lpr)
     int blk = t / F::LPB;
-    const int blk_step = lpr / F::LPB;                    // LPB divides lpr
-    const int parity = blk & 1;                           // constant: blk_step is even where it matters
+    const int blk_step = lpr / F::LPB;
     const uint8_t* wp = wrow + (int64_t)blk * F::BB;
-    const float* xp = xs + F::xblk(blk) + F::xlane(j, parity);
+    const float* xp = xs + F::xblk(blk) + F::xlane(j);
     const int x_step = F::xblk(blk_step);
-    const float* sp = xsum;
-    if constexpr (F::HAS_MIN) sp += F::sub(blk, j, 0);
 
+#pragma unroll 1
     for (int p = t; p < pieces; p += lpr) {
         typename F::Raw raw;
-        F::load(wp, j, raw);
-        if constexpr (F::IS_FLOAT) F::mask(raw, cols - blk * F::BE);
+        F::template load<A16>(wp, j, raw);
         float pa[F::PARTS], pb[F::PARTS];
         F::params(raw, j, pa, pb);
+        if constexpr (F::IS_FLOAT) {
+            F::mask(raw, cols - blk * F::BE);
+            float dot[NX];
 #pragma unroll
-        for (int part = 0; part < F::PARTS; ++part) {
-            float dot[NX][NACC];
+            for (int i = 0; i < NX; ++i) dot[i] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NX; ++i)
-#pragma unroll
-                for (int u = 0; u < NACC; ++u) dot[i][u] = 0.0f;
-#pragma unroll
-            for (int rr = 0; rr < RPP; ++rr) {
-                const int run = part * RPP + rr;
-                float qv[4];
-                F::codes(raw, j, run, qv);
-                const int xo = F::xrun(j, parity, run);
+            for (int run = 0; run < F::RUNS; ++run) {
+                float w[4];
+                F::floats(raw, run, w);
 #pragma unroll
                 for (int i = 0; i < NX; ++i) {
-                    const float4 xv = *reinterpret_cast<const float4*>(xp + i * x_row + xo);
-                    float d = dot[i][rr % NACC];
-                    d = fmaf(qv[0], xv.x, d);
-                    d = fmaf(qv[1], xv.y, d);
-                    d = fmaf(qv[2], xv.z, d);
-                    d = fmaf(qv[3], xv.w, d);
-                    dot[i][rr % NACC] = d;
+                    const float4 xv = *reinterpret_cast<const float4*>(xp + i * x_row + F::xrun(run));
+                    dot[i] = fmaf(w[0], xv.x, fmaf(w[1], xv.y, fmaf(w[2], xv.z, fmaf(w[3], xv.w, dot[i]))));
                 }
             }
 #pragma unroll
-            for (int i = 0; i < NX; ++i) {
-                float d = dot[i][0];
+            for (int i = 0; i < NX; ++i) acc[i] = fmaf(exp2i(-X_SCALE_LOG2), dot[i], acc[i]);
+        } else {
 #pragma unroll
-                for (int u = 1; u < NACC; ++u) d += dot[i][u];
-                acc[i] = fmaf(pa[part], d, acc[i]);
-                if constexpr (F::HAS_MIN) acc[i] = fmaf(pb[part], sp[i * xsum_row + part], acc[i]);
+            for (int part = 0; part < F::PARTS; ++part) {
+                // n_x = 1: three class accumulators (three independent FMA chains); more rows: the
+                // classes are first rescaled to class 0 (exact power-of-two multiplies) so each row
+                // keeps one accumulator
+                constexpr int NCLS = NX == 1 ? 3 : 1;
+                const int shift = F::part_shift(part);
+                float cls[NX][NCLS];
+#pragma unroll
+                for (int i = 0; i < NX; ++i)
+#pragma unroll
+                    for (int c = 0; c < NCLS; ++c) cls[i][c] = 0.0f;
+#pragma unroll
+                for (int rr = 0; rr < RPP; ++rr) {
+                    const int run = part * RPP + rr;
+                    float v[4];
+                    scaled_codes<F::CODE_MASK>(F::code_word(raw, j, run), shift, v);
+                    if (NCLS == 1) {
+                        v[1] = mul_keep_subnormal(v[1], exp2i(-8));
+                        v[2] = mul_keep_subnormal(v[2], exp2i(-16));
+                        v[3] = mul_keep_subnormal(v[3], exp2i(-16));
+                    }
+#pragma unroll
+                    for (int i = 0; i < NX; ++i) {
+                        const float4 xv = *reinterpret_cast<const float4*>(xp + i * x_row + F::xrun(run));
+                        cls[i][0] = fma_keep_subnormal(v[0], xv.x, cls[i][0]);
+                        cls[i][NCLS > 1 ? 1 : 0] = fma_keep_subnormal(v[1], xv.y, cls[i][NCLS > 1 ? 1 : 0]);
+                        cls[i][NCLS > 2 ? 2 : 0] = fma_keep_subnormal(v[2], xv.z, cls[i][NCLS > 2 ? 2 : 0]);
+                        cls[i][NCLS > 2 ? 2 : 0] = fma_keep_subnormal(v[3], xv.w, cls[i][NCLS > 2 ? 2 : 0]);
+                    }
+                }
+                const float bb = fmaf(-(float)F::OFFSET, pa[part], pb[part]);   // b - a * OFFSET
+                const int grp = F::part_group(blk, j, part);
+#pragma unroll
+                for (int i = 0; i < NX; ++i) {
+                    float cx = cls[i][0] * class_scale(0, shift);
+                    if (NCLS == 3)
+                        cx = fmaf(cls[i][NCLS > 2 ? 2 : 0], class_scale(2, shift),
+                                  fmaf(cls[i][NCLS > 1 ? 1 : 0], class_scale(1, shift), cx));
+                    acc[i] = fmaf(pa[part], cx, fmaf(bb, xsum[i * xsum_row + grp], acc[i]));
+                }
             }
         }
         blk += blk_step;
         wp += (int64_t)blk_step * F::BB;
         xp += x_step;
-        if constexpr (F::HAS_MIN) sp += 8 * blk_step;
     }
 }
 
@@ -208,8 +285,9 @@ __device__ __forceinline__ void row_dot(const uint8_t* wrow, int t, int lpr, int
 struct XViews {
     const float* xs[XL_COUNT];
     int x_row[XL_COUNT];
-    const float* xsum;
-    int xsum_row;
+    const float* xsum16;
+    const float* xsum32;
+    int xsum16_row, xsum32_row;
 };
 
 __device__ __forceinline__ XViews x_views(const GemvArgs& a, const float* smf) {
@@ -219,21 +297,36 @@ __device__ __forceinline__ XViews x_views(const GemvArgs& a, const float* smf) {
         v.xs[L] = smf + (a.x_off[L] >= 0 ? a.x_off[L] : 0);
         v.x_row[L] = a.x_row[L];
     }
-    v.xsum = smf + (a.xsum_off >= 0 ? a.xsum_off : 0);
-    v.xsum_row = a.xsum_row;
+    v.xsum16 = smf + (a.xsum16_off >= 0 ? a.xsum16_off : 0);
+    v.xsum32 = smf + (a.xsum32_off >= 0 ? a.xsum32_off : 0);
+    v.xsum16_row = a.xsum16_row;
+    v.xsum32_row = a.xsum32_row;
     return v;
+}
+
+template <int QT>
+constexpr int part_cols_of() {
+    if constexpr (Fmt<QT>::IS_FLOAT) return 0;
+    else return Fmt<QT>::PART_COLS;
 }
 
 template <int NX>
 struct RowDot {   // row_dot for the qtype chosen at run time (quant.cuh dispatch_qtype)
     const uint8_t* wrow;
     int t, lpr, pieces, cols;
+    bool aligned16;
     const XViews* xv;
     float (*acc)[NX];
     template <int QT>
     __device__ __forceinline__ void run() {
         constexpr int L = Fmt<QT>::XL;
-        row_dot<QT, NX>(wrow, t, lpr, pieces, cols, xv->xs[L], xv->x_row[L], xv->xsum, xv->xsum_row, *acc);
+        constexpr bool P16 = part_cols_of<QT>() == 16;
+        const float* xsum = P16 ? xv->xsum16 : xv->xsum32;
+        const int xsum_row = P16 ? xv->xsum16_row : xv->xsum32_row;
+        if (Fmt<QT>::IS_FLOAT && aligned16)
+            row_dot<QT, NX, true>(wrow, t, lpr, pieces, cols, xv->xs[L], xv->x_row[L], xsum, xsum_row, *acc);
+        else
+            row_dot<QT, NX, false>(wrow, t, lpr, pieces, cols, xv->xs[L], xv->x_row[L], xsum, xsum_row, *acc);
     }
 };
 
@@ -273,7 +366,7 @@ __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uin
     if (valid) {
         const uint8_t* src = m.w + r0 * m.row_bytes;
         const uint8_t* wrow = buf + (reinterpret_cast<uintptr_t>(src) & 15) + g * m.row_bytes;
-        RowDot<NX> fn{wrow, t, lpr, m.pieces, a.cols, &xv, &acc};
+        RowDot<NX> fn{wrow, t, lpr, m.pieces, a.cols, m.aligned16 != 0, &xv, &acc};
         dispatch_qtype(m.qtype, fn);
     }
     reduce_lanes(acc, lpr);
@@ -286,7 +379,7 @@ __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uin
         if (valid) {
             const uint8_t* src = u.w + r0 * u.row_bytes;
             const uint8_t* wrow = buf + a.range_bytes + (reinterpret_cast<uintptr_t>(src) & 15) + g * u.row_bytes;
-            RowDot<NX> fn{wrow, t, lpr, u.pieces, a.cols, &xv, &acc_u};
+            RowDot<NX> fn{wrow, t, lpr, u.pieces, a.cols, u.aligned16 != 0, &xv, &acc_u};
             dispatch_qtype(u.qtype, fn);
         }
         reduce_lanes(acc_u, lpr);
@@ -315,7 +408,7 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     float* smf = reinterpret_cast<float*>(smem);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     const int stride = gridDim.x * n_warps;
-    const int s0 = blockIdx.x * n_warps + warp;
+    const int s0 = warp * gridDim.x + blockIdx.x;   // consecutive steps go to different CTAs (SMs)
     uint8_t* stage = smem + a.stage_off + (size_t)warp * a.n_bufs * a.stage_bytes;
 
     if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // in flight during the prologue
@@ -407,7 +500,8 @@ int pieces_per_row(const FmtInfo& f, int cols) {
     return f.is_float ? ceil_div(cols, f.block_elems) : cols / f.block_elems * f.lanes_per_block;
 }
 
-// Lanes per row: among 4, 8, 16, 32 (>= lanes per block; S32 layouts need an even block step),
+// Lanes per row: among 4, 8, 16, 32 (>= lanes per block and the format's MIN_LPR, which keeps the
+// lanes' x addresses affine),
 // keep those whose step fits STAGE_TARGET_BYTES (else the largest); prefer enough steps to give
 // every SM two warps, then the highest lane efficiency, then the smallest (more rows share xn).
 int choose_lpr(const FmtInfo& f, int rows, int cols, int64_t rb, int n_ranges, int n_sms) {
@@ -415,8 +509,7 @@ int choose_lpr(const FmtInfo& f, int rows, int cols, int64_t rb, int n_ranges, i
     int best = 32;
     double best_score = -1.0;
     for (int lpr = 4; lpr <= 32; lpr *= 2) {
-        if (lpr < f.lanes_per_block) continue;
-        if (f.layout == XL_S32 && lpr < 2 * f.lanes_per_block) continue;
+        if (lpr < f.lanes_per_block || lpr < f.min_lpr) continue;
         const int G = 32 / lpr;
         if ((int64_t)n_ranges * G * rb > STAGE_TARGET_BYTES && lpr != 32) continue;
         const int iters = ceil_div(pieces, lpr);
@@ -462,6 +555,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         m.row_bytes = row_bytes(info[k], cols);
         m.pieces = pieces_per_row(info[k], cols);
         m.lpr = choose_lpr(info[k], m.rows, cols, m.row_bytes, n_ranges, dev.n_sms);
+        m.aligned16 = info[k].is_float && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && m.row_bytes % 16 == 0;
     }
     if (swiglu) {   // gate and up share the step geometry: the coarser of their choices
         const int lpr = max(a.mat[0].lpr, a.mat[1].lpr);
@@ -480,19 +574,20 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     a.stage_bytes = (int)(range_bytes * n_ranges);
 
     // shared memory: scratch | x rows per layout | xsum | 16-aligned warp stages
-    bool layout_used[XL_COUNT] = {false, false, false};
-    bool need_xsum = false;
+    bool layout_used[XL_COUNT] = {false, false};
+    bool need_xsum = false;   // every quant format needs sums of x (zero point or min)
     for (int k = 0; k < n_mats; ++k) {
         layout_used[info[k].layout] = true;
-        need_xsum |= info[k].has_min;
+        need_xsum |= !info[k].is_float;
     }
     int x_row_total = 0;
     for (int L = 0; L < XL_COUNT; ++L) {
         a.x_row[L] = x_row_floats(L, cols);
         if (layout_used[L]) x_row_total += a.x_row[L];
     }
-    a.xsum_row = need_xsum ? ((cols / 32 + 3) & ~3) : 0;
-    const int64_t per_x_row_bytes = 4 * (int64_t)(x_row_total + a.xsum_row);
+    a.xsum16_row = need_xsum ? ((ceil_div(cols, 16) + 3) & ~3) : 0;
+    a.xsum32_row = need_xsum ? ((ceil_div(cols, 32) + 3) & ~3) : 0;
+    const int64_t per_x_row_bytes = 4 * (int64_t)(x_row_total + a.xsum16_row + a.xsum32_row);
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;
     const int64_t room = (int64_t)dev.max_smem - SCRATCH_BYTES - 16 - min_stages;
     if (room < per_x_row_bytes) return FD_E_SHAPE;
@@ -513,8 +608,10 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
             p.x_off[L] = layout_used[L] ? off : -1;
             if (layout_used[L]) off += nx * a.x_row[L];
         }
-        p.xsum_off = need_xsum ? off : -1;
-        if (need_xsum) off += nx * a.xsum_row;
+        p.xsum16_off = need_xsum ? off : -1;
+        if (need_xsum) off += nx * a.xsum16_row;
+        p.xsum32_off = need_xsum ? off : -1;
+        if (need_xsum) off += nx * a.xsum32_row;
         p.stage_off = (off * 4 + 15) & ~15;
         // Warps: every warp one step, single-buffered, when the grid can hold them all (small and
         // mid-size matrices: all loads in flight at once, no tail); else persistent double-buffered
@@ -524,22 +621,20 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         const int64_t fit1 = std::min<int64_t>(avail / a.stage_bytes, max_warps);
         const int64_t fit2 = std::min<int64_t>(avail / (2 * (int64_t)a.stage_bytes), max_warps);
         if (fit1 < 1) return FD_E_SHAPE;
-        int warps, ctas;
-        if (steps <= (int64_t)dev.n_sms * fit1 || fit2 < 1) {
+        // At least MIN_CTA_WARPS warps per CTA even if some get no step: they share the prologue.
+        const int ctas = min(steps, dev.n_sms);
+        int64_t warps;
+        if (steps <= ctas * fit1 || fit2 < 1) {
             p.n_bufs = 1;
-            warps = ceil_div(steps, dev.n_sms);
-            if (warps > fit1) warps = (int)fit1;
+            warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas), MIN_CTA_WARPS), fit1);
         } else {
             p.n_bufs = 2;
-            const int64_t rounds = (steps + dev.n_sms * fit2 - 1) / (dev.n_sms * fit2);
-            warps = (int)((steps + dev.n_sms * rounds - 1) / (dev.n_sms * rounds));
+            const int64_t rounds = (steps + ctas * fit2 - 1) / (ctas * fit2);
+            warps = std::min<int64_t>(std::max<int64_t>((steps + ctas * rounds - 1) / (ctas * rounds), MIN_CTA_WARPS), fit2);
         }
-        if (warps < 1) warps = 1;
-        ctas = ceil_div(steps, warps);
-        if (ctas > dev.n_sms) ctas = dev.n_sms;
         const size_t smem = (size_t)p.stage_off + (size_t)warps * p.n_bufs * a.stage_bytes;
-        const int st = swiglu ? launch_any<true>(nx, p, ctas, warps, smem, dev.max_smem, stream)
-                              : launch_any<false>(nx, p, ctas, warps, smem, dev.max_smem, stream);
+        const int st = swiglu ? launch_any<true>(nx, p, ctas, (int)warps, smem, dev.max_smem, stream)
+                              : launch_any<false>(nx, p, ctas, (int)warps, smem, dev.max_smem, stream);
         if (st) return st;
     }
     return 0;
