@@ -5,7 +5,8 @@
 // __shfl_xor_sync with a full mask; on wave64 hardware HIP's shuffles operate on 64 lanes, so
 // warp-level reductions stay correct as long as blocks are multiples of 64 threads (the HIP build
 // compiles with -DFD_WARP=64 where that holds). Tensor-core (mma.sync) paths are NVIDIA-only and
-// fall back to their SIMT variants under HIP (FD_HAS_MMA is 0).
+// fall back to their SIMT variants under HIP (FD_HAS_MMA is 0), and so do the sm_90-only
+// launch features (thread-block clusters, programmatic dependent launch).
 #pragma once
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
@@ -21,6 +22,12 @@
 #define cudaGetErrorName hipGetErrorName
 #define cudaGetDeviceCount hipGetDeviceCount
 #define cudaSetDevice hipSetDevice
+#define cudaGetDevice hipGetDevice
+#define cudaDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
+#define cudaFuncAttributes hipFuncAttributes
+#define cudaFuncGetAttributes hipFuncGetAttributes
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaDevAttrMaxSharedMemoryPerBlockOptin hipDeviceAttributeSharedMemPerBlockOptin
 #define cudaGetDeviceProperties hipGetDeviceProperties
 #define cudaDeviceProp hipDeviceProp_t
 #define cudaDeviceGetAttribute hipDeviceGetAttribute

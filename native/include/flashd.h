@@ -8,7 +8,10 @@
  *   - Pointers are device pointers unless named host_*. Activations are float32 row-major; the KV
  *     cache is float16 laid out [n_kv_heads][max_ctx][head_dim] per layer.
  *   - Weights are GGUF tensors as stored: (rows, cols) row-major, each row cols / block_size blocks
- *     of the format `qtype` (GGML type ids: FD_Q_*).
+ *     of the format `qtype` (GGML type ids: FD_Q_*). Weight pointers must be 16-byte aligned for
+ *     the K-quants, 4-byte for F32 and Q4_1, 2-byte otherwise (FD_E_ARG if not); allocations
+ *     from fd_malloc always are.
+ *   - Outputs never alias inputs unless the function says so (y may alias residual).
  *   - Scalars that change between decode steps (positions, n_past, the step counter) are read
  *     from device memory (const int* ...), so a captured graph can be replayed every step.
  *
