@@ -70,11 +70,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """Steps 2-5 for temperature > 0: (ids, probs) of the kept tokens, in ascending id order."""
-    x = logits.astype(np.float64) / params.temperature
+    x = logits.astype(np.float64)
+    with np.errstate(over="ignore"):             # tiny T: -inf for all but the max, which stays 0
+        x = (x - x.max()) / params.temperature
     keep = np.ones(x.size, bool)
     if 0 < params.top_k < x.size:
         keep &= x >= np.partition(x, x.size - params.top_k)[x.size - params.top_k]
-    probs = np.where(keep, np.exp(x - x.max()), 0.0)
+    probs = np.where(keep, np.exp(x), 0.0)
     probs /= probs.sum()
     if params.top_p < 1.0:
         desc = np.sort(probs[keep])[::-1]

@@ -25,7 +25,7 @@ def _served(client) -> int:
 @pytest.mark.parametrize("path, body", [
     ("/v1/chat/completions", {**LONG, "stream": True}),
     ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 3500, "ignore_eos": True, "stream": True}),
-    ("/v1/messages", {"model": "m", "messages": MESSAGES, "max_tokens": 3500, "stream": True}),
+    ("/v1/messages", {"model": "m", "messages": MESSAGES, "max_tokens": 3500, "stream": True, "temperature": 0}),
 ])
 def test_disconnect_mid_stream_cancels_the_daemon_request(gateway, daemon_client, path, body):
     wait_idle(daemon_client, 10)

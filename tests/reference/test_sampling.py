@@ -93,3 +93,13 @@ def test_sampled_distribution_matches_softmax(rng):
     counts = np.bincount([sample(x, np.array([]), params, s) for s in range(n)], minlength=8)
     chi2 = float(((counts - n * p) ** 2 / (n * p)).sum())
     assert chi2 < 30.0   # 7 degrees of freedom: P(chi2 > 30) ~ 1e-4
+
+
+def test_extreme_temperatures_stay_finite(rng):
+    """A temperature so small that logits / T overflows is argmax; a huge one is near-uniform."""
+    x = rng.standard_normal(100)
+    for t in (1e-300, 5e-324):
+        for step in range(5):
+            assert sample(x, np.array([]), SamplingParams(temperature=t, seed=step), step) == int(np.argmax(x))
+    ids, probs = candidate_probs(x, SamplingParams(temperature=1e300))
+    assert len(ids) == 100 and np.allclose(probs, 0.01)
