@@ -24,6 +24,9 @@ from .ops import CudaOps
 __all__ = ["CudaRunner"]
 
 RING_LEN = 64
+# Below this temperature logits / T leaves float32's range (fd_sample takes T as a float): every
+# token but the argmax has probability 0, which the argmax path computes exactly.
+TINY_TEMPERATURE = 1e-30
 PIPELINE_DEPTH = 2
 MAX_CACHED_GRAPHS = 8
 SCORE_CHUNK = 64          # rows of logits per forward when every position's logits are needed
@@ -179,12 +182,13 @@ class CudaRunner(ModelRunner):
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
                  logprobs: int = 0) -> Iterator[Sampled]:
-        if logprobs or max_new_tokens == 0 or (params.greedy and _uses_penalties(params)):
+        greedy = params.greedy or params.temperature < TINY_TEMPERATURE
+        if logprobs or max_new_tokens == 0 or (greedy and _uses_penalties(params)):
             # logprobs need the logits on the host; greedy-with-penalties has no device kernel
             yield from super().generate(prompt, params, max_new_tokens, logprobs)
             return
         dev, lib = self.dev, self.dev.lib
-        sel = None if params.greedy else params
+        sel = None if greedy else params
         self.reset()
         n_prompt = len(prompt)
         dev.upload(np.asarray(prompt, np.int32), out=self.history[:n_prompt])
