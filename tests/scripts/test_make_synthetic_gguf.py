@@ -3,9 +3,7 @@ scale through deep stacks, tokenizer consistency, validation, CLI."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,13 +170,9 @@ def test_same_spec_same_bytes_and_seed_changes_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_dims_order_matches_real_qwen2_file():
+def test_dims_order_matches_real_qwen2_file(real_model):
     """The 0.5B preset's tensor plan has the GGUF shapes of llama.cpp's real file."""
-    models_dir = os.environ.get("FLASHD_MODELS_DIR")
-    real = Path(models_dir or "/nonexistent") / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    if not real.is_file():
-        pytest.skip("real Qwen2.5-Coder-0.5B GGUF not available (set FLASHD_MODELS_DIR)")
-    r = gguf.GGUFReader(real)
+    r = gguf.GGUFReader(real_model("qwen2.5-coder-0.5b"))
     real_shapes = {t.name: list(t.shape) for t in r.tensors}
     spec = msg.PRESETS["qwen2.5-0.5b"]
     planned = {p.name: list(reversed(p.shape)) for p in tensor_plan(spec)}
@@ -191,6 +185,18 @@ def test_dims_order_matches_real_qwen2_file():
     assert field(r, "qwen2.attention.head_count") == spec.n_heads
     assert field(r, "qwen2.rope.freq_base") == pytest.approx(spec.rope_theta)
     assert len(field(r, "tokenizer.ggml.tokens")) == spec.vocab_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, name", [("qwen2.5-coder-1.5b-q4_k_m", "qwen2.5-coder-1.5b"),
+                                          ("qwen2.5-coder-0.5b-q4_k_m", "qwen2.5-coder-0.5b")])
+def test_clone_presets_match_the_real_files(real_model, preset, name):
+    """The clone presets (speed stand-ins) have every tensor's name, shape and format of the real file."""
+    r = gguf.GGUFReader(real_model(name))
+    real = {t.name: (t.tensor_type.name, list(t.shape)) for t in r.tensors}
+    planned = {p.name: (gguf.GGMLQuantizationType(p.qtype).name, list(reversed(p.shape)))
+               for p in tensor_plan(msg.PRESETS[preset])}
+    assert planned == real
 
 
 def test_flashd_loader_reads_the_file(tmp_path):
