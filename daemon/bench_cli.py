@@ -21,7 +21,6 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
     from .bench import format_table, run_bench
     from .config import EngineConfig
     from .engine import Engine
-    from .models.gguf_file import GGUFFile
 
     ints = lambda s: [int(x) for x in s.split(",") if x.strip()]   # noqa: E731
     tests = [f"pp{n}" for n in ints(prompt_sizes)]
