@@ -2,8 +2,8 @@
 # gpu_host.sh -- the steps of a session on the lent GPU host (no network there), one per call.
 #
 #   bench/gpu_host.sh setup        install carried wheels (.whl/), install flashd, build the library
-#   bench/gpu_host.sh recv         append carried model/sdist chunks (.xfer/*) to /root/xfer/
-#   bench/gpu_host.sh assemble     join chunks into /root/models/*.gguf and the sdist, check md5
+#   bench/gpu_host.sh recv         append carried model/sdist chunks (.xfer/*) to $XFER/
+#   bench/gpu_host.sh assemble     join chunks into $MODELS/*.gguf and the sdist, check md5
 #   bench/gpu_host.sh llama        build llama-bench from the sdist in the background (setsid)
 #   bench/gpu_host.sh test [ARGS]  GPU test suite (pytest -m gpu), log under $OUT
 #   bench/gpu_host.sh bench        flashd vs llama.cpp table for the real models, under $OUT
@@ -13,11 +13,14 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-export FLASHD_MODELS_DIR=/root/models
-export FLASHD_CACHE_DIR=/root/flashd-cache
+HOST_DIR=${FLASHD_HOST_DIR:-/root}           # survives between calls while the host stays warm
+export FLASHD_MODELS_DIR=${FLASHD_MODELS_DIR:-$HOST_DIR/models}
+export FLASHD_CACHE_DIR=${FLASHD_CACHE_DIR:-$HOST_DIR/flashd-cache}
 export HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /root/models /root/xfer
+XFER=$HOST_DIR/xfer
+MODELS=$FLASHD_MODELS_DIR
+mkdir -p "$OUT" "$MODELS" "$XFER"
 step=${1:-}; shift || true
 
 case "$step" in
@@ -29,26 +32,26 @@ setup)
     time flashd build 2>&1 | tail -3
     ;;
 recv)
-    cp .xfer/* /root/xfer/ && ls /root/xfer | tr '\n' ' ' && echo
+    cp .xfer/* $XFER/ && ls $XFER | tr '\n' ' ' && echo
     ;;
 assemble)
-    cat /root/xfer/q05_?? > /root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
-    cat /root/xfer/q15_?? > /root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-    cat /root/xfer/lcp_?? > /root/llama_cpp_python-0.3.36.tar.gz
-    md5sum /root/models/*.gguf
+    cat $XFER/q05_?? > $MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    cat $XFER/q15_?? > $MODELS/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+    cat $XFER/lcp_?? > $HOST_DIR/llama_cpp_python-0.3.36.tar.gz
+    md5sum $MODELS/*.gguf
     ;;
 llama)
-    setsid nohup python3 bench/compare_llama_cpp.py --sdist /root/llama_cpp_python-0.3.36.tar.gz \
-        --build-dir /root/llama-build --model /dev/null --build-only > /root/llama_build.log 2>&1 < /dev/null &
-    echo "llama.cpp build started in the background (log /root/llama_build.log)"
+    setsid nohup python3 bench/compare_llama_cpp.py --sdist $HOST_DIR/llama_cpp_python-0.3.36.tar.gz \
+        --build-dir $HOST_DIR/llama-build --model /dev/null --build-only > $HOST_DIR/llama_build.log 2>&1 < /dev/null &
+    echo "llama.cpp build started in the background (log $HOST_DIR/llama_build.log)"
     ;;
 test)
     python3 -m pytest tests/gpu -m gpu -q -rs "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
     ;;
 bench)
-    python3 bench/compare_llama_cpp.py --llama-bench /root/llama-build/build/bin/llama-bench \
-        --model /root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
-        --model /root/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+    python3 bench/compare_llama_cpp.py --llama-bench $HOST_DIR/llama-build/build/bin/llama-bench \
+        --model $MODELS/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+        --model $MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
     ;;
 *)
     echo "usage: $0 setup|recv|assemble|llama|test|bench" >&2

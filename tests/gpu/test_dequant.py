@@ -7,47 +7,11 @@ astype(float16). Outputs are poisoned with NaN bytes first, so an unwritten elem
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
+from quant_weights import FLOAT_FORMATS, FORMATS, cols_of, random_weights
+
 FD_E_ARG, FD_E_QTYPE, FD_E_SHAPE = -1, -2, -3
-FORMATS = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
-FLOAT_FORMATS = (T.F32, T.F16, T.BF16)
-
-
-def random_weights(rng, qtype, rows: int, cols: int) -> np.ndarray:
-    """(rows, row_bytes) uint8 of a valid tensor: random codes, sane f16 scales (d, dmin, m)."""
-    if qtype in FLOAT_FORMATS:
-        v = rng.standard_normal((rows, cols)).astype(np.float32)
-        if qtype == T.F32:
-            return v.view(np.uint8).reshape(rows, -1)
-        if qtype == T.F16:
-            return v.astype(np.float16).view(np.uint8).reshape(rows, -1)
-        return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
-    block, size = GGML_QUANT_SIZES[qtype]
-    nb = cols // block
-    data = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
-
-    def f16(lo, hi):
-        mag = np.exp(rng.uniform(np.log(lo), np.log(hi), (rows, nb)))
-        sign = np.where(rng.random((rows, nb)) < 0.5, -1.0, 1.0)
-        return (mag * sign).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
-
-    if qtype in (T.Q4_0, T.Q5_0, T.Q8_0):
-        data[..., 0:2] = f16(1e-4, 1e-1)
-    elif qtype == T.Q4_1:
-        data[..., 0:2] = f16(1e-4, 1e-1)
-        data[..., 2:4] = f16(1e-4, 1.0)
-    elif qtype in (T.Q4_K, T.Q5_K):
-        data[..., 0:2] = f16(1e-5, 1e-2)
-        data[..., 2:4] = f16(1e-5, 1e-2)
-    elif qtype == T.Q6_K:
-        data[..., 208:210] = f16(1e-5, 1e-2)
-    return data.reshape(rows, nb * size)
-
-
-def cols_of(qtype, n_blocks: int) -> int:
-    return n_blocks if qtype in FLOAT_FORMATS else n_blocks * GGML_QUANT_SIZES[qtype][0]
 
 
 def dequant_f32(data, qtype, rows, cols):
