@@ -1,5 +1,5 @@
 """The Lucebox-compatible dialect: the argv and stdin commands of Lucebox's daemon binary
-(`test_dflash --daemon`, see /work/shared/research/lucebox-server.md section 1.1), so existing
+(`test_dflash --daemon`; DESIGN.md section 3 describes it), so existing
 Lucebox clients can run flashd unchanged.
 
   argv    TARGET DRAFT --daemon --stream-fd=FD [--max-ctx=N] [--ddtree] [--ddtree-budget=N]

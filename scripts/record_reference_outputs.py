@@ -15,7 +15,7 @@ greedy sampler); it is cross-checked against a repeat run and against `Llama.gen
 temp=0, top_k=1, repeat_penalty=1.0, and the script fails if any of them disagree.
 
 Usage:
-    python -m flashd.scripts.record_reference_outputs --models-dir /root/models \
+    python -m flashd.scripts.record_reference_outputs --models-dir DIR \
         --out tests/data/reference
 The inputs (prompts.json, the source excerpt) are read from the --out folder; see its README.md.
 """
