@@ -7,6 +7,9 @@
 #   bench/gpu_host.sh llama        build llama-bench from the sdist in the background (setsid)
 #   bench/gpu_host.sh test [ARGS]  GPU test suite (pytest -m gpu), log under $OUT
 #   bench/gpu_host.sh bench        flashd vs llama.cpp table for the real models, under $OUT
+#   bench/gpu_host.sh clones       synthetic clones of the 1.5B and 0.5B files (shapes and formats) in $MODELS
+#   bench/gpu_host.sh ab MODEL     flashd bench tg128 with and without int8 activations / PDL
+#   bench/gpu_host.sh profile MODEL  nsys kernel summary of a short decode (if nsys is installed)
 #
 # Every step exports the same environment, so steps can run in separate calls while the host
 # stays warm (files under /root and /tmp persist; the checkout is re-sent each call).
@@ -53,8 +56,39 @@ bench)
         --model $MODELS/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
         --model $MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
     ;;
+clones)
+    for preset in qwen2.5-coder-1.5b-q4_k_m qwen2.5-coder-0.5b-q4_k_m; do
+        [ -f $MODELS/clone-$preset.gguf ] || python3 -m flashd.scripts.make_synthetic_gguf \
+            $MODELS/clone-$preset.gguf --preset $preset -q
+    done
+    ls -la $MODELS
+    ;;
+ab)
+    model=$1; shift
+    for env in "" "FLASHD_GEMV_FLOAT_X=1" "FLASHD_NO_PDL=1"; do
+        echo "== ${env:-default}"
+        env $env flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 "$@" 2>&1 | grep -E "tg|pp|GPU"
+    done | tee -a "$OUT/ab.log"
+    ;;
+profile)
+    model=$1; shift
+    if command -v nsys >/dev/null; then
+        nsys profile --cuda-graph-trace=node -o $OUT/decode -f true --stats=false flashd bench -m "$model" -p "" -n 64 -d 0 -r 1 >/dev/null 2>&1
+        nsys stats -r cuda_gpu_kern_sum -f csv -o $OUT/kern $OUT/decode.nsys-rep >/dev/null 2>&1
+        python3 - "$OUT" <<'PY'
+import csv, glob, sys
+f = glob.glob(sys.argv[1] + "/kern*.csv")[0]
+rows = list(csv.DictReader(open(f)))
+tot = sum(float(r["Total Time (ns)"]) for r in rows)
+for r in rows[:25]:
+    print(f'{float(r["Total Time (ns)"])/tot*100:5.1f}%  n={r["Instances"]:>6}  avg={float(r["Avg (ns)"])/1e3:7.2f} us  {r["Name"][:110]}')
+PY
+    else
+        echo "nsys not installed"
+    fi
+    ;;
 *)
-    echo "usage: $0 setup|recv|assemble|llama|test|bench" >&2
+    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|profile" >&2
     exit 2
     ;;
 esac

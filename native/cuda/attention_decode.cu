@@ -19,7 +19,7 @@
 //   2. combine_kernel: one block per query head reduces the active splits' partials into o.
 //   If max_ctx fits one chunk (n_splits == 1) the first kernel writes o itself.
 //
-// Both kernels use programmatic dependent launch on sm_90 (attention_splitk.cuh: launch_pdl): their
+// Both kernels use programmatic dependent launch on sm_90 (common.cuh: launch_pdl): their
 // blocks become resident while the previous kernel drains, and the combine kernel starts waiting
 // while the split kernel runs, hiding most of the launch latency inside a captured graph.
 //
@@ -58,9 +58,10 @@ int launch(Params p, int row_tiles, cudaStream_t stream) {
     p.n_splits = target < 1 ? 1 : (target > cap ? cap : target);
     const size_t smem = Cfg<HD>::SMEM_BYTES;
     cudaFuncSetAttribute(splitk_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    launch_pdl(splitk_kernel<HD, false>, dim3(p.n_splits, p.n_kv_heads, row_tiles), dim3(THREADS), smem, stream, p);
-    if (p.n_splits > 1) launch_pdl(combine_kernel<false, HD>, dim3(p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
-    return FD_LAUNCH_STATUS();
+    int st = fd::launch_pdl(splitk_kernel<HD, false>, dim3(p.n_splits, p.n_kv_heads, row_tiles), dim3(THREADS), smem, stream, p);
+    if (st == 0 && p.n_splits > 1)
+        st = fd::launch_pdl(combine_kernel<false, HD>, dim3(p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
+    return st;
 }
 
 }  // namespace

@@ -30,8 +30,7 @@ template <int HD>
 int launch(const Params& p, int row_tiles, cudaStream_t stream) {
     const size_t smem = Cfg<HD>::SMEM_BYTES;
     cudaFuncSetAttribute(splitk_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    launch_pdl(splitk_kernel<HD, true>, dim3(1, p.n_kv_heads, row_tiles), dim3(THREADS), smem, stream, p);
-    return FD_LAUNCH_STATUS();
+    return fd::launch_pdl(splitk_kernel<HD, true>, dim3(1, p.n_kv_heads, row_tiles), dim3(THREADS), smem, stream, p);
 }
 
 }  // namespace

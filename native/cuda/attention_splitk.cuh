@@ -110,21 +110,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start while
-// the previous kernel in the stream finishes; pdl_wait() blocks until that kernel has completed and
-// its writes are visible, pdl_launch_dependents() lets the next PDL-launched kernel start early.
-// Both are no-ops without PDL and on older GPUs.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // Per-thread view of which query rows it holds and how visibility is decided.
 struct RowCtx {
     int L;                     // visible slots [0, L)
@@ -590,6 +575,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
     const float* l_row = p.ws_l + qrow * p.n_splits;
     const float* acc_row = p.ws_acc + qrow * p.n_splits * HD + lane * PER_LANE;
     pdl_wait();                  // the partials of the split kernel
+    pdl_launch_dependents();     // the next projection may start fetching its weights
     float m = -INFINITY, l = 0.0f, a[PER_LANE];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) a[j] = 0.0f;
@@ -650,33 +636,6 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
     }
 }
 
-
-// Launches kernel(p) with programmatic dependent launch where the device supports it (sm_90+):
-// the kernel's blocks may become resident while the previous kernel drains; they call pdl_wait()
-// before touching its results. Elsewhere (older GPUs, HIP) a plain launch.
-template <class Kernel>
-void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Params& p) {
-#if FD_HAS_MMA
-    int device = 0, major = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    if (major >= 9) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = block;
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = stream;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        cudaLaunchKernelEx(&cfg, kernel, p);
-        return;
-    }
-#endif
-    kernel<<<grid, block, smem, stream>>>(p);
-}
 
 }  // namespace attn
 }  // namespace fd

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "../include/flashd.h"
 
@@ -61,5 +62,56 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ---- programmatic dependent launch (sm_90) ----------------------------------------------------------------
+// A kernel launched with launch_pdl may become resident while the previous kernel of the stream
+// drains. pdl_wait() blocks until that kernel has completed and its writes are visible: call it
+// before the first read of anything an earlier kernel wrote (reads of weights may come before it).
+// pdl_launch_dependents() lets the next PDL-launched kernel start early (its blocks then wait in
+// their own pdl_wait). Both are no-ops without PDL and on older GPUs and HIP.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where the device
+// supports it (compute capability >= 9; the kernel must call pdl_wait() as described above), else
+// plainly. FLASHD_NO_PDL=1 in the environment turns PDL off (A/B benchmarks). Returns the launch status.
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char* v = getenv("FLASHD_NO_PDL");
+        return !(v && v[0] == '1');
+    }();
+    return on;
+}
+
+template <class... KArgs, class... Args>
+int launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+#if FD_HAS_MMA
+    int device = 0, major = 0;
+    if (pdl_enabled() && cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        return (int)cudaLaunchKernelEx(&cfg, kernel, args...);
+    }
+#endif
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return FD_LAUNCH_STATUS();
+}
 
 }  // namespace fd

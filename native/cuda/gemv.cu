@@ -55,6 +55,7 @@
 #include "quant.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 namespace fd {
@@ -99,6 +100,9 @@ struct GemvArgs {
     int stage_bytes;          // one buffer; a warp owns n_bufs
     int n_bufs;               // 2: double-buffered steps; 1: every warp has a single step
     int range_bytes;          // swiglu: the up rows start range_bytes into a buffer
+    // int8 activations (XQ kernels): byte offset / bytes per row of the codes, float offset / floats
+    // per row of the 32-column block scales; xsum16 / xsum32 then hold sums of the quantized values
+    int x8_off, x8_row, xsc_off, xsc_row;
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).
@@ -127,14 +131,12 @@ __device__ __forceinline__ void block_sum_n(float (&v)[NX], float* scratch) {
 
 constexpr int X_BATCH = 8;   // x loads in flight per thread in the prologue
 
-// xn (scaled by 2^X_SCALE_LOG2) into each used layout, zero-padded; sums of xn per 16 and 32
-// columns. Loads are issued X_BATCH at a time per thread (the prologue is latency-bound).
+// The RMSNorm factor of every x row (1 without norm_w). Loads are issued X_BATCH at a time per thread
+// (the prologue is latency-bound).
 template <int NX>
-__device__ void stage_x(const GemvArgs& a, float* smf) {
+__device__ __forceinline__ void norm_scales(const GemvArgs& a, float* smf, float (&scale)[NX]) {
     const int tid = threadIdx.x, n_threads = blockDim.x;
     const int cols = a.cols, n_x = a.n_x;
-    const int cols_pad = (cols + 63) & ~63;
-    float scale[NX];
 #pragma unroll
     for (int i = 0; i < NX; ++i) scale[i] = 1.0f;
     if (a.norm_w) {
@@ -159,6 +161,17 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
 #pragma unroll
         for (int i = 0; i < NX; ++i) scale[i] = rsqrtf(ss[i] / (float)cols + a.eps);
     }
+}
+
+// xn (scaled by 2^X_SCALE_LOG2) into each used layout, zero-padded; sums of xn per 16 and 32
+// columns.
+template <int NX>
+__device__ void stage_x(const GemvArgs& a, float* smf) {
+    const int tid = threadIdx.x, n_threads = blockDim.x;
+    const int cols = a.cols, n_x = a.n_x;
+    const int cols_pad = (cols + 63) & ~63;
+    float scale[NX];
+    norm_scales<NX>(a, smf, scale);
     const float up = exp2i(X_SCALE_LOG2);
     // c runs over 32-aligned groups per warp (n_threads is a multiple of 32): the warp sums below are
     // over 32 consecutive columns, all lanes present
@@ -199,6 +212,175 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
         }
     }
     __syncthreads();
+}
+
+// ---- int8 activations (XQ kernels: launches whose matrices are all quantized) ----------------------------
+// Each x row is staged per 32-column block as a float scale sx and two int8 codes per column with
+// xn ~= x' = sx * (hi + lo / XQ_LO): t = xn * 127 / max|xn over the block|, hi = rint(t),
+// lo = rint((t - hi) * XQ_LO). |xn - x'| <= max / (127 * 2 * XQ_LO) ~ 1.6e-5 of the block's largest |xn|
+// (about float16's relative precision, which the prefill GEMM uses for activations). The weights
+// stay exact: a part's sum of code * x' is sx * (sum code * hi + sum code * lo / XQ_LO), two integer
+// dp4a sums, and its zero-point / min term uses the sums of the same x' (xsum16 / xsum32), so the
+// result is sum w * x' up to float32 rounding.
+// Bytes: the 4 columns of a group are 8 bytes (4 hi codes, then 4 lo codes); group g lies at byte
+// 8 * x8_group(4 g): one 8-byte pad per 32 columns keeps the LDS.64 of lanes whose pieces start 32,
+// 64 or 256 columns apart on distinct banks (Q6_K: 2-way at worst).
+constexpr float XQ_LO = 254.0f;
+__host__ __device__ constexpr int x8_group(int col) { return (col >> 2) + (col >> 5); }
+__host__ __device__ constexpr int x8_row_bytes(int cols) { return 8 * x8_group((cols + 31) & ~31); }
+
+// sum over k of byte k of a (unsigned) times byte k of b (signed), plus c
+__device__ __forceinline__ int dot4_u8s8(uint32_t a, uint32_t b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c += (int)((a >> (8 * k)) & 0xFFu) * (int)(int8_t)(uint8_t)(b >> (8 * k));
+    return c;
+#endif
+}
+
+__device__ __forceinline__ uint32_t pack_s8(const int (&v)[4]) {
+    return (uint32_t)(v[0] & 0xFF) | (uint32_t)(v[1] & 0xFF) << 8 | (uint32_t)(v[2] & 0xFF) << 16 | (uint32_t)(v[3] & 0xFF) << 24;
+}
+
+// Thread t of the CTA takes groups t, t + n_threads, ... (float4 loads: 8 lanes = one 32-column block,
+// so block maxima and sums are 8-lane shuffles). cols % 32 == 0, x and norm_w 16-byte aligned.
+// XQ_BATCH float4 loads of x (and of norm_w) in flight per thread: 4 x 768 threads cover 12288 columns
+// per round at 32 registers.
+constexpr int XQ_BATCH = 4;
+template <int NX>
+__device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
+    const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid & 31;
+    const int n_groups = a.cols >> 2, n_x = a.n_x;
+    float scale[NX];
+    norm_scales<NX>(a, smf, scale);
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    const float4* nw4 = reinterpret_cast<const float4*>(a.norm_w);
+    for (int g0 = tid; g0 - lane < n_groups; g0 += XQ_BATCH * n_threads) {
+        float4 nw[XQ_BATCH];
+#pragma unroll
+        for (int u = 0; u < XQ_BATCH; ++u) {
+            const int g = g0 + u * n_threads;
+            nw[u] = (nw4 && g < n_groups) ? __ldg(nw4 + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < NX; ++i) {
+            if (i >= n_x) break;
+            float4 v[XQ_BATCH];
+#pragma unroll
+            for (int u = 0; u < XQ_BATCH; ++u) {
+                const int g = g0 + u * n_threads;
+                v[u] = g < n_groups ? __ldg(x4 + (int64_t)i * n_groups + g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < XQ_BATCH; ++u) {
+                const int g = g0 + u * n_threads;
+                if (g - lane >= n_groups) break;   // warp-uniform: the whole warp is past the end
+                const float xn[4] = {v[u].x * scale[i] * nw[u].x, v[u].y * scale[i] * nw[u].y,
+                                     v[u].z * scale[i] * nw[u].z, v[u].w * scale[i] * nw[u].w};
+                float mx = fmaxf(fmaxf(fabsf(xn[0]), fabsf(xn[1])), fmaxf(fabsf(xn[2]), fabsf(xn[3])));
+#pragma unroll
+                for (int off = 1; off < 8; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+                const float sx = mx * (1.0f / 127.0f);
+                int hi[4], lo[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float t = xn[k] * inv;
+                    hi[k] = __float2int_rn(t);
+                    lo[k] = __float2int_rn((t - (float)hi[k]) * XQ_LO);
+                }
+                int hs = hi[0] + hi[1] + hi[2] + hi[3], ls = lo[0] + lo[1] + lo[2] + lo[3];
+#pragma unroll
+                for (int off = 1; off < 4; off <<= 1) {   // 16-column sums (4 lanes)
+                    hs += __shfl_xor_sync(0xffffffffu, hs, off);
+                    ls += __shfl_xor_sync(0xffffffffu, ls, off);
+                }
+                const float s16 = sx * fmaf((float)ls, 1.0f / XQ_LO, (float)hs);
+                hs += __shfl_xor_sync(0xffffffffu, hs, 4);
+                ls += __shfl_xor_sync(0xffffffffu, ls, 4);
+                if (g < n_groups) {
+                    *reinterpret_cast<uint2*>(sm + a.x8_off + i * a.x8_row + 8 * x8_group(4 * g)) =
+                        make_uint2(pack_s8(hi), pack_s8(lo));
+                    if ((lane & 3) == 0) smf[a.xsum16_off + i * a.xsum16_row + (g >> 2)] = s16;
+                    if ((lane & 7) == 0) {
+                        smf[a.xsum32_off + i * a.xsum32_row + (g >> 3)] = sx * fmaf((float)ls, 1.0f / XQ_LO, (float)hs);
+                        smf[a.xsc_off + i * a.xsc_row + (g >> 3)] = sx;
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// The x8 byte offset of column col(j, run) of a piece splits into a lane part and a run part (the
+// run part is then a compile-time immediate): checked for every quant format here.
+template <int QT>
+constexpr bool x8_affine() {
+    using F = Fmt<QT>;
+    for (int j = 0; j < F::LPB; ++j)
+        for (int r = 0; r < F::RUNS; ++r)
+            if (x8_group(F::col(j, r)) != x8_group(F::col(j, 0)) + x8_group(F::col(0, r))) return false;
+    return F::BE % 32 == 0;
+}
+static_assert(x8_affine<FD_Q_Q4_0>() && x8_affine<FD_Q_Q4_1>() && x8_affine<FD_Q_Q5_0>() && x8_affine<FD_Q_Q8_0>() &&
+                  x8_affine<FD_Q_Q4_K>() && x8_affine<FD_Q_Q5_K>() && x8_affine<FD_Q_Q6_K>(),
+              "int8 activation offsets must be affine in (lane, run)");
+
+// acc[i] += sum over the lane's pieces of dot(W[row, piece cols], x'[i, piece cols]) (quant formats).
+template <int QT, int NX>
+__device__ __forceinline__ void row_dot_q8(const uint8_t* wrow, int t, int lpr, int pieces, const uint8_t* x8,
+                                           int x8_row, const float* xsc, int xsc_row, const float* xsum,
+                                           int xsum_row, float (&acc)[NX]) {
+    using F = Fmt<QT>;
+    constexpr int RPP = F::RUNS / F::PARTS;
+    constexpr int BLK_X8 = 8 * x8_group(F::BE);      // x8 bytes per weight block
+    const int j = t % F::LPB;
+    int blk = t / F::LPB;
+    const int blk_step = lpr / F::LPB;
+    const uint8_t* wp = wrow + (int64_t)blk * F::BB;
+    const uint8_t* xp = x8 + blk * BLK_X8 + 8 * x8_group(F::col(j, 0));
+
+#pragma unroll 1
+    for (int p = t; p < pieces; p += lpr) {
+        typename F::Raw raw;
+        F::template load<false>(wp, j, raw);
+        float pa[F::PARTS], pb[F::PARTS];
+        F::params(raw, j, pa, pb);
+#pragma unroll
+        for (int part = 0; part < F::PARTS; ++part) {
+            const int shift = F::part_shift(part);
+            int ah[NX], al[NX];
+#pragma unroll
+            for (int i = 0; i < NX; ++i) ah[i] = al[i] = 0;
+#pragma unroll
+            for (int rr = 0; rr < RPP; ++rr) {
+                const int run = part * RPP + rr;
+                const uint32_t code = (F::code_word(raw, j, run) >> shift) & (F::CODE_MASK * 0x01010101u);
+#pragma unroll
+                for (int i = 0; i < NX; ++i) {
+                    const uint2 xv = *reinterpret_cast<const uint2*>(xp + i * x8_row + 8 * x8_group(F::col(0, run)));
+                    ah[i] = dot4_u8s8(code, xv.x, ah[i]);
+                    al[i] = dot4_u8s8(code, xv.y, al[i]);
+                }
+            }
+            const float bb = fmaf(-(float)F::OFFSET, pa[part], pb[part]);   // b - a * OFFSET
+            const int grp = F::part_group(blk, j, part);                     // in PART_COLS columns
+            const int blk32 = grp * F::PART_COLS / 32;
+#pragma unroll
+            for (int i = 0; i < NX; ++i) {
+                const float cx = xsc[i * xsc_row + blk32] * fmaf((float)al[i], 1.0f / XQ_LO, (float)ah[i]);
+                acc[i] = fmaf(pa[part], cx, fmaf(bb, xsum[i * xsum_row + grp], acc[i]));
+            }
+        }
+        blk += blk_step;
+        wp += (int64_t)blk_step * F::BB;
+        xp += blk_step * BLK_X8;
+    }
 }
 
 // ---- one row's dot products over its pieces -------------------------------------------------------------
@@ -298,6 +480,9 @@ struct XViews {
     const float* xsum16;
     const float* xsum32;
     int xsum16_row, xsum32_row;
+    const uint8_t* x8;        // int8 activations (XQ kernels)
+    const float* xsc;
+    int x8_row, xsc_row;
 };
 
 __device__ __forceinline__ XViews x_views(const GemvArgs& a, const float* smf) {
@@ -311,6 +496,10 @@ __device__ __forceinline__ XViews x_views(const GemvArgs& a, const float* smf) {
     v.xsum32 = smf + (a.xsum32_off >= 0 ? a.xsum32_off : 0);
     v.xsum16_row = a.xsum16_row;
     v.xsum32_row = a.xsum32_row;
+    v.x8 = reinterpret_cast<const uint8_t*>(smf) + (a.x8_off >= 0 ? a.x8_off : 0);
+    v.xsc = smf + (a.xsc_off >= 0 ? a.xsc_off : 0);
+    v.x8_row = a.x8_row;
+    v.xsc_row = a.xsc_row;
     return v;
 }
 
@@ -340,6 +529,35 @@ struct RowDot {   // row_dot for the qtype chosen at run time (quant.cuh dispatc
     }
 };
 
+template <int NX>
+struct RowDotQ8 {   // row_dot_q8 for the qtype chosen at run time (quant formats only)
+    const uint8_t* wrow;
+    int t, lpr, pieces;
+    const XViews* xv;
+    float (*acc)[NX];
+    template <int QT>
+    __device__ __forceinline__ void run() {
+        if constexpr (!Fmt<QT>::IS_FLOAT) {
+            constexpr bool P16 = Fmt<QT>::PART_COLS == 16;
+            row_dot_q8<QT, NX>(wrow, t, lpr, pieces, xv->x8, xv->x8_row, xv->xsc, xv->xsc_row,
+                               P16 ? xv->xsum16 : xv->xsum32, P16 ? xv->xsum16_row : xv->xsum32_row, *acc);
+        }
+    }
+};
+
+// acc += the row's dot products, by the activation form of the kernel
+template <int NX, bool XQ>
+__device__ __forceinline__ void row_dot_any(const GemvMat& m, const uint8_t* wrow, int t, int cols, const XViews& xv,
+                                            float (&acc)[NX]) {
+    if constexpr (XQ) {
+        RowDotQ8<NX> fn{wrow, t, m.lpr, m.pieces, &xv, &acc};
+        dispatch_qtype(m.qtype, fn);
+    } else {
+        RowDot<NX> fn{wrow, t, m.lpr, m.pieces, cols, m.aligned16 != 0, &xv, &acc};
+        dispatch_qtype(m.qtype, fn);
+    }
+}
+
 // ---- staging and computing one step ----------------------------------------------------------------------
 template <bool SWIGLU>
 __device__ __forceinline__ void issue_step(const GemvArgs& a, int s, uint8_t* buf, int lane) {
@@ -361,7 +579,7 @@ __device__ __forceinline__ void reduce_lanes(float (&acc)[NX], int lpr) {
         for (int off = lpr >> 1; off > 0; off >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], off);
 }
 
-template <int NX, bool SWIGLU>
+template <int NX, bool SWIGLU, bool XQ>
 __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uint8_t* buf, const XViews& xv, int lane) {
     const GemvMat m = SWIGLU ? a.mat[0] : mat_of_step(a, s);
     const int lpr = m.lpr, G = 32 / lpr;
@@ -376,8 +594,7 @@ __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uin
     if (valid) {
         const uint8_t* src = m.w + r0 * m.row_bytes;
         const uint8_t* wrow = buf + (reinterpret_cast<uintptr_t>(src) & 15) + g * m.row_bytes;
-        RowDot<NX> fn{wrow, t, lpr, m.pieces, a.cols, m.aligned16 != 0, &xv, &acc};
-        dispatch_qtype(m.qtype, fn);
+        row_dot_any<NX, XQ>(m, wrow, t, a.cols, xv, acc);
     }
     reduce_lanes(acc, lpr);
 
@@ -389,8 +606,7 @@ __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uin
         if (valid) {
             const uint8_t* src = u.w + r0 * u.row_bytes;
             const uint8_t* wrow = buf + a.range_bytes + (reinterpret_cast<uintptr_t>(src) & 15) + g * u.row_bytes;
-            RowDot<NX> fn{wrow, t, lpr, u.pieces, a.cols, u.aligned16 != 0, &xv, &acc_u};
-            dispatch_qtype(u.qtype, fn);
+            row_dot_any<NX, XQ>(u, wrow, t, a.cols, xv, acc_u);
         }
         reduce_lanes(acc_u, lpr);
         if (valid && t == 0) {
@@ -412,7 +628,7 @@ __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uin
     }
 }
 
-template <int NX, bool SWIGLU>
+template <int NX, bool SWIGLU, bool XQ>
 __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel(const GemvArgs a) {
     extern __shared__ __align__(16) uint8_t smem[];
     float* smf = reinterpret_cast<float*>(smem);
@@ -421,9 +637,12 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     const int s0 = warp * gridDim.x + blockIdx.x;   // consecutive steps go to different CTAs (SMs)
     uint8_t* stage = smem + a.stage_off + (size_t)warp * a.n_bufs * a.stage_bytes;
 
-    if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // in flight during the prologue
+    pdl_launch_dependents();   // the next kernel may start fetching its weights too
+    if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // weights: in flight during the prologue ...
     cp_async_commit();
-    stage_x<NX>(a, smf);
+    pdl_wait();                // ... and while the previous kernel finishes writing x (and the residual)
+    if constexpr (XQ) stage_xq<NX>(a, smem, smf);
+    else stage_x<NX>(a, smf);
 
     const XViews xv = x_views(a, smf);
     int it = 0;
@@ -442,7 +661,7 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
             cp_async_wait<0>();
         }
         __syncwarp();             // ... and every lane's are visible
-        compute_step<NX, SWIGLU>(a, s, stage + cur * a.stage_bytes, xv, lane);
+        compute_step<NX, SWIGLU, XQ>(a, s, stage + cur * a.stage_bytes, xv, lane);
         __syncwarp();             // the buffer is refilled by a later issue
     }
     cp_async_wait<0>();
@@ -471,37 +690,45 @@ int device_facts(DeviceFacts* out) {
     return 0;
 }
 
-template <int NX, bool SWIGLU>
+template <int NX, bool SWIGLU, bool XQ>
 int raise_smem_limit(int max_smem) {
     static std::once_flag once;
     static cudaError_t err = cudaSuccess;
     std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_kernel<NX, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+        err = cudaFuncSetAttribute(gemv_kernel<NX, SWIGLU, XQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
     });
     return (int)err;
 }
 
-template <int NX, bool SWIGLU>
+template <int NX, bool SWIGLU, bool XQ>
 int launch_nx(const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem, cudaStream_t stream) {
-    const int st = raise_smem_limit<NX, SWIGLU>(max_smem);
+    const int st = raise_smem_limit<NX, SWIGLU, XQ>(max_smem);
     if (st) return st;
-    gemv_kernel<NX, SWIGLU><<<ctas, warps * 32, smem, stream>>>(a);
-    return FD_LAUNCH_STATUS();
+    return launch_pdl(gemv_kernel<NX, SWIGLU, XQ>, dim3(ctas), dim3(warps * 32), smem, stream, a);
 }
 
-template <bool SWIGLU>
+template <bool SWIGLU, bool XQ>
 int launch_any(int nx, const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem, cudaStream_t stream) {
     switch (nx) {
-        case 1: return launch_nx<1, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
-        case 2: return launch_nx<2, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
-        case 3: return launch_nx<3, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
-        case 4: return launch_nx<4, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
-        case 5: return launch_nx<5, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
-        case 6: return launch_nx<6, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
-        case 7: return launch_nx<7, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
-        case 8: return launch_nx<8, SWIGLU>(a, ctas, warps, smem, max_smem, stream);
+        case 1: return launch_nx<1, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
+        case 2: return launch_nx<2, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
+        case 3: return launch_nx<3, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
+        case 4: return launch_nx<4, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
+        case 5: return launch_nx<5, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
+        case 6: return launch_nx<6, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
+        case 7: return launch_nx<7, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
+        case 8: return launch_nx<8, SWIGLU, XQ>(a, ctas, warps, smem, max_smem, stream);
         default: return FD_E_ARG;
     }
+}
+
+// Int8 activations unless FLASHD_GEMV_FLOAT_X=1 (a switch for A/B benchmarks and accuracy checks).
+bool int8_activations_enabled() {
+    static const bool on = [] {
+        const char* v = getenv("FLASHD_GEMV_FLOAT_X");
+        return !(v && v[0] == '1');
+    }();
+    return on;
 }
 
 struct MatIn { const void* w; float* y; const float* bias; int qtype, rows; };
@@ -583,11 +810,16 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     a.range_bytes = (int)range_bytes;
     a.stage_bytes = (int)(range_bytes * n_ranges);
 
-    // shared memory: scratch | x rows per layout | xsum | 16-aligned warp stages
+    // Activations: int8 (XQ) when every matrix is quantized (then cols % 32 == 0) and x / norm_w allow
+    // 16-byte loads; else float32 in each layout the formats read.
+    bool xq = int8_activations_enabled() && cols % 32 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(norm_w) % 16 == 0;
+    for (int k = 0; k < n_mats; ++k) xq = xq && !info[k].is_float;
+    // shared memory: scratch | x rows per layout (float) | xsum16 | xsum32 | xsc | x8 rows | 16-aligned warp stages
     bool layout_used[XL_COUNT] = {false, false};
     bool need_xsum = false;   // every quant format needs sums of x (zero point or min)
     for (int k = 0; k < n_mats; ++k) {
-        layout_used[info[k].layout] = true;
+        layout_used[info[k].layout] = !xq;
         need_xsum |= !info[k].is_float;
     }
     int x_row_total = 0;
@@ -597,7 +829,9 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     }
     a.xsum16_row = need_xsum ? ((ceil_div(cols, 16) + 3) & ~3) : 0;
     a.xsum32_row = need_xsum ? ((ceil_div(cols, 32) + 3) & ~3) : 0;
-    const int64_t per_x_row_bytes = 4 * (int64_t)(x_row_total + a.xsum16_row + a.xsum32_row);
+    a.xsc_row = xq ? a.xsum32_row : 0;
+    a.x8_row = xq ? ((x8_row_bytes(cols) + 15) & ~15) : 0;
+    const int64_t per_x_row_bytes = 4 * (int64_t)(x_row_total + a.xsum16_row + a.xsum32_row + a.xsc_row) + a.x8_row;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;
     const int64_t room = (int64_t)dev.max_smem - SCRATCH_BYTES - 16 - min_stages;
     if (room < per_x_row_bytes) return FD_E_SHAPE;
@@ -622,7 +856,12 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         if (need_xsum) off += nx * a.xsum16_row;
         p.xsum32_off = need_xsum ? off : -1;
         if (need_xsum) off += nx * a.xsum32_row;
-        p.stage_off = (off * 4 + 15) & ~15;
+        p.xsc_off = xq ? off : -1;
+        off += nx * a.xsc_row;
+        int off_bytes = (off * 4 + 15) & ~15;
+        p.x8_off = xq ? off_bytes : -1;
+        off_bytes += nx * a.x8_row;
+        p.stage_off = off_bytes;
         // Warps: every warp one step, single-buffered, when the grid can hold them all (small and
         // mid-size matrices: all loads in flight at once, no tail); else persistent double-buffered
         // warps, as many rounds as needed and warps spread so rounds are even.
@@ -643,8 +882,11 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
             warps = std::min<int64_t>(std::max<int64_t>((steps + ctas * rounds - 1) / (ctas * rounds), MIN_CTA_WARPS), fit2);
         }
         const size_t smem = (size_t)p.stage_off + (size_t)warps * p.n_bufs * a.stage_bytes;
-        const int st = swiglu ? launch_any<true>(nx, p, ctas, (int)warps, smem, dev.max_smem, stream)
-                              : launch_any<false>(nx, p, ctas, (int)warps, smem, dev.max_smem, stream);
+        const int w = (int)warps;
+        const int st = swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
+                                    : launch_any<true, false>(nx, p, ctas, w, smem, dev.max_smem, stream))
+                              : (xq ? launch_any<false, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
+                                    : launch_any<false, false>(nx, p, ctas, w, smem, dev.max_smem, stream));
         if (st) return st;
     }
     return 0;

@@ -11,7 +11,9 @@ F32 = lambda v: float(np.float32(v))   # noqa: E731  parameters the kernel sees 
 
 
 # ---- argmax -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("n_rows,n_vocab", [(1, 151936), (3, 262144), (4, 7), (2, 1), (8, 1001)])
+# 16384 and up take the 8-block cluster kernel on sm_90 (16385, 20001: slices of unequal length, no float4)
+@pytest.mark.parametrize("n_rows,n_vocab", [(1, 151936), (3, 262144), (4, 7), (2, 1), (8, 1001), (1, 16384),
+                                            (2, 16385), (5, 20001)])
 def test_argmax_lowest_id_wins_ties_and_nan_never_wins(native, dev, rng, poisoned, n_rows, n_vocab):
     x = rng.standard_normal((n_rows, n_vocab)).astype(np.float32)
     for r in range(n_rows):
@@ -26,6 +28,23 @@ def test_argmax_lowest_id_wins_ties_and_nan_never_wins(native, dev, rng, poisone
     dev.synchronize()
     expect = [int(np.flatnonzero(row == np.nanmax(row))[0]) for row in x]
     assert dev.download(out).tolist() == expect
+
+
+@pytest.mark.parametrize("n_vocab", [151936, 16387])
+def test_argmax_long_rows_ties_across_slices_and_nan_rows(native, dev, n_vocab):
+    """The cluster kernel's merge: a tie between the first and the last slice, between two middle
+    slices, a winner in the last element, and an all-NaN long row."""
+    x = np.zeros((4, n_vocab), np.float32)
+    x[0, [n_vocab - 1, 0]] = 3.0                 # tie first / last element: 0
+    x[1, [n_vocab // 2 + 5, n_vocab // 4 + 3]] = 2.0
+    x[2, n_vocab - 1] = 1.0                      # last element alone
+    x[3] = np.nan
+    dx = dev.upload(x)
+    out = dev.empty((4,), np.int32)
+    native.check(native.lib.fd_argmax(dev.p(out, "int32_t*"), dev.p(dx, "float*"), 4, n_vocab, dev.stream),
+                 "fd_argmax")
+    dev.synchronize()
+    assert dev.download(out).tolist() == [0, n_vocab // 4 + 3, n_vocab - 1, -1]
 
 
 def test_argmax_special_rows(native, dev):
