@@ -102,7 +102,8 @@ struct GemvArgs {
     int range_bytes;          // swiglu: the up rows start range_bytes into a buffer
     // int8 activations (XQ kernels): byte offset / bytes per row of the codes, float offset / floats
     // per row of the 32-column block scales; xsum16 / xsum32 then hold sums of the quantized values
-    int x8_off, x8_row, xsc_off, xsc_row;
+    int x8_off[XL_COUNT], x8_row[XL_COUNT];   // per activation layout (-1: unused)
+    int xsc_off, xsc_row;
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).
@@ -222,12 +223,17 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
 // stay exact: a part's sum of code * x' is sx * (sum code * hi + sum code * lo / XQ_LO), two integer
 // dp4a sums, and its zero-point / min term uses the sums of the same x' (xsum16 / xsum32), so the
 // result is sum w * x' up to float32 rounding.
-// Bytes: the 4 columns of a group are 8 bytes (4 hi codes, then 4 lo codes); group g lies at byte
-// 8 * x8_group(4 g): one 8-byte pad per 32 columns keeps the LDS.64 of lanes whose pieces start 32,
-// 64 or 256 columns apart on distinct banks (Q6_K: 2-way at worst).
+// Bytes: the 4 columns of a group are 8 bytes (4 hi codes, then 4 lo codes); column col's group lies
+// at byte 8 * x8_group<L>(col), with one 8-byte pad per 32 columns (XL_PAD32: the 32-weight formats,
+// whose lanes read consecutive blocks: 18 words apart, distinct bank pairs in a half-warp) or per 64
+// columns (XL_PAD64: K formats, lanes 64 columns = 34 words and blocks 136 words apart: distinct bank
+// pairs for the 16 lanes of a half-warp of Q4_K / Q5_K; Q6_K 2-way at worst).
 constexpr float XQ_LO = 254.0f;
-__host__ __device__ constexpr int x8_group(int col) { return (col >> 2) + (col >> 5); }
-__host__ __device__ constexpr int x8_row_bytes(int cols) { return 8 * x8_group((cols + 31) & ~31); }
+template <int L>
+__host__ __device__ constexpr int x8_group(int col) { return (col >> 2) + (col >> (L == XL_PAD64 ? 6 : 5)); }
+__host__ __device__ constexpr int x8_row_bytes(int L, int cols) {
+    return L == XL_PAD64 ? 8 * x8_group<XL_PAD64>((cols + 63) & ~63) : 8 * x8_group<XL_PAD32>((cols + 31) & ~31);
+}
 
 // sum over k of byte k of a (unsigned) times byte k of b (signed), plus c
 __device__ __forceinline__ int dot4_u8s8(uint32_t a, uint32_t b, int c) {
@@ -303,8 +309,13 @@ __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
                 hs += __shfl_xor_sync(0xffffffffu, hs, 4);
                 ls += __shfl_xor_sync(0xffffffffu, ls, 4);
                 if (g < n_groups) {
-                    *reinterpret_cast<uint2*>(sm + a.x8_off + i * a.x8_row + 8 * x8_group(4 * g)) =
-                        make_uint2(pack_s8(hi), pack_s8(lo));
+                    const uint2 codes = make_uint2(pack_s8(hi), pack_s8(lo));
+                    if (a.x8_off[XL_PAD32] >= 0)
+                        *reinterpret_cast<uint2*>(sm + a.x8_off[XL_PAD32] + i * a.x8_row[XL_PAD32] +
+                                                  8 * x8_group<XL_PAD32>(4 * g)) = codes;
+                    if (a.x8_off[XL_PAD64] >= 0)
+                        *reinterpret_cast<uint2*>(sm + a.x8_off[XL_PAD64] + i * a.x8_row[XL_PAD64] +
+                                                  8 * x8_group<XL_PAD64>(4 * g)) = codes;
                     if ((lane & 3) == 0) smf[a.xsum16_off + i * a.xsum16_row + (g >> 2)] = s16;
                     if ((lane & 7) == 0) {
                         smf[a.xsum32_off + i * a.xsum32_row + (g >> 3)] = sx * fmaf((float)ls, 1.0f / XQ_LO, (float)hs);
@@ -322,10 +333,11 @@ __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
 template <int QT>
 constexpr bool x8_affine() {
     using F = Fmt<QT>;
+    constexpr int L = F::XL;
     for (int j = 0; j < F::LPB; ++j)
         for (int r = 0; r < F::RUNS; ++r)
-            if (x8_group(F::col(j, r)) != x8_group(F::col(j, 0)) + x8_group(F::col(0, r))) return false;
-    return F::BE % 32 == 0;
+            if (x8_group<L>(F::col(j, r)) != x8_group<L>(F::col(j, 0)) + x8_group<L>(F::col(0, r))) return false;
+    return F::BE % (L == XL_PAD64 ? 64 : 32) == 0;   // blocks start on a pad boundary: uniform block stride
 }
 static_assert(x8_affine<FD_Q_Q4_0>() && x8_affine<FD_Q_Q4_1>() && x8_affine<FD_Q_Q5_0>() && x8_affine<FD_Q_Q8_0>() &&
                   x8_affine<FD_Q_Q4_K>() && x8_affine<FD_Q_Q5_K>() && x8_affine<FD_Q_Q6_K>(),
@@ -338,12 +350,13 @@ __device__ __forceinline__ void row_dot_q8(const uint8_t* wrow, int t, int lpr, 
                                            int xsum_row, float (&acc)[NX]) {
     using F = Fmt<QT>;
     constexpr int RPP = F::RUNS / F::PARTS;
-    constexpr int BLK_X8 = 8 * x8_group(F::BE);      // x8 bytes per weight block
+    constexpr int L = F::XL;
+    constexpr int BLK_X8 = 8 * x8_group<L>(F::BE);   // x8 bytes per weight block
     const int j = t % F::LPB;
     int blk = t / F::LPB;
     const int blk_step = lpr / F::LPB;
     const uint8_t* wp = wrow + (int64_t)blk * F::BB;
-    const uint8_t* xp = x8 + blk * BLK_X8 + 8 * x8_group(F::col(j, 0));
+    const uint8_t* xp = x8 + blk * BLK_X8 + 8 * x8_group<L>(F::col(j, 0));
 
 #pragma unroll 1
     for (int p = t; p < pieces; p += lpr) {
@@ -363,7 +376,7 @@ __device__ __forceinline__ void row_dot_q8(const uint8_t* wrow, int t, int lpr, 
                 const uint32_t code = (F::code_word(raw, j, run) >> shift) & (F::CODE_MASK * 0x01010101u);
 #pragma unroll
                 for (int i = 0; i < NX; ++i) {
-                    const uint2 xv = *reinterpret_cast<const uint2*>(xp + i * x8_row + 8 * x8_group(F::col(0, run)));
+                    const uint2 xv = *reinterpret_cast<const uint2*>(xp + i * x8_row + 8 * x8_group<L>(F::col(0, run)));
                     ah[i] = dot4_u8s8(code, xv.x, ah[i]);
                     al[i] = dot4_u8s8(code, xv.y, al[i]);
                 }
@@ -480,9 +493,10 @@ struct XViews {
     const float* xsum16;
     const float* xsum32;
     int xsum16_row, xsum32_row;
-    const uint8_t* x8;        // int8 activations (XQ kernels)
+    const uint8_t* x8[XL_COUNT];   // int8 activations (XQ kernels), per layout
+    int x8_row[XL_COUNT];
     const float* xsc;
-    int x8_row, xsc_row;
+    int xsc_row;
 };
 
 __device__ __forceinline__ XViews x_views(const GemvArgs& a, const float* smf) {
@@ -496,9 +510,12 @@ __device__ __forceinline__ XViews x_views(const GemvArgs& a, const float* smf) {
     v.xsum32 = smf + (a.xsum32_off >= 0 ? a.xsum32_off : 0);
     v.xsum16_row = a.xsum16_row;
     v.xsum32_row = a.xsum32_row;
-    v.x8 = reinterpret_cast<const uint8_t*>(smf) + (a.x8_off >= 0 ? a.x8_off : 0);
+#pragma unroll
+    for (int L = 0; L < XL_COUNT; ++L) {
+        v.x8[L] = reinterpret_cast<const uint8_t*>(smf) + (a.x8_off[L] >= 0 ? a.x8_off[L] : 0);
+        v.x8_row[L] = a.x8_row[L];
+    }
     v.xsc = smf + (a.xsc_off >= 0 ? a.xsc_off : 0);
-    v.x8_row = a.x8_row;
     v.xsc_row = a.xsc_row;
     return v;
 }
@@ -539,7 +556,8 @@ struct RowDotQ8 {   // row_dot_q8 for the qtype chosen at run time (quant format
     __device__ __forceinline__ void run() {
         if constexpr (!Fmt<QT>::IS_FLOAT) {
             constexpr bool P16 = Fmt<QT>::PART_COLS == 16;
-            row_dot_q8<QT, NX>(wrow, t, lpr, pieces, xv->x8, xv->x8_row, xv->xsc, xv->xsc_row,
+            constexpr int L = Fmt<QT>::XL;
+            row_dot_q8<QT, NX>(wrow, t, lpr, pieces, xv->x8[L], xv->x8_row[L], xv->xsc, xv->xsc_row,
                                P16 ? xv->xsum16 : xv->xsum32, P16 ? xv->xsum16_row : xv->xsum32_row, *acc);
         }
     }
@@ -637,10 +655,12 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     const int s0 = warp * gridDim.x + blockIdx.x;   // consecutive steps go to different CTAs (SMs)
     uint8_t* stage = smem + a.stage_off + (size_t)warp * a.n_bufs * a.stage_bytes;
 
-    pdl_launch_dependents();   // the next kernel may start fetching its weights too
     if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // weights: in flight during the prologue ...
     cp_async_commit();
     pdl_wait();                // ... and while the previous kernel finishes writing x (and the residual)
+    // Only now may the next kernel start prefetching: triggered at our start instead, a chain of GEMVs
+    // would all prefetch at once and slow the one on the critical path (measured: 729 vs 747 tok/s).
+    pdl_launch_dependents();
     if constexpr (XQ) stage_xq<NX>(a, smem, smf);
     else stage_x<NX>(a, smf);
 
@@ -722,13 +742,27 @@ int launch_any(int nx, const GemvArgs& a, int ctas, int warps, size_t smem, int 
     }
 }
 
-// Int8 activations unless FLASHD_GEMV_FLOAT_X=1 (a switch for A/B benchmarks and accuracy checks).
-bool int8_activations_enabled() {
-    static const bool on = [] {
+// Benchmark knobs read once from the environment (bench/; defaults are the tuned choices):
+//   FLASHD_GEMV_FLOAT_X=1       float32 activations for quantized launches too (A/B, accuracy checks)
+//   FLASHD_GEMV_STAGE_BYTES=N   target bytes of one step (default STAGE_TARGET_BYTES)
+//   FLASHD_GEMV_ROUNDS=K        persistent double-buffered warps with K steps each instead of one
+//                               single-buffered step per warp where the grid could hold them all
+struct GemvTuning {
+    bool int8_x = true;
+    int stage_bytes = STAGE_TARGET_BYTES;
+    int rounds = 0;
+};
+
+const GemvTuning& tuning() {
+    static const GemvTuning t = [] {
+        GemvTuning r;
         const char* v = getenv("FLASHD_GEMV_FLOAT_X");
-        return !(v && v[0] == '1');
+        r.int8_x = !(v && v[0] == '1');
+        if ((v = getenv("FLASHD_GEMV_STAGE_BYTES")) && atoi(v) >= 256) r.stage_bytes = atoi(v);
+        if ((v = getenv("FLASHD_GEMV_ROUNDS")) && atoi(v) >= 2) r.rounds = atoi(v);
+        return r;
     }();
-    return on;
+    return t;
 }
 
 struct MatIn { const void* w; float* y; const float* bias; int qtype, rows; };
@@ -748,7 +782,7 @@ int choose_lpr(const FmtInfo& f, int rows, int cols, int64_t rb, int n_ranges, i
     for (int lpr = 4; lpr <= 32; lpr *= 2) {
         if (lpr < f.lanes_per_block || lpr < f.min_lpr) continue;
         const int G = 32 / lpr;
-        if ((int64_t)n_ranges * G * rb > STAGE_TARGET_BYTES && lpr != 32) continue;
+        if ((int64_t)n_ranges * G * rb > tuning().stage_bytes && lpr != 32) continue;
         const int iters = ceil_div(pieces, lpr);
         const double eff = (double)pieces / ((double)iters * lpr);
         const bool enough_steps = ceil_div(rows, G) >= 2 * n_sms || G == 1;
@@ -812,14 +846,15 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
 
     // Activations: int8 (XQ) when every matrix is quantized (then cols % 32 == 0) and x / norm_w allow
     // 16-byte loads; else float32 in each layout the formats read.
-    bool xq = int8_activations_enabled() && cols % 32 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+    bool xq = tuning().int8_x && cols % 32 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(norm_w) % 16 == 0;
     for (int k = 0; k < n_mats; ++k) xq = xq && !info[k].is_float;
     // shared memory: scratch | x rows per layout (float) | xsum16 | xsum32 | xsc | x8 rows | 16-aligned warp stages
     bool layout_used[XL_COUNT] = {false, false};
     bool need_xsum = false;   // every quant format needs sums of x (zero point or min)
+    bool layout8_used[XL_COUNT] = {false, false};
     for (int k = 0; k < n_mats; ++k) {
-        layout_used[info[k].layout] = !xq;
+        (xq ? layout8_used : layout_used)[info[k].layout] = true;
         need_xsum |= !info[k].is_float;
     }
     int x_row_total = 0;
@@ -830,8 +865,12 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     a.xsum16_row = need_xsum ? ((ceil_div(cols, 16) + 3) & ~3) : 0;
     a.xsum32_row = need_xsum ? ((ceil_div(cols, 32) + 3) & ~3) : 0;
     a.xsc_row = xq ? a.xsum32_row : 0;
-    a.x8_row = xq ? ((x8_row_bytes(cols) + 15) & ~15) : 0;
-    const int64_t per_x_row_bytes = 4 * (int64_t)(x_row_total + a.xsum16_row + a.xsum32_row + a.xsc_row) + a.x8_row;
+    int x8_row_total = 0;
+    for (int L = 0; L < XL_COUNT; ++L) {
+        a.x8_row[L] = (x8_row_bytes(L, cols) + 15) & ~15;
+        if (layout8_used[L]) x8_row_total += a.x8_row[L];
+    }
+    const int64_t per_x_row_bytes = 4 * (int64_t)(x_row_total + a.xsum16_row + a.xsum32_row + a.xsc_row) + x8_row_total;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;
     const int64_t room = (int64_t)dev.max_smem - SCRATCH_BYTES - 16 - min_stages;
     if (room < per_x_row_bytes) return FD_E_SHAPE;
@@ -859,8 +898,10 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         p.xsc_off = xq ? off : -1;
         off += nx * a.xsc_row;
         int off_bytes = (off * 4 + 15) & ~15;
-        p.x8_off = xq ? off_bytes : -1;
-        off_bytes += nx * a.x8_row;
+        for (int L = 0; L < XL_COUNT; ++L) {
+            p.x8_off[L] = layout8_used[L] ? off_bytes : -1;
+            if (layout8_used[L]) off_bytes += nx * a.x8_row[L];
+        }
         p.stage_off = off_bytes;
         // Warps: every warp one step, single-buffered, when the grid can hold them all (small and
         // mid-size matrices: all loads in flight at once, no tail); else persistent double-buffered
@@ -873,7 +914,11 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         // At least MIN_CTA_WARPS warps per CTA even if some get no step: they share the prologue.
         const int ctas = min(steps, dev.n_sms);
         int64_t warps;
-        if (steps <= ctas * fit1 || fit2 < 1) {
+        const int rounds_forced = tuning().rounds;
+        if (rounds_forced && fit2 >= 1 && steps >= 2 * ctas) {
+            p.n_bufs = 2;
+            warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas * rounds_forced), MIN_CTA_WARPS), fit2);
+        } else if (steps <= ctas * fit1 || fit2 < 1) {
             p.n_bufs = 1;
             warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas), MIN_CTA_WARPS), fit1);
         } else {

@@ -100,6 +100,7 @@ class CudaOps:
         self.scratch_elems = 0
         self.scratch: list[DeviceTensor] = []
         self.attn_workspace: DeviceTensor | None = None
+        self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
 
     # -- planning --------------------------------------------------------------------------------
     def reserve_arena(self, half_bytes: int) -> None:
@@ -128,6 +129,11 @@ class CudaOps:
     def _check(self, status: int, what: str) -> None:
         if status:
             self.dev.native.check(status, what)
+        if self.trace is not None:               # profiling: a timing event after each launch
+            ev = self.ffi.new("void**")
+            self.dev.native.check(self.lib.fd_event_create(ev, 1), "event create")
+            self.dev.native.check(self.lib.fd_event_record(ev[0], self.dev.stream), "event record")
+            self.trace.append((what, ev[0]))
 
     def load_weight(self, info):
         host = np.asarray(info.blocks)

@@ -129,15 +129,14 @@ class CudaRunner(ModelRunner):
                                    params.repeat_penalty, params.frequency_penalty, params.presence_penalty,
                                    params.temperature, params.top_k, params.top_p, params.min_p, params.seed,
                                    p(self.step, "int32_t*"), p(self.sample_ws), s)
-        self.dev.native.check(status, "token selection")
+        self.ops._check(status, "fd_argmax" if params is None else "fd_sample")
 
     def _advance(self) -> None:
         lib, p = self.dev.lib, self.dev.p
-        self.dev.native.check(lib.fd_decode_advance(p(self.tok, "int32_t*"), p(self.history, "int32_t*"),
-                                                    p(self.n_history, "int32_t*"), self._ring_ptr, RING_LEN,
-                                                    p(self.step, "int32_t*"), p(self.pos, "int32_t*"),
-                                                    p(self.n_past_dev, "int32_t*"), self.dev.stream),
-                              "fd_decode_advance")
+        self.ops._check(lib.fd_decode_advance(p(self.tok, "int32_t*"), p(self.history, "int32_t*"),
+                                              p(self.n_history, "int32_t*"), self._ring_ptr, RING_LEN,
+                                              p(self.step, "int32_t*"), p(self.pos, "int32_t*"),
+                                              p(self.n_past_dev, "int32_t*"), self.dev.stream), "fd_decode_advance")
 
     def _decode_body(self, params: SamplingParams | None) -> None:
         self.ops.begin_forward()
