@@ -1,0 +1,53 @@
+"""PFlashConfig: the knobs of FlashPrefill attention and of chunk selection (DESIGN §5.3)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PFlashConfig", "COMPRESS_MODES", "DRAFTER_POLICIES"]
+
+COMPRESS_MODES = ("off", "auto", "always")
+# resident: the drafter stays loaded next to the target. park: the 24 GB choreography -- park the
+# target, load the drafter, compress, free the drafter, unpark the target.
+DRAFTER_POLICIES = ("resident", "park")
+
+
+@dataclass(slots=True, frozen=True)
+class PFlashConfig:
+    block: int = 128            # FlashPrefill block (tokens) for queries and keys; fixed by the kernels
+    alpha: float = 0.12         # keep key block n when its score >= alpha * the row's max score
+    sink_blocks: int = 2        # key blocks [0, sink) always kept
+    window_blocks: int = 4      # key blocks with m - n < window always kept (includes the diagonal)
+    last_full_blocks: int = 2   # the last query blocks of the prompt attend densely
+    tail_tokens: int = 8        # T: the last T prompt tokens score every token by dense attention
+    smooth_tokens: int = 13     # centred moving average of the importance (odd)
+    chunk_tokens: int = 32      # selection granularity
+    forward_chunk: int = 4096   # drafter forward: tokens per forward (a multiple of block)
+    keep: float = 0.05          # default kept fraction of chunks, (0, 1]
+    mode: str = "off"           # the generate default: off | auto | always
+    threshold: int = 32000      # auto: compress prompts longer than this many tokens
+    drafter_policy: str = "resident"
+
+    def __post_init__(self):
+        if self.block != 128:
+            raise ValueError(f"PFlashConfig.block must be 128 (the kernels' block), got {self.block}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        for name in ("sink_blocks", "window_blocks", "last_full_blocks"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.window_blocks < 1:
+            raise ValueError("window_blocks must be >= 1 (the diagonal block is always attended)")
+        if self.tail_tokens < 1 or self.chunk_tokens < 1:
+            raise ValueError("tail_tokens and chunk_tokens must be >= 1")
+        if self.smooth_tokens < 1 or self.smooth_tokens % 2 == 0:
+            raise ValueError(f"smooth_tokens must be odd and >= 1, got {self.smooth_tokens}")
+        if self.forward_chunk < self.block or self.forward_chunk % self.block:
+            raise ValueError(f"forward_chunk must be a positive multiple of {self.block}")
+        if not 0.0 < self.keep <= 1.0:
+            raise ValueError(f"keep must be in (0, 1], got {self.keep}")
+        if self.mode not in COMPRESS_MODES:
+            raise ValueError(f"mode must be one of {', '.join(COMPRESS_MODES)}, got {self.mode!r}")
+        if self.threshold < 1:
+            raise ValueError(f"threshold must be >= 1, got {self.threshold}")
+        if self.drafter_policy not in DRAFTER_POLICIES:
+            raise ValueError(f"drafter_policy must be one of {', '.join(DRAFTER_POLICIES)}")

@@ -1,0 +1,304 @@
+// attention_sparse.cu -- block-sparse causal flash attention (FlashPrefill's sparse_fwd and the
+// "BSA" entry point with per-head mask types), on tensor cores.
+//
+//   n new tokens at cache slots [p0, p0 + n), p0 % 128 == 0 (host int: prefill only); q (n, n_heads,
+//   head_dim) f32 rotated; k/v cache f16 [n_kv_heads][max_ctx][head_dim] (this layer, keys of the
+//   chunk already written); o (n, n_heads * head_dim) f32. Query head h reads kv head
+//   h / (n_heads / n_kv_heads). Blocks of 128 slots: query block m = (p0 + i) / 128 of token i.
+//   Token i, head h attends slot j iff key block j / 128 is in (m, h)'s block set and j <= p0 + i
+//   (causal inside the diagonal block -- the anchor's BSA call runs non-causal there); softmax
+//   (scale q k^T) v over the attended slots; a row attending nothing gets zeros.
+//
+// Block set of (query block m, head h), by head_mask_type[h] (NULL: every head FD_MASK_LISTS):
+//   FD_MASK_DENSE (0)      every kb <= m (plain causal attention)
+//   FD_MASK_STREAMING (<0) kb < sink_blocks or m - kb < local_blocks
+//   FD_MASK_LISTS (>0)     block_idx[(mq * n_heads + h) * Nk + e], e < block_cnt[mq * n_heads + h]
+//                          (mq = m - p0 / 128, Nk = ceil((p0 + n) / 128): fd_fp_select's output),
+//                          ascending; entries outside [0, m] see nothing (masked)
+//
+// Launch: grid (ceil(n / 64), n_heads), latest rows first; 4 warps x 16 rows = 64 consecutive
+// tokens of one head (64 divides 128, so a block never straddles query blocks and all its rows
+// share one block set). Each selected key block is two 64-key tiles; the second tile of the
+// diagonal block is skipped when it starts past the block's last token. The tile loop is that
+// of attention_prefill.cu (cp.async 3-stage K/V ring, Q fragments in registers, S = QK^T and
+// O += PV by mma.sync m16n8k16 f16 with f32 accumulate, online softmax in exp2); only the tile ->
+// slot map and the mask differ. Needs sm_80 and 16-byte aligned o/k/v (8-byte q): otherwise
+// FD_E_SHAPE (no SIMT fallback; the drafter forward on such devices uses dense attention).
+#include "mma.cuh"
+
+#include <limits.h>
+
+namespace fd {
+namespace {
+
+constexpr int SP_BLOCK = FD_FP_BLOCK;
+constexpr int SP_BKV = 64;             // keys per tile
+constexpr int SP_BQ = 64;              // tokens per CTA
+constexpr int SP_WARPS = 4;
+constexpr int SP_THREADS = SP_WARPS * 32;
+constexpr int SP_STAGES = 3;
+constexpr float SP_LOG2E = 1.4426950408889634f;
+
+template <int HD>
+struct SparseCfg {
+    static constexpr int LD = HD + 8;                          // halves per shared K/V row
+    static constexpr int tile_halves = SP_BKV * LD;
+    static constexpr int smem_bytes = 2 * SP_STAGES * tile_halves * 2;
+    static constexpr int chunks = SP_BKV * (HD / 8) / SP_THREADS;   // 16 B chunks per thread per tile
+};
+
+// The e-th key block of (m, h)'s set and the set's size.
+struct BlockSet {
+    int type, m, count, sink_part, local_lo;
+    const int32_t* list;
+    __device__ int at(int e) const {
+        if (type == FD_MASK_DENSE) return e;
+        if (type < 0) return e < sink_part ? e : local_lo + (e - sink_part);
+        return list[e];
+    }
+};
+
+#if FD_HAS_MMA
+
+template <int HD>
+__global__ void __launch_bounds__(SP_THREADS, 2) attention_sparse_kernel(
+    float* __restrict__ o, const float* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, int p0, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
+    const int32_t* __restrict__ head_mask_type, const int32_t* __restrict__ block_idx,
+    const int32_t* __restrict__ block_cnt, int sink_blocks, int local_blocks) {
+#if FD_MMA_DEVICE_OK
+    using namespace fd::mma;
+    using C = SparseCfg<HD>;
+    constexpr int LD = C::LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __half* k_smem = reinterpret_cast<__half*>(smem_raw);
+    __half* v_smem = k_smem + SP_STAGES * C::tile_halves;
+
+    const int tid = threadIdx.x, lane = tid % 32, wq = tid / 32;
+    const int g = lane / 4, t = lane % 4;
+    const int head = blockIdx.y, kvh = head / (n_heads / n_kv_heads);
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * SP_BQ;            // first token of this CTA
+    const int last_token = min(row0 + SP_BQ, n) - 1;
+    const int mq = row0 / SP_BLOCK, m = p0 / SP_BLOCK + mq;
+    const int n_kb = ceil_div(p0 + n, SP_BLOCK);
+    const int kv_len = p0 + last_token + 1;                           // slots [0, kv_len) may be read
+
+    BlockSet set;
+    set.type = head_mask_type ? head_mask_type[head] : FD_MASK_LISTS;
+    set.m = m;
+    set.list = nullptr;
+    set.sink_part = 0;
+    set.local_lo = 0;
+    if (set.type == FD_MASK_DENSE) {
+        set.count = m + 1;
+    } else if (set.type < 0) {
+        set.local_lo = max(0, m - local_blocks + 1);
+        set.sink_part = min(sink_blocks, set.local_lo);
+        set.count = set.sink_part + (m + 1 - set.local_lo);
+    } else {
+        set.list = block_idx + ((size_t)mq * n_heads + head) * n_kb;
+        set.count = min(max(block_cnt[mq * n_heads + head], 0), n_kb);
+    }
+    int n_tiles = 2 * set.count;
+    if (set.count > 0 && set.at(set.count - 1) == m && m * SP_BLOCK + SP_BKV > p0 + last_token) --n_tiles;
+    auto tile_slot = [&](int j) { return set.at(j / 2) * SP_BLOCK + (j % 2) * SP_BKV; };
+
+    uint32_t qf[HD / 16][4];
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int token = min(row0 + wq * 16 + g + 8 * h, n - 1);   // padding rows repeat the last token
+        lim[h] = p0 + token;
+        const float* q_row = q + ((size_t)token * n_heads + head) * HD;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            const float2 lo = *reinterpret_cast<const float2*>(q_row + kk * 16 + 2 * t);
+            const float2 hi = *reinterpret_cast<const float2*>(q_row + kk * 16 + 8 + 2 * t);
+            qf[kk][h] = pack_half2(lo.x, lo.y);
+            qf[kk][2 + h] = pack_half2(hi.x, hi.y);
+        }
+    }
+    const int first_lim = p0 + row0;
+
+    auto load_kv = [&](int tile, int stage) {
+        const int base = tile_slot(tile);
+#pragma unroll
+        for (int i = 0; i < C::chunks; ++i) {
+            const int c = tid + i * SP_THREADS;
+            const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
+            const int slot = base + row;
+            const bool ok = slot >= 0 && slot < kv_len;
+            const size_t off = ((size_t)kvh * max_ctx + slot) * HD + col;
+            const int s_off = stage * C::tile_halves + row * LD + col;
+            cp_async_16(smem_u32(k_smem + s_off), ok ? k_cache + off : k_cache, ok);
+            cp_async_16(smem_u32(v_smem + s_off), ok ? v_cache + off : v_cache, ok);
+        }
+    };
+
+    float o_acc[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[d][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float l_run[2] = {0.f, 0.f};
+
+#pragma unroll
+    for (int st = 0; st < SP_STAGES - 1; ++st) {
+        if (st < n_tiles) load_kv(st, st);
+        cp_async_commit();
+    }
+    for (int j = 0; j < n_tiles; ++j) {
+        cp_async_wait<SP_STAGES - 2>();
+        __syncthreads();
+        if (j + SP_STAGES - 1 < n_tiles) load_kv(j + SP_STAGES - 1, (j + SP_STAGES - 1) % SP_STAGES);
+        cp_async_commit();
+
+        const __half* k_tile = k_smem + (j % SP_STAGES) * C::tile_halves;
+        const __half* v_tile = v_smem + (j % SP_STAGES) * C::tile_halves;
+
+        float s[SP_BKV / 8][4];
+#pragma unroll
+        for (int ni = 0; ni < SP_BKV / 8; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[ni][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+            for (int np = 0; np < SP_BKV / 16; ++np) {
+                uint32_t r[4];
+                ldmatrix_x4(r, smem_u32(k_tile + (np * 16 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
+                                        ((lane / 8) % 2) * 8));
+                mma_16816(s[2 * np], qf[kk], r[0], r[1]);
+                mma_16816(s[2 * np + 1], qf[kk], r[2], r[3]);
+            }
+
+        // scale; mask keys past a row's own slot (and slots outside [0, kv_len): listed blocks
+        // out of range) -- only tiles that can hold such keys pay for the compare
+        const int key0 = tile_slot(j);
+        const bool masked = key0 < 0 || key0 + SP_BKV - 1 > first_lim;
+#pragma unroll
+        for (int ni = 0; ni < SP_BKV / 8; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[ni][e] *= scale_log2;
+                const int key = key0 + ni * 8 + 2 * t + (e & 1);
+                if (masked && (key > lim[e >> 1] || key < 0)) s[ni][e] = -INFINITY;
+            }
+
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int ni = 0; ni < SP_BKV / 8; ++ni) tile_max = fmaxf(tile_max, fmaxf(s[ni][2 * h], s[ni][2 * h + 1]));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            const float m_new = fmaxf(m_run[h], tile_max);
+            const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = exp2f(m_run[h] - m_ref);
+            m_run[h] = m_new;
+            float row_sum = 0.f;
+#pragma unroll
+            for (int ni = 0; ni < SP_BKV / 8; ++ni) {
+                s[ni][2 * h] = exp2f(s[ni][2 * h] - m_ref);
+                s[ni][2 * h + 1] = exp2f(s[ni][2 * h + 1] - m_ref);
+                row_sum += s[ni][2 * h] + s[ni][2 * h + 1];
+            }
+            l_run[h] = l_run[h] * alpha + row_sum;
+#pragma unroll
+            for (int d = 0; d < HD / 8; ++d) {
+                o_acc[d][2 * h] *= alpha;
+                o_acc[d][2 * h + 1] *= alpha;
+            }
+        }
+
+#pragma unroll
+        for (int kc = 0; kc < SP_BKV / 16; ++kc) {
+            uint32_t pa[4];
+            pa[0] = pack_half2(s[2 * kc][0], s[2 * kc][1]);
+            pa[1] = pack_half2(s[2 * kc][2], s[2 * kc][3]);
+            pa[2] = pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            pa[3] = pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {
+                uint32_t r[4];
+                ldmatrix_x4_trans(r, smem_u32(v_tile + (kc * 16 + lane % 16) * LD + dp * 16 + (lane / 16) * 8));
+                mma_16816(o_acc[2 * dp], pa, r[0], r[1]);
+                mma_16816(o_acc[2 * dp + 1], pa, r[2], r[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+        const int token = row0 + wq * 16 + g + 8 * h;
+        if (token >= n) continue;
+        float* o_row = o + ((size_t)token * n_heads + head) * HD;
+        const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;   // 0: the row attended nothing
+#pragma unroll
+        for (int d = 0; d < HD / 8; ++d)
+            *reinterpret_cast<float2*>(o_row + d * 8 + 2 * t) = make_float2(o_acc[d][2 * h] * inv, o_acc[d][2 * h + 1] * inv);
+    }
+#else
+    __trap();
+#endif
+}
+
+template <int HD>
+int launch_sparse(float* o, const float* q, const __half* kc, const __half* vc, int p0, int n, int n_heads,
+                  int n_kv_heads, int max_ctx, float scale_log2, const int32_t* types, const int32_t* idx,
+                  const int32_t* cnt, int sink, int local, cudaStream_t stream) {
+    const auto kernel = attention_sparse_kernel<HD>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SparseCfg<HD>::smem_bytes);
+    if (err != cudaSuccess) return (int)err;
+    const dim3 grid(ceil_div(n, SP_BQ), n_heads);
+    kernel<<<grid, SP_THREADS, SparseCfg<HD>::smem_bytes, stream>>>(o, q, kc, vc, p0, n, n_heads, n_kv_heads, max_ctx,
+                                                                    scale_log2, types, idx, cnt, sink, local);
+    return FD_LAUNCH_STATUS();
+}
+
+#endif  // FD_HAS_MMA
+
+}  // namespace
+}  // namespace fd
+
+extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k_cache, const void* v_cache, int p0,
+                                         int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx, float scale,
+                                         const int32_t* head_mask_type, const int32_t* block_idx,
+                                         const int32_t* block_cnt, int sink_blocks, int local_blocks, void* stream) {
+    FD_CHECK_ARG(o && q && k_cache && v_cache && n >= 1 && p0 >= 0 && p0 % FD_FP_BLOCK == 0);
+    FD_CHECK_ARG(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && isfinite(scale));
+    FD_CHECK_ARG((int64_t)p0 + n <= max_ctx && (int64_t)n * n_heads <= INT_MAX);
+    FD_CHECK_ARG(sink_blocks >= 0 && local_blocks >= 0);
+    // lists are needed unless every head is dense or streaming; without head_mask_type all heads use lists
+    FD_CHECK_ARG(head_mask_type != NULL || (block_idx && block_cnt));
+    if (head_dim != 64 && head_dim != 128) return FD_E_SHAPE;
+#if FD_HAS_MMA
+    fd::MmaDevice dev;
+    cudaError_t err = fd::query_mma_device(&dev);
+    if (err != cudaSuccess) return (int)err;
+    const __half* kc = static_cast<const __half*>(k_cache);
+    const __half* vc = static_cast<const __half*>(v_cache);
+    const bool aligned = fd::is_aligned(o, 8) && fd::is_aligned(q, 8) && fd::is_aligned(kc, 16) && fd::is_aligned(vc, 16);
+    if (!dev.has_mma || !aligned) return FD_E_SHAPE;
+    const float sl = scale * fd::SP_LOG2E;
+    cudaStream_t s = (cudaStream_t)stream;
+    return head_dim == 64 ? fd::launch_sparse<64>(o, q, kc, vc, p0, n, n_heads, n_kv_heads, max_ctx, sl, head_mask_type,
+                                                  block_idx, block_cnt, sink_blocks, local_blocks, s)
+                          : fd::launch_sparse<128>(o, q, kc, vc, p0, n, n_heads, n_kv_heads, max_ctx, sl, head_mask_type,
+                                                   block_idx, block_cnt, sink_blocks, local_blocks, s);
+#else
+    return FD_E_SHAPE;
+#endif
+}
+
+extern "C" int fd_fp_sparse_fwd(float* o, const float* q, const void* k_cache, const void* v_cache, int p0, int n,
+                                int n_heads, int n_kv_heads, int head_dim, int max_ctx, float scale,
+                                const int32_t* block_idx, const int32_t* block_cnt, void* stream) {
+    FD_CHECK_ARG(block_idx && block_cnt);
+    return fd_attention_block_sparse(o, q, k_cache, v_cache, p0, n, n_heads, n_kv_heads, head_dim, max_ctx, scale,
+                                     NULL, block_idx, block_cnt, 0, 0, stream);
+}
