@@ -1,7 +1,9 @@
 """EngineConfig: how `flashd serve` was asked to run, checked on construction."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .pflash.config import PFlashConfig
 
 __all__ = ["EngineConfig", "DEVICES"]
 
@@ -17,6 +19,7 @@ class EngineConfig:
     prefill_drafter: str | None = None  # PFlash scoring model
     max_queue: int = 64                 # queued requests beyond the running one; more -> overloaded
     prefill_chunk: int = 512            # tokens per prefill forward
+    pflash: PFlashConfig = field(default_factory=PFlashConfig)   # compression defaults, drafter policy
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -25,5 +28,7 @@ class EngineConfig:
             raise ValueError(f"max_ctx must be in [16, 1048576], got {self.max_ctx}")
         if self.max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
+        if not isinstance(self.pflash, PFlashConfig):
+            raise ValueError("pflash must be a PFlashConfig")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")

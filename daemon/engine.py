@@ -12,6 +12,8 @@ event and the next request starts from a clean state.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import logging
 import os
 import threading
@@ -28,6 +30,7 @@ from .backends import select_backend
 from .config import EngineConfig
 from .models import LoadedModel, ModelLoadError, load_model, open_model
 from .models.weights import total_weight_bytes
+from .pflash.service import PrefillCompressor, compressed_fields
 from .runner import ModelRunner
 from .stops import StopMatcher
 
@@ -63,6 +66,7 @@ class Engine:
         self.model: LoadedModel | None = None
         self.runner: ModelRunner | None = None
         self.tokenizer = None
+        self.compressor: PrefillCompressor | None = None   # PFlash (daemon/pflash)
         self._queue: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
         self._running: _Job | None = None
@@ -83,6 +87,10 @@ class Engine:
         self.backend.check_fits(self.plan)       # before anything is allocated
         self._opened = (f, cfg)
         self._load_weights(progress)
+        self.compressor = PrefillCompressor(self.backend, self.config.pflash, self.config.prefill_drafter,
+                                            self.tokenizer)
+        if self.config.prefill_drafter is not None and self.config.pflash.drafter_policy == "resident":
+            self.compressor.load()
 
     def _load_weights(self, progress=None) -> None:
         done = [0]
@@ -173,11 +181,17 @@ class Engine:
         resident = model.weights is not None
         return {
             "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
-            "max_ctx": self.config.max_ctx, "parked": {"target": not resident},
-            "drafters": [], "running": running, "queued": queued, "served": self.n_served,
+            "max_ctx": self.config.max_ctx, "parked": self._parked(),
+            "drafters": [], "prefill_drafter": self.compressor.status() if self.compressor else None, "running": running, "queued": queued, "served": self.n_served,
             "memory": {"plan": self.plan.as_dict(), "resident_weights_bytes": self._weight_bytes() if resident else 0,
                        "resident_kv_bytes": kv_bytes},
         }
+
+    def _parked(self) -> dict:
+        parked = {"target": self.model.weights is None}
+        if self.compressor is not None and self.compressor.parked_path is not None:
+            parked["drafter"] = True
+        return parked
 
     def _weight_bytes(self) -> int:
         w = self.model.weights
@@ -251,12 +265,15 @@ class Engine:
     def _do_generate(self, req: m.Generate, job: _Job) -> None:
         if req.spec != "off":
             raise ProtocolError("not_implemented", f"spec={req.spec}: speculative decoding is not available yet")
-        if req.compress != "off":
-            raise ProtocolError("not_implemented", f"compress={req.compress}: prompt compression is not available yet")
         if req.draft is not None:
             raise ProtocolError("not_loaded", f"draft={req.draft}: no drafter is loaded")
-        runner = self._require_target()
+        self._require_target()
         prompt = self._prompt_ids(req)
+        compressed = None
+        if self.compressor.wants(req.compress, len(prompt), req.threshold):
+            compressed = self._compress(prompt, req.keep if req.keep is not None else self.config.pflash.keep)
+            prompt = compressed.ids
+        runner = self._require_target()
         if len(prompt) + req.max_tokens > self.config.max_ctx:
             raise ProtocolError("ctx_overflow", f"prompt {len(prompt)} + max_tokens {req.max_tokens} "
                                                 f"> max_ctx {self.config.max_ctx}")
@@ -312,6 +329,8 @@ class Engine:
                    "prefill_tok_s": round(len(prompt) / prefill_s, 2) if prefill_s > 0 else None,
                    "decode_tok_s": round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else None}
         done = done_event(req.id, reason, len(prompt), n_gen, timings)
+        if compressed is not None:     # n_prompt above counts the compressed prompt
+            done["compress"] = compressed_fields(compressed)
         if not req.stream:
             done["ids"] = out_ids
             done["text"] = "".join(out_text)
@@ -338,26 +357,64 @@ class Engine:
                               logprobs=[round(float(x), 6) for x in logprobs]))
 
     def _do_compress(self, req: m.Compress, job: _Job) -> None:
-        raise ProtocolError("not_implemented", "compress: speculative prefill (PFlash) is not available yet")
+        c = self._compress(self._prompt_ids(req), req.keep, req.drafter, req.alpha)
+        job.send(result_event(req.id, ids=c.ids, **compressed_fields(c)))
+
+    def _compress(self, prompt: list[int], keep: float, drafter: str | None = None, alpha: float | None = None):
+        """PFlash; with the `park` drafter policy, the 24 GB choreography around it: park the
+        target, load the drafter, compress, free the drafter, unpark the target."""
+        if self.config.pflash.drafter_policy != "park":
+            return self.compressor.compress(prompt, keep, drafter, alpha)
+        with self._target_parked():
+            try:
+                return self.compressor.compress(prompt, keep, drafter, alpha)
+            finally:
+                self.compressor.free()
+
+    @contextlib.contextmanager
+    def _target_parked(self):
+        was_resident = self.model.weights is not None
+        if was_resident:
+            self._park_target()
+        try:
+            yield
+        finally:
+            if was_resident:
+                self._unpark_target()
+
+    def _park_target(self) -> None:
+        if hasattr(self.runner, "close"):
+            self.runner.close()
+        self.model.weights = None
+        self.runner = None                # releases the KV cache and the weights' memory
+        if hasattr(self.ops, "release"):
+            self.ops.release()            # and the activation arena and scratch (CUDA)
+        gc.collect()
+
+    def _unpark_target(self) -> None:
+        try:
+            self._load_weights()
+        except ModelLoadError as exc:
+            raise ProtocolError("internal", f"unpark failed: {exc}") from exc
 
     def _do_park(self, req: m.Park, job: _Job) -> None:
         if req.what in ("target", "all") and self.model.weights is not None:
-            if hasattr(self.runner, "close"):
-                self.runner.close()
-            self.model.weights = None
-            self.runner = None            # releases the KV cache and the weights' memory
+            self._park_target()
+        if req.what in ("draft", "all"):
+            self.compressor.park()
         job.send(result_event(req.id, parked=self.status()["parked"]))
 
     def _do_unpark(self, req: m.Unpark, job: _Job) -> None:
         if req.what in ("target", "all") and self.model.weights is None:
-            try:
-                self._load_weights()
-            except ModelLoadError as exc:
-                raise ProtocolError("internal", f"unpark failed: {exc}") from exc
+            self._unpark_target()
+        if req.what in ("draft", "all"):
+            self.compressor.unpark()
         job.send(result_event(req.id, parked=self.status()["parked"]))
 
     def _do_free(self, req: m.Free, job: _Job) -> None:
-        raise ProtocolError("not_loaded", "free drafter: no prefill drafter is loaded")
+        if not self.compressor.free():
+            raise ProtocolError("not_loaded", "free drafter: no prefill drafter is loaded")
+        job.send(result_event(req.id, freed="drafter"))
 
     def _do_quit(self, req: m.Quit, job: _Job) -> None:
         job.send(result_event(req.id, quitting=True))

@@ -129,6 +129,7 @@ class Generate:
     draft: str | None = None  # drafter name (a --draft model or "ngram"); None = default
     compress: str = "off"  # PFlash prompt compression: off | auto | always
     keep: float | None = None  # compression keep ratio; None = daemon default
+    threshold: int | None = None  # compress=auto: compress prompts longer than this; None = daemon default
     stream: bool = True  # token events as they come; false = all output in the done event
 
     def __post_init__(self) -> None:
@@ -151,6 +152,7 @@ class Generate:
             self.draft = check_optional(check_str, "draft", self.draft, allow_empty=False)
             self.compress = check_choice("compress", self.compress, COMPRESS_MODES)
             self.keep = check_optional(check_float, "keep", self.keep, 0.0, 1.0, lo_open=True)
+            self.threshold = check_optional(check_int, "threshold", self.threshold, 1, INT32_MAX)
             self.stream = check_bool("stream", self.stream)
 
 
@@ -196,6 +198,7 @@ class Compress:
     ids: list[int] | IdsFile | None = None
     keep: float = 0.05  # fraction of the prompt to keep, (0, 1]
     drafter: str | None = None  # scoring model path or name; None = the --prefill-drafter
+    alpha: float | None = None  # FlashPrefill block threshold in [0, 1]; None = daemon default
 
     def __post_init__(self) -> None:
         self.id = check_request_id(self.id)
@@ -203,6 +206,7 @@ class Compress:
             _check_prompt(self, ids_min_len=1)
             self.keep = check_float("keep", self.keep, 0.0, 1.0, lo_open=True)
             self.drafter = check_optional(check_str, "drafter", self.drafter, allow_empty=False)
+            self.alpha = check_optional(check_float, "alpha", self.alpha, 0.0, 1.0)
 
 
 @dataclass(slots=True)

@@ -101,4 +101,14 @@ class Ops(Protocol):
     def swiglu(self, gate, up) -> Any:
         """silu(gate) * up, elementwise."""
 
+    # -- PFlash (the prefill drafter's forward; flashd.daemon.pflash) ----------------------------
+    def sparse_attention(self, q, k, v, cache_layer, batch: Batch, step) -> Any:
+        """Like `attention` (causal, batch.mask None) but FlashPrefill block-sparse: the chunk sits
+        at slots [step.p0, step.p0 + n) with step.p0 a multiple of 128; each 128-token query block
+        attends only the key blocks its block scores select (pflash.flashprefill.FlashPrefillStep)."""
+
+    def tail_max_probs(self, q, cache_layer, n_keys: int, n_tail: int, acc) -> None:
+        """acc (n_tail, n_keys) float32, in place: max(acc, max over heads of the dense causal
+        attention probabilities of q's last n_tail rows), q as passed to the layer's attention."""
+
     def add(self, a, b) -> Any: ...

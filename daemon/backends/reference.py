@@ -126,6 +126,28 @@ class ReferenceOps:
         out = np.einsum("kgnt,tkd->nkgd", probs, values)
         return out.reshape(n, n_heads * head_dim).astype(np.float32, copy=False)
 
+    def sparse_attention(self, q, k, v, cache_layer, batch: Batch, step) -> np.ndarray:
+        """FlashPrefill attention of a chunk at slots [step.p0, step.p0 + n) (pflash.flashprefill):
+        write k, v to the cache, then attend each query block's selected key blocks only."""
+        from ..pflash.flashprefill import flashprefill_attention
+        k_cache, v_cache = cache_layer
+        n, _, head_dim = q.shape
+        if step.p0 + n > k_cache.shape[0]:
+            raise ValueError(f"KV cache overflow: {step.p0} + {n} > {k_cache.shape[0]} slots")
+        k_cache[step.p0:step.p0 + n] = k
+        v_cache[step.p0:step.p0 + n] = v
+        out = flashprefill_attention(q, k_cache, v_cache, step.p0, 1.0 / np.sqrt(head_dim), alpha=step.alpha,
+                                     sink=step.sink_blocks, window=step.window_blocks,
+                                     first_full_block=step.first_full_block)
+        return out.astype(np.float32)
+
+    def tail_max_probs(self, q, cache_layer, n_keys: int, n_tail: int, acc: np.ndarray) -> None:
+        """acc (n_tail, n_keys) = max(acc, max over heads of the dense causal attention
+        probabilities of the last n_tail rows of q (slots n_keys - n_tail + t))."""
+        from ..pflash.flashprefill import tail_max_probs
+        probs = tail_max_probs(q[-n_tail:], cache_layer[0], n_keys, 1.0 / np.sqrt(q.shape[-1]))
+        np.maximum(acc, probs.astype(np.float32), out=acc)
+
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         sigmoid = np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * gate))  # no overflow
         return gate * sigmoid * up

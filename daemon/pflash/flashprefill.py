@@ -16,9 +16,11 @@ Everything is computed in float64 (the oracle's precision); callers cast.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["BLOCK", "MASK_DENSE", "MASK_STREAMING", "MASK_LISTS", "mean_k", "score", "select",
+__all__ = ["FlashPrefillStep", "BLOCK", "MASK_DENSE", "MASK_STREAMING", "MASK_LISTS", "mean_k", "score", "select",
            "block_mask", "attend", "flashprefill_attention", "tail_max_probs"]
 
 BLOCK = 128
@@ -159,3 +161,24 @@ def tail_max_probs(q_tail: np.ndarray, keys: np.ndarray, n_keys: int, scale: flo
             p /= p.sum()
             out[t, :last + 1] = np.maximum(out[t, :last + 1], p)
     return out
+
+
+@dataclass(slots=True, frozen=True)
+class FlashPrefillStep:
+    """What `Ops.sparse_attention` needs besides the batch: the chunk's first slot (host int, a
+    multiple of BLOCK) and the selection knobs. first_full_block = the prompt's block count minus
+    last_full_blocks: query blocks from there on attend densely."""
+
+    p0: int
+    first_full_block: int
+    alpha: float
+    sink_blocks: int
+    window_blocks: int
+
+    def __post_init__(self):
+        if self.p0 < 0 or self.p0 % BLOCK:
+            raise ValueError(f"p0 must be a non-negative multiple of {BLOCK}, got {self.p0}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if self.sink_blocks < 0 or self.window_blocks < 1:
+            raise ValueError("sink_blocks must be >= 0 and window_blocks >= 1")

@@ -286,6 +286,55 @@ class CudaOps:
                                                  max_ctx, scale, s), "fd_attention_prefill")
         return o
 
+    def sparse_attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch, step) -> DeviceTensor:
+        """FlashPrefill: mean_K -> normalised block scores -> select -> block-sparse attention
+        (native/cuda/flashprefill.cu, attention_sparse.cu); scratch from the arena."""
+        if not (isinstance(q, Roped) and isinstance(k, Roped)):
+            raise TypeError("CudaOps.sparse_attention expects q and k from ops.rope")
+        k_cache, v_cache = cache_layer
+        n, n_heads, head_dim = q.x.shape
+        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        lib, s, p0 = self.lib, self.dev.stream, step.p0
+        self._check(lib.fd_rope_kv_write(self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"),
+                                         self.p(k_cache), self.p(v_cache), self.p(q.positions, "int32_t*"),
+                                         self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
+                                         q.rope_dim, q.theta, int(q.neox), max_ctx, s), "fd_rope_kv_write")
+        n_kb, n_qb = -(-(p0 + n) // 128), -(-n // 128)
+        mean_k = self.take((n_kb, n_kv_heads, head_dim))
+        score = self.take((n_qb, n_heads, n_kb))
+        idx = self.take((n_qb, n_heads, n_kb), np.int32)
+        cnt = self.take((n_qb, n_heads), np.int32)
+        o = self.take((n, n_heads * head_dim))
+        scale = float(1.0 / np.sqrt(head_dim))
+        self._check(lib.fd_fp_mean_k(self.p(mean_k, "float*"), self.p(k_cache), p0 + n, n_kv_heads, head_dim,
+                                     max_ctx, s), "fd_fp_mean_k")
+        self._check(lib.fd_fp_score(self.p(score, "float*"), self.p(q.x, "float*"), self.p(mean_k, "float*"), p0, n,
+                                    n_heads, n_kv_heads, head_dim, scale, s), "fd_fp_score")
+        self._check(lib.fd_fp_select(self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"), self.p(score, "float*"), p0, n,
+                                     n_heads, step.alpha, step.sink_blocks, step.window_blocks,
+                                     step.first_full_block, s), "fd_fp_select")
+        self._check(lib.fd_fp_sparse_fwd(self.p(o, "float*"), self.p(q.x, "float*"), self.p(k_cache), self.p(v_cache),
+                                         p0, n, n_heads, n_kv_heads, head_dim, max_ctx, scale,
+                                         self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"), s), "fd_fp_sparse_fwd")
+        return o
+
+    def tail_max_probs(self, q, cache_layer, n_keys: int, n_tail: int, acc: DeviceTensor) -> None:
+        qx = q.x if isinstance(q, Roped) else q          # rotated in place by the attention call
+        n, n_heads, head_dim = qx.shape
+        k_cache = cache_layer[0]
+        ws = self.take((2 * n_tail * n_heads,))
+        self._check(self.lib.fd_fp_tail_max_probs(self.p(acc, "float*"), self.p(qx[n - n_tail:], "float*"),
+                                                  self.p(k_cache), n_keys, n_tail, n_heads, k_cache.shape[0],
+                                                  head_dim, k_cache.shape[1], float(1.0 / np.sqrt(head_dim)),
+                                                  self.p(ws, "float*"), self.dev.stream), "fd_fp_tail_max_probs")
+
+    def release(self) -> None:
+        """Drop the arena, weight scratch and attention workspace (parking): their device memory is
+        freed once no tensor refers to it; reserve_* allocates them again."""
+        self.arena = None
+        self.scratch, self.scratch_elems = [], 0
+        self.attn_workspace = None
+
     def swiglu(self, gate, up) -> DeviceTensor:
         out = self.take(gate.shape)
         self._check(self.lib.fd_swiglu(self.p(out, "float*"), self.p(gate, "float*"), self.p(up, "float*"), gate.size,

@@ -1,0 +1,168 @@
+"""PrefillCompressor: what the engine calls for `compress`, `generate compress=...`, `park/unpark
+draft` and `free drafter`.
+
+It owns at most one loaded drafter (a second model on the target's backend, with its own ops so
+that its activation arena never disturbs the target's captured decode graph). Compression:
+
+    target ids --(same vocabulary: as is | else: target detokenize -> drafter tokenize)--> drafter ids
+    drafter forward with FlashPrefill attention -> (T, S) tail maxima -> kept positions
+    kept drafter ids --(same vocabulary: as is | else: drafter detokenize -> target tokenize)--> ids
+
+Errors are ProtocolErrors with the daemon's codes: a drafter file that cannot be opened is
+`bad_request`, no drafter configured or given is `not_loaded`.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ...protocol.errors import ProtocolError
+from ..models import ModelLoadError, load_model, open_model
+from ..models.weights import total_weight_bytes
+from .config import PFlashConfig
+from .drafter import Drafter
+from .selection import kept_positions
+
+__all__ = ["PrefillCompressor", "Compressed", "compressed_fields"]
+
+log = logging.getLogger("flashd.pflash")
+
+
+@dataclass(slots=True, frozen=True)
+class Compressed:
+    ids: list[int]            # the kept prompt, target token ids, in order
+    n_in: int                 # target tokens in
+    n_out: int
+    drafter_tokens: int       # tokens the drafter scored
+    ms: float                 # wall time of the whole compression (load excluded)
+    load_ms: float            # drafter load time (0 when it was resident)
+
+
+class PrefillCompressor:
+    def __init__(self, backend, config: PFlashConfig, default_path: str | None, target_tokenizer):
+        self.backend, self.config = backend, config
+        self.default_path = default_path
+        self.target_tokenizer = target_tokenizer
+        self.drafter: Drafter | None = None
+        self.parked_path: str | None = None     # parked: weights released, reloaded on unpark
+        self._same_vocab: dict[str, bool] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _drafter_ops(self, cfg):
+        if self.backend.name != "cuda":
+            return self.backend.ops               # the reference ops hold no per-forward state
+        from ..backends.cuda.ops import CudaOps
+        ops = CudaOps(self.backend.device)
+        ops.reserve_scratch(max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden))
+        return ops
+
+    def load(self, path: str | None = None) -> tuple[Drafter, float]:
+        """The drafter at `path` (default: the configured one), loading it if needed; returns it
+        and the load time in ms (0 when already resident)."""
+        from ...clients.tokenizer import Tokenizer
+
+        path = path or self.default_path or self.parked_path
+        if path is None:
+            raise ProtocolError("not_loaded", "no prefill drafter: start the daemon with --prefill-drafter or "
+                                              "pass drafter=PATH")
+        if self.drafter is not None and os.path.realpath(self.drafter.path) == os.path.realpath(path):
+            return self.drafter, 0.0
+        if not os.path.isfile(path):
+            raise ProtocolError("bad_request", f"drafter: {path} is not a file")
+        t0 = time.perf_counter()
+        try:
+            f, cfg = open_model(path)
+        except ModelLoadError as exc:
+            raise ProtocolError("bad_request", f"drafter: {exc}") from None
+        if self.backend.name == "cuda":
+            plan = self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.forward_chunk,
+                                     self.config.forward_chunk)
+            try:
+                self.backend.check_fits(plan)
+            except MemoryError as exc:
+                raise ProtocolError("oom", f"drafter: {exc}") from None
+        self.free()
+        ops = self._drafter_ops(cfg)
+        model = load_model((f, cfg), ops.load_weight)
+        self.drafter = Drafter(ops, model, Tokenizer.from_gguf(f.reader), self.config)
+        self.parked_path = None
+        ms = (time.perf_counter() - t0) * 1e3
+        log.info("prefill drafter %s loaded in %.0f ms", path, ms)
+        return self.drafter, ms
+
+    def free(self) -> bool:
+        """Unload the drafter (and forget a parked one); True if there was one."""
+        had = self.drafter is not None or self.parked_path is not None
+        self.drafter = None
+        self.parked_path = None
+        gc.collect()                              # device buffers are freed when unreferenced
+        return had
+
+    def park(self) -> None:
+        if self.drafter is not None:
+            self.parked_path = str(self.drafter.path)
+            self.drafter = None
+            gc.collect()
+
+    def unpark(self) -> None:
+        if self.drafter is None and self.parked_path is not None:
+            self.load(self.parked_path)
+
+    def status(self) -> dict:
+        d = self.drafter
+        return {"path": str(d.path) if d else self.parked_path or self.default_path,
+                "loaded": d is not None, "parked": self.parked_path is not None,
+                "policy": self.config.drafter_policy,
+                "weights_bytes": int(d.model.file_weight_bytes) if d else 0}
+
+    # -- compression -----------------------------------------------------------------------------
+    def _shares_vocab(self, drafter: Drafter) -> bool:
+        key = str(drafter.path)
+        if key not in self._same_vocab:
+            a, b = self.target_tokenizer, drafter.tokenizer
+            self._same_vocab[key] = a.vocab_size == b.vocab_size and all(
+                a.token_bytes(i) == b.token_bytes(i) for i in range(a.vocab_size))
+        return self._same_vocab[key]
+
+    def wants(self, mode: str, n_prompt: int, threshold: int | None) -> bool:
+        """Whether a generate with compress=`mode` compresses a prompt of n_prompt tokens."""
+        if mode == "always":
+            return True
+        return mode == "auto" and n_prompt > (threshold if threshold is not None else self.config.threshold)
+
+    def compress(self, ids: list[int], keep: float, drafter_path: str | None = None,
+                 alpha: float | None = None) -> Compressed:
+        if not 0.0 < keep <= 1.0:
+            raise ProtocolError("bad_request", f"keep: must be in (0, 1], got {keep}")
+        drafter, load_ms = self.load(drafter_path)
+        t0 = time.perf_counter()
+        same = self._shares_vocab(drafter)
+        if same:
+            d_ids = list(ids)
+        else:
+            d_ids = drafter.tokenizer.encode(self.target_tokenizer.decode(ids))
+        bad = [t for t in d_ids if not 0 <= t < drafter.model.config.vocab_size]
+        if bad:
+            raise ProtocolError("bad_request", f"ids: token id {bad[0]} is outside the drafter's vocabulary")
+        if not d_ids:
+            raise ProtocolError("bad_request", "ids: the prompt is empty in the drafter's vocabulary")
+        probs = drafter.tail_probs(d_ids, alpha)
+        pc = self.config
+        kept = kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens)
+        kept_ids = [int(d_ids[i]) for i in kept]
+        if not same:
+            kept_ids = self.target_tokenizer.encode(drafter.tokenizer.decode(kept_ids))
+        ms = (time.perf_counter() - t0) * 1e3
+        return Compressed(ids=kept_ids, n_in=len(ids), n_out=len(kept_ids), drafter_tokens=len(d_ids),
+                          ms=round(ms, 3), load_ms=round(load_ms, 3))
+
+
+def compressed_fields(c: Compressed) -> dict:
+    """The result/done-event fields describing a compression."""
+    return {"n_in": c.n_in, "n_out": c.n_out, "ms": c.ms, "load_ms": c.load_ms,
+            "drafter_tokens": c.drafter_tokens}
+
+
