@@ -90,7 +90,10 @@ class Engine:
         self.compressor = PrefillCompressor(self.backend, self.config.pflash, self.config.prefill_drafter,
                                             self.tokenizer)
         if self.config.prefill_drafter is not None and self.config.pflash.drafter_policy == "resident":
-            self.compressor.load()
+            try:
+                self.compressor.load()
+            except ProtocolError as exc:
+                raise ModelLoadError(f"--prefill-drafter: {exc.message}") from None
 
     def _load_weights(self, progress=None) -> None:
         done = [0]
@@ -270,7 +273,8 @@ class Engine:
         self._require_target()
         prompt = self._prompt_ids(req)
         compressed = None
-        if self.compressor.wants(req.compress, len(prompt), req.threshold):
+        mode = req.compress if req.compress is not None else self.config.pflash.mode
+        if self.compressor.wants(mode, len(prompt), req.threshold):
             compressed = self._compress(prompt, req.keep if req.keep is not None else self.config.pflash.keep)
             prompt = compressed.ids
         runner = self._require_target()

@@ -28,7 +28,7 @@ import ipaddress
 import logging
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import click
@@ -39,6 +39,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.events import TERMINAL_EVENTS, error_event, ready_event, result_event
 from ..protocol.messages import Cancel, Quit, Request, resolve_ids_files
 from .config import DEVICES, EngineConfig
+from .pflash.config import COMPRESS_MODES, DRAFTER_POLICIES, PFlashConfig
 from .process import (
     LOG_LEVELS, LineReader, OverlongLine, StartupError, StopSignals, claim_stdout, load_engine,
     read_ids_file, resolve_model, setup_logging,
@@ -94,6 +95,7 @@ class ServeConfig:
     max_queue: int = 64
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
     log_level: str = "info"
+    pflash: PFlashConfig = field(default_factory=PFlashConfig)   # --compress*, --drafter-policy
 
     def __post_init__(self):
         if not self.stdin and self.zmq is None:
@@ -456,10 +458,9 @@ def _resolve_drafts(config: ServeConfig) -> tuple[tuple[str, ...], str | None]:
     drafts = tuple(d if d in BUILTIN_DRAFTS else str(resolve_model(d, "--draft")) for d in config.drafts)
     prefill = (str(resolve_model(config.prefill_drafter, "--prefill-drafter"))
                if config.prefill_drafter is not None else None)
-    if drafts or prefill:
-        log.warning("speculative decoding and prefill compression are not available yet: drafters %s "
-                    "were checked but are not loaded; generation runs plain decoding",
-                    ", ".join(drafts + ((prefill,) if prefill else ())))
+    if drafts:
+        log.warning("speculative decoding is not available yet: drafters %s were checked but are not "
+                    "loaded; generation runs plain decoding", ", ".join(drafts))
     return drafts, prefill
 
 
@@ -474,7 +475,8 @@ def serve(config: ServeConfig) -> int:
         if config.zmq is not None:            # bind before the (long) load: a bad address fails fast
             zmq_frontend = ZmqFrontend(config.zmq, config.max_request_bytes)
         engine = load_engine(EngineConfig(model=str(model), device=config.device, max_ctx=config.max_ctx,
-                                          drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue))
+                                          drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
+                                          pflash=config.pflash))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:
@@ -536,14 +538,29 @@ def serve(config: ServeConfig) -> int:
 @click.option("--max-request-bytes", type=click.IntRange(min=1), default=wire.MAX_FRAME_BYTES, show_default=True,
               help="Largest stdin line, ZeroMQ frame or @file.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.option("--compress", "compress_mode", type=click.Choice(COMPRESS_MODES), default="off", show_default=True,
+              help="PFlash default for generate requests that do not say: auto compresses prompts longer than "
+                   "--compress-threshold (needs --prefill-drafter).")
+@click.option("--compress-threshold", type=click.IntRange(min=1), default=32000, show_default=True,
+              help="Prompt tokens above which compress=auto compresses.")
+@click.option("--compress-keep", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.05, show_default=True,
+              help="Default kept fraction of the prompt's 32-token chunks.")
+@click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.12, show_default=True,
+              help="FlashPrefill block threshold of the drafter's sparse attention (0 = dense).")
+@click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
+              help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
+                   "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
-                  max_queue, max_request_bytes, log_level):
+                  max_queue, max_request_bytes, log_level, compress_mode, compress_threshold, compress_keep,
+                  compress_alpha, drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     try:
         config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
                              max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
-                             log_level=log_level)
+                             log_level=log_level,
+                             pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
+                                                 alpha=compress_alpha, drafter_policy=drafter_policy))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     raise SystemExit(serve(config))

@@ -127,7 +127,7 @@ class Generate:
     spec: str = "off"  # speculative decoding: off | chain | ddtree
     budget: int | None = None  # ddtree node budget (non-root nodes); None = daemon default
     draft: str | None = None  # drafter name (a --draft model or "ngram"); None = default
-    compress: str = "off"  # PFlash prompt compression: off | auto | always
+    compress: str | None = None  # PFlash prompt compression: off | auto | always; None = the daemon's --compress
     keep: float | None = None  # compression keep ratio; None = daemon default
     threshold: int | None = None  # compress=auto: compress prompts longer than this; None = daemon default
     stream: bool = True  # token events as they come; false = all output in the done event
@@ -150,7 +150,7 @@ class Generate:
             self.spec = check_choice("spec", self.spec, SPEC_MODES)
             self.budget = check_optional(check_int, "budget", self.budget, 1, MAX_BUDGET)
             self.draft = check_optional(check_str, "draft", self.draft, allow_empty=False)
-            self.compress = check_choice("compress", self.compress, COMPRESS_MODES)
+            self.compress = check_optional(check_choice, "compress", self.compress, COMPRESS_MODES)
             self.keep = check_optional(check_float, "keep", self.keep, 0.0, 1.0, lo_open=True)
             self.threshold = check_optional(check_int, "threshold", self.threshold, 1, INT32_MAX)
             self.stream = check_bool("stream", self.stream)

@@ -86,7 +86,7 @@ def test_every_command_ends_with_exactly_one_sentinel(spawn_lucebox, tmp_path):
         (f"{prompt} 100", "err ctx_overflow"),
         ("hello there", "err unknown_command"),
         ("LIST_SLOTS", "err unknown_command"),
-        (f"compress {prompt} 500", "err not_implemented"),
+        (f"compress {prompt} 500", "err not_loaded"),
         (f"compress {prompt} 5000", "err bad_request"),
         ("free drafter", "err not_loaded"),
         ("free everything", "err bad_request"),

@@ -172,7 +172,7 @@ BAD_LINES = [
     ("empty-file", "generate id=ef ids=@{files}/empty.bin", "bad_request", "ef"),
     ("file-out-of-vocab", "generate id=fo ids=@{files}/out_of_vocab.bin max_tokens=2", "bad_request", "fo"),
     ("file-negative-id", "generate id=fn ids=@{files}/negative.bin", "bad_request", "fn"),
-    ("compress", "compress id=cp ids=1,2,3 keep=0.5", "not_implemented", "cp"),
+    ("compress", "compress id=cp ids=1,2,3 keep=0.5", "not_loaded", "cp"),
     ("spec-ddtree", 'generate id=dd text="hi" spec=ddtree budget=8', "not_implemented", "dd"),
     ("unknown-drafter", 'generate id=ud text="hi" draft=nonexistent', "not_loaded", "ud"),
     ("free-drafter", "free id=fr what=drafter", "not_loaded", "fr"),

@@ -121,7 +121,7 @@ def test_generate_defaults():
     assert request.max_tokens == 256 and request.sampling == SamplingParams()
     assert request.stop == () and request.stop_ids == () and request.logprobs == 0
     assert (request.spec, request.budget, request.draft) == ("off", None, None)
-    assert (request.compress, request.keep, request.stream) == ("off", None, True)
+    assert (request.compress, request.keep, request.stream) == (None, None, True)
     assert request.add_special is False and request.ignore_eos is False
 
 
