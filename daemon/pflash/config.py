@@ -21,6 +21,8 @@ class PFlashConfig:
     tail_tokens: int = 8        # T: the last T prompt tokens score every token by dense attention
     smooth_tokens: int = 13     # centred moving average of the importance (odd)
     chunk_tokens: int = 32      # selection granularity
+    first_chunks: int = 1       # always kept at the start of the prompt (DESIGN: 1)
+    last_chunks: int = 1        # always kept at the end, where the question usually is (DESIGN: 1)
     forward_chunk: int = 4096   # drafter forward: tokens per forward (a multiple of block)
     keep: float = 0.05          # default kept fraction of chunks, (0, 1]
     mode: str = "off"           # the generate default: off | auto | always
@@ -37,8 +39,10 @@ class PFlashConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.window_blocks < 1:
             raise ValueError("window_blocks must be >= 1 (the diagonal block is always attended)")
-        if self.tail_tokens < 1 or self.chunk_tokens < 1:
-            raise ValueError("tail_tokens and chunk_tokens must be >= 1")
+        if not 1 <= self.tail_tokens <= self.block:
+            raise ValueError(f"tail_tokens must be in [1, {self.block}], got {self.tail_tokens}")
+        if self.chunk_tokens < 1 or self.first_chunks < 0 or self.last_chunks < 0:
+            raise ValueError("chunk_tokens must be >= 1, first_chunks and last_chunks >= 0")
         if self.smooth_tokens < 1 or self.smooth_tokens % 2 == 0:
             raise ValueError(f"smooth_tokens must be odd and >= 1, got {self.smooth_tokens}")
         if self.forward_chunk < self.block or self.forward_chunk % self.block:

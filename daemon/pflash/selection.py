@@ -5,8 +5,9 @@
     smoothed      = centred moving average over `smooth` tokens, truncated at the edges (each
                     output is the mean of the tokens that exist in its window)
     chunk score   = mean of smoothed over the chunk's tokens (the last chunk may be short)
-    kept chunks   = the first and the last chunk, plus the best-scoring others until
-                    ceil(keep * n_chunks) are kept (ties: the earlier chunk); emitted in order
+    kept chunks   = the first and the last chunk (DESIGN §5.3; `first`/`last` chunks with the
+                    knobs), plus the best-scoring others until ceil(keep * n_chunks) are kept
+                    (ties: the earlier chunk); emitted in order
 """
 from __future__ import annotations
 
@@ -44,16 +45,16 @@ def chunk_scores(x: np.ndarray, chunk: int) -> np.ndarray:
     return sums / sizes
 
 
-def select_chunks(scores: np.ndarray, keep: float) -> np.ndarray:
-    """Ascending indices of the kept chunks: first and last always, then by score (descending;
-    ties to the lower index) until ceil(keep * n_chunks) are kept."""
+def select_chunks(scores: np.ndarray, keep: float, first: int = 1, last: int = 1) -> np.ndarray:
+    """Ascending indices of the kept chunks: the first `first` and the last `last` always, then
+    by score (descending; ties to the lower index) until ceil(keep * n_chunks) are kept."""
     if not 0.0 < keep <= 1.0:
         raise ValueError(f"keep must be in (0, 1], got {keep}")
     n_chunks = len(scores)
     if n_chunks == 0:
         return np.zeros(0, np.int64)
     n_keep = max(math.ceil(keep * n_chunks - 1e-9), 1)   # 1e-9: 0.05 * 20 is 1.0000000000000002
-    forced = {0, n_chunks - 1}
+    forced = set(range(min(first, n_chunks))) | set(range(max(n_chunks - last, 0), n_chunks))
     order = np.lexsort((np.arange(n_chunks), -np.asarray(scores, np.float64)))   # best first, stable
     kept = set(forced)
     for c in order:
@@ -63,11 +64,12 @@ def select_chunks(scores: np.ndarray, keep: float) -> np.ndarray:
     return np.array(sorted(kept), np.int64)
 
 
-def kept_positions(tail_probs: np.ndarray, keep: float, chunk: int, smooth_tokens: int) -> np.ndarray:
+def kept_positions(tail_probs: np.ndarray, keep: float, chunk: int, smooth_tokens: int, first: int = 1,
+                   last: int = 1) -> np.ndarray:
     """Prompt positions to keep, ascending: the whole selection from the (T, S) tail maxima."""
     n_tokens = tail_probs.shape[1]
     scores = chunk_scores(smooth(importance(tail_probs), smooth_tokens), chunk)
-    chunks = select_chunks(scores, keep)
+    chunks = select_chunks(scores, keep, first, last)
     if len(chunks) == 0:
         return np.zeros(0, np.int64)
     return np.concatenate([np.arange(c * chunk, min(n_tokens, c * chunk + chunk)) for c in chunks])

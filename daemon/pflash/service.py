@@ -151,7 +151,7 @@ class PrefillCompressor:
             raise ProtocolError("bad_request", "ids: the prompt is empty in the drafter's vocabulary")
         probs = drafter.tail_probs(d_ids, alpha)
         pc = self.config
-        kept = kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens)
+        kept = kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks, pc.last_chunks)
         kept_ids = [int(d_ids[i]) for i in kept]
         if not same:
             kept_ids = self.target_tokenizer.encode(drafter.tokenizer.decode(kept_ids))

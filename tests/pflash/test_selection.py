@@ -106,3 +106,12 @@ def test_a_planted_important_span_survives(rng):
     kept = set(sel.kept_positions(probs, 0.05, 32, 13).tolist())
     assert set(range(2000, 2010)) <= kept
     assert 0 in kept and n - 1 in kept
+
+
+def test_more_forced_chunks_at_the_ends():
+    scores = np.array([0.0, 9, 0, 0, 0, 8, 0, 0, 0, 0])
+    assert list(sel.select_chunks(scores, 0.4, first=1, last=3)) == [0, 7, 8, 9]
+    assert list(sel.select_chunks(scores, 0.5, first=1, last=3)) == [0, 1, 7, 8, 9]
+    assert list(sel.select_chunks(scores, 0.1, first=2, last=2)) == [0, 1, 8, 9]    # forced may exceed keep
+    assert list(sel.select_chunks(scores, 0.2, first=0, last=0)) == [1, 5]
+    assert list(sel.select_chunks(np.array([1.0, 2.0]), 0.5, first=5, last=5)) == [0, 1]

@@ -1,0 +1,82 @@
+"""Needle-in-a-haystack cases for bench_niah.py: natural-looking filler generated here, one needle
+(a random key and a random 7-digit value) at a random depth, and a question asking for the value.
+
+The filler is built from sentence templates over small word lists (an invented town's daily
+life), so it reads like prose but carries no information about the needle. Each case is sized
+with the target's tokenizer to at most `n_tokens` prompt tokens (within ~1%, never above), as a
+chat prompt (the model's own template) ending with the assistant header. Pass = the value's
+digits appear in the model's answer.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+__all__ = ["NiahCase", "make_case"]
+
+_SUBJECTS = ["The baker", "A fisherman", "The old librarian", "Her neighbour", "The mayor", "A young teacher",
+             "The ferry captain", "My grandmother", "The carpenter", "A travelling musician", "The gardener",
+             "The postwoman", "A retired sailor", "The innkeeper", "The miller's son"]
+_VERBS = ["walked past", "repaired", "painted", "talked about", "remembered", "looked after", "visited",
+          "wrote a letter about", "photographed", "sold", "cleaned", "described", "measured", "sketched"]
+_OBJECTS = ["the harbour wall", "the blue bicycle", "the bell tower", "a basket of apples", "the river bridge",
+            "the market square", "an old wooden boat", "the school garden", "the lighthouse", "a pile of letters",
+            "the stone fountain", "the orchard gate", "the weather vane", "the bakery window"]
+_TIMES = ["early in the morning", "after the rain stopped", "on a quiet Sunday", "before the market opened",
+          "late in the afternoon", "during the autumn fair", "while the tide was low", "in the first week of spring"]
+_COMMENTS = ["Nobody seemed to mind.", "It was an ordinary day in the town.", "The air smelled of salt and bread.",
+             "Children were playing near the water.", "A few gulls circled overhead.",
+             "The church clock struck the hour.", "Somewhere a dog barked twice.",
+             "The shops were slowly filling with people.", "Clouds drifted in from the west."]
+_KEY_WORDS = ["amber", "falcon", "willow", "cobalt", "harbor", "juniper", "lantern", "meadow", "orchid", "pepper",
+              "quartz", "raven", "saffron", "thistle", "umber", "violet", "walnut", "zephyr", "copper", "indigo"]
+
+QUESTION = "What is the secret number of the {key} project? Answer with the number only."
+
+
+@dataclass(slots=True, frozen=True)
+class NiahCase:
+    ids: list[int]         # the whole chat prompt, target token ids
+    value: str             # the answer: 7 digits
+    key: str
+    depth: float           # where the needle sits in the filler, 0..1
+    n_tokens: int
+
+
+def _sentence(rng: random.Random) -> str:
+    if rng.random() < 0.25:
+        return rng.choice(_COMMENTS)
+    return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_TIMES)}."
+
+
+def _render(template, tokenizer, sentences: list[str], needle_at: int, needle: str, question: str) -> list[int]:
+    body = " ".join(sentences[:needle_at] + [needle] + sentences[needle_at:])
+    content = f"Read the following text carefully.\n\n{body}\n\n{question}"
+    if template is not None:
+        text = template.render([{"role": "user", "content": content}], add_generation_prompt=True)
+    else:
+        text = content + "\n"
+    return tokenizer.encode(text, add_special=True)
+
+
+def make_case(tokenizer, template, n_tokens: int, seed: int) -> NiahCase:
+    """A case of at most n_tokens prompt tokens; the needle at a uniform depth in [0.1, 0.9]."""
+    rng = random.Random(seed)
+    key = f"{rng.choice(_KEY_WORDS)}-{rng.choice(_KEY_WORDS)}"
+    value = str(rng.randrange(1_000_000, 10_000_000))
+    needle = f"The secret number of the {key} project is {value}."
+    question = QUESTION.format(key=key)
+    depth = rng.uniform(0.1, 0.9)
+    # sentences are ~12 tokens: start a little over, then cut by bisection on the sentence count
+    pool = [_sentence(rng) for _ in range(max(n_tokens // 9, 8))]
+    while len(_render(template, tokenizer, pool, int(depth * len(pool)), needle, question)) < n_tokens:
+        pool += [_sentence(rng) for _ in range(len(pool) // 2 + 1)]
+    lo, hi = 0, len(pool)                        # largest count whose prompt fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(_render(template, tokenizer, pool[:mid], int(depth * mid), needle, question)) <= n_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    ids = _render(template, tokenizer, pool[:lo], int(depth * lo), needle, question)
+    return NiahCase(ids=ids, value=value, key=key, depth=depth, n_tokens=len(ids))
