@@ -149,6 +149,10 @@ class PrefillCompressor:
             raise ProtocolError("bad_request", f"ids: token id {bad[0]} is outside the drafter's vocabulary")
         if not d_ids:
             raise ProtocolError("bad_request", "ids: the prompt is empty in the drafter's vocabulary")
+        trained = drafter.model.config.context_length
+        if len(d_ids) > trained:          # RoPE past the trained length scores garbage
+            raise ProtocolError("ctx_overflow", f"compress: {len(d_ids)} drafter tokens > the drafter's trained "
+                                                f"context {trained}")
         probs = drafter.tail_probs(d_ids, alpha)
         pc = self.config
         kept = kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks, pc.last_chunks)

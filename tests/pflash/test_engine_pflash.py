@@ -207,3 +207,11 @@ def test_no_drafter_is_not_loaded(served):
     assert c.ask(m.Compress, ids=ids, keep=0.5)["code"] == "not_loaded"
     assert c.ask(m.Generate, ids=ids, compress="always", max_tokens=2)["code"] == "not_loaded"
     assert c.ask(m.Generate, ids=ids, max_tokens=2, ignore_eos=True, stream=False)["event"] == "done"
+
+
+def test_prompt_longer_than_the_drafter_was_trained_for(served):
+    c = served()
+    trained = c.engine.compressor.drafter.model.config.context_length
+    r = c.ask(m.Compress, ids=prompt(trained + 1), keep=0.1)
+    assert r["code"] == "ctx_overflow" and str(trained) in r["message"]
+    assert c.ask(m.Compress, ids=prompt(64), keep=0.5)["event"] == "result"
