@@ -182,12 +182,16 @@ class Engine:
             queued = len(self._queue)
         kv_bytes = self.runner.cache.n_bytes if self.runner is not None else 0
         resident = model.weights is not None
+        memory = {"plan": self.plan.as_dict(), "resident_weights_bytes": self._weight_bytes() if resident else 0,
+                  "resident_kv_bytes": kv_bytes}
+        device = getattr(self.backend, "device", None)
+        if device is not None:                 # what park/unpark release and take, as the driver sees it
+            memory["device_free_bytes"], memory["device_total_bytes"] = device.mem_info()
         return {
             "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
             "max_ctx": self.config.max_ctx, "parked": self._parked(),
             "drafters": [], "prefill_drafter": self.compressor.status() if self.compressor else None, "running": running, "queued": queued, "served": self.n_served,
-            "memory": {"plan": self.plan.as_dict(), "resident_weights_bytes": self._weight_bytes() if resident else 0,
-                       "resident_kv_bytes": kv_bytes},
+            "memory": memory,
         }
 
     def _parked(self) -> dict:

@@ -309,6 +309,9 @@ def test_park_releases_device_memory_and_round_trips(native, tmp_path):
         assert ask(m.Park("p", what="target"))["parked"]["target"] is True
         gc.collect()
         free_parked = dev.mem_info()[0]
+        status = ask(m.Status("s"))["memory"]
+        assert status["resident_weights_bytes"] == 0 and status["resident_kv_bytes"] == 0
+        assert abs(status["device_free_bytes"] - free_parked) < (64 << 20)
         released = free_parked - free_resident
         assert released >= 0.9 * (plan_bytes - engine.plan.workspace_bytes), (released, engine.plan.as_dict())
         ask(m.Unpark("u", what="target"))
