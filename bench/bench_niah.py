@@ -115,9 +115,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=20, help="cases per length")
     ap.add_argument("--lengths", default="4096,8192,16384,32768", help="prompt tokens (at most), comma separated")
     ap.add_argument("--keep", type=float, default=0.05, help="headline PFlash keep ratio")
-    ap.add_argument("--alpha", type=float, default=0.12, help="headline FlashPrefill alpha")
+    ap.add_argument("--alpha", type=float, default=0.7, help="headline FlashPrefill alpha")
+    ap.add_argument("--forward-chunk", type=int, default=4096, help="drafter tokens per forward (multiple of 128)")
     ap.add_argument("--sweep-keeps", default="0.02,0.05,0.1", help="keep ratios of the sweep ('' = no sweep)")
-    ap.add_argument("--sweep-alphas", default="0.05,0.12,0.5,0.85", help="alphas of the sweep")
+    ap.add_argument("--sweep-alphas", default="0.12,0.5,0.7,0.85", help="alphas of the sweep")
     ap.add_argument("--sweep-cases", type=int, default=None, help="cases per sweep point (default --cases)")
     ap.add_argument("--last-chunks", type=int, default=1,
                     help="32-token chunks always kept at the prompt's end (DESIGN: 1; the question sits there)")
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
     engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max_ctx,
                                  prefill_drafter=str(args.drafter), prefill_chunk=512,
                                  pflash=PFlashConfig(keep=args.keep, alpha=args.alpha,
-                                                     last_chunks=args.last_chunks)))
+                                                     last_chunks=args.last_chunks, forward_chunk=args.forward_chunk)))
     engine.load()
     engine.start()
     client = InProcess(engine)

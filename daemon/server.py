@@ -545,7 +545,7 @@ def serve(config: ServeConfig) -> int:
               help="Prompt tokens above which compress=auto compresses.")
 @click.option("--compress-keep", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.05, show_default=True,
               help="Default kept fraction of the prompt's 32-token chunks.")
-@click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.12, show_default=True,
+@click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.7, show_default=True,
               help="FlashPrefill block threshold of the drafter's sparse attention (0 = dense).")
 @click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "

@@ -14,7 +14,8 @@ DRAFTER_POLICIES = ("resident", "park")
 @dataclass(slots=True, frozen=True)
 class PFlashConfig:
     block: int = 128            # FlashPrefill block (tokens) for queries and keys; fixed by the kernels
-    alpha: float = 0.12         # keep key block n when its score >= alpha * the row's max score
+    alpha: float = 0.7          # keep key block n when its score >= alpha * the row's max score (FlashPrefill
+                                # upstream's default, tuned on the same normalised scores)
     sink_blocks: int = 2        # key blocks [0, sink) always kept
     window_blocks: int = 4      # key blocks with m - n < window always kept (includes the diagonal)
     last_full_blocks: int = 2   # the last query blocks of the prompt attend densely
