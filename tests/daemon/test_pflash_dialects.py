@@ -95,3 +95,23 @@ def test_lucebox_compress_free_and_generate(spawn_lucebox, drafter, expected_kep
     kept = write_ids(tmp_path / "kept.bin", expected_kept)
     status, ids = daemon.command(f"{kept} 6")
     assert status.startswith(f"ok N={len(expected_kept)} gen=6") and len(ids) == 6
+
+
+def test_lucebox_24gb_choreography(spawn_lucebox, drafter, expected_kept, tmp_path):
+    """What a Lucebox client does on a 24 GB card: park target, compress, free drafter, unpark,
+    generate -- the output equals generating the kept ids on a daemon that never parked."""
+    daemon = spawn_lucebox("--max-ctx=1024")
+    assert daemon.status_line() == "[daemon] ready"
+    prompt = write_ids(tmp_path / "prompt.bin", PROMPT)
+    kept = write_ids(tmp_path / "kept.bin", expected_kept)
+    status, before = daemon.command(f"{kept} 8")
+    assert status.startswith("ok N=") and len(before) == 8
+    assert daemon.command("park target") == ("ok park what=target", [])
+    status, ids = daemon.command(f"compress {prompt} {int(KEEP * 1000)} {drafter}")
+    assert status.startswith("ok compress") and ids == expected_kept
+    assert daemon.command("free drafter") == ("ok free", [])
+    status, ids = daemon.command(f"{kept} 8")
+    assert status.startswith("err parked") and ids == []
+    assert daemon.command("unpark target") == ("ok unpark what=target", [])
+    status, after = daemon.command(f"{kept} 8")
+    assert status.startswith("ok N=") and after == before
