@@ -286,6 +286,19 @@ class CudaOps:
                                                  max_ctx, scale, s), "fd_attention_prefill")
         return o
 
+    def kv_write(self, k: Roped, v: DeviceTensor, cache_layer, start: DeviceTensor) -> None:
+        if not isinstance(k, Roped):
+            raise TypeError("CudaOps.kv_write expects k from ops.rope")
+        k_cache, v_cache = cache_layer
+        n, n_kv_heads, head_dim = k.x.shape
+        # fd_rope_kv_write with q = NULL (n_heads is then unused; it must only be positive):
+        # rotate k, store k and v at slots *start + i
+        self._check(self.lib.fd_rope_kv_write(self.ffi.NULL, self.p(k.x, "float*"), self.p(v, "float*"),
+                                              self.p(k_cache), self.p(v_cache), self.p(k.positions, "int32_t*"),
+                                              self.p(start, "int32_t*"), n, n_kv_heads, n_kv_heads, head_dim, k.rope_dim,
+                                              k.theta, int(k.neox), k_cache.shape[1], self.dev.stream),
+                    "fd_rope_kv_write")
+
     def swiglu(self, gate, up) -> DeviceTensor:
         out = self.take(gate.shape)
         self._check(self.lib.fd_swiglu(self.p(out, "float*"), self.p(gate, "float*"), self.p(up, "float*"), gate.size,
