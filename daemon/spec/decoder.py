@@ -149,7 +149,8 @@ class SpecDecoder:
             yield ModelRunner._sampled(root, logits, logprobs)
             n_out = 1
             while n_out < max_new_tokens:
-                room = runner.max_ctx - runner.n_past - 1          # drafted nodes that fit
+                # drafted nodes that fit: the context, and the forward size the runner is sized for
+                room = min(runner.max_ctx - runner.n_past, runner.prefill_chunk) - 1
                 max_depth = min(max_new_tokens - n_out - 1, drafter.max_depth, room)
                 t0 = time.perf_counter()
                 if max_depth > 0:

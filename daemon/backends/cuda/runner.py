@@ -88,7 +88,7 @@ class CudaRunner(ModelRunner):
             pass
 
     # -- forward passes --------------------------------------------------------------------------
-    def _forward_device(self, ids, *, all_logits: bool):
+    def _forward_device(self, ids, *, all_logits: bool, hidden_sink=None):
         """Eager forward of a chunk; returns the logits as a device tensor (in the arena)."""
         n = len(ids)
         if n > self.p_ids.shape[0]:
@@ -101,12 +101,72 @@ class CudaRunner(ModelRunner):
         dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
         self.ops.begin_forward()
         batch = Batch(ids=self.p_ids[:n], positions=self.p_pos[:n], n_past=self.p_n_past, n_tokens=n)
-        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits)
+        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits,
+                         hidden_sink=hidden_sink)
         self.n_past += n
         return logits
 
-    def _forward(self, ids, *, all_logits: bool) -> np.ndarray:
-        return self.dev.download(self._forward_device(ids, all_logits=all_logits))
+    def _forward(self, ids, *, all_logits: bool, hidden_sink=None) -> np.ndarray:
+        return self.dev.download(self._forward_device(ids, all_logits=all_logits, hidden_sink=hidden_sink))
+
+    # -- speculative decoding: tree verify and commit (daemon/spec/decoder.py) -------------------
+    def _tree_buffers(self, n: int) -> None:
+        """Device inputs of a tree forward, sized for n nodes (grown on demand, kept)."""
+        if getattr(self, "t_ids", None) is not None and self.t_ids.shape[0] >= n:
+            return
+        dev = self.dev
+        cap = max(n, 64)
+        self.t_ids = dev.empty((cap,), np.int32)
+        self.t_pos = dev.empty((cap,), np.int32)
+        self.t_mask = dev.empty((cap * cap,), np.uint8)
+        self.t_offsets = dev.empty((cap,), np.int32)
+        self.t_argmax = dev.empty((cap,), np.int32)
+
+    def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
+        ids = np.asarray(ids, np.int32)
+        n = len(ids)
+        if n > self.prefill_chunk:
+            raise ValueError(f"a tree of {n} nodes > the prefill chunk {self.prefill_chunk} the arena is sized for")
+        if self.n_past + n > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        self._tree_buffers(n)
+        dev = self.dev
+        dev.upload(ids, out=self.t_ids[:n])
+        dev.upload(np.asarray(positions, np.int32), out=self.t_pos[:n])
+        dev.upload(np.ascontiguousarray(mask, dtype=np.uint8).reshape(-1), out=self.t_mask[:n * n])
+        dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
+        self.ops.begin_forward()
+        batch = Batch(ids=self.t_ids[:n], positions=self.t_pos[:n], n_past=self.p_n_past,
+                      mask=self.t_mask[:n * n].reshape(n, n), n_tokens=n)
+        return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
+                       hidden_sink=hidden_sink)
+
+    def argmax_rows(self, logits) -> np.ndarray:
+        n = logits.shape[0]
+        self._tree_buffers(n)
+        self.ops.argmax(logits, self.t_argmax[:n])
+        return self.dev.download(self.t_argmax[:n])
+
+    def logits_to_host(self, logits) -> np.ndarray:
+        return self.dev.download(logits)
+
+    def commit_tree(self, node_offsets) -> None:
+        offsets = np.asarray(node_offsets, np.int32)
+        n = len(offsets)
+        if self.n_past + n > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        if np.any(offsets != np.arange(n)):
+            if np.any(np.diff(offsets) <= 0) or np.any(offsets < np.arange(n)):
+                raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
+            self._tree_buffers(n)
+            dev, spec = self.dev, self.cache.spec
+            dev.upload(offsets, out=self.t_offsets[:n])
+            dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
+            dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets, "int32_t*"),
+                                                   dev.p(self.p_n_past, "int32_t*"), n, spec.n_layers,
+                                                   spec.n_kv_heads, spec.max_ctx, spec.head_dim, dev.stream),
+                             "fd_kv_compact")
+        self.n_past += n
 
     def score(self, ids) -> np.ndarray:
         self.reset()
