@@ -32,7 +32,11 @@ from .drafter import Drafter, DrafterLoadError, Proposal
 
 __all__ = ["DFlashDrafter", "load_dflash_drafter"]
 
-INJECT_CHUNK = 512     # context rows per injection forward (bounds the activation scratch)
+# Context rows per injection forward. An injection keeps its features live across all drafter
+# layers, so it cannot recycle scratch per layer as a target forward does: 128 rows keep it well
+# inside the activation arena sized for the target's prefill chunk (only prefill injects more
+# than a step's ~budget rows).
+INJECT_CHUNK = 128
 
 
 class DFlashDrafter(Drafter):
