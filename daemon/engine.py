@@ -29,6 +29,9 @@ from .config import EngineConfig
 from .models import LoadedModel, ModelLoadError, load_model, open_model
 from .models.weights import total_weight_bytes
 from .runner import ModelRunner
+from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
+from .spec.drafter import Drafter, DrafterLoadError
+from .spec.loader import DrafterContext, drafter_name, find_drafter, load_drafter
 from .stops import StopMatcher
 
 __all__ = ["Engine", "Emit"]
@@ -63,6 +66,8 @@ class Engine:
         self.model: LoadedModel | None = None
         self.runner: ModelRunner | None = None
         self.tokenizer = None
+        self.drafters: dict[str, Drafter] = {}      # name -> drafter (--draft), first = default
+        self._drafter_sources: dict[str, str] = {}  # name -> the --draft argument it came from
         self._queue: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
         self._running: _Job | None = None
@@ -83,6 +88,21 @@ class Engine:
         self.backend.check_fits(self.plan)       # before anything is allocated
         self._opened = (f, cfg)
         self._load_weights(progress)
+        self._load_drafters()
+
+    def _load_drafters(self) -> None:
+        """Every --draft, checked against the target; DrafterLoadError stops the daemon's start."""
+        ctx = DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
+                             max_ctx=self.config.max_ctx, prefill_chunk=self.config.prefill_chunk)
+        for spec in self.config.drafts:
+            name = drafter_name(spec)
+            if name in self.drafters:
+                raise DrafterLoadError(f"--draft {spec}: a drafter named {name!r} is already loaded")
+            drafter = load_drafter(spec, ctx)
+            drafter.check_target(self.model.config)
+            self.drafters[name] = drafter
+            self._drafter_sources[name] = spec
+            log.info("drafter %s loaded from %s", name, spec)
 
     def _load_weights(self, progress=None) -> None:
         done = [0]
@@ -174,7 +194,7 @@ class Engine:
         return {
             "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
             "max_ctx": self.config.max_ctx, "parked": {"target": not resident},
-            "drafters": [], "running": running, "queued": queued, "served": self.n_served,
+            "drafters": [d.info() for d in self.drafters.values()], "running": running, "queued": queued, "served": self.n_served,
             "memory": {"plan": self.plan.as_dict(), "resident_weights_bytes": self._weight_bytes() if resident else 0,
                        "resident_kv_bytes": kv_bytes},
         }
@@ -249,12 +269,9 @@ class Engine:
         return self._check_ids(req.ids)
 
     def _do_generate(self, req: m.Generate, job: _Job) -> None:
-        if req.spec != "off":
-            raise ProtocolError("not_implemented", f"spec={req.spec}: speculative decoding is not available yet")
         if req.compress != "off":
             raise ProtocolError("not_implemented", f"compress={req.compress}: prompt compression is not available yet")
-        if req.draft is not None:
-            raise ProtocolError("not_loaded", f"draft={req.draft}: no drafter is loaded")
+        drafter = self._drafter(req.draft) if (req.spec != "off" or req.draft is not None) else None
         runner = self._require_target()
         prompt = self._prompt_ids(req)
         if len(prompt) + req.max_tokens > self.config.max_ctx:
@@ -269,7 +286,8 @@ class Engine:
         reason = "length"
         t_start = time.perf_counter()
         t_first = None
-        tokens = runner.generate(prompt, req.sampling, req.max_tokens, logprobs=req.logprobs)
+        spec = self._spec_decoder(req, runner, drafter) if req.spec != "off" else None
+        tokens = (spec or runner).generate(prompt, req.sampling, req.max_tokens, logprobs=req.logprobs)
         try:
             for sampled in tokens:
                 if t_first is None:
@@ -312,12 +330,41 @@ class Engine:
                    "prefill_tok_s": round(len(prompt) / prefill_s, 2) if prefill_s > 0 else None,
                    "decode_tok_s": round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else None}
         done = done_event(req.id, reason, len(prompt), n_gen, timings)
+        if spec is not None:
+            done["spec"] = spec.stats.as_dict(spec.config.mode, spec.config.budget, drafter.name)
         if not req.stream:
             done["ids"] = out_ids
             done["text"] = "".join(out_text)
             if req.logprobs:
                 done["logprobs"] = out_logprobs
         job.send(done)
+
+    def _drafter(self, name: str | None) -> Drafter:
+        if not self.drafters:
+            raise ProtocolError("not_loaded", "no drafter is loaded; start the daemon with --draft PATH|NAME|ngram")
+        if name is None:
+            return next(iter(self.drafters.values()))
+        drafter = find_drafter(self.drafters, self._drafter_sources, name)
+        if drafter is None:
+            raise ProtocolError("not_loaded", f"draft={name}: no such drafter; loaded: {', '.join(self.drafters)}")
+        return drafter
+
+    def _spec_decoder(self, req: m.Generate, runner, drafter: Drafter) -> SpecDecoder:
+        """spec=chain: budget = chain length (default: the drafter's max_depth); spec=ddtree:
+        budget = drafted tree nodes (default DEFAULT_DDTREE_BUDGET). A tree must fit one forward of
+        at most prefill_chunk tokens, root included."""
+        if req.budget is not None:
+            budget = req.budget
+        else:
+            budget = drafter.max_depth if req.spec == "chain" else DEFAULT_DDTREE_BUDGET
+        max_budget = self.config.prefill_chunk - 1
+        if budget > max_budget:
+            if req.budget is not None:
+                raise ProtocolError("bad_request", f"budget={budget}: at most {max_budget} drafted nodes fit one "
+                                                   f"verify forward (prefill_chunk {self.config.prefill_chunk})")
+            budget = max_budget
+        return SpecDecoder(runner, drafter, SpecConfig(req.spec, max(budget, 1),
+                                                       chain_seed=self.config.ddtree_chain_seed))
 
     def _do_tokenize(self, req: m.Tokenize, job: _Job) -> None:
         job.send(result_event(req.id, ids=self.tokenizer.encode(req.text, add_special=req.add_special)))

@@ -456,10 +456,9 @@ def _resolve_drafts(config: ServeConfig) -> tuple[tuple[str, ...], str | None]:
     drafts = tuple(d if d in BUILTIN_DRAFTS else str(resolve_model(d, "--draft")) for d in config.drafts)
     prefill = (str(resolve_model(config.prefill_drafter, "--prefill-drafter"))
                if config.prefill_drafter is not None else None)
-    if drafts or prefill:
-        log.warning("speculative decoding and prefill compression are not available yet: drafters %s "
-                    "were checked but are not loaded; generation runs plain decoding",
-                    ", ".join(drafts + ((prefill,) if prefill else ())))
+    if prefill:
+        log.warning("prefill compression is not available yet: --prefill-drafter %s was checked but is not loaded",
+                    prefill)
     return drafts, prefill
 
 
