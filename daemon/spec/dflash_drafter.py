@@ -41,13 +41,14 @@ INJECT_CHUNK = 128
 
 class DFlashDrafter(Drafter):
     def __init__(self, ops, cfg: DFlashConfig, weights: DFlashWeights, head: TargetHead, max_ctx: int, *,
-                 temperature: float = 1.0, name: str = "dflash"):
-        if max_ctx <= 0:
-            raise ValueError("max_ctx must be positive")
+                 temperature: float = 1.0, name: str = "dflash", inject_chunk: int = INJECT_CHUNK):
+        if max_ctx <= 0 or inject_chunk <= 0:
+            raise ValueError("max_ctx and inject_chunk must be positive")
         if not temperature > 0:
             raise ValueError(f"draft temperature must be > 0, got {temperature}")
         self.ops, self.cfg, self.weights, self.head = ops, cfg, weights, head
         self.max_ctx, self.temperature, self.name = max_ctx, float(temperature), name
+        self.inject_chunk = inject_chunk
         self.target_layer_ids = tuple(cfg.target_layer_ids)
         self.max_depth = cfg.block_size - 1
         self._feature_index = {layer: j for j, layer in enumerate(cfg.target_layer_ids)}
@@ -129,8 +130,8 @@ class DFlashDrafter(Drafter):
         n_new = self._pending[0].shape[0]
         if self._n_ctx + n_new > self.max_ctx:
             raise ValueError(f"DFlash drafter context overflow: {self._n_ctx} + {n_new} > max_ctx {self.max_ctx}")
-        for s in range(0, n_new, INJECT_CHUNK):
-            e = min(n_new, s + INJECT_CHUNK)
+        for s in range(0, n_new, self.inject_chunk):
+            e = min(n_new, s + self.inject_chunk)
             start = self._n_ctx + s
             ops.begin_forward()
             feats = [ops.from_numpy(np.ascontiguousarray(p[s:e])) for p in self._pending]
@@ -157,7 +158,9 @@ class DFlashDrafter(Drafter):
 
 
 def load_dflash_drafter(path: str | Path, ops, target_cfg, target_weights, max_ctx: int, **kwargs) -> DFlashDrafter:
-    """Open, check against the target and load a DFlash drafter GGUF; DrafterLoadError on mismatch."""
+    """Open, check against the target and load a DFlash drafter GGUF; DrafterLoadError on mismatch.
+    kwargs go to DFlashDrafter (name, temperature, inject_chunk: at most the target's prefill chunk
+    on the CUDA backend, whose activation arena is sized for it)."""
     try:
         f, cfg = open_dflash(path)
         cfg.check_target(target_cfg)
@@ -165,4 +168,4 @@ def load_dflash_drafter(path: str | Path, ops, target_cfg, target_weights, max_c
         raise DrafterLoadError(str(exc)) from exc
     weights = load_dflash_weights(f, cfg, ops.load_weight)
     head = TargetHead(token_embd=target_weights.token_embd, output=target_weights.output)
-    return DFlashDrafter(ops, cfg, weights, head, max_ctx, name=kwargs.pop("name", "dflash"), **kwargs)
+    return DFlashDrafter(ops, cfg, weights, head, max_ctx, **kwargs)

@@ -47,11 +47,12 @@ def dflash_path(tmp_path_factory):
     return write_synthetic_dflash(tmp_path_factory.mktemp("dflash") / "drafter.gguf", spec)
 
 
-def make_drafter(path, runner, ops=None) -> DFlashDrafter:
+def make_drafter(path, runner, ops=None, **kwargs) -> DFlashDrafter:
     ops = ops or runner.ops
     f, cfg = open_dflash(path)
     w = load_dflash_weights(f, cfg, ops.load_weight)
-    d = DFlashDrafter(ops, cfg, w, TargetHead(runner.weights.token_embd, runner.weights.output), runner.max_ctx)
+    d = DFlashDrafter(ops, cfg, w, TargetHead(runner.weights.token_embd, runner.weights.output), runner.max_ctx,
+                      **kwargs)
     if isinstance(ops, CountingOps):
         ops._layer0 = d.cache.layer(0)[0]
     return d
@@ -86,10 +87,11 @@ def test_dflash_spec_decoding_equals_greedy(make_runner, dflash_path, mode, budg
 
 def test_cached_context_is_the_committed_sequence(make_runner, dflash_path):
     """After a DDTree run the drafter's context K/V equal a from-scratch injection of features from a
-    plain prefill of the committed tokens: the verify rows it kept were the accepted path's."""
+    plain prefill of the committed tokens: the verify rows it kept were the accepted path's. The
+    45-token prompt is injected in chunks of 7 rows."""
     runner = make_runner(TARGET)
-    drafter = make_drafter(dflash_path, runner)
-    prompt = prompts()[1]
+    drafter = make_drafter(dflash_path, runner, inject_chunk=7)
+    prompt = prompts()[2]
     dec = SpecDecoder(runner, drafter, SpecConfig("ddtree", 32))
     got = [s.token for s in dec.generate(prompt, SamplingParams(), N_NEW)]
     n = drafter.injected_rows
