@@ -71,12 +71,15 @@ class SyntheticDFlashSpec:
 
 def evenly_spaced_layers(n_target_layers: int, n: int) -> tuple[int, ...]:
     """n distinct layer ids spread over the target as z-lab spreads them: round(1 + k (L - 4) / (n - 1)),
-    e.g. 1, 16, 31, 46, 61 for L = 64 and 1, 9, 17, 25, 33 for L = 36; over 0 .. L-1 when the target
-    is too shallow for that."""
-    n = min(n, n_target_layers)
+    e.g. 1, 16, 31, 46, 61 for L = 64 and 1, 9, 17, 25, 33 for L = 36; over 0 .. L-2 when the target
+    is too shallow for that. Never the last layer (its HF feature is the final-normed state, see
+    DFlashConfig.check_target), so a target needs >= 2 layers and gets at most L - 1 ids."""
+    if n_target_layers < 2:
+        raise ValueError(f"a DFlash drafter needs a target of >= 2 layers (not the last one), got {n_target_layers}")
+    n = min(n, n_target_layers - 1)
     if n == 1:
-        return (n_target_layers - 1,)
-    lo, hi = (1, n_target_layers - 3) if n_target_layers - 3 >= n else (0, n_target_layers - 1)
+        return (max(0, n_target_layers - 3),)
+    lo, hi = (1, n_target_layers - 3) if n_target_layers - 3 >= n else (0, n_target_layers - 2)
     return tuple(int(round(lo + k * (hi - lo) / (n - 1))) for k in range(n))
 
 

@@ -109,6 +109,12 @@ class DFlashConfig:
         if max(self.target_layer_ids) >= target.n_layers:
             raise ModelLoadError(f"{where}: target_layer_ids {list(self.target_layer_ids)} name a layer "
                                  f">= the target's {target.n_layers} layers")
+        if max(self.target_layer_ids) == target.n_layers - 1:
+            # HF's hidden_states[L] (what the drafter was trained on for layer L-1) is the output
+            # *after the final norm*, not the raw layer output flashd captures: refuse, don't guess
+            raise ModelLoadError(f"{where}: target_layer_ids {list(self.target_layer_ids)} include the "
+                                 f"target's last layer {target.n_layers - 1}, whose trained feature is the "
+                                 f"final-normed state; not supported")
         if self.mask_token_id >= target.vocab_size:
             raise ModelLoadError(f"{where}: mask_token_id {self.mask_token_id} is outside the target's "
                                  f"vocabulary of {target.vocab_size}")

@@ -88,6 +88,10 @@ def test_target_mismatches(good, synthetic_model):
     _, shallow = open_model(synthetic_model(hidden=64, n_layers=2, vocab_size=300))
     with pytest.raises(ModelLoadError, match="name a layer >= the target's 2 layers"):
         cfg.check_target(shallow)
+    _, last = open_model(synthetic_model(hidden=64, n_layers=3, vocab_size=300))
+    with pytest.raises(ModelLoadError, match="include the target's last layer 2, whose trained feature is the "
+                                             "final-normed state"):
+        cfg.check_target(last)                      # ids (0, 2)
     _, small_vocab = open_model(synthetic_model(hidden=64, n_layers=4, vocab_size=280))
     with pytest.raises(ModelLoadError, match="mask_token_id 299 is outside the target's vocabulary of 280"):
         cfg.check_target(small_vocab)

@@ -16,10 +16,16 @@ from flashd.scripts.make_synthetic_dflash import (SyntheticDFlashSpec, evenly_sp
 @pytest.mark.parametrize("n_layers,n,want", [
     (64, 5, (1, 16, 31, 46, 61)),      # z-lab's Qwen3.5-27B drafter
     (36, 5, (1, 9, 17, 25, 33)),       # z-lab's Qwen3-8B drafter
-    (4, 2, (0, 3)), (3, 3, (0, 1, 2)), (1, 1, (0,)), (2, 5, (0, 1)),
+    (28, 5, (1, 7, 13, 19, 25)),
+    (4, 2, (0, 2)), (3, 3, (0, 1)), (2, 5, (0,)),   # shallow: never the last layer
 ])
 def test_evenly_spaced_layers(n_layers, n, want):
     assert evenly_spaced_layers(n_layers, n) == want
+
+
+def test_a_one_layer_target_has_no_usable_layer():
+    with pytest.raises(ValueError, match=">= 2 layers"):
+        evenly_spaced_layers(1, 1)
 
 
 def test_stored_weights_are_the_float_weights(tmp_path):
