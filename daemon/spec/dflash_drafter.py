@@ -113,7 +113,8 @@ class DFlashDrafter(Drafter):
 
     def info(self) -> dict:
         d = super().info()
-        d.update(block_size=self.cfg.block_size, n_layers=self.cfg.n_layers, temperature=self.temperature)
+        d.update(block_size=self.cfg.block_size, n_layers=self.cfg.n_layers, temperature=self.temperature,
+                 kv_bytes=int(self.cache.n_bytes))
         return d
 
     # -- the drafter's forward -------------------------------------------------------------------

@@ -128,6 +128,11 @@ def test_proposal_shape_and_logprobs(make_runner, dflash_path):
     short = drafter.propose(max_depth=3, top_k=2)
     assert short.tokens.shape == (3, 2)
     np.testing.assert_array_equal(short.tokens, p.tokens[:3, :2])        # same context: same drafts
+    info = drafter.info()
+    cfg = drafter.cfg
+    assert info["max_depth"] == 15 and info["target_layer_ids"] == list(cfg.target_layer_ids)
+    # float32 K and V per layer for max_ctx + B slots (the block's scratch slots after the context)
+    assert info["kv_bytes"] == 2 * cfg.n_layers * (runner.max_ctx + 16) * cfg.kv_dim * 4
     drafter.end()
 
 
