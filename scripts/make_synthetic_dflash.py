@@ -13,7 +13,6 @@ regenerates the float32 weights a tensor was encoded from (deterministic per ten
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import zlib
 from dataclasses import dataclass
