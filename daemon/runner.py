@@ -97,6 +97,18 @@ class ModelRunner:
             self.ops.kv_compact(self.cache, self.n_past, offsets)
         self.n_past += len(offsets)
 
+    def greedy_continue(self, feed, n_new: int) -> list[int]:
+        """Append `feed` to the context, then greedily choose n_new >= 1 tokens (plain argmax, no
+        penalties); the context ends holding feed + all but the last chosen token (a drafter's
+        chain). The CUDA runner replays its captured decode graph here."""
+        if n_new < 1 or len(feed) == 0:
+            raise ValueError("greedy_continue needs a non-empty feed and n_new >= 1")
+        logits = self.prefill(list(feed))[0]
+        out = [int(np.argmax(logits))]
+        while len(out) < n_new:
+            out.append(int(np.argmax(self._forward([out[-1]], all_logits=False)[0])))
+        return out
+
     def logits_to_host(self, logits) -> np.ndarray:
         return np.asarray(self.ops.to_numpy(logits))
 

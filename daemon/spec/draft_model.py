@@ -5,7 +5,9 @@ committed sequence (prompt + generated tokens before the root); tokens committed
 its cache wait in `_pending` and are forwarded together with the root at the next proposal.
 
 propose(max_depth, top_k): forward pending + root, then greedily extend the top-1 chain one token
-per forward; the top-K of each depth's log-softmax (at `temperature`) are the candidates, so
+per forward (`ModelRunner.greedy_continue`: the CUDA runner replays its decode graph). Chain mode
+stops there. For a tree, the chain's tokens are forwarded again in one batch from the same cache
+position, and the top-K of each depth's log-softmax (at `temperature`) are the candidates, so
 candidates at depth d are conditioned on the top-1 chain (path-independent, as DDTree expects).
 After it the draft cache holds committed + root + chain[:-1]. accept() keeps the longest prefix
 of the cache that matches the new committed sequence and queues the rest as pending.
@@ -88,21 +90,24 @@ class DraftModelDrafter(Drafter):
         if max_depth <= 0:
             return Proposal.empty()
         feed = self._pending + [self._root]
-        rows_t, rows_lp = [], []
-        logits = runner.prefill(feed)[0]
-        self._cached += feed
+        n0 = runner.n_past
+        chain = runner.greedy_continue(feed, max_depth)   # cache: + feed + chain[:-1]
+        self._cached += feed + chain[:-1]
         self._pending = []
-        for d in range(max_depth):
-            lp = log_softmax(logits / cfg.temperature)
+        if top_k == 1:
+            return Proposal.chain(chain)
+        # candidates per depth: one batched forward over the same tokens gives the logits that
+        # chose each chain token (depth d conditioned on root + chain[:d])
+        runner.n_past = n0
+        logits = runner.prefill(feed + chain[:-1], all_logits=True)[len(feed) - 1:]
+        rows_t, rows_lp = [], []
+        for row in logits:
+            lp = log_softmax(row / cfg.temperature)
             k = min(top_k, lp.size)
             top = np.argpartition(-lp, k - 1)[:k]
             top = top[np.lexsort((top, -lp[top]))]          # by log-prob, then lower id
             rows_t.append(top)
             rows_lp.append(lp[top])
-            if d + 1 < max_depth:
-                tok = int(top[0])
-                logits = runner.prefill([tok])[0]
-                self._cached.append(tok)
         return Proposal(np.array(rows_t, np.int32), np.array(rows_lp, np.float64))
 
     def accept(self, accepted: Sequence[int], bonus: int, rows: Sequence[int] | None = None) -> None:
