@@ -315,3 +315,17 @@ class CudaOps:
         rows, vocab = logits.shape
         self._check(self.lib.fd_argmax(self.p(out, "int32_t*"), self.p(logits, "float*"), rows, vocab,
                                        self.dev.stream), "fd_argmax")
+
+    def kv_compact(self, cache: CudaKVCache, n_past: int, src_offsets) -> None:
+        """Ops.kv_compact with fd_kv_compact (uploads its two small inputs; CudaRunner.commit_tree
+        uses preallocated ones instead)."""
+        offsets = np.ascontiguousarray(src_offsets, np.int32)
+        if len(offsets) == 0:
+            return
+        spec = cache.spec
+        d_off = self.dev.upload(offsets)
+        d_np = self.dev.upload(np.array([n_past], np.int32))
+        self._check(self.lib.fd_kv_compact(self.p(cache.storage), self.p(d_off, "int32_t*"), self.p(d_np, "int32_t*"),
+                                           len(offsets), spec.n_layers, spec.n_kv_heads, spec.max_ctx, spec.head_dim,
+                                           self.dev.stream), "fd_kv_compact")
+        self.dev.synchronize()          # d_off and d_np are freed on return
