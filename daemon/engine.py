@@ -103,6 +103,12 @@ class Engine:
             self.drafters[name] = drafter
             self._drafter_sources[name] = spec
             log.info("drafter %s loaded from %s", name, spec)
+        if self.drafters:
+            # a drafter's model shares the backend's scratch arena and workspaces, which loading it
+            # may have grown: graphs captured before then could point at freed memory
+            for runner in [self.runner] + [getattr(d, "runner", None) for d in self.drafters.values()]:
+                if hasattr(runner, "drop_graphs"):
+                    runner.drop_graphs()
 
     def _load_weights(self, progress=None) -> None:
         done = [0]

@@ -76,6 +76,18 @@ class CudaRunner(ModelRunner):
         self.t_argmax = dev.empty((prefill_chunk,), i32)
         self._warm_up()
 
+    def drop_graphs(self) -> None:
+        """Forget the captured graphs (they are recaptured on next use): needed when the shared
+        arena or workspaces may have been reallocated, e.g. after loading another model on the
+        same ops (a drafter)."""
+        self.dev.synchronize()
+        for g in self.graphs.values():
+            self.dev.lib.fd_graph_destroy(g)
+        self.graphs.clear()
+        for g, _ in self.tree_graphs.values():
+            self.dev.lib.fd_graph_destroy(g)
+        self.tree_graphs.clear()
+
     def close(self) -> None:
         lib = self.dev.lib
         self.dev.synchronize()
