@@ -151,7 +151,9 @@ class SpecDecoder:
             while n_out < max_new_tokens:
                 # drafted nodes that fit: the context, and the forward size the runner is sized for
                 room = min(runner.max_ctx - runner.n_past, runner.prefill_chunk) - 1
-                max_depth = min(max_new_tokens - n_out - 1, drafter.max_depth, room)
+                # no deeper than the tokens still wanted (a step emits accepted + 1), the drafter's
+                # reach, the context, or the budget (a tree of B nodes is at most B deep)
+                max_depth = min(max_new_tokens - n_out - 1, drafter.max_depth, room, cfg.budget)
                 t0 = time.perf_counter()
                 if max_depth > 0:
                     top_k = 1 if cfg.mode == "chain" else cfg.top_k

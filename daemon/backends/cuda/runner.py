@@ -29,6 +29,7 @@ RING_LEN = 64
 TINY_TEMPERATURE = 1e-30
 PIPELINE_DEPTH = 2
 MAX_CACHED_GRAPHS = 8
+GRAPH_FEED_MAX = 8        # greedy_continue feeds up to this many tokens through the decode graph
 MAX_TREE_GRAPHS = 96      # verify forwards captured per tree size (sizes 1 .. budget + 1 recur)
 SCORE_CHUNK = 64          # rows of logits per forward when every position's logits are needed
 
@@ -192,28 +193,44 @@ class CudaRunner(ModelRunner):
         return self.dev.download(logits)
 
     def greedy_continue(self, feed, n_new: int) -> list[int]:
-        """ModelRunner.greedy_continue with the decode graph: feed is forwarded eagerly, then
-        n_new - 1 replays of the greedy graph; one synchronisation at the end."""
-        if n_new < 1 or len(feed) == 0:
+        """ModelRunner.greedy_continue with the decode graph. A short feed (a drafter's step:
+        the new root, plus the tokens it had not cached) goes through the graph too: each feed
+        token is written into `tok` before a replay (the replay's own choice is overwritten), so a
+        step is len(feed) + n_new - 1 replays and one synchronisation. A long feed (the prompt) is
+        prefilled eagerly first."""
+        feed = [int(t) for t in feed]
+        if n_new < 1 or not feed:
             raise ValueError("greedy_continue needs a non-empty feed and n_new >= 1")
-        if n_new > RING_LEN:
-            raise ValueError(f"greedy_continue: n_new {n_new} > ring of {RING_LEN}")
         if self.n_past + len(feed) + n_new - 1 > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {len(feed)} + {n_new - 1} > max_ctx {self.max_ctx}")
         dev, lib = self.dev, self.dev.lib
         n0 = self.n_past
-        self._set_state(n0 + len(feed) - 1, 0)     # advance() moves pos/n_past to the next token's slot
-        logits = None
-        for start in range(0, len(feed), self.prefill_chunk):
-            logits = self._forward_device(list(feed[start:start + self.prefill_chunk]), all_logits=False)
-        self._select(logits, None)
-        self._advance()
-        graph = self._graph(None)
-        for _ in range(n_new - 1):
+        graph_feed = len(feed) <= GRAPH_FEED_MAX
+        skip = len(feed) - 1 if graph_feed else 0       # ring entries of replays whose choice is dropped
+        if skip + n_new > RING_LEN:
+            raise ValueError(f"greedy_continue: {skip + n_new} tokens > ring of {RING_LEN}")
+        if graph_feed:
+            self._set_state(n0, 0)                      # the first replay forwards feed[0] at slot n0
+            graph = self._graph(None)
+            for t in feed[:-1]:
+                dev.upload(np.array([t], np.int32), out=self.tok)
+                dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+            dev.upload(np.array([feed[-1]], np.int32), out=self.tok)
+            n_launch = n_new
+        else:
+            self._set_state(n0 + len(feed) - 1, 0)      # advance() moves pos/n_past to the next slot
+            logits = None
+            for start in range(0, len(feed), self.prefill_chunk):
+                logits = self._forward_device(feed[start:start + self.prefill_chunk], all_logits=False)
+            self._select(logits, None)
+            self._advance()
+            graph = self._graph(None)
+            n_launch = n_new - 1
+        for _ in range(n_launch):
             dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
         dev.synchronize()
         self.n_past = n0 + len(feed) + n_new - 1
-        return [int(t) for t in self.ring[:n_new]]
+        return [int(t) for t in self.ring[skip:skip + n_new]]
 
     def commit_tree(self, node_offsets) -> None:
         offsets = np.asarray(node_offsets, np.int32)
