@@ -31,7 +31,7 @@ from .models.weights import total_weight_bytes
 from .runner import ModelRunner
 from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
 from .spec.drafter import Drafter, DrafterLoadError
-from .spec.loader import DrafterContext, drafter_name, find_drafter, load_drafter
+from .spec.loader import DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
 from .stops import StopMatcher
 
 __all__ = ["Engine", "Emit"]
@@ -405,9 +405,20 @@ class Engine:
         if req.what in ("target", "all") and self.model.weights is None:
             try:
                 self._load_weights()
-            except ModelLoadError as exc:
+                self._reload_target_borrowers()
+            except (ModelLoadError, DrafterLoadError) as exc:
                 raise ProtocolError("internal", f"unpark failed: {exc}") from exc
         job.send(result_event(req.id, parked=self.status()["parked"]))
+
+    def _reload_target_borrowers(self) -> None:
+        """Drafters that use the target's own weights (DFlash: embedding and lm_head) held the
+        parked copy: load them again against the unparked target."""
+        ctx = DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
+                             max_ctx=self.config.max_ctx, prefill_chunk=self.config.prefill_chunk)
+        for name, drafter in list(self.drafters.items()):
+            if borrows_target_weights(drafter):
+                drafter.close()
+                self.drafters[name] = load_drafter(self._drafter_sources[name], ctx)
 
     def _do_free(self, req: m.Free, job: _Job) -> None:
         raise ProtocolError("not_loaded", "free drafter: no prefill drafter is loaded")

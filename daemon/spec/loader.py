@@ -21,7 +21,7 @@ from .draft_model import DraftModelConfig, DraftModelDrafter, check_same_vocab
 from .drafter import Drafter, DrafterLoadError
 from .ngram import NgramConfig, NgramDrafter
 
-__all__ = ["DrafterContext", "load_drafter", "drafter_name", "find_drafter", "NGRAM"]
+__all__ = ["DrafterContext", "load_drafter", "drafter_name", "find_drafter", "borrows_target_weights", "NGRAM"]
 
 NGRAM = "ngram"
 DFLASH_ARCH = "dflash"
@@ -60,6 +60,13 @@ def find_drafter(drafters: dict[str, Drafter], sources: dict[str, str], name: st
         if name == src or Path(name).expanduser() == Path(src):
             return drafters[key]
     return None
+
+
+def borrows_target_weights(drafter: Drafter) -> bool:
+    """True for drafters that run on the target's own weights (DFlash: its embedding and lm_head),
+    which must be loaded again when the target's weights are (unpark)."""
+    from .dflash_drafter import DFlashDrafter
+    return isinstance(drafter, DFlashDrafter)
 
 
 def load_drafter(spec: str, ctx: DrafterContext) -> Drafter:

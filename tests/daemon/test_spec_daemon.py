@@ -119,3 +119,24 @@ def test_a_draft_model_with_another_vocabulary_is_a_startup_error(synthetic_mode
                             timeout=READ_TIMEOUT_S)
     assert result.returncode == 1 and result.stdout == b""
     assert b"vocabulary" in result.stderr and b"other-vocab" in result.stderr
+
+
+def test_park_unpark_keeps_spec_output(spawn_serve, synthetic_model, tmp_path):
+    """Parking and unparking the target reloads drafters that borrow its weights (DFlash) and
+    keeps every drafter's output equal to plain greedy decoding."""
+    from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
+
+    s = SYNTHETIC_SPEC
+    dflash = write_synthetic_dflash(tmp_path / "park-dflash.gguf",
+                                    spec_for_target(s.hidden, s.n_layers, s.vocab_size, n_features=2,
+                                                    block_size=8, seed=4))
+    daemon = spawn_serve("--draft", str(synthetic_model), "--draft", "ngram", "--draft", str(dflash))
+    want, _, _, _ = run(daemon, GEN, "plain")
+    drafts = [synthetic_model.stem, "ngram", dflash.stem]
+    for name in drafts:
+        assert run(daemon, GEN + f" spec=ddtree budget=12 draft={name}", f"before-{name}")[0] == want
+    for verb in ("park", "unpark"):
+        answer = daemon.ask(f"{verb} id={verb} what=target", verb)[-1]
+        assert answer["event"] == "result", answer
+    for name in drafts:
+        assert run(daemon, GEN + f" spec=ddtree budget=12 draft={name}", f"after-{name}")[0] == want
