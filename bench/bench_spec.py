@@ -79,12 +79,15 @@ def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
         def dm(depth):
             return DraftModelDrafter(runner, name, DraftModelConfig(max_depth=depth))
 
-        chains = [4] if quick else [3, 5, 8]
-        trees = [(6, 22)] if quick else [(6, 8), (6, 22), (8, 32), (8, 48)]
+        # trees of <= 8 nodes (budget <= 7) verify through the GEMV path (cuda/ops.py GEMV_MAX_ROWS);
+        # larger ones through dequantize + GEMM, so the sweep spans that boundary
+        chains = [4] if quick else [3, 5, 7]
+        trees = [(6, 7)] if quick else [(6, 7), (6, 15), (6, 22), (8, 32), (8, 48)]
         configs += [(name, dm(d), "chain", d) for d in chains]
         configs += [(name, dm(d), "ddtree", b) for d, b in trees]
     ngram = NgramDrafter()
-    configs += [("ngram", ngram, "chain", 8)] + ([] if quick else [("ngram", ngram, "ddtree", 22)])
+    configs += [("ngram", ngram, "chain", 7)] + ([] if quick else [("ngram", ngram, "ddtree", 7),
+                                                                     ("ngram", ngram, "ddtree", 22)])
     if dflash:
         dfl = load_drafter(str(dflash), ctx)
         configs += [(dfl.name, dfl, "chain", dfl.max_depth)]
