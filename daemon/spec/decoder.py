@@ -31,7 +31,7 @@ import numpy as np
 
 from ...protocol.messages import SamplingParams
 from ..runner import ModelRunner, Sampled
-from ..sampling import apply_penalties, candidate_probs, log_softmax, sample, uniform
+from ..sampling import apply_penalties, candidate_probs, sample, uniform
 from .accept import greedy_walk, sample_walk
 from .drafter import Drafter, Proposal
 from .tree import DraftTree, build_chain, build_tree

@@ -49,6 +49,8 @@ def setup(native, real_model):
     runner = backend.make_runner(cfg, lm.weights, MAX_CTX, 512, plan)
     ctx = DrafterContext(backend=backend, target_file=f, target_model=lm, max_ctx=MAX_CTX, prefill_chunk=512)
     drafters = {"draft-model": load_drafter(str(draft_path), ctx), "ngram": load_drafter("ngram", ctx)}
+    for r in (runner, drafters["draft-model"].runner):   # the shared arena may have grown (engine.py does this)
+        r.drop_graphs()
     tok = Tokenizer.from_gguf(f.reader)
     texts = [json.loads(line)["text"] for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
     prompts = [tok.encode(t) for t in texts[:N_PROMPTS]]

@@ -10,8 +10,6 @@ shows the test has the power to see a wrong distribution of this size.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 

@@ -240,7 +240,7 @@ class CudaRunner(ModelRunner):
         if np.any(offsets != np.arange(n)):
             if np.any(np.diff(offsets) <= 0) or np.any(offsets < np.arange(n)):
                 raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
-                dev, spec = self.dev, self.cache.spec
+            dev, spec = self.dev, self.cache.spec
             dev.upload(offsets, out=self.t_offsets[:n])
             dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
             dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets, "int32_t*"),
