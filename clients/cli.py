@@ -68,7 +68,7 @@ def _resolve(model: str) -> Path:
 
 @contextlib.contextmanager
 def _session(model: str | None, daemon: str | None, device: str | None, max_ctx: int | None,
-             verbose: bool) -> Iterator[Session]:
+             verbose: bool, drafts: tuple[str, ...] = ()) -> Iterator[Session]:
     """A client for --daemon ADDR, or for a daemon started here on --model (default model)."""
     from .client import Client
     from .registry import DEFAULT_MODEL
@@ -85,7 +85,8 @@ def _session(model: str | None, daemon: str | None, device: str | None, max_ctx:
         return
     model_path = _resolve(model or DEFAULT_MODEL)
     options = DaemonOptions(model=str(model_path), device=device, max_ctx=max_ctx,
-                            log_level="info" if verbose else "warning")
+                            log_level="info" if verbose else "warning",
+                            extra_args=tuple(a for d in drafts for a in ("--draft", d)))
     try:
         local = LocalDaemon.start(options)
     except DaemonStartError as exc:
@@ -165,7 +166,10 @@ def _stats_line(reply: Reply) -> str:
         decode_tok_s = n_gen / reply.seconds
     prefill = f", prefill {timings['prefill_ms']:.0f} ms" if timings.get("prefill_ms") is not None else ""
     rate = f", {decode_tok_s:.1f} tok/s" if decode_tok_s is not None else ""
-    return (f"[{n_prompt} prompt tokens{prefill}; {n_gen} tokens in {reply.seconds:.2f} s{rate}; "
+    spec = done.get("spec")
+    spec_text = (f"; {spec['mode']} with {spec['draft']}: {spec['tokens_per_step']:.2f} tokens/step"
+                 if spec else "")
+    return (f"[{n_prompt} prompt tokens{prefill}; {n_gen} tokens in {reply.seconds:.2f} s{rate}{spec_text}; "
             f"stop: {done.get('reason', '?')}]")
 
 
@@ -251,8 +255,15 @@ def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop) -> d
                    "model's chat template.")
 @click.option("--system", metavar="TEXT", help="System message (with --chat).")
 @click.option("--quiet", "-q", is_flag=True, help="No stats line on stderr.")
+@click.option("--draft", metavar="NAME|PATH|ngram",
+              help="Speculative decoding with this drafter (a started daemon loads it; with --daemon, the "
+                   "name of one the daemon has loaded).")
+@click.option("--spec", type=click.Choice(["off", "chain", "ddtree"]), default=None,
+              help="Speculative decoding mode (default: ddtree with --draft, else off).")
+@click.option("--budget", type=click.IntRange(1, 1024), default=None,
+              help="Drafted tokens verified per step (tree nodes, or the chain length).")
 def generate_command(prompt, model, daemon, device, max_ctx, verbose, max_tokens, temperature, top_k, top_p,
-                     min_p, repeat_penalty, seed, stop, raw, system, quiet):
+                     min_p, repeat_penalty, seed, stop, raw, system, quiet, draft, spec, budget):
     """Stream a completion of PROMPT (or of stdin, if PROMPT is - or absent) to stdout."""
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
@@ -261,8 +272,14 @@ def generate_command(prompt, model, daemon, device, max_ctx, verbose, max_tokens
     if system is not None and raw:
         raise click.UsageError("--system needs --chat")
     sampling = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
+    spec = spec or ("ddtree" if draft else "off")
+    if spec != "off":
+        sampling.update(spec=spec, budget=budget, draft=draft)
+    elif budget is not None:
+        raise click.UsageError("--budget needs --spec chain|ddtree (or --draft)")
     try:
-        with _session(model, daemon, device, max_ctx, verbose) as session:
+        with _session(model, daemon, device, max_ctx, verbose,
+                      drafts=(draft,) if draft and daemon is None else ()) as session:
             text = prompt
             if not raw:
                 messages = ([{"role": "system", "content": system}] if system is not None else [])

@@ -20,6 +20,7 @@ class EngineConfig:
     max_queue: int = 64                 # queued requests beyond the running one; more -> overloaded
     prefill_chunk: int = 512            # tokens per prefill forward
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # compression defaults, drafter policy
+    ddtree_chain_seed: bool = True      # spec=ddtree: insert the drafter's top-1 chain first
 
     def __post_init__(self):
         if self.device not in DEVICES:

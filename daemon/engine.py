@@ -32,6 +32,9 @@ from .models import LoadedModel, ModelLoadError, load_model, open_model
 from .models.weights import total_weight_bytes
 from .pflash.service import PrefillCompressor, compressed_fields
 from .runner import ModelRunner
+from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
+from .spec.drafter import Drafter, DrafterLoadError
+from .spec.loader import DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
 from .stops import StopMatcher
 
 __all__ = ["Engine", "Emit"]
@@ -67,6 +70,8 @@ class Engine:
         self.runner: ModelRunner | None = None
         self.tokenizer = None
         self.compressor: PrefillCompressor | None = None   # PFlash (daemon/pflash)
+        self.drafters: dict[str, Drafter] = {}      # name -> drafter (--draft), first = default
+        self._drafter_sources: dict[str, str] = {}  # name -> the --draft argument it came from
         self._queue: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
         self._running: _Job | None = None
@@ -94,6 +99,27 @@ class Engine:
                 self.compressor.load()
             except ProtocolError as exc:
                 raise ModelLoadError(f"--prefill-drafter: {exc.message}") from None
+        self._load_drafters()
+
+    def _load_drafters(self) -> None:
+        """Every --draft, checked against the target; DrafterLoadError stops the daemon's start."""
+        ctx = DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
+                             max_ctx=self.config.max_ctx, prefill_chunk=self.config.prefill_chunk)
+        for spec in self.config.drafts:
+            name = drafter_name(spec)
+            if name in self.drafters:
+                raise DrafterLoadError(f"--draft {spec}: a drafter named {name!r} is already loaded")
+            drafter = load_drafter(spec, ctx)
+            drafter.check_target(self.model.config)
+            self.drafters[name] = drafter
+            self._drafter_sources[name] = spec
+            log.info("drafter %s loaded from %s", name, spec)
+        if self.drafters:
+            # a drafter's model shares the backend's scratch arena and workspaces, which loading it
+            # may have grown: graphs captured before then could point at freed memory
+            for runner in [self.runner] + [getattr(d, "runner", None) for d in self.drafters.values()]:
+                if hasattr(runner, "drop_graphs"):
+                    runner.drop_graphs()
 
     def _load_weights(self, progress=None) -> None:
         done = [0]
@@ -190,7 +216,9 @@ class Engine:
         return {
             "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
             "max_ctx": self.config.max_ctx, "parked": self._parked(),
-            "drafters": [], "prefill_drafter": self.compressor.status() if self.compressor else None, "running": running, "queued": queued, "served": self.n_served,
+            "drafters": [d.info() for d in self.drafters.values()],
+            "prefill_drafter": self.compressor.status() if self.compressor else None,
+            "running": running, "queued": queued, "served": self.n_served,
             "memory": memory,
         }
 
@@ -270,10 +298,7 @@ class Engine:
         return self._check_ids(req.ids)
 
     def _do_generate(self, req: m.Generate, job: _Job) -> None:
-        if req.spec != "off":
-            raise ProtocolError("not_implemented", f"spec={req.spec}: speculative decoding is not available yet")
-        if req.draft is not None:
-            raise ProtocolError("not_loaded", f"draft={req.draft}: no drafter is loaded")
+        drafter = self._drafter(req.draft) if (req.spec != "off" or req.draft is not None) else None
         self._require_target()
         prompt = self._prompt_ids(req)
         compressed = None
@@ -294,7 +319,8 @@ class Engine:
         reason = "length"
         t_start = time.perf_counter()
         t_first = None
-        tokens = runner.generate(prompt, req.sampling, req.max_tokens, logprobs=req.logprobs)
+        spec = self._spec_decoder(req, runner, drafter) if req.spec != "off" else None
+        tokens = (spec or runner).generate(prompt, req.sampling, req.max_tokens, logprobs=req.logprobs)
         try:
             for sampled in tokens:
                 if t_first is None:
@@ -339,12 +365,41 @@ class Engine:
         done = done_event(req.id, reason, len(prompt), n_gen, timings)
         if compressed is not None:     # n_prompt above counts the compressed prompt
             done["compress"] = compressed_fields(compressed)
+        if spec is not None:
+            done["spec"] = spec.stats.as_dict(spec.config.mode, spec.config.budget, drafter.name)
         if not req.stream:
             done["ids"] = out_ids
             done["text"] = "".join(out_text)
             if req.logprobs:
                 done["logprobs"] = out_logprobs
         job.send(done)
+
+    def _drafter(self, name: str | None) -> Drafter:
+        if not self.drafters:
+            raise ProtocolError("not_loaded", "no drafter is loaded; start the daemon with --draft PATH|NAME|ngram")
+        if name is None:
+            return next(iter(self.drafters.values()))
+        drafter = find_drafter(self.drafters, self._drafter_sources, name)
+        if drafter is None:
+            raise ProtocolError("not_loaded", f"draft={name}: no such drafter; loaded: {', '.join(self.drafters)}")
+        return drafter
+
+    def _spec_decoder(self, req: m.Generate, runner, drafter: Drafter) -> SpecDecoder:
+        """spec=chain: budget = chain length (default: the drafter's max_depth); spec=ddtree:
+        budget = drafted tree nodes (default DEFAULT_DDTREE_BUDGET). A tree must fit one forward of
+        at most prefill_chunk tokens, root included."""
+        if req.budget is not None:
+            budget = req.budget
+        else:
+            budget = drafter.max_depth if req.spec == "chain" else DEFAULT_DDTREE_BUDGET
+        max_budget = self.config.prefill_chunk - 1
+        if budget > max_budget:
+            if req.budget is not None:
+                raise ProtocolError("bad_request", f"budget={budget}: at most {max_budget} drafted nodes fit one "
+                                                   f"verify forward (prefill_chunk {self.config.prefill_chunk})")
+            budget = max_budget
+        return SpecDecoder(runner, drafter, SpecConfig(req.spec, max(budget, 1),
+                                                       chain_seed=self.config.ddtree_chain_seed))
 
     def _do_tokenize(self, req: m.Tokenize, job: _Job) -> None:
         job.send(result_event(req.id, ids=self.tokenizer.encode(req.text, add_special=req.add_special)))
@@ -415,9 +470,23 @@ class Engine:
     def _do_unpark(self, req: m.Unpark, job: _Job) -> None:
         if req.what in ("target", "all") and self.model.weights is None:
             self._unpark_target()
+            try:
+                self._reload_target_borrowers()
+            except DrafterLoadError as exc:
+                raise ProtocolError("internal", f"unpark failed: {exc}") from exc
         if req.what in ("draft", "all"):
             self.compressor.unpark()
         job.send(result_event(req.id, parked=self.status()["parked"]))
+
+    def _reload_target_borrowers(self) -> None:
+        """Drafters that use the target's own weights (DFlash: embedding and lm_head) held the
+        parked copy: load them again against the unparked target."""
+        ctx = DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
+                             max_ctx=self.config.max_ctx, prefill_chunk=self.config.prefill_chunk)
+        for name, drafter in list(self.drafters.items()):
+            if borrows_target_weights(drafter):
+                drafter.close()
+                self.drafters[name] = load_drafter(self._drafter_sources[name], ctx)
 
     def _do_free(self, req: m.Free, job: _Job) -> None:
         if not self.compressor.free():

@@ -14,12 +14,13 @@ stdout   `[daemon] ready` once the target is resident, then exactly one `ok ...`
          `err CODE message` line per command. Logs go to stderr.
 
 Choices that differ from Lucebox, on purpose:
-- Speculative decoding is not available yet. Lucebox decodes with its drafter (chain, or DDTree
-  with --ddtree); flashd checks that DRAFT is a readable GGUF, logs it, and serves plain
-  decoding. The output is the same, because speculative decoding is exact (greedy output is
-  token-for-token the target's; sampled output has the target's distribution), only slower.
-  --ddtree and its options are accepted and logged with a warning rather than turning every
-  generate into `err not_implemented`, which would break the clients this exists for.
+- DRAFT is loaded as flashd's drafter (a DFlash GGUF, or a draft model sharing the target's
+  vocabulary: a mismatch is a startup error) and every generate decodes speculatively with it:
+  spec=chain, or spec=ddtree with --ddtree (budget --ddtree-budget, default 22;
+  --ddtree-no-chain-seed turns the chain seed off). Unlike Lucebox's served path, sampled
+  generates stay speculative too (tree rejection sampling keeps the target's distribution).
+  --ddtree-temp is accepted and logged: flashd's drafters rank candidates at their own
+  temperature; it changes the tree's shape only, never the output.
 - `quit`/`exit` are commands too: they answer `ok quit` and one -1 before the daemon exits,
   so a client that reads every command's reply up to its -1 does not wait forever.
 - Overlong prompts (prompt + n_gen > max_ctx) are `err ctx_overflow ...` + -1, not an abort.
@@ -27,6 +28,7 @@ Choices that differ from Lucebox, on purpose:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -128,9 +130,11 @@ class LuceboxDaemon:
         self._n_commands += 1
         request_id = f"l{self._n_commands}"
         try:
-            # No args: plain decoding (spec=off) whatever --ddtree says; see the module docstring.
             request = lb.to_request(command, request_id)
             request = resolve_ids_files(request, lambda path: read_ids_file(path, MAX_LINE_BYTES))
+            if isinstance(request, Generate):
+                request = dataclasses.replace(request, spec="ddtree" if self.args.ddtree else "chain",
+                                              budget=self.args.ddtree_budget if self.args.ddtree else None)
         except ProtocolError as exc:
             self._finish(lb.err_line(exc.code, exc.message))
             return False
@@ -197,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         args = lb.parse_argv(argv)
         config = EngineConfig(model=args.target, device="auto",
                               max_ctx=args.max_ctx if args.max_ctx is not None else DEFAULT_MAX_CTX,
-                              drafts=(args.draft,))
+                              drafts=(args.draft,), ddtree_chain_seed=args.ddtree_chain_seed)
         setup_logging(os.environ.get("FLASHD_LOG_LEVEL", "info"))   # Lucebox's argv has no log flag
     except ValueError as exc:
         print(f"flashd-lucebox-daemon: {exc}", file=sys.stderr)
@@ -207,12 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         _check_stream_fd(args.stream_fd)
         check_gguf(args.target, "TARGET")
         check_gguf(args.draft, "DRAFT")
-        log.warning("speculative decoding is not available yet: DRAFT %s was checked but is not loaded; "
-                    "serving plain decoding (same output, speculative decoding is exact)", args.draft)
-        if args.ddtree:
-            log.warning("--ddtree (budget %s, temp %s, chain seed %s): DDTree is not available yet; serving "
-                        "plain decoding, whose output is identical", args.ddtree_budget, args.ddtree_temp,
-                        args.ddtree_chain_seed)
+        if args.ddtree_temp is not None:
+            log.warning("--ddtree-temp %s is accepted but not used: flashd's drafters rank tree candidates at "
+                        "their own temperature (tree shape only; the output is the same)", args.ddtree_temp)
         engine = load_engine(config)
     except StartupError as exc:
         log.error("%s", exc)

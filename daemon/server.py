@@ -458,9 +458,6 @@ def _resolve_drafts(config: ServeConfig) -> tuple[tuple[str, ...], str | None]:
     drafts = tuple(d if d in BUILTIN_DRAFTS else str(resolve_model(d, "--draft")) for d in config.drafts)
     prefill = (str(resolve_model(config.prefill_drafter, "--prefill-drafter"))
                if config.prefill_drafter is not None else None)
-    if drafts:
-        log.warning("speculative decoding is not available yet: drafters %s were checked but are not "
-                    "loaded; generation runs plain decoding", ", ".join(drafts))
     return drafts, prefill
 
 

@@ -98,6 +98,16 @@ class Ops(Protocol):
         q (n, H, d) -> (n, H * d). GQA: query head h reads key/value head h // (H // Hkv).
         """
 
+    def kv_compact(self, cache, n_past: int, src_offsets) -> None:
+        """Speculative decoding's commit, in place: for i in range(len(src_offsets)), in every
+        layer, K and V of cache slot n_past + src_offsets[i] move to slot n_past + i.
+        src_offsets (host int32) is strictly increasing with src_offsets[i] >= i, so copying in
+        ascending i never reads a slot already overwritten."""
+
+    def kv_write(self, k, v, cache_layer, start) -> None:
+        """Store k (from `rope`) and v, (n, Hkv, d), in cache slots start[0] + i without attending:
+        context K/V that no query of this forward needs (the DFlash drafter's KV injection)."""
+
     def swiglu(self, gate, up) -> Any:
         """silu(gate) * up, elementwise."""
 

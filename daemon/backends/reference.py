@@ -147,6 +147,18 @@ class ReferenceOps:
         from ..pflash.flashprefill import tail_max_probs
         probs = tail_max_probs(q[-n_tail:], cache_layer[0], n_keys, 1.0 / np.sqrt(q.shape[-1]))
         np.maximum(acc, probs.astype(np.float32), out=acc)
+    def kv_compact(self, cache: ReferenceKVCache, n_past: int, src_offsets) -> None:
+        """Slot n_past + i <- slot n_past + src_offsets[i] in every layer, K and V."""
+        src = n_past + np.asarray(src_offsets, np.int64)
+        cache.move(src, n_past + np.arange(len(src)))
+
+    def kv_write(self, k, v, cache_layer, start) -> None:
+        k_cache, v_cache = cache_layer
+        s, n = int(start[0]), k.shape[0]
+        if s < 0 or s + n > k_cache.shape[0]:
+            raise ValueError(f"KV cache overflow: slots {s}..{s + n} outside {k_cache.shape[0]}")
+        k_cache[s:s + n] = k
+        v_cache[s:s + n] = v
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         sigmoid = np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * gate))  # no overflow

@@ -209,6 +209,15 @@ int fd_sample(int32_t* out, const float* logits, int n_vocab, const int32_t* his
 int fd_decode_advance(const int32_t* token, int32_t* history, int32_t* n_history, int32_t* ring,
                       int ring_len, int32_t* step, int32_t* positions, int32_t* n_past, void* stream);
 
+/* ---- speculative decoding (kv_compact.cu) ------------------------------------------------- */
+/* Commit a verified tree path: in every layer, K and V, every KV head, for i = 0 .. n_keep-1 in
+   ascending order, cache slot *n_past + src_offsets[i] is copied to slot *n_past + i. cache is
+   the whole KV allocation: 2 * n_layers planes (K of layer l = plane 2l, V = 2l+1), each float16
+   [n_kv_heads][max_ctx][head_dim]. src_offsets (device int32, n_keep) must be strictly increasing
+   with src_offsets[i] >= i; slots past max_ctx are skipped. head_dim must be even. */
+int fd_kv_compact(void* cache, const int32_t* src_offsets, const int32_t* n_past, int n_keep,
+                  int n_layers, int n_kv_heads, int max_ctx, int head_dim, void* stream);
+
 /* --- cdef end --- */
 #ifdef __cplusplus
 }

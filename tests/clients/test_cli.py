@@ -88,6 +88,21 @@ def test_generate_sampling_options_reach_the_daemon(daemon, client):
     assert result.stdout == expected
 
 
+def test_generate_with_a_drafter_is_speculative_and_exact(tiny_model, client):
+    """--draft starts the daemon with that drafter and decodes speculatively (ddtree by default);
+    the output is plain greedy decoding's and the stats line reports tokens per step."""
+    for extra in (["--draft", "ngram"], ["--draft", str(tiny_model), "--spec", "chain", "--budget", "3"]):
+        result = run_cli("generate", "def fib(n):", "--model", str(tiny_model), "--device", "cpu", "-n", "16", *extra)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == _greedy(client, "def fib(n):", 16)
+        assert "tokens/step" in result.stderr.strip().splitlines()[-1]
+
+
+def test_generate_budget_without_spec_is_a_usage_error(daemon):
+    result = run_cli("generate", "x", "--daemon", daemon.address, "--budget", "4")
+    assert result.returncode == 2 and "--budget needs" in result.stderr
+
+
 def test_generate_chat_applies_the_template(daemon, client, tiny_model):
     result = run_cli("generate", "hello there", "--chat", "--system", "be brief", "--daemon", daemon.address,
                      "--model", str(tiny_model), "-n", "8")

@@ -27,8 +27,8 @@ def ready(daemon) -> None:
     assert daemon.status_line() == "[daemon] ready"
 
 
-def stdin_dialect_ids(spawn_serve, line: str) -> list[int]:
-    serve = spawn_serve(max_ctx=LONG_MAX_CTX)
+def stdin_dialect_ids(spawn_serve, line: str, *extra: str) -> list[int]:
+    serve = spawn_serve(*extra, max_ctx=LONG_MAX_CTX)
     ids, _, done = generated(serve.ask(line, "x"))
     assert done["event"] == "done", done
     return ids
@@ -48,16 +48,19 @@ def test_generate_streams_ids_equal_to_the_stdin_dialect(spawn_lucebox, spawn_se
     assert again == ids and GENERATE_OK.fullmatch(again_status)
 
 
-def test_samp_means_what_lucebox_means(spawn_lucebox, spawn_serve, tmp_path):
+def test_samp_means_what_lucebox_means(spawn_lucebox, spawn_serve, synthetic_model, tmp_path):
     """samp=temp,top_p,top_k,rep_pen,seed is the stdin dialect's sampling fields with Lucebox's
-    256-token penalty window: both must draw the same tokens."""
+    256-token penalty window: both must draw the same tokens. The Lucebox daemon decodes
+    speculatively with DRAFT (chain), so the stdin dialect does too (sampled speculative output
+    has the target's distribution but its own random stream)."""
     prompt = write_ids(tmp_path / "prompt.bin", PROMPT)
     daemon = spawn_lucebox("--max-ctx=512")
     ready(daemon)
     status, ids = daemon.command(f"{prompt} 24 samp=0.8,0.9,40,1.1,7")
     assert GENERATE_OK.fullmatch(status), status
     want = stdin_dialect_ids(spawn_serve, f"generate id=x ids=@{prompt} max_tokens=24 temperature=0.8 top_p=0.9 "
-                                          f"top_k=40 repeat_penalty=1.1 repeat_last_n=256 seed=7")
+                                          f"top_k=40 repeat_penalty=1.1 repeat_last_n=256 seed=7 spec=chain",
+                             "--draft", str(synthetic_model))
     assert ids == want
     greedy_status, greedy = daemon.command(f"{prompt} 24 samp=0,0.9,40,1.1,7")   # temp 0: greedy
     assert greedy == stdin_dialect_ids(spawn_serve, f"generate id=x ids=@{prompt} max_tokens=24")
@@ -140,7 +143,7 @@ def test_ddtree_flags_are_accepted_and_serve_the_same_output(spawn_lucebox, tmp_
     ready(tree)
     status, got = tree.command(f"{prompt} 16")
     assert GENERATE_OK.fullmatch(status) and got == want
-    assert "DDTree is not available yet" in tree.stderr_tail()
+    assert "--ddtree-temp 0.7 is accepted but not used" in tree.stderr_tail()
 
 
 def test_sigterm_cancels_the_running_command(spawn_lucebox, tmp_path):

@@ -173,7 +173,7 @@ BAD_LINES = [
     ("file-out-of-vocab", "generate id=fo ids=@{files}/out_of_vocab.bin max_tokens=2", "bad_request", "fo"),
     ("file-negative-id", "generate id=fn ids=@{files}/negative.bin", "bad_request", "fn"),
     ("compress", "compress id=cp ids=1,2,3 keep=0.5", "not_loaded", "cp"),
-    ("spec-ddtree", 'generate id=dd text="hi" spec=ddtree budget=8', "not_implemented", "dd"),
+    ("spec-no-drafter", 'generate id=dd text="hi" spec=ddtree budget=8', "not_loaded", "dd"),
     ("unknown-drafter", 'generate id=ud text="hi" draft=nonexistent', "not_loaded", "ud"),
     ("free-drafter", "free id=fr what=drafter", "not_loaded", "fr"),
     ("overlong-line", "generate id=ol text=\"" + "x" * 5000 + "\"", "bad_request", None),
@@ -389,5 +389,6 @@ def test_refused_command_lines(synthetic_model, args, needle):
 def test_draft_files_are_checked_and_reported(spawn_serve, synthetic_model):
     daemon = spawn_serve("--draft", str(synthetic_model), "--draft", "ngram")
     assert daemon.ready["drafts"] == [str(synthetic_model), "ngram"]
-    assert "not available yet" in daemon.stderr_tail()
+    status = daemon.ask("status id=st", "st")[-1]
+    assert [d["name"] for d in status["drafters"]] == [synthetic_model.stem, "ngram"]
     assert os.path.exists(daemon.ready["model"])

@@ -334,6 +334,18 @@ class CudaOps:
         self.arena = None
         self.scratch, self.scratch_elems = [], 0
         self.attn_workspace = None
+    def kv_write(self, k: Roped, v: DeviceTensor, cache_layer, start: DeviceTensor) -> None:
+        if not isinstance(k, Roped):
+            raise TypeError("CudaOps.kv_write expects k from ops.rope")
+        k_cache, v_cache = cache_layer
+        n, n_kv_heads, head_dim = k.x.shape
+        # fd_rope_kv_write with q = NULL (n_heads is then unused; it must only be positive):
+        # rotate k, store k and v at slots *start + i
+        self._check(self.lib.fd_rope_kv_write(self.ffi.NULL, self.p(k.x, "float*"), self.p(v, "float*"),
+                                              self.p(k_cache), self.p(v_cache), self.p(k.positions, "int32_t*"),
+                                              self.p(start, "int32_t*"), n, n_kv_heads, n_kv_heads, head_dim, k.rope_dim,
+                                              k.theta, int(k.neox), k_cache.shape[1], self.dev.stream),
+                    "fd_rope_kv_write")
 
     def swiglu(self, gate, up) -> DeviceTensor:
         out = self.take(gate.shape)
@@ -351,3 +363,17 @@ class CudaOps:
         rows, vocab = logits.shape
         self._check(self.lib.fd_argmax(self.p(out, "int32_t*"), self.p(logits, "float*"), rows, vocab,
                                        self.dev.stream), "fd_argmax")
+
+    def kv_compact(self, cache: CudaKVCache, n_past: int, src_offsets) -> None:
+        """Ops.kv_compact with fd_kv_compact (uploads its two small inputs; CudaRunner.commit_tree
+        uses preallocated ones instead)."""
+        offsets = np.ascontiguousarray(src_offsets, np.int32)
+        if len(offsets) == 0:
+            return
+        spec = cache.spec
+        d_off = self.dev.upload(offsets)
+        d_np = self.dev.upload(np.array([n_past], np.int32))
+        self._check(self.lib.fd_kv_compact(self.p(cache.storage), self.p(d_off, "int32_t*"), self.p(d_np, "int32_t*"),
+                                           len(offsets), spec.n_layers, spec.n_kv_heads, spec.max_ctx, spec.head_dim,
+                                           self.dev.stream), "fd_kv_compact")
+        self.dev.synchronize()          # d_off and d_np are freed on return

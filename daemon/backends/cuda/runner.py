@@ -29,6 +29,8 @@ RING_LEN = 64
 TINY_TEMPERATURE = 1e-30
 PIPELINE_DEPTH = 2
 MAX_CACHED_GRAPHS = 8
+GRAPH_FEED_MAX = 8        # greedy_continue feeds up to this many tokens through the decode graph
+MAX_TREE_GRAPHS = 96      # verify forwards captured per tree size (sizes 1 .. budget + 1 recur)
 SCORE_CHUNK = 64          # rows of logits per forward when every position's logits are needed
 
 
@@ -65,7 +67,27 @@ class CudaRunner(ModelRunner):
             dev.native.check(lib.fd_event_create(e, 0), "cudaEventCreate")
             self.events.append(e[0])
         self.graphs: OrderedDict[object, object] = OrderedDict()
+        self.tree_graphs: OrderedDict[int, tuple] = OrderedDict()   # n nodes -> (graph, logits)
+        # tree verification inputs, sized once for the largest tree (prefill_chunk nodes): the
+        # captured tree graphs read these addresses, so they are never reallocated
+        self.t_ids = dev.empty((prefill_chunk,), i32)
+        self.t_pos = dev.empty((prefill_chunk,), i32)
+        self.t_mask = dev.empty((prefill_chunk * prefill_chunk,), np.uint8)
+        self.t_offsets = dev.empty((prefill_chunk,), i32)
+        self.t_argmax = dev.empty((prefill_chunk,), i32)
         self._warm_up()
+
+    def drop_graphs(self) -> None:
+        """Forget the captured graphs (they are recaptured on next use): needed when the shared
+        arena or workspaces may have been reallocated, e.g. after loading another model on the
+        same ops (a drafter)."""
+        self.dev.synchronize()
+        for g in self.graphs.values():
+            self.dev.lib.fd_graph_destroy(g)
+        self.graphs.clear()
+        for g, _ in self.tree_graphs.values():
+            self.dev.lib.fd_graph_destroy(g)
+        self.tree_graphs.clear()
 
     def close(self) -> None:
         lib = self.dev.lib
@@ -73,6 +95,9 @@ class CudaRunner(ModelRunner):
         for g in self.graphs.values():
             lib.fd_graph_destroy(g)
         self.graphs.clear()
+        for g, _ in self.tree_graphs.values():
+            lib.fd_graph_destroy(g)
+        self.tree_graphs.clear()
         for e in self.events:
             lib.fd_event_destroy(e)
         self.events = []
@@ -88,7 +113,7 @@ class CudaRunner(ModelRunner):
             pass
 
     # -- forward passes --------------------------------------------------------------------------
-    def _forward_device(self, ids, *, all_logits: bool):
+    def _forward_device(self, ids, *, all_logits: bool, hidden_sink=None):
         """Eager forward of a chunk; returns the logits as a device tensor (in the arena)."""
         n = len(ids)
         if n > self.p_ids.shape[0]:
@@ -101,12 +126,128 @@ class CudaRunner(ModelRunner):
         dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
         self.ops.begin_forward()
         batch = Batch(ids=self.p_ids[:n], positions=self.p_pos[:n], n_past=self.p_n_past, n_tokens=n)
-        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits)
+        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits,
+                         hidden_sink=hidden_sink)
         self.n_past += n
         return logits
 
-    def _forward(self, ids, *, all_logits: bool) -> np.ndarray:
-        return self.dev.download(self._forward_device(ids, all_logits=all_logits))
+    def _forward(self, ids, *, all_logits: bool, hidden_sink=None) -> np.ndarray:
+        return self.dev.download(self._forward_device(ids, all_logits=all_logits, hidden_sink=hidden_sink))
+
+    # -- speculative decoding: tree verify and commit (daemon/spec/decoder.py) -------------------
+    def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
+        ids = np.asarray(ids, np.int32)
+        n = len(ids)
+        if n > self.prefill_chunk:
+            raise ValueError(f"a tree of {n} nodes > the prefill chunk {self.prefill_chunk} the arena is sized for")
+        if self.n_past + n > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        dev = self.dev
+        dev.upload(ids, out=self.t_ids[:n])
+        dev.upload(np.asarray(positions, np.int32), out=self.t_pos[:n])
+        dev.upload(np.ascontiguousarray(mask, dtype=np.uint8).reshape(-1), out=self.t_mask[:n * n])
+        dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
+        if hidden_sink is not None:             # the sink runs host code per layer: eager
+            return self._tree_body(n, hidden_sink)
+        graph, logits = self._tree_graph(n)
+        dev.native.check(dev.lib.fd_graph_launch(graph, dev.stream), "graph launch")
+        return logits
+
+    def _tree_body(self, n: int, hidden_sink=None):
+        self.ops.begin_forward()
+        batch = Batch(ids=self.t_ids[:n], positions=self.t_pos[:n], n_past=self.p_n_past,
+                      mask=self.t_mask[:n * n].reshape(n, n), n_tokens=n)
+        return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
+                       hidden_sink=hidden_sink)
+
+    def _tree_graph(self, n: int):
+        """The verify forward of an n-node tree captured once per n (inputs are read from t_ids,
+        t_pos, t_mask, p_n_past; the arena gives the same addresses every replay). Returns
+        (graph, the logits tensor the graph writes)."""
+        hit = self.tree_graphs.get(n)
+        if hit is not None:
+            self.tree_graphs.move_to_end(n)
+            return hit
+        dev = self.dev
+        self._tree_body(n)       # first use of this size's kernels (and their setup): outside capture
+        dev.synchronize()
+        dev.native.check(dev.lib.fd_graph_begin_capture(dev.stream), "begin capture")
+        try:
+            logits = self._tree_body(n)
+        finally:
+            out = dev.ffi.new("void**")
+            status = dev.lib.fd_graph_end_capture(dev.stream, out)
+        dev.native.check(status, "end capture")
+        self.tree_graphs[n] = (out[0], logits)
+        if len(self.tree_graphs) > MAX_TREE_GRAPHS:
+            _, (old, _) = self.tree_graphs.popitem(last=False)
+            dev.lib.fd_graph_destroy(old)
+        return out[0], logits
+
+    def argmax_rows(self, logits) -> np.ndarray:
+        n = logits.shape[0]
+        self.ops.argmax(logits, self.t_argmax[:n])
+        return self.dev.download(self.t_argmax[:n])
+
+    def logits_to_host(self, logits) -> np.ndarray:
+        return self.dev.download(logits)
+
+    def greedy_continue(self, feed, n_new: int) -> list[int]:
+        """ModelRunner.greedy_continue with the decode graph. A short feed (a drafter's step:
+        the new root, plus the tokens it had not cached) goes through the graph too: each feed
+        token is written into `tok` before a replay (the replay's own choice is overwritten), so a
+        step is len(feed) + n_new - 1 replays and one synchronisation. A long feed (the prompt) is
+        prefilled eagerly first."""
+        feed = [int(t) for t in feed]
+        if n_new < 1 or not feed:
+            raise ValueError("greedy_continue needs a non-empty feed and n_new >= 1")
+        if self.n_past + len(feed) + n_new - 1 > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {len(feed)} + {n_new - 1} > max_ctx {self.max_ctx}")
+        dev, lib = self.dev, self.dev.lib
+        n0 = self.n_past
+        graph_feed = len(feed) <= GRAPH_FEED_MAX
+        skip = len(feed) - 1 if graph_feed else 0       # ring entries of replays whose choice is dropped
+        if skip + n_new > RING_LEN:
+            raise ValueError(f"greedy_continue: {skip + n_new} tokens > ring of {RING_LEN}")
+        if graph_feed:
+            self._set_state(n0, 0)                      # the first replay forwards feed[0] at slot n0
+            graph = self._graph(None)
+            for t in feed[:-1]:
+                dev.upload(np.array([t], np.int32), out=self.tok)
+                dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+            dev.upload(np.array([feed[-1]], np.int32), out=self.tok)
+            n_launch = n_new
+        else:
+            self._set_state(n0 + len(feed) - 1, 0)      # advance() moves pos/n_past to the next slot
+            logits = None
+            for start in range(0, len(feed), self.prefill_chunk):
+                logits = self._forward_device(feed[start:start + self.prefill_chunk], all_logits=False)
+            self._select(logits, None)
+            self._advance()
+            graph = self._graph(None)
+            n_launch = n_new - 1
+        for _ in range(n_launch):
+            dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+        dev.synchronize()
+        self.n_past = n0 + len(feed) + n_new - 1
+        return [int(t) for t in self.ring[skip:skip + n_new]]
+
+    def commit_tree(self, node_offsets) -> None:
+        offsets = np.asarray(node_offsets, np.int32)
+        n = len(offsets)
+        if self.n_past + n > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        if np.any(offsets != np.arange(n)):
+            if np.any(np.diff(offsets) <= 0) or np.any(offsets < np.arange(n)):
+                raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
+            dev, spec = self.dev, self.cache.spec
+            dev.upload(offsets, out=self.t_offsets[:n])
+            dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
+            dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets, "int32_t*"),
+                                                   dev.p(self.p_n_past, "int32_t*"), n, spec.n_layers,
+                                                   spec.n_kv_heads, spec.max_ctx, spec.head_dim, dev.stream),
+                             "fd_kv_compact")
+        self.n_past += n
 
     def score(self, ids) -> np.ndarray:
         self.reset()

@@ -1,0 +1,280 @@
+"""Speculative decoding benchmark: flashd's drafters (draft model, n-grams, optional DFlash) in
+chain and DDTree mode over a budget sweep, against flashd's own plain decoding, and llama.cpp's
+plain (llama-simple) and draft-model speculative decoding (llama-speculative-simple, the
+common_speculative path llama-server uses) on the same prompts and GPU. Prints a markdown table.
+
+    python bench/bench_spec.py --sdist llama_cpp_python-0.3.36.tar.gz \
+        [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [--dflash PATH] \
+        [--prompts bench/spec_prompts.jsonl] [--max-tokens 256] [--out bench/results/]
+    python bench/bench_spec.py --skip-llama --quick          # flashd only, 8 prompts, 3 configs
+
+Method: greedy decoding (temperature 0), every prompt once per configuration after a warm-up
+pass over the first prompts (CUDA graph capture of each tree size happens there). Decode speed is
+(tokens - 1) / (time from the first generated token to the last): prefill excluded, as
+llama-speculative-simple's "decoded ... t/s" does. llama-simple's t/s includes its prompt's
+evaluation (short prompts: a few percent). Every speculative output is compared with flashd's
+plain output of the same prompt (column "exact": prompts with identical tokens).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def log(msg: str) -> None:
+    print(f"[bench_spec {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Row:
+    system: str
+    drafter: str
+    mode: str
+    budget: str
+    tok_s: float
+    tokens_per_step: float | None = None
+    accepted_per_step: float | None = None
+    draft_ms_step: float | None = None
+    verify_ms_step: float | None = None
+    exact: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------- flashd
+
+def load_flashd(target: str, max_ctx: int, device: str):
+    from flashd.clients.registry import resolve_model
+    from flashd.daemon.config import EngineConfig
+    from flashd.daemon.engine import Engine
+
+    engine = Engine(EngineConfig(model=str(resolve_model(target)), device=device, max_ctx=max_ctx))
+    engine.load()
+    return engine
+
+
+def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
+    """[(label, drafter, mode, budget)] of the configurations to run."""
+    from flashd.clients.registry import resolve_model
+    from flashd.daemon.spec.draft_model import DraftModelConfig, DraftModelDrafter
+    from flashd.daemon.spec.loader import DrafterContext, load_drafter
+    from flashd.daemon.spec.ngram import NgramDrafter
+
+    ctx = DrafterContext(backend=engine.backend, target_file=engine.model.file, target_model=engine.model,
+                         max_ctx=engine.config.max_ctx, prefill_chunk=engine.config.prefill_chunk)
+    configs = []
+    if draft:
+        base = load_drafter(str(resolve_model(draft)), ctx)
+        runner, name = base.runner, base.name
+
+        def dm(depth):
+            return DraftModelDrafter(runner, name, DraftModelConfig(max_depth=depth))
+
+        # trees of <= 8 nodes (budget <= 7) verify through the GEMV path (cuda/ops.py GEMV_MAX_ROWS);
+        # larger ones through dequantize + GEMM, so the sweep spans that boundary
+        chains = [4] if quick else [3, 5, 7]
+        trees = [(6, 7)] if quick else [(6, 7), (6, 15), (6, 22), (8, 32), (8, 48)]
+        configs += [(name, dm(d), "chain", d) for d in chains]
+        configs += [(name, dm(d), "ddtree", b) for d, b in trees]
+    ngram = NgramDrafter()
+    configs += [("ngram", ngram, "chain", 7)] + ([] if quick else [("ngram", ngram, "ddtree", 7),
+                                                                     ("ngram", ngram, "ddtree", 22)])
+    if dflash:
+        dfl = load_drafter(str(dflash), ctx)
+        configs += [(dfl.name, dfl, "chain", dfl.max_depth)]
+        configs += [(dfl.name, dfl, "ddtree", b) for b in ([22] if quick else [8, 16, 22, 32, 64])]
+    # loading drafter models may grow the shared scratch arena: recapture graphs (as engine.py does)
+    for runner in {id(r): r for r in [engine.runner] + [getattr(d, "runner", None) for _, d, _, _ in configs]}.values():
+        if hasattr(runner, "drop_graphs"):
+            runner.drop_graphs()
+    return configs
+
+
+def timed(gen) -> tuple[list[int], float]:
+    """(tokens, seconds from the first token to the last)."""
+    out, t_first = [], None
+    for s in gen:
+        if t_first is None:
+            t_first = time.perf_counter()
+        out.append(s.token)
+    return out, (time.perf_counter() - t_first) if t_first else 0.0
+
+
+def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_warm: int) -> list[Row]:
+    from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
+    from flashd.protocol.messages import SamplingParams
+
+    greedy = SamplingParams()
+    runner = engine.runner
+    for p in prompts[:n_warm]:
+        timed(runner.generate(p, greedy, max_tokens))
+    plain, n_tok, secs = [], 0, 0.0
+    for p in prompts:
+        toks, dt = timed(runner.generate(p, greedy, max_tokens))
+        plain.append(toks)
+        n_tok, secs = n_tok + len(toks) - 1, secs + dt
+    base = n_tok / secs
+    rows = [Row("flashd", "-", "plain", "-", base)]
+    log(f"flashd plain: {base:.1f} tok/s")
+    for label, drafter, mode, budget in configs:
+        cfg = SpecConfig(mode, budget)
+        for p in prompts[:n_warm]:
+            timed(SpecDecoder(runner, drafter, cfg).generate(p, greedy, max_tokens))
+        n_tok, secs, steps, acc, d_s, v_s, exact = 0, 0.0, 0, 0, 0.0, 0.0, 0
+        for p, want in zip(prompts, plain):
+            dec = SpecDecoder(runner, drafter, cfg)
+            toks, dt = timed(dec.generate(p, greedy, max_tokens))
+            n_tok, secs = n_tok + len(toks) - 1, secs + dt
+            st = dec.stats
+            steps, acc, d_s, v_s = steps + st.steps, acc + st.accepted, d_s + st.draft_s, v_s + st.verify_s
+            exact += toks == want
+        tok_s = n_tok / secs
+        rows.append(Row("flashd", label, mode, str(budget), tok_s, (acc + steps) / steps, acc / steps,
+                        1e3 * d_s / steps, 1e3 * v_s / steps, f"{exact}/{len(prompts)}"))
+        log(f"flashd {label} {mode} {budget}: {tok_s:.1f} tok/s, {(acc + steps) / steps:.2f} tokens/step, "
+            f"exact {exact}/{len(prompts)}")
+    return rows
+
+
+# ------------------------------------------------------------------------------------- llama.cpp
+
+LLAMA_TOOLS = ("llama-simple", "llama-speculative-simple")
+
+
+def build_llama_tools(sdist: Path, build_dir: Path, arch: str) -> Path:
+    """Configure (through compare_llama_cpp's build) and build the two example tools; bin dir."""
+    sys.path.insert(0, str(HERE))
+    from compare_llama_cpp import build_llama_bench
+
+    build_llama_bench(sdist, build_dir, arch, os.cpu_count() or 8)    # extracts, configures, llama-bench
+    bin_dir = build_dir / "build" / "bin"
+    missing = [t for t in LLAMA_TOOLS if not (bin_dir / t).exists()]
+    if missing:
+        log("building " + ", ".join(missing))
+        subprocess.run(["cmake", "--build", str(build_dir / "build"), "-j", str(os.cpu_count() or 8), "--target",
+                        *missing], check=True, stdout=subprocess.DEVNULL)
+    return bin_dir
+
+
+DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) (?:seconds|s), speed:\s+([\d.]+) t/s")
+ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+)\s*\n.*?n_accept\s*=\s*(\d+)", re.S)
+
+
+def run_llama(bin_dir: Path, target: Path, draft: Path, texts: list[str], max_tokens: int, draft_max: int) -> list[Row]:
+    rows = []
+    for tool, label in (("llama-simple", "plain"), ("llama-speculative-simple", "draft-model")):
+        n_tok, secs, drafted, accepted = 0, 0.0, 0, 0
+        for text in texts:
+            if tool == "llama-simple":
+                cmd = [str(bin_dir / tool), "-m", str(target), "-n", str(max_tokens), "-ngl", "99", text]
+            else:
+                cmd = [str(bin_dir / tool), "-m", str(target), "-md", str(draft), "-p", text, "-n", str(max_tokens),
+                       "-ngl", "99", "-ngld", "99", "-fa", "on", "--temp", "0", "--draft-max", str(draft_max),
+                       "-c", "4096"]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            m = DECODED.search(res.stderr)
+            if res.returncode != 0 or m is None:
+                raise RuntimeError(f"{tool} failed ({res.returncode}): {res.stderr[-2000:]}")
+            n_tok += int(m.group(1))
+            secs += float(m.group(2))
+            a = ACCEPT.search(res.stderr)
+            if a:
+                drafted, accepted = drafted + int(a.group(1)), accepted + int(a.group(2))
+        tok_s = n_tok / secs
+        extra = {"accept_rate": accepted / drafted} if drafted else {}
+        rows.append(Row("llama.cpp", "-" if label == "plain" else draft.stem, "plain" if label == "plain" else "chain",
+                        "-" if label == "plain" else f"max {draft_max}", tok_s, extra=extra))
+        log(f"llama.cpp {tool}: {tok_s:.1f} tok/s {extra}")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- table
+
+def table(rows: list[Row], title: str) -> str:
+    def f(x, spec=".2f"):
+        return "" if x is None else format(x, spec)
+
+    base = {r.system: r.tok_s for r in rows if r.mode == "plain"}
+    lines = [title, "",
+             "| system | drafter | mode | budget | tok/s | vs own plain | tokens/step | accepted/step "
+             "| draft ms/step | verify ms/step | exact |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        ratio = f"{r.tok_s / base[r.system]:.2f}x" if r.system in base else ""
+        acc = f(r.accepted_per_step) or (f"accept {100 * r.extra['accept_rate']:.1f}%" if "accept_rate" in r.extra else "")
+        lines.append(f"| {r.system} | {r.drafter} | {r.mode} | {r.budget} | {r.tok_s:.1f} | {ratio} | "
+                     f"{f(r.tokens_per_step)} | {acc} | {f(r.draft_ms_step)} | {f(r.verify_ms_step)} | {r.exact} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b", help="model name or GGUF path")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model name or path ('' = none)")
+    ap.add_argument("--dflash", default=None, help="a DFlash drafter GGUF (optional)")
+    ap.add_argument("--prompts", type=Path, default=HERE / "spec_prompts.jsonl")
+    ap.add_argument("--n-prompts", type=int, default=None, help="first N prompts (default all)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-ctx", type=int, default=2048)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--warmup", type=int, default=2, help="prompts run once untimed per configuration")
+    ap.add_argument("--quick", action="store_true", help="8 prompts and one config per drafter/mode")
+    ap.add_argument("--skip-llama", action="store_true", help="flashd only")
+    ap.add_argument("--sdist", type=Path, help="llama_cpp_python-*.tar.gz (its vendored llama.cpp is built)")
+    ap.add_argument("--llama-bin", type=Path, help="folder with built llama-simple and llama-speculative-simple")
+    ap.add_argument("--build-dir", type=Path, default=Path("/tmp/llama-cpp-build"))
+    ap.add_argument("--arch", default="90")
+    ap.add_argument("--llama-draft-max", type=int, default=16, help="llama.cpp --draft-max")
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
+    args = ap.parse_args(argv)
+
+    bin_dir = args.llama_bin
+    if not args.skip_llama and bin_dir is None:
+        if args.sdist is None:
+            ap.error("--sdist or --llama-bin is required (or --skip-llama)")
+        bin_dir = build_llama_tools(args.sdist, args.build_dir, args.arch)
+    if args.build_only:
+        print(bin_dir)
+        return 0
+
+    records = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+    n = args.n_prompts or (8 if args.quick else len(records))
+    texts = [r["text"] for r in records[:n]]
+    engine = load_flashd(args.target, args.max_ctx, args.device)
+    prompts = [engine.tokenizer.encode(t) for t in texts]
+    configs = make_drafters(engine, args.draft or None, args.dflash, args.quick)
+    rows = run_flashd(engine, prompts, args.max_tokens, configs, args.warmup)
+    if not args.skip_llama:
+        from flashd.clients.registry import resolve_model
+        if not args.draft:
+            ap.error("llama.cpp's speculative run needs --draft")
+        rows += run_llama(bin_dir, Path(engine.model.path), Path(resolve_model(args.draft)), texts, args.max_tokens,
+                          args.llama_draft_max)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    device = engine.backend.info() if hasattr(engine.backend, "info") else {}
+    title = (f"### Speculative decoding: {Path(engine.model.path).name}, {len(prompts)} prompts x {args.max_tokens} "
+             f"tokens, greedy; {device.get('name', args.device) if isinstance(device, dict) else device}; "
+             f"flashd {commit}, {datetime.date.today()}")
+    text = table(rows, title)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = f"spec-{datetime.date.today().isoformat()}-{commit}"
+        (args.out / f"{stamp}.md").write_text(text + "\n")
+        (args.out / f"{stamp}.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

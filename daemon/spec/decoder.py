@@ -1,0 +1,200 @@
+"""The speculative decode loop: draft, verify in one target forward, accept, commit.
+
+One step, with the root r (the newest generated token, not yet forwarded) and n_past committed
+cache slots:
+
+1. the drafter proposes per-depth candidates; tree.py builds a chain or a DDTree of n = 1 + m
+   nodes (node 0 = r), at most `budget` drafted nodes, never deeper than the tokens still wanted
+   (max_new_tokens - emitted - 1: a step emits accepted + 1 tokens) and never past max_ctx
+   (n_past + n <= max_ctx);
+2. one target forward over the n nodes: positions n_past + depth, cache slots n_past + i, the
+   ancestor mask (committed context + ancestors + self);
+3. accept.py walks the tree (greedy, or rejection sampling at temperature > 0): path + bonus;
+4. commit: the path's K/V move to slots n_past .. n_past + len(path) - 1 (`Ops.kv_compact`),
+   n_past += len(path); the drafter hears accepted + bonus (and which verify rows were committed,
+   for its target features); bonus becomes the root;
+5. the accepted tokens and the bonus are yielded one by one, so the engine streams them, stops at
+   a stop id/string (the rest of the step is never emitted) and cancels between tokens.
+
+Exactness at temperature 0: every emitted token is the target's argmax given exactly the context
+plain decoding would have (tree attention), so the output equals plain greedy decoding token for
+token on a backend whose logits do not depend on how many rows a forward has (the reference
+backend; see tests/gpu/test_spec_gpu.py for the CUDA backend).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ...protocol.messages import SamplingParams
+from ..runner import ModelRunner, Sampled
+from ..sampling import apply_penalties, candidate_probs, sample, uniform
+from .accept import greedy_walk, sample_walk
+from .drafter import Drafter, Proposal
+from .tree import DraftTree, build_chain, build_tree
+
+__all__ = ["SpecConfig", "SpecStats", "SpecDecoder", "SPEC_MODES", "DEFAULT_DDTREE_BUDGET"]
+
+SPEC_MODES = ("chain", "ddtree")
+DEFAULT_DDTREE_BUDGET = 22      # the anchor's default; the chain default is the drafter's max_depth
+# Sampling draws use uniform(seed, SPEC_STEP_BASE + k): a counter range disjoint from plain
+# decoding's (seed, step) so the first token (drawn as in plain decoding, step 0) is independent.
+SPEC_STEP_BASE = 1 << 62
+MAX_HISTOGRAM = 64
+
+
+@dataclass(slots=True, frozen=True)
+class SpecConfig:
+    mode: str                   # chain | ddtree
+    budget: int                 # drafted (non-root) nodes per step, >= 1
+    top_k: int = 8              # candidates per depth asked of the drafter (ddtree; chain uses 1)
+    chain_seed: bool = True     # ddtree: insert the top-1 chain first
+
+    def __post_init__(self):
+        if self.mode not in SPEC_MODES:
+            raise ValueError(f"spec mode must be one of {', '.join(SPEC_MODES)}, got {self.mode!r}")
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1, got {self.budget}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Per request. accepted = drafted tokens the target kept in a step (the bonus not counted)."""
+
+    steps: int = 0
+    accepted: int = 0
+    drafted_nodes: int = 0
+    histogram: list[int] = field(default_factory=lambda: [0] * (MAX_HISTOGRAM + 1))
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    def add(self, n_accepted: int, n_nodes: int, draft_s: float, verify_s: float) -> None:
+        self.steps += 1
+        self.accepted += n_accepted
+        self.drafted_nodes += n_nodes
+        self.histogram[min(n_accepted, MAX_HISTOGRAM)] += 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+
+    def as_dict(self, mode: str, budget: int, drafter: str) -> dict:
+        steps = max(self.steps, 1)
+        last = max((i for i, c in enumerate(self.histogram) if c), default=0)
+        return {"mode": mode, "budget": budget, "draft": drafter, "steps": self.steps,
+                "accepted": self.accepted,
+                "accepted_per_step": round(self.accepted / steps, 4),
+                "tokens_per_step": round((self.accepted + self.steps) / steps, 4),
+                "drafted_per_step": round(self.drafted_nodes / steps, 4),
+                "accepted_histogram": self.histogram[:last + 1],
+                "draft_ms": round(self.draft_s * 1e3, 3), "verify_ms": round(self.verify_s * 1e3, 3)}
+
+
+def _uses_penalties(p: SamplingParams) -> bool:
+    return p.repeat_last_n > 0 and (p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0
+                                    or p.presence_penalty != 0.0)
+
+
+class SpecDecoder:
+    """Drives one request: `generate` has ModelRunner.generate's contract (yield Sampled, the
+    consumer may close early); `stats` is filled as it runs."""
+
+    def __init__(self, runner: ModelRunner, drafter: Drafter, config: SpecConfig):
+        self.runner, self.drafter, self.config = runner, drafter, config
+        self.stats = SpecStats()
+
+    def _sink(self):
+        wanted = frozenset(self.drafter.target_layer_ids)
+        if not wanted:
+            return None
+        drafter = self.drafter
+
+        def sink(layer: int, h) -> None:
+            if layer in wanted:
+                drafter.capture_hidden(layer, h)
+        return sink
+
+    def _tree(self, root: int, proposal: Proposal, max_nodes: int, max_depth: int) -> DraftTree:
+        cfg = self.config
+        if cfg.mode == "chain":
+            return build_chain(root, proposal, min(max_nodes, max_depth))
+        return build_tree(root, proposal, max_nodes, chain_seed=cfg.chain_seed, max_depth=max_depth)
+
+    def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
+                 logprobs: int = 0) -> Iterator[Sampled]:
+        runner, drafter, cfg = self.runner, self.drafter, self.config
+        self.stats = stats = SpecStats()
+        sink = self._sink()
+        greedy = params.greedy
+        device_argmax = greedy and not _uses_penalties(params) and not logprobs
+        history = list(prompt)                  # prompt + every emitted token (penalties)
+        n_draws = 0
+
+        def draw() -> float:
+            nonlocal n_draws
+            n_draws += 1
+            return uniform(params.seed, SPEC_STEP_BASE + n_draws - 1)
+
+        runner.reset()
+        try:
+            logits = runner.prefill(prompt, hidden_sink=sink)[0]
+            if max_new_tokens <= 0:
+                return
+            root = sample(logits, np.asarray(history), params, 0)
+            history.append(root)
+            drafter.begin(list(prompt), root)
+            yield ModelRunner._sampled(root, logits, logprobs)
+            n_out = 1
+            while n_out < max_new_tokens:
+                # drafted nodes that fit: the context, and the forward size the runner is sized for
+                room = min(runner.max_ctx - runner.n_past, runner.prefill_chunk) - 1
+                # no deeper than the tokens still wanted (a step emits accepted + 1), the drafter's
+                # reach, the context, or the budget (a tree of B nodes is at most B deep)
+                max_depth = min(max_new_tokens - n_out - 1, drafter.max_depth, room, cfg.budget)
+                t0 = time.perf_counter()
+                if max_depth > 0:
+                    top_k = 1 if cfg.mode == "chain" else cfg.top_k
+                    proposal = drafter.propose(max_depth, top_k)
+                else:
+                    proposal = Proposal.empty()
+                tree = self._tree(root, proposal, min(cfg.budget, room), max_depth)
+                t1 = time.perf_counter()
+                base = runner.n_past
+                logits_t = runner.forward_tree(tree.tokens, tree.positions(base), tree.ancestor_mask(),
+                                               hidden_sink=sink)
+                host = None
+                if device_argmax:
+                    argmax = runner.argmax_rows(logits_t)
+                    path, bonus = greedy_walk(tree, lambda i: argmax[i])
+                else:
+                    host = runner.logits_to_host(logits_t)          # (n, vocab)
+
+                    def node_history(i: int) -> np.ndarray:
+                        return np.asarray(history + [int(t) for t in tree.tokens[tree.path_to(i)[1:]]])
+
+                    if greedy:
+                        path, bonus = greedy_walk(
+                            tree, lambda i: int(np.argmax(apply_penalties(host[i], node_history(i), params))))
+                    else:
+                        path, bonus = sample_walk(
+                            tree, lambda i: candidate_probs(apply_penalties(host[i], node_history(i), params),
+                                                            params), draw)
+                runner.commit_tree(np.asarray(path, np.int32))
+                accepted = [int(t) for t in tree.tokens[path[1:]]]
+                t2 = time.perf_counter()
+                drafter.accept(accepted, bonus, path)       # drafter work (DFlash extends its context)
+                t3 = time.perf_counter()
+                stats.add(len(accepted), tree.n_nodes - 1, (t1 - t0) + (t3 - t2), t2 - t1)
+                emitted = accepted + [bonus]
+                history.extend(emitted)
+                root = bonus
+                # the logits that chose emitted[k] are those of node path[k]
+                for k, tok in enumerate(emitted):
+                    yield (Sampled(tok) if not logprobs
+                           else ModelRunner._sampled(tok, host[path[k]], logprobs))
+                    n_out += 1
+        finally:
+            drafter.end()

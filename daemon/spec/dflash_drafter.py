@@ -1,0 +1,172 @@
+"""DFlashDrafter: the DFlash block drafter (models/dflash.py) behind the Drafter interface.
+
+Per step it runs one drafter forward: first the context K/V of the positions committed since the
+last step (their target features, captured during the verify forward; the prompt's after
+prefill) are appended to the drafter's own KV cache, then the block [root, MASK x (B-1)] at
+positions n_ctx .. n_ctx+B-1 yields B-1 distributions at once. Depth d's candidates are the top-K
+of log_softmax(logits[d] / temperature): DFlash drafts every depth in parallel, so they are not
+conditioned on the path (DDTree builds its tree from exactly that).
+
+State, kept consistent with the committed sequence (drafter.py): n_ctx positions [0, n_ctx) are in
+the drafter's cache; `_pending` holds the target features of committed positions n_ctx .. not yet
+injected (they are injected by the next propose, in the same forward as the block); `_captured`
+holds the rows of the target forward in flight, until begin/accept says which rows were kept.
+
+Target features are copied to host memory in capture_hidden (ops.to_numpy), which is exact on
+every backend; a device-resident feature ring is the CUDA fast path still to come.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..models.dflash import (TargetHead, block_batch, block_mask, dflash_cache_spec, draft_block,
+                             inject_context)
+from ..models.dflash_config import DFlashConfig
+from ..models.dflash_weights import DFlashWeights, load_dflash_weights, open_dflash
+from ..models.gguf_file import ModelLoadError
+from ..sampling import log_softmax
+from .drafter import Drafter, DrafterLoadError, Proposal
+
+__all__ = ["DFlashDrafter", "load_dflash_drafter"]
+
+# Context rows per injection forward. An injection keeps its features live across all drafter
+# layers, so it cannot recycle scratch per layer as a target forward does: 128 rows keep it well
+# inside the activation arena sized for the target's prefill chunk (only prefill injects more
+# than a step's ~budget rows).
+INJECT_CHUNK = 128
+
+
+class DFlashDrafter(Drafter):
+    def __init__(self, ops, cfg: DFlashConfig, weights: DFlashWeights, head: TargetHead, max_ctx: int, *,
+                 temperature: float = 1.0, name: str = "dflash", inject_chunk: int = INJECT_CHUNK):
+        if max_ctx <= 0 or inject_chunk <= 0:
+            raise ValueError("max_ctx and inject_chunk must be positive")
+        if not temperature > 0:
+            raise ValueError(f"draft temperature must be > 0, got {temperature}")
+        self.ops, self.cfg, self.weights, self.head = ops, cfg, weights, head
+        self.max_ctx, self.temperature, self.name = max_ctx, float(temperature), name
+        self.inject_chunk = inject_chunk
+        self.target_layer_ids = tuple(cfg.target_layer_ids)
+        self.max_depth = cfg.block_size - 1
+        self._feature_index = {layer: j for j, layer in enumerate(cfg.target_layer_ids)}
+        self.cache = ops.kv_cache(dflash_cache_spec(cfg, max_ctx))
+        self._mask = block_mask(ops, cfg)
+        self.forwards = 0          # drafter forwards run (tests and stats)
+        self.injected_rows = 0     # context rows ever injected: each committed position once
+        self.end()
+
+    # -- Drafter ---------------------------------------------------------------------------------
+    def check_target(self, target_cfg) -> None:
+        try:
+            self.cfg.check_target(target_cfg)
+        except ModelLoadError as exc:
+            raise DrafterLoadError(str(exc)) from exc
+
+    def capture_hidden(self, layer_index: int, h) -> None:
+        j = self._feature_index.get(layer_index)
+        if j is not None:
+            self._captured[j].append(np.array(self.ops.to_numpy(h), dtype=np.float32))
+
+    def begin(self, prompt: Sequence[int], root: int) -> None:
+        rows = self._take_captured()
+        if rows[0].shape[0] != len(prompt):
+            raise RuntimeError(f"DFlash drafter: {rows[0].shape[0]} captured feature rows for a prompt of "
+                               f"{len(prompt)} tokens (the target prefill must run with the drafter's hidden sink)")
+        self._n_ctx = 0
+        self._pending = rows
+        self._root = int(root)
+
+    def propose(self, max_depth: int, top_k: int) -> Proposal:
+        if self._root is None:
+            raise RuntimeError("DFlash drafter: propose before begin")
+        n_depth = min(max_depth, self.max_depth)
+        if n_depth <= 0:
+            return Proposal.empty()
+        logits = self._draft()[:n_depth].astype(np.float64)          # (n_depth, vocab)
+        lp = np.stack([log_softmax(row / self.temperature) for row in logits])
+        k = min(top_k, lp.shape[1])
+        # best first; among equal log-probs the lower id first (stable sort of -lp)
+        top = np.argsort(-lp, axis=1, kind="stable")[:, :k]
+        return Proposal(top.astype(np.int32), np.take_along_axis(lp, top, axis=1))
+
+    def accept(self, accepted: Sequence[int], bonus: int, rows: Sequence[int] | None = None) -> None:
+        captured = self._take_captured()
+        if rows is None:
+            raise RuntimeError("DFlash drafter: accept needs the committed verify rows")
+        rows = np.asarray(rows, np.int64)
+        if len(rows) != len(accepted) + 1:
+            raise RuntimeError(f"DFlash drafter: {len(rows)} committed rows for root + {len(accepted)} accepted")
+        if len(rows) and rows.max() >= captured[0].shape[0]:
+            raise RuntimeError(f"DFlash drafter: committed row {int(rows.max())} of a verify forward with "
+                               f"{captured[0].shape[0]} captured rows")
+        self._pending = [np.concatenate([p, c[rows]]) for p, c in zip(self._pending, captured)]
+        self._root = int(bonus)
+
+    def end(self) -> None:
+        self._n_ctx = 0
+        self._root: int | None = None
+        self._captured: list[list[np.ndarray]] = [[] for _ in self.target_layer_ids]
+        self._pending = [np.zeros((0, self.cfg.hidden), np.float32) for _ in self.target_layer_ids]
+
+    def info(self) -> dict:
+        d = super().info()
+        d.update(block_size=self.cfg.block_size, n_layers=self.cfg.n_layers, temperature=self.temperature,
+                 kv_bytes=int(self.cache.n_bytes))
+        return d
+
+    # -- the drafter's forward -------------------------------------------------------------------
+    def _take_captured(self) -> list[np.ndarray]:
+        rows = [np.concatenate(c) if c else np.zeros((0, self.cfg.hidden), np.float32) for c in self._captured]
+        if len({r.shape[0] for r in rows}) > 1:
+            raise RuntimeError(f"DFlash drafter: target layers {list(self.target_layer_ids)} captured "
+                               f"{[r.shape[0] for r in rows]} rows (one capture per wanted layer per forward)")
+        self._captured = [[] for _ in self.target_layer_ids]
+        return rows
+
+    def _inject_pending(self) -> None:
+        ops = self.ops
+        n_new = self._pending[0].shape[0]
+        if self._n_ctx + n_new > self.max_ctx:
+            raise ValueError(f"DFlash drafter context overflow: {self._n_ctx} + {n_new} > max_ctx {self.max_ctx}")
+        for s in range(0, n_new, self.inject_chunk):
+            e = min(n_new, s + self.inject_chunk)
+            start = self._n_ctx + s
+            ops.begin_forward()
+            feats = [ops.from_numpy(np.ascontiguousarray(p[s:e])) for p in self._pending]
+            inject_context(ops, self.cfg, self.weights, self.cache, feats,
+                           ops.from_numpy(np.arange(start, start + e - s, dtype=np.int32)),
+                           ops.from_numpy(np.array([start], np.int32)))
+        self._n_ctx += n_new
+        self.injected_rows += n_new
+        self._pending = [p[:0] for p in self._pending]
+
+    def _draft(self) -> np.ndarray:
+        """Logits (B-1, vocab) of the block [root, MASK x (B-1)] after the committed context."""
+        ops, cfg = self.ops, self.cfg
+        self._inject_pending()
+        ids = np.full(cfg.block_size, cfg.mask_token_id, np.int32)
+        ids[0] = self._root
+        n = self._n_ctx
+        ops.begin_forward()
+        batch = block_batch(cfg, ops.from_numpy(ids), ops.from_numpy(np.arange(n, n + cfg.block_size, dtype=np.int32)),
+                            ops.from_numpy(np.array([n], np.int32)), self._mask)
+        logits = draft_block(ops, cfg, self.weights, self.head, self.cache, batch)
+        self.forwards += 1
+        return np.asarray(ops.to_numpy(logits))
+
+
+def load_dflash_drafter(path: str | Path, ops, target_cfg, target_weights, max_ctx: int, **kwargs) -> DFlashDrafter:
+    """Open, check against the target and load a DFlash drafter GGUF; DrafterLoadError on mismatch.
+    kwargs go to DFlashDrafter (name, temperature, inject_chunk: at most the target's prefill chunk
+    on the CUDA backend, whose activation arena is sized for it)."""
+    try:
+        f, cfg = open_dflash(path)
+        cfg.check_target(target_cfg)
+    except ModelLoadError as exc:
+        raise DrafterLoadError(str(exc)) from exc
+    weights = load_dflash_weights(f, cfg, ops.load_weight)
+    head = TargetHead(token_embd=target_weights.token_embd, output=target_weights.output)
+    return DFlashDrafter(ops, cfg, weights, head, max_ctx, **kwargs)

@@ -1,0 +1,234 @@
+"""Speculative decoding is exact at temperature 0: token for token the output of plain greedy
+decoding (daemon/spec/decoder.py), on the reference backend with tiny synthetic models.
+
+Drafters: the n-gram drafter, a 1-layer synthetic draft model sharing the target's vocabulary,
+and two test drafters that stress the commit: `OracleDrafter` knows the target's greedy output
+and hides it at a random rank among random tokens (long accepts, off-spine paths, so
+kv_compact really moves rows), `RandomDrafter` proposes noise (nothing accepted).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
+from flashd.daemon.spec.draft_model import DraftModelDrafter
+from flashd.daemon.spec.drafter import Drafter, Proposal
+from flashd.daemon.spec.ngram import NgramConfig, NgramDrafter
+from flashd.protocol.messages import SamplingParams
+
+from spec_models import DRAFT, TARGET
+
+GREEDY = SamplingParams()
+PENALISED = SamplingParams(repeat_penalty=1.3, repeat_last_n=16, presence_penalty=0.2)
+PROMPTS = [
+    [5, 9, 77, 12, 5, 9, 77, 12, 100, 200],          # repetitive: n-grams find matches
+    [300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+    [42],                                             # a one-token prompt
+    list(range(260, 300)),
+]
+
+
+class OracleDrafter(Drafter):
+    """Knows the full greedy continuation `truth` (after the prompt); puts the true token at a
+    random rank among K per depth, with its log-prob tied or worse than decoys half the time."""
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], vocab: int, seed: int, max_depth: int = 12):
+        self.truth, self.vocab, self.max_depth = truth, vocab, max_depth
+        self.rng = np.random.default_rng(seed)
+        self.n_done = 0
+
+    def begin(self, prompt, root):
+        self.n_done = 1                              # root = truth[0]
+
+    def propose(self, max_depth, top_k):
+        rows_t, rows_lp = [], []
+        for d in range(min(max_depth, self.max_depth, len(self.truth) - self.n_done)):
+            true = self.truth[self.n_done + d]
+            decoys = [t for t in self.rng.choice(self.vocab, top_k + 1, replace=False) if t != true][:top_k - 1]
+            row = decoys[:]
+            row.insert(int(self.rng.integers(0, top_k)), true)
+            rows_t.append(row)
+            rows_lp.append(-np.sort(self.rng.uniform(0, 1, top_k)))
+        return Proposal(np.array(rows_t).reshape(-1, top_k), np.array(rows_lp).reshape(-1, top_k))
+
+    def accept(self, accepted, bonus, rows=None):
+        assert [self.truth[self.n_done + i] for i in range(len(accepted))] == list(accepted)
+        self.n_done += len(accepted) + 1
+
+
+class RandomDrafter(Drafter):
+    name = "random"
+
+    def __init__(self, vocab: int, seed: int):
+        self.vocab, self.rng = vocab, np.random.default_rng(seed)
+
+    def begin(self, prompt, root):
+        pass
+
+    def propose(self, max_depth, top_k):
+        return Proposal(self.rng.integers(0, self.vocab, (max_depth, top_k)), -self.rng.uniform(0, 2, (max_depth, top_k)))
+
+    def accept(self, accepted, bonus, rows=None):
+        pass
+
+
+def plain(runner, prompt, n, params=GREEDY, logprobs=0):
+    return list(runner.generate(prompt, params, n, logprobs))
+
+
+def spec(runner, drafter, mode, budget, prompt, n, params=GREEDY, logprobs=0):
+    dec = SpecDecoder(runner, drafter, SpecConfig(mode, budget))
+    out = list(dec.generate(prompt, params, n, logprobs))
+    return out, dec.stats
+
+
+@pytest.fixture(scope="module")
+def target(make_runner):
+    return make_runner(TARGET)
+
+
+@pytest.fixture(scope="module")
+def draft_runner(make_runner):
+    return make_runner(DRAFT)
+
+
+@pytest.mark.parametrize("mode,budget", [("chain", 1), ("chain", 4), ("chain", 16), ("ddtree", 3), ("ddtree", 8),
+                                         ("ddtree", 22), ("ddtree", 40)])
+@pytest.mark.parametrize("kind", ["ngram", "draft-model"])
+def test_spec_equals_plain_greedy(target, draft_runner, kind, mode, budget):
+    drafter = (NgramDrafter(NgramConfig(min_ngram=1)) if kind == "ngram"
+               else DraftModelDrafter(draft_runner, "draft"))
+    total_accepted = 0
+    for prompt in PROMPTS:
+        want = [s.token for s in plain(target, prompt, 48)]
+        got, stats = spec(target, drafter, mode, budget, prompt, 48)
+        assert [s.token for s in got] == want, (prompt, stats)
+        total_accepted += stats.accepted
+        assert stats.accepted + stats.steps + 1 == len(want)      # every step emits accepted + 1
+    assert total_accepted > 0, "the drafter never got a token accepted: the test would not test acceptance"
+
+
+@pytest.mark.parametrize("mode,budget", [("chain", 6), ("ddtree", 8), ("ddtree", 30)])
+def test_oracle_drafter_long_accepts_and_off_spine_commits(target, mode, budget):
+    moved = []
+    real_compact = target.ops.kv_compact
+
+    def spy(cache, n_past, offsets):
+        moved.append(list(offsets))
+        real_compact(cache, n_past, offsets)
+
+    target.ops.kv_compact = spy                    # instance attribute: this test only
+    try:
+        run_oracle(target, mode, budget)
+    finally:
+        del target.ops.kv_compact
+    if mode == "ddtree":
+        assert moved, "no off-spine path was committed: kv_compact never moved a row"
+
+
+def run_oracle(target, mode, budget):
+    for i, prompt in enumerate(PROMPTS):
+        want = [s.token for s in plain(target, prompt, 60)]
+        got, stats = spec(target, OracleDrafter(want, TARGET["vocab_size"], seed=i), mode, budget, prompt, 60)
+        assert [s.token for s in got] == want
+        assert stats.accepted > 0, stats
+
+
+def test_random_drafter_changes_nothing(target):
+    for prompt in PROMPTS:
+        want = [s.token for s in plain(target, prompt, 30)]
+        got, _ = spec(target, RandomDrafter(TARGET["vocab_size"], 1), "ddtree", 16, prompt, 30)
+        assert [s.token for s in got] == want
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 13])
+def test_max_tokens_is_exact_mid_step(target, n):
+    """A step that could emit more than the remaining count never does: output length == n."""
+    prompt = PROMPTS[0]
+    want = [s.token for s in plain(target, prompt, n)]
+    truth = [s.token for s in plain(target, prompt, 64)]
+    for budget in (4, 22):
+        got, _ = spec(target, OracleDrafter(truth, TARGET["vocab_size"], seed=n), "ddtree", budget, prompt, n)
+        assert [s.token for s in got] == want and len(got) == n
+
+
+def test_context_end_shrinks_the_tree(make_runner):
+    """prompt + max_tokens == max_ctx: the last steps must fit the tree in the slots left."""
+    small = make_runner(TARGET, max_ctx=40, prefill_chunk=16)
+    prompt = PROMPTS[1]
+    n = 40 - len(prompt)
+    want = [s.token for s in plain(small, prompt, n)]
+    got, _ = spec(small, OracleDrafter(want, TARGET["vocab_size"], seed=4), "ddtree", 40, prompt, n)
+    assert [s.token for s in got] == want
+    assert small.n_past <= 40
+
+
+def test_penalties_and_logprobs_follow_plain_decoding(target, draft_runner):
+    prompt = PROMPTS[0]
+    want = plain(target, prompt, 40, PENALISED, logprobs=3)
+    for mode in ("chain", "ddtree"):
+        got, _ = spec(target, DraftModelDrafter(draft_runner, "draft"), mode, 8, prompt, 40, PENALISED, logprobs=3)
+        assert [s.token for s in got] == [s.token for s in want]
+        # logprobs come from the tree forward's logits: same math, float32 rows in a different
+        # batch shape, so equal to ~1e-5 (float32 rounding of logits of size ~10), not bit-exact
+        for a, b in zip(got, want):
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_drafter_end_runs_when_the_consumer_stops_early(target):
+    ended = []
+
+    class Tracking(NgramDrafter):
+        def end(self):
+            ended.append(True)
+            super().end()
+
+    dec = SpecDecoder(target, Tracking(NgramConfig(min_ngram=1)), SpecConfig("ddtree", 8))
+    gen = dec.generate(PROMPTS[0], GREEDY, 40)
+    next(gen), next(gen)
+    gen.close()
+    assert ended == [True]
+
+
+def test_drafter_errors_propagate_and_end_still_runs(target):
+    ended = []
+
+    class Broken(NgramDrafter):
+        def propose(self, max_depth, top_k):
+            raise RuntimeError("drafter bug")
+
+        def end(self):
+            ended.append(True)
+
+    with pytest.raises(RuntimeError, match="drafter bug"):
+        list(SpecDecoder(target, Broken(), SpecConfig("chain", 4)).generate(PROMPTS[0], GREEDY, 10))
+    assert ended == [True]
+    # the runner serves plain decoding normally afterwards
+    assert [s.token for s in plain(target, PROMPTS[2], 5)] == [s.token for s in plain(target, PROMPTS[2], 5)]
+
+
+def test_spec_config_is_checked():
+    for bad in (dict(mode="tree", budget=4), dict(mode="chain", budget=0), dict(mode="ddtree", budget=4, top_k=0)):
+        with pytest.raises(ValueError):
+            SpecConfig(**bad)
+
+
+def test_kv_compact_reference(make_runner):
+    runner = make_runner(TARGET, max_ctx=32)
+    cache = runner.cache
+    rng = np.random.default_rng(0)
+    cache.k[:] = rng.standard_normal(cache.k.shape)
+    cache.v[:] = rng.standard_normal(cache.v.shape)
+    k0, v0 = cache.k.copy(), cache.v.copy()
+    offsets = np.array([0, 2, 3, 7])
+    runner.ops.kv_compact(cache, 10, offsets)
+    assert np.array_equal(cache.k[:, 10:14], k0[:, 10 + offsets])
+    assert np.array_equal(cache.v[:, 10:14], v0[:, 10 + offsets])
+    untouched = np.ones(32, bool)
+    untouched[10:14] = False
+    assert np.array_equal(cache.k[:, untouched], k0[:, untouched])
+    assert np.array_equal(cache.v[:, untouched], v0[:, untouched])
