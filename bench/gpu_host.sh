@@ -65,10 +65,14 @@ clones)
     ;;
 ab)
     model=$1; shift
-    for env in "" "FLASHD_GEMV_FLOAT_X=1" "FLASHD_NO_PDL=1"; do
+    for env in "" "FLASHD_GEMV_FLOAT_X=1" "FLASHD_NO_PDL=1" "FLASHD_GEMV_ROUNDS=2" "FLASHD_GEMV_ROUNDS=4" \
+               "FLASHD_GEMV_STAGE_BYTES=3072" "FLASHD_GEMV_STAGE_BYTES=12288"; do
         echo "== ${env:-default}"
-        env $env flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 "$@" 2>&1 | grep -E "tg|pp|GPU"
+        env $env flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 "$@" 2>&1 | grep -E "^\| .*tg"
     done | tee -a "$OUT/ab.log"
+    ;;
+clones-wait)   # the clones step, in the foreground (used after setup)
+    "$0" clones
     ;;
 profile)
     model=$1; shift
