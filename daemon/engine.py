@@ -398,8 +398,22 @@ class Engine:
                 raise ProtocolError("bad_request", f"budget={budget}: at most {max_budget} drafted nodes fit one "
                                                    f"verify forward (prefill_chunk {self.config.prefill_chunk})")
             budget = max_budget
+        self._check_graph_memory(runner, drafter)
         return SpecDecoder(runner, drafter, SpecConfig(req.spec, max(budget, 1),
                                                        chain_seed=self.config.ddtree_chain_seed))
+
+    def _check_graph_memory(self, runner, drafter: Drafter) -> None:
+        """Captured CUDA graphs (the target's tree verify graphs, a draft model's decode graph)
+        bake in the shared arena and workspace addresses; when anything (a drafter load, park,
+        PFlash) reallocated them since the last speculative request, drop those graphs."""
+        ops = self.ops
+        token = (id(getattr(ops, "arena", None)), id(getattr(ops, "attn_workspace", None)),
+                 tuple(id(t) for t in getattr(ops, "scratch", ())))
+        if token != getattr(self, "_graph_memory_token", None):
+            for r in (runner, getattr(drafter, "runner", None)):
+                if hasattr(r, "drop_graphs"):
+                    r.drop_graphs()
+            self._graph_memory_token = token
 
     def _do_tokenize(self, req: m.Tokenize, job: _Job) -> None:
         job.send(result_event(req.id, ids=self.tokenizer.encode(req.text, add_special=req.add_special)))
@@ -457,7 +471,8 @@ class Engine:
     def _unpark_target(self) -> None:
         try:
             self._load_weights()
-        except ModelLoadError as exc:
+            self._reload_target_borrowers()
+        except (ModelLoadError, DrafterLoadError) as exc:
             raise ProtocolError("internal", f"unpark failed: {exc}") from exc
 
     def _do_park(self, req: m.Park, job: _Job) -> None:
@@ -470,10 +485,6 @@ class Engine:
     def _do_unpark(self, req: m.Unpark, job: _Job) -> None:
         if req.what in ("target", "all") and self.model.weights is None:
             self._unpark_target()
-            try:
-                self._reload_target_borrowers()
-            except DrafterLoadError as exc:
-                raise ProtocolError("internal", f"unpark failed: {exc}") from exc
         if req.what in ("draft", "all"):
             self.compressor.unpark()
         job.send(result_event(req.id, parked=self.status()["parked"]))
@@ -487,6 +498,8 @@ class Engine:
             if borrows_target_weights(drafter):
                 drafter.close()
                 self.drafters[name] = load_drafter(self._drafter_sources[name], ctx)
+            elif hasattr(getattr(drafter, "runner", None), "drop_graphs"):
+                drafter.runner.drop_graphs()    # parking released the shared arena its graphs used
 
     def _do_free(self, req: m.Free, job: _Job) -> None:
         if not self.compressor.free():

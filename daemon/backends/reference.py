@@ -147,6 +147,7 @@ class ReferenceOps:
         from ..pflash.flashprefill import tail_max_probs
         probs = tail_max_probs(q[-n_tail:], cache_layer[0], n_keys, 1.0 / np.sqrt(q.shape[-1]))
         np.maximum(acc, probs.astype(np.float32), out=acc)
+
     def kv_compact(self, cache: ReferenceKVCache, n_past: int, src_offsets) -> None:
         """Slot n_past + i <- slot n_past + src_offsets[i] in every layer, K and V."""
         src = n_past + np.asarray(src_offsets, np.int64)

@@ -334,6 +334,7 @@ class CudaOps:
         self.arena = None
         self.scratch, self.scratch_elems = [], 0
         self.attn_workspace = None
+
     def kv_write(self, k: Roped, v: DeviceTensor, cache_layer, start: DeviceTensor) -> None:
         if not isinstance(k, Roped):
             raise TypeError("CudaOps.kv_write expects k from ops.rope")
