@@ -53,7 +53,7 @@ def main() -> None:
     start = ffi.new("void**")
     lib.fd_event_create(start, 1)
     dev.native.check(lib.fd_graph_begin_capture(dev.stream), "capture")
-    lib.fd_event_record(start[0], dev.stream)
+    lib.fd_event_record_external(start[0], dev.stream)
     runner._decode_body(None)
     out = ffi.new("void**")
     dev.native.check(lib.fd_graph_end_capture(dev.stream, out), "end capture")

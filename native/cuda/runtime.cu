@@ -88,6 +88,15 @@ int fd_event_create(void** event, int with_timing) {
 int fd_event_destroy(void* event) { return (int)cudaEventDestroy((cudaEvent_t)event); }
 
 int fd_event_record(void* event, void* stream) { return (int)cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream); }
+// During stream capture a plain record only orders work inside the graph; the external flag makes it
+// an event-record node that records at every replay (how bench/profile_decode.py times each kernel).
+int fd_event_record_external(void* event, void* stream) {
+#if FD_HAS_MMA
+    return (int)cudaEventRecordWithFlags((cudaEvent_t)event, (cudaStream_t)stream, cudaEventRecordExternal);
+#else
+    return (int)cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
+#endif
+}
 
 int fd_event_synchronize(void* event) { return (int)cudaEventSynchronize((cudaEvent_t)event); }
 

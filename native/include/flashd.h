@@ -66,6 +66,7 @@ int fd_stream_synchronize(void* stream);
 int fd_event_create(void** event, int with_timing);
 int fd_event_destroy(void* event);
 int fd_event_record(void* event, void* stream);
+int fd_event_record_external(void* event, void* stream);   /* in graph capture: a node that records at replay (profiling) */
 int fd_event_synchronize(void* event);
 int fd_event_query(void* event);                             /* 0 done, FD_NOT_READY pending */
 int fd_event_elapsed_ms(float* ms, void* start_event, void* end_event);

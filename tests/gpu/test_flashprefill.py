@@ -28,6 +28,23 @@ B = fp.BLOCK
 F16 = np.float16
 
 
+_HELD: list = []
+
+
+@pytest.fixture(autouse=True)
+def _release_held_uploads():
+    yield
+    _HELD.clear()
+
+
+def up(dev, x):
+    """dev.upload(x), kept alive until the test ends: a temporary passed straight into a launch
+    (dev.p(dev.upload(x))) is freed before the kernel runs, and the kernel reads freed memory."""
+    t = dev.upload(x)
+    _HELD.append(t)
+    return t
+
+
 def f16(a):
     return np.asarray(a, np.float64).astype(F16).astype(np.float64)
 
@@ -53,7 +70,7 @@ def test_mean_k(native, dev, poisoned, rng, n_keys, d):
     n_kv, max_ctx = 2, n_keys + 9
     kc = nan_cache(rng, n_kv, max_ctx, d, n_keys)
     out = poisoned((n_blocks(n_keys), n_kv, d))
-    native.check(native.lib.fd_fp_mean_k(dev.p(out, "float*"), dev.p(dev.upload(kc)), n_keys, n_kv, d, max_ctx,
+    native.check(native.lib.fd_fp_mean_k(dev.p(out, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, max_ctx,
                                          dev.stream), "fd_fp_mean_k")
     want = fp.mean_k(slots_first(kc)[:n_keys].astype(np.float64))
     np.testing.assert_allclose(dev.download(out), want, rtol=1e-5, atol=1e-6)
@@ -68,10 +85,10 @@ def test_score_normalised(native, dev, poisoned, rng, p0, n, n_heads, n_kv, d):
     kc = nan_cache(rng, n_kv, n_keys + 5, d, n_keys)
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     mk = dev.empty((n_blocks(n_keys), n_kv, d))
-    native.check(native.lib.fd_fp_mean_k(dev.p(mk, "float*"), dev.p(dev.upload(kc)), n_keys, n_kv, d, n_keys + 5,
+    native.check(native.lib.fd_fp_mean_k(dev.p(mk, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, n_keys + 5,
                                          dev.stream), "fd_fp_mean_k")
     score = poisoned((n_blocks(n), n_heads, n_blocks(n_keys)))
-    native.check(native.lib.fd_fp_score(dev.p(score, "float*"), dev.p(dev.upload(q), "float*"), dev.p(mk, "float*"),
+    native.check(native.lib.fd_fp_score(dev.p(score, "float*"), dev.p(up(dev, q), "float*"), dev.p(mk, "float*"),
                                         p0, n, n_heads, n_kv, d, 1 / np.sqrt(d), dev.stream), "fd_fp_score")
     got = dev.download(score)
     want = fp.score(q, dev.download(mk).astype(np.float64), p0, 1 / np.sqrt(d))
@@ -103,7 +120,7 @@ def test_select_matches_oracle(native, dev, rng, p0, n, alpha):
     cnt = dev.empty((n_mq, n_heads), np.int32)
     dev.fill_bytes(idx, 0x7F)
     dev.fill_bytes(cnt, 0x7F)
-    native.check(native.lib.fd_fp_select(dev.p(idx, "int32_t*"), dev.p(cnt, "int32_t*"), dev.p(dev.upload(s), "float*"),
+    native.check(native.lib.fd_fp_select(dev.p(idx, "int32_t*"), dev.p(cnt, "int32_t*"), dev.p(up(dev, s), "float*"),
                                          p0, n, n_heads, alpha, 2, 4, first_full, dev.stream), "fd_fp_select")
     want_idx, want_cnt = fp.select(s, p0, np.float32(alpha), 2, 4, first_full)
     np.testing.assert_array_equal(dev.download(cnt), want_cnt)
@@ -118,7 +135,7 @@ def run_sparse(native, dev, poisoned, q, kc, vc, p0, n_heads, n_kv, d, types, id
     idx_d = dev.upload(idx) if idx is not None else None
     cnt_d = dev.upload(cnt) if cnt is not None else None
     native.check(native.lib.fd_attention_block_sparse(
-        dev.p(o, "float*"), dev.p(dev.upload(q), "float*"), dev.p(dev.upload(kc)), dev.p(dev.upload(vc)), p0, n,
+        dev.p(o, "float*"), dev.p(up(dev, q), "float*"), dev.p(up(dev, kc)), dev.p(up(dev, vc)), p0, n,
         n_heads, n_kv, d, kc.shape[1], 1 / np.sqrt(d), dev.p(types_d, "int32_t*"), dev.p(idx_d, "int32_t*"),
         dev.p(cnt_d, "int32_t*"), sink, local, dev.stream), "fd_attention_block_sparse")
     return dev.download(o)
@@ -181,9 +198,9 @@ def test_sparse_fwd_lists(native, dev, poisoned, rng, p0, n, d, group, density):
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     idx, cnt = random_lists(rng, p0, n, n_heads, density)
     o = poisoned((n, n_heads * d))
-    native.check(native.lib.fd_fp_sparse_fwd(dev.p(o, "float*"), dev.p(dev.upload(q), "float*"), dev.p(dev.upload(kc)),
-                                             dev.p(dev.upload(vc)), p0, n, n_heads, n_kv, d, p0 + n, 1 / np.sqrt(d),
-                                             dev.p(dev.upload(idx), "int32_t*"), dev.p(dev.upload(cnt), "int32_t*"),
+    native.check(native.lib.fd_fp_sparse_fwd(dev.p(o, "float*"), dev.p(up(dev, q), "float*"), dev.p(up(dev, kc)),
+                                             dev.p(up(dev, vc)), p0, n, n_heads, n_kv, d, p0 + n, 1 / np.sqrt(d),
+                                             dev.p(up(dev, idx), "int32_t*"), dev.p(up(dev, cnt), "int32_t*"),
                                              dev.stream), "fd_fp_sparse_fwd")
     types = np.full(n_heads, fp.MASK_LISTS, np.int32)
     check_attention(dev.download(o), q, kc, vc, p0, fp.block_mask(types, idx, cnt, p0, n, n_blocks(p0 + n), 0, 0), d)
@@ -247,8 +264,8 @@ def test_tail_max_probs(native, dev, rng, n_keys, n_tail, d, group):
     acc0 = rng.uniform(0, 2.0 / n_keys, size=(n_tail, n_keys)).astype(np.float32)
     acc = dev.upload(acc0)
     ws = dev.empty((2 * n_tail * n_heads,))
-    native.check(native.lib.fd_fp_tail_max_probs(dev.p(acc, "float*"), dev.p(dev.upload(q), "float*"),
-                                                 dev.p(dev.upload(kc)), n_keys, n_tail, n_heads, n_kv, d, n_keys + 4,
+    native.check(native.lib.fd_fp_tail_max_probs(dev.p(acc, "float*"), dev.p(up(dev, q), "float*"),
+                                                 dev.p(up(dev, kc)), n_keys, n_tail, n_heads, n_kv, d, n_keys + 4,
                                                  1 / np.sqrt(d), dev.p(ws, "float*"), dev.stream), "tail")
     want = np.maximum(acc0, fp.tail_max_probs(q, slots_first(kc).astype(np.float64), n_keys, 1 / np.sqrt(d)))
     np.testing.assert_allclose(dev.download(acc), want, rtol=1e-4, atol=1e-6)

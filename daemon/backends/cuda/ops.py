@@ -132,7 +132,7 @@ class CudaOps:
         if self.trace is not None:               # profiling: a timing event after each launch
             ev = self.ffi.new("void**")
             self.dev.native.check(self.lib.fd_event_create(ev, 1), "event create")
-            self.dev.native.check(self.lib.fd_event_record(ev[0], self.dev.stream), "event record")
+            self.dev.native.check(self.lib.fd_event_record_external(ev[0], self.dev.stream), "event record")
             self.trace.append((what, ev[0]))
 
     def load_weight(self, info):
