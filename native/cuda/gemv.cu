@@ -40,15 +40,18 @@
 // the float64 oracle ~ 1e-6 * sum |W||xn| for cols <= 9000. |x| must stay below 2^48 (x * 2^80 is
 // a float) -- activations are many orders of magnitude smaller.
 //
-// Measured (H200, 4.8 TB/s peak, n_x = 1, bench/bench_gemv.py, graph replay): lm_head 151936x1536
-// Q8_0 57%, Q4_K 47%, Q5_0 47%, Q6_K 40%, F16 72% of DRAM peak; 8960x1536 Q4_K 8.7 us (19%),
-// 256x1536 4.6 us. Large matrices are not DRAM-bound yet: the shared-memory reads of x (one float
-// per weight per x row; an SM's shared memory hands lanes ~32 floats per clock, about what DRAM
-// delivers in weights at these rates) and the per-warp latency chain are the limit. Processing R
-// rows per lane (one x read for R rows) was tried: +15% on Q4_K lm_head, but slower on wide rows
-// (fewer, larger steps) -- not kept; next steps are x in registers across rows and per-shape R.
-// Small matrices are bound by launch + first-load latency (~4-5 us floor per kernel).
+// Activations: launches whose matrices are all quantized stage xn as int8 hi + lo codes per 32-column
+// block (XQ kernels, "int8 activations" below: f16-like precision, 2 bytes per column instead of 4 and
+// one dp4a per 4 weights instead of 4 FMAs); float formats keep the float32 path described above.
+// The kernels use programmatic dependent launch: a warp's first step of weights is fetched before
+// pdl_wait(), i.e. while the previous kernel finishes.
 //
+// Measured (H200, n_x = 1, bench/bench_gemv.py --quick, graph replay; results/2026-11-21-h200-session2-
+// decode.md): lm_head 151936x1536 Q4_K 40.9 us (67% of DRAM peak; 58.2 us with float activations),
+// 1536x1536 Q4_K 3.1 us, 256x1536 2.9 us, 8960x1536 Q6_K 8.8 us, 1536x8960 Q6_K 13.2 us. The wide,
+// few-row ffn_down is the worst: 1536 warps of one row each, every warp loads its row and only then
+// computes, so loads and compute do not overlap (FLASHD_GEMV_ROUNDS=2, persistent double-buffered
+// warps, is 3% faster end to end); next: split long rows across the warps of a CTA.
 // Shared memory: up to the device's opt-in maximum, raised with cudaFuncSetAttribute on the first
 // launch of each kernel instantiation (host-side, no stream work: allowed also during capture).
 // The device's SM count and shared-memory limit are read once per device and cached.
@@ -659,7 +662,8 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     cp_async_commit();
     pdl_wait();                // ... and while the previous kernel finishes writing x (and the residual)
     // Only now may the next kernel start prefetching: triggered at our start instead, a chain of GEMVs
-    // would all prefetch at once and slow the one on the critical path (measured: 729 vs 747 tok/s).
+    // all prefetched at once and slowed the one on the critical path (1.5B tg128: 729 tok/s with PDL
+    // vs 747 without; triggered here: 784 vs 769).
     pdl_launch_dependents();
     if constexpr (XQ) stage_xq<NX>(a, smem, smf);
     else stage_x<NX>(a, smf);
