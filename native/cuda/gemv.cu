@@ -135,6 +135,15 @@ __device__ __forceinline__ void block_sum_n(float (&v)[NX], float* scratch) {
 
 constexpr int X_BATCH = 8;   // x loads in flight per thread in the prologue
 
+// v[u] = row[c0 + u * stride] (0 past n): X_BATCH independent loads in flight per thread.
+__device__ __forceinline__ void load_x_batch(const float* row, int c0, int stride, int n, float (&v)[X_BATCH]) {
+#pragma unroll
+    for (int u = 0; u < X_BATCH; ++u) {
+        const int c = c0 + u * stride;
+        v[u] = c < n ? __ldg(row + c) : 0.0f;
+    }
+}
+
 // The RMSNorm factor of every x row (1 without norm_w). Loads are issued X_BATCH at a time per thread
 // (the prologue is latency-bound).
 template <int NX>
@@ -152,11 +161,7 @@ __device__ __forceinline__ void norm_scales(const GemvArgs& a, float* smf, float
             for (int i = 0; i < NX; ++i) {
                 if (i >= n_x) break;
                 float v[X_BATCH];
-#pragma unroll
-                for (int u = 0; u < X_BATCH; ++u) {
-                    const int c = c0 + u * n_threads;
-                    v[u] = c < cols ? __ldg(a.x + (int64_t)i * cols + c) : 0.0f;
-                }
+                load_x_batch(a.x + (int64_t)i * cols, c0, n_threads, cols, v);
 #pragma unroll
                 for (int u = 0; u < X_BATCH; ++u) ss[i] = fmaf(v[u], v[u], ss[i]);
             }
@@ -190,11 +195,7 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
         for (int i = 0; i < NX; ++i) {
             if (i >= n_x) break;
             float v[X_BATCH];
-#pragma unroll
-            for (int u = 0; u < X_BATCH; ++u) {
-                const int c = c0 + u * n_threads;
-                v[u] = c < cols ? __ldg(a.x + (int64_t)i * cols + c) : 0.0f;
-            }
+            load_x_batch(a.x + (int64_t)i * cols, c0, n_threads, cols, v);
 #pragma unroll
             for (int u = 0; u < X_BATCH; ++u) {
                 const int c = c0 + u * n_threads;

@@ -9,6 +9,7 @@ top-2 logits are within that tolerance (a near-tie either backend may break diff
 """
 import numpy as np
 import pytest
+from logits_check import REL_TOL, assert_logits_close
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
@@ -17,7 +18,6 @@ from flashd.protocol.messages import SamplingParams
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
-REL_TOL = 2e-2
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +38,6 @@ def make_runners(backend, path, max_ctx=256, chunk=64):
     lm = load_model((f, cfg), backend.ops.load_weight)
     cuda = backend.make_runner(cfg, lm.weights, max_ctx, chunk, plan)
     return ref, cuda
-
-
-def assert_logits_close(got, want):
-    scale = float(np.abs(want).max())
-    err = float(np.abs(got - want).max())
-    assert np.isfinite(got).all(), "non-finite logits"
-    assert err <= REL_TOL * scale, f"max |diff| {err:.4g} > {REL_TOL} * {scale:.4g}"
-    top2 = np.sort(want, -1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > REL_TOL * scale
-    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
 def greedy_prefix_agrees(ref_runner, prompt, got_tokens):

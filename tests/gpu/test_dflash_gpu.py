@@ -13,6 +13,7 @@ argmax agreement wherever the reference's top-2 gap is clear (> 2e-2 * scale).
 """
 import numpy as np
 import pytest
+from logits_check import REL_TOL, assert_logits_close
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
@@ -21,7 +22,6 @@ from flashd.daemon.models.dflash import (TargetHead, block_batch, block_mask, df
 from flashd.daemon.models.dflash_weights import load_dflash_weights, open_dflash
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 
-REL_TOL = 2e-2
 TARGET = dict(arch="qwen3", n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, ffn=512, vocab_size=1000, seed=11,
               name="dflash-gpu-target")
 
@@ -33,16 +33,6 @@ def cuda_ops(native):
     ops.reserve_arena(64 << 20)          # per half: far above a 77-row injection or a 16-row block
     ops.reserve_scratch(1 << 20)         # float16 elements: every drafter weight takes the GEMM path
     return ops
-
-
-def assert_logits_close(got, want):
-    scale = float(np.abs(want).max())
-    err = float(np.abs(got - want).max())
-    assert np.isfinite(got).all(), "non-finite logits"
-    assert err <= REL_TOL * scale, f"max |diff| {err:.4g} > {REL_TOL} * {scale:.4g}"
-    top2 = np.sort(want, -1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > REL_TOL * scale
-    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
 def drafts(ops, target, drafter_path, feats, root, pieces):
