@@ -100,14 +100,15 @@ def test_block_shapes(claude):
         {"role": "user", "content": "Again."},
     ]
     reply = claude.messages.create(model="m", max_tokens=3, messages=messages,
-                                   system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}])
+                                   system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+                                   extra_body={"temperature": 0})  # greedy: a sampled EOS would end it early
     assert reply.usage.output_tokens == 3
 
 
 def test_ignored_fields_are_accepted(claude):
     reply = claude.messages.create(model="m", max_tokens=2, messages=MESSAGES, metadata={"user_id": "u1"},
                                    service_tier="auto", thinking={"type": "disabled"},
-                                   cache_control={"type": "ephemeral"})
+                                   cache_control={"type": "ephemeral"}, extra_body={"temperature": 0})
     assert reply.usage.output_tokens == 2
 
 

@@ -17,6 +17,8 @@ from flashd.clients.chat_template import ChatTemplate
 from flashd.clients.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
+# Sampled requests that check a length limit: the random model may sample EOS before it.
+NO_EOS = {"ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +80,14 @@ def test_chat_stream_matches_non_stream_and_reports_usage(oai):
 
 
 def test_chat_stream_without_usage_has_no_usage_chunk(oai):
-    chunks = list(oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, stream=True))
+    chunks = list(oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, stream=True,
+                                               extra_body=NO_EOS))
     assert all(c.choices for c in chunks) and chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_max_completion_tokens(oai):
-    reply = oai.chat.completions.create(model="m", messages=MESSAGES, max_completion_tokens=5)
+    reply = oai.chat.completions.create(model="m", messages=MESSAGES, max_completion_tokens=5,
+                                          extra_body=NO_EOS)
     assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
 
 
@@ -234,7 +238,7 @@ def test_message_shapes(oai):
         {"role": "assistant", "content": "Hello."},
         {"role": "user", "content": "Again."},
     ]
-    reply = oai.chat.completions.create(model="m", messages=messages, max_tokens=3)
+    reply = oai.chat.completions.create(model="m", messages=messages, max_tokens=3, extra_body=NO_EOS)
     assert reply.usage.completion_tokens == 3
 
 
@@ -243,5 +247,6 @@ def test_tools_on_a_model_whose_template_cannot_show_them(oai):
     with pytest.raises(openai.BadRequestError, match="tools: the chat template"):
         oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, tools=tools)
     # tool_choice="none" does not show the tools, so it works on any model
-    reply = oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, tools=tools, tool_choice="none")
+    reply = oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, tools=tools, tool_choice="none",
+                                        extra_body=NO_EOS)
     assert reply.choices[0].finish_reason == "length"
