@@ -103,14 +103,16 @@ def bench_masked(dev, timer, n_pasts, ns):
         q = dev.upload(rng.standard_normal(n * n_heads * head_dim).astype(np.float32))
         o = dev.empty((n * n_heads * head_dim,))
         mask = dev.upload(np.tril(np.ones((n, n), np.uint8)))
+        ws_bytes = lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx, 64)
+        ws = dev.empty((max(ws_bytes, 16),), np.uint8)
         for past in n_pasts:
             dev.upload(np.array([past], np.int32), out=n_past)
 
             def call():
                 dev.native.check(lib.fd_attention_masked(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
                                                          p(mask, "uint8_t*"), p(n_past, "int32_t*"), n, n_heads,
-                                                         n_kv_heads, head_dim, max_ctx, 1.0 / np.sqrt(head_dim),
-                                                         dev.stream), "fd_attention_masked")
+                                                         n_kv_heads, head_dim, max_ctx, 64, 1.0 / np.sqrt(head_dim),
+                                                         p(ws), ws_bytes, dev.stream), "fd_attention_masked")
             ms = timer.time(graphed(dev, call), reps=20)
             n_bytes = 2 * n_kv_heads * (past + n) * head_dim * 2
             flops = 4 * n * n_heads * (past + n) * head_dim

@@ -71,6 +71,11 @@ class ModelRunner:
         self.n_past = 0
 
     # -- speculative decoding (daemon/spec/decoder.py) -------------------------------------------
+    @property
+    def max_tree_nodes(self) -> int:
+        """The largest tree `forward_tree` takes (nodes, root included)."""
+        return self.prefill_chunk
+
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
         """Forward the nodes of a draft tree without committing them: node i at RoPE position
         positions[i] writes K/V to slot n_past + i and attends the committed context plus the

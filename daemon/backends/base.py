@@ -66,8 +66,11 @@ class Ops(Protocol):
 
     def to_numpy(self, tensor) -> np.ndarray: ...
 
-    def begin_forward(self) -> None:
-        """A new forward pass starts: scratch from the previous one may be reused."""
+    def begin_forward(self, row_invariant: bool = False) -> None:
+        """A new forward pass starts: scratch from the previous one may be reused. row_invariant:
+        every row must come out exactly as it would in a one-row forward (speculative
+        verification reproducing plain decoding bit for bit); a backend whose kernels already
+        work row by row may ignore it."""
 
     def begin_layer(self, index: int) -> None:
         """Layer `index` starts (index == n_layers: the output head). Tensors made before the

@@ -54,8 +54,8 @@ class ReferenceOps:
     def to_numpy(self, tensor) -> np.ndarray:
         return np.asarray(tensor)
 
-    def begin_forward(self) -> None:
-        pass
+    def begin_forward(self, row_invariant: bool = False) -> None:
+        pass   # not honoured: several rows go through BLAS gemm and one through gemv (last-bit differences)
 
     def begin_layer(self, index: int) -> None:
         pass

@@ -150,7 +150,7 @@ class SpecDecoder:
             n_out = 1
             while n_out < max_new_tokens:
                 # drafted nodes that fit: the context, and the forward size the runner is sized for
-                room = min(runner.max_ctx - runner.n_past, runner.prefill_chunk) - 1
+                room = min(runner.max_ctx - runner.n_past, runner.max_tree_nodes) - 1
                 # no deeper than the tokens still wanted (a step emits accepted + 1), the drafter's
                 # reach, the context, or the budget (a tree of B nodes is at most B deep)
                 max_depth = min(max_new_tokens - n_out - 1, drafter.max_depth, room, cfg.budget)

@@ -52,7 +52,10 @@ class DFlashDrafter(Drafter):
         self.target_layer_ids = tuple(cfg.target_layer_ids)
         self.max_depth = cfg.block_size - 1
         self._feature_index = {layer: j for j, layer in enumerate(cfg.target_layer_ids)}
-        self.cache = ops.kv_cache(dflash_cache_spec(cfg, max_ctx))
+        spec = dflash_cache_spec(cfg, max_ctx)
+        self.cache = ops.kv_cache(spec)
+        if hasattr(ops, "reserve_attention"):   # the GPU's attention workspace must hold a block's rows
+            ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, spec.max_ctx, n_tokens=cfg.block_size)
         self._mask = block_mask(ops, cfg)
         self.forwards = 0          # drafter forwards run (tests and stats)
         self.injected_rows = 0     # context rows ever injected: each committed position once

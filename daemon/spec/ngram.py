@@ -28,7 +28,7 @@ __all__ = ["NgramConfig", "NgramDrafter"]
 class NgramConfig:
     min_ngram: int = 2        # shortest suffix looked up
     max_ngram: int = 4        # longest suffix looked up (longer matches win)
-    max_depth: int = 16       # deepest proposal
+    max_depth: int = 7        # deepest proposal: a chain of root + 7 is one 8-row pass of the GPU's GEMVs
     max_matches: int = 16     # latest occurrences considered per lookup
 
     def __post_init__(self):

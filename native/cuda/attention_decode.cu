@@ -6,7 +6,7 @@
 //   q (1, n_heads, head_dim) float32, already rotated; K/V float16 [n_kv_heads][max_ctx][head_dim]
 //
 // Launch (graph-capture safe: the grid depends only on the arguments, *n_past is read on the
-// device):
+// device; attention_masked.cu runs the same kernels, one token per block, for tree verification):
 //   1. splitk_kernel (attention_splitk.cuh): grid (n_splits, n_kv_heads, ceil(G / 16)), 128
 //      threads, G = n_heads / n_kv_heads. One block per (split, KV head) handles all G query heads
 //      of the group (G <= 16 per block), so each K/V row is read from DRAM once, in 16-byte
@@ -27,8 +27,9 @@
 // smaller chunks spread a short context over more blocks (lower latency at a few hundred slots);
 // at depth every split streams several chunks, so bandwidth does not depend on it. 64 is the best
 // choice measured (H200, graph replay: 9.0 us at depth 256 vs 11.9 us with 256; equal at 32K).
-// Workspace: n_heads * min(ceil(max_ctx / chunk_len), 512) * (head_dim + 2) floats (3.2 MB for
-// the 1.5B model at max_ctx 32768, chunk 64).
+// Workspace: fd_attention_decode_workspace_bytes = n_heads * min(ceil(max_ctx / chunk_len), 512) *
+// (head_dim + 2) floats, an upper bound over n_kv_heads (3.2 MB for the 1.5B model at max_ctx
+// 32768, chunk 64); fd_attention_workspace_bytes(1, ...) is the exact need.
 //
 // Measured (bench/bench_attention_decode.py, H200, Qwen2.5-1.5B heads, graph replay including a
 // 4.5 us event/graph floor): depth 256: 9.0 us; 8K: 12.1 us; 32K: 18.3 us (1.8 TB/s). The split
@@ -36,41 +37,22 @@
 // dependency stalls, DRAM ~50% busy at 32K); see the report for the next steps.
 #include "attention_splitk.cuh"
 
-namespace {
-
 using namespace fd::attn;
-
-constexpr int N_SMS = 132;                      // H100/H200; only sizes the split count
-constexpr size_t SMEM_PER_SM = 228 * 1024;
-
-template <int HD>
-constexpr int blocks_per_sm() {
-    return (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024)) > 0 ? (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024))
-                                                                 : 1;
-}
-
-int n_chunks_for(int max_ctx, int chunk_len) { return (max_ctx - 1) / chunk_len + 1; }
-
-template <int HD>
-int launch(Params p, int row_tiles, cudaStream_t stream) {
-    const int target = blocks_per_sm<HD>() * N_SMS / (p.n_kv_heads * row_tiles);
-    const int cap = n_chunks_for(p.max_ctx, p.chunk_len) < MAX_SPLITS ? n_chunks_for(p.max_ctx, p.chunk_len) : MAX_SPLITS;
-    p.n_splits = target < 1 ? 1 : (target > cap ? cap : target);
-    const size_t smem = Cfg<HD>::SMEM_BYTES;
-    cudaFuncSetAttribute(splitk_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    int st = fd::launch_pdl(splitk_kernel<HD, false>, dim3(p.n_splits, p.n_kv_heads, row_tiles), dim3(THREADS), smem, stream, p);
-    if (st == 0 && p.n_splits > 1)
-        st = fd::launch_pdl(combine_kernel<false, HD>, dim3(p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
-    return st;
-}
-
-}  // namespace
 
 extern "C" size_t fd_attention_decode_workspace_bytes(int n_heads, int head_dim, int max_ctx, int chunk_len) {
     if (n_heads <= 0 || head_dim <= 0 || max_ctx <= 0 || chunk_len <= 0) return 0;
     const int n_chunks = n_chunks_for(max_ctx, chunk_len);
     const size_t n_splits = (size_t)(n_chunks < MAX_SPLITS ? n_chunks : MAX_SPLITS);
     return (size_t)n_heads * n_splits * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+extern "C" size_t fd_attention_workspace_bytes(int n_tokens, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+                                               int chunk_len) {
+    if (n_tokens <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || max_ctx <= 0 ||
+        chunk_len < CHUNK_MULTIPLE || chunk_len % CHUNK_MULTIPLE != 0)
+        return 0;
+    const int n_splits = splits_for_head_dim(head_dim, n_kv_heads, n_heads / n_kv_heads, max_ctx, chunk_len);
+    return workspace_bytes_for(n_tokens * n_heads, n_splits, head_dim);
 }
 
 extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache,
@@ -82,8 +64,6 @@ extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache
     FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
                  ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
-    const int group = n_heads / n_kv_heads;
-    const int row_tiles = (group + ROWS - 1) / ROWS;
     Params p;
     p.q = q;
     p.k_cache = (const __half*)k_cache;
@@ -91,23 +71,16 @@ extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache
     p.n_past = n_past;
     p.mask = nullptr;
     p.o = o;
-    const int cap_splits = n_chunks_for(max_ctx, chunk_len) < MAX_SPLITS ? n_chunks_for(max_ctx, chunk_len) : MAX_SPLITS;
-    p.ws_acc = (float*)workspace;                                          // [n_heads][n_splits][HD]
-    p.ws_m = p.ws_acc + (size_t)n_heads * cap_splits * head_dim;          // [n_heads][n_splits]
-    p.ws_l = p.ws_m + (size_t)n_heads * cap_splits;
     p.n = 1;
     p.n_heads = n_heads;
     p.n_kv_heads = n_kv_heads;
-    p.group = group;
+    p.group = n_heads / n_kv_heads;
+    p.row_tiles = row_tiles_for(p.group);
     p.max_ctx = max_ctx;
     p.chunk_len = chunk_len;
-    p.n_splits = 1;
+    p.n_splits = splits_for_head_dim(head_dim, n_kv_heads, p.group, max_ctx, chunk_len);
+    if (p.n_splits == 0) return FD_E_SHAPE;
     p.q_scale = scale * LOG2E;
-    cudaStream_t s = (cudaStream_t)stream;
-    switch (head_dim) {
-        case 64: return launch<64>(p, row_tiles, s);
-        case 128: return launch<128>(p, row_tiles, s);
-        case 256: return launch<256>(p, row_tiles, s);
-        default: return FD_E_SHAPE;
-    }
+    set_workspace(p, workspace, head_dim);
+    return launch_head_dim(p, head_dim, (cudaStream_t)stream);
 }

@@ -1,20 +1,31 @@
-// attention_splitk.cuh -- the split-K flash-attention core of attention_decode.cu (n = 1) and
-// attention_masked.cu (tree verification), over the float16 KV cache [n_kv_heads][max_ctx][head_dim].
+// attention_splitk.cuh -- the split-K flash-attention core of attention_decode.cu (one new token)
+// and attention_masked.cu (n new tokens under a mask: speculative tree verification), over the
+// float16 KV cache [n_kv_heads][max_ctx][head_dim].
 //
-// A block owns one KV head, one tile of ROWS = 16 query rows and one split of the context:
-//   query rows  r = (token, head in the KV head's group): row index gr = token * group + g, so the
-//               G = n_heads / n_kv_heads heads that share the KV head read each K/V row once.
-//   splits      the visible slots [0, L) are cut into chunks of chunk_len slots; split s takes
-//               chunks s, s + n_splits, ... (a grid sized for max_ctx still balances at any depth:
-//               splits whose first chunk starts at or past L exit at once).
-//   tiles       a split's chunks are streamed in tiles of TILE = 64 slots through a STAGES-deep
+// A block owns one new token, one KV head, one tile of ROWS = 16 of that KV head's G = n_heads /
+// n_kv_heads query heads (G <= 16: one tile) and one split of the token's visible keys:
+//   visible keys  a token sees the committed slots [0, n_past) and, in masked mode, the new slots
+//               n_past + j with mask[token, j] != 0, j ascending; decode sees [0, n_past]. These
+//               are numbered as a virtual sequence v = 0 .. L-1: v < n_past is slot v, and v =
+//               n_past + k is the k-th visible new slot (the block keeps that list in shared
+//               memory). For a tree node the list is its root-to-node path, so node i reads exactly
+//               the keys, in exactly the order, that a decode step at its position reads once the
+//               accepted path is compacted into consecutive slots.
+//   splits      the virtual sequence is cut into chunks of chunk_len; split s takes chunks s, s +
+//               n_splits, ...; n_splits depends only on the model shape and max_ctx (never on n or
+//               on the mask), so every (token, head) row is reduced in the same order as decode's.
+//   tiles       a split's chunks are streamed in tiles of TILE = 64 keys through a STAGES-deep
 //               cp.async pipeline of shared memory (K and V rows padded to HD + 8 halves so the
 //               ldmatrix row reads of 8 consecutive rows hit distinct banks).
-//   warps       4 warps; warp w takes slots [16w, 16w + 16) of every tile and keeps its own online
+//   warps       4 warps; warp w takes keys [16w, 16w + 16) of every tile and keeps its own online
 //               softmax state (running max m, sum l, o[16][HD]) -- no synchronisation per tile
 //               beyond the pipeline's one __syncthreads. At the end the 4 states are merged in
 //               shared memory, and the block writes either the normalised output (one split) or
-//               the split's partial (m, l, unnormalised o) to the workspace for a combine kernel.
+//               the split's partial (m, l, unnormalised o) to the workspace for combine_kernel.
+//
+// Batch invariance: a row's arithmetic depends only on its q, its key sequence, chunk_len and
+// n_splits. Speculative verification therefore reproduces plain decoding bit for bit (given
+// bitwise-equal q/K/V, which the row-invariant GEMVs provide): tests/gpu/test_attention_masked.py.
 //
 // Warp math (FD_ATTN_MMA, sm_80+): tensor-core mma.m16n8k16 (f16 in, f32 accumulate) with the 16
 // query rows as M. QK^T: A = q, B = K rows via ldmatrix; PV: A = P from the score fragments, B =
@@ -27,9 +38,9 @@
 // Launch latency: both kernels here are launched with programmatic dependent launch on sm_90
 // (launch_pdl): pdl_wait() at the top of each kernel orders it after the previous kernel's writes.
 //
-// Numerical contract: o = softmax(q k^T * scale) v over the visible slots, with the f16 cache
-// values as given; rows that see no slot at all (only possible in masked mode with n_past = 0 and
-// an empty mask row) come out NaN, like the reference's softmax of all -inf.
+// Numerical contract: o = softmax(q k^T * scale) v over the visible keys, with the f16 cache
+// values as given; a row that sees no key at all (masked mode, n_past = 0 and an empty mask row)
+// comes out NaN, like the reference's softmax of all -inf.
 #pragma once
 
 #include "common.cuh"
@@ -56,6 +67,8 @@ constexpr int TILE = WARPS * WARP_SLOTS;       // slots per pipeline stage
 constexpr int CHUNK_MULTIPLE = 64;             // chunk_len granularity accepted by the launchers
 constexpr float LOG2E = 1.4426950408889634f;
 
+constexpr int MAX_NEW = 256;                   // masked mode: new tokens per launch
+
 template <int HD>
 struct Cfg {
     static constexpr int STAGES = FD_ATTN_ASYNC ? (HD >= 256 ? 2 : 3) : 2;
@@ -65,7 +78,8 @@ struct Cfg {
     static constexpr size_t STAGE_BYTES = 2 * TILE * LD * sizeof(__half);       // K, V
     static constexpr size_t PIPE_BYTES = STAGES * STAGE_BYTES;
     static constexpr size_t MERGE_BYTES = ((size_t)WARPS * ROWS * (HD + 3) + 2 * ROWS) * sizeof(float);
-    static constexpr size_t SMEM_BYTES = Q_BYTES + (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES);
+    static constexpr size_t LIST_BYTES = MAX_NEW * sizeof(int);                    // masked mode's key list
+    static constexpr size_t SMEM_BYTES = Q_BYTES + LIST_BYTES + (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES);
 };
 
 struct Params {
@@ -73,20 +87,31 @@ struct Params {
     const __half* k_cache;     // [n_kv_heads][max_ctx][HD]
     const __half* v_cache;
     const int32_t* n_past;     // device scalar
-    const uint8_t* mask;       // (n, n) or nullptr (decode)
+    const uint8_t* mask;       // (n, n) or nullptr (decode: n = 1, the token sees [0, n_past])
     float* o;                  // (n, n_heads * HD): written when n_splits == 1
     float* ws_acc;             // [n * n_heads][n_splits][HD] partial unnormalised o (n_splits > 1)
     float* ws_m;               // [n * n_heads][n_splits] running max (log2 domain)
     float* ws_l;               // [n * n_heads][n_splits] softmax denominator
-    int n, n_heads, n_kv_heads, group, max_ctx, chunk_len, n_splits;
+    int n, n_heads, n_kv_heads, group, row_tiles, max_ctx, chunk_len, n_splits;
     float q_scale;             // scale * log2(e)
 };
 
-// Visible slots [0, L): decode sees [0, n_past]; masked sees [0, n_past + n) (minus the mask).
-template <bool MASKED>
-__device__ __forceinline__ int visible_len(int n_past, int n, int max_ctx) {
-    const int np = max(n_past, 0);
-    return MASKED ? min(np + n, max_ctx) : min(np + 1, max_ctx);
+// The number of visible keys L of `token` (all threads of the block call it; uniform result). In
+// masked mode list[k] (shared memory, if list != nullptr) receives the k-th visible new slot's
+// offset j (mask[token, j] != 0, ascending).
+__device__ __forceinline__ int visible_keys(const Params& p, int token, int* list) {
+    const int n_past = max(p.n_past[0], 0);
+    if (p.mask == nullptr) return min(n_past + 1, p.max_ctx);
+    const int lane = threadIdx.x & 31;
+    const uint8_t* row = p.mask + (size_t)token * p.n;
+    int count = 0;
+    for (int j0 = 0; j0 < p.n; j0 += 32) {      // every warp counts; warp 0 writes the list
+        const bool on = j0 + lane < p.n && row[j0 + lane] != 0;
+        const unsigned bits = __ballot_sync(0xffffffffu, on);
+        if (list != nullptr && on && threadIdx.x < 32) list[count + __popc(bits & ((1u << lane) - 1u))] = j0 + lane;
+        count += __popc(bits);
+    }
+    return min(n_past + count, p.max_ctx);
 }
 
 // ---- pipeline primitives ------------------------------------------------------------------
@@ -110,20 +135,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// Per-thread view of which query rows it holds and how visibility is decided.
-struct RowCtx {
-    int L;                     // visible slots [0, L)
-    int n_past;                // >= 0
-    int n;                     // new tokens (masked mode)
-    const uint8_t* mask;
-};
-
-template <bool MASKED>
-__device__ __forceinline__ bool visible(const RowCtx& c, int token, int slot) {
-    if (slot >= c.L) return false;
-    if (!MASKED || slot < c.n_past) return true;
-    return token >= 0 && c.mask[(size_t)token * c.n + (slot - c.n_past)] != 0;
-}
 
 #if FD_ATTN_MMA
 // ---- tensor-core warp step ----------------------------------------------------------------
@@ -173,11 +184,11 @@ struct WarpState {
     }
 };
 
-// One warp: 16 query rows x 16 slots (ks/vs point at the warp's first slot row in shared memory).
-template <int HD, bool MASKED>
+// One warp: 16 query rows x 16 keys (ks/vs point at the warp's first key row in shared memory);
+// keys v0 + i with v0 + i >= L are masked out.
+template <int HD>
 __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, const __half* ks,
-                                          const __half* vs, int slot0, bool all_visible, const RowCtx& ctx,
-                                          const int (&tok)[2]) {
+                                          const __half* vs, int v0, int L) {
     constexpr int LD = Cfg<HD>::LD;
     const int lane = threadIdx.x & 31, mi = lane >> 3, t2 = (lane & 3) * 2;
     // (hi, lo) x (even, odd k-step) x 2 slot groups: eight independent mma chains, so the
@@ -214,8 +225,7 @@ __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi,
     for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int slot = slot0 + j * 8 + t2 + (e & 1);
-            if (!all_visible && !visible<MASKED>(ctx, tok[e >> 1], slot)) s[j][e] = -INFINITY;
+            if (v0 + j * 8 + t2 + (e & 1) >= L) s[j][e] = -INFINITY;
             mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
         }
     float m_use[2], alpha[2];
@@ -303,10 +313,9 @@ struct WarpState {
     }
 };
 
-template <int HD, bool MASKED>
+template <int HD>
 __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, const __half* ks,
-                                          const __half* vs, int slot0, bool all_visible, const RowCtx& ctx,
-                                          const int (&tok)[2]) {
+                                          const __half* vs, int v0, int L) {
     constexpr int LD = Cfg<HD>::LD;
     const int lane = threadIdx.x & 31, r = lane & 15, h = lane >> 4;
     float s[8];
@@ -316,7 +325,7 @@ __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi,
         float acc = 0.0f;
         for (int d = 0; d < HD; ++d)
             acc += (__half2float(q_hi[r * LD + d]) + __half2float(q_lo[r * LD + d])) * __half2float(krow[d]);
-        s[j] = (all_visible || visible<MASKED>(ctx, tok[0], slot0 + h * 8 + j)) ? acc : -INFINITY;
+        s[j] = v0 + h * 8 + j < L ? acc : -INFINITY;
     }
     float mx = s[0];
 #pragma unroll
@@ -360,52 +369,51 @@ __device__ __forceinline__ void warp_store(WarpState<HD>& st, float* m_s, float*
 #endif  // FD_ATTN_MMA
 
 // ---- the block ----------------------------------------------------------------------------
-// grid (n_splits, n_kv_heads, row tiles of 16 query rows); THREADS threads; Cfg<HD>::SMEM_BYTES
-template <int HD, bool MASKED>
+// grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
+template <int HD>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     using C = Cfg<HD>;
     constexpr int LD = C::LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __half* q_hi = reinterpret_cast<__half*>(smem_raw);
     __half* q_lo = q_hi + ROWS * LD;
-    __half* pipe = q_lo + ROWS * LD;                  // STAGES x (K [TILE][LD], V [TILE][LD])
+    int* list = reinterpret_cast<int*>(q_lo + ROWS * LD);   // [MAX_NEW] visible new slots (masked mode)
+    __half* pipe = reinterpret_cast<__half*>(list + MAX_NEW);   // STAGES x (K [TILE][LD], V [TILE][LD])
     float* m_s = reinterpret_cast<float*>(pipe);      // merge area, after the pipeline drains
     float* l_s = m_s + WARPS * ROWS;
     float* o_s = l_s + WARPS * ROWS;
 
-    const int split = blockIdx.x, kvh = blockIdx.y, row0 = blockIdx.z * ROWS;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int split = blockIdx.x, kvh = blockIdx.y;
+    const int token = blockIdx.z / p.row_tiles, row0 = (blockIdx.z % p.row_tiles) * ROWS;   // row = head in group
+    const int tid = threadIdx.x, warp = tid >> 5;
     pdl_wait();                  // q, the new K/V and n_past come from earlier kernels
     pdl_launch_dependents();     // the combine kernel may start waiting on us now
-    RowCtx ctx;
-    ctx.n_past = max(p.n_past[0], 0);
-    ctx.n = p.n;
-    ctx.mask = p.mask;
-    ctx.L = visible_len<MASKED>(p.n_past[0], p.n, p.max_ctx);
-    const int n_chunks = (ctx.L + p.chunk_len - 1) / p.chunk_len;
-    if (split >= n_chunks) return;                    // this split has no slot at this depth
-    const int n_rows = p.n * p.group;
-    // slots below this are visible to every row: the per-element check is skipped there
-    const int plain_end = MASKED ? min(ctx.n_past, ctx.L) : ctx.L;
+    const int n_past = max(p.n_past[0], 0);
+    const int L = visible_keys(p, token, list);       // virtual keys [0, L)
+    const int n_chunks = (L + p.chunk_len - 1) / p.chunk_len;
+    if (split >= n_chunks) return;                    // this split has no key at this depth
+    __syncthreads();                                  // list written
+    // keys below this are slots of their own number (decode: all of them; masked: the committed ones)
+    const int direct_end = p.mask == nullptr ? L : min(n_past, L);
 
     // this split's tiles: chunks split, split + n_splits, ...; all full but the global last one
     const int tiles_per_chunk = p.chunk_len / TILE;
     const int n_my_chunks = (n_chunks - split + p.n_splits - 1) / p.n_splits;
     const int last_chunk = split + (n_my_chunks - 1) * p.n_splits;
-    const int last_tiles = min(tiles_per_chunk, (ctx.L - last_chunk * p.chunk_len + TILE - 1) / TILE);
+    const int last_tiles = min(tiles_per_chunk, (L - last_chunk * p.chunk_len + TILE - 1) / TILE);
     const int n_tiles = (n_my_chunks - 1) * tiles_per_chunk + last_tiles;
-    // tile k of this split starts at slot (split + (k / tpc) * n_splits) * chunk_len + (k % tpc) * TILE;
+    // tile k of this split starts at key (split + (k / tpc) * n_splits) * chunk_len + (k % tpc) * TILE;
     // two cursors walk that sequence (the loader runs STAGES - 1 tiles ahead) without divisions
     struct Cursor {
-        int slot0, t, chunk0;
+        int v0, t, chunk0;
     };
     const int chunk_step = p.n_splits * p.chunk_len;
     auto advance = [&](Cursor& c) {
-        c.slot0 += TILE;
+        c.v0 += TILE;
         if (++c.t == tiles_per_chunk) {
             c.t = 0;
             c.chunk0 += chunk_step;
-            c.slot0 = c.chunk0;
+            c.v0 = c.chunk0;
         }
     };
     Cursor load_cur = {split * p.chunk_len, 0, split * p.chunk_len};
@@ -418,12 +426,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     const __half* v_src = p.v_cache + (size_t)kvh * p.max_ctx * HD + piece * 8;
     auto load_tile = [&](int k) {                      // tile k == the load cursor's tile
         if (k < n_tiles) {
-            const int s0 = load_cur.slot0;
+            const int v0 = load_cur.v0;
             advance(load_cur);
             __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
-            if (s0 + TILE <= ctx.L) {                  // whole tile visible: constant offsets only
-                const __half* kp = k_src + (size_t)(s0 + r0) * HD;
-                const __half* vp = v_src + (size_t)(s0 + r0) * HD;
+            if (v0 + TILE <= direct_end) {             // keys are slots: constant offsets only
+                const __half* kp = k_src + (size_t)(v0 + r0) * HD;
+                const __half* vp = v_src + (size_t)(v0 + r0) * HD;
 #pragma unroll
                 for (int j = 0; j < TILE / ROW_STEP; ++j) {
                     cp_async16(ks + j * ROW_STEP * LD, kp + j * ROW_STEP * HD, true);
@@ -432,9 +440,10 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             } else {
 #pragma unroll
                 for (int j = 0; j < TILE / ROW_STEP; ++j) {
-                    const int slot = s0 + r0 + j * ROW_STEP;
-                    const bool valid = slot < ctx.L;   // past L: zero-filled (never NaN garbage)
-                    const size_t off = (size_t)(valid ? slot : 0) * HD;
+                    const int v = v0 + r0 + j * ROW_STEP;
+                    const bool valid = v < L;          // past L: zero-filled (never NaN garbage)
+                    const int slot = !valid ? 0 : v < direct_end ? v : n_past + list[v - n_past];
+                    const size_t off = (size_t)slot * HD;
                     cp_async16(ks + j * ROW_STEP * LD, k_src + off, valid);
                     cp_async16(ks + TILE * LD + j * ROW_STEP * LD, v_src + off, valid);
                 }
@@ -448,15 +457,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     // q rows -> shared memory, scaled into the log2 domain and split into f16 hi + lo (all loads
     // first: the shared stores would otherwise serialise one global round trip per element)
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    const float* q_tok = p.q + ((size_t)token * p.n_heads + kvh * p.group) * HD;
     float qv[Q_PER_THREAD];
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {
-        const int e = tid + j * THREADS, r = e / HD, d = e % HD, gr = row0 + r;
-        qv[j] = 0.0f;
-        if (gr < n_rows) {
-            const int token = gr / p.group, head = kvh * p.group + gr % p.group;
-            qv[j] = __ldg(p.q + ((size_t)token * p.n_heads + head) * HD + d);
-        }
+        const int e = tid + j * THREADS, r = e / HD, d = e % HD;
+        qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {
@@ -467,18 +473,6 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         q_lo[r * LD + d] = __float2half_rn(v - __half2float(hi));
     }
 
-    // the token of each query row this thread's fragments hold (-1: padding row)
-    int tok[2];
-#if FD_ATTN_MMA
-    {
-        const int g = lane >> 2;
-        tok[0] = row0 + g < n_rows ? (row0 + g) / p.group : -1;
-        tok[1] = row0 + g + 8 < n_rows ? (row0 + g + 8) / p.group : -1;
-    }
-#else
-    tok[0] = tok[1] = row0 + (lane & 15) < n_rows ? (row0 + (lane & 15)) / p.group : -1;
-#endif
-
     WarpState<HD> st;
     st.init();
 #pragma unroll 1
@@ -486,12 +480,11 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         cp_async_wait<C::STAGES - 2>();
         __syncthreads();                               // tile k landed; tile k-1's buffer is free
         load_tile(k + C::STAGES - 1);
-        const int slot0 = comp_cur.slot0 + warp * WARP_SLOTS;
+        const int v0 = comp_cur.v0 + warp * WARP_SLOTS;
         advance(comp_cur);
-        if (slot0 < ctx.L) {
+        if (v0 < L) {
             const __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
-            warp_step<HD, MASKED>(st, q_hi, q_lo, ks, ks + TILE * LD, slot0, slot0 + WARP_SLOTS <= plain_end, ctx,
-                                  tok);
+            warp_step<HD>(st, q_hi, q_lo, ks, ks + TILE * LD, v0, L);
         }
     }
     cp_async_wait<0>();
@@ -519,8 +512,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     }
     __syncthreads();
     for (int e = tid * 4; e < ROWS * HD; e += THREADS * 4) {
-        const int r = e / HD, d = e % HD, gr = row0 + r;
-        if (gr >= n_rows) continue;
+        const int r = e / HD, d = e % HD;
+        if (row0 + r >= p.group) continue;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) {
@@ -532,8 +525,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             acc.w += wt * v.w;
         }
         const float l = row_l[r];
-        const int token = gr / p.group, head = kvh * p.group + gr % p.group;
-        const size_t qrow = (size_t)token * p.n_heads + head;     // query row in (n, n_heads)
+        const size_t qrow = (size_t)token * p.n_heads + kvh * p.group + row0 + r;   // query row in (n, n_heads)
         if (p.n_splits == 1) {
             const float inv = l > 0.0f ? 1.0f / l : __int_as_float(0x7fffffff);
             *reinterpret_cast<float4*>(p.o + qrow * HD + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv,
@@ -561,7 +553,7 @@ constexpr int MAX_SPLITS = 512;
 template <int HD>
 constexpr int combine_unroll() { return HD >= 256 ? 8 : 13; }   // registers: 13 x (HD / 32 + 2) floats
 
-template <bool MASKED, int HD>
+template <int HD>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p) {
     constexpr int PER_LANE = HD / 32;          // 2, 4 or 8 consecutive dims
     constexpr int COMBINE_UNROLL = combine_unroll<HD>();
@@ -569,13 +561,13 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
     __shared__ float wa[COMBINE_WARPS][HD];
     const size_t qrow = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int L = visible_len<MASKED>(p.n_past[0], p.n, p.max_ctx);
-    const int n_active = min(p.n_splits, (L + p.chunk_len - 1) / p.chunk_len);
     const float* m_row = p.ws_m + qrow * p.n_splits;
     const float* l_row = p.ws_l + qrow * p.n_splits;
     const float* acc_row = p.ws_acc + qrow * p.n_splits * HD + lane * PER_LANE;
     pdl_wait();                  // the partials of the split kernel
     pdl_launch_dependents();     // the next projection may start fetching its weights
+    const int L = visible_keys(p, (int)(qrow / p.n_heads), nullptr);
+    const int n_active = min(p.n_splits, (L + p.chunk_len - 1) / p.chunk_len);
     float m = -INFINITY, l = 0.0f, a[PER_LANE];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) a[j] = 0.0f;
@@ -636,6 +628,71 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
     }
 }
 
+
+// ---- host side: the split count, the workspace layout, the launch ---------------------------
+// n_splits is a function of the model shape, max_ctx and chunk_len only (never of n or the mask):
+// enough blocks to fill the GPU (blocks_per_sm * N_SMS over n_kv_heads * row tiles of ONE token),
+// capped by the number of chunks max_ctx holds (at most MAX_SPLITS).
+constexpr int N_SMS = 132;                      // H100/H200; only sizes the split count
+constexpr size_t SMEM_PER_SM = 228 * 1024;
+
+template <int HD>
+constexpr int blocks_per_sm() {
+    return (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024)) > 0 ? (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024))
+                                                                 : 1;
+}
+
+inline int n_chunks_for(int max_ctx, int chunk_len) { return (max_ctx - 1) / chunk_len + 1; }
+inline int row_tiles_for(int group) { return (group + ROWS - 1) / ROWS; }
+
+template <int HD>
+int splits_for(int n_kv_heads, int group, int max_ctx, int chunk_len) {
+    const int target = blocks_per_sm<HD>() * N_SMS / (n_kv_heads * row_tiles_for(group));
+    const int cap = n_chunks_for(max_ctx, chunk_len) < MAX_SPLITS ? n_chunks_for(max_ctx, chunk_len) : MAX_SPLITS;
+    return target < 1 ? 1 : (target > cap ? cap : target);
+}
+
+// 0 for an unsupported head_dim
+inline int splits_for_head_dim(int head_dim, int n_kv_heads, int group, int max_ctx, int chunk_len) {
+    switch (head_dim) {
+        case 64: return splits_for<64>(n_kv_heads, group, max_ctx, chunk_len);
+        case 128: return splits_for<128>(n_kv_heads, group, max_ctx, chunk_len);
+        case 256: return splits_for<256>(n_kv_heads, group, max_ctx, chunk_len);
+        default: return 0;
+    }
+}
+
+// workspace: acc [n_rows][n_splits][HD] | m [n_rows][n_splits] | l [n_rows][n_splits], n_rows = n * n_heads
+inline size_t workspace_bytes_for(int n_rows, int n_splits, int head_dim) {
+    return n_splits <= 1 ? 0 : (size_t)n_rows * n_splits * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+inline void set_workspace(Params& p, void* workspace, int head_dim) {
+    const size_t n_rows = (size_t)p.n * p.n_heads;
+    p.ws_acc = (float*)workspace;
+    p.ws_m = p.ws_acc + n_rows * p.n_splits * head_dim;
+    p.ws_l = p.ws_m + n_rows * p.n_splits;
+}
+
+template <int HD>
+int launch(const Params& p, cudaStream_t stream) {
+    const size_t smem = Cfg<HD>::SMEM_BYTES;
+    cudaFuncSetAttribute(splitk_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int st = launch_pdl(splitk_kernel<HD>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles), dim3(THREADS), smem,
+                        stream, p);
+    if (st == 0 && p.n_splits > 1)
+        st = launch_pdl(combine_kernel<HD>, dim3(p.n * p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
+    return st;
+}
+
+inline int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
+    switch (head_dim) {
+        case 64: return launch<64>(p, stream);
+        case 128: return launch<128>(p, stream);
+        case 256: return launch<256>(p, stream);
+        default: return FD_E_SHAPE;
+    }
+}
 
 }  // namespace attn
 }  // namespace fd

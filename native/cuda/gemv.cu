@@ -9,11 +9,13 @@
 //   * Grid: at most one CTA per SM (the staged activations are copied once per SM), W warps each
 //     (W <= 24 for n_x = 1, whose kernels fit 85 registers; <= 16 otherwise, 12 for the n_x = 8
 //     swiglu). Warps are independent: a "step" is G consecutive rows of one matrix; warp w of CTA b
-//     takes steps w * n_ctas + b + k * n_warps_total (consecutive steps on different SMs). When the
-//     grid can hold one warp per step (all projections of the 1.5B model but lm_head), every warp
-//     gets at most one step and stages it single-buffered: all weight loads are in flight at once
-//     and there is no tail. Otherwise warps are persistent and double-buffered, W chosen so that
-//     every warp runs the same number of rounds (+-1 step).
+//     takes steps w * n_ctas + b + k * n_warps_total (consecutive steps on different SMs). By default
+//     (FLASHD_GEMV_ROUNDS, below) warps are persistent and double-buffered with two or more steps
+//     each, W chosen so that every warp runs the same number of rounds (+-1 step); with ROUNDS=0 a
+//     grid that can hold one warp per step gives every warp one single-buffered step.
+//   * Row invariance: every x row's result is the same bits whatever n_x, the pass split and the
+//     CTA shape (per-row arithmetic only; the RMSNorm sums use a fixed partition), which makes
+//     speculative verification reproduce one-row decoding exactly.
 //   * Prologue (per CTA): x rows -> xn = x * rsqrt(mean(x^2) + eps) * norm_w (if norm_w), staged in
 //     shared memory as float xn * 2^80 (quant.cuh scaled_codes) in each activation layout the
 //     matrices' formats read (XL_PAD32 / XL_PAD64: float4 reads of a quarter-warp hit distinct bank
@@ -35,8 +37,7 @@
 //   * n_x * cols too large for shared memory: the launcher splits the x rows into passes (each pass
 //     rereads W); e.g. cols 8960 holds 4 rows per pass.
 //
-// Numerics: codes and scales are exact (quant.cuh); sum code * x accumulates in float32 per part (per
-// byte class when n_x = 1), then acc += a * that + (b - a * OFFSET) * sum(x over the part). Error vs
+// Numerics: codes and scales are exact (quant.cuh); sum code * x accumulates in float32 per part, then acc += a * that + (b - a * OFFSET) * sum(x over the part). Error vs
 // the float64 oracle ~ 1e-6 * sum |W||xn| for cols <= 9000. |x| must stay below 2^48 (x * 2^80 is
 // a float) -- activations are many orders of magnitude smaller.
 //
@@ -50,8 +51,8 @@
 // decode.md): lm_head 151936x1536 Q4_K 40.9 us (67% of DRAM peak; 58.2 us with float activations),
 // 1536x1536 Q4_K 3.1 us, 256x1536 2.9 us, 8960x1536 Q6_K 8.8 us, 1536x8960 Q6_K 13.2 us. The wide,
 // few-row ffn_down is the worst: 1536 warps of one row each, every warp loads its row and only then
-// computes, so loads and compute do not overlap (FLASHD_GEMV_ROUNDS=2, persistent double-buffered
-// warps, is 3% faster end to end); next: split long rows across the warps of a CTA.
+// computes, so loads and compute do not overlap (persistent double-buffered warps, now the default,
+// are 3% faster end to end); next: split long rows across the warps of a CTA.
 // Shared memory: up to the device's opt-in maximum, raised with cudaFuncSetAttribute on the first
 // launch of each kernel instantiation (host-side, no stream work: allowed also during capture).
 // The device's SM count and shared-memory limit are read once per device and cached.
@@ -72,7 +73,9 @@ constexpr int MAX_NX = 8;
 // the others take up to 128 registers (16 warps), swiglu with 8 rows up to 168 (12 warps)
 __host__ __device__ constexpr int max_warps_for(int nx, bool swiglu) { return nx == 1 ? 24 : (swiglu && nx >= 8) ? 12 : 16; }
 constexpr int STAGE_TARGET_BYTES = 6 * 1024;  // a step's staged bytes: 16 warps x 2 buffers fit with x
-constexpr int SCRATCH_BYTES = 32 * MAX_NX * 4; // block_sum_n scratch at the start of shared memory
+constexpr int NORM_LANES = 256;               // fixed partition of the RMSNorm sums (row invariance)
+// norm_scales' partial sums at the start of shared memory: NORM_LANES floats per x row of a pass
+__host__ __device__ constexpr int scratch_bytes_for(int nx) { return NORM_LANES * nx * 4; }
 constexpr int MIN_CTA_WARPS = 8;              // threads to share the prologue
 
 struct GemvMat {
@@ -119,20 +122,6 @@ __device__ __forceinline__ GemvMat mat_of_step(const GemvArgs& a, int s) {
 }
 
 // ---- prologue: stage xn in shared memory ---------------------------------------------------------------
-// Sums of NX values over the block at once (one pair of barriers); scratch: 32 * NX floats.
-template <int NX>
-__device__ __forceinline__ void block_sum_n(float (&v)[NX], float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-#pragma unroll
-    for (int i = 0; i < NX; ++i) v[i] = warp_sum(v[i]);
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < NX; ++i) scratch[i * 32 + warp] = v[i];
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < NX; ++i) v[i] = warp_sum(lane < n_warps ? scratch[i * 32 + lane] : 0.0f);
-}
-
 constexpr int X_BATCH = 8;   // x loads in flight per thread in the prologue
 
 // v[u] = row[c0 + u * stride] (0 past n): X_BATCH independent loads in flight per thread.
@@ -144,32 +133,49 @@ __device__ __forceinline__ void load_x_batch(const float* row, int c0, int strid
     }
 }
 
-// The RMSNorm factor of every x row (1 without norm_w). Loads are issued X_BATCH at a time per thread
-// (the prologue is latency-bound).
+// The RMSNorm factor of every x row (1 without norm_w). Row invariance: a row's sum of squares must
+// not depend on the CTA size or on how many rows share the launch (speculative verification
+// reproduces decoding bit for bit), so it is cut into NORM_LANES fixed partial sums (partial v:
+// columns v, v + NORM_LANES, ... in order; a thread takes partials tid, tid + n_threads, ...) that
+// warp i % n_warps adds in a fixed order. Loads are issued X_BATCH at a time (latency-bound).
+// smf: scratch_bytes_for(n_x) bytes.
 template <int NX>
 __device__ __forceinline__ void norm_scales(const GemvArgs& a, float* smf, float (&scale)[NX]) {
-    const int tid = threadIdx.x, n_threads = blockDim.x;
+    const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid & 31, warp = tid >> 5;
     const int cols = a.cols, n_x = a.n_x;
 #pragma unroll
     for (int i = 0; i < NX; ++i) scale[i] = 1.0f;
-    if (a.norm_w) {
+    if (!a.norm_w) return;
+    for (int v = tid; v < NORM_LANES; v += n_threads) {
         float ss[NX];
 #pragma unroll
         for (int i = 0; i < NX; ++i) ss[i] = 0.0f;
-        for (int c0 = tid; c0 < cols; c0 += X_BATCH * n_threads) {
+        for (int c0 = v; c0 < cols; c0 += X_BATCH * NORM_LANES) {
 #pragma unroll
             for (int i = 0; i < NX; ++i) {
                 if (i >= n_x) break;
-                float v[X_BATCH];
-                load_x_batch(a.x + (int64_t)i * cols, c0, n_threads, cols, v);
+                float x[X_BATCH];
+                load_x_batch(a.x + (int64_t)i * cols, c0, NORM_LANES, cols, x);
 #pragma unroll
-                for (int u = 0; u < X_BATCH; ++u) ss[i] = fmaf(v[u], v[u], ss[i]);
+                for (int u = 0; u < X_BATCH; ++u) ss[i] = fmaf(x[u], x[u], ss[i]);
             }
         }
-        block_sum_n(ss, smf);
 #pragma unroll
-        for (int i = 0; i < NX; ++i) scale[i] = rsqrtf(ss[i] / (float)cols + a.eps);
+        for (int i = 0; i < NX; ++i)
+            if (i < n_x) smf[i * NORM_LANES + v] = ss[i];
     }
+    __syncthreads();
+    for (int i = warp; i < n_x; i += n_threads >> 5) {
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_LANES / 32; ++k) t += smf[i * NORM_LANES + lane + 32 * k];
+        t = warp_sum(t);
+        if (lane == 0) smf[i * NORM_LANES] = t;   // this warp alone read row i's partials
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < NX; ++i)
+        if (i < n_x) scale[i] = rsqrtf(smf[i * NORM_LANES] / (float)cols + a.eps);
 }
 
 // xn (scaled by 2^X_SCALE_LOG2) into each used layout, zero-padded; sums of xn per 16 and 32
@@ -442,45 +448,35 @@ __device__ __forceinline__ void row_dot(const uint8_t* wrow, int t, int lpr, int
         } else {
 #pragma unroll
             for (int part = 0; part < F::PARTS; ++part) {
-                // n_x = 1: three class accumulators (three independent FMA chains); more rows: the
-                // classes are first rescaled to class 0 (exact power-of-two multiplies) so each row
-                // keeps one accumulator
-                constexpr int NCLS = NX == 1 ? 3 : 1;
+                // the byte classes are first rescaled to class 0 (exact power-of-two multiplies) so
+                // each row keeps one accumulator (one FMA chain per row, whatever NX: three chains
+                // for n_x = 1 were faster but broke row invariance)
                 const int shift = F::part_shift(part);
-                float cls[NX][NCLS];
+                float cls[NX];
 #pragma unroll
-                for (int i = 0; i < NX; ++i)
-#pragma unroll
-                    for (int c = 0; c < NCLS; ++c) cls[i][c] = 0.0f;
+                for (int i = 0; i < NX; ++i) cls[i] = 0.0f;
 #pragma unroll
                 for (int rr = 0; rr < RPP; ++rr) {
                     const int run = part * RPP + rr;
                     float v[4];
                     scaled_codes<F::CODE_MASK>(F::code_word(raw, j, run), shift, v);
-                    if (NCLS == 1) {
-                        v[1] = mul_keep_subnormal(v[1], exp2i(-8));
-                        v[2] = mul_keep_subnormal(v[2], exp2i(-16));
-                        v[3] = mul_keep_subnormal(v[3], exp2i(-16));
-                    }
+                    v[1] = mul_keep_subnormal(v[1], exp2i(-8));
+                    v[2] = mul_keep_subnormal(v[2], exp2i(-16));
+                    v[3] = mul_keep_subnormal(v[3], exp2i(-16));
 #pragma unroll
                     for (int i = 0; i < NX; ++i) {
                         const float4 xv = *reinterpret_cast<const float4*>(xp + i * x_row + F::xrun(run));
-                        cls[i][0] = fma_keep_subnormal(v[0], xv.x, cls[i][0]);
-                        cls[i][NCLS > 1 ? 1 : 0] = fma_keep_subnormal(v[1], xv.y, cls[i][NCLS > 1 ? 1 : 0]);
-                        cls[i][NCLS > 2 ? 2 : 0] = fma_keep_subnormal(v[2], xv.z, cls[i][NCLS > 2 ? 2 : 0]);
-                        cls[i][NCLS > 2 ? 2 : 0] = fma_keep_subnormal(v[3], xv.w, cls[i][NCLS > 2 ? 2 : 0]);
+                        cls[i] = fma_keep_subnormal(v[0], xv.x, cls[i]);
+                        cls[i] = fma_keep_subnormal(v[1], xv.y, cls[i]);
+                        cls[i] = fma_keep_subnormal(v[2], xv.z, cls[i]);
+                        cls[i] = fma_keep_subnormal(v[3], xv.w, cls[i]);
                     }
                 }
                 const float bb = fmaf(-(float)F::OFFSET, pa[part], pb[part]);   // b - a * OFFSET
                 const int grp = F::part_group(blk, j, part);
 #pragma unroll
-                for (int i = 0; i < NX; ++i) {
-                    float cx = cls[i][0] * class_scale(0, shift);
-                    if (NCLS == 3)
-                        cx = fmaf(cls[i][NCLS > 2 ? 2 : 0], class_scale(2, shift),
-                                  fmaf(cls[i][NCLS > 1 ? 1 : 0], class_scale(1, shift), cx));
-                    acc[i] = fmaf(pa[part], cx, fmaf(bb, xsum[i * xsum_row + grp], acc[i]));
-                }
+                for (int i = 0; i < NX; ++i)
+                    acc[i] = fmaf(pa[part], cls[i] * class_scale(0, shift), fmaf(bb, xsum[i * xsum_row + grp], acc[i]));
             }
         }
         blk += blk_step;
@@ -750,12 +746,13 @@ int launch_any(int nx, const GemvArgs& a, int ctas, int warps, size_t smem, int 
 // Benchmark knobs read once from the environment (bench/; defaults are the tuned choices):
 //   FLASHD_GEMV_FLOAT_X=1       float32 activations for quantized launches too (A/B, accuracy checks)
 //   FLASHD_GEMV_STAGE_BYTES=N   target bytes of one step (default STAGE_TARGET_BYTES)
-//   FLASHD_GEMV_ROUNDS=K        persistent double-buffered warps with K steps each instead of one
-//                               single-buffered step per warp where the grid could hold them all
+//   FLASHD_GEMV_ROUNDS=K        persistent double-buffered warps with K >= 2 steps each (default 2:
+//                               1.5B tg128 806 vs 784 tok/s, H200); 0 = one single-buffered step per
+//                               warp where the grid can hold them all
 struct GemvTuning {
     bool int8_x = true;
     int stage_bytes = STAGE_TARGET_BYTES;
-    int rounds = 0;
+    int rounds = 2;
 };
 
 const GemvTuning& tuning() {
@@ -764,7 +761,7 @@ const GemvTuning& tuning() {
         const char* v = getenv("FLASHD_GEMV_FLOAT_X");
         r.int8_x = !(v && v[0] == '1');
         if ((v = getenv("FLASHD_GEMV_STAGE_BYTES")) && atoi(v) >= 256) r.stage_bytes = atoi(v);
-        if ((v = getenv("FLASHD_GEMV_ROUNDS")) && atoi(v) >= 2) r.rounds = atoi(v);
+        if ((v = getenv("FLASHD_GEMV_ROUNDS"))) r.rounds = atoi(v) >= 2 ? atoi(v) : 0;
         return r;
     }();
     return t;
@@ -877,7 +874,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     }
     const int64_t per_x_row_bytes = 4 * (int64_t)(x_row_total + a.xsum16_row + a.xsum32_row + a.xsc_row) + x8_row_total;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;
-    const int64_t room = (int64_t)dev.max_smem - SCRATCH_BYTES - 16 - min_stages;
+    const int64_t room = (int64_t)dev.max_smem - scratch_bytes_for(n_x) - 16 - min_stages;
     if (room < per_x_row_bytes) return FD_E_SHAPE;
     // x rows per pass: as many as fit while leaving room for 4 warps' stages (at least 1 row)
     int64_t nx_fit = (room - 3 * min_stages) / per_x_row_bytes;
@@ -891,7 +888,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         p.x = x + (int64_t)i0 * cols;
         p.residual = residual ? residual + (int64_t)i0 * a.mat[0].rows : nullptr;
         for (int k = 0; k < n_mats; ++k) p.mat[k].y = a.mat[k].y + (int64_t)i0 * a.mat[k].rows;
-        int off = SCRATCH_BYTES / 4;
+        int off = scratch_bytes_for(nx) / 4;
         for (int L = 0; L < XL_COUNT; ++L) {
             p.x_off[L] = layout_used[L] ? off : -1;
             if (layout_used[L]) off += nx * a.x_row[L];

@@ -136,6 +136,10 @@ int fd_kv_move(void* k_cache, void* v_cache, const int32_t* src_slots, const int
    Split over the context in chunks of chunk_len slots; workspace holds the partial results:
    fd_attention_decode_workspace_bytes() bytes. */
 size_t fd_attention_decode_workspace_bytes(int n_heads, int head_dim, int max_ctx, int chunk_len);
+/* The exact workspace of a launch over n_tokens new tokens (decode: 1; masked: n); 0 if it needs none
+   or an argument is invalid. */
+size_t fd_attention_workspace_bytes(int n_tokens, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+                                    int chunk_len);
 int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache,
                         const int32_t* n_past, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
                         int chunk_len, float scale, void* workspace, void* stream);
@@ -145,10 +149,14 @@ int fd_attention_prefill(float* o, const float* q, const void* k_cache, const vo
                          const int32_t* n_past, int n, int n_heads, int n_kv_heads, int head_dim,
                          int max_ctx, float scale, void* stream);
 /* n new tokens (n <= 256) at slots *n_past + i with an explicit mask over the new tokens: token i
-   attends every slot < *n_past and slot *n_past + j iff mask[i * n + j] != 0 (uint8, (n, n)). */
+   attends every slot < *n_past and slot *n_past + j iff mask[i * n + j] != 0 (uint8, (n, n)).
+   Split over the context like fd_attention_decode with the same chunk_len: a token whose visible new
+   slots are its tree path gets bitwise the decode result at its position. workspace_bytes >=
+   fd_attention_workspace_bytes(n, ...) (FD_E_ARG otherwise). */
 int fd_attention_masked(float* o, const float* q, const void* k_cache, const void* v_cache,
                         const uint8_t* mask, const int32_t* n_past, int n, int n_heads, int n_kv_heads,
-                        int head_dim, int max_ctx, float scale, void* stream);
+                        int head_dim, int max_ctx, int chunk_len, float scale, void* workspace,
+                        size_t workspace_bytes, void* stream);
 
 /* ---- FlashPrefill block scoring (flashprefill.cu) and block-sparse attention (attention_sparse.cu)
    A prefill chunk of n new tokens at cache slots [p0, p0 + n) with p0 % FD_FP_BLOCK == 0 (p0 is a

@@ -20,17 +20,37 @@ def tree_mask(rng, n):
     return mask
 
 
-def run_masked(native, dev, q, kc, vc, mask, n_past, scale):
+CHUNK = 64     # the decode kernel's chunk_len in the daemon (ops.DECODE_CHUNK_SLOTS)
+
+
+def run_masked(native, dev, q, kc, vc, mask, n_past, scale, chunk_len=CHUNK):
     n, n_heads, head_dim = q.shape
     n_kv_heads, max_ctx = kc.shape[0], kc.shape[1]
     dq, dkc, dvc, dmask = dev.upload(q), dev.upload(kc), dev.upload(vc), dev.upload(mask)
     dnp = dev.upload(np.array([n_past], np.int32))
+    ws_bytes = native.lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len)
+    ws = dev.empty((max(ws_bytes, 16),), np.uint8)
     o = dev.empty((n, n_heads * head_dim))
     dev.fill_bytes(o, 0xFF)
     native.check(native.lib.fd_attention_masked(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dkc), dev.p(dvc),
                                                 dev.p(dmask, "uint8_t*"), dev.p(dnp, "int32_t*"), n, n_heads,
-                                                n_kv_heads, head_dim, max_ctx, scale, dev.stream),
-                 "fd_attention_masked")
+                                                n_kv_heads, head_dim, max_ctx, chunk_len, scale, dev.p(ws), ws_bytes,
+                                                dev.stream), "fd_attention_masked")
+    dev.synchronize()
+    return dev.download(o)
+
+
+def run_decode(native, dev, q1, kc, vc, n_past, scale, chunk_len=CHUNK):
+    n_heads, head_dim = q1.shape[-2], q1.shape[-1]
+    n_kv_heads, max_ctx = kc.shape[0], kc.shape[1]
+    ws = dev.empty((native.lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk_len),), np.uint8)
+    o = dev.empty((n_heads * head_dim,))
+    dev.fill_bytes(o, 0xFF)
+    dq, dkc, dvc = dev.upload(np.ascontiguousarray(q1, np.float32)), dev.upload(kc), dev.upload(vc)
+    dnp = dev.upload(np.array([n_past], np.int32))
+    native.check(native.lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dkc), dev.p(dvc),
+                                                dev.p(dnp, "int32_t*"), n_heads, n_kv_heads, head_dim, max_ctx,
+                                                chunk_len, scale, dev.p(ws), dev.stream), "fd_attention_decode")
     dev.synchronize()
     return dev.download(o)
 
@@ -83,29 +103,55 @@ def test_masked_attention_arbitrary_masks_and_empty_rows(native, dev, rng):
 
 
 def test_causal_mask_matches_decode_kernel(native, dev, rng):
-    """n = 1 with mask [[1]] is exactly a decode step."""
+    """n = 1 with mask [[1]] is exactly (bit for bit) a decode step."""
     n_heads, n_kv_heads, head_dim, max_ctx, n_past = 14, 2, 64, 900, 811
     kc, vc = random_cache(rng, n_kv_heads, max_ctx, head_dim, n_past + 1)
     q = rng.standard_normal((1, n_heads, head_dim)).astype(np.float32)
     masked = run_masked(native, dev, q, kc, vc, np.ones((1, 1), np.uint8), n_past, 0.125)
-    ws = dev.empty((native.lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, 64),), np.uint8)
-    o = dev.empty((n_heads * head_dim,))
-    dq, dkc, dvc = dev.upload(q), dev.upload(kc), dev.upload(vc)
-    dnp = dev.upload(np.array([n_past], np.int32))
-    native.check(native.lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dkc), dev.p(dvc),
-                                                dev.p(dnp, "int32_t*"), n_heads, n_kv_heads, head_dim, max_ctx, 64,
-                                                0.125, dev.p(ws), dev.stream), "fd_attention_decode")
-    dev.synchronize()
-    np.testing.assert_allclose(masked[0], dev.download(o), rtol=1e-5, atol=1e-6)
+    decoded = run_decode(native, dev, q, kc, vc, n_past, 0.125)
+    assert np.array_equal(masked[0].view(np.uint32), decoded.view(np.uint32))
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,n,n_past,max_ctx", [
+    (12, 2, 128, 23, 1000, 4096),     # the 1.5B model, a DDTree of budget 22
+    (14, 2, 64, 9, 63, 200),          # the 0.5B model; the tree straddles a chunk boundary
+    (8, 8, 64, 40, 0, 300),           # no committed context
+    (24, 4, 256, 5, 3000, 3100),
+])
+def test_tree_rows_equal_decode_at_their_positions(native, dev, rng, n_heads, n_kv_heads, head_dim, n, n_past,
+                                                   max_ctx):
+    """Batch invariance, bit for bit: tree node i's output equals a decode step at its position
+    once its root-to-node path is compacted into consecutive slots (what speculative decoding's
+    commit does), so verification reproduces plain decoding exactly."""
+    kc, vc = random_cache(rng, n_kv_heads, max_ctx, head_dim, n_past + n)
+    q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
+    mask = tree_mask(rng, n)
+    scale = 1.0 / np.sqrt(head_dim)
+    got = run_masked(native, dev, q, kc, vc, mask, n_past, scale)
+    for i in range(n):
+        path = np.nonzero(mask[i])[0]
+        kd, vd = kc.copy(), vc.copy()
+        kd[:, n_past:n_past + len(path)] = kc[:, n_past + path]
+        vd[:, n_past:n_past + len(path)] = vc[:, n_past + path]
+        want = run_decode(native, dev, q[i:i + 1], kd, vd, n_past + len(path) - 1, scale)
+        assert np.array_equal(got[i].view(np.uint32), want.view(np.uint32)), f"node {i} (depth {len(path) - 1})"
 
 
 def test_masked_attention_rejects_bad_arguments(native, dev):
     t = dev.empty((64,))
     i = dev.upload(np.zeros(1, np.int32))
     m = dev.upload(np.ones(1, np.uint8))
-    call = lambda n, head_dim: native.lib.fd_attention_masked(  # noqa: E731
+    call = lambda n, head_dim, chunk=64, ws_bytes=0: native.lib.fd_attention_masked(  # noqa: E731
         dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(m, "uint8_t*"), dev.p(i, "int32_t*"), n,
-        2, 1, head_dim, 64, 0.1, dev.stream)
+        2, 1, head_dim, 64, chunk, 0.1, dev.p(t), ws_bytes, dev.stream)
     assert call(257, 64) == native.lib.FD_E_ARG
     assert call(1, 80) == native.lib.FD_E_SHAPE
+    assert call(1, 64, chunk=32) == native.lib.FD_E_ARG
     assert call(0, 64) == 0
+    # a workspace smaller than the launch needs is an error, not a silent overrun
+    need = native.lib.fd_attention_workspace_bytes(4, 2, 1, 64, 4096, 64)
+    assert need > 0
+    big = dev.empty((64,))
+    assert native.lib.fd_attention_masked(dev.p(big, "float*"), dev.p(big, "float*"), dev.p(big), dev.p(big),
+                                          dev.p(m, "uint8_t*"), dev.p(i, "int32_t*"), 4, 2, 1, 64, 4096, 64, 0.1,
+                                          dev.p(big), need - 1, dev.stream) == native.lib.FD_E_ARG

@@ -13,7 +13,7 @@ argmax agreement wherever the reference's top-2 gap is clear (> 2e-2 * scale).
 """
 import numpy as np
 import pytest
-from logits_check import REL_TOL, assert_logits_close
+from logits_check import assert_logits_close
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
@@ -75,27 +75,13 @@ def test_dflash_forward_cuda_matches_reference(cuda_ops, synthetic_model, tmp_pa
         assert_logits_close(g, w)
 
 
-def _first_divergence_is_near_tie(ref_runner, prompt, got, want) -> tuple[bool, str]:
-    """got and want agree, or they first differ where the reference's top-2 logits are within
-    REL_TOL of the scale (a near-tie either CUDA kernel may break differently)."""
-    diffs = [k for k, (a, b) in enumerate(zip(got, want)) if a != b]
-    if not diffs:
-        return len(got) == len(want), f"lengths {len(got)} and {len(want)}"
-    i = diffs[0]
-    logits = ref_runner.score(prompt + want[:i + 1])[-1]
-    scale = float(np.abs(logits).max())
-    a, b = np.sort(logits)[-2:]
-    return (b - a) <= REL_TOL * scale, f"first difference at token {i}: top-2 gap {b - a:.4g}, scale {scale:.4g}"
-
-
 @pytest.mark.parametrize("mode,budget", [("chain", 15), ("ddtree", 8), ("ddtree", 22), ("ddtree", 64)])
 def test_dflash_spec_decoding_on_cuda_equals_greedy(native, synthetic_model, tmp_path, mode, budget):
     """The DFlash drafter on the CUDA backend inside the speculative decoder: the output equals the
-    CUDA runner's plain greedy decoding, up to a first difference at a reference near-tie."""
+    CUDA runner's plain greedy decoding token for token (verification is row-invariant)."""
     from flashd.daemon.backends.cuda.backend import CudaBackend
     from flashd.daemon.models import open_model
     from flashd.daemon.models.weights import total_weight_bytes
-    from flashd.daemon.runner import ModelRunner
     from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
     from flashd.daemon.spec.dflash_drafter import load_dflash_drafter
     from flashd.protocol.messages import SamplingParams
@@ -110,9 +96,6 @@ def test_dflash_spec_decoding_on_cuda_equals_greedy(native, synthetic_model, tmp
     spec = spec_for_target(256, 4, 1000, n_features=3, n_layers=2, head_dim=64, ffn=512, block_size=16, seed=3)
     path = write_synthetic_dflash(tmp_path / "dflash.gguf", spec)
     drafter = load_dflash_drafter(path, backend.ops, cfg, lm.weights, max_ctx, inject_chunk=chunk)
-    ref_ops = ReferenceOps()
-    ref_lm = load_model(target_path, ref_ops.load_weight)
-    ref = ModelRunner(ref_ops, ref_lm.config, ref_lm.weights, max_ctx, chunk)
     rng = np.random.default_rng()
     for n_prompt in (3, 100):
         prompt = rng.integers(0, 1000, n_prompt).tolist()
@@ -120,5 +103,4 @@ def test_dflash_spec_decoding_on_cuda_equals_greedy(native, synthetic_model, tmp
         dec = SpecDecoder(runner, drafter, SpecConfig(mode, budget))
         got = [s.token for s in dec.generate(prompt, SamplingParams(), 48)]
         assert len(got) == 48 and dec.stats.steps >= 1
-        ok, why = _first_divergence_is_near_tie(ref, prompt, got, want)
-        assert ok, f"{mode} budget {budget}, prompt of {n_prompt}: {why}"
+        assert got == want, f"{mode} budget {budget}, prompt of {n_prompt}"

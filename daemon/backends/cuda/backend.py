@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ...models.config import ModelConfig
 from .lib import load
-from .ops import DECODE_CHUNK_SLOTS, CudaOps
+from .ops import CudaOps, attention_workspace_bytes
 from .runner import SCORE_CHUNK, CudaRunner
 from .tensor import Device
 
@@ -67,8 +67,7 @@ class CudaBackend:
         lib = self.device.lib
         kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_ctx * cfg.head_dim * 2
         largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
-        workspace = (int(lib.fd_attention_decode_workspace_bytes(cfg.n_heads, cfg.head_dim, max_ctx,
-                                                                 DECODE_CHUNK_SLOTS))
+        workspace = (attention_workspace_bytes(lib, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
                      + int(lib.fd_sample_workspace_bytes(cfg.vocab_size)) + 8 * (max_ctx + 2 * prefill_chunk))
         return MemoryPlan(weights_bytes=weight_bytes, kv_bytes=kv,
                           arena_bytes=2 * _arena_half_bytes(cfg, prefill_chunk),
@@ -85,7 +84,7 @@ class CudaBackend:
     def make_runner(self, cfg: ModelConfig, weights, max_ctx: int, prefill_chunk: int, plan: MemoryPlan):
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
-        self.ops.reserve_attention(cfg.n_heads, cfg.head_dim, max_ctx)
+        self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
         return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk)
 
 

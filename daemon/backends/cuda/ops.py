@@ -9,6 +9,11 @@ that the next projection applies in its prologue, and `rope` returns a pending `
 `attention` applies while it writes the KV cache. Batches of up to GEMV_MAX_ROWS tokens use the
 quantized GEMV kernels (decode, speculative verification); larger ones dequantize each weight to
 float16 into a scratch buffer and run the tensor-core GEMM (prefill).
+
+Row invariance (speculative decoding is exact on the GPU): a forward begun with
+`begin_forward(row_invariant=True)` computes every row exactly as a one-row decode step would --
+projections stay on the GEMV kernels in groups of up to 8 rows (whose per-row arithmetic does not
+depend on the group size), and masked attention splits each token's keys like decode attention.
 """
 from __future__ import annotations
 
@@ -19,10 +24,19 @@ import numpy as np
 from ..base import Batch, KVCacheSpec
 from .tensor import Arena, Device, DeviceTensor
 
-__all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "GEMV_MAX_ROWS"]
+__all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "GEMV_MAX_ROWS", "MAX_MASKED_TOKENS", "attention_workspace_bytes"]
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
 DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
+MAX_MASKED_TOKENS = 65        # masked attention's workspace: a tree of a root + 64 drafted nodes, a DFlash block
+
+
+def attention_workspace_bytes(lib, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
+                              n_tokens: int = MAX_MASKED_TOKENS) -> int:
+    """Bytes of the attention workspace for decode and for masked batches of up to n_tokens."""
+    return max(int(lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS)),
+               int(lib.fd_attention_workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim, max_ctx,
+                                                    DECODE_CHUNK_SLOTS)))
 
 
 @dataclass(slots=True, eq=False)
@@ -100,6 +114,7 @@ class CudaOps:
         self.scratch_elems = 0
         self.scratch: list[DeviceTensor] = []
         self.attn_workspace: DeviceTensor | None = None
+        self.row_invariant = False               # this forward's mode (begin_forward)
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
 
     # -- planning --------------------------------------------------------------------------------
@@ -114,13 +129,18 @@ class CudaOps:
             self.scratch = [self.dev.empty((n_elems,), np.float16) for _ in range(2)]
             self.scratch_elems = n_elems
 
-    def reserve_attention(self, n_heads: int, head_dim: int, max_ctx: int) -> None:
-        n = self.lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS)
+    def reserve_attention(self, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
+                          n_tokens: int = MAX_MASKED_TOKENS) -> None:
+        """Grow the shared attention workspace to cover this shape (a new buffer: graphs that
+        captured the old one must be dropped, see engine.py)."""
+        n = attention_workspace_bytes(self.lib, n_heads, n_kv_heads, head_dim, max_ctx, n_tokens)
         if self.attn_workspace is None or self.attn_workspace.nbytes < n:
-            self.attn_workspace = self.dev.empty((max(int(n), 1),), np.uint8)
+            self.attn_workspace = None
+            self.attn_workspace = self.dev.empty((max(int(n), 16),), np.uint8)
 
-    def begin_forward(self) -> None:
+    def begin_forward(self, row_invariant: bool = False) -> None:
         self.arena.reset()
+        self.row_invariant = row_invariant
 
     def begin_layer(self, index: int) -> None:
         self.arena.switch(index)
@@ -201,7 +221,7 @@ class CudaOps:
     def linear(self, x, weight: QuantWeight, bias=None, residual=None) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, weight.rows))
-        if n <= GEMV_MAX_ROWS or weight.rows * weight.cols > self.scratch_elems:
+        if n <= GEMV_MAX_ROWS or self.row_invariant or weight.rows * weight.cols > self.scratch_elems:
             # GEMV in groups of up to 8 rows: decode, verification, and weights too large for the
             # dequantization scratch (the lm_head when every position's logits are wanted)
             xs, norm_w, eps = self._norm_parts(x)
@@ -222,30 +242,34 @@ class CudaOps:
 
     def linears(self, x, weights, biases) -> tuple:
         n = x.shape[0]
-        if n > GEMV_MAX_ROWS:
+        if n > GEMV_MAX_ROWS and not self.row_invariant:
             xm = self.materialize(x)
             return tuple(self.linear(xm, w, b) for w, b in zip(weights, biases))
         outs = [self.take((n, w.rows)) for w in weights]
         xs, norm_w, eps = self._norm_parts(x)
         k = len(weights)
-        ys = self.ffi.new("float*[]", [self.p(o, "float*") for o in outs])
         ws = self.ffi.new("void*[]", [self.p(w.data) for w in weights])
         qt = self.ffi.new("int[]", [w.qtype for w in weights])
         rows = self.ffi.new("int[]", [w.rows for w in weights])
         bs = self.ffi.new("float*[]", [self.p(b, "float*") for b in biases])
-        self._check(self.lib.fd_gemv_multi(k, ys, ws, qt, rows, bs, weights[0].cols, self.p(xs, "float*"), n,
-                                           self.p(norm_w, "float*"), eps, self.dev.stream), "fd_gemv_multi")
+        for s in range(0, n, GEMV_MAX_ROWS):
+            e = min(n, s + GEMV_MAX_ROWS)
+            ys = self.ffi.new("float*[]", [self.p(o[s:e], "float*") for o in outs])
+            self._check(self.lib.fd_gemv_multi(k, ys, ws, qt, rows, bs, weights[0].cols, self.p(xs[s:e], "float*"),
+                                               e - s, self.p(norm_w, "float*"), eps, self.dev.stream), "fd_gemv_multi")
         return tuple(outs)
 
     def swiglu_linear(self, x, w_gate: QuantWeight, w_up: QuantWeight) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, w_gate.rows))
-        if n <= GEMV_MAX_ROWS:
+        if n <= GEMV_MAX_ROWS or self.row_invariant:
             xs, norm_w, eps = self._norm_parts(x)
-            self._check(self.lib.fd_gemv_swiglu(self.p(y, "float*"), self.p(w_gate.data), w_gate.qtype,
-                                                self.p(w_up.data), w_up.qtype, w_gate.rows, w_gate.cols,
-                                                self.p(xs, "float*"), n, self.p(norm_w, "float*"), eps,
-                                                self.dev.stream), "fd_gemv_swiglu")
+            for s in range(0, n, GEMV_MAX_ROWS):
+                e = min(n, s + GEMV_MAX_ROWS)
+                self._check(self.lib.fd_gemv_swiglu(self.p(y[s:e], "float*"), self.p(w_gate.data), w_gate.qtype,
+                                                    self.p(w_up.data), w_up.qtype, w_gate.rows, w_gate.cols,
+                                                    self.p(xs[s:e], "float*"), e - s, self.p(norm_w, "float*"), eps,
+                                                    self.dev.stream), "fd_gemv_swiglu")
             return y
         xm = self.materialize(x)
         g16, u16 = self._dequant(w_gate, 0), self._dequant(w_up, 1)
@@ -271,10 +295,15 @@ class CudaOps:
         scale = float(1.0 / np.sqrt(head_dim))
         common = (self.p(k_cache), self.p(v_cache))
         if batch.mask is not None:
+            ws = self.attn_workspace
+            need = int(lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS))
+            if ws is None or ws.nbytes < need:
+                raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
+                                   f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
             self._check(lib.fd_attention_masked(self.p(o, "float*"), self.p(q.x, "float*"), *common,
                                                 self.p(batch.mask, "uint8_t*"), self.p(batch.n_past, "int32_t*"), n,
-                                                n_heads, n_kv_heads, head_dim, max_ctx, scale, s),
-                        "fd_attention_masked")
+                                                n_heads, n_kv_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS, scale,
+                                                self.p(ws), ws.nbytes, s), "fd_attention_masked")
         elif n == 1:
             self._check(lib.fd_attention_decode(self.p(o, "float*"), self.p(q.x, "float*"), *common,
                                                 self.p(batch.n_past, "int32_t*"), n_heads, n_kv_heads, head_dim,

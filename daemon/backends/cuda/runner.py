@@ -19,7 +19,7 @@ from ....protocol.messages import SamplingParams
 from ...runner import ModelRunner, Sampled
 from ..base import Batch
 from ...models.dense import forward
-from .ops import CudaOps
+from .ops import MAX_MASKED_TOKENS, CudaOps
 
 __all__ = ["CudaRunner"]
 
@@ -68,14 +68,20 @@ class CudaRunner(ModelRunner):
             self.events.append(e[0])
         self.graphs: OrderedDict[object, object] = OrderedDict()
         self.tree_graphs: OrderedDict[int, tuple] = OrderedDict()   # n nodes -> (graph, logits)
-        # tree verification inputs, sized once for the largest tree (prefill_chunk nodes): the
-        # captured tree graphs read these addresses, so they are never reallocated
-        self.t_ids = dev.empty((prefill_chunk,), i32)
-        self.t_pos = dev.empty((prefill_chunk,), i32)
-        self.t_mask = dev.empty((prefill_chunk * prefill_chunk,), np.uint8)
-        self.t_offsets = dev.empty((prefill_chunk,), i32)
-        self.t_argmax = dev.empty((prefill_chunk,), i32)
+        # tree verification inputs, sized once for the largest tree: the captured tree graphs read
+        # these addresses, so they are never reallocated
+        n_tree = self.max_tree_nodes
+        self.t_ids = dev.empty((n_tree,), i32)
+        self.t_pos = dev.empty((n_tree,), i32)
+        self.t_mask = dev.empty((n_tree * n_tree,), np.uint8)
+        self.t_offsets = dev.empty((n_tree,), i32)
+        self.t_argmax = dev.empty((n_tree,), i32)
         self._warm_up()
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """Trees up to the masked-attention workspace's size (MAX_MASKED_TOKENS) and the arena's."""
+        return min(self.prefill_chunk, MAX_MASKED_TOKENS)
 
     def drop_graphs(self) -> None:
         """Forget the captured graphs (they are recaptured on next use): needed when the shared
@@ -138,8 +144,8 @@ class CudaRunner(ModelRunner):
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
         ids = np.asarray(ids, np.int32)
         n = len(ids)
-        if n > self.prefill_chunk:
-            raise ValueError(f"a tree of {n} nodes > the prefill chunk {self.prefill_chunk} the arena is sized for")
+        if n > self.max_tree_nodes:
+            raise ValueError(f"a tree of {n} nodes > the {self.max_tree_nodes} the runner is sized for")
         if self.n_past + n > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
         dev = self.dev
@@ -154,7 +160,7 @@ class CudaRunner(ModelRunner):
         return logits
 
     def _tree_body(self, n: int, hidden_sink=None):
-        self.ops.begin_forward()
+        self.ops.begin_forward(row_invariant=True)      # every node's logits = a decode step's, bit for bit
         batch = Batch(ids=self.t_ids[:n], positions=self.t_pos[:n], n_past=self.p_n_past,
                       mask=self.t_mask[:n * n].reshape(n, n), n_tokens=n)
         return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
