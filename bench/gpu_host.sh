@@ -10,6 +10,8 @@
 #   bench/gpu_host.sh clones       synthetic clones of the 1.5B and 0.5B files (shapes and formats) in $MODELS
 #   bench/gpu_host.sh ab MODEL     flashd bench tg128 with and without int8 activations / PDL
 #   bench/gpu_host.sh profile MODEL  nsys kernel summary of a short decode (if nsys is installed)
+#   bench/gpu_host.sh bg NAME CMD...   run CMD in the background (survives the call), log $LOGS/NAME.log
+#   bench/gpu_host.sh logs [N]     copy $LOGS/* to $OUT and print the last N lines of each (default 15)
 #
 # Every step exports the same environment, so steps can run in separate calls while the host
 # stays warm (files under /root and /tmp persist; the checkout is re-sent each call).
@@ -23,7 +25,8 @@ export HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}
 XFER=$HOST_DIR/xfer
 MODELS=$FLASHD_MODELS_DIR
-mkdir -p "$OUT" "$MODELS" "$XFER"
+LOGS=$HOST_DIR/logs
+mkdir -p "$OUT" "$MODELS" "$XFER" "$LOGS"
 step=${1:-}; shift || true
 
 case "$step" in
@@ -91,8 +94,24 @@ PY
         echo "nsys not installed"
     fi
     ;;
+bg)
+    name=$1; shift
+    # a copy of the checkout, imported as `flashd` through PYTHONPATH: the next call replaces the
+    # working tree under a running job
+    tree=$HOST_DIR/tree-$name pp=$HOST_DIR/pp-$name
+    rm -rf "$tree" "$pp" && mkdir -p "$tree" "$pp" && ln -s "$tree" "$pp/flashd"
+    tar --exclude=./.xfer --exclude=./.whl -cf - . | (cd "$tree" && tar xf -)
+    (cd "$tree" && PYTHONPATH=$pp:$PYTHONPATH setsid nohup bash -c "$*; echo \"exit=\$?\"" \
+        > "$LOGS/$name.log" 2>&1 < /dev/null &)
+    echo "started $name in $tree (log $LOGS/$name.log)"
+    ;;
+logs)
+    n=${1:-15}
+    cp $LOGS/* "$OUT/" 2>/dev/null
+    for f in $LOGS/*; do echo "== $f"; tail -n "$n" "$f"; done
+    ;;
 *)
-    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|profile" >&2
+    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|profile|bg|logs" >&2
     exit 2
     ;;
 esac

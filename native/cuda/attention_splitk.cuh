@@ -391,7 +391,14 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     const int n_past = max(p.n_past[0], 0);
     const int L = visible_keys(p, token, list);       // virtual keys [0, L)
     const int n_chunks = (L + p.chunk_len - 1) / p.chunk_len;
-    if (split >= n_chunks) return;                    // this split has no key at this depth
+    if (split >= n_chunks) {                          // this split has no key at this depth
+        if (n_chunks == 0 && p.n_splits == 1)          // no key at all (masked, n_past 0, empty row): NaN
+            for (int e = tid; e < ROWS * HD; e += THREADS)
+                if (row0 + e / HD < p.group)
+                    p.o[((size_t)token * p.n_heads + kvh * p.group + row0 + e / HD) * HD + e % HD] =
+                        __int_as_float(0x7fffffff);
+        return;                                        // (with splits, the combine writes the NaN)
+    }
     __syncthreads();                                  // list written
     // keys below this are slots of their own number (decode: all of them; masked: the committed ones)
     const int direct_end = p.mask == nullptr ? L : min(n_past, L);

@@ -23,7 +23,7 @@ def tree_mask(rng, n):
 CHUNK = 64     # the decode kernel's chunk_len in the daemon (ops.DECODE_CHUNK_SLOTS)
 
 
-def run_masked(native, dev, q, kc, vc, mask, n_past, scale, chunk_len=CHUNK):
+def run_masked(native, dev, q, kc, vc, mask, n_past, scale, chunk_len=CHUNK, poison=0xFF):
     n, n_heads, head_dim = q.shape
     n_kv_heads, max_ctx = kc.shape[0], kc.shape[1]
     dq, dkc, dvc, dmask = dev.upload(q), dev.upload(kc), dev.upload(vc), dev.upload(mask)
@@ -31,7 +31,7 @@ def run_masked(native, dev, q, kc, vc, mask, n_past, scale, chunk_len=CHUNK):
     ws_bytes = native.lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len)
     ws = dev.empty((max(ws_bytes, 16),), np.uint8)
     o = dev.empty((n, n_heads * head_dim))
-    dev.fill_bytes(o, 0xFF)
+    dev.fill_bytes(o, poison)
     native.check(native.lib.fd_attention_masked(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dkc), dev.p(dvc),
                                                 dev.p(dmask, "uint8_t*"), dev.p(dnp, "int32_t*"), n, n_heads,
                                                 n_kv_heads, head_dim, max_ctx, chunk_len, scale, dev.p(ws), ws_bytes,
@@ -96,7 +96,7 @@ def test_masked_attention_arbitrary_masks_and_empty_rows(native, dev, rng):
     q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
     mask = (rng.random((n, n)) < 0.4).astype(np.uint8)
     mask[3] = 0
-    got = run_masked(native, dev, q, kc, vc, mask, 0, 0.1)
+    got = run_masked(native, dev, q, kc, vc, mask, 0, 0.1, poison=0x3F)   # finite poison: NaN must be written
     expect = attention_oracle(q, kc, vc, visible_of(mask, 0, 64), 0.1)
     assert np.isnan(got[3]).all()
     np.testing.assert_allclose(got, expect, rtol=RTOL, atol=ATOL)   # NaN == NaN for assert_allclose
