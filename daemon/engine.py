@@ -386,17 +386,18 @@ class Engine:
 
     def _spec_decoder(self, req: m.Generate, runner, drafter: Drafter) -> SpecDecoder:
         """spec=chain: budget = chain length (default: the drafter's max_depth); spec=ddtree:
-        budget = drafted tree nodes (default DEFAULT_DDTREE_BUDGET). A tree must fit one forward of
-        at most prefill_chunk tokens, root included."""
+        budget = drafted tree nodes (default DEFAULT_DDTREE_BUDGET). A tree, root included, must
+        fit the runner's verify forward (runner.max_tree_nodes: prefill_chunk on the CPU, 65 on the
+        GPU, whose masked attention workspace is sized for it)."""
         if req.budget is not None:
             budget = req.budget
         else:
             budget = drafter.max_depth if req.spec == "chain" else DEFAULT_DDTREE_BUDGET
-        max_budget = self.config.prefill_chunk - 1
+        max_budget = runner.max_tree_nodes - 1
         if budget > max_budget:
             if req.budget is not None:
                 raise ProtocolError("bad_request", f"budget={budget}: at most {max_budget} drafted nodes fit one "
-                                                   f"verify forward (prefill_chunk {self.config.prefill_chunk})")
+                                                   f"verify forward on this backend")
             budget = max_budget
         self._check_graph_memory(runner, drafter)
         return SpecDecoder(runner, drafter, SpecConfig(req.spec, max(budget, 1),

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 
 from .anthropic_schemas import CountTokensRequest, Message, MessagesRequest
 from .errors import ApiError, anthropic_error_body
-from .generation import Finish, GenerationSettings, Step, generate
+from .generation import Finish, GenerationSettings, Step, generate, spec_settings
 from .prompts import chat_prompt_ids
 from .sse import sse_event
 from .streaming import DisconnectWatch, stream_after_first
@@ -92,7 +92,8 @@ async def messages(body: MessagesRequest, request: Request):
         top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
         stop=tuple(body.stop_sequences or ()),
         tool_names=frozenset(t["function"]["name"] for t in tools) if tools else None,
-        stop_after_first_call=bool(tools) and bool(tool_choice and tool_choice.disable_parallel_tool_use))
+        stop_after_first_call=bool(tools) and bool(tool_choice and tool_choice.disable_parallel_tool_use),
+        **spec_settings(body, request.app.state.config))
     message_id = _new_id("msg_")
     watch = DisconnectWatch(request)
     items = generate(link, settings, watch.check)

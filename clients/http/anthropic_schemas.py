@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from .openai_schemas import INT32_MAX, MAX_STOP, TOOL_NAME_PATTERN
+from .openai_schemas import INT32_MAX, MAX_STOP, TOOL_NAME_PATTERN, SpecBudget, SpecDraft, SpecMode
 
 __all__ = ["Block", "ToolResultBlock", "ToolUseBlock", "CountTokensRequest", "MessagesRequest", "Message", "ToolDefinition", "UNSUPPORTED_HINTS"]
 
@@ -154,6 +154,9 @@ class MessagesRequest(_Conversation):
     metadata: Metadata | None = None
     cache_control: CacheControl | None = Field(None, description="Accepted and ignored (a caching hint).")
     service_tier: Literal["auto", "standard_only"] | None = Field(None, description="Accepted and ignored (one tier).")
+    spec: SpecMode = None
+    spec_budget: SpecBudget = None
+    spec_draft: SpecDraft = None
 
 
 class CountTokensRequest(_Conversation):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...protocol.messages import MAX_BUDGET, SPEC_MODES
+
 __all__ = ["GatewayConfig"]
 
 
@@ -14,6 +16,11 @@ class GatewayConfig:
     api_key: str | None = None          # None: no key needed; else Bearer / x-api-key must match
     default_temperature: float = 1.0    # when a request gives none (both APIs document 1.0)
     inactivity_timeout_s: float = 600.0  # longest wait for the daemon's next event (CPU prefill is slow)
+    # speculative decoding of requests that do not choose (the `spec*` request extensions): the
+    # daemon's `generate spec= budget= draft=`; editors and agents cannot send extension fields
+    spec: str = "off"                   # off | chain | ddtree
+    spec_budget: int | None = None      # None: the daemon's default for the mode
+    spec_draft: str | None = None       # None: the daemon's first --draft
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -26,3 +33,9 @@ class GatewayConfig:
             raise ValueError(f"default_temperature must be in [0, 2], got {self.default_temperature}")
         if not self.inactivity_timeout_s > 0:
             raise ValueError(f"inactivity_timeout_s must be > 0, got {self.inactivity_timeout_s}")
+        if self.spec not in SPEC_MODES:
+            raise ValueError(f"spec must be one of {', '.join(SPEC_MODES)}, got {self.spec!r}")
+        if self.spec_budget is not None and not 1 <= self.spec_budget <= MAX_BUDGET:
+            raise ValueError(f"spec_budget must be in [1, {MAX_BUDGET}], got {self.spec_budget}")
+        if self.spec_draft is not None and not self.spec_draft.strip():
+            raise ValueError("spec_draft must not be empty (leave it out for the daemon's default drafter)")

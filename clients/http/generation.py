@@ -21,7 +21,7 @@ from .daemon_link import DaemonLink
 from .errors import ApiError
 from .tools import TOOL_CALL_CLOSE, TextPiece, ToolCall, ToolCallParser
 
-__all__ = ["Finish", "GenerationSettings", "Step", "TokenLogprob", "generate", "UNLIKELY_LOGPROB"]
+__all__ = ["Finish", "GenerationSettings", "Step", "TokenLogprob", "generate", "spec_settings", "UNLIKELY_LOGPROB"]
 
 # OpenAI reports log p = -inf as -9999.0; the daemon sends null for it.
 UNLIKELY_LOGPROB = -9999.0
@@ -46,6 +46,9 @@ class GenerationSettings:
     ignore_eos: bool = False
     tool_names: frozenset[str] | None = None  # None: no tool-call parsing
     stop_after_first_call: bool = False       # parallel tool calls off
+    spec: str = "off"                # speculative decoding: off | chain | ddtree (daemon `spec=`)
+    spec_budget: int | None = None   # daemon `budget=`; None: its default
+    spec_draft: str | None = None    # daemon `draft=`; None: its first drafter
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -96,7 +99,22 @@ class GenerationSettings:
             fields["logprobs"] = max(self.top_logprobs, 1)
         if self.ignore_eos:
             fields["ignore_eos"] = True
+        if self.spec != "off":
+            fields["spec"] = self.spec
+            if self.spec_budget is not None:
+                fields["budget"] = self.spec_budget
+            if self.spec_draft is not None:
+                fields["draft"] = self.spec_draft
         return fields
+
+
+def spec_settings(body, config) -> dict:
+    """GenerationSettings' spec fields: the request's `spec*` extensions, else the gateway's
+    --spec defaults (a request's spec="off" turns a default off)."""
+    spec = body.spec if body.spec is not None else config.spec
+    return {"spec": spec,
+            "spec_budget": body.spec_budget if body.spec_budget is not None else config.spec_budget,
+            "spec_draft": body.spec_draft if body.spec_draft is not None else config.spec_draft}
 
 
 @dataclass(slots=True, frozen=True)
@@ -182,6 +200,19 @@ def _stop_reason(settings: GenerationSettings, link: DaemonLink, out_ids: list[i
     return "eos", None
 
 
+async def _spec_errors(events: AsyncIterator[dict], settings: GenerationSettings) -> AsyncIterator[dict]:
+    """The daemon answers `not_loaded` to a speculative request whose drafter it does not have:
+    for the HTTP client that is a bad request (the target model is being served), not a 503."""
+    try:
+        async with aclosing(events) as inner:
+            async for event in inner:
+                yield event
+    except ApiError as exc:
+        if settings.spec != "off" and exc.code == "model_not_loaded":
+            raise ApiError(400, exc.message, param="spec_draft", code="drafter_not_loaded") from None
+        raise
+
+
 async def generate(link: DaemonLink, settings: GenerationSettings,
                    is_disconnected: Callable[[], Awaitable[bool]] | None = None
                    ) -> AsyncIterator[Step | Finish]:
@@ -191,7 +222,7 @@ async def generate(link: DaemonLink, settings: GenerationSettings,
     aligner = _LogprobAligner(link, settings.top_logprobs) if settings.logprobs else None
     out_ids: list[int] = []
     text_parts: list[str] = []
-    async with aclosing(link.generate(fields, is_disconnected)) as events:
+    async with aclosing(_spec_errors(link.generate(fields, is_disconnected), settings)) as events:
         async for event in events:
             if event["event"] == "token":
                 ids = [int(t) for t in event.get("ids") or ()]

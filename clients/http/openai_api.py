@@ -17,7 +17,7 @@ from contextlib import aclosing
 from fastapi import APIRouter, Request
 
 from .errors import ApiError, openai_error_body
-from .generation import Finish, GenerationSettings, Step, TokenLogprob, generate
+from .generation import Finish, GenerationSettings, Step, TokenLogprob, generate, spec_settings
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .prompts import chat_prompt_ids, completion_prompt_ids
 from .sse import sse_event
@@ -73,17 +73,18 @@ async def get_model(model_id: str, request: Request) -> dict:
 # request -> GenerationSettings
 # ----------------------------------------------------------------------------------------------
 
-def _settings(body, prompt_ids: list[int], *, max_tokens: int | None, default_temperature: float,
-              logprobs: bool, top_logprobs: int, tool_names=None, stop_after_first_call=False) -> GenerationSettings:
+def _settings(body, prompt_ids: list[int], *, max_tokens: int | None, config, logprobs: bool, top_logprobs: int,
+              tool_names=None, stop_after_first_call=False) -> GenerationSettings:
     return GenerationSettings(
         prompt_ids=tuple(prompt_ids), max_tokens=max_tokens,
-        temperature=default_temperature if body.temperature is None else body.temperature,
+        temperature=config.default_temperature if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0, min_p=body.min_p or 0.0,
         repeat_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         frequency_penalty=body.frequency_penalty or 0.0, presence_penalty=body.presence_penalty or 0.0,
         seed=body.seed, stop=tuple(body.stop_list()), logprobs=logprobs, top_logprobs=top_logprobs,
-        ignore_eos=bool(body.ignore_eos), tool_names=tool_names, stop_after_first_call=stop_after_first_call)
+        ignore_eos=bool(body.ignore_eos), tool_names=tool_names, stop_after_first_call=stop_after_first_call,
+        **spec_settings(body, config))
 
 
 def _arguments_for_template(arguments: str):
@@ -133,7 +134,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if use_tools else None
     prompt_ids = chat_prompt_ids(link.model, [_template_message(m) for m in body.messages], tools)
     settings = _settings(
-        body, prompt_ids, max_tokens=body.max_new_tokens(), default_temperature=request.app.state.config.default_temperature,
+        body, prompt_ids, max_tokens=body.max_new_tokens(), config=request.app.state.config,
         logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
         tool_names=frozenset(t.function.name for t in body.tools) if use_tools else None,
         stop_after_first_call=use_tools and body.parallel_tool_calls is False)
@@ -255,8 +256,7 @@ async def completions(body: CompletionRequest, request: Request):
     want_logprobs = body.logprobs is not None
     settings = _settings(body, prompt_ids,
                          max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
-                         default_temperature=request.app.state.config.default_temperature,
-                         logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
+                         config=request.app.state.config, logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
     completion_id, created = _new_id("cmpl-"), int(time.time())
     base = {"id": completion_id, "object": "text_completion", "created": created, "model": link.model_id,
             "system_fingerprint": SYSTEM_FINGERPRINT}

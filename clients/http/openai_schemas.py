@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from ...protocol.messages import MAX_BUDGET
+
 __all__ = [
     "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "FunctionDefinition",
     "UNSUPPORTED_HINTS", "Tool",
@@ -47,6 +49,17 @@ UNSUPPORTED_HINTS = {
     "echo": "echo is not supported",
     "suffix": "fill-in-the-middle suffixes are not supported on /v1/completions",
 }
+
+
+# Speculative decoding (request extensions, both APIs): the daemon's `generate spec= budget= draft=`.
+# Left out: the gateway's --spec / --spec-budget / --spec-draft. Exact at temperature 0 (the output
+# equals plain greedy decoding); with sampling the output distribution is the target's.
+SpecMode = Annotated[Literal["off", "chain", "ddtree"] | None, Field(
+    description="Extension: speculative decoding (default: the gateway's --spec, normally off).")]
+SpecBudget = Annotated[int | None, Field(ge=1, le=MAX_BUDGET, description=(
+    "Extension: chain length (spec=chain) or drafted tree nodes (spec=ddtree); default: the daemon's."))]
+SpecDraft = Annotated[str | None, Field(min_length=1, max_length=4096, description=(
+    "Extension: the drafter (a --draft of the daemon, e.g. 'ngram'); default: its first."))]
 
 
 class _Strict(BaseModel):
@@ -169,6 +182,9 @@ class _Sampling(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = Field(None, description="Extension: keep generating past the end-of-sequence token.")
+    spec: SpecMode = None
+    spec_budget: SpecBudget = None
+    spec_draft: SpecDraft = None
     n: Literal[1] | None = None
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     user: str | None = Field(None, description="Accepted and ignored.")

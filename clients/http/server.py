@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import click
 
+from ...protocol.messages import MAX_BUDGET
 from .config import GatewayConfig
 
 __all__ = ["http_command", "serve"]
@@ -29,7 +30,7 @@ def serve(link, config: GatewayConfig, *, verbose: bool = False) -> None:
 
 @contextlib.contextmanager
 def _daemon_client(daemon: str | None, model: str | None, device: str | None, max_ctx: int | None,
-                   verbose: bool, timeout_s: float) -> Iterator[tuple[object, str | None]]:
+                   verbose: bool, timeout_s: float, drafts: tuple[str, ...] = ()) -> Iterator[tuple[object, str | None]]:
     """(client, model file to read the tokenizer from, or None for the daemon's own)."""
     from ..cli import _resolve
     from ..client import Client
@@ -47,7 +48,8 @@ def _daemon_client(daemon: str | None, model: str | None, device: str | None, ma
         return
     model_path = str(_resolve(model or DEFAULT_MODEL))
     options = DaemonOptions(model=model_path, device=device, max_ctx=max_ctx,
-                            log_level="info" if verbose else "warning")
+                            log_level="info" if verbose else "warning",
+                            extra_args=tuple(a for d in drafts for a in ("--draft", d)))
     try:
         local = LocalDaemon.start(options)
     except DaemonStartError as exc:
@@ -77,9 +79,17 @@ def _daemon_client(daemon: str | None, model: str | None, device: str | None, ma
               help="Temperature of requests that give none (OpenAI's and Anthropic's documented default is 1).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1.0), default=600.0, show_default=True,
               help="Longest wait, in seconds, for the daemon's next event before a request is cancelled.")
+@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH|ngram",
+              help="Drafter(s) of a started daemon (its --draft; repeatable), for speculative decoding.")
+@click.option("--spec", type=click.Choice(["off", "chain", "ddtree"]), default="off", show_default=True,
+              help="Speculative decoding of requests that do not choose (request extension `spec`).")
+@click.option("--spec-budget", type=click.IntRange(1, MAX_BUDGET), default=None,
+              help="Chain length or DDTree node budget for --spec (default: the daemon's).")
+@click.option("--spec-draft", metavar="NAME",
+              help="Drafter for --spec (default: the daemon's first --draft).")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request and the started daemon's info logs.")
 def http_command(daemon, model, device, max_ctx, host, port, api_key, model_name, default_temperature,
-                 timeout_s, verbose):
+                 timeout_s, drafts, spec, spec_budget, spec_draft, verbose):
     """Serve OpenAI- and Anthropic-compatible HTTP APIs (chat, completions, messages, tool calls,
     streaming) for editors and coding agents. Base URLs: http://HOST:PORT/v1 (OpenAI) and
     http://HOST:PORT (Anthropic)."""
@@ -88,11 +98,15 @@ def http_command(daemon, model, device, max_ctx, host, port, api_key, model_name
 
     try:
         config = GatewayConfig(host=host, port=port, api_key=api_key, default_temperature=default_temperature,
-                               inactivity_timeout_s=timeout_s)
+                               inactivity_timeout_s=timeout_s, spec=spec, spec_budget=spec_budget,
+                               spec_draft=spec_draft)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr)
-    with _daemon_client(daemon, model, device, max_ctx, verbose, timeout_s) as (client, model_path):
+    if daemon is not None and drafts:
+        raise click.UsageError("--draft loads drafters into a started daemon; with --daemon, start that daemon "
+                               "with its own --draft")
+    with _daemon_client(daemon, model, device, max_ctx, verbose, timeout_s, drafts) as (client, model_path):
         try:
             link = DaemonLink.open(client, model_path=model_path, model_name=model_name,
                                    inactivity_timeout_s=timeout_s)

@@ -78,8 +78,9 @@ def tiny_model(synthetic_model) -> Path:
 
 @pytest.fixture(scope="session")
 def daemon(tiny_model) -> Iterator[LocalDaemon]:
+    # --draft ngram: the speculative-decoding extensions have a drafter to name
     with LocalDaemon.start(DaemonOptions(model=str(tiny_model), device="cpu", max_ctx=TINY_MAX_CTX,
-                                         ready_timeout_s=60)) as running:
+                                         ready_timeout_s=60, extra_args=("--draft", "ngram"))) as running:
         yield running
 
 

@@ -120,3 +120,16 @@ def test_errors_in_anthropic_shape(claude):
     with pytest.raises(anthropic.BadRequestError, match="tools: the chat template"):
         claude.messages.create(model="m", max_tokens=2, messages=MESSAGES,
                                tools=[{"name": "f", "input_schema": {"type": "object"}}])
+
+
+def test_speculative_decoding_extensions(claude, daemon_client, prompt_ids):
+    """The spec extensions on /v1/messages: n-gram speculation at temperature 0 gives the daemon's
+    plain greedy text; an unknown drafter is the daemon's error."""
+    want = daemon_client.complete(ids=prompt_ids, max_tokens=16, temperature=0).text
+    reply = claude.messages.create(model="m", system=SYSTEM, messages=MESSAGES, max_tokens=16,
+                                   extra_body={"temperature": 0, "spec": "ddtree", "spec_budget": 4,
+                                               "spec_draft": "ngram"})
+    assert reply.content[0].text == want
+    with pytest.raises(anthropic.BadRequestError, match="no such drafter"):
+        claude.messages.create(model="m", system=SYSTEM, messages=MESSAGES, max_tokens=4,
+                               extra_body={"spec": "chain", "spec_draft": "nope"})

@@ -250,3 +250,32 @@ def test_tools_on_a_model_whose_template_cannot_show_them(oai):
     reply = oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, tools=tools, tool_choice="none",
                                         extra_body=NO_EOS)
     assert reply.choices[0].finish_reason == "length"
+
+
+def test_speculative_decoding_extensions(oai, daemon, make_gateway):
+    """spec / spec_budget / spec_draft reach the daemon's `generate spec= budget= draft=`: greedy
+    speculative output equals plain greedy output (exact); a drafter the daemon does not have and
+    a budget no verify forward holds come back as the daemon's errors. The gateway's --spec
+    defaults apply to requests that do not choose, and spec="off" overrides them."""
+    plain = oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=24, temperature=0, extra_body=NO_EOS)
+    text = plain.choices[0].message.content
+    for extra in ({"spec": "chain"}, {"spec": "ddtree", "spec_budget": 5, "spec_draft": "ngram"}, {"spec": "off"}):
+        reply = oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=24, temperature=0,
+                                            extra_body={**NO_EOS, **extra})
+        assert reply.choices[0].message.content == text, extra
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4, extra_body={"spec": "chain",
+                                                                                              "spec_draft": "nope"})
+    assert "no such drafter" in info.value.message and info.value.code == "drafter_not_loaded"
+    with pytest.raises(openai.BadRequestError, match="budget=1000"):
+        oai.completions.create(model="m", prompt="x", max_tokens=4, extra_body={"spec": "ddtree", "spec_budget": 1000})
+    with pytest.raises(openai.BadRequestError, match="spec"):
+        oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4, extra_body={"spec": "tree"})
+    with daemon.connect(timeout_s=60) as client:
+        server = make_gateway(client, spec="chain", spec_draft="nope")
+        default_on = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError, match="no such drafter"):
+            default_on.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        reply = default_on.chat.completions.create(model="m", messages=MESSAGES, max_tokens=24, temperature=0,
+                                                   extra_body={**NO_EOS, "spec": "off"})
+        assert reply.choices[0].message.content == text
