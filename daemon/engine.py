@@ -35,6 +35,7 @@ from .runner import ModelRunner
 from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
 from .spec.drafter import Drafter, DrafterLoadError
 from .spec.loader import DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
+from .spec.ngram import NgramDrafter
 from .stops import StopMatcher
 
 __all__ = ["Engine", "Emit"]
@@ -57,6 +58,17 @@ class _Job:
         if event.get("event") in TERMINAL_EVENTS and self.engine is not None:
             self.engine._finish(self)
         self.emit(event)
+
+
+@dataclass(slots=True)
+class _ParkedDrafter:
+    """A --draft drafter whose memory `park what=draft` released; `unpark` loads it again."""
+
+    name: str
+    borrows_target: bool          # DFlash: reloading needs the target's weights resident
+
+    def info(self) -> dict:
+        return {"name": self.name, "kind": "parked", "parked": True}
 
 
 class Engine:
@@ -101,10 +113,13 @@ class Engine:
                 raise ModelLoadError(f"--prefill-drafter: {exc.message}") from None
         self._load_drafters()
 
+    def _drafter_context(self) -> DrafterContext:
+        return DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
+                              max_ctx=self.config.max_ctx, prefill_chunk=self.config.prefill_chunk)
+
     def _load_drafters(self) -> None:
         """Every --draft, checked against the target; DrafterLoadError stops the daemon's start."""
-        ctx = DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
-                             max_ctx=self.config.max_ctx, prefill_chunk=self.config.prefill_chunk)
+        ctx = self._drafter_context()
         for spec in self.config.drafts:
             name = drafter_name(spec)
             if name in self.drafters:
@@ -115,11 +130,14 @@ class Engine:
             self._drafter_sources[name] = spec
             log.info("drafter %s loaded from %s", name, spec)
         if self.drafters:
-            # a drafter's model shares the backend's scratch arena and workspaces, which loading it
-            # may have grown: graphs captured before then could point at freed memory
-            for runner in [self.runner] + [getattr(d, "runner", None) for d in self.drafters.values()]:
-                if hasattr(runner, "drop_graphs"):
-                    runner.drop_graphs()
+            self._drop_graphs()
+
+    def _drop_graphs(self) -> None:
+        """A drafter's model shares the backend's scratch arena and workspaces, which loading it
+        may have grown: graphs captured before then could point at freed memory."""
+        for runner in [self.runner] + [getattr(d, "runner", None) for d in self.drafters.values()]:
+            if hasattr(runner, "drop_graphs"):
+                runner.drop_graphs()
 
     def _load_weights(self, progress=None) -> None:
         done = [0]
@@ -226,6 +244,9 @@ class Engine:
         parked = {"target": self.model.weights is None}
         if self.compressor is not None and self.compressor.parked_path is not None:
             parked["drafter"] = True
+        spec = [name for name, d in self.drafters.items() if isinstance(d, _ParkedDrafter)]
+        if spec:
+            parked["spec_drafters"] = spec
         return parked
 
     def _weight_bytes(self) -> int:
@@ -378,10 +399,13 @@ class Engine:
         if not self.drafters:
             raise ProtocolError("not_loaded", "no drafter is loaded; start the daemon with --draft PATH|NAME|ngram")
         if name is None:
-            return next(iter(self.drafters.values()))
-        drafter = find_drafter(self.drafters, self._drafter_sources, name)
-        if drafter is None:
-            raise ProtocolError("not_loaded", f"draft={name}: no such drafter; loaded: {', '.join(self.drafters)}")
+            drafter = next(iter(self.drafters.values()))
+        else:
+            drafter = find_drafter(self.drafters, self._drafter_sources, name)
+            if drafter is None:
+                raise ProtocolError("not_loaded", f"draft={name}: no such drafter; loaded: {', '.join(self.drafters)}")
+        if isinstance(drafter, _ParkedDrafter):
+            raise ProtocolError("parked", f"the drafter {drafter.name} is parked; send `unpark what=draft` first")
         return drafter
 
     def _spec_decoder(self, req: m.Generate, runner, drafter: Drafter) -> SpecDecoder:
@@ -481,6 +505,7 @@ class Engine:
             self._park_target()
         if req.what in ("draft", "all"):
             self.compressor.park()
+            self._park_spec_drafters()
         job.send(result_event(req.id, parked=self.status()["parked"]))
 
     def _do_unpark(self, req: m.Unpark, job: _Job) -> None:
@@ -488,13 +513,40 @@ class Engine:
             self._unpark_target()
         if req.what in ("draft", "all"):
             self.compressor.unpark()
+            self._unpark_spec_drafters()
         job.send(result_event(req.id, parked=self.status()["parked"]))
+
+    def _park_spec_drafters(self) -> None:
+        """Release every --draft drafter that holds memory (a draft model, DFlash); n-grams stay."""
+        for name, drafter in list(self.drafters.items()):
+            if not isinstance(drafter, (_ParkedDrafter, NgramDrafter)):
+                borrows = borrows_target_weights(drafter)
+                drafter.close()
+                self.drafters[name] = _ParkedDrafter(name, borrows)
+        gc.collect()
+
+    def _unpark_spec_drafters(self) -> None:
+        """Load the parked drafters again from their --draft sources (the same files: the same
+        drafts, so output after a round trip equals output before)."""
+        ctx = self._drafter_context()
+        for name, drafter in list(self.drafters.items()):
+            if not isinstance(drafter, _ParkedDrafter):
+                continue
+            if drafter.borrows_target and self.model.weights is None:
+                raise ProtocolError("parked", f"the drafter {name} runs on the target's weights: "
+                                              f"send `unpark what=target` first")
+            try:
+                loaded = load_drafter(self._drafter_sources[name], ctx)
+                loaded.check_target(self.model.config)
+            except DrafterLoadError as exc:
+                raise ProtocolError("internal", f"unpark of drafter {name} failed: {exc}") from exc
+            self.drafters[name] = loaded
+        self._drop_graphs()
 
     def _reload_target_borrowers(self) -> None:
         """Drafters that use the target's own weights (DFlash: embedding and lm_head) held the
         parked copy: load them again against the unparked target."""
-        ctx = DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
-                             max_ctx=self.config.max_ctx, prefill_chunk=self.config.prefill_chunk)
+        ctx = self._drafter_context()
         for name, drafter in list(self.drafters.items()):
             if borrows_target_weights(drafter):
                 drafter.close()

@@ -140,3 +140,25 @@ def test_park_unpark_keeps_spec_output(spawn_serve, synthetic_model, tmp_path):
         assert answer["event"] == "result", answer
     for name in drafts:
         assert run(daemon, GEN + f" spec=ddtree budget=12 draft={name}", f"after-{name}")[0] == want
+
+
+def test_park_draft_releases_the_draft_model_and_unpark_restores_it(spec_daemon, synthetic_model):
+    """`park what=draft` closes the draft model (n-grams hold nothing and stay): speculative
+    requests naming it are refused with `parked` while n-grams still serve; `unpark what=draft`
+    loads it again from its file and the output equals the output before the round trip."""
+    model_spec = GEN + f" spec=chain draft={synthetic_model.stem}"
+    before, _, _, _ = run(spec_daemon, model_spec, "before")
+    parked = spec_daemon.ask("park id=pk what=draft", "pk")[-1]
+    assert parked["event"] == "result" and parked["parked"]["spec_drafters"] == [synthetic_model.stem]
+    status = spec_daemon.ask("status id=st", "st")[-1]
+    assert [d.get("parked", False) for d in status["drafters"]] == [True, False]
+    refused = spec_daemon.ask(model_spec.format(id="refused"), "refused")
+    assert refused[-1]["event"] == "error" and refused[-1]["code"] == "parked"
+    assert spec_daemon.ask(GEN.format(id="dflt") + " spec=chain", "dflt")[-1]["code"] == "parked"   # the default
+    plain, _, _, _ = run(spec_daemon, GEN, "plain")
+    ngram, _, _, _ = run(spec_daemon, GEN + " spec=chain draft=ngram", "ngram")
+    assert ngram == plain == before
+    unparked = spec_daemon.ask("unpark id=up what=draft", "up")[-1]
+    assert unparked["event"] == "result" and "spec_drafters" not in unparked["parked"]
+    after, _, done, _ = run(spec_daemon, model_spec, "after")
+    assert after == before and done["spec"]["draft"] == synthetic_model.stem
