@@ -23,10 +23,7 @@ import pytest
 
 from flashd.clients.chat_template import ChatTemplate
 from flashd.clients.registry import KNOWN_MODELS
-from flashd.clients.spawn import DaemonOptions, LocalDaemon
 
-TINY = dict(arch="qwen2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,
-            weight_type="Q8_0", seed=11, name="cli-test")
 TIMEOUT_S = 60.0  # bound on every CLI process in these tests
 FLASHD = [sys.executable, "-m", "flashd.clients.cli"]
 
@@ -38,21 +35,9 @@ def run_cli(*args: str, stdin: str | None = None, env: dict | None = None,
 
 
 @pytest.fixture(scope="module")
-def tiny_model(synthetic_model):
-    return synthetic_model(**TINY)
-
-
-@pytest.fixture(scope="module")
-def daemon(tiny_model):
-    with LocalDaemon.start(DaemonOptions(model=str(tiny_model), device="cpu", max_ctx=4096,
-                                         ready_timeout_s=60)) as running:
-        yield running
-
-
-@pytest.fixture
-def client(daemon):
-    with daemon.connect(timeout_s=TIMEOUT_S) as connected:
-        yield connected
+def tiny_spec(tiny_spec):
+    """conftest's tiny model with the seed whose replies the chat tests' turns tell apart."""
+    return {**tiny_spec, "seed": 11, "name": "cli-test"}
 
 
 def _greedy(client, prompt: str, max_tokens: int) -> str:

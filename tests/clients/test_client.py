@@ -19,29 +19,7 @@ from flashd.clients.spawn import DaemonOptions, DaemonStartError, LocalDaemon
 from flashd.clients.tokenizer import Tokenizer
 from flashd.protocol import wire
 
-# A qwen2-shaped model small enough to load in well under a second and decode thousands of
-# tokens per second on the reference backend.
-TINY = dict(arch="qwen2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,
-            weight_type="Q8_0", seed=7, name="client-test")
 TIMEOUT_S = 30.0  # the longest any answer may take before a test fails
-
-
-@pytest.fixture(scope="module")
-def tiny_model(synthetic_model):
-    return synthetic_model(**TINY)
-
-
-@pytest.fixture(scope="module")
-def daemon(tiny_model):
-    with LocalDaemon.start(DaemonOptions(model=str(tiny_model), device="cpu", max_ctx=4096,
-                                         ready_timeout_s=60)) as running:
-        yield running
-
-
-@pytest.fixture
-def client(daemon):
-    with daemon.connect(timeout_s=TIMEOUT_S) as connected:
-        yield connected
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,18 +27,18 @@ def client(daemon):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_ready_and_status_describe_the_model(daemon, client, tiny_model):
+def test_ready_and_status_describe_the_model(daemon, client, tiny_model, tiny_spec):
     assert daemon.ready["model"] == str(tiny_model)
-    assert daemon.ready["vocab_size"] == TINY["vocab_size"]
+    assert daemon.ready["vocab_size"] == tiny_spec["vocab_size"]
     status = client.status()
     assert status["model"] == str(tiny_model) and status["max_ctx"] == 4096
     assert status["running"] is None
 
 
-def test_tokenize_detokenize_round_trip(client):
+def test_tokenize_detokenize_round_trip(client, tiny_spec):
     text = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # é"
     ids = client.tokenize(text)
-    assert ids and all(0 <= t < TINY["vocab_size"] for t in ids)
+    assert ids and all(0 <= t < tiny_spec["vocab_size"] for t in ids)
     assert client.detokenize(ids) == text
 
 

@@ -1,11 +1,16 @@
 """fd_argmax, fd_sample and fd_decode_advance against flashd.daemon.sampling (float64)."""
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flashd.daemon.sampling import apply_penalties, candidate_probs, sample, uniform
+from flashd.daemon.sampling import candidate_probs, sample
 from flashd.protocol.messages import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sampling_boundaries import boundaries  # noqa: E402  (the float32-boundary oracle, shared with the CPU emulation)
 
 F32 = lambda v: float(np.float32(v))   # noqa: E731  parameters the kernel sees exactly (float args)
 
@@ -60,55 +65,6 @@ def test_argmax_special_rows(native, dev):
 
 
 # ---- sampling: exact agreement with the reference, away from float32 boundaries ----------------
-VAL_TOL = 4e-6    # relative: a float32 p (exp2f of a rounded log2 argument) vs float64
-MASS_TOL = 1e-5   # absolute, on normalised mass: float32 sums over up to 262144 terms
-
-
-def boundaries(logits, history, params, step):
-    """(borderline, loose) for the float64 reference's choice at `step`.
-
-    borderline: some decision -- the top_k cut, the top_p cut (by mass), a value near tau or
-    min_p, or u against the cumulative mass -- lies within float32 rounding of its boundary, so a
-    correct float32 sampler may legitimately pick another token. loose: a superset of the kept ids
-    that any such rounding could produce (the token must be one of them even then).
-    """
-    x = apply_penalties(logits, history, params) / params.temperature
-    n = x.size
-    border = False
-    keep = np.ones(n, bool)
-    loose = np.ones(n, bool)
-    if 0 < params.top_k < n:
-        theta = np.partition(x, n - params.top_k)[n - params.top_k]
-        tol = VAL_TOL * (1 + abs(theta))
-        border |= bool(np.any((np.abs(x - theta) < tol) & (x != theta)))
-        keep = x >= theta
-        loose = x >= theta - tol
-    p = np.where(keep, np.exp(x - x.max()), 0.0)
-    p /= p.sum()
-    pl = np.where(loose, np.exp(x - x.max()), 0.0)
-    pl /= pl.sum()
-    if params.top_p < 1.0:
-        desc = np.sort(p[keep])[::-1]
-        cum = np.cumsum(desc)
-        cut = min(int(np.searchsorted(cum, params.top_p, side="left")), desc.size - 1)
-        border |= abs(cum[cut] - params.top_p) < MASS_TOL or (cut > 0 and abs(cum[cut - 1] - params.top_p) < MASS_TOL)
-        tau = desc[cut]
-        border |= bool(np.any((np.abs(desc - tau) < VAL_TOL * tau) & (desc != tau)))
-        keep &= p >= tau
-        desc_l = np.sort(pl[loose])[::-1]
-        cut_l = min(int(np.searchsorted(np.cumsum(desc_l), min(params.top_p + 1e-4, 1.0), side="left")),
-                    desc_l.size - 1)
-        loose &= pl >= desc_l[cut_l] * (1 - 1e-4)
-    if params.min_p > 0.0:
-        thr = params.min_p * p.max()
-        border |= bool(np.any(np.abs(p[keep] - thr) < VAL_TOL * thr))
-        keep &= p >= thr
-        loose &= pl >= params.min_p * pl.max() * (1 - 1e-4)
-    cum = np.cumsum(p[keep] / p[keep].sum())
-    border |= bool(np.min(np.abs(cum - uniform(params.seed, step))) < MASS_TOL)
-    return border, loose
-
-
 class Sampler:
     def __init__(self, native, dev, n_vocab, rng):
         self.native, self.dev, self.n_vocab = native, dev, n_vocab
