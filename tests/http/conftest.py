@@ -4,71 +4,27 @@ ROUTER) for outputs a random model cannot be made to produce on cue (tool calls)
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gguf
 import msgpack
 import pytest
-import uvicorn
 import zmq
 
 from flashd.clients.client import Client
-from flashd.clients.http.app import create_app
-from flashd.clients.http.config import GatewayConfig
-from flashd.clients.http.daemon_link import DaemonLink
 from flashd.clients.spawn import DaemonOptions, LocalDaemon
 from flashd.clients.tokenizer import read_gguf_metadata
 from flashd.protocol import wire
+from gateway_harness import TIMEOUT_S, GatewayServer, serve_gateway
 
 # A qwen2-shaped model that loads in well under a second and decodes ~1000 tokens/s on the
 # reference backend; its random weights rarely produce the end token, so outputs run to max_tokens.
 TINY = dict(arch="qwen2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,
             weight_type="Q8_0", seed=11, name="http-test")
 TINY_MAX_CTX = 4096
-TIMEOUT_S = 30.0
 QWEN_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "tokenizer" / "qwen2.5_chat_template.jinja"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class GatewayServer:
-    """`create_app` served by uvicorn in a thread on a free loopback port."""
-
-    def __init__(self, link: DaemonLink, config: GatewayConfig):
-        self.app = create_app(link, config)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                     log_level="warning", timeout_graceful_shutdown=2))
-        self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
-
-
-@contextlib.contextmanager
-def serve_gateway(client: Client, **config) -> Iterator[GatewayServer]:
-    link = DaemonLink.open(client, inactivity_timeout_s=TIMEOUT_S)
-    server = GatewayServer(link, GatewayConfig(port=0, **config))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -96,21 +52,6 @@ def gateway(daemon) -> Iterator[GatewayServer]:
     with daemon.connect(timeout_s=TIMEOUT_S) as client, serve_gateway(client) as server:
         yield server
 
-
-def wait_idle(client: Client, timeout_s: float) -> float:
-    """Seconds until the daemon runs nothing and queues nothing; fails after timeout_s."""
-    t_start = time.monotonic()
-    while True:
-        status = client.status()
-        if status["running"] is None and status["queued"] == 0:
-            return time.monotonic() - t_start
-        assert time.monotonic() - t_start < timeout_s, f"the daemon is still busy: {status}"
-        time.sleep(0.05)
-
-
-# ----------------------------------------------------------------------------------------------
-# A scripted fake daemon
-# ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def tool_model(tiny_model, tmp_path_factory) -> Path:
