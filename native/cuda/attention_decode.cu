@@ -64,23 +64,9 @@ extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache
     FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
                  ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
-    Params p;
-    p.q = q;
-    p.k_cache = (const __half*)k_cache;
-    p.v_cache = (const __half*)v_cache;
-    p.n_past = n_past;
-    p.mask = nullptr;
-    p.o = o;
-    p.n = 1;
-    p.n_heads = n_heads;
-    p.n_kv_heads = n_kv_heads;
-    p.group = n_heads / n_kv_heads;
-    p.row_tiles = row_tiles_for(p.group);
-    p.max_ctx = max_ctx;
-    p.chunk_len = chunk_len;
-    p.n_splits = splits_for_head_dim(head_dim, n_kv_heads, p.group, max_ctx, chunk_len);
+    Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, n_heads, n_kv_heads, head_dim, max_ctx,
+                           chunk_len, scale);
     if (p.n_splits == 0) return FD_E_SHAPE;
-    p.q_scale = scale * LOG2E;
     set_workspace(p, workspace, head_dim);
     return launch_head_dim(p, head_dim, (cudaStream_t)stream);
 }

@@ -681,6 +681,31 @@ inline void set_workspace(Params& p, void* workspace, int head_dim) {
     p.ws_l = p.ws_m + n_rows * p.n_splits;
 }
 
+// The launch parameters of both entry points (decode: n = 1, mask = nullptr); n_splits = 0 for an
+// unsupported head_dim. The workspace is set by set_workspace.
+inline Params make_params(float* o, const float* q, const void* k_cache, const void* v_cache, const uint8_t* mask,
+                          const int32_t* n_past, int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+                          int chunk_len, float scale) {
+    Params p;
+    p.q = q;
+    p.k_cache = (const __half*)k_cache;
+    p.v_cache = (const __half*)v_cache;
+    p.n_past = n_past;
+    p.mask = mask;
+    p.o = o;
+    p.ws_acc = p.ws_m = p.ws_l = nullptr;
+    p.n = n;
+    p.n_heads = n_heads;
+    p.n_kv_heads = n_kv_heads;
+    p.group = n_heads / n_kv_heads;
+    p.row_tiles = row_tiles_for(p.group);
+    p.max_ctx = max_ctx;
+    p.chunk_len = chunk_len;
+    p.n_splits = splits_for_head_dim(head_dim, n_kv_heads, p.group, max_ctx, chunk_len);
+    p.q_scale = scale * LOG2E;
+    return p;
+}
+
 template <int HD>
 int launch(const Params& p, cudaStream_t stream) {
     const size_t smem = Cfg<HD>::SMEM_BYTES;
