@@ -79,8 +79,8 @@ def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
         def dm(depth):
             return DraftModelDrafter(runner, name, DraftModelConfig(max_depth=depth))
 
-        # trees of <= 8 nodes (budget <= 7) verify through the GEMV path (cuda/ops.py GEMV_MAX_ROWS);
-        # larger ones through dequantize + GEMM, so the sweep spans that boundary
+        # verification reads the weights once per 8 tree rows (row-invariant GEMVs, cuda/ops.py), so
+        # budgets 7, 15, 22 (3 passes), 32, 48 span one to seven passes
         chains = [4] if quick else [3, 5, 7]
         trees = [(6, 7)] if quick else [(6, 7), (6, 15), (6, 22), (8, 32), (8, 48)]
         configs += [(name, dm(d), "chain", d) for d in chains]

@@ -3,6 +3,7 @@
 #
 #   bench/gpu_host.sh setup        install carried wheels (.whl/), install flashd, build the library
 #   bench/gpu_host.sh recv         append carried model/sdist chunks (.xfer/*) to $XFER/
+#   bench/gpu_host.sh sdist        join the sdist's chunks, build llama.cpp's tools in the background
 #   bench/gpu_host.sh assemble     join chunks into $MODELS/*.gguf and the sdist, check md5
 #   bench/gpu_host.sh llama        build llama-bench from the sdist in the background (setsid)
 #   bench/gpu_host.sh test [ARGS]  GPU test suite (pytest -m gpu), log under $OUT
@@ -39,6 +40,12 @@ setup)
     ;;
 recv)
     cp .xfer/* $XFER/ && ls $XFER | tr '\n' ' ' && echo
+    ;;
+sdist)          # the llama-cpp-python sdist alone (its two chunks come first), then its build in the background
+    cat $XFER/lcp_?? > $HOST_DIR/llama_cpp_python-0.3.36.tar.gz && ls -la $HOST_DIR/llama_cpp_python-0.3.36.tar.gz
+    setsid nohup python3 bench/bench_spec.py --sdist $HOST_DIR/llama_cpp_python-0.3.36.tar.gz \
+        --build-dir $HOST_DIR/llama-build --build-only > $LOGS/llama_build.log 2>&1 < /dev/null &
+    echo "llama.cpp (llama-bench, llama-simple, llama-speculative-simple) building in the background"
     ;;
 assemble)
     cat $XFER/q05_?? > $MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
