@@ -39,6 +39,11 @@ def attention_workspace_bytes(lib, n_heads: int, n_kv_heads: int, head_dim: int,
                                                     DECODE_CHUNK_SLOTS)))
 
 
+def gemv_groups(n: int):
+    """(start, end) of the row groups the GEMV kernels take: up to GEMV_MAX_ROWS rows each."""
+    return ((s, min(n, s + GEMV_MAX_ROWS)) for s in range(0, n, GEMV_MAX_ROWS))
+
+
 @dataclass(slots=True, eq=False)
 class QuantWeight:
     """A 2-D GGUF weight resident on the device in its stored format."""
@@ -218,15 +223,19 @@ class CudaOps:
                     "fd_dequant_f16")
         return buf
 
+    def _on_gemv(self, n: int) -> bool:
+        """Projections of n rows run on the GEMV kernels: decode-sized batches, and every batch of a
+        row-invariant forward (tree verification); other batches take the GEMM."""
+        return n <= GEMV_MAX_ROWS or self.row_invariant
+
     def linear(self, x, weight: QuantWeight, bias=None, residual=None) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, weight.rows))
-        if n <= GEMV_MAX_ROWS or self.row_invariant or weight.rows * weight.cols > self.scratch_elems:
+        if self._on_gemv(n) or weight.rows * weight.cols > self.scratch_elems:
             # GEMV in groups of up to 8 rows: decode, verification, and weights too large for the
             # dequantization scratch (the lm_head when every position's logits are wanted)
             xs, norm_w, eps = self._norm_parts(x)
-            for s in range(0, n, GEMV_MAX_ROWS):
-                e = min(n, s + GEMV_MAX_ROWS)
+            for s, e in gemv_groups(n):
                 self._check(self.lib.fd_gemv(self.p(y[s:e], "float*"), self.p(weight.data), weight.qtype, weight.rows,
                                              weight.cols, self.p(xs[s:e], "float*"), e - s, self.p(norm_w, "float*"),
                                              eps, self.p(bias, "float*"),
@@ -242,7 +251,7 @@ class CudaOps:
 
     def linears(self, x, weights, biases) -> tuple:
         n = x.shape[0]
-        if n > GEMV_MAX_ROWS and not self.row_invariant:
+        if not self._on_gemv(n):
             xm = self.materialize(x)
             return tuple(self.linear(xm, w, b) for w, b in zip(weights, biases))
         outs = [self.take((n, w.rows)) for w in weights]
@@ -252,8 +261,7 @@ class CudaOps:
         qt = self.ffi.new("int[]", [w.qtype for w in weights])
         rows = self.ffi.new("int[]", [w.rows for w in weights])
         bs = self.ffi.new("float*[]", [self.p(b, "float*") for b in biases])
-        for s in range(0, n, GEMV_MAX_ROWS):
-            e = min(n, s + GEMV_MAX_ROWS)
+        for s, e in gemv_groups(n):
             ys = self.ffi.new("float*[]", [self.p(o[s:e], "float*") for o in outs])
             self._check(self.lib.fd_gemv_multi(k, ys, ws, qt, rows, bs, weights[0].cols, self.p(xs[s:e], "float*"),
                                                e - s, self.p(norm_w, "float*"), eps, self.dev.stream), "fd_gemv_multi")
@@ -262,10 +270,9 @@ class CudaOps:
     def swiglu_linear(self, x, w_gate: QuantWeight, w_up: QuantWeight) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, w_gate.rows))
-        if n <= GEMV_MAX_ROWS or self.row_invariant:
+        if self._on_gemv(n):
             xs, norm_w, eps = self._norm_parts(x)
-            for s in range(0, n, GEMV_MAX_ROWS):
-                e = min(n, s + GEMV_MAX_ROWS)
+            for s, e in gemv_groups(n):
                 self._check(self.lib.fd_gemv_swiglu(self.p(y[s:e], "float*"), self.p(w_gate.data), w_gate.qtype,
                                                     self.p(w_up.data), w_up.qtype, w_gate.rows, w_gate.cols,
                                                     self.p(xs[s:e], "float*"), e - s, self.p(norm_w, "float*"), eps,
