@@ -37,7 +37,8 @@
 //   * n_x * cols too large for shared memory: the launcher splits the x rows into passes (each pass
 //     rereads W); e.g. cols 8960 holds 4 rows per pass.
 //
-// Numerics: codes and scales are exact (quant.cuh); sum code * x accumulates in float32 per part, then acc += a * that + (b - a * OFFSET) * sum(x over the part). Error vs
+// Numerics: codes and scales are exact (quant.cuh); sum code * x accumulates in float32 per part,
+// then acc += a * that + (b - a * OFFSET) * sum(x over the part). Error vs
 // the float64 oracle ~ 1e-6 * sum |W||xn| for cols <= 9000. |x| must stay below 2^48 (x * 2^80 is
 // a float) -- activations are many orders of magnitude smaller.
 //
