@@ -40,7 +40,10 @@ def drafts(ops, target, drafter_path, feats, root, pieces):
     f, cfg = open_dflash(drafter_path)
     w = load_dflash_weights(f, cfg, ops.load_weight)
     head = TargetHead(target.weights.token_embd, target.weights.output)
-    cache = ops.kv_cache(dflash_cache_spec(cfg, 256))
+    spec = dflash_cache_spec(cfg, 256)
+    cache = ops.kv_cache(spec)
+    if hasattr(ops, "reserve_attention"):   # as DFlashDrafter does: the block's rows need a workspace
+        ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, spec.max_ctx, n_tokens=cfg.block_size)
     mask = block_mask(ops, cfg)
     out, n = [], 0
     for m in pieces:
