@@ -10,11 +10,12 @@ filler, the question at the end, sized with the target's tokenizer to at most th
 
 - flashd dense: `generate` of the whole prompt (greedy, --max-tokens); TTFT = wall time from the
   request to its first token event; pass = the needle's value appears in the output text.
-- PFlash: `compress` (drafter resident, --keep, --alpha) then `generate` of the kept ids; TTFT =
+- PFlash: `compress` (drafter resident, --keep, --alpha, --layers) then `generate` of the kept ids; TTFT =
   wall time from the compress request to the generate's first token (both requests included).
 - llama.cpp: llama-bench -p LENGTH -n 0 -fa 1 -ngl 99 on the same target GGUF; TTFT = LENGTH /
   its prefill tok/s (a prefill time: llama-bench runs no NIAH, so no pass rate).
-- Sweep: PFlash pass rate and TTFT for every (--sweep-keeps x --sweep-alphas), at every length.
+- Sweep: PFlash pass rate and TTFT for every (--sweep-keeps x --sweep-alphas x --sweep-layers), at
+  every length.
 
 Each mode runs one warm-up case first (graph capture, arena growth; not counted). Output: a
 markdown table (stdout, and --out/<date>-niah.md plus .json).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import statistics
 import sys
@@ -93,11 +95,12 @@ def generate_ttft(client: InProcess, ids, max_tokens: int, t_start: float | None
     return first[0] - t0, "".join(texts)
 
 
-def pflash_ttft(client: InProcess, ids, max_tokens: int, keep: float, alpha: float) -> tuple[float, str, int]:
+def pflash_ttft(client: InProcess, ids, max_tokens: int, keep: float, alpha: float,
+                layers: int = 0) -> tuple[float, str, int]:
     from flashd.protocol import messages as m
 
     t0 = time.perf_counter()
-    res = client.run(m.Compress(client.next_id(), ids=list(ids), keep=keep, alpha=alpha))
+    res = client.run(m.Compress(client.next_id(), ids=list(ids), keep=keep, alpha=alpha, layers=layers))
     ttft, text = generate_ttft(client, res["ids"], max_tokens, t_start=t0)
     return ttft, text, res["n_out"]
 
@@ -116,9 +119,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="4096,8192,16384,32768", help="prompt tokens (at most), comma separated")
     ap.add_argument("--keep", type=float, default=0.05, help="headline PFlash keep ratio")
     ap.add_argument("--alpha", type=float, default=0.7, help="headline FlashPrefill alpha")
+    ap.add_argument("--layers", type=int, default=0, help="headline drafter layers that score (0 = all)")
     ap.add_argument("--forward-chunk", type=int, default=4096, help="drafter tokens per forward (multiple of 128)")
     ap.add_argument("--sweep-keeps", default="0.02,0.05,0.1", help="keep ratios of the sweep ('' = no sweep)")
     ap.add_argument("--sweep-alphas", default="0.12,0.5,0.7,0.85", help="alphas of the sweep")
+    ap.add_argument("--sweep-layers", default="", help="drafter layers of the sweep ('' = the headline's)")
     ap.add_argument("--sweep-cases", type=int, default=None, help="cases per sweep point (default --cases)")
     ap.add_argument("--last-chunks", type=int, default=1,
                     help="32-token chunks always kept at the prompt's end (DESIGN: 1; the question sits there)")
@@ -143,6 +148,7 @@ def main(argv=None) -> int:
     lengths = [int(x) for x in args.lengths.split(",") if x]
     keeps = [float(x) for x in args.sweep_keeps.split(",") if x]
     alphas = [float(x) for x in args.sweep_alphas.split(",") if x]
+    layer_counts = [int(x) for x in args.sweep_layers.split(",") if x] or [args.layers]
     sweep_cases = args.sweep_cases or args.cases
     max_ctx = max(lengths) + args.max_tokens
     engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max_ctx,
@@ -155,7 +161,7 @@ def main(argv=None) -> int:
     template = ChatTemplate.from_gguf(args.target)
     tok = engine.tokenizer
     results: dict = {"device": engine.backend.info(), "target": str(args.target), "drafter": str(args.drafter),
-                     "keep": args.keep, "alpha": args.alpha, "last_chunks": args.last_chunks, "cases": args.cases,
+                     "keep": args.keep, "alpha": args.alpha, "layers": args.layers, "last_chunks": args.last_chunks, "cases": args.cases,
                      "lengths": {}}
     try:
         for length in lengths:
@@ -165,7 +171,7 @@ def main(argv=None) -> int:
             warm, cases = cases[0], cases[1:]
             row: dict = {"prompt_tokens": statistics.median(c.n_tokens for c in cases)}
             generate_ttft(client, warm.ids, 2)                              # warm-up (dense path)
-            pflash_ttft(client, warm.ids, 2, args.keep, args.alpha)         # warm-up (drafter)
+            pflash_ttft(client, warm.ids, 2, args.keep, args.alpha, args.layers)   # warm-up (drafter)
             if not args.skip_dense:
                 rows = []
                 for c in cases[:args.cases]:
@@ -175,25 +181,24 @@ def main(argv=None) -> int:
                 log(f"  dense: {row['dense']}")
             rows, kept = [], []
             for c in cases[:args.cases]:
-                t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha)
+                t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha, args.layers)
                 rows.append((t, c.value in text))
                 kept.append(n_out)
             row["pflash"] = {**summarise(rows), "kept_tokens": statistics.median(kept)}
             log(f"  pflash: {row['pflash']}")
             row["sweep"] = []
-            for keep in keeps:
-                for alpha in alphas:
-                    if keep == args.keep and alpha == args.alpha and sweep_cases <= args.cases:
-                        row["sweep"].append({"keep": keep, "alpha": alpha, **row["pflash"]})
-                        continue
-                    rows, kept = [], []
-                    for c in cases[:sweep_cases]:
-                        t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, keep, alpha)
-                        rows.append((t, c.value in text))
-                        kept.append(n_out)
-                    row["sweep"].append({"keep": keep, "alpha": alpha, **summarise(rows),
-                                         "kept_tokens": statistics.median(kept)})
-                    log(f"  sweep keep={keep} alpha={alpha}: {row['sweep'][-1]}")
+            for keep, alpha, layers in itertools.product(keeps, alphas, layer_counts):
+                point = {"keep": keep, "alpha": alpha, "layers": layers}
+                if (keep, alpha, layers) == (args.keep, args.alpha, args.layers) and sweep_cases <= args.cases:
+                    row["sweep"].append({**point, **row["pflash"]})
+                    continue
+                rows, kept = [], []
+                for c in cases[:sweep_cases]:
+                    t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, keep, alpha, layers)
+                    rows.append((t, c.value in text))
+                    kept.append(n_out)
+                row["sweep"].append({**point, **summarise(rows), "kept_tokens": statistics.median(kept)})
+                log(f"  sweep keep={keep} alpha={alpha} layers={layers}: {row['sweep'][-1]}")
             results["lengths"][length] = row
     finally:
         engine.stop(10)
@@ -227,7 +232,7 @@ def format_markdown(results: dict, args) -> str:
     dev = results["device"]
     lines = [f"# PFlash NIAH: {Path(results['target']).name} + drafter {Path(results['drafter']).name}", "",
              f"Device: {dev.get('name', dev)}. {results['cases']} cases per length; headline keep={results['keep']}, "
-             f"alpha={results['alpha']}, last {results['last_chunks']} chunk(s) always kept; TTFT = median seconds from request to first token (PFlash: compress + "
+             f"alpha={results['alpha']}, drafter layers={results['layers'] or 'all'}, last {results['last_chunks']} chunk(s) always kept; TTFT = median seconds from request to first token (PFlash: compress + "
              f"generate of the kept ids; llama.cpp: prompt tokens / llama-bench pp tok/s, -fa 1).", "",
              "| tokens | flashd dense pass | flashd dense TTFT s | llama.cpp TTFT s | PFlash pass | PFlash TTFT s "
              "| kept tokens | vs llama.cpp | vs flashd dense |",
@@ -243,10 +248,11 @@ def format_markdown(results: dict, args) -> str:
                  f"{dense['ttft_s'] / pf['ttft_s']:.1f}x" if dense else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Sweep (PFlash pass rate, median TTFT s, kept tokens)", "",
-              "| tokens | keep | alpha | pass | TTFT s | kept tokens |", "|---|---|---|---|---|---|"]
+              "| tokens | keep | alpha | drafter layers | pass | TTFT s | kept tokens |", "|---|---|---|---|---|---|---|"]
     for length, row in results["lengths"].items():
         for s in row["sweep"]:
-            lines.append(f"| {int(row['prompt_tokens'])} | {s['keep']} | {s['alpha']} | {s['pass']}/{s['n']} | "
+            lines.append(f"| {int(row['prompt_tokens'])} | {s['keep']} | {s['alpha']} | {s.get('layers') or 'all'} | "
+                         f"{s['pass']}/{s['n']} | "
                          f"{s['ttft_s']:.3f} | {int(s['kept_tokens'])} |")
     return "\n".join(lines) + "\n"
 

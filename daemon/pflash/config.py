@@ -25,6 +25,9 @@ class PFlashConfig:
     first_chunks: int = 1       # always kept at the start of the prompt (DESIGN: 1)
     last_chunks: int = 1        # always kept at the end, where the question usually is (DESIGN: 1)
     forward_chunk: int = 4096   # drafter forward: tokens per forward (a multiple of block)
+    score_layers: int = 0       # drafter layers run to score tokens: the first N (0 = all). The scores are the
+                                # max over the layers run, so later layers are optional work: fewer layers,
+                                # less prefill time (the drafter's forward is most of a compression's time)
     keep: float = 0.05          # default kept fraction of chunks, (0, 1]
     mode: str = "off"           # the generate default: off | auto | always
     threshold: int = 32000      # auto: compress prompts longer than this many tokens
@@ -48,6 +51,8 @@ class PFlashConfig:
             raise ValueError(f"smooth_tokens must be odd and >= 1, got {self.smooth_tokens}")
         if self.forward_chunk < self.block or self.forward_chunk % self.block:
             raise ValueError(f"forward_chunk must be a positive multiple of {self.block}")
+        if self.score_layers < 0:
+            raise ValueError(f"score_layers must be >= 0 (0 = every layer), got {self.score_layers}")
         if not 0.0 < self.keep <= 1.0:
             raise ValueError(f"keep must be in (0, 1], got {self.keep}")
         if self.mode not in COMPRESS_MODES:

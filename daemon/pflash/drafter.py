@@ -7,6 +7,10 @@ least T tokens). Each layer writes its K/V to the drafter's own cache (sized for
 allocated per call and released after it) and attends with `ops.sparse_attention`; in the last
 chunk each layer also folds the dense attention probabilities of the T tail queries into a
 running max (`ops.tail_max_probs`), which ends as the (T, S) max over layers and heads. No LM head.
+
+Only the first `layers` layers run (PFlashConfig.score_layers, 0 = all): the max over layers needs
+no later layer, and the last layer run stops after its attention (its output projection and MLP
+feed nothing), so scoring with L of N layers costs about L / N of the full forward.
 """
 from __future__ import annotations
 
@@ -40,10 +44,21 @@ class Drafter:
     def path(self):
         return self.model.path
 
-    def tail_probs(self, ids, alpha: float | None = None) -> np.ndarray:
+    def n_score_layers(self, layers: int | None = None) -> int:
+        """How many layers a scoring forward runs: `layers` (else the config's score_layers), 0 =
+        all, at most the model's."""
+        n = self.config.score_layers if layers is None else int(layers)
+        if n < 0:
+            raise ValueError(f"score layers must be >= 0 (0 = every layer), got {n}")
+        n_layers = self.model.config.n_layers
+        return n_layers if n == 0 else min(n, n_layers)
+
+    def tail_probs(self, ids, alpha: float | None = None, layers: int | None = None) -> np.ndarray:
         """(T, S) float32: for each of the last T = min(tail_tokens, S) prompt tokens, the max
-        over layers and heads of its attention probability on every prompt token."""
+        over the first n_score_layers(layers) layers and all heads of its attention probability on
+        every prompt token."""
         ops, cfg, pc = self.ops, self.model.config, self.config
+        n_run = self.n_score_layers(layers)
         ids = np.asarray(ids, np.int32)
         n_tokens = len(ids)
         n_tail = min(pc.tail_tokens, n_tokens)
@@ -55,7 +70,7 @@ class Drafter:
             extra = 4 * (2 * -(-longest // BLOCK) * cfg.n_heads * n_blocks + n_blocks * cfg.kv_dim
                          + 2 * n_tail * cfg.n_heads) + 8 * 256
             ops.reserve_arena(_arena_half_bytes(cfg, longest) + extra)
-        cache = ops.kv_cache(KVCacheSpec(cfg.n_layers, n_blocks * BLOCK, cfg.n_kv_heads, cfg.head_dim))
+        cache = ops.kv_cache(KVCacheSpec(n_run, n_blocks * BLOCK, cfg.n_kv_heads, cfg.head_dim))
         acc = ops.from_numpy(np.zeros((n_tail, n_tokens), np.float32))
         weights = self.model.weights
         for start, end in bounds:
@@ -68,17 +83,20 @@ class Drafter:
                           positions=ops.from_numpy(np.arange(start, end, dtype=np.int32)),
                           n_past=ops.from_numpy(np.array([start], np.int32)), n_tokens=end - start)
             h = ops.embed(weights.token_embd, batch.ids)
-            for i, layer in enumerate(weights.layers):
+            for i, layer in enumerate(weights.layers[:n_run]):
                 ops.begin_layer(i)
                 x = ops.rmsnorm(h, layer.attn_norm, cfg.rms_eps)
-                h = self._attention(x, layer, cache.layer(i), batch, step, tail, h)
-                h = mlp_block(ops, ops.rmsnorm(h, layer.ffn_norm, cfg.rms_eps), layer, h)
+                last = i == n_run - 1                  # its attention output feeds nothing
+                h = self._attention(x, layer, cache.layer(i), batch, step, tail, h, project=not last)
+                if not last:
+                    h = mlp_block(ops, ops.rmsnorm(h, layer.ffn_norm, cfg.rms_eps), layer, h)
         out = ops.to_numpy(acc)
         del cache
         return out
 
-    def _attention(self, x, w, cache_layer, batch: Batch, step: FlashPrefillStep, tail, residual):
-        """dense.attention_block with FlashPrefill attention, plus the tail scoring."""
+    def _attention(self, x, w, cache_layer, batch: Batch, step: FlashPrefillStep, tail, residual, project=True):
+        """dense.attention_block with FlashPrefill attention, plus the tail scoring; without
+        `project`, the attention only writes the K/V cache and scores (returns None)."""
         ops, cfg = self.ops, self.model.config
         n = batch.n_tokens
         q, k, v = ops.linears(x, (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_bias, w.attn_k_bias, w.attn_v_bias))
@@ -94,4 +112,4 @@ class Drafter:
         if tail is not None:
             n_keys, n_tail, acc = tail
             ops.tail_max_probs(q, cache_layer, n_keys, n_tail, acc)
-        return ops.linear(o, w.attn_output, residual=residual)
+        return ops.linear(o, w.attn_output, residual=residual) if project else None

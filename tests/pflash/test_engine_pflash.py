@@ -11,6 +11,7 @@ from flashd.daemon.engine import Engine
 from flashd.daemon.pflash.config import PFlashConfig
 from flashd.daemon.pflash.drafter import chunk_bounds
 from flashd.protocol import messages as m
+from flashd.protocol.errors import ProtocolError
 
 
 class Client:
@@ -215,3 +216,37 @@ def test_prompt_longer_than_the_drafter_was_trained_for(served):
     r = c.ask(m.Compress, ids=prompt(trained + 1), keep=0.1)
     assert r["code"] == "ctx_overflow" and str(trained) in r["message"]
     assert c.ask(m.Compress, ids=prompt(64), keep=0.5)["event"] == "result"
+
+
+def test_scoring_with_the_first_layers_equals_a_truncated_drafter(served):
+    """layers=1 of the 2-layer drafter scores exactly as a 1-layer model with the same weights (the
+    max over layers needs no later layer; the last layer run skips its output projection and MLP,
+    which feed nothing), and differs from scoring with both layers."""
+    c = served()
+    drafter = c.engine.compressor.drafter
+    ids = prompt(400, seed=5)
+    first = drafter.tail_probs(ids, alpha=0.0, layers=1)
+    both = drafter.tail_probs(ids, alpha=0.0, layers=0)
+    np.testing.assert_array_equal(both, drafter.tail_probs(ids, alpha=0.0, layers=2))
+    np.testing.assert_array_equal(both, drafter.tail_probs(ids, alpha=0.0, layers=9))   # capped at the model's
+    all_layers = drafter.model.weights.layers
+    try:
+        drafter.model.weights.layers = all_layers[:1]        # the oracle: a full forward of a 1-layer model
+        truncated = drafter.tail_probs(ids, alpha=0.0, layers=0)
+    finally:
+        drafter.model.weights.layers = all_layers
+    np.testing.assert_array_equal(first, truncated)
+    assert np.all(both >= first) and np.any(both > first)     # a max over more layers
+    with pytest.raises(ValueError, match="score layers"):
+        drafter.tail_probs(ids, layers=-1)
+
+
+def test_compress_layers_field(served):
+    c = served(score_layers=1)
+    ids = prompt(600, seed=6)
+    default = c.ask(m.Compress, ids=ids, keep=0.1)
+    assert default["event"] == "result"
+    assert c.ask(m.Compress, ids=ids, keep=0.1, layers=1)["ids"] == default["ids"]   # the daemon default is 1
+    assert c.ask(m.Compress, ids=ids, keep=0.1, layers=0)["event"] == "result"     # every layer
+    with pytest.raises(ProtocolError, match="layers: must be >= 0"):
+        m.Compress("bad", ids=ids, keep=0.1, layers=-1)
