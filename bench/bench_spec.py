@@ -82,12 +82,15 @@ def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
         # verification reads the weights once per 8 tree rows (row-invariant GEMVs, cuda/ops.py), so
         # budgets 7, 15, 22 (3 passes), 32, 48 span one to seven passes
         chains = [4] if quick else [3, 5, 7]
-        trees = [(6, 7)] if quick else [(6, 7), (6, 15), (6, 22), (8, 32), (8, 48)]
+        trees = [(6, 7)] if quick else [(6, 7), (6, 22), (8, 48)]
         configs += [(name, dm(d), "chain", d) for d in chains]
         configs += [(name, dm(d), "ddtree", b) for d, b in trees]
+        configs += [(name, dm(7), "auto", 7)]
     ngram = NgramDrafter()
-    configs += [("ngram", ngram, "chain", 7)] + ([] if quick else [("ngram", ngram, "ddtree", 7),
+    configs += [("ngram", ngram, "chain", 7)] + ([] if quick else [("ngram", ngram, "chain", 3),
+                                                                     ("ngram", ngram, "ddtree", 7),
                                                                      ("ngram", ngram, "ddtree", 22)])
+    configs += [("ngram", ngram, "auto", 7)]
     if dflash:
         dfl = load_drafter(str(dflash), ctx)
         configs += [(dfl.name, dfl, "chain", dfl.max_depth)]
@@ -111,6 +114,7 @@ def timed(gen) -> tuple[list[int], float]:
 
 def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_warm: int) -> list[Row]:
     from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.spec.policy import DepthPolicy
     from flashd.protocol.messages import SamplingParams
 
     greedy = SamplingParams()
@@ -127,11 +131,13 @@ def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_war
     log(f"flashd plain: {base:.1f} tok/s")
     for label, drafter, mode, budget in configs:
         cfg = SpecConfig(mode, budget)
+        # spec=auto: one policy per configuration, learning from the warm-up on (as the engine keeps one)
+        policy = DepthPolicy(budget) if mode == "auto" else None
         for p in prompts[:n_warm]:
-            timed(SpecDecoder(runner, drafter, cfg).generate(p, greedy, max_tokens))
+            timed(SpecDecoder(runner, drafter, cfg, policy).generate(p, greedy, max_tokens))
         n_tok, secs, steps, acc, d_s, v_s, exact = 0, 0.0, 0, 0, 0.0, 0.0, 0
         for p, want in zip(prompts, plain):
-            dec = SpecDecoder(runner, drafter, cfg)
+            dec = SpecDecoder(runner, drafter, cfg, policy)
             toks, dt = timed(dec.generate(p, greedy, max_tokens))
             n_tok, secs = n_tok + len(toks) - 1, secs + dt
             st = dec.stats
@@ -141,7 +147,9 @@ def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_war
         rows.append(Row("flashd", label, mode, str(budget), tok_s, (acc + steps) / steps, acc / steps,
                         1e3 * d_s / steps, 1e3 * v_s / steps, f"{exact}/{len(prompts)}"))
         log(f"flashd {label} {mode} {budget}: {tok_s:.1f} tok/s, {(acc + steps) / steps:.2f} tokens/step, "
-            f"exact {exact}/{len(prompts)}")
+            f"exact {exact}/{len(prompts)}" + (f", policy {policy.info()}" if policy else ""))
+        if policy:
+            rows[-1].extra["policy"] = policy.info()
     return rows
 
 
@@ -178,7 +186,7 @@ def run_llama(bin_dir: Path, target: Path, draft: Path, texts: list[str], max_to
                 cmd = [str(bin_dir / tool), "-m", str(target), "-n", str(max_tokens), "-ngl", "99", text]
             else:
                 cmd = [str(bin_dir / tool), "-m", str(target), "-md", str(draft), "-p", text, "-n", str(max_tokens),
-                       "-ngl", "99", "-ngld", "99", "-fa", "on", "--temp", "0", "--draft-max", str(draft_max),
+                       "-ngl", "99", "-ngld", "99", "-fa", "on", "--temp", "0", "--spec-draft-n-max", str(draft_max),
                        "-c", "4096"]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             m = DECODED.search(res.stderr)

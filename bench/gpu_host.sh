@@ -108,7 +108,8 @@ bg)
     tree=$HOST_DIR/tree-$name pp=$HOST_DIR/pp-$name
     rm -rf "$tree" "$pp" && mkdir -p "$tree" "$pp" && ln -s "$tree" "$pp/flashd"
     tar --exclude=./.xfer --exclude=./.whl -cf - . | (cd "$tree" && tar xf -)
-    (cd "$tree" && PYTHONPATH=$pp:$PYTHONPATH setsid nohup bash -c "$*; echo \"exit=\$?\"" \
+    cmd=$(printf '%q ' "$@")     # each argument quoted as given (a -k expression with spaces stays one)
+    (cd "$tree" && PYTHONPATH=$pp:$PYTHONPATH setsid nohup bash -c "$cmd; echo \"exit=\$?\"" \
         > "$LOGS/$name.log" 2>&1 < /dev/null &)
     echo "started $name in $tree (log $LOGS/$name.log)"
     ;;

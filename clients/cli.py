@@ -18,6 +18,8 @@ from pathlib import Path
 
 import click
 
+from ..protocol.messages import SPEC_MODES
+
 CLI_TIMEOUT_S = 600.0  # longest wait for the next event (a long prompt's prefill on a CPU is slow)
 POLL_S = 0.1           # how often a streaming loop checks for Ctrl-C
 
@@ -258,7 +260,7 @@ def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop) -> d
 @click.option("--draft", metavar="NAME|PATH|ngram",
               help="Speculative decoding with this drafter (a started daemon loads it; with --daemon, the "
                    "name of one the daemon has loaded).")
-@click.option("--spec", type=click.Choice(["off", "chain", "ddtree"]), default=None,
+@click.option("--spec", type=click.Choice(list(SPEC_MODES)), default=None,
               help="Speculative decoding mode (default: ddtree with --draft, else off).")
 @click.option("--budget", type=click.IntRange(1, 1024), default=None,
               help="Drafted tokens verified per step (tree nodes, or the chain length).")

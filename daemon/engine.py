@@ -33,6 +33,7 @@ from .models.weights import total_weight_bytes
 from .pflash.service import PrefillCompressor, compressed_fields
 from .runner import ModelRunner
 from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
+from .spec.policy import DepthPolicy
 from .spec.drafter import Drafter, DrafterLoadError
 from .spec.loader import DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
 from .spec.ngram import NgramDrafter
@@ -83,6 +84,7 @@ class Engine:
         self.tokenizer = None
         self.compressor: PrefillCompressor | None = None   # PFlash (daemon/pflash)
         self.drafters: dict[str, Drafter] = {}      # name -> drafter (--draft), first = default
+        self._policies: dict[tuple[str, int], DepthPolicy] = {}   # spec=auto: (drafter, budget) -> what it measured
         self._drafter_sources: dict[str, str] = {}  # name -> the --draft argument it came from
         self._queue: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
@@ -409,14 +411,16 @@ class Engine:
         return drafter
 
     def _spec_decoder(self, req: m.Generate, runner, drafter: Drafter) -> SpecDecoder:
-        """spec=chain: budget = chain length (default: the drafter's max_depth); spec=ddtree:
+        """spec=chain: budget = chain length (default: the drafter's max_depth); spec=auto: the
+        deepest chain, each step's depth chosen by the drafter's DepthPolicy (kept per drafter and
+        budget across requests, so what it measured carries over); spec=ddtree:
         budget = drafted tree nodes (default DEFAULT_DDTREE_BUDGET). A tree, root included, must
         fit the runner's verify forward (runner.max_tree_nodes: prefill_chunk on the CPU, 65 on the
         GPU, whose masked attention workspace is sized for it)."""
         if req.budget is not None:
             budget = req.budget
         else:
-            budget = drafter.max_depth if req.spec == "chain" else DEFAULT_DDTREE_BUDGET
+            budget = DEFAULT_DDTREE_BUDGET if req.spec == "ddtree" else drafter.max_depth
         max_budget = runner.max_tree_nodes - 1
         if budget > max_budget:
             if req.budget is not None:
@@ -424,8 +428,11 @@ class Engine:
                                                    f"verify forward on this backend")
             budget = max_budget
         self._check_graph_memory(runner, drafter)
-        return SpecDecoder(runner, drafter, SpecConfig(req.spec, max(budget, 1),
-                                                       chain_seed=self.config.ddtree_chain_seed))
+        config = SpecConfig(req.spec, max(budget, 1), chain_seed=self.config.ddtree_chain_seed)
+        policy = None
+        if req.spec == "auto":
+            policy = self._policies.setdefault((drafter.name, config.budget), DepthPolicy(config.budget))
+        return SpecDecoder(runner, drafter, config, policy)
 
     def _check_graph_memory(self, runner, drafter: Drafter) -> None:
         """Captured CUDA graphs (the target's tree verify graphs, a draft model's decode graph)

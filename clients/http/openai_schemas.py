@@ -54,7 +54,7 @@ UNSUPPORTED_HINTS = {
 # Speculative decoding (request extensions, both APIs): the daemon's `generate spec= budget= draft=`.
 # Left out: the gateway's --spec / --spec-budget / --spec-draft. Exact at temperature 0 (the output
 # equals plain greedy decoding); with sampling the output distribution is the target's.
-SpecMode = Annotated[Literal["off", "chain", "ddtree"] | None, Field(
+SpecMode = Annotated[Literal["off", "chain", "ddtree", "auto"] | None, Field(
     description="Extension: speculative decoding (default: the gateway's --spec, normally off).")]
 SpecBudget = Annotated[int | None, Field(ge=1, le=MAX_BUDGET, description=(
     "Extension: chain length (spec=chain) or drafted tree nodes (spec=ddtree); default: the daemon's."))]

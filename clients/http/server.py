@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import click
 
-from ...protocol.messages import MAX_BUDGET
+from ...protocol.messages import MAX_BUDGET, SPEC_MODES
 from .config import GatewayConfig
 
 __all__ = ["http_command", "serve"]
@@ -81,7 +81,7 @@ def _daemon_client(daemon: str | None, model: str | None, device: str | None, ma
               help="Longest wait, in seconds, for the daemon's next event before a request is cancelled.")
 @click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH|ngram",
               help="Drafter(s) of a started daemon (its --draft; repeatable), for speculative decoding.")
-@click.option("--spec", type=click.Choice(["off", "chain", "ddtree"]), default="off", show_default=True,
+@click.option("--spec", type=click.Choice(list(SPEC_MODES)), default="off", show_default=True,
               help="Speculative decoding of requests that do not choose (request extension `spec`).")
 @click.option("--spec-budget", type=click.IntRange(1, MAX_BUDGET), default=None,
               help="Chain length or DDTree node budget for --spec (default: the daemon's).")

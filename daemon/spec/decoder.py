@@ -10,6 +10,8 @@ cache slots:
 2. one target forward over the n nodes: positions n_past + depth, cache slots n_past + i, the
    ancestor mask (committed context + ancestors + self);
 3. accept.py walks the tree (greedy, or rejection sampling at temperature > 0): path + bonus;
+   a step with nothing drafted is a plain greedy step where the runner has a faster one
+   (`greedy_continue`: the CUDA decode graph) and no drafter needs the target's hidden states;
 4. commit: the path's K/V move to slots n_past .. n_past + len(path) - 1 (`Ops.kv_compact`),
    n_past += len(path); the drafter hears accepted + bonus (and which verify rows were committed,
    for its target features); bonus becomes the root;
@@ -34,11 +36,12 @@ from ..runner import ModelRunner, Sampled
 from ..sampling import apply_penalties, candidate_probs, sample, uniform
 from .accept import greedy_walk, sample_walk
 from .drafter import Drafter, Proposal
+from .policy import DepthPolicy
 from .tree import DraftTree, build_chain, build_tree
 
 __all__ = ["SpecConfig", "SpecStats", "SpecDecoder", "SPEC_MODES", "DEFAULT_DDTREE_BUDGET"]
 
-SPEC_MODES = ("chain", "ddtree")
+SPEC_MODES = ("chain", "ddtree", "auto")   # auto: a chain whose depth DepthPolicy picks per step
 DEFAULT_DDTREE_BUDGET = 22      # the anchor's default; the chain default is the drafter's max_depth
 # Sampling draws use uniform(seed, SPEC_STEP_BASE + k): a counter range disjoint from plain
 # decoding's (seed, step) so the first token (drawn as in plain decoding, step 0) is independent.
@@ -48,8 +51,8 @@ MAX_HISTOGRAM = 64
 
 @dataclass(slots=True, frozen=True)
 class SpecConfig:
-    mode: str                   # chain | ddtree
-    budget: int                 # drafted (non-root) nodes per step, >= 1
+    mode: str                   # chain | ddtree | auto
+    budget: int                 # drafted (non-root) nodes per step, >= 1 (auto: the deepest chain)
     top_k: int = 8              # candidates per depth asked of the drafter (ddtree; chain uses 1)
     chain_seed: bool = True     # ddtree: insert the top-1 chain first
 
@@ -102,8 +105,11 @@ class SpecDecoder:
     """Drives one request: `generate` has ModelRunner.generate's contract (yield Sampled, the
     consumer may close early); `stats` is filled as it runs."""
 
-    def __init__(self, runner: ModelRunner, drafter: Drafter, config: SpecConfig):
-        self.runner, self.drafter, self.config = runner, drafter, config
+    def __init__(self, runner: ModelRunner, drafter: Drafter, config: SpecConfig,
+                 policy: DepthPolicy | None = None):
+        if config.mode == "auto" and policy is None:
+            policy = DepthPolicy(config.budget)
+        self.runner, self.drafter, self.config, self.policy = runner, drafter, config, policy
         self.stats = SpecStats()
 
     def _sink(self):
@@ -119,7 +125,7 @@ class SpecDecoder:
 
     def _tree(self, root: int, proposal: Proposal, max_nodes: int, max_depth: int) -> DraftTree:
         cfg = self.config
-        if cfg.mode == "chain":
+        if cfg.mode != "ddtree":
             return build_chain(root, proposal, min(max_nodes, max_depth))
         return build_tree(root, proposal, max_nodes, chain_seed=cfg.chain_seed, max_depth=max_depth)
 
@@ -130,6 +136,8 @@ class SpecDecoder:
         sink = self._sink()
         greedy = params.greedy
         device_argmax = greedy and not _uses_penalties(params) and not logprobs
+        plain_step = device_argmax and sink is None     # an undrafted step may take the runner's decode path
+        policy = self.policy if cfg.mode == "auto" else None
         history = list(prompt)                  # prompt + every emitted token (penalties)
         n_draws = 0
 
@@ -155,39 +163,28 @@ class SpecDecoder:
                 # reach, the context, or the budget (a tree of B nodes is at most B deep)
                 max_depth = min(max_new_tokens - n_out - 1, drafter.max_depth, room, cfg.budget)
                 t0 = time.perf_counter()
+                if policy is not None:
+                    max_depth = policy.depth(max_depth)
                 if max_depth > 0:
-                    top_k = 1 if cfg.mode == "chain" else cfg.top_k
+                    top_k = 1 if cfg.mode != "ddtree" else cfg.top_k
                     proposal = drafter.propose(max_depth, top_k)
                 else:
                     proposal = Proposal.empty()
                 tree = self._tree(root, proposal, min(cfg.budget, room), max_depth)
                 t1 = time.perf_counter()
-                base = runner.n_past
-                logits_t = runner.forward_tree(tree.tokens, tree.positions(base), tree.ancestor_mask(),
-                                               hidden_sink=sink)
                 host = None
-                if device_argmax:
-                    argmax = runner.argmax_rows(logits_t)
-                    path, bonus = greedy_walk(tree, lambda i: argmax[i])
+                if tree.n_nodes == 1 and plain_step:
+                    path, bonus = [0], runner.greedy_continue([root], 1)[0]   # forwards the root, n_past + 1
                 else:
-                    host = runner.logits_to_host(logits_t)          # (n, vocab)
-
-                    def node_history(i: int) -> np.ndarray:
-                        return np.asarray(history + [int(t) for t in tree.tokens[tree.path_to(i)[1:]]])
-
-                    if greedy:
-                        path, bonus = greedy_walk(
-                            tree, lambda i: int(np.argmax(apply_penalties(host[i], node_history(i), params))))
-                    else:
-                        path, bonus = sample_walk(
-                            tree, lambda i: candidate_probs(apply_penalties(host[i], node_history(i), params),
-                                                            params), draw)
-                runner.commit_tree(np.asarray(path, np.int32))
+                    path, bonus, host = self._verify(tree, sink, device_argmax, greedy, params, history, draw)
+                    runner.commit_tree(np.asarray(path, np.int32))
                 accepted = [int(t) for t in tree.tokens[path[1:]]]
                 t2 = time.perf_counter()
                 drafter.accept(accepted, bonus, path)       # drafter work (DFlash extends its context)
                 t3 = time.perf_counter()
                 stats.add(len(accepted), tree.n_nodes - 1, (t1 - t0) + (t3 - t2), t2 - t1)
+                if policy is not None:
+                    policy.observe(tree.n_nodes - 1, len(accepted), t3 - t0)
                 emitted = accepted + [bonus]
                 history.extend(emitted)
                 root = bonus
@@ -198,3 +195,27 @@ class SpecDecoder:
                     n_out += 1
         finally:
             drafter.end()
+
+    def _verify(self, tree: DraftTree, sink, device_argmax: bool, greedy: bool, params: SamplingParams,
+                history: list[int], draw):
+        """One target forward over the tree and the acceptance walk: (path, bonus, the host logits
+        or None when the argmax ran on the device)."""
+        runner = self.runner
+        logits_t = runner.forward_tree(tree.tokens, tree.positions(runner.n_past), tree.ancestor_mask(),
+                                       hidden_sink=sink)
+        if device_argmax:
+            argmax = runner.argmax_rows(logits_t)
+            path, bonus = greedy_walk(tree, lambda i: argmax[i])
+            return path, bonus, None
+        host = runner.logits_to_host(logits_t)          # (n, vocab)
+
+        def node_history(i: int) -> np.ndarray:
+            return np.asarray(history + [int(t) for t in tree.tokens[tree.path_to(i)[1:]]])
+
+        if greedy:
+            path, bonus = greedy_walk(
+                tree, lambda i: int(np.argmax(apply_penalties(host[i], node_history(i), params))))
+        else:
+            path, bonus = sample_walk(
+                tree, lambda i: candidate_probs(apply_penalties(host[i], node_history(i), params), params), draw)
+        return path, bonus, host

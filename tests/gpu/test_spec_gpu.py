@@ -21,8 +21,8 @@ N_PROMPTS = 20
 N_TOKENS = 256
 MAX_CTX = 1024
 PROMPTS_FILE = Path(__file__).resolve().parents[2] / "bench" / "spec_prompts.jsonl"
-CONFIGS = [("draft-model", "chain", None), ("draft-model", "ddtree", 22),
-           ("ngram", "chain", None), ("ngram", "ddtree", 22)]
+CONFIGS = [("draft-model", "chain", None), ("draft-model", "ddtree", 22), ("draft-model", "auto", None),
+           ("ngram", "chain", None), ("ngram", "ddtree", 22), ("ngram", "auto", None)]
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,7 @@ def draft_runner(make_runner):
 
 
 @pytest.mark.parametrize("mode,budget", [("chain", 1), ("chain", 4), ("chain", 16), ("ddtree", 3), ("ddtree", 8),
-                                         ("ddtree", 22), ("ddtree", 40)])
+                                         ("ddtree", 22), ("ddtree", 40), ("auto", 6)])
 @pytest.mark.parametrize("kind", ["ngram", "draft-model"])
 def test_spec_equals_plain_greedy(target, draft_runner, kind, mode, budget):
     drafter = (NgramDrafter(NgramConfig(min_ngram=1)) if kind == "ngram"
@@ -209,6 +209,68 @@ def test_drafter_errors_propagate_and_end_still_runs(target):
     assert ended == [True]
     # the runner serves plain decoding normally afterwards
     assert [s.token for s in plain(target, PROMPTS[2], 5)] == [s.token for s in plain(target, PROMPTS[2], 5)]
+
+
+def test_undrafted_steps_take_the_runners_plain_step(target):
+    """A step with nothing drafted (no n-gram match) is one greedy_continue of the root, not a
+    one-node verify forward; with penalties (host-side argmax) it stays a verify forward."""
+    calls = {"plain": 0, "tree": 0}
+
+    class Spy:
+        def __init__(self, runner):
+            self._runner = runner
+
+        def __getattr__(self, name):
+            return getattr(self._runner, name)
+
+        def __setattr__(self, name, value):
+            if name == "_runner":
+                object.__setattr__(self, name, value)
+            else:
+                setattr(self._runner, name, value)
+
+        def greedy_continue(self, feed, n_new):
+            calls["plain"] += 1
+            return self._runner.greedy_continue(feed, n_new)
+
+        def forward_tree(self, *args, **kwargs):
+            calls["tree"] += 1
+            return self._runner.forward_tree(*args, **kwargs)
+
+    spy = Spy(target)
+    prompt = PROMPTS[3]                                  # no repeats: the n-gram drafter rarely matches
+    want = [s.token for s in plain(target, prompt, 40)]
+    got, stats = spec(spy, NgramDrafter(), "chain", 4, prompt, 40)
+    assert [s.token for s in got] == want
+    assert calls["plain"] > 0 and calls["plain"] + calls["tree"] == stats.steps
+    calls.update(plain=0, tree=0)
+    want = [s.token for s in plain(target, prompt, 20, PENALISED)]
+    got, stats = spec(spy, NgramDrafter(), "chain", 4, prompt, 20, PENALISED)
+    assert [s.token for s in got] == want
+    assert calls["plain"] == 0 and calls["tree"] == stats.steps
+
+
+def test_auto_mode_learns_across_requests_and_stays_exact(target):
+    """spec=auto with a drafter that is always right drafts deep chains once measured; with one
+    that is always wrong it settles on plain steps (exploring now and then); the output is plain
+    greedy decoding's either way."""
+    from flashd.daemon.spec.policy import DepthPolicy, PolicyConfig
+
+    prompt = PROMPTS[1]
+    want = [s.token for s in plain(target, prompt, 60)]
+    good = DepthPolicy(6)
+    for _ in range(3):
+        dec = SpecDecoder(target, OracleDrafter(want, TARGET["vocab_size"], seed=1, max_depth=6), SpecConfig("auto", 6),
+                          good)
+        assert [s.token for s in dec.generate(prompt, GREEDY, 60)] == want
+    assert good.accept_prob(1) > 0.9
+    assert dec.stats.accepted / dec.stats.steps > 2          # deep chains, mostly accepted
+    bad = DepthPolicy(6, PolicyConfig(explore_every=4))
+    for seed in range(3):
+        dec = SpecDecoder(target, RandomDrafter(TARGET["vocab_size"], seed), SpecConfig("auto", 6), bad)
+        assert [s.token for s in dec.generate(prompt, GREEDY, 60)] == want
+    assert bad.accept_prob(1) < 0.2
+    assert dec.stats.drafted_nodes < dec.stats.steps          # mostly plain steps
 
 
 def test_spec_config_is_checked():
