@@ -177,31 +177,41 @@ DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) (?:seconds|s), speed
 ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+)\s*\n.*?n_accept\s*=\s*(\d+)", re.S)
 
 
+def llama_cmd(bin_dir: Path, tool: str, target: Path, draft: Path, text: str, max_tokens: int, draft_max: int):
+    if tool == "llama-simple":
+        return [str(bin_dir / tool), "-m", str(target), "-n", str(max_tokens), "-ngl", "99", text]
+    return [str(bin_dir / tool), "-m", str(target), "-md", str(draft), "-p", text, "-n", str(max_tokens),
+            "-ngl", "99", "-ngld", "99", "-fa", "on", "--temp", "0", "--spec-draft-n-max", str(draft_max),
+            "-c", "4096"]
+
+
 def run_llama(bin_dir: Path, target: Path, draft: Path, texts: list[str], max_tokens: int, draft_max: int) -> list[Row]:
+    """llama-simple (plain) and llama-speculative-simple (draft model) over the prompts. A tool that
+    fails gives a row saying so (its stderr goes to the log) instead of ending the benchmark."""
     rows = []
-    for tool, label in (("llama-simple", "plain"), ("llama-speculative-simple", "draft-model")):
-        n_tok, secs, drafted, accepted = 0, 0.0, 0, 0
+    for tool, mode in (("llama-simple", "plain"), ("llama-speculative-simple", "chain")):
+        drafter, budget = ("-", "-") if mode == "plain" else (draft.stem, f"max {draft_max}")
+        n_tok, secs, drafted, accepted, failed = 0, 0.0, 0, 0, None
         for text in texts:
-            if tool == "llama-simple":
-                cmd = [str(bin_dir / tool), "-m", str(target), "-n", str(max_tokens), "-ngl", "99", text]
-            else:
-                cmd = [str(bin_dir / tool), "-m", str(target), "-md", str(draft), "-p", text, "-n", str(max_tokens),
-                       "-ngl", "99", "-ngld", "99", "-fa", "on", "--temp", "0", "--spec-draft-n-max", str(draft_max),
-                       "-c", "4096"]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            res = subprocess.run(llama_cmd(bin_dir, tool, target, draft, text, max_tokens, draft_max),
+                                 capture_output=True, text=True, timeout=600)
             m = DECODED.search(res.stderr)
             if res.returncode != 0 or m is None:
-                raise RuntimeError(f"{tool} failed ({res.returncode}): {res.stderr[-2000:]}")
+                log(f"{tool} failed ({res.returncode}): {res.stderr[-2000:]}")
+                lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
+                failed = f"{tool} failed: {(lines or [f'exit {res.returncode}'])[-1][:120]}"
+                break
             n_tok += int(m.group(1))
             secs += float(m.group(2))
             a = ACCEPT.search(res.stderr)
             if a:
                 drafted, accepted = drafted + int(a.group(1)), accepted + int(a.group(2))
-        tok_s = n_tok / secs
+        if failed:
+            rows.append(Row("llama.cpp", drafter, mode, budget, float("nan"), exact=failed))
+            continue
         extra = {"accept_rate": accepted / drafted} if drafted else {}
-        rows.append(Row("llama.cpp", "-" if label == "plain" else draft.stem, "plain" if label == "plain" else "chain",
-                        "-" if label == "plain" else f"max {draft_max}", tok_s, extra=extra))
-        log(f"llama.cpp {tool}: {tok_s:.1f} tok/s {extra}")
+        rows.append(Row("llama.cpp", drafter, mode, budget, n_tok / secs, extra=extra))
+        log(f"llama.cpp {tool}: {n_tok / secs:.1f} tok/s {extra}")
     return rows
 
 
