@@ -95,12 +95,24 @@ def generate_ttft(client: InProcess, ids, max_tokens: int, t_start: float | None
     return first[0] - t0, "".join(texts)
 
 
+def parse_window(text: str) -> tuple[int, int]:
+    """Drafter scoring layers: "L" = the first L (0 = all), "F:L" = layers F..L-1 score ("F:" or
+    "F:0": F to the last); -> (first_layer, layers)."""
+    first, _, layers = text.rpartition(":")
+    return int(first or 0), int(layers or 0)
+
+
+def window_label(first: int, layers: int) -> str:
+    return f"{first}:{layers or 'all'}" if first else str(layers or "all")
+
+
 def pflash_ttft(client: InProcess, ids, max_tokens: int, keep: float, alpha: float,
-                layers: int = 0) -> tuple[float, str, int]:
+                window: tuple[int, int] = (0, 0)) -> tuple[float, str, int]:
     from flashd.protocol import messages as m
 
     t0 = time.perf_counter()
-    res = client.run(m.Compress(client.next_id(), ids=list(ids), keep=keep, alpha=alpha, layers=layers))
+    res = client.run(m.Compress(client.next_id(), ids=list(ids), keep=keep, alpha=alpha, first_layer=window[0],
+                                layers=window[1]))
     ttft, text = generate_ttft(client, res["ids"], max_tokens, t_start=t0)
     return ttft, text, res["n_out"]
 
@@ -119,11 +131,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="4096,8192,16384,32768", help="prompt tokens (at most), comma separated")
     ap.add_argument("--keep", type=float, default=0.05, help="headline PFlash keep ratio")
     ap.add_argument("--alpha", type=float, default=0.7, help="headline FlashPrefill alpha")
-    ap.add_argument("--layers", type=int, default=0, help="headline drafter layers that score (0 = all)")
+    ap.add_argument("--layers", default="0", help="headline drafter scoring layers: L (the first L, 0 = all) or F:L")
     ap.add_argument("--forward-chunk", type=int, default=4096, help="drafter tokens per forward (multiple of 128)")
     ap.add_argument("--sweep-keeps", default="0.02,0.05,0.1", help="keep ratios of the sweep ('' = no sweep)")
     ap.add_argument("--sweep-alphas", default="0.12,0.5,0.7,0.85", help="alphas of the sweep")
-    ap.add_argument("--sweep-layers", default="", help="drafter layers of the sweep ('' = the headline's)")
+    ap.add_argument("--sweep-layers", default="", help="scoring-layer windows of the sweep, e.g. 4:10,0 "
+                                                        "('' = the headline's)")
     ap.add_argument("--sweep-cases", type=int, default=None, help="cases per sweep point (default --cases)")
     ap.add_argument("--last-chunks", type=int, default=1,
                     help="32-token chunks always kept at the prompt's end (DESIGN: 1; the question sits there)")
@@ -148,7 +161,8 @@ def main(argv=None) -> int:
     lengths = [int(x) for x in args.lengths.split(",") if x]
     keeps = [float(x) for x in args.sweep_keeps.split(",") if x]
     alphas = [float(x) for x in args.sweep_alphas.split(",") if x]
-    layer_counts = [int(x) for x in args.sweep_layers.split(",") if x] or [args.layers]
+    headline = parse_window(args.layers)
+    windows = [parse_window(x) for x in args.sweep_layers.split(",") if x] or [headline]
     sweep_cases = args.sweep_cases or args.cases
     max_ctx = max(lengths) + args.max_tokens
     engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max_ctx,
@@ -161,7 +175,7 @@ def main(argv=None) -> int:
     template = ChatTemplate.from_gguf(args.target)
     tok = engine.tokenizer
     results: dict = {"device": engine.backend.info(), "target": str(args.target), "drafter": str(args.drafter),
-                     "keep": args.keep, "alpha": args.alpha, "layers": args.layers, "last_chunks": args.last_chunks, "cases": args.cases,
+                     "keep": args.keep, "alpha": args.alpha, "layers": window_label(*headline), "last_chunks": args.last_chunks, "cases": args.cases,
                      "lengths": {}}
     try:
         for length in lengths:
@@ -171,7 +185,7 @@ def main(argv=None) -> int:
             warm, cases = cases[0], cases[1:]
             row: dict = {"prompt_tokens": statistics.median(c.n_tokens for c in cases)}
             generate_ttft(client, warm.ids, 2)                              # warm-up (dense path)
-            pflash_ttft(client, warm.ids, 2, args.keep, args.alpha, args.layers)   # warm-up (drafter)
+            pflash_ttft(client, warm.ids, 2, args.keep, args.alpha, headline)      # warm-up (drafter)
             if not args.skip_dense:
                 rows = []
                 for c in cases[:args.cases]:
@@ -181,24 +195,24 @@ def main(argv=None) -> int:
                 log(f"  dense: {row['dense']}")
             rows, kept = [], []
             for c in cases[:args.cases]:
-                t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha, args.layers)
+                t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha, headline)
                 rows.append((t, c.value in text))
                 kept.append(n_out)
             row["pflash"] = {**summarise(rows), "kept_tokens": statistics.median(kept)}
             log(f"  pflash: {row['pflash']}")
             row["sweep"] = []
-            for keep, alpha, layers in itertools.product(keeps, alphas, layer_counts):
-                point = {"keep": keep, "alpha": alpha, "layers": layers}
-                if (keep, alpha, layers) == (args.keep, args.alpha, args.layers) and sweep_cases <= args.cases:
+            for keep, alpha, window in itertools.product(keeps, alphas, windows):
+                point = {"keep": keep, "alpha": alpha, "layers": window_label(*window)}
+                if (keep, alpha, window) == (args.keep, args.alpha, headline) and sweep_cases <= args.cases:
                     row["sweep"].append({**point, **row["pflash"]})
                     continue
                 rows, kept = [], []
                 for c in cases[:sweep_cases]:
-                    t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, keep, alpha, layers)
+                    t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, keep, alpha, window)
                     rows.append((t, c.value in text))
                     kept.append(n_out)
                 row["sweep"].append({**point, **summarise(rows), "kept_tokens": statistics.median(kept)})
-                log(f"  sweep keep={keep} alpha={alpha} layers={layers}: {row['sweep'][-1]}")
+                log(f"  sweep keep={keep} alpha={alpha} layers={point['layers']}: {row['sweep'][-1]}")
             results["lengths"][length] = row
     finally:
         engine.stop(10)
@@ -232,7 +246,7 @@ def format_markdown(results: dict, args) -> str:
     dev = results["device"]
     lines = [f"# PFlash NIAH: {Path(results['target']).name} + drafter {Path(results['drafter']).name}", "",
              f"Device: {dev.get('name', dev)}. {results['cases']} cases per length; headline keep={results['keep']}, "
-             f"alpha={results['alpha']}, drafter layers={results['layers'] or 'all'}, last {results['last_chunks']} chunk(s) always kept; TTFT = median seconds from request to first token (PFlash: compress + "
+             f"alpha={results['alpha']}, drafter scoring layers={results['layers']}, last {results['last_chunks']} chunk(s) always kept; TTFT = median seconds from request to first token (PFlash: compress + "
              f"generate of the kept ids; llama.cpp: prompt tokens / llama-bench pp tok/s, -fa 1).", "",
              "| tokens | flashd dense pass | flashd dense TTFT s | llama.cpp TTFT s | PFlash pass | PFlash TTFT s "
              "| kept tokens | vs llama.cpp | vs flashd dense |",
@@ -251,7 +265,7 @@ def format_markdown(results: dict, args) -> str:
               "| tokens | keep | alpha | drafter layers | pass | TTFT s | kept tokens |", "|---|---|---|---|---|---|---|"]
     for length, row in results["lengths"].items():
         for s in row["sweep"]:
-            lines.append(f"| {int(row['prompt_tokens'])} | {s['keep']} | {s['alpha']} | {s.get('layers') or 'all'} | "
+            lines.append(f"| {int(row['prompt_tokens'])} | {s['keep']} | {s['alpha']} | {s.get('layers', 'all')} | "
                          f"{s['pass']}/{s['n']} | "
                          f"{s['ttft_s']:.3f} | {int(s['kept_tokens'])} |")
     return "\n".join(lines) + "\n"

@@ -466,18 +466,18 @@ class Engine:
                               logprobs=[round(float(x), 6) for x in logprobs]))
 
     def _do_compress(self, req: m.Compress, job: _Job) -> None:
-        c = self._compress(self._prompt_ids(req), req.keep, req.drafter, req.alpha, req.layers)
+        c = self._compress(self._prompt_ids(req), req.keep, req.drafter, req.alpha, req.layers, req.first_layer)
         job.send(result_event(req.id, ids=c.ids, **compressed_fields(c)))
 
     def _compress(self, prompt: list[int], keep: float, drafter: str | None = None, alpha: float | None = None,
-                  layers: int | None = None):
+                  layers: int | None = None, first_layer: int | None = None):
         """PFlash; with the `park` drafter policy, the 24 GB choreography around it: park the
         target, load the drafter, compress, free the drafter, unpark the target."""
         if self.config.pflash.drafter_policy != "park":
-            return self.compressor.compress(prompt, keep, drafter, alpha, layers)
+            return self.compressor.compress(prompt, keep, drafter, alpha, layers, first_layer)
         with self._target_parked():
             try:
-                return self.compressor.compress(prompt, keep, drafter, alpha, layers)
+                return self.compressor.compress(prompt, keep, drafter, alpha, layers, first_layer)
             finally:
                 self.compressor.free()
 

@@ -545,13 +545,16 @@ def serve(config: ServeConfig) -> int:
 @click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.7, show_default=True,
               help="FlashPrefill block threshold of the drafter's sparse attention (0 = dense).")
 @click.option("--compress-layers", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Drafter layers that score tokens: the first N (0 = all; fewer is faster).")
+              help="Drafter layers run to score tokens: the first N (0 = all; fewer is faster).")
+@click.option("--compress-first-layer", type=click.IntRange(min=0), default=0, show_default=True,
+              help="First drafter layer whose attention scores (below --compress-layers; earlier layers run "
+                   "but do not count).")
 @click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
                   max_queue, max_request_bytes, log_level, compress_mode, compress_threshold, compress_keep,
-                  compress_alpha, compress_layers, drafter_policy):
+                  compress_alpha, compress_layers, compress_first_layer, drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     try:
         config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
@@ -560,6 +563,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              log_level=log_level,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
                                                  alpha=compress_alpha, score_layers=compress_layers,
+                                                 score_from=compress_first_layer,
                                                  drafter_policy=drafter_policy))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

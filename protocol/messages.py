@@ -199,7 +199,8 @@ class Compress:
     keep: float = 0.05  # fraction of the prompt to keep, (0, 1]
     drafter: str | None = None  # scoring model path or name; None = the --prefill-drafter
     alpha: float | None = None  # FlashPrefill block threshold in [0, 1]; None = daemon default
-    layers: int | None = None   # drafter layers that score (the first N, 0 = all); None = daemon default
+    layers: int | None = None   # drafter layers run to score (the first N, 0 = all); None = daemon default
+    first_layer: int | None = None  # the first of them whose attention scores; None = daemon default
 
     def __post_init__(self) -> None:
         self.id = check_request_id(self.id)
@@ -209,6 +210,7 @@ class Compress:
             self.drafter = check_optional(check_str, "drafter", self.drafter, allow_empty=False)
             self.alpha = check_optional(check_float, "alpha", self.alpha, 0.0, 1.0)
             self.layers = check_optional(check_int, "layers", self.layers, 0)
+            self.first_layer = check_optional(check_int, "first_layer", self.first_layer, 0)
 
 
 @dataclass(slots=True)

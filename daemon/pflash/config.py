@@ -25,9 +25,12 @@ class PFlashConfig:
     first_chunks: int = 1       # always kept at the start of the prompt (DESIGN: 1)
     last_chunks: int = 1        # always kept at the end, where the question usually is (DESIGN: 1)
     forward_chunk: int = 4096   # drafter forward: tokens per forward (a multiple of block)
-    score_layers: int = 0       # drafter layers run to score tokens: the first N (0 = all). The scores are the
-                                # max over the layers run, so later layers are optional work: fewer layers,
-                                # less prefill time (the drafter's forward is most of a compression's time)
+    score_layers: int = 0       # drafter layers run to score tokens: the first N (0 = all). Later layers are
+                                # optional work: fewer layers, less prefill time (the drafter's forward is
+                                # most of a compression's time)
+    score_from: int = 0         # the first layer whose attention scores (earlier layers run but do not count:
+                                # the first layers' attention is local and sink-heavy, and as part of a max
+                                # it can hide the needle -- bench/results/*-pflash-layer-windows-*.md)
     keep: float = 0.05          # default kept fraction of chunks, (0, 1]
     mode: str = "off"           # the generate default: off | auto | always
     threshold: int = 32000      # auto: compress prompts longer than this many tokens
@@ -53,6 +56,9 @@ class PFlashConfig:
             raise ValueError(f"forward_chunk must be a positive multiple of {self.block}")
         if self.score_layers < 0:
             raise ValueError(f"score_layers must be >= 0 (0 = every layer), got {self.score_layers}")
+        if self.score_from < 0 or (self.score_layers and self.score_from >= self.score_layers):
+            raise ValueError(f"score_from must be >= 0 and below score_layers, got {self.score_from} "
+                             f"(score_layers {self.score_layers})")
         if not 0.0 < self.keep <= 1.0:
             raise ValueError(f"keep must be in (0, 1], got {self.keep}")
         if self.mode not in COMPRESS_MODES:

@@ -10,7 +10,8 @@ running max (`ops.tail_max_probs`), which ends as the (T, S) max over layers and
 
 Only the first `layers` layers run (PFlashConfig.score_layers, 0 = all): the max over layers needs
 no later layer, and the last layer run stops after its attention (its output projection and MLP
-feed nothing), so scoring with L of N layers costs about L / N of the full forward.
+feed nothing), so scoring with L of N layers costs about L / N of the full forward. Layers below
+`first` (PFlashConfig.score_from) run but do not score.
 """
 from __future__ import annotations
 
@@ -44,21 +45,27 @@ class Drafter:
     def path(self):
         return self.model.path
 
-    def n_score_layers(self, layers: int | None = None) -> int:
-        """How many layers a scoring forward runs: `layers` (else the config's score_layers), 0 =
-        all, at most the model's."""
+    def score_window(self, layers: int | None = None, first: int | None = None) -> tuple[int, int]:
+        """[first, end) of the layers whose attention scores; a forward runs layers [0, end).
+        `layers` (else the config's score_layers): 0 = all, at most the model's; `first` (else the
+        config's score_from) must be below end."""
         n = self.config.score_layers if layers is None else int(layers)
+        lo = self.config.score_from if first is None else int(first)
         if n < 0:
             raise ValueError(f"score layers must be >= 0 (0 = every layer), got {n}")
         n_layers = self.model.config.n_layers
-        return n_layers if n == 0 else min(n, n_layers)
+        end = n_layers if n == 0 else min(n, n_layers)
+        if not 0 <= lo < end:
+            raise ValueError(f"first scoring layer {lo} must be in [0, {end}) (the layers run)")
+        return lo, end
 
-    def tail_probs(self, ids, alpha: float | None = None, layers: int | None = None) -> np.ndarray:
+    def tail_probs(self, ids, alpha: float | None = None, layers: int | None = None,
+                   first: int | None = None) -> np.ndarray:
         """(T, S) float32: for each of the last T = min(tail_tokens, S) prompt tokens, the max
-        over the first n_score_layers(layers) layers and all heads of its attention probability on
-        every prompt token."""
+        over the layers of score_window(layers, first) and all heads of its attention probability
+        on every prompt token."""
         ops, cfg, pc = self.ops, self.model.config, self.config
-        n_run = self.n_score_layers(layers)
+        first, n_run = self.score_window(layers, first)
         ids = np.asarray(ids, np.int32)
         n_tokens = len(ids)
         n_tail = min(pc.tail_tokens, n_tokens)
@@ -87,7 +94,8 @@ class Drafter:
                 ops.begin_layer(i)
                 x = ops.rmsnorm(h, layer.attn_norm, cfg.rms_eps)
                 last = i == n_run - 1                  # its attention output feeds nothing
-                h = self._attention(x, layer, cache.layer(i), batch, step, tail, h, project=not last)
+                h = self._attention(x, layer, cache.layer(i), batch, step, tail if i >= first else None, h,
+                                    project=not last)
                 if not last:
                     h = mlp_block(ops, ops.rmsnorm(h, layer.ffn_norm, cfg.rms_eps), layer, h)
         out = ops.to_numpy(acc)

@@ -135,10 +135,15 @@ class PrefillCompressor:
         return mode == "auto" and n_prompt > (threshold if threshold is not None else self.config.threshold)
 
     def compress(self, ids: list[int], keep: float, drafter_path: str | None = None,
-                 alpha: float | None = None, layers: int | None = None) -> Compressed:
+                 alpha: float | None = None, layers: int | None = None,
+                 first_layer: int | None = None) -> Compressed:
         if not 0.0 < keep <= 1.0:
             raise ProtocolError("bad_request", f"keep: must be in (0, 1], got {keep}")
         drafter, load_ms = self.load(drafter_path)
+        try:
+            drafter.score_window(layers, first_layer)
+        except ValueError as exc:
+            raise ProtocolError("bad_request", f"layers/first_layer: {exc}") from None
         t0 = time.perf_counter()
         same = self._shares_vocab(drafter)
         if same:
@@ -154,7 +159,7 @@ class PrefillCompressor:
         if len(d_ids) > trained:          # RoPE past the trained length scores garbage
             raise ProtocolError("ctx_overflow", f"compress: {len(d_ids)} drafter tokens > the drafter's trained "
                                                 f"context {trained}")
-        probs = drafter.tail_probs(d_ids, alpha, layers)
+        probs = drafter.tail_probs(d_ids, alpha, layers, first_layer)
         pc = self.config
         kept = kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks, pc.last_chunks)
         kept_ids = [int(d_ids[i]) for i in kept]

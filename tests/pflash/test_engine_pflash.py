@@ -250,3 +250,46 @@ def test_compress_layers_field(served):
     assert c.ask(m.Compress, ids=ids, keep=0.1, layers=0)["event"] == "result"     # every layer
     with pytest.raises(ProtocolError, match="layers: must be >= 0"):
         m.Compress("bad", ids=ids, keep=0.1, layers=-1)
+
+
+def test_first_scoring_layer_leaves_out_the_layers_before_it(served):
+    """tail_probs(first=1) is the max over layer 1 alone (layer 0 still runs: layer 1 reads its
+    output), recorded per layer through ops.tail_max_probs as bench/lab_pflash_layers.py does."""
+    c = served()
+    drafter = c.engine.compressor.drafter
+    ops = drafter.ops
+    ids = prompt(400, seed=7)
+    per_layer, original = [], ops.tail_max_probs
+
+    def recording(q, cache_layer, n_keys, n_tail, acc):
+        own = ops.from_numpy(np.zeros(acc.shape, np.float32))
+        original(q, cache_layer, n_keys, n_tail, own)
+        per_layer.append(np.array(ops.to_numpy(own)))
+        original(q, cache_layer, n_keys, n_tail, acc)
+
+    ops.tail_max_probs = recording
+    try:
+        both = drafter.tail_probs(ids, alpha=0.0)
+    finally:
+        del ops.tail_max_probs
+    assert len(per_layer) == 2
+    np.testing.assert_array_equal(both, np.maximum(per_layer[0], per_layer[1]))
+    np.testing.assert_array_equal(drafter.tail_probs(ids, alpha=0.0, first=1), per_layer[1])
+    assert not np.array_equal(per_layer[0], per_layer[1])
+    for layers, first in ((1, 1), (0, 2), (2, 5)):
+        with pytest.raises(ValueError, match="first scoring layer"):
+            drafter.tail_probs(ids, layers=layers, first=first)
+
+
+def test_compress_first_layer_field_and_its_errors(served):
+    c = served(score_from=1)
+    ids = prompt(600, seed=8)
+    default = c.ask(m.Compress, ids=ids, keep=0.1)
+    assert c.ask(m.Compress, ids=ids, keep=0.1, first_layer=1)["ids"] == default["ids"]
+    assert c.ask(m.Compress, ids=ids, keep=0.1, first_layer=0)["event"] == "result"
+    bad = c.ask(m.Compress, ids=ids, keep=0.1, layers=1)          # the daemon's first layer 1 is not run
+    assert bad["event"] == "error" and bad["code"] == "bad_request" and "first scoring layer" in bad["message"]
+    assert c.ask(m.Compress, ids=ids, keep=0.1, layers=1, first_layer=0)["event"] == "result"
+    assert c.ask(m.Compress, ids=ids, keep=0.1)["ids"] == default["ids"]          # still serving
+    with pytest.raises(ValueError, match="score_from"):
+        PFlashConfig(score_layers=2, score_from=2)

@@ -1,0 +1,137 @@
+"""Lab: which drafter layers locate the NIAH needle? (issue 5: a cheaper PFlash drafter forward)
+
+Scoring with the first L of the drafter's N layers costs about L / N of its forward, but on the H100
+(bench/results/2026-11-21-h100-niah-layers-*.md) the first 10 or 14 of Qwen2.5-Coder-0.5B's 24 layers,
+max-aggregated from layer 0, lost the needle where all 24 kept it. This asks why, offline: one full
+drafter forward per case records every layer's (T, S) tail attention maxima separately (the
+attention of layer l does not depend on later layers, so a forward truncated at L would give the
+same maxima for l < L); then for each layer window [lo, hi) and aggregation over its layers (max as
+the anchor does, or mean as the original SpecPrefill), it runs the chunk selection and checks
+whether every token of the needle's value was kept. A window with hi < N that keeps the needle as
+reliably as [0, N) is a candidate for `score_layers` plus a first scoring layer.
+
+    python bench/lab_pflash_layers.py --drafter qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \\
+        --tokens 4096 --cases 6 --device cpu [--out bench/results/]
+
+On the CPU (reference backend) a 4K-token case takes about a minute. Prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from niah_cases import make_case  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[lab {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def needle_positions(tok, case) -> np.ndarray:
+    """Prompt positions of the value's tokens (the last occurrence: the question does not repeat it)."""
+    want = tok.encode(case.value)
+    ids = case.ids
+    for s in range(len(ids) - len(want), -1, -1):
+        if ids[s:s + len(want)] == want:
+            return np.arange(s, s + len(want))
+    raise ValueError(f"value {case.value} not found as tokens {want} in the prompt")
+
+
+def per_layer_probs(drafter, ids, alpha: float) -> list[np.ndarray]:
+    """[(T, S)] per layer: each layer's own tail maxima (ops.tail_max_probs folds into a fresh acc)."""
+    ops = drafter.ops
+    layers: list[np.ndarray] = []
+    original = ops.tail_max_probs
+
+    def recording(q, cache_layer, n_keys, n_tail, acc):
+        own = ops.from_numpy(np.zeros(acc.shape, np.float32))
+        original(q, cache_layer, n_keys, n_tail, own)
+        layers.append(np.array(ops.to_numpy(own)))
+        original(q, cache_layer, n_keys, n_tail, acc)
+
+    ops.tail_max_probs = recording
+    try:
+        total = drafter.tail_probs(ids, alpha)
+    finally:
+        del ops.tail_max_probs           # back to the class's method
+    np.testing.assert_array_equal(np.max(layers, axis=0), total)
+    return layers
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", type=Path, required=True)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--cases", type=int, default=6)
+    ap.add_argument("--keep", type=float, default=0.05)
+    ap.add_argument("--alpha", type=float, default=0.7)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from flashd.clients.chat_template import ChatTemplate
+    from flashd.clients.tokenizer import Tokenizer
+    from flashd.daemon.models import open_model
+    from flashd.daemon.pflash.config import PFlashConfig
+    from flashd.daemon.pflash.selection import kept_positions
+    from flashd.daemon.pflash.service import PrefillCompressor
+
+    if args.device == "cuda":
+        from flashd.daemon.backends.cuda.backend import CudaBackend as Backend
+    else:
+        from flashd.daemon.backends import ReferenceBackend as Backend
+    f, _ = open_model(args.drafter)
+    tok = Tokenizer.from_gguf(f.reader)
+    template = ChatTemplate.from_gguf(args.drafter)
+    pc = PFlashConfig(keep=args.keep, alpha=args.alpha, forward_chunk=1024)
+    drafter = PrefillCompressor(Backend(), pc, str(args.drafter), tok).load()[0]
+    n_layers = drafter.model.config.n_layers
+    windows = sorted({(lo, hi) for hi in range(4, n_layers + 1, 2) for lo in (0, 2, 4, 6, 8, 10, 12) if lo < hi - 1}
+                     | {(0, n_layers)})
+    kept = {(w, agg): 0 for w in windows for agg in ("max", "mean")}
+    for i in range(args.cases):
+        case = make_case(tok, template, args.tokens, args.seed * 1_000_003 + args.tokens * 101 + i)
+        where = needle_positions(tok, case)
+        t0 = time.perf_counter()
+        layers = np.stack(per_layer_probs(drafter, case.ids, args.alpha))        # (N, T, S)
+        log(f"case {i}: {case.n_tokens} tokens, needle at {where[0]} (depth {case.depth:.2f}), "
+            f"forward {time.perf_counter() - t0:.1f} s")
+        for (lo, hi) in windows:
+            for agg in ("max", "mean"):
+                probs = layers[lo:hi].max(axis=0) if agg == "max" else layers[lo:hi].mean(axis=0)
+                sel = kept_positions(probs, args.keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks,
+                                     pc.last_chunks)
+                kept[((lo, hi), agg)] += bool(np.isin(where, sel).all())
+    lines = [f"### Needle kept by PFlash selection per drafter-layer window: {args.drafter.name}, "
+             f"{args.cases} cases of {args.tokens} tokens, keep {args.keep}, alpha {args.alpha}, "
+             f"{args.device}, {datetime.date.today()}", "",
+             "Cost of a window [lo, hi) = hi / N of the drafter forward. Cell: cases whose needle value was kept "
+             "(max / mean over the window's layers).", "",
+             "| hi \\ lo | " + " | ".join(str(lo) for lo in (0, 2, 4, 6, 8, 10, 12)) + " |",
+             "|---" * 8 + "|"]
+    for hi in sorted({hi for _, hi in windows}):
+        cells = []
+        for lo in (0, 2, 4, 6, 8, 10, 12):
+            w = (lo, hi)
+            cells.append(f"{kept[(w, 'max')]}/{kept[(w, 'mean')]}" if w in windows else "")
+        lines.append(f"| {hi} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = args.out / f"{datetime.date.today()}-{args.device}-pflash-layer-windows-{args.tokens}"
+        stem.with_suffix(".md").write_text(text)
+        stem.with_suffix(".json").write_text(json.dumps({f"{w[0]}-{w[1]}-{a}": v for (w, a), v in kept.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
