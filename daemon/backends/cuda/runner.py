@@ -20,6 +20,7 @@ from ...runner import ModelRunner, Sampled
 from ..base import Batch
 from ...models.dense import forward
 from .ops import MAX_MASKED_TOKENS, CudaOps
+from .tensor import DeviceTensor
 
 __all__ = ["CudaRunner"]
 
@@ -29,9 +30,34 @@ RING_LEN = 64
 TINY_TEMPERATURE = 1e-30
 PIPELINE_DEPTH = 2
 MAX_CACHED_GRAPHS = 8
+STATE_FIELDS = ("tok", "pos", "n_past", "step", "n_history")   # the decode state's words, in order
 GRAPH_FEED_MAX = 8        # greedy_continue feeds up to this many tokens through the decode graph
 MAX_TREE_GRAPHS = 96      # verify forwards captured per tree size (sizes 1 .. budget + 1 recur)
 SCORE_CHUNK = 64          # rows of logits per forward when every position's logits are needed
+
+
+def tree_input_words(n_tree: int) -> int:
+    """int32 words of the verify inputs for trees of up to n_tree nodes: [ids (n_tree) | positions
+    (n_tree) | n_past (1) | mask (n_tree * n_tree bytes, row-major)]."""
+    return 2 * n_tree + 1 + -(-n_tree * n_tree // 4)
+
+
+def tree_input_views(t: DeviceTensor, n_tree: int) -> tuple[DeviceTensor, DeviceTensor, DeviceTensor, DeviceTensor]:
+    """(ids, positions, n_past, mask) views of a tree_input_words(n_tree) int32 tensor."""
+    mask = DeviceTensor(t.ptr + (2 * n_tree + 1) * 4, (n_tree * n_tree,), np.dtype(np.uint8), t.owner)
+    return t[:n_tree], t[n_tree:2 * n_tree], t[2 * n_tree:2 * n_tree + 1], mask
+
+
+def pack_tree_inputs(ids, positions, mask, n_past: int, n_tree: int) -> np.ndarray:
+    """The host image of the verify inputs of an n-node tree (n <= n_tree): mask (n, n) fills the
+    first n * n mask bytes, which the (n, n) view of tree_input_views reads."""
+    n = len(ids)
+    pack = np.zeros(tree_input_words(n_tree), np.int32)
+    pack[:n] = ids
+    pack[n_tree:n_tree + n] = np.asarray(positions, np.int32)
+    pack[2 * n_tree] = n_past
+    pack[2 * n_tree + 1:].view(np.uint8)[:n * n] = np.ascontiguousarray(mask, dtype=np.uint8).reshape(-1)
+    return pack
 
 
 def _uses_penalties(p: SamplingParams) -> bool:
@@ -49,13 +75,12 @@ class CudaRunner(ModelRunner):
         self.p_ids = dev.empty((prefill_chunk,), i32)
         self.p_pos = dev.empty((prefill_chunk,), i32)
         self.p_n_past = dev.empty((1,), i32)
-        # decode state (device-resident; read by the captured graph)
-        self.tok = dev.empty((1,), i32)
-        self.pos = dev.empty((1,), i32)
-        self.n_past_dev = dev.empty((1,), i32)
-        self.step = dev.empty((1,), i32)
+        # decode state (device-resident; read by the captured graph): tok, pos, n_past, step, n_history
+        # in one allocation, so that setting it is one upload (every upload synchronises the stream)
+        self._state = dev.empty((len(STATE_FIELDS),), i32)
+        self.tok, self.pos, self.n_past_dev, self.step, self.n_history = (self._state[i:i + 1]
+                                                                          for i in range(len(STATE_FIELDS)))
         self.history = dev.empty((max_ctx + 1,), i32)
-        self.n_history = dev.empty((1,), i32)
         self.sample_ws = dev.empty((max(int(lib.fd_sample_workspace_bytes(cfg.vocab_size)), 1),), np.uint8)
         ring = ffi.new("void**")
         dev.native.check(lib.fd_host_alloc(ring, RING_LEN * 4), "cudaHostAlloc(ring)")
@@ -69,12 +94,13 @@ class CudaRunner(ModelRunner):
         self.graphs: OrderedDict[object, object] = OrderedDict()
         self.tree_graphs: OrderedDict[int, tuple] = OrderedDict()   # n nodes -> (graph, logits)
         # tree verification inputs, sized once for the largest tree: the captured tree graphs read
-        # these addresses, so they are never reallocated
+        # these addresses, so they are never reallocated. One allocation per upload: [ids | positions
+        # | n_past | mask bytes] for a verify forward, [n_past | offsets] for a commit.
         n_tree = self.max_tree_nodes
-        self.t_ids = dev.empty((n_tree,), i32)
-        self.t_pos = dev.empty((n_tree,), i32)
-        self.t_mask = dev.empty((n_tree * n_tree,), np.uint8)
-        self.t_offsets = dev.empty((n_tree,), i32)
+        self._t_inputs = dev.empty((tree_input_words(n_tree),), i32)
+        self.t_ids, self.t_pos, self.t_n_past, self.t_mask = tree_input_views(self._t_inputs, n_tree)
+        self._t_commit = dev.empty((n_tree + 1,), i32)
+        self.c_n_past, self.t_offsets = self._t_commit[:1], self._t_commit[1:]
         self.t_argmax = dev.empty((n_tree,), i32)
         self._warm_up()
 
@@ -149,10 +175,7 @@ class CudaRunner(ModelRunner):
         if self.n_past + n > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
         dev = self.dev
-        dev.upload(ids, out=self.t_ids[:n])
-        dev.upload(np.asarray(positions, np.int32), out=self.t_pos[:n])
-        dev.upload(np.ascontiguousarray(mask, dtype=np.uint8).reshape(-1), out=self.t_mask[:n * n])
-        dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
+        dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
         if hidden_sink is not None:             # the sink runs host code per layer: eager
             return self._tree_body(n, hidden_sink)
         graph, logits = self._tree_graph(n)
@@ -161,14 +184,14 @@ class CudaRunner(ModelRunner):
 
     def _tree_body(self, n: int, hidden_sink=None):
         self.ops.begin_forward(row_invariant=True)      # every node's logits = a decode step's, bit for bit
-        batch = Batch(ids=self.t_ids[:n], positions=self.t_pos[:n], n_past=self.p_n_past,
+        batch = Batch(ids=self.t_ids[:n], positions=self.t_pos[:n], n_past=self.t_n_past,
                       mask=self.t_mask[:n * n].reshape(n, n), n_tokens=n)
         return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
                        hidden_sink=hidden_sink)
 
     def _tree_graph(self, n: int):
         """The verify forward of an n-node tree captured once per n (inputs are read from t_ids,
-        t_pos, t_mask, p_n_past; the arena gives the same addresses every replay). Returns
+        t_pos, t_mask, t_n_past; the arena gives the same addresses every replay). Returns
         (graph, the logits tensor the graph writes)."""
         hit = self.tree_graphs.get(n)
         if hit is not None:
@@ -216,12 +239,11 @@ class CudaRunner(ModelRunner):
         if skip + n_new > RING_LEN:
             raise ValueError(f"greedy_continue: {skip + n_new} tokens > ring of {RING_LEN}")
         if graph_feed:
-            self._set_state(n0, 0)                      # the first replay forwards feed[0] at slot n0
+            self._set_state(n0, 0, tok=feed[0])         # the first replay forwards feed[0] at slot n0
             graph = self._graph(None)
-            for t in feed[:-1]:
-                dev.upload(np.array([t], np.int32), out=self.tok)
+            for t in feed[1:]:                          # a replay per feed token; its choice is overwritten
                 dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
-            dev.upload(np.array([feed[-1]], np.int32), out=self.tok)
+                dev.upload(np.array([t], np.int32), out=self.tok)
             n_launch = n_new
         else:
             self._set_state(n0 + len(feed) - 1, 0)      # advance() moves pos/n_past to the next slot
@@ -247,10 +269,9 @@ class CudaRunner(ModelRunner):
             if np.any(np.diff(offsets) <= 0) or np.any(offsets < np.arange(n)):
                 raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
             dev, spec = self.dev, self.cache.spec
-            dev.upload(offsets, out=self.t_offsets[:n])
-            dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
+            dev.upload(np.concatenate([np.array([self.n_past], np.int32), offsets]), out=self._t_commit[:n + 1])
             dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets, "int32_t*"),
-                                                   dev.p(self.p_n_past, "int32_t*"), n, spec.n_layers,
+                                                   dev.p(self.c_n_past, "int32_t*"), n, spec.n_layers,
                                                    spec.n_kv_heads, spec.max_ctx, spec.head_dim, dev.stream),
                              "fd_kv_compact")
         self.n_past += n
@@ -292,10 +313,9 @@ class CudaRunner(ModelRunner):
         self._select(logits, params)
         self._advance()
 
-    def _set_state(self, n_past: int, n_history: int) -> None:
-        for t, v in ((self.pos, n_past), (self.n_past_dev, n_past), (self.step, 0), (self.n_history, n_history),
-                     (self.tok, 0)):
-            self.dev.upload(np.array([v], np.int32), out=t)
+    def _set_state(self, n_past: int, n_history: int, tok: int = 0) -> None:
+        state = dict(tok=tok, pos=n_past, n_past=n_past, step=0, n_history=n_history)
+        self.dev.upload(np.array([state[f] for f in STATE_FIELDS], np.int32), out=self._state)
 
     def _warm_up(self) -> None:
         """Run the step once eagerly (first-use kernel setup happens outside capture), then
