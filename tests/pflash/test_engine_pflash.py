@@ -1,7 +1,9 @@
 """PFlash through the engine on the CPU reference backend, with tiny synthetic target and drafter:
 compress, generate compress=..., park/unpark/free, the park policy, the text round trip for a
 drafter with another vocabulary, and the errors (the engine keeps serving after each)."""
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,9 @@ from flashd.daemon.pflash.config import PFlashConfig
 from flashd.daemon.pflash.drafter import chunk_bounds
 from flashd.protocol import messages as m
 from flashd.protocol.errors import ProtocolError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from lab_pflash_layers import per_layer_probs  # noqa: E402
 
 
 class Client:
@@ -254,24 +259,12 @@ def test_compress_layers_field(served):
 
 def test_first_scoring_layer_leaves_out_the_layers_before_it(served):
     """tail_probs(first=1) is the max over layer 1 alone (layer 0 still runs: layer 1 reads its
-    output), recorded per layer through ops.tail_max_probs as bench/lab_pflash_layers.py does."""
+    output), recorded per layer through ops.tail_max_probs by bench/lab_pflash_layers.py."""
     c = served()
     drafter = c.engine.compressor.drafter
-    ops = drafter.ops
     ids = prompt(400, seed=7)
-    per_layer, original = [], ops.tail_max_probs
-
-    def recording(q, cache_layer, n_keys, n_tail, acc):
-        own = ops.from_numpy(np.zeros(acc.shape, np.float32))
-        original(q, cache_layer, n_keys, n_tail, own)
-        per_layer.append(np.array(ops.to_numpy(own)))
-        original(q, cache_layer, n_keys, n_tail, acc)
-
-    ops.tail_max_probs = recording
-    try:
-        both = drafter.tail_probs(ids, alpha=0.0)
-    finally:
-        del ops.tail_max_probs
+    per_layer = per_layer_probs(drafter, ids, 0.0)
+    both = drafter.tail_probs(ids, alpha=0.0)
     assert len(per_layer) == 2
     np.testing.assert_array_equal(both, np.maximum(per_layer[0], per_layer[1]))
     np.testing.assert_array_equal(drafter.tail_probs(ids, alpha=0.0, first=1), per_layer[1])
