@@ -261,7 +261,8 @@ def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop) -> d
               help="Speculative decoding with this drafter (a started daemon loads it; with --daemon, the "
                    "name of one the daemon has loaded).")
 @click.option("--spec", type=click.Choice(list(SPEC_MODES)), default=None,
-              help="Speculative decoding mode (default: ddtree with --draft, else off).")
+              help="Speculative decoding mode (default: auto with --draft, else off; auto drafts only as "
+                   "deep as measured acceptance and step times pay for, down to plain steps).")
 @click.option("--budget", type=click.IntRange(1, 1024), default=None,
               help="Drafted tokens verified per step (tree nodes, or the chain length).")
 def generate_command(prompt, model, daemon, device, max_ctx, verbose, max_tokens, temperature, top_k, top_p,
@@ -274,11 +275,11 @@ def generate_command(prompt, model, daemon, device, max_ctx, verbose, max_tokens
     if system is not None and raw:
         raise click.UsageError("--system needs --chat")
     sampling = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
-    spec = spec or ("ddtree" if draft else "off")
+    spec = spec or ("auto" if draft else "off")
     if spec != "off":
         sampling.update(spec=spec, budget=budget, draft=draft)
     elif budget is not None:
-        raise click.UsageError("--budget needs --spec chain|ddtree (or --draft)")
+        raise click.UsageError("--budget needs --spec chain|ddtree|auto (or --draft)")
     try:
         with _session(model, daemon, device, max_ctx, verbose,
                       drafts=(draft,) if draft and daemon is None else ()) as session:

@@ -74,13 +74,15 @@ def test_generate_sampling_options_reach_the_daemon(daemon, client):
 
 
 def test_generate_with_a_drafter_is_speculative_and_exact(tiny_model, client):
-    """--draft starts the daemon with that drafter and decodes speculatively (ddtree by default);
+    """--draft starts the daemon with that drafter and decodes speculatively (spec=auto by default);
     the output is plain greedy decoding's and the stats line reports tokens per step."""
-    for extra in (["--draft", "ngram"], ["--draft", str(tiny_model), "--spec", "chain", "--budget", "3"]):
+    for extra, mode in ((["--draft", "ngram"], "auto"),
+                        (["--draft", str(tiny_model), "--spec", "chain", "--budget", "3"], "chain")):
         result = run_cli("generate", "def fib(n):", "--model", str(tiny_model), "--device", "cpu", "-n", "16", *extra)
         assert result.returncode == 0, result.stderr
         assert result.stdout == _greedy(client, "def fib(n):", 16)
-        assert "tokens/step" in result.stderr.strip().splitlines()[-1]
+        stats = result.stderr.strip().splitlines()[-1]
+        assert f"; {mode} with " in stats and "tokens/step" in stats, stats
 
 
 def test_generate_budget_without_spec_is_a_usage_error(daemon):
