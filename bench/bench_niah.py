@@ -167,6 +167,7 @@ def main(argv=None) -> int:
     max_ctx = max(lengths) + args.max_tokens
     engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max_ctx,
                                  prefill_drafter=str(args.drafter), prefill_chunk=512,
+                                 prefix_cache=False,     # every TTFT a cold prefill (cases may share a prefix)
                                  pflash=PFlashConfig(keep=args.keep, alpha=args.alpha,
                                                      last_chunks=args.last_chunks, forward_chunk=args.forward_chunk)))
     engine.load()

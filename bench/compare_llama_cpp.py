@@ -73,7 +73,7 @@ def run_flashd(model: Path, tests: list[str], reps: int, max_ctx: int):
     from flashd.daemon.config import EngineConfig
     from flashd.daemon.engine import Engine
 
-    engine = Engine(EngineConfig(model=str(model), device="cuda", max_ctx=max_ctx))
+    engine = Engine(EngineConfig(model=str(model), device="cuda", max_ctx=max_ctx, prefix_cache=False))
     engine.load()
     copy_gbs = measure_copy_gbs(engine.backend.device)
     embd = engine.model.file.tensor("token_embd.weight").n_bytes

@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=128, help="context slots before the profiled step")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
-    engine = Engine(EngineConfig(model=args.model, device="cuda", max_ctx=args.depth + 256))
+    engine = Engine(EngineConfig(model=args.model, device="cuda", max_ctx=args.depth + 256, prefix_cache=False))
     engine.load()
     runner = engine.runner
     dev, lib, ffi, ops = runner.dev, runner.dev.lib, runner.dev.ffi, runner.ops

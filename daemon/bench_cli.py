@@ -29,7 +29,7 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
                + [16])
     path = resolve_model(model or DEFAULT_MODEL)
     engine = Engine(EngineConfig(model=str(path), device=device, max_ctx=max_ctx or need,
-                                 prefill_chunk=prefill_chunk))
+                                 prefill_chunk=prefill_chunk, prefix_cache=False))   # every prefill measured cold
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"loading {path} on {engine.backend.name}")
     engine.load()

@@ -21,6 +21,7 @@ class EngineConfig:
     prefill_chunk: int = 512            # tokens per prefill forward
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # compression defaults, drafter policy
     ddtree_chain_seed: bool = True      # spec=ddtree: insert the drafter's top-1 chain first
+    prefix_cache: bool = True           # keep the cached K/V of the last prompt's common prefix (runner.py)
 
     def __post_init__(self):
         if self.device not in DEVICES:

@@ -153,6 +153,7 @@ class Engine:
         self.model = load_model(self._opened, self.ops.load_weight, step)
         self.runner = self.backend.make_runner(self.model.config, self.model.weights, self.config.max_ctx,
                                                self.config.prefill_chunk, self.plan)
+        self.runner.reuse_prefix = self.config.prefix_cache
 
     def start(self) -> None:
         if self.model is None:
@@ -383,9 +384,9 @@ class Engine:
         prefill_s, decode_s = t_first - t_start, t_end - t_first
         timings = {"prefill_ms": round(prefill_s * 1e3, 3), "decode_ms": round(decode_s * 1e3, 3),
                    "ttft_ms": round(prefill_s * 1e3, 3),
-                   "prefill_tok_s": round(len(prompt) / prefill_s, 2) if prefill_s > 0 else None,
+                   "prefill_tok_s": round((len(prompt) - runner.n_reused) / prefill_s, 2) if prefill_s > 0 else None,
                    "decode_tok_s": round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else None}
-        done = done_event(req.id, reason, len(prompt), n_gen, timings)
+        done = done_event(req.id, reason, len(prompt), n_gen, timings, n_cached=runner.n_reused)
         if compressed is not None:     # n_prompt above counts the compressed prompt
             done["compress"] = compressed_fields(compressed)
         if spec is not None:

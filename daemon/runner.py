@@ -2,6 +2,15 @@
 
 The runner knows tokens, not text: stop strings, streaming and cancellation live in the engine.
 A backend with its own fast path (the CUDA decode graph) subclasses this and overrides `generate`.
+
+Prompt prefix reuse: a new prompt usually repeats most of the last one (an agent's system prompt,
+tools and conversation so far), and the cache still holds that prompt's K/V after the request.
+`start(prompt)` keeps the longest common prefix of the two, counted in whole prefill chunks, and
+computes only the chunks after it. A prompt is always prefilled in chunks of `prefill_chunk` from
+slot 0, so a kept chunk holds exactly what a fresh prefill would write there, and every computed
+chunk sees the same inputs as in a fresh prefill: the logits are bit for bit those of an empty
+context (tests/test_prefix_reuse.py). What decoding appended is never reused (decode steps compute
+K/V by another path), and any write below the recorded prefix shortens it.
 """
 from __future__ import annotations
 
@@ -39,6 +48,44 @@ class ModelRunner:
         self.max_ctx, self.prefill_chunk = max_ctx, prefill_chunk
         self.cache = ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim))
         self.n_past = 0   # cache slots [0, n_past) hold committed context
+        self.reuse_prefix = True      # start() may keep the cached prefix of the last prompt
+        self.n_reused = 0             # prompt tokens the last start() kept instead of recomputing
+        self._prefix: list[int] = []  # tokens whose K/V fill slots [0, len) as a chunked prefill from slot 0 wrote them
+
+    # -- the reusable prompt prefix --------------------------------------------------------------
+    def _overwrite_from(self, slot: int) -> None:
+        """Slots >= `slot` are about to be written: what they held is no longer a reusable prefix.
+        Every cache write goes through here (writes start at n_past, which only reset() lowers)."""
+        if slot < len(self._prefix):
+            del self._prefix[slot:]
+
+    def _begin_prompt(self, prompt, reuse: bool = True) -> int:
+        """Position the context for prefilling `prompt`: n_past = the start of the first chunk to
+        compute (0, or a multiple of prefill_chunk when the cached prefix is kept). Returns it."""
+        n_keep = 0
+        if reuse and self.reuse_prefix:
+            limit = min(len(self._prefix), len(prompt) - 1)    # the last token is always forwarded: its logits
+            if limit > 0:
+                differ = np.flatnonzero(np.asarray(self._prefix[:limit]) != np.asarray(prompt[:limit]))
+                common = int(differ[0]) if len(differ) else limit
+                n_keep = common - common % self.prefill_chunk
+        self.n_past = self.n_reused = n_keep
+        return n_keep
+
+    def _end_prompt(self, prompt) -> None:
+        """`prompt` was prefilled in chunks from slot 0 (or kept): record it as the reusable prefix."""
+        self._prefix = [int(t) for t in prompt]
+
+    def start(self, prompt, *, hidden_sink=None) -> np.ndarray:
+        """Make the context exactly `prompt`, reusing the cached prefix (see the module docstring),
+        and return the last token's logits (1, vocab), bit for bit those of reset() + prefill(prompt).
+        A hidden sink must see every position, so with one nothing is reused."""
+        if len(prompt) == 0:
+            raise ValueError("prefill needs at least one token")
+        n_keep = self._begin_prompt(prompt, reuse=hidden_sink is None)
+        logits = self.prefill(prompt[n_keep:], hidden_sink=hidden_sink)
+        self._end_prompt(prompt)
+        return logits
 
     # -- forward passes --------------------------------------------------------------------------
     def _forward(self, ids: list[int] | np.ndarray, *, all_logits: bool, hidden_sink=None) -> np.ndarray:
@@ -46,6 +93,7 @@ class ModelRunner:
         n = len(ids)
         if self.n_past + n > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        self._overwrite_from(self.n_past)
         ops = self.ops
         ops.begin_forward()
         batch = Batch(ids=ops.from_numpy(ids),
@@ -85,6 +133,7 @@ class ModelRunner:
         n = len(ids)
         if self.n_past + n > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        self._overwrite_from(self.n_past)
         ops = self.ops
         ops.begin_forward()
         batch = Batch(ids=ops.from_numpy(ids), positions=ops.from_numpy(np.asarray(positions, np.int32)),
@@ -99,6 +148,7 @@ class ModelRunner:
         if self.n_past + len(offsets) > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {len(offsets)} > max_ctx {self.max_ctx}")
         if np.any(offsets != np.arange(len(offsets))):
+            self._overwrite_from(self.n_past)
             self.ops.kv_compact(self.cache, self.n_past, offsets)
         self.n_past += len(offsets)
 
@@ -132,14 +182,14 @@ class ModelRunner:
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
                  logprobs: int = 0) -> Iterator[Sampled]:
-        """Prefill `prompt` into an empty context, then yield up to max_new_tokens tokens.
+        """Prefill `prompt` into an empty context (start(): the cached prefix is kept), then yield
+        up to max_new_tokens tokens.
 
         The consumer stops early by closing the iterator (stop strings, cancel). The context
         holds prompt + every token yielded except the last one, which has not been forwarded.
         """
-        self.reset()
         history = list(prompt)
-        logits = self.prefill(prompt)[0]
+        logits = self.start(prompt)[0]
         for step in range(max_new_tokens):
             token = sample(logits, np.asarray(history), params, step)
             yield self._sampled(token, logits, logprobs)

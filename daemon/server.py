@@ -93,6 +93,7 @@ class ServeConfig:
     zmq_allow_remote: bool = False
     stdin: bool = True                  # read requests from stdin (events always go to stdout)
     max_queue: int = 64
+    prefix_cache: bool = True           # keep the K/V of the last prompt's common prefix (SPEC.md)
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
     log_level: str = "info"
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # --compress*, --drafter-policy
@@ -473,7 +474,7 @@ def serve(config: ServeConfig) -> int:
             zmq_frontend = ZmqFrontend(config.zmq, config.max_request_bytes)
         engine = load_engine(EngineConfig(model=str(model), device=config.device, max_ctx=config.max_ctx,
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
-                                          pflash=config.pflash))
+                                          pflash=config.pflash, prefix_cache=config.prefix_cache))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:
@@ -534,6 +535,9 @@ def serve(config: ServeConfig) -> int:
               help="Requests waiting behind the running one; more are answered `overloaded`.")
 @click.option("--max-request-bytes", type=click.IntRange(min=1), default=wire.MAX_FRAME_BYTES, show_default=True,
               help="Largest stdin line, ZeroMQ frame or @file.")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="Keep the cached K/V of the previous prompt's common prefix (whole 512-token chunks; the output "
+                   "is bit for bit that of an empty cache).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.option("--compress", "compress_mode", type=click.Choice(COMPRESS_MODES), default="off", show_default=True,
               help="PFlash default for generate requests that do not say: auto compresses prompts longer than "
@@ -553,14 +557,14 @@ def serve(config: ServeConfig) -> int:
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
-                  max_queue, max_request_bytes, log_level, compress_mode, compress_threshold, compress_keep,
+                  max_queue, max_request_bytes, prefix_cache, log_level, compress_mode, compress_threshold, compress_keep,
                   compress_alpha, compress_layers, compress_first_layer, drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     try:
         config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
                              max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
-                             log_level=log_level,
+                             prefix_cache=prefix_cache, log_level=log_level,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
                                                  alpha=compress_alpha, score_layers=compress_layers,
                                                  score_from=compress_first_layer,

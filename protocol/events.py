@@ -59,23 +59,27 @@ def done_event(
     timings: dict,
     spec: dict | None = None,
     *,
+    n_cached: int = 0,
     ids: list[int] | None = None,
     text: str | None = None,
     logprobs: list | None = None,
 ) -> dict:
     """The end of a generate. With stream=false the whole output rides here as ids/text
-    (and logprobs); streamed requests leave them out.
+    (and logprobs); streamed requests leave them out. n_cached: the prompt tokens (of n_prompt)
+    whose K/V the daemon kept from the previous prompt instead of recomputing them.
     """
     if reason not in DONE_REASONS:
         raise ValueError(f"reason must be one of {sorted(DONE_REASONS)}, got {reason!r}")
-    for name, count in (("n_prompt", n_prompt), ("n_gen", n_gen)):
+    for name, count in (("n_prompt", n_prompt), ("n_gen", n_gen), ("n_cached", n_cached)):
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"{name} must be an int >= 0, got {count!r}")
+    if n_cached > n_prompt:
+        raise ValueError(f"n_cached {n_cached} > n_prompt {n_prompt}")
     if not isinstance(timings, dict):
         raise TypeError(f"timings must be a dict, got {type(timings).__name__}")
     event: dict[str, Any] = {
         "id": id, "event": "done", "reason": reason,
-        "n_prompt": n_prompt, "n_gen": n_gen, "timings": timings,
+        "n_prompt": n_prompt, "n_cached": n_cached, "n_gen": n_gen, "timings": timings,
     }
     if spec is not None:
         if not isinstance(spec, dict):

@@ -118,7 +118,16 @@ async def messages(body: MessagesRequest, request: Request):
                 finish = item
     return {"id": message_id, "type": "message", "role": "assistant", "model": link.model_id,
             "content": content, "stop_reason": STOP_REASONS[finish.reason], "stop_sequence": finish.stop_sequence,
-            "usage": {"input_tokens": finish.n_prompt, "output_tokens": finish.n_gen}}
+            "usage": _usage(finish)}
+
+
+def _usage(finish: Finish) -> dict:
+    """Anthropic's usage: input_tokens counts the prompt tokens computed, cache_read_input_tokens
+    those whose K/V the daemon kept from the previous prompt (its prefix reuse); their sum is the
+    prompt. (message_start, sent before the daemon answers, gives the whole prompt as input_tokens;
+    message_delta carries these final counts.)"""
+    return {"input_tokens": finish.n_prompt - finish.n_cached, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": finish.n_cached, "output_tokens": finish.n_gen}
 
 
 class _MessageStream:
@@ -179,7 +188,7 @@ class _MessageStream:
                         yield chunk
                     yield self.event("message_delta", {
                         "delta": {"stop_reason": STOP_REASONS[item.reason], "stop_sequence": item.stop_sequence},
-                        "usage": {"output_tokens": item.n_gen}})
+                        "usage": _usage(item)})
                     yield self.event("message_stop", {})
                 item = await anext(rest, None)
         except ApiError as exc:

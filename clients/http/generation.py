@@ -137,6 +137,7 @@ class Finish:
     stop_sequence: str | None
     n_prompt: int
     n_gen: int
+    n_cached: int = 0             # prompt tokens whose K/V the daemon kept from the last prompt
 
 
 class _LogprobAligner:
@@ -243,5 +244,5 @@ async def generate(link: DaemonLink, settings: GenerationSettings,
                 else:
                     reason, stop = _stop_reason(settings, link, out_ids, "".join(text_parts), n_calls)
                 yield Finish(reason, stop, int(event.get("n_prompt", len(settings.prompt_ids))),
-                             int(event.get("n_gen", len(out_ids))))
+                             int(event.get("n_gen", len(out_ids))), int(event.get("n_cached", 0)))
                 return

@@ -42,8 +42,11 @@ def _new_id(prefix: str) -> str:
 
 
 def _usage(finish: Finish) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens: the part of prompt_tokens whose K/V the
+    daemon kept from the previous prompt (its prefix reuse)."""
     return {"prompt_tokens": finish.n_prompt, "completion_tokens": finish.n_gen,
-            "total_tokens": finish.n_prompt + finish.n_gen}
+            "total_tokens": finish.n_prompt + finish.n_gen,
+            "prompt_tokens_details": {"cached_tokens": finish.n_cached}}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -146,9 +146,8 @@ class SpecDecoder:
             n_draws += 1
             return uniform(params.seed, SPEC_STEP_BASE + n_draws - 1)
 
-        runner.reset()
         try:
-            logits = runner.prefill(prompt, hidden_sink=sink)[0]
+            logits = runner.start(prompt, hidden_sink=sink)[0]      # the cached prompt prefix is kept
             if max_new_tokens <= 0:
                 return
             root = sample(logits, np.asarray(history), params, 0)

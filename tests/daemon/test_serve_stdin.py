@@ -7,6 +7,7 @@ compute the same bits.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -111,6 +112,26 @@ def test_ids_file_prompt_equals_inline_ids(spawn_serve, tmp_path):
                                         f"ignore_eos=true", "a"))
     from_file, _, done = generated(daemon.ask(f"generate id=b ids=@{path} max_tokens=8 ignore_eos=true", "b"))
     assert from_file == inline and done["n_prompt"] == len(prompt)
+
+
+def test_the_next_prompt_reuses_the_cached_prefix_and_the_output_is_unchanged(spawn_serve, tmp_path):
+    """Prefix reuse (SPEC.md): a prompt that repeats the last one's first 1,100 tokens keeps two
+    whole 512-token chunks; its output equals a daemon's with --no-prefix-cache (bit for bit, so
+    the greedy ids are equal)."""
+    rng = random.Random(7)
+    first = [rng.randrange(VOCAB) for _ in range(1200)]
+    second = first[:1100] + [rng.randrange(VOCAB) for _ in range(150)]
+    files = [write_ids(tmp_path / f"p{i}.bin", p) for i, p in enumerate((first, second))]
+    runs = {}
+    for flag in ("--prefix-cache", "--no-prefix-cache"):
+        daemon = spawn_serve(flag, max_ctx=1400)
+        runs[flag] = [generated(daemon.ask(f"generate id=r{i} ids=@{f} max_tokens=12 ignore_eos=true", f"r{i}"))
+                      for i, f in enumerate(files)]
+    (ids_a, _, done_a), (ids_b, _, done_b) = runs["--prefix-cache"]
+    assert (done_a["n_cached"], done_b["n_cached"]) == (0, 1024)
+    assert done_b["n_prompt"] == 1250
+    assert [d["n_cached"] for _, _, d in runs["--no-prefix-cache"]] == [0, 0]
+    assert [ids_a, ids_b] == [ids for ids, _, _ in runs["--no-prefix-cache"]]
 
 
 # ------------------------------------------------------------------------------- bad input

@@ -103,6 +103,29 @@ def test_stopping_early_leaves_the_runner_clean(cuda_backend, synthetic_model):
     assert [s.token for s in cuda.generate([9, 8, 7], SamplingParams(), 20)] == full
 
 
+def test_prefix_reuse_is_bit_for_bit_a_fresh_prefill(cuda_backend, synthetic_model):
+    """Prompt prefix reuse on the GPU (ModelRunner.start; the CUDA runner's graph path keeps the
+    chunks too): greedy tokens, and logprobs on the host path, equal those of a runner that reuses
+    nothing, exactly: the kept 64-token chunks hold what a fresh prefill writes there."""
+    path = synthetic_model(arch="qwen2", weight_type="Q4_K", n_layers=2, hidden=256, n_heads=4, n_kv_heads=2,
+                           ffn=512, vocab_size=1000)
+    _, cuda = make_runners(cuda_backend, path)
+    _, fresh = make_runners(cuda_backend, path)
+    fresh.reuse_prefix = False
+    rng = np.random.default_rng()
+    a = rng.integers(0, 1000, 150).tolist()
+    b = a[:140] + rng.integers(0, 1000, 60).tolist()
+
+    def run(runner, prompt, **kw):
+        return [(s.token, s.logprob) for s in runner.generate(prompt, SamplingParams(), 12, **kw)]
+
+    run(cuda, a)
+    assert run(cuda, b, logprobs=3) == run(fresh, b, logprobs=3)        # host path (start + prefill)
+    assert cuda.n_reused == 128 and fresh.n_reused == 0
+    assert run(cuda, a) == run(fresh, a)                                  # graph path
+    assert cuda.n_reused == 128
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
 def test_real_model_matches_reference(cuda_backend, real_model, name):

@@ -133,3 +133,17 @@ def test_speculative_decoding_extensions(claude, daemon_client, prompt_ids):
     with pytest.raises(anthropic.BadRequestError, match="no such drafter"):
         claude.messages.create(model="m", system=SYSTEM, messages=MESSAGES, max_tokens=4,
                                extra_body={"spec": "chain", "spec_draft": "nope"})
+
+
+def test_a_repeated_prefix_is_reported_as_cache_reads(claude, tiny_model):
+    """Prefix reuse in Anthropic's terms: cache_read_input_tokens are the prompt tokens whose K/V
+    the daemon kept (whole 512-token chunks), input_tokens the rest; together the prompt."""
+    system = " ".join(f"clause{i}" for i in range(400))
+    turns = [[{"role": "user", "content": q}] for q in ("one?", "two?")]
+    usage = [claude.messages.create(model="m", system=system, messages=m, max_tokens=2,
+                                    extra_body={"temperature": 0}).usage for m in turns]
+    tokenizer, template = Tokenizer.from_gguf(tiny_model), ChatTemplate.from_gguf(tiny_model)
+    ids = tokenizer.encode(template.render([{"role": "system", "content": system}, *turns[1]]))
+    assert usage[1].cache_read_input_tokens >= 1024 and usage[1].cache_read_input_tokens % 512 == 0
+    assert usage[1].input_tokens + usage[1].cache_read_input_tokens == len(ids)
+    assert usage[1].cache_creation_input_tokens == 0

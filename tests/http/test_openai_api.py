@@ -279,3 +279,16 @@ def test_speculative_decoding_extensions(oai, daemon, make_gateway):
         reply = default_on.chat.completions.create(model="m", messages=MESSAGES, max_tokens=24, temperature=0,
                                                    extra_body={**NO_EOS, "spec": "off"})
         assert reply.choices[0].message.content == text
+
+
+def test_a_repeated_prefix_is_reported_as_cached_tokens(oai, chat_ids):
+    """The daemon keeps the K/V of the last prompt's common prefix in whole 512-token chunks
+    (protocol/SPEC.md, prefix reuse): the next turn's usage counts them as cached_tokens."""
+    system = " ".join(f"rule{i}" for i in range(400))      # a long system prompt, as agents send
+    turns = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in ("first?", "second?")]
+    usage = [oai.chat.completions.create(model="m", messages=m, max_tokens=2, temperature=0).usage for m in turns]
+    a, b = (chat_ids(m) for m in turns)
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert common >= 1024
+    assert usage[1].prompt_tokens == len(b)
+    assert usage[1].prompt_tokens_details.cached_tokens == common - common % 512

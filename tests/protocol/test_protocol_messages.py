@@ -340,8 +340,9 @@ def test_token_event_shape():
 
 def test_done_event_shape_and_checks():
     event = events.done_event("a", "length", 5, 64, {"decode_ms": 10.0}, {"steps": 14, "accepted_per_step": 4.6})
-    assert event == {"id": "a", "event": "done", "reason": "length", "n_prompt": 5, "n_gen": 64,
+    assert event == {"id": "a", "event": "done", "reason": "length", "n_prompt": 5, "n_cached": 0, "n_gen": 64,
                      "timings": {"decode_ms": 10.0}, "spec": {"steps": 14, "accepted_per_step": 4.6}}
+    assert events.done_event("a", "stop", 600, 1, {}, n_cached=512)["n_cached"] == 512
     assert "spec" not in events.done_event("a", "stop", 1, 0, {})
     whole = events.done_event("a", "stop", 1, 2, {}, ids=[3, 4], text="hi")
     assert (whole["ids"], whole["text"]) == ([3, 4], "hi")
@@ -349,6 +350,8 @@ def test_done_event_shape_and_checks():
         events.done_event("a", "cancelled", 1, 0, {})
     with pytest.raises(ValueError, match="n_gen"):
         events.done_event("a", "stop", 1, -1, {})
+    with pytest.raises(ValueError, match="n_cached"):
+        events.done_event("a", "stop", 5, 1, {}, n_cached=6)
 
 
 def test_result_error_ready_events():

@@ -152,6 +152,7 @@ class CudaRunner(ModelRunner):
             raise ValueError(f"chunk of {n} tokens > prefill buffer {self.p_ids.shape[0]}")
         if self.n_past + n > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        self._overwrite_from(self.n_past)
         dev = self.dev
         dev.upload(np.asarray(ids, np.int32), out=self.p_ids[:n])
         dev.upload(np.arange(self.n_past, self.n_past + n, dtype=np.int32), out=self.p_pos[:n])
@@ -174,6 +175,7 @@ class CudaRunner(ModelRunner):
             raise ValueError(f"a tree of {n} nodes > the {self.max_tree_nodes} the runner is sized for")
         if self.n_past + n > self.max_ctx:
             raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        self._overwrite_from(self.n_past)
         dev = self.dev
         dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
         if hidden_sink is not None:             # the sink runs host code per layer: eager
@@ -234,6 +236,7 @@ class CudaRunner(ModelRunner):
             raise ValueError(f"context overflow: {self.n_past} + {len(feed)} + {n_new - 1} > max_ctx {self.max_ctx}")
         dev, lib = self.dev, self.dev.lib
         n0 = self.n_past
+        self._overwrite_from(n0)
         graph_feed = len(feed) <= GRAPH_FEED_MAX
         skip = len(feed) - 1 if graph_feed else 0       # ring entries of replays whose choice is dropped
         if skip + n_new > RING_LEN:
@@ -268,6 +271,7 @@ class CudaRunner(ModelRunner):
         if np.any(offsets != np.arange(n)):
             if np.any(np.diff(offsets) <= 0) or np.any(offsets < np.arange(n)):
                 raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
+            self._overwrite_from(self.n_past)
             dev, spec = self.dev, self.cache.spec
             dev.upload(np.concatenate([np.array([self.n_past], np.int32), offsets]), out=self._t_commit[:n + 1])
             dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets, "int32_t*"),
@@ -355,13 +359,14 @@ class CudaRunner(ModelRunner):
             return
         dev, lib = self.dev, self.dev.lib
         sel = None if greedy else params
-        self.reset()
         n_prompt = len(prompt)
         dev.upload(np.asarray(prompt, np.int32), out=self.history[:n_prompt])
         self._set_state(n_prompt - 1, n_prompt)     # advance() moves pos/n_past to the new token's slot
+        n_keep = self._begin_prompt(prompt)         # chunks of the cached prefix kept (ModelRunner.start)
         logits = None
-        for start in range(0, n_prompt, self.prefill_chunk):
+        for start in range(n_keep, n_prompt, self.prefill_chunk):
             logits = self._forward_device(prompt[start:start + self.prefill_chunk], all_logits=False)
+        self._end_prompt(prompt)
         self._select(logits, sel)
         self._advance()
         dev.native.check(lib.fd_event_record(self.events[0], dev.stream), "event record")
