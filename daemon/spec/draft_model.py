@@ -73,9 +73,9 @@ class DraftModelDrafter(Drafter):
         check_same_vocab(self.name, self.runner.cfg, target_cfg, self.token_strings, target_token_strings)
 
     def begin(self, prompt: Sequence[int], root: int) -> None:
-        self.runner.reset()
-        self._cached = []
-        self._pending = list(prompt)
+        self.runner.start(list(prompt))     # the prompt into the draft cache now, keeping its cached prefix
+        self._cached = list(prompt)
+        self._pending = []
         self._n_committed = len(prompt)
         self._root = int(root)
 

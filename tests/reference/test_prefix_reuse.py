@@ -15,6 +15,7 @@ from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
 from flashd.daemon.runner import ModelRunner
 from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
+from flashd.daemon.spec.draft_model import DraftModelDrafter
 from flashd.daemon.spec.ngram import NgramDrafter
 from flashd.protocol.messages import SamplingParams
 
@@ -119,6 +120,19 @@ def test_speculative_decoding_reuses_the_prefix_and_stays_exact(make):
         dec = SpecDecoder(r, NgramDrafter(), SpecConfig("chain", 4))
         assert [s.token for s in dec.generate(prompt, GREEDY, 24)] == want
     assert r.n_reused == 32
+
+
+def test_a_draft_model_keeps_its_own_cached_prefix(make):
+    """The draft model's runner takes the prompt through start() as well: the next request reuses
+    its chunks there too, and the output is still plain greedy decoding's."""
+    target, drafter = make(), DraftModelDrafter(make(), "self")
+    prompt = tokens(70, 10)
+    want = [s.token for s in make(False).generate(prompt, GREEDY, 20)]
+    for n_reused in (0, 64):
+        dec = SpecDecoder(target, drafter, SpecConfig("chain", 3))
+        assert [s.token for s in dec.generate(prompt, GREEDY, 20)] == want
+        assert drafter.runner.n_reused == n_reused and target.n_reused == n_reused
+        assert dec.stats.accepted > 0
 
 
 def test_reuse_off_and_hidden_sinks_prefill_everything(make):
