@@ -240,6 +240,8 @@ class Engine:
             "drafters": [d.info() for d in self.drafters.values()],
             "prefill_drafter": self.compressor.status() if self.compressor else None,
             "running": running, "queued": queued, "served": self.n_served,
+            "prefix_cache": {"enabled": self.config.prefix_cache,
+                             "tokens": self.runner.cached_prefix_tokens if self.runner is not None else 0},
             "memory": memory,
         }
 

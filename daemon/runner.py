@@ -72,6 +72,11 @@ class ModelRunner:
         self.n_past = self.n_reused = n_keep
         return n_keep
 
+    @property
+    def cached_prefix_tokens(self) -> int:
+        """Tokens of the last prompt whose K/V a next start() could keep (before chunk rounding)."""
+        return len(self._prefix) if self.reuse_prefix else 0
+
     def _end_prompt(self, prompt) -> None:
         """`prompt` was prefilled in chunks from slot 0 (or kept): record it as the reusable prefix."""
         self._prefix = [int(t) for t in prompt]

@@ -127,11 +127,15 @@ def test_the_next_prompt_reuses_the_cached_prefix_and_the_output_is_unchanged(sp
         daemon = spawn_serve(flag, max_ctx=1400)
         runs[flag] = [generated(daemon.ask(f"generate id=r{i} ids=@{f} max_tokens=12 ignore_eos=true", f"r{i}"))
                       for i, f in enumerate(files)]
+        if flag == "--prefix-cache":
+            assert daemon.ask("status id=st", "st")[-1]["prefix_cache"] == {"enabled": True, "tokens": 1250}
     (ids_a, _, done_a), (ids_b, _, done_b) = runs["--prefix-cache"]
     assert (done_a["n_cached"], done_b["n_cached"]) == (0, 1024)
     assert done_b["n_prompt"] == 1250
     assert [d["n_cached"] for _, _, d in runs["--no-prefix-cache"]] == [0, 0]
     assert [ids_a, ids_b] == [ids for ids, _, _ in runs["--no-prefix-cache"]]
+    status = daemon.ask("status id=st", "st")[-1]           # the --no-prefix-cache daemon
+    assert status["prefix_cache"] == {"enabled": False, "tokens": 0}
 
 
 # ------------------------------------------------------------------------------- bad input
