@@ -22,6 +22,7 @@ class EngineConfig:
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # compression defaults, drafter policy
     ddtree_chain_seed: bool = True      # spec=ddtree: insert the drafter's top-1 chain first
     prefix_cache: bool = True           # keep the cached K/V of the last prompt's common prefix (runner.py)
+    prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes (prefix_cache.py); 0: none
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -32,5 +33,7 @@ class EngineConfig:
             raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
         if not isinstance(self.pflash, PFlashConfig):
             raise ValueError("pflash must be a PFlashConfig")
+        if self.prefix_cache_ram_mb < 0:
+            raise ValueError(f"prefix_cache_ram_mb must be >= 0, got {self.prefix_cache_ram_mb}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")

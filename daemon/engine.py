@@ -31,6 +31,7 @@ from .config import EngineConfig
 from .models import LoadedModel, ModelLoadError, load_model, open_model
 from .models.weights import total_weight_bytes
 from .pflash.service import PrefillCompressor, compressed_fields
+from .prefix_cache import PrefixStore
 from .runner import ModelRunner
 from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
 from .spec.policy import DepthPolicy
@@ -85,6 +86,9 @@ class Engine:
         self.compressor: PrefillCompressor | None = None   # PFlash (daemon/pflash)
         self.drafters: dict[str, Drafter] = {}      # name -> drafter (--draft), first = default
         self._policies: dict[tuple[str, int], DepthPolicy] = {}   # spec=auto: (drafter, budget) -> what it measured
+        # host copies of prompt prefixes, kept across requests and park/unpark (the same model)
+        self.prefix_store = (PrefixStore(config.prefix_cache_ram_mb << 20, config.prefill_chunk)
+                             if config.prefix_cache and config.prefix_cache_ram_mb > 0 else None)
         self._drafter_sources: dict[str, str] = {}  # name -> the --draft argument it came from
         self._queue: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
@@ -154,6 +158,7 @@ class Engine:
         self.runner = self.backend.make_runner(self.model.config, self.model.weights, self.config.max_ctx,
                                                self.config.prefill_chunk, self.plan)
         self.runner.reuse_prefix = self.config.prefix_cache
+        self.runner.prefix_store = self.prefix_store
 
     def start(self) -> None:
         if self.model is None:
@@ -241,7 +246,8 @@ class Engine:
             "prefill_drafter": self.compressor.status() if self.compressor else None,
             "running": running, "queued": queued, "served": self.n_served,
             "prefix_cache": {"enabled": self.config.prefix_cache,
-                             "tokens": self.runner.cached_prefix_tokens if self.runner is not None else 0},
+                             "tokens": self.runner.cached_prefix_tokens if self.runner is not None else 0,
+                             "ram": self.prefix_store.info() if self.prefix_store is not None else None},
             "memory": memory,
         }
 
@@ -496,6 +502,8 @@ class Engine:
                 self._unpark_target()
 
     def _park_target(self) -> None:
+        if self.prefix_store is not None:
+            self.runner.keep_prefix()     # the cached prompt prefix outlives the cache, in host RAM
         if hasattr(self.runner, "close"):
             self.runner.close()
         self.model.weights = None

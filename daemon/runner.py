@@ -9,8 +9,10 @@ tools and conversation so far), and the cache still holds that prompt's K/V afte
 computes only the chunks after it. A prompt is always prefilled in chunks of `prefill_chunk` from
 slot 0, so a kept chunk holds exactly what a fresh prefill would write there, and every computed
 chunk sees the same inputs as in a fresh prefill: the logits are bit for bit those of an empty
-context (tests/test_prefix_reuse.py). What decoding appended is never reused (decode steps compute
-K/V by another path), and any write below the recorded prefix shortens it.
+context (tests/reference/test_prefix_reuse.py). What decoding appended is never reused (decode
+steps compute K/V by another path), and any write below the recorded prefix shortens it. With a
+`prefix_store` (prefix_cache.py) the prefix about to be overwritten is first copied to host RAM,
+and a new prompt may load a copy that shares more chunks with it than the cache does.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .backends.base import Batch, KVCacheSpec
 from .models.config import ModelConfig
 from .models.dense import forward
 from .models.weights import ModelWeights
+from .prefix_cache import PrefixStore, reusable_tokens
 from .sampling import log_softmax, sample
 
 __all__ = ["ModelRunner", "Sampled"]
@@ -49,6 +52,7 @@ class ModelRunner:
         self.cache = ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim))
         self.n_past = 0   # cache slots [0, n_past) hold committed context
         self.reuse_prefix = True      # start() may keep the cached prefix of the last prompt
+        self.prefix_store: PrefixStore | None = None   # host copies of earlier prompts' prefixes (the engine's)
         self.n_reused = 0             # prompt tokens the last start() kept instead of recomputing
         self._prefix: list[int] = []  # tokens whose K/V fill slots [0, len) as a chunked prefill from slot 0 wrote them
 
@@ -61,16 +65,34 @@ class ModelRunner:
 
     def _begin_prompt(self, prompt, reuse: bool = True) -> int:
         """Position the context for prefilling `prompt`: n_past = the start of the first chunk to
-        compute (0, or a multiple of prefill_chunk when the cached prefix is kept). Returns it."""
+        compute (0, or a multiple of prefill_chunk when a cached prefix is kept). With a prefix
+        store, a host copy that shares more chunks with `prompt` than the cache does is loaded,
+        and the cache's own prefix is copied to the store before anything overwrites it."""
         n_keep = 0
+        store = self.prefix_store if self.reuse_prefix else None
         if reuse and self.reuse_prefix:
-            limit = min(len(self._prefix), len(prompt) - 1)    # the last token is always forwarded: its logits
-            if limit > 0:
-                differ = np.flatnonzero(np.asarray(self._prefix[:limit]) != np.asarray(prompt[:limit]))
-                common = int(differ[0]) if len(differ) else limit
-                n_keep = common - common % self.prefill_chunk
+            n_keep = reusable_tokens(self._prefix, prompt, self.prefill_chunk)
+            hit = store.best(prompt) if store is not None else None
+            if hit is not None and hit[1] > n_keep:
+                snap, n_keep = hit
+                self._save_prefix(store)
+                self.cache.load_prefix(snap.kv, n_keep)
+                self._prefix = list(snap.tokens[:n_keep])
+        if store is not None and n_keep < len(self._prefix) - len(self._prefix) % self.prefill_chunk:
+            self._save_prefix(store)          # the chunks past n_keep are about to be overwritten
         self.n_past = self.n_reused = n_keep
         return n_keep
+
+    def keep_prefix(self) -> None:
+        """Copy the cache's reusable prefix to the prefix store (before the cache goes away: park)."""
+        if self.prefix_store is not None and self.reuse_prefix:
+            self._save_prefix(self.prefix_store)
+
+    def _save_prefix(self, store: PrefixStore) -> None:
+        """Copy the cache's reusable prefix (its whole chunks) to the host store."""
+        n = len(self._prefix) - len(self._prefix) % self.prefill_chunk
+        if n > 0 and not store.covers(self._prefix[:n]):
+            store.add(self._prefix[:n], self.cache.save_prefix(n))
 
     @property
     def cached_prefix_tokens(self) -> int:

@@ -94,6 +94,7 @@ class ServeConfig:
     stdin: bool = True                  # read requests from stdin (events always go to stdout)
     max_queue: int = 64
     prefix_cache: bool = True           # keep the K/V of the last prompt's common prefix (SPEC.md)
+    prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
     log_level: str = "info"
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # --compress*, --drafter-policy
@@ -474,7 +475,8 @@ def serve(config: ServeConfig) -> int:
             zmq_frontend = ZmqFrontend(config.zmq, config.max_request_bytes)
         engine = load_engine(EngineConfig(model=str(model), device=config.device, max_ctx=config.max_ctx,
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
-                                          pflash=config.pflash, prefix_cache=config.prefix_cache))
+                                          pflash=config.pflash, prefix_cache=config.prefix_cache,
+                                          prefix_cache_ram_mb=config.prefix_cache_ram_mb))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:
@@ -538,6 +540,9 @@ def serve(config: ServeConfig) -> int:
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Keep the cached K/V of the previous prompt's common prefix (whole 512-token chunks; the output "
                    "is bit for bit that of an empty cache).")
+@click.option("--prefix-cache-ram-mb", type=click.IntRange(min=0), default=4096, show_default=True,
+              help="Host RAM for copies of earlier prompts' prefixes, so that interleaved conversations each keep "
+                   "theirs (0: only the one in the KV cache).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.option("--compress", "compress_mode", type=click.Choice(COMPRESS_MODES), default="off", show_default=True,
               help="PFlash default for generate requests that do not say: auto compresses prompts longer than "
@@ -557,14 +562,16 @@ def serve(config: ServeConfig) -> int:
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
-                  max_queue, max_request_bytes, prefix_cache, log_level, compress_mode, compress_threshold, compress_keep,
-                  compress_alpha, compress_layers, compress_first_layer, drafter_policy):
+                  max_queue, max_request_bytes, prefix_cache, prefix_cache_ram_mb, log_level, compress_mode,
+                  compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
+                  drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     try:
         config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
                              max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
-                             prefix_cache=prefix_cache, log_level=log_level,
+                             prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
+                             log_level=log_level,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
                                                  alpha=compress_alpha, score_layers=compress_layers,
                                                  score_from=compress_first_layer,

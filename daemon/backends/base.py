@@ -60,7 +60,9 @@ class Ops(Protocol):
         """A GGUF tensor (TensorInfo) made resident in the backend's preferred form."""
 
     def kv_cache(self, spec: KVCacheSpec) -> Any:
-        """Storage for K and V of every layer: `cache.layer(i)` is passed to `attention`."""
+        """Storage for K and V of every layer: `cache.layer(i)` is passed to `attention`;
+        `cache.save_prefix(n)` returns a host copy of slots [0, n) (a numpy array; prefix reuse keeps
+        it in RAM) and `cache.load_prefix(copy, n)` writes the first n slots of one back."""
 
     def from_numpy(self, array: np.ndarray) -> Any: ...
 

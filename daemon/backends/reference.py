@@ -36,6 +36,15 @@ class ReferenceKVCache:
         self.k[:, dst_slots] = self.k[:, src_slots]
         self.v[:, dst_slots] = self.v[:, src_slots]
 
+    def save_prefix(self, n_slots: int) -> np.ndarray:
+        """A host copy of slots [0, n_slots) of every layer, K and V: (2, n_layers, n_slots, Hkv, d)."""
+        return np.stack([self.k[:, :n_slots], self.v[:, :n_slots]])
+
+    def load_prefix(self, saved: np.ndarray, n_slots: int) -> None:
+        """Slots [0, n_slots) <- the first n_slots of a save_prefix copy."""
+        self.k[:, :n_slots] = saved[0, :, :n_slots]
+        self.v[:, :n_slots] = saved[1, :, :n_slots]
+
 
 class ReferenceOps:
     name = "reference"

@@ -128,14 +128,42 @@ def test_the_next_prompt_reuses_the_cached_prefix_and_the_output_is_unchanged(sp
         runs[flag] = [generated(daemon.ask(f"generate id=r{i} ids=@{f} max_tokens=12 ignore_eos=true", f"r{i}"))
                       for i, f in enumerate(files)]
         if flag == "--prefix-cache":
-            assert daemon.ask("status id=st", "st")[-1]["prefix_cache"] == {"enabled": True, "tokens": 1250}
+            assert daemon.ask("status id=st", "st")[-1]["prefix_cache"] == {
+                "enabled": True, "tokens": 1250,            # nothing overwritten yet: no host copy
+                "ram": {"snapshots": 0, "tokens": 0, "bytes": 0, "max_bytes": 4096 << 20}}
     (ids_a, _, done_a), (ids_b, _, done_b) = runs["--prefix-cache"]
     assert (done_a["n_cached"], done_b["n_cached"]) == (0, 1024)
     assert done_b["n_prompt"] == 1250
     assert [d["n_cached"] for _, _, d in runs["--no-prefix-cache"]] == [0, 0]
     assert [ids_a, ids_b] == [ids for ids, _, _ in runs["--no-prefix-cache"]]
     status = daemon.ask("status id=st", "st")[-1]           # the --no-prefix-cache daemon
-    assert status["prefix_cache"] == {"enabled": False, "tokens": 0}
+    assert status["prefix_cache"] == {"enabled": False, "tokens": 0, "ram": None}
+
+
+def test_interleaved_conversations_and_park_keep_their_prefixes_in_host_ram(spawn_serve, tmp_path):
+    """A long prompt, an unrelated side request, then the long one continued: the side request's
+    prefill overwrites the cache, but the long prompt's chunks were copied to host RAM first and
+    come back; parking the target keeps them there too. Outputs equal a --no-prefix-cache daemon's."""
+    rng = random.Random(11)
+    long_prompt = [rng.randrange(VOCAB) for _ in range(1200)]
+    prompts = [long_prompt, [rng.randrange(VOCAB) for _ in range(600)], long_prompt + [rng.randrange(VOCAB)] * 50,
+               long_prompt + [rng.randrange(VOCAB) for _ in range(60)]]
+    files = [write_ids(tmp_path / f"i{i}.bin", p) for i, p in enumerate(prompts)]
+    outputs = {}
+    for flag in ("--prefix-cache", "--no-prefix-cache"):
+        daemon = spawn_serve(flag, max_ctx=1400)
+        runs = []
+        for i, f in enumerate(files):
+            if i == 3:
+                for verb in ("park", "unpark"):
+                    assert daemon.ask(f"{verb} id={verb} what=target", verb)[-1]["event"] == "result"
+            runs.append(generated(daemon.ask(f"generate id=g{i} ids=@{f} max_tokens=8 ignore_eos=true", f"g{i}")))
+        outputs[flag] = [ids for ids, _, _ in runs]
+        if flag == "--prefix-cache":
+            assert [done["n_cached"] for _, _, done in runs] == [0, 0, 1024, 1024]
+            ram = daemon.ask("status id=st", "st")[-1]["prefix_cache"]["ram"]
+            assert ram["snapshots"] >= 1 and ram["bytes"] > 0
+    assert outputs["--prefix-cache"] == outputs["--no-prefix-cache"]
 
 
 # ------------------------------------------------------------------------------- bad input

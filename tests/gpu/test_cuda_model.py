@@ -124,6 +124,14 @@ def test_prefix_reuse_is_bit_for_bit_a_fresh_prefill(cuda_backend, synthetic_mod
     assert cuda.n_reused == 128 and fresh.n_reused == 0
     assert run(cuda, a) == run(fresh, a)                                  # graph path
     assert cuda.n_reused == 128
+    # with host copies (PrefixStore): a side request in between, then a's conversation again
+    from flashd.daemon.prefix_cache import PrefixStore
+    cuda.prefix_store = PrefixStore(1 << 30, 64)
+    side = rng.integers(0, 1000, 70).tolist()
+    run(cuda, side)
+    turn = a + rng.integers(0, 1000, 30).tolist()
+    assert run(cuda, turn, logprobs=3) == run(fresh, turn, logprobs=3)
+    assert cuda.n_reused == 128
 
 
 @pytest.mark.slow
