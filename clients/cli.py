@@ -171,7 +171,8 @@ def _stats_line(reply: Reply) -> str:
     spec = done.get("spec")
     spec_text = (f"; {spec['mode']} with {spec['draft']}: {spec['tokens_per_step']:.2f} tokens/step"
                  if spec else "")
-    return (f"[{n_prompt} prompt tokens{prefill}; {n_gen} tokens in {reply.seconds:.2f} s{rate}{spec_text}; "
+    cached = f" ({done['n_cached']} cached)" if done.get("n_cached") else ""
+    return (f"[{n_prompt} prompt tokens{cached}{prefill}; {n_gen} tokens in {reply.seconds:.2f} s{rate}{spec_text}; "
             f"stop: {done.get('reason', '?')}]")
 
 

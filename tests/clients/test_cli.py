@@ -57,6 +57,14 @@ def test_generate_starts_its_own_daemon(tiny_model, client):
     assert "tok/s" in stats and "prompt tokens" in stats and "stop:" in stats
 
 
+def test_the_stats_line_counts_cached_prompt_tokens():
+    from flashd.clients.cli import Reply, _stats_line
+
+    done = {"n_prompt": 1300, "n_cached": 1024, "n_gen": 5, "reason": "length", "timings": {"prefill_ms": 12.0}}
+    assert _stats_line(Reply("x", done, False, 0.5)).startswith("[1300 prompt tokens (1024 cached), prefill 12 ms;")
+    assert "cached" not in _stats_line(Reply("x", {**done, "n_cached": 0}, False, 0.5))
+
+
 def test_generate_on_a_running_daemon_with_the_prompt_on_stdin(daemon, client):
     prompt = "class Stack:\n    def push(self, x):"
     result = run_cli("generate", "--daemon", daemon.address, "-n", "10", "-q", stdin=prompt)
