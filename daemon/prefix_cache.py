@@ -52,6 +52,7 @@ class PrefixStore:
         self.max_bytes, self.chunk = max_bytes, chunk
         self._entries: OrderedDict[tuple[int, ...], PrefixSnapshot] = OrderedDict()   # oldest first
         self.n_bytes = 0
+        self.n_tokens = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -89,11 +90,15 @@ class PrefixStore:
             self._drop(next(iter(self._entries)))
         self._entries[snap.tokens] = snap
         self.n_bytes += snap.n_bytes
+        self.n_tokens += len(snap.tokens)
         return True
 
     def _drop(self, key) -> None:
-        self.n_bytes -= self._entries.pop(key).n_bytes
+        snap = self._entries.pop(key)
+        self.n_bytes -= snap.n_bytes
+        self.n_tokens -= len(snap.tokens)
 
     def info(self) -> dict:
-        return {"snapshots": len(self._entries), "tokens": sum(len(k) for k in self._entries),
-                "bytes": self.n_bytes, "max_bytes": self.max_bytes}
+        """Counts only (status asks from another thread than the engine's, which changes the entries)."""
+        return {"snapshots": len(self._entries), "tokens": self.n_tokens, "bytes": self.n_bytes,
+                "max_bytes": self.max_bytes}

@@ -48,6 +48,7 @@ def test_budget_evicts_the_least_recently_used():
     store.add(c, kv(64))
     assert store.covers(a) and store.covers(c) and not store.covers(b)
     assert store.n_bytes == 2 * 64 * 32 and len(store) == 2
+    assert store.info() == {"snapshots": 2, "tokens": 128, "bytes": 2 * 64 * 32, "max_bytes": 64 * 32 * 2}
     assert not store.add([4] * 160, kv(160))                  # larger than the whole budget
     assert not store.add([5] * 20, kv(20))                    # not whole chunks
 
