@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import cffi
 import numpy as np
+import pytest
 
 from flashd.daemon.backends.base import KVCacheSpec
 from flashd.daemon.backends.cuda.lib import NativeLib, cdef_source
@@ -86,3 +87,13 @@ def test_load_prefix_writes_those_slots_back_and_nothing_else():
     now = device.download(dst.storage).reshape(dst_view.shape)
     np.testing.assert_array_equal(now[:, :, :, :13], src_view[:, :, :, :13])
     np.testing.assert_array_equal(now[:, :, :, 13:], dst_view[:, :, :, 13:])
+
+
+def test_download_into_a_wrong_array_is_an_error():
+    device = Device(HostNative())
+    cache, _ = filled(device, 3)
+    t = cache.storage[:16]
+    with pytest.raises(ValueError, match="download into"):
+        device.download(t, out=np.empty(8, np.float16))
+    with pytest.raises(ValueError, match="download into"):
+        device.download(t, out=np.empty(32, np.float16)[::2])

@@ -126,7 +126,7 @@ class CudaKVCache:
         spec = self.spec
         out = np.empty((spec.n_layers, 2, spec.n_kv_heads, n_slots, spec.head_dim), np.float16)
         for index, rows in self._rows(n_slots):
-            out[index] = self.device.download(rows)
+            self.device.download(rows, out=out[index])
         return out
 
     def load_prefix(self, saved: np.ndarray, n_slots: int) -> None:

@@ -166,8 +166,13 @@ class Device:
         self.synchronize()   # the host buffer may be freed as soon as we return
         return t
 
-    def download(self, t: DeviceTensor) -> np.ndarray:
-        out = np.empty(t.shape, t.dtype)
+    def download(self, t: DeviceTensor, out: np.ndarray | None = None) -> np.ndarray:
+        """t's contents in a new host array, or in `out` (C-contiguous, t's shape and dtype)."""
+        if out is None:
+            out = np.empty(t.shape, t.dtype)
+        elif out.shape != t.shape or out.dtype != t.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"download into {out.shape} {out.dtype} (contiguous: {out.flags.c_contiguous}) "
+                             f"from a {t.shape} {t.dtype} tensor")
         self.native.check(self.lib.fd_memcpy_d2h(self.ffi.from_buffer("char[]", out), self.p(t), t.nbytes,
                                                  self.stream), "memcpy D2H")
         self.synchronize()
