@@ -57,6 +57,13 @@ class ModelRunner:
         self._prefix: list[int] = []  # tokens whose K/V fill slots [0, len) as a chunked prefill from slot 0 wrote them
 
     # -- the reusable prompt prefix --------------------------------------------------------------
+    def _will_write(self, n: int) -> None:
+        """Slots [n_past, n_past + n) are about to be written: check that they fit, and forget the
+        reusable prefix from n_past on."""
+        if self.n_past + n > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        self._overwrite_from(self.n_past)
+
     def _overwrite_from(self, slot: int) -> None:
         """Slots >= `slot` are about to be written: what they held is no longer a reusable prefix.
         Every cache write goes through here (writes start at n_past, which only reset() lowers)."""
@@ -118,9 +125,7 @@ class ModelRunner:
     def _forward(self, ids: list[int] | np.ndarray, *, all_logits: bool, hidden_sink=None) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int32)
         n = len(ids)
-        if self.n_past + n > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
-        self._overwrite_from(self.n_past)
+        self._will_write(n)
         ops = self.ops
         ops.begin_forward()
         batch = Batch(ids=ops.from_numpy(ids),
@@ -158,9 +163,7 @@ class ModelRunner:
         valid until the next forward. n_past is unchanged; `commit_tree` keeps a path."""
         ids = np.asarray(ids, np.int32)
         n = len(ids)
-        if self.n_past + n > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
-        self._overwrite_from(self.n_past)
+        self._will_write(n)
         ops = self.ops
         ops.begin_forward()
         batch = Batch(ids=ops.from_numpy(ids), positions=ops.from_numpy(np.asarray(positions, np.int32)),
@@ -172,10 +175,8 @@ class ModelRunner:
         """Keep the nodes at slots n_past + node_offsets (ascending, node_offsets[k] >= k) as the
         next len(node_offsets) committed slots."""
         offsets = np.asarray(node_offsets, np.int32)
-        if self.n_past + len(offsets) > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {len(offsets)} > max_ctx {self.max_ctx}")
+        self._will_write(len(offsets))
         if np.any(offsets != np.arange(len(offsets))):
-            self._overwrite_from(self.n_past)
             self.ops.kv_compact(self.cache, self.n_past, offsets)
         self.n_past += len(offsets)
 

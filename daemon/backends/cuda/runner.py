@@ -150,9 +150,7 @@ class CudaRunner(ModelRunner):
         n = len(ids)
         if n > self.p_ids.shape[0]:
             raise ValueError(f"chunk of {n} tokens > prefill buffer {self.p_ids.shape[0]}")
-        if self.n_past + n > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
-        self._overwrite_from(self.n_past)
+        self._will_write(n)
         dev = self.dev
         dev.upload(np.asarray(ids, np.int32), out=self.p_ids[:n])
         dev.upload(np.arange(self.n_past, self.n_past + n, dtype=np.int32), out=self.p_pos[:n])
@@ -173,9 +171,7 @@ class CudaRunner(ModelRunner):
         n = len(ids)
         if n > self.max_tree_nodes:
             raise ValueError(f"a tree of {n} nodes > the {self.max_tree_nodes} the runner is sized for")
-        if self.n_past + n > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
-        self._overwrite_from(self.n_past)
+        self._will_write(n)
         dev = self.dev
         dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
         if hidden_sink is not None:             # the sink runs host code per layer: eager
@@ -266,12 +262,10 @@ class CudaRunner(ModelRunner):
     def commit_tree(self, node_offsets) -> None:
         offsets = np.asarray(node_offsets, np.int32)
         n = len(offsets)
-        if self.n_past + n > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {n} > max_ctx {self.max_ctx}")
+        self._will_write(n)
         if np.any(offsets != np.arange(n)):
             if np.any(np.diff(offsets) <= 0) or np.any(offsets < np.arange(n)):
                 raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
-            self._overwrite_from(self.n_past)
             dev, spec = self.dev, self.cache.spec
             dev.upload(np.concatenate([np.array([self.n_past], np.int32), offsets]), out=self._t_commit[:n + 1])
             dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets, "int32_t*"),
