@@ -15,7 +15,9 @@ import click
 @click.option("-r", "--reps", default=3, show_default=True, help="repetitions per test (median reported)")
 @click.option("--max-ctx", default=None, type=int, help="default: what the tests need")
 @click.option("--prefill-chunk", default=512, show_default=True)
-def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk):
+@click.option("--forward", type=click.Choice(["persistent", "graph"]), default="graph", show_default=True,
+              help="CUDA decode path: the one-launch persistent forward or the per-op graph (the table says which ran)")
+def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk, forward):
     """llama-bench-like table of prefill and decode throughput, with % of the bandwidth roofline."""
     from ..clients.registry import DEFAULT_MODEL, resolve_model
     from .bench import format_table, run_bench
@@ -29,7 +31,8 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
                + [16])
     path = resolve_model(model or DEFAULT_MODEL)
     engine = Engine(EngineConfig(model=str(path), device=device, max_ctx=max_ctx or need,
-                                 prefill_chunk=prefill_chunk, prefix_cache=False))   # every prefill measured cold
+                                 prefill_chunk=prefill_chunk, prefix_cache=False,   # every prefill measured cold
+                                 forward=forward))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"loading {path} on {engine.backend.name}")
     engine.load()
@@ -44,6 +47,9 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
         info = engine.backend.info()
         note = (f"GPU: {info['name']}; roofline: measured device copy bandwidth {copy_gbs:.0f} GB/s / bytes read "
                 f"per decode step")
+        fwd = engine.ready_info()["forward"]
+        note += f"\ndecode forward: {fwd['path']}" + (f" (plan {fwd['plan']})" if "plan" in fwd else
+                                                      f" ({fwd['note']})")
     results = run_bench(engine.runner, cfg, tests, reps=reps, weight_bytes=engine.model.file_weight_bytes,
                         embd_bytes=embd, copy_gbs=copy_gbs, log=log)
     vram = engine.plan.total_bytes if engine.backend.name == "cuda" else None

@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 
 from .pflash.config import PFlashConfig
 
-__all__ = ["EngineConfig", "DEVICES"]
+__all__ = ["EngineConfig", "DEVICES", "FORWARDS"]
 
 DEVICES = ("auto", "cpu", "cuda")
+FORWARDS = ("persistent", "graph")      # the CUDA decode / verify forward (backends/cuda/persistent.py)
 
 
 @dataclass(slots=True, frozen=True)
@@ -23,6 +24,7 @@ class EngineConfig:
     ddtree_chain_seed: bool = True      # spec=ddtree: insert the drafter's top-1 chain first
     prefix_cache: bool = True           # keep the cached K/V of the last prompt's common prefix (runner.py)
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes (prefix_cache.py); 0: none
+    forward: str = "graph"              # cuda decode / verify: "graph" (per-op CUDA graph) or "persistent"
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -35,5 +37,7 @@ class EngineConfig:
             raise ValueError("pflash must be a PFlashConfig")
         if self.prefix_cache_ram_mb < 0:
             raise ValueError(f"prefix_cache_ram_mb must be >= 0, got {self.prefix_cache_ram_mb}")
+        if self.forward not in FORWARDS:
+            raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")

@@ -77,6 +77,8 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.backend = select_backend(config.device)
+        if hasattr(self.backend, "forward_path"):      # cuda: persistent or per-op graph forwards
+            self.backend.forward_path = config.forward
         self.ops = self.backend.ops
         self.plan = None
         self._opened = None                     # (GGUFFile, ModelConfig) of the target
@@ -182,7 +184,16 @@ class Engine:
         cfg = self.model.config
         return {"model": str(self.model.path), "arch": cfg.arch, "name": cfg.name,
                 "backend": self.backend.name, "device": self.backend.info(), "max_ctx": self.config.max_ctx,
-                "vocab_size": cfg.vocab_size, "pid": os.getpid()}
+                "vocab_size": cfg.vocab_size, "pid": os.getpid(), "forward": self._forward_info()}
+
+    def _forward_info(self) -> dict:
+        """Which forward runs decode steps and verification: persistent (one launch) or the per-op graph."""
+        runner = self.runner
+        info = {"path": getattr(runner, "forward_path", "reference"), "note": getattr(runner, "forward_note", "")}
+        pf = getattr(runner, "persistent", None)
+        if pf is not None:
+            info["plan"] = pf.info()
+        return info
 
     # -- submission (any thread) -----------------------------------------------------------------
     def submit(self, request, emit: Emit) -> None:
@@ -241,6 +252,7 @@ class Engine:
             memory["device_free_bytes"], memory["device_total_bytes"] = device.mem_info()
         return {
             "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
+            "forward": self._forward_info() if self.runner is not None else None,
             "max_ctx": self.config.max_ctx, "parked": self._parked(),
             "drafters": [d.info() for d in self.drafters.values()],
             "prefill_drafter": self.compressor.status() if self.compressor else None,

@@ -38,7 +38,7 @@ from ..protocol import lines, wire
 from ..protocol.errors import ProtocolError
 from ..protocol.events import TERMINAL_EVENTS, error_event, ready_event, result_event
 from ..protocol.messages import Cancel, Quit, Request, resolve_ids_files
-from .config import DEVICES, EngineConfig
+from .config import DEVICES, FORWARDS, EngineConfig
 from .pflash.config import COMPRESS_MODES, DRAFTER_POLICIES, PFlashConfig
 from .process import (
     LOG_LEVELS, LineReader, OverlongLine, StartupError, StopSignals, claim_stdout, load_engine,
@@ -95,6 +95,7 @@ class ServeConfig:
     max_queue: int = 64
     prefix_cache: bool = True           # keep the K/V of the last prompt's common prefix (SPEC.md)
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes
+    forward: str = "graph"              # cuda decode / verify forward: graph or persistent
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
     log_level: str = "info"
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # --compress*, --drafter-policy
@@ -476,7 +477,8 @@ def serve(config: ServeConfig) -> int:
         engine = load_engine(EngineConfig(model=str(model), device=config.device, max_ctx=config.max_ctx,
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
                                           pflash=config.pflash, prefix_cache=config.prefix_cache,
-                                          prefix_cache_ram_mb=config.prefix_cache_ram_mb))
+                                          prefix_cache_ram_mb=config.prefix_cache_ram_mb,
+                                          forward=config.forward))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:
@@ -543,6 +545,10 @@ def serve(config: ServeConfig) -> int:
 @click.option("--prefix-cache-ram-mb", type=click.IntRange(min=0), default=4096, show_default=True,
               help="Host RAM for copies of earlier prompts' prefixes, so that interleaved conversations each keep "
                    "theirs (0: only the one in the KV cache).")
+@click.option("--forward", type=click.Choice(FORWARDS), default="graph", show_default=True,
+              help="CUDA decode steps and draft verification: graph = the per-op CUDA graph; persistent = the whole "
+                   "forward in one launch where the model allows (experimental: exact, but ~2x slower than graph on "
+                   "an H100 today, bench/NOTES.md; status says which ran and why).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.option("--compress", "compress_mode", type=click.Choice(COMPRESS_MODES), default="off", show_default=True,
               help="PFlash default for generate requests that do not say: auto compresses prompts longer than "
@@ -564,7 +570,7 @@ def serve(config: ServeConfig) -> int:
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
-                  max_queue, max_request_bytes, prefix_cache, prefix_cache_ram_mb, log_level, compress_mode,
+                  max_queue, max_request_bytes, prefix_cache, prefix_cache_ram_mb, forward, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
                   drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
@@ -573,7 +579,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
-                             log_level=log_level,
+                             forward=forward, log_level=log_level,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
                                                  alpha=compress_alpha, score_layers=compress_layers,
                                                  score_from=compress_first_layer,

@@ -121,6 +121,7 @@ class SpecDecoder:
         def sink(layer: int, h) -> None:
             if layer in wanted:
                 drafter.capture_hidden(layer, h)
+        sink.layers = wanted          # a runner may compute just these (the CUDA persistent forward)
         return sink
 
     def _tree(self, root: int, proposal: Proposal, max_nodes: int, max_depth: int) -> DraftTree:

@@ -30,6 +30,7 @@ def test_ready_event_describes_the_daemon(spawn_serve, synthetic_model):
     assert ready["arch"] == "qwen2" and ready["vocab_size"] == VOCAB and ready["max_ctx"] == 320
     assert ready["pid"] == daemon.proc.pid
     assert ready["zmq"] is None and ready["stdin"] is True
+    assert ready["forward"]["path"] == "reference"      # the CPU backend has one forward (cuda: graph / persistent)
 
 
 def test_generate_streams_tokens_then_one_done(spawn_serve):
@@ -102,6 +103,7 @@ def test_status_reports_an_idle_daemon(spawn_serve):
     assert status["event"] == "result"
     assert status["running"] is None and status["queued"] == 0
     assert status["max_ctx"] == 256 and status["parked"] == {"target": False}
+    assert status["forward"]["path"] == "reference"
 
 
 def test_ids_file_prompt_equals_inline_ids(spawn_serve, tmp_path):

@@ -33,3 +33,16 @@ def random_cache(rng, n_kv_heads, max_ctx, head_dim, n_written):
     kc[:, :n_written] = rng.standard_normal((n_kv_heads, n_written, head_dim))
     vc[:, :n_written] = rng.standard_normal((n_kv_heads, n_written, head_dim))
     return kc, vc
+
+
+def tree_mask(rng, n):
+    """A random tree over n nodes (node 0 the root, parents before children), as DDTree builds:
+    mask[i, j] = node j is node i or one of its ancestors."""
+    parent = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+    mask = np.zeros((n, n), np.uint8)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = 1
+            j = parent[j]
+    return mask

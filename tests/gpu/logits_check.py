@@ -18,3 +18,15 @@ def assert_logits_close(got, want):
     top2 = np.sort(want, -1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > REL_TOL * scale
     assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+def greedy_prefix_agrees(ref_runner, prompt, got_tokens):
+    """(True, n) if got_tokens equals the reference's greedy tokens up to the first near-tie (the
+    reference's top-2 logits within REL_TOL of the scale: either backend may break it differently)."""
+    logits = ref_runner.score(prompt + got_tokens)[len(prompt) - 1:-1]
+    scale = float(np.abs(logits).max())
+    for i, row in enumerate(logits):
+        a, b = np.sort(row)[-2:]
+        if got_tokens[i] != int(row.argmax()):
+            return (b - a) <= REL_TOL * scale, i
+    return True, len(got_tokens)

@@ -2,22 +2,9 @@
 import numpy as np
 import pytest
 
-from attention_oracle import attention_oracle, random_cache
+from attention_oracle import attention_oracle, random_cache, tree_mask
 
 ATOL, RTOL = 3e-5, 1e-4     # same budget as the decode kernel (same core), see test_attention_decode
-
-
-def tree_mask(rng, n):
-    """A random tree over n nodes (node 0 the root, parents before children), as DDTree builds:
-    mask[i, j] = node j is node i or one of its ancestors."""
-    parent = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
-    mask = np.zeros((n, n), np.uint8)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j] = 1
-            j = parent[j]
-    return mask
 
 
 CHUNK = 64     # the decode kernel's chunk_len in the daemon (ops.DECODE_CHUNK_SLOTS)

@@ -9,7 +9,7 @@ top-2 logits are within that tolerance (a near-tie either backend may break diff
 """
 import numpy as np
 import pytest
-from logits_check import REL_TOL, assert_logits_close
+from logits_check import assert_logits_close, greedy_prefix_agrees
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
@@ -38,17 +38,6 @@ def make_runners(backend, path, max_ctx=256, chunk=64):
     lm = load_model((f, cfg), backend.ops.load_weight)
     cuda = backend.make_runner(cfg, lm.weights, max_ctx, chunk, plan)
     return ref, cuda
-
-
-def greedy_prefix_agrees(ref_runner, prompt, got_tokens):
-    """True if got_tokens equals the reference's greedy tokens up to the first near-tie."""
-    logits = ref_runner.score(prompt + got_tokens)[len(prompt) - 1:-1]
-    scale = float(np.abs(logits).max())
-    for i, row in enumerate(logits):
-        a, b = np.sort(row)[-2:]
-        if got_tokens[i] != int(row.argmax()):
-            return (b - a) <= REL_TOL * scale, i
-    return True, len(got_tokens)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

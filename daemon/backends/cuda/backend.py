@@ -56,6 +56,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, device_index: int = 0, lib_path: str | None = None):
+        self.forward_path = "graph"         # decode / verify forwards: "graph" (per-op) or "persistent" (one launch)
         self.native = load(lib_path)
         self.device = Device(self.native, device_index)
         self.ops = CudaOps(self.device)
@@ -85,7 +86,7 @@ class CudaBackend:
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
-        return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk)
+        return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path)
 
 
 def measure_copy_gbs(device: Device, n_bytes: int = 1 << 30, reps: int = 5) -> float:

@@ -20,6 +20,7 @@ from ...runner import ModelRunner, Sampled
 from ..base import Batch
 from ...models.dense import forward
 from .ops import MAX_MASKED_TOKENS, CudaOps
+from .persistent import FORWARD_PATHS, ForwardTuning, ForwardUnsupported, PersistentForward
 from .tensor import DeviceTensor
 
 __all__ = ["CudaRunner"]
@@ -66,9 +67,23 @@ def _uses_penalties(p: SamplingParams) -> bool:
 
 
 class CudaRunner(ModelRunner):
-    def __init__(self, ops: CudaOps, cfg, weights, max_ctx: int, prefill_chunk: int = 512):
+    def __init__(self, ops: CudaOps, cfg, weights, max_ctx: int, prefill_chunk: int = 512,
+                 forward_path: str = "graph", tuning: ForwardTuning | None = None):
         super().__init__(ops, cfg, weights, max_ctx, prefill_chunk)
+        if forward_path not in FORWARD_PATHS:
+            raise ValueError(f"forward_path must be one of {FORWARD_PATHS}, got {forward_path!r}")
         dev = self.dev = ops.dev
+        # Decode steps and verify forwards: the per-op graph path, or (forward_path="persistent") the
+        # persistent forward (one launch) where it can run this model; `forward_path` / `forward_note` say
+        # which ran and why.
+        self.persistent: PersistentForward | None = None
+        self.forward_note = "configured"
+        if forward_path == "persistent":
+            try:
+                self.persistent = PersistentForward(ops, cfg, weights, self.cache, tuning)
+            except ForwardUnsupported as e:
+                self.forward_note = str(e)
+        self.forward_path = "persistent" if self.persistent is not None else "graph"
         ffi, lib = dev.ffi, dev.lib
         i32 = np.int32
         # prefill inputs (host-written per chunk)
@@ -124,6 +139,8 @@ class CudaRunner(ModelRunner):
     def close(self) -> None:
         lib = self.dev.lib
         self.dev.synchronize()
+        if self.persistent is not None:
+            self.persistent.close()
         for g in self.graphs.values():
             lib.fd_graph_destroy(g)
         self.graphs.clear()
@@ -182,6 +199,27 @@ class CudaRunner(ModelRunner):
 
     def _tree_body(self, n: int, hidden_sink=None):
         self.ops.begin_forward(row_invariant=True)      # every node's logits = a decode step's, bit for bit
+        pf = self.persistent
+        # a sink that names its layers (the speculative decoder's) gets them from the persistent forward too
+        layers = getattr(hidden_sink, "layers", None) if hidden_sink is not None else frozenset()
+        if pf is not None and layers is not None:
+            if n <= pf.max_rows:
+                logits = pf.forward(self.t_ids[:n], self.t_pos[:n], self.t_n_past, mask=self.t_mask, mask_n=n,
+                                    capture=layers)
+                for layer in sorted(layers):
+                    hidden_sink(layer, pf.captured(layer, n))
+                return logits
+            # more rows than a launch holds: consecutive groups, ancestors first (the tree is in
+            # topological order), each group's K/V in the cache before the next group attends to it
+            logits = self.ops.take((n, self.cfg.vocab_size))
+            for s in range(0, n, pf.max_rows):
+                e = min(n, s + pf.max_rows)
+                part = pf.forward(self.t_ids[s:e], self.t_pos[s:e], self.t_n_past, mask=self.t_mask, mask_n=n, row0=s,
+                                  capture=layers)
+                self.dev.copy(logits[s:e], part)
+                for layer in sorted(layers):
+                    hidden_sink(layer, pf.captured(layer, e - s))
+            return logits
         batch = Batch(ids=self.t_ids[:n], positions=self.t_pos[:n], n_past=self.t_n_past,
                       mask=self.t_mask[:n * n].reshape(n, n), n_tokens=n)
         return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
@@ -306,9 +344,16 @@ class CudaRunner(ModelRunner):
 
     def _decode_body(self, params: SamplingParams | None) -> None:
         self.ops.begin_forward()
-        batch = Batch(ids=self.tok, positions=self.pos, n_past=self.n_past_dev, n_tokens=1)
-        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch)
-        self._select(logits, params)
+        if self.persistent is not None:
+            # greedy: the forward's fused argmax writes the next token straight into tok (embed has read it)
+            logits = self.persistent.forward(self.tok, self.pos, self.n_past_dev,
+                                             argmax=self.tok if params is None else None)
+            if params is not None:
+                self._select(logits, params)
+        else:
+            batch = Batch(ids=self.tok, positions=self.pos, n_past=self.n_past_dev, n_tokens=1)
+            logits = forward(self.ops, self.cfg, self.weights, self.cache, batch)
+            self._select(logits, params)
         self._advance()
 
     def _set_state(self, n_past: int, n_history: int, tok: int = 0) -> None:
