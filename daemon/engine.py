@@ -33,11 +33,11 @@ from .models.weights import total_weight_bytes
 from .pflash.service import PrefillCompressor, compressed_fields
 from .prefix_cache import PrefixStore
 from .runner import ModelRunner
-from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
+from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder, SpecStats
 from .spec.policy import DepthPolicy
 from .spec.drafter import Drafter, DrafterLoadError
-from .spec.loader import DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
-from .spec.ngram import NgramDrafter
+from .spec.loader import NGRAM, DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
+from .spec.ngram import NgramConfig, NgramDrafter
 from .stops import StopMatcher
 
 __all__ = ["Engine", "Emit"]
@@ -87,6 +87,7 @@ class Engine:
         self.tokenizer = None
         self.compressor: PrefillCompressor | None = None   # PFlash (daemon/pflash)
         self.drafters: dict[str, Drafter] = {}      # name -> drafter (--draft), first = default
+        self._ngram: NgramDrafter | None = None       # the built-in n-gram drafter when no --draft ngram
         self._policies: dict[tuple[str, int], DepthPolicy] = {}   # spec=auto: (drafter, budget) -> what it measured
         # host copies of prompt prefixes, kept across requests and park/unpark (the same model)
         self.prefix_store = (PrefixStore(config.prefix_cache_ram_mb << 20, config.prefill_chunk)
@@ -363,7 +364,9 @@ class Engine:
         reason = "length"
         t_start = time.perf_counter()
         t_first = None
-        spec = self._spec_decoder(req, runner, drafter) if req.spec != "off" else None
+        # a parked drafter means plain decoding (speculative decoding never changes the output)
+        spec = (self._spec_decoder(req, runner, drafter)
+                if req.spec != "off" and not isinstance(drafter, _ParkedDrafter) else None)
         tokens = (spec or runner).generate(prompt, req.sampling, req.max_tokens, logprobs=req.logprobs)
         try:
             for sampled in tokens:
@@ -411,6 +414,8 @@ class Engine:
             done["compress"] = compressed_fields(compressed)
         if spec is not None:
             done["spec"] = spec.stats.as_dict(spec.config.mode, spec.config.budget, drafter.name)
+        elif isinstance(drafter, _ParkedDrafter):      # decoded plainly: same tokens, no drafting
+            done["spec"] = {**SpecStats().as_dict(req.spec, req.budget, drafter.name), "parked": True}
         if not req.stream:
             done["ids"] = out_ids
             done["text"] = "".join(out_text)
@@ -418,18 +423,24 @@ class Engine:
                 done["logprobs"] = out_logprobs
         job.send(done)
 
-    def _drafter(self, name: str | None) -> Drafter:
-        if not self.drafters:
-            raise ProtocolError("not_loaded", "no drafter is loaded; start the daemon with --draft PATH|NAME|ngram")
+    def _drafter(self, name: str | None) -> Drafter | _ParkedDrafter:
+        """The drafter a request names, or the daemon's default (the first --draft; without any, the
+        built-in n-gram drafter, which needs no weights and is always there). A parked drafter is
+        returned as such: the request then decodes plainly."""
         if name is None:
-            drafter = next(iter(self.drafters.values()))
-        else:
-            drafter = find_drafter(self.drafters, self._drafter_sources, name)
-            if drafter is None:
-                raise ProtocolError("not_loaded", f"draft={name}: no such drafter; loaded: {', '.join(self.drafters)}")
-        if isinstance(drafter, _ParkedDrafter):
-            raise ProtocolError("parked", f"the drafter {drafter.name} is parked; send `unpark what=draft` first")
+            return next(iter(self.drafters.values())) if self.drafters else self._builtin_ngram()
+        drafter = find_drafter(self.drafters, self._drafter_sources, name)
+        if drafter is None and name == NGRAM:
+            return self._builtin_ngram()
+        if drafter is None:
+            loaded = ", ".join([*self.drafters, *([] if NGRAM in self.drafters else [NGRAM])])
+            raise ProtocolError("not_loaded", f"draft={name}: no such drafter; loaded: {loaded}")
         return drafter
+
+    def _builtin_ngram(self) -> NgramDrafter:
+        if self._ngram is None:
+            self._ngram = NgramDrafter(NgramConfig(), name=NGRAM)
+        return self._ngram
 
     def _spec_decoder(self, req: m.Generate, runner, drafter: Drafter) -> SpecDecoder:
         """spec=chain: budget = chain length (default: the drafter's max_depth); spec=auto: the

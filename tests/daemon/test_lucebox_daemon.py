@@ -125,6 +125,21 @@ def test_invalid_utf8_and_blank_lines(spawn_lucebox, tmp_path):
     assert GENERATE_OK.fullmatch(status) and ids
 
 
+def test_a_parked_drafter_means_plain_decoding(spawn_lucebox, tmp_path):
+    """Lucebox's pflash client parks the drafter right after boot, then generates: the tokens are plain
+    decoding's (speculative decoding never changes them), never an error."""
+    prompt = write_ids(tmp_path / "prompt.bin", PROMPT)
+    daemon = spawn_lucebox("--max-ctx=512")
+    ready(daemon)
+    _, want = daemon.command(f"{prompt} 16")
+    assert daemon.command("park draft") == ("ok park what=draft", [])
+    status, got = daemon.command(f"{prompt} 16")
+    assert GENERATE_OK.fullmatch(status) and got == want
+    assert daemon.command("unpark draft") == ("ok unpark what=draft", [])
+    status, got = daemon.command(f"{prompt} 16")
+    assert GENERATE_OK.fullmatch(status) and got == want
+
+
 def test_end_of_stdin_exits_zero(spawn_lucebox):
     daemon = spawn_lucebox()
     ready(daemon)

@@ -228,7 +228,6 @@ BAD_LINES = [
     ("file-out-of-vocab", "generate id=fo ids=@{files}/out_of_vocab.bin max_tokens=2", "bad_request", "fo"),
     ("file-negative-id", "generate id=fn ids=@{files}/negative.bin", "bad_request", "fn"),
     ("compress", "compress id=cp ids=1,2,3 keep=0.5", "not_loaded", "cp"),
-    ("spec-no-drafter", 'generate id=dd text="hi" spec=ddtree budget=8', "not_loaded", "dd"),
     ("unknown-drafter", 'generate id=ud text="hi" draft=nonexistent', "not_loaded", "ud"),
     ("free-drafter", "free id=fr what=drafter", "not_loaded", "fr"),
     ("overlong-line", "generate id=ol text=\"" + "x" * 5000 + "\"", "bad_request", None),

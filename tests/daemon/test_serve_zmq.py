@@ -260,7 +260,8 @@ BAD_FRAMES = [
     ("oversized", [_pack({"cmd": "generate", "id": "big", "text": "x" * 5000})], "bad_request", None),
     ("two-frames", [_pack({"cmd": "status", "id": "2f"}), b"extra"], "bad_request", None),
     ("compress", [_pack({"cmd": "compress", "id": "cp", "ids": [1, 2, 3]})], "not_loaded", "cp"),
-    ("spec-no-drafter", [_pack({"cmd": "generate", "id": "dd", "text": "hi", "spec": "ddtree"})], "not_loaded", "dd"),
+    ("unknown-drafter", [_pack({"cmd": "generate", "id": "dd", "text": "hi", "spec": "ddtree", "draft": "nope"})],
+     "not_loaded", "dd"),
 ]
 
 

@@ -103,10 +103,16 @@ def test_sampled_spec_is_served(spec_daemon):
     assert done["spec"]["steps"] >= 1
 
 
-def test_spec_without_a_drafter_is_not_loaded(spawn_serve):
+def test_ngrams_are_built_in(spawn_serve):
+    """A daemon started without --draft still drafts with n-grams: `draft=ngram`, and as the default
+    drafter; the output is plain decoding's. A drafter it does not have is `not_loaded`."""
     daemon = spawn_serve()
-    err = daemon.ask(GEN.format(id="x") + " spec=chain", "x")[-1]
-    assert err["event"] == "error" and err["code"] == "not_loaded"
+    plain, _, _, _ = run(daemon, GEN, "plain")
+    for i, extra in enumerate([" spec=chain draft=ngram", " spec=ddtree budget=9 draft=ngram", " spec=auto"]):
+        ids, _, done, _ = run(daemon, GEN + extra, f"s{i}")
+        assert ids == plain and done["spec"]["draft"] == "ngram" and done["spec"]["steps"] >= 1, extra
+    err = daemon.ask(GEN.format(id="x") + " spec=chain draft=nope", "x")[-1]
+    assert err["event"] == "error" and err["code"] == "not_loaded" and "ngram" in err["message"]
 
 
 def test_a_draft_model_with_another_vocabulary_is_a_startup_error(synthetic_model, tmp_path):
@@ -143,18 +149,20 @@ def test_park_unpark_keeps_spec_output(spawn_serve, synthetic_model, tmp_path):
 
 
 def test_park_draft_releases_the_draft_model_and_unpark_restores_it(spec_daemon, synthetic_model):
-    """`park what=draft` closes the draft model (n-grams hold nothing and stay): speculative
-    requests naming it are refused with `parked` while n-grams still serve; `unpark what=draft`
-    loads it again from its file and the output equals the output before the round trip."""
+    """`park what=draft` closes the draft model (n-grams hold nothing and stay): requests naming it
+    decode plainly (the same tokens; done.spec says the drafter was parked) while n-grams still
+    draft; `unpark what=draft` loads it again from its file and the output equals the output before
+    the round trip."""
     model_spec = GEN + f" spec=chain draft={synthetic_model.stem}"
     before, _, _, _ = run(spec_daemon, model_spec, "before")
     parked = spec_daemon.ask("park id=pk what=draft", "pk")[-1]
     assert parked["event"] == "result" and parked["parked"]["spec_drafters"] == [synthetic_model.stem]
     status = spec_daemon.ask("status id=st", "st")[-1]
     assert [d.get("parked", False) for d in status["drafters"]] == [True, False]
-    refused = spec_daemon.ask(model_spec.format(id="refused"), "refused")
-    assert refused[-1]["event"] == "error" and refused[-1]["code"] == "parked"
-    assert spec_daemon.ask(GEN.format(id="dflt") + " spec=chain", "dflt")[-1]["code"] == "parked"   # the default
+    while_parked, _, done, _ = run(spec_daemon, model_spec, "while-parked")
+    assert while_parked == before and done["spec"]["parked"] is True and done["spec"]["steps"] == 0
+    dflt, _, done, _ = run(spec_daemon, GEN + " spec=chain", "dflt")                   # the default drafter
+    assert dflt == before and done["spec"] == {**done["spec"], "draft": synthetic_model.stem, "parked": True}
     plain, _, _, _ = run(spec_daemon, GEN, "plain")
     ngram, _, _, _ = run(spec_daemon, GEN + " spec=chain draft=ngram", "ngram")
     assert ngram == plain == before
