@@ -377,8 +377,9 @@ __device__ __forceinline__ void row_dot_q8(const uint8_t* wrow, int t, int lpr, 
     const uint8_t* wp = wrow + (int64_t)blk * F::BB;
     const uint8_t* xp = x8 + blk * BLK_X8 + 8 * x8_group<L>(F::col(j, 0));
 
-    // two pieces per iteration for one or two x rows: the second piece's shared-memory loads are issued
-    // under the first's arithmetic (the sums still run piece by piece, in order: same bits)
+    // two pieces per iteration for one or two x rows, so the compiler may issue the second piece's
+    // shared-memory loads under the first's arithmetic (the sums still run piece by piece, in order:
+    // same bits); no speed change was measurable end to end (bench/NOTES.md, session 6)
 #pragma unroll (NX <= 2 ? 2 : 1)
     for (int p = t; p < pieces; p += lpr) {
         typename F::Raw raw;
