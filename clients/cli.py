@@ -1,9 +1,11 @@
 """The `flashd` command line: one click group; each command lives with the code it drives.
 
-Client commands (this file): `generate` and `chat` talk to a daemon over ZeroMQ, either one given
-with --daemon ADDR or a private one started for the command (clients/spawn.py) and stopped after;
-`pull` and `models` manage the model cache (clients/registry.py, clients/pull.py). `serve` is the
-daemon itself (daemon/server.py).
+Client commands (this file): `generate` and `chat` talk to a daemon over ZeroMQ: the one given
+with --daemon ADDR, else this user's resident daemon for the model (clients/resident.py: found, or
+started in the background, and left running for --keep-alive), or with --keep-alive 0 a private one
+started for the command (clients/spawn.py) and stopped after; `ps` and `stop` show and end resident
+daemons; `pull` and `models` manage the model cache (clients/registry.py, clients/pull.py). `serve`
+is the daemon itself (daemon/server.py).
 """
 from __future__ import annotations
 
@@ -35,8 +37,11 @@ def _register() -> None:
     from ..daemon.bench_cli import bench_command
     from ..daemon.server import serve_command
     from .http.server import http_command
+    from .resident_commands import ps_command, stop_command
 
     main.add_command(serve_command, "serve")
+    main.add_command(ps_command, "ps")
+    main.add_command(stop_command, "stop")
     main.add_command(http_command, "http")
     main.add_command(bench_command, "bench")
     main.add_command(build_command(), "build")
@@ -68,15 +73,43 @@ def _resolve(model: str) -> Path:
         raise _fail(str(exc)) from None
 
 
+def _keep_alive(text: str | None) -> float | None:
+    """--keep-alive, else $FLASHD_KEEP_ALIVE, else 5 minutes (seconds; None: no timeout)."""
+    import os
+
+    from .resident import DEFAULT_KEEP_ALIVE_S, parse_keep_alive
+
+    if text is None:
+        text = os.environ.get("FLASHD_KEEP_ALIVE")
+        if text is None:
+            return DEFAULT_KEEP_ALIVE_S
+        hint = "FLASHD_KEEP_ALIVE"
+    else:
+        hint = "--keep-alive"
+    try:
+        return parse_keep_alive(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
+def _echo_stderr(chunk: bytes) -> None:
+    sys.stderr.buffer.write(chunk) if hasattr(sys.stderr, "buffer") else sys.stderr.write(chunk.decode(errors="replace"))
+    sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def _session(model: str | None, daemon: str | None, device: str | None, max_ctx: int | None,
-             verbose: bool, drafts: tuple[str, ...] = ()) -> Iterator[Session]:
-    """A client for --daemon ADDR, or for a daemon started here on --model (default model)."""
+             verbose: bool, drafts: tuple[str, ...] = (), keep_alive: str | None = None) -> Iterator[Session]:
+    """A client for --daemon ADDR, else for the resident daemon serving --model (default model),
+    started if needed; with --keep-alive 0, for a private daemon stopped after the command."""
     from .client import Client
     from .registry import DEFAULT_MODEL
+    from .resident import ResidentKey, find_or_start, format_keep_alive
     from .spawn import DaemonOptions, DaemonStartError, LocalDaemon
 
     if daemon is not None:
+        if keep_alive is not None:
+            raise click.UsageError("--keep-alive is for a daemon the command starts, not one given with --daemon")
         model_path = _resolve(model) if model is not None else None
         try:
             client = Client(daemon, timeout_s=CLI_TIMEOUT_S)
@@ -86,8 +119,23 @@ def _session(model: str | None, daemon: str | None, device: str | None, max_ctx:
             yield Session(client, model_path)
         return
     model_path = _resolve(model or DEFAULT_MODEL)
+    keep_alive_s = _keep_alive(keep_alive)
+    log_level = "info" if verbose else "warning"
+    if keep_alive_s != 0:
+        key = ResidentKey(model=str(model_path.resolve()), device=device or "auto", max_ctx=max_ctx, drafts=drafts)
+        try:
+            resident, started = find_or_start(key, keep_alive_s=keep_alive_s, log_level=log_level,
+                                              echo=_echo_stderr)
+        except DaemonStartError as exc:
+            raise _fail(str(exc)) from None
+        if verbose:
+            click.echo(f"[{'started' if started else 'using'} the resident daemon pid {resident.pid} "
+                       f"(keep-alive {format_keep_alive(resident.keep_alive_s)}; `flashd stop` ends it)]", err=True)
+        with resident.connect(timeout_s=CLI_TIMEOUT_S) as client:
+            yield Session(client, model_path)
+        return
     options = DaemonOptions(model=str(model_path), device=device, max_ctx=max_ctx,
-                            log_level="info" if verbose else "warning",
+                            log_level=log_level,
                             extra_args=tuple(a for d in drafts for a in ("--draft", d)))
     try:
         local = LocalDaemon.start(options)
@@ -216,6 +264,10 @@ _session_options = [
                  help="Device of a started daemon (default: auto)."),
     click.option("--max-ctx", type=click.IntRange(16, 1 << 20), default=None,
                  help="Context size of a started daemon (default: the daemon's)."),
+    click.option("--keep-alive", "keep_alive", metavar="DURATION",
+                 help="How long the model stays loaded after the command, in a resident daemon later commands "
+                      "reuse: seconds or 30s, 5m, 2h; 0 = a private daemon stopped after the command; -1 = until "
+                      "`flashd stop` (default: $FLASHD_KEEP_ALIVE, else 5m). Set when the daemon starts."),
     click.option("--verbose", "-v", is_flag=True, help="Show the started daemon's info logs."),
 ]
 
@@ -266,7 +318,8 @@ def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop) -> d
                    "deep as measured acceptance and step times pay for, down to plain steps).")
 @click.option("--budget", type=click.IntRange(1, 1024), default=None,
               help="Drafted tokens verified per step (tree nodes, or the chain length).")
-def generate_command(prompt, model, daemon, device, max_ctx, verbose, max_tokens, temperature, top_k, top_p,
+def generate_command(prompt, model, daemon, device, max_ctx, keep_alive, verbose, max_tokens, temperature, top_k,
+                     top_p,
                      min_p, repeat_penalty, seed, stop, raw, system, quiet, draft, spec, budget):
     """Stream a completion of PROMPT (or of stdin, if PROMPT is - or absent) to stdout."""
     if prompt is None or prompt == "-":
@@ -283,7 +336,8 @@ def generate_command(prompt, model, daemon, device, max_ctx, verbose, max_tokens
         raise click.UsageError("--budget needs --spec chain|ddtree|auto (or --draft)")
     try:
         with _session(model, daemon, device, max_ctx, verbose,
-                      drafts=(draft,) if draft and daemon is None else ()) as session:
+                      drafts=(draft,) if draft and draft != "ngram" and daemon is None else (),
+                      keep_alive=keep_alive) as session:
             text = prompt
             if not raw:
                 messages = ([{"role": "system", "content": system}] if system is not None else [])
@@ -326,7 +380,7 @@ def _read_turn(interactive: bool) -> str | None:
               help="Longest reply, in tokens.")
 @_apply(_sampling_options)
 @click.option("--stats", is_flag=True, help="A stats line on stderr after every reply.")
-def chat_command(model, daemon, device, max_ctx, verbose, system, max_tokens, temperature, top_k, top_p, min_p,
+def chat_command(model, daemon, device, max_ctx, keep_alive, verbose, system, max_tokens, temperature, top_k, top_p, min_p,
                  repeat_penalty, seed, stop, stats):
     """Chat with the model (its chat template, history kept). Reads one user turn per line
     from stdin, so it also works with piped input."""
@@ -336,7 +390,7 @@ def chat_command(model, daemon, device, max_ctx, verbose, system, max_tokens, te
     sampling = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
     start = [{"role": "system", "content": system}] if system is not None else []
     try:
-        with _session(model, daemon, device, max_ctx, verbose) as session:
+        with _session(model, daemon, device, max_ctx, verbose, keep_alive=keep_alive) as session:
             template = _chat_template(session)
             if interactive:
                 click.echo(f"flashd chat: {CHAT_HELP}", err=True)

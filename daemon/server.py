@@ -37,8 +37,9 @@ import zmq
 from ..protocol import lines, wire
 from ..protocol.errors import ProtocolError
 from ..protocol.events import TERMINAL_EVENTS, error_event, ready_event, result_event
-from ..protocol.messages import Cancel, Quit, Request, resolve_ids_files
+from ..protocol.messages import Cancel, Quit, Request, Status, resolve_ids_files
 from .config import DEVICES, FORWARDS, EngineConfig
+from .lifetime import IdleTimer, ReadyFile
 from .pflash.config import COMPRESS_MODES, DRAFTER_POLICIES, PFlashConfig
 from .process import (
     LOG_LEVELS, LineReader, OverlongLine, StartupError, StopSignals, claim_stdout, load_engine,
@@ -97,6 +98,8 @@ class ServeConfig:
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes
     forward: str = "graph"              # cuda decode / verify forward: graph or persistent
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
+    keep_alive_s: float | None = None   # stop after this long with no request in flight; None: never
+    ready_file: str | None = None       # write the ready event (+ pid) here once serving (lifetime.py)
     log_level: str = "info"
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # --compress*, --drafter-policy
 
@@ -109,6 +112,8 @@ class ServeConfig:
             raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         if self.max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
+        if self.keep_alive_s is not None and not self.keep_alive_s > 0:
+            raise ValueError(f"--keep-alive must be > 0 seconds (or negative: no timeout), got {self.keep_alive_s}")
 
 
 # ---------------------------------------------------------------------------------- clients
@@ -136,6 +141,8 @@ class Client:
         with self._idle:
             self.pending -= 1
             self._idle.notify_all()
+        if not isinstance(request, UNTIMED):
+            self.server.idle.end()
         if isinstance(request, Quit):
             self.server.request_stop(f"quit from {self.name}")
 
@@ -199,11 +206,15 @@ class ZmqClient(Client):
 # ---------------------------------------------------------------------------------- server
 
 
+UNTIMED = (Status, Quit)   # requests that are not activity for --keep-alive (`flashd ps` asks status)
+
+
 class Server:
-    """Request ids, dispatch to the engine, per-client cancel, and the stop signal."""
+    """Request ids, dispatch to the engine, per-client cancel, the idle timer and the stop signal."""
 
     def __init__(self, engine, config: ServeConfig):
         self.engine, self.config = engine, config
+        self.idle = IdleTimer(config.keep_alive_s)
         self.zmq: ZmqFrontend | None = None
         self.stopped = threading.Event()
         self.stop_reason = ""
@@ -223,6 +234,12 @@ class Server:
                 lambda job: getattr(job.emit, "client", None) is client and job.request.id == target)
             client.send(result_event(request.id, cancelled=n_cancelled > 0))
             return
+        if isinstance(request, Status):       # the engine's status plus the daemon's lifetime
+            client.started()
+            _Reply(client, request)(result_event(request.id, **self.engine.status(), **self.idle.info()))
+            return
+        if not isinstance(request, UNTIMED):
+            self.idle.begin()
         client.started()
         self.engine.submit(request, _Reply(client, request))
 
@@ -496,8 +513,11 @@ def serve(config: ServeConfig) -> int:
     signals = StopSignals(server.request_stop)
     engine.start()
     endpoint = zmq_frontend.endpoint if zmq_frontend is not None else None
-    stdio.send(ready_event(**{**engine.ready_info(), "zmq": endpoint, "stdin": config.stdin,
-                              "drafts": list(drafts), "prefill_drafter": prefill}))
+    ready = ready_event(**{**engine.ready_info(), "zmq": endpoint, "stdin": config.stdin,
+                           "drafts": list(drafts), "prefill_drafter": prefill,
+                           "keep_alive_s": config.keep_alive_s})
+    stdio.send(ready)
+    ready_file = ReadyFile(config.ready_file) if config.ready_file is not None else None
     log.info("ready: serving %s", " and ".join(
         (["stdin"] if config.stdin else []) + ([f"ZeroMQ at {endpoint}"] if endpoint else [])))
     if zmq_frontend is not None:
@@ -506,9 +526,18 @@ def serve(config: ServeConfig) -> int:
     if stdin is not None:
         stdin.start()
 
+    if ready_file is not None:                # after the front ends started: whoever reads it can connect
+        try:
+            ready_file.write(ready, config.keep_alive_s)
+        except OSError as exc:
+            log.error("cannot write the ready file %s: %s", config.ready_file, exc)
+            server.request_stop("no ready file")
     while not server.stopped.wait(0.5):       # a timed wait keeps signal handlers running promptly
-        pass
+        if server.idle.expired():
+            server.request_stop(f"idle for {config.keep_alive_s:g} s (--keep-alive)")
     log.info("stopping: %s", server.stop_reason)
+    if ready_file is not None:                # first, so no new client picks a stopping daemon
+        ready_file.remove(endpoint)
     engine.stop(ENGINE_STOP_TIMEOUT_S)       # cancels queued and running requests
     if zmq_frontend is not None:
         zmq_frontend.close()
@@ -549,6 +578,12 @@ def serve(config: ServeConfig) -> int:
               help="CUDA decode steps and draft verification: graph = the per-op CUDA graph; persistent = the whole "
                    "forward in one launch where the model allows (experimental: exact, but ~2x slower than graph on "
                    "an H100 today, bench/NOTES.md; status says which ran and why).")
+@click.option("--keep-alive", "keep_alive", type=float, default=-1.0, show_default=True, metavar="SECONDS",
+              help="Exit after this long with no request in flight (status and quit do not count); negative: "
+                   "never.")
+@click.option("--ready-file", metavar="PATH",
+              help="Once serving, write the ready event with the daemon's pid here (JSON, replaced atomically); "
+                   "removed at exit. How the CLI's resident daemons are found.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.option("--compress", "compress_mode", type=click.Choice(COMPRESS_MODES), default="off", show_default=True,
               help="PFlash default for generate requests that do not say: auto compresses prompts longer than "
@@ -570,7 +605,8 @@ def serve(config: ServeConfig) -> int:
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
-                  max_queue, max_request_bytes, prefix_cache, prefix_cache_ram_mb, forward, log_level, compress_mode,
+                  max_queue, max_request_bytes, prefix_cache, prefix_cache_ram_mb, forward, keep_alive, ready_file,
+                  log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
                   drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
@@ -580,6 +616,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
                              forward=forward, log_level=log_level,
+                             keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
                                                  alpha=compress_alpha, score_layers=compress_layers,
                                                  score_from=compress_first_layer,

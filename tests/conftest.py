@@ -11,16 +11,43 @@ real_model(name) -> Path
 synthetic_model(spec=None, **fields) -> Path
     A model with random weights from flashd.scripts.make_synthetic_gguf: pass a SyntheticSpec,
     or SyntheticSpec fields (with no arguments: the default tiny qwen2 spec).
+
+resident_runtime_dir (autouse, session)
+    The CLI keeps resident daemons (clients/resident.py) in a per-user runtime directory; the
+    tests get their own ($FLASHD_RUNTIME_DIR), and every daemon left there is stopped at the end,
+    so no test touches the user's daemons and none outlives the session.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from flashd.clients.registry import ModelUnavailableError, resolve_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def resident_runtime_dir():
+    from flashd.clients.resident import list_resident, stop_resident
+
+    directory = tempfile.mkdtemp(prefix="fdrt-")   # short: ipc socket paths have a length limit
+    previous = os.environ.get("FLASHD_RUNTIME_DIR")
+    os.environ["FLASHD_RUNTIME_DIR"] = directory
+    try:
+        yield Path(directory)
+    finally:
+        for daemon, _ in list_resident():
+            stop_resident(daemon)
+        if previous is None:
+            os.environ.pop("FLASHD_RUNTIME_DIR", None)
+        else:
+            os.environ["FLASHD_RUNTIME_DIR"] = previous
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
