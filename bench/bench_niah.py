@@ -139,7 +139,7 @@ def main(argv=None) -> int:
                                                         "('' = the headline's)")
     ap.add_argument("--sweep-cases", type=int, default=None, help="cases per sweep point (default --cases)")
     ap.add_argument("--last-chunks", type=int, default=1,
-                    help="32-token chunks always kept at the prompt's end (DESIGN: 1; the question sits there)")
+                    help="32-token chunks always kept at the prompt's end (PFlash's rule: 1; the question sits there)")
     ap.add_argument("--max-tokens", type=int, default=24, help="generated tokens per case")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-llama", action="store_true", help="no llama.cpp column")

@@ -1,5 +1,5 @@
 """The Lucebox-compatible dialect: the argv and stdin commands of Lucebox's daemon binary
-(`test_dflash --daemon`; DESIGN.md section 3 describes it), so existing
+(`test_dflash --daemon`; protocol/SPEC.md describes it), so existing
 Lucebox clients can run flashd unchanged.
 
   argv    TARGET DRAFT --daemon --stream-fd=FD [--max-ctx=N] [--ddtree] [--ddtree-budget=N]
@@ -45,7 +45,7 @@ class LuceboxArgs:
     max_ctx: int | None = None
     ddtree: bool = False  # tree verification instead of chain
     ddtree_budget: int | None = None  # non-root tree nodes
-    fast_rollback: bool = False  # accepted for compatibility; flashd never replays (DESIGN 5.2)
+    fast_rollback: bool = False  # accepted for compatibility; flashd never replays (ARCHITECTURE.md, DDTree verification: the commit moves K/V)
     ddtree_temp: float | None = None  # draft softmax temperature for the tree's top-K
     ddtree_chain_seed: bool = True  # insert the top-1 chain before best-first expansion
 

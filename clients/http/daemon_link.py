@@ -1,5 +1,5 @@
 """The gateway's side of the daemon: the ZeroMQ client, the model's tokenizer and chat template
-(read from the GGUF the daemon reports in `status`, DESIGN section 1-3: prompts are built and
+(read from the GGUF the daemon reports in `status`, ARCHITECTURE.md: prompts are built and
 tokenized here), and an async view of a generation for the event loop.
 
 The ZeroMQ client (flashd.clients.client.Client) is blocking and thread-safe; every call that can

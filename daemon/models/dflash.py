@@ -1,4 +1,4 @@
-"""The DFlash block drafter (DESIGN.md section 5.1), written once against the backend `Ops`.
+"""The DFlash block drafter (ARCHITECTURE.md, DFlash block drafter), written once against the backend `Ops`.
 
     F     = hidden_norm(fc @ concat(target layer outputs))      context features, (m, D) per new position
     h     = target.embed([last_token, MASK x (B-1)])             the block, at positions pos .. pos+B-1

@@ -1,6 +1,6 @@
 """DFlashConfig: the hyper-parameters of a DFlash block drafter, and its GGUF metadata schema.
 
-A DFlash drafter (DESIGN.md section 5.1) is a small Qwen3-style stack (q/k RMSNorm, NeoX RoPE,
+A DFlash drafter (ARCHITECTURE.md, DFlash block drafter) is a small Qwen3-style stack (q/k RMSNorm, NeoX RoPE,
 SwiGLU) at its target's hidden width. It has no embedding or lm_head of its own: it borrows the
 target's. Its GGUF (architecture "dflash") carries the standard `dflash.*` keys of a decoder plus
 the drafting keys:

@@ -17,7 +17,7 @@ __all__ = ["GGUFFile", "TensorInfo", "ModelLoadError", "SUPPORTED_WEIGHT_TYPES"]
 
 Q = GGMLQuantizationType
 
-# Weight formats every backend must run (DESIGN section 2). A file with any other tensor type
+# Weight formats every backend must run (README: the formats table). A file with any other tensor type
 # fails to load with a message naming the tensor and its type.
 SUPPORTED_WEIGHT_TYPES: frozenset[GGMLQuantizationType] = frozenset({
     Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,

@@ -1,4 +1,4 @@
-"""PFlash speculative prefill (DESIGN §5.3): a small drafter scores the prompt's tokens and only
+"""PFlash speculative prefill (ARCHITECTURE.md, PFlash): a small drafter scores the prompt's tokens and only
 the most important 32-token chunks are prefilled by the target.
 
     config.py       PFlashConfig (block size, alpha, sink/window, tail, chunking), checked

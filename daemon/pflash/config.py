@@ -1,4 +1,4 @@
-"""PFlashConfig: the knobs of FlashPrefill attention and of chunk selection (DESIGN §5.3)."""
+"""PFlashConfig: the knobs of FlashPrefill attention and of chunk selection (ARCHITECTURE.md, PFlash)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +22,8 @@ class PFlashConfig:
     tail_tokens: int = 8        # T: the last T prompt tokens score every token by dense attention
     smooth_tokens: int = 13     # centred moving average of the importance (odd)
     chunk_tokens: int = 32      # selection granularity
-    first_chunks: int = 1       # always kept at the start of the prompt (DESIGN: 1)
-    last_chunks: int = 1        # always kept at the end, where the question usually is (DESIGN: 1)
+    first_chunks: int = 1       # always kept at the start of the prompt (PFlash's rule: 1)
+    last_chunks: int = 1        # always kept at the end, where the question usually is (PFlash's rule: 1)
     forward_chunk: int = 4096   # drafter forward: tokens per forward (a multiple of block)
     score_layers: int = 0       # drafter layers run to score tokens: the first N (0 = all). Later layers are
                                 # optional work: fewer layers, less prefill time (the drafter's forward is

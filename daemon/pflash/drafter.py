@@ -1,5 +1,5 @@
 """The PFlash drafter: a dense-family model that reads the whole prompt with FlashPrefill attention
-and scores every token by how much the last T prompt tokens attend to it (DESIGN §5.3).
+and scores every token by how much the last T prompt tokens attend to it (ARCHITECTURE.md, PFlash).
 
 The forward runs in chunks of `forward_chunk` tokens (a multiple of 128, so that every chunk's
 query blocks are whole absolute blocks; the last chunk absorbs a short remainder so it holds at

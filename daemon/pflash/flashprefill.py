@@ -1,4 +1,4 @@
-"""FlashPrefill block-sparse attention in numpy (DESIGN §5.3): the reference backend's op and the
+"""FlashPrefill block-sparse attention in numpy (ARCHITECTURE.md, PFlash): the reference backend's op and the
 oracle the CUDA kernels (native/cuda/flashprefill.cu, attention_sparse.cu) are tested against.
 
 A forward over one chunk of n new tokens at cache slots [p0, p0 + n) (p0 a multiple of the block

@@ -1,11 +1,11 @@
-"""Token importance -> the kept chunks of the prompt (DESIGN §5.3 steps 2-3).
+"""Token importance -> the kept chunks of the prompt (ARCHITECTURE.md, PFlash steps 2-3).
 
     importance[j] = mean over the T tail queries of (max over layers and heads of the tail
                     query's attention probability on token j)   -- `tail_probs` is that max, (T, S)
     smoothed      = centred moving average over `smooth` tokens, truncated at the edges (each
                     output is the mean of the tokens that exist in its window)
     chunk score   = mean of smoothed over the chunk's tokens (the last chunk may be short)
-    kept chunks   = the first and the last chunk (DESIGN §5.3; `first`/`last` chunks with the
+    kept chunks   = the first and the last chunk (ARCHITECTURE.md, PFlash; `first`/`last` chunks with the
                     knobs), plus the best-scoring others until ceil(keep * n_chunks) are kept
                     (ties: the earlier chunk); emitted in order
 """

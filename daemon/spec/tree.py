@@ -1,4 +1,4 @@
-"""DDTree: the draft tree verified in one target forward (DESIGN §5.2).
+"""DDTree: the draft tree verified in one target forward (ARCHITECTURE.md, DDTree verification).
 
 Input: a `Proposal` (per-depth top-K candidates with log-probs, not conditioned on the path) and
 a node budget (the number of non-root nodes). Output: a `DraftTree` of n = 1 + n_drafted nodes in

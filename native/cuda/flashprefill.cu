@@ -1,4 +1,4 @@
-// flashprefill.cu -- FlashPrefill block scoring (DESIGN §5.3): mean_K, score, select, and the
+// flashprefill.cu -- FlashPrefill block scoring (ARCHITECTURE.md, PFlash): mean_K, score, select, and the
 // tail-attention maxima that give PFlash its token importance.
 //
 // A drafter forward chunk holds n new tokens at cache slots [p0, p0 + n), p0 % 128 == 0; its keys
@@ -11,7 +11,7 @@
 //                  grid (Nk, Hkv), head_dim threads (one per dim), f32 sums.
 //   fd_fp_score    score (Mq, H, Nk) f32: a[j, kb] = q_j . mean_k[kb] * scale for the rows j of
 //                  block m and kb <= m; M = max over all (j, kb); s[kb] = sum_j exp(a - M), then
-//                  normalised so that sum_kb s = 1 (the estimated attention mass, DESIGN §5.3:
+//                  normalised so that sum_kb s = 1 (the estimated attention mass, ARCHITECTURE.md, PFlash:
 //                  the anchor skips this and thresholds on uniformity instead). 0 for kb > m.
 //                  grid (Mq, H), 128 threads, thread j holds q row j (pre-scaled by scale*log2e,
 //                  so exp is exp2) in registers; mean_k staged 32 blocks at a time in shared
