@@ -47,6 +47,7 @@ DEFAULT_DDTREE_BUDGET = 22      # the anchor's default; the chain default is the
 # decoding's (seed, step) so the first token (drawn as in plain decoding, step 0) is independent.
 SPEC_STEP_BASE = 1 << 62
 MAX_HISTOGRAM = 64
+PLAIN_BURST_MAX = 16            # plain steps run back to back before the loop looks again (CUDA ring: 64)
 
 
 @dataclass(slots=True, frozen=True)
@@ -174,7 +175,22 @@ class SpecDecoder:
                 t1 = time.perf_counter()
                 host = None
                 if tree.n_nodes == 1 and plain_step:
-                    path, bonus = [0], runner.greedy_continue([root], 1)[0]   # forwards the root, n_past + 1
+                    # plain steps: as many as the policy would take in a row, in one burst (one
+                    # synchronisation, like plain decoding), each counted as its own step
+                    burst = 1 if policy is None else policy.plain_steps(
+                        min(max_new_tokens - n_out, runner.max_ctx - runner.n_past, PLAIN_BURST_MAX))
+                    tokens = runner.greedy_continue([root], burst)     # forwards root + burst - 1 tokens
+                    seconds = (time.perf_counter() - t0) / burst
+                    for tok in tokens:
+                        drafter.accept([], tok, [0])
+                        stats.add(0, 0, 0.0, seconds)
+                        if policy is not None:
+                            policy.observe(0, 0, seconds)
+                        history.append(tok)
+                        yield Sampled(tok)
+                        n_out += 1
+                    root = tokens[-1]
+                    continue
                 else:
                     path, bonus, host = self._verify(tree, sink, device_argmax, greedy, params, history, draw)
                     runner.commit_tree(np.asarray(path, np.int32))

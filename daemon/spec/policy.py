@@ -16,7 +16,8 @@ second, E(d) / T(d), from two measured models:
 
 Exploration: until both d = 0 and d = max_depth are measured, those are tried first; after
 `explore_every` plain steps in a row the best positive depth is tried once, so a drafter whose
-drafts got better is noticed. The policy holds no per-request state and can serve consecutive
+drafts got better is noticed. Plain steps up to that point are known in advance (`plain_steps`),
+so the decoder runs them as one burst without a host round trip per token. The policy holds no per-request state and can serve consecutive
 requests (the engine keeps one per drafter and budget), so what it learned carries over.
 """
 from __future__ import annotations
@@ -92,6 +93,15 @@ class DepthPolicy:
                 best = self._best(range(1, limit + 1))
         self.asked[best] += 1
         return best
+
+    def plain_steps(self, limit: int) -> int:
+        """After depth() chose 0: how many plain steps in a row it would choose before trying a
+        drafted one again (exploration), at most `limit` -- so the decoder can run them as one
+        burst with a single synchronisation. 1 while the plain and full depths are still being
+        measured."""
+        if limit <= 1 or self.asked[self.max_depth] < 2:
+            return 1
+        return max(1, min(limit, self.config.explore_every - self.plain_run))
 
     def observe(self, drafted: int, accepted: int, seconds: float) -> None:
         """A step drafted `drafted` tokens (0: a plain step), kept `accepted`, took `seconds`."""

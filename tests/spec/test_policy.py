@@ -88,3 +88,17 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="bad step"):
         p.observe(4, 0, 1.0)
     assert p.depth(0) == 0 and p.depth(-1) == 0
+
+
+def test_plain_steps_are_known_until_the_next_exploration():
+    p = DepthPolicy(4, PolicyConfig(explore_every=5))
+    assert p.depth(4) == 0 and p.plain_steps(100) == 1          # still measuring: one at a time
+    p.observe(0, 0, 1.0)
+    bootstrap_rest = [p.depth(4) for _ in range(3)]
+    assert bootstrap_rest == [0, 4, 4]
+    feed(p, [(0, 0, 1.0), (4, 0, 10.0), (4, 0, 10.0)])
+    assert p.depth(4) == 0
+    assert p.plain_steps(100) == 5 - p.plain_run and p.plain_steps(2) == 2 and p.plain_steps(0) == 1
+    for _ in range(p.plain_steps(100)):
+        p.observe(0, 0, 1.0)
+    assert p.depth(4) > 0                                       # the burst ends where it explores

@@ -282,6 +282,29 @@ def test_auto_mode_learns_across_requests_and_stays_exact(target):
     assert dec.stats.drafted_nodes < dec.stats.steps / 2      # mostly plain steps
 
 
+def test_auto_mode_runs_plain_steps_in_bursts(target):
+    """Once the policy settles on plain steps it runs them as bursts of greedy_continue(n > 1) --
+    one host round trip per burst, not per token -- and the output is still plain greedy's."""
+    prompt = PROMPTS[0]
+    want = [s.token for s in plain(target, prompt, 48)]
+    bursts = []
+    original = target.greedy_continue
+
+    def recording(feed, n_new):
+        bursts.append(n_new)
+        return original(feed, n_new)
+
+    target.greedy_continue = recording
+    try:
+        policy = ModeledCostPolicy(6, PolicyConfig(explore_every=8))
+        dec = SpecDecoder(target, RandomDrafter(TARGET["vocab_size"], 3), SpecConfig("auto", 6), policy)
+        assert [s.token for s in dec.generate(prompt, GREEDY, 48)] == want
+    finally:
+        del target.greedy_continue
+    assert max(bursts) > 1 and sum(bursts) > 24                 # most tokens came from bursts
+    assert dec.stats.steps == 47 - dec.stats.accepted            # every plain token counted as a step
+
+
 def test_spec_config_is_checked():
     for bad in (dict(mode="tree", budget=4), dict(mode="chain", budget=0), dict(mode="ddtree", budget=4, top_k=0)):
         with pytest.raises(ValueError):
