@@ -31,6 +31,7 @@ import numpy as np
 
 from flashd.daemon.models.dflash_config import DFLASH_ARCH, DFlashConfig, write_metadata
 from flashd.daemon.models.gguf_file import ModelLoadError
+from flashd.scripts.gguf_out import written_gguf
 
 __all__ = ["ConversionError", "read_safetensors", "config_from_hf", "gguf_name", "convert"]
 
@@ -240,21 +241,14 @@ def convert(checkpoint: Path, out: Path, outtype: str = "auto", name: str | None
             raise ConversionError(f"tensor {gname} has shape {list(arr.shape)}, the config implies "
                                   f"{list(expected[gname])}")
 
-    writer = gguf.GGUFWriter(out, DFLASH_ARCH)
-    write_metadata(writer, cfg)
-    complete = False
-    try:
+    with written_gguf(out, DFLASH_ARCH) as writer:
+        write_metadata(writer, cfg)
         for gname in expected:                       # loader order: globals, then layer by layer
             data, qtype = _encode(*tensors[gname], outtype)
             writer.add_tensor(gname, data, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-        complete = True
-    finally:
-        writer.close()
-        if not complete:
-            Path(out).unlink(missing_ok=True)
     return cfg
 
 

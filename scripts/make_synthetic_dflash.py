@@ -25,6 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from flashd.daemon.models.dflash_config import DFLASH_ARCH, DFlashConfig, write_metadata
 from flashd.daemon.models.dflash_weights import DFLASH_GLOBAL_TENSORS
 from flashd.daemon.models.weights import LAYER_TENSORS
+from flashd.scripts.gguf_out import written_gguf
 from flashd.scripts.make_synthetic_gguf import NORM_WEIGHT_STD, encode_tensor
 
 __all__ = ["SyntheticDFlashSpec", "write_synthetic_dflash", "float_tensor", "spec_for_target", "evenly_spaced_layers"]
@@ -127,21 +128,14 @@ def float_tensor(spec: SyntheticDFlashSpec, name: str) -> np.ndarray:
 
 def write_synthetic_dflash(path: str | Path, spec: SyntheticDFlashSpec) -> Path:
     path = Path(path)
-    writer = gguf.GGUFWriter(path, DFLASH_ARCH)
-    write_metadata(writer, spec.config())
-    complete = False
-    try:
+    with written_gguf(path, DFLASH_ARCH) as writer:
+        write_metadata(writer, spec.config())
         for name, shape, qtype, mean, std in tensor_plan(spec):
             data = encode_tensor(_floats(spec, name, shape, mean, std), qtype)
             writer.add_tensor(name, data, raw_dtype=qtype)   # the writer derives the shape from the bytes
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-        complete = True
-    finally:
-        writer.close()
-        if not complete:
-            path.unlink(missing_ok=True)
     return path
 
 

@@ -43,6 +43,8 @@ import numpy as np
 import gguf
 from gguf.constants import GGML_QUANT_SIZES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
 
+from flashd.scripts.gguf_out import written_gguf
+
 # ----------------------------------------------------------------------------------------------
 # Spec
 # ----------------------------------------------------------------------------------------------
@@ -688,13 +690,11 @@ def write_synthetic_model(path: str | Path, spec: SyntheticSpec, *, progress: Ca
     """Write the model of `spec` to `path`, one tensor in memory at a time; returns the path."""
     path = Path(path)
     plans = tensor_plan(spec)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[ARCH_LAYOUTS[spec.arch].model_arch])
-    _write_metadata(writer, spec)
-    for plan in plans:
-        # Element shape + raw_dtype: the writer stores the shape reversed (ne[0] = columns).
-        writer.add_tensor_info(plan.name, plan.shape, np.dtype(np.float32), plan.n_bytes, raw_dtype=plan.qtype)
-    complete = False
-    try:
+    with written_gguf(path, gguf.MODEL_ARCH_NAMES[ARCH_LAYOUTS[spec.arch].model_arch]) as writer:
+        _write_metadata(writer, spec)
+        for plan in plans:
+            # Element shape + raw_dtype: the writer stores the shape reversed (ne[0] = columns).
+            writer.add_tensor_info(plan.name, plan.shape, np.dtype(np.float32), plan.n_bytes, raw_dtype=plan.qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -704,11 +704,6 @@ def write_synthetic_model(path: str | Path, spec: SyntheticSpec, *, progress: Ca
             encoded = [encode_tensor(chunk, plan.qtype) for chunk in _float_row_chunks(spec, plan)]
             data = np.concatenate(encoded, axis=0) if len(encoded) > 1 else encoded[0]
             writer.write_tensor_data(data)
-        complete = True
-    finally:
-        writer.close()
-        if not complete:
-            path.unlink(missing_ok=True)   # never leave a truncated model behind
     return path
 
 
