@@ -26,6 +26,7 @@ from timing import KernelTimer, report   # noqa: E402
 
 from flashd.daemon.backends.cuda.lib import load       # noqa: E402
 from flashd.daemon.backends.cuda.tensor import Device  # noqa: E402
+from flashd.scripts.random_weights import random_weights  # noqa: E402
 
 FORMATS = {"Q4_K": T.Q4_K, "Q6_K": T.Q6_K, "Q5_0": T.Q5_0, "Q8_0": T.Q8_0, "F16": T.F16}
 # (label, rows, cols): Qwen2.5-Coder-1.5B (hidden 1536, ffn 8960, 2 kv heads x 128) and 0.5B (896, 4864)
@@ -34,22 +35,6 @@ SHAPES_1_5B = [("ffn_gate/up 1.5B", 8960, 1536), ("ffn_down 1.5B", 1536, 8960), 
 SHAPES_0_5B = [("ffn_gate/up 0.5B", 4864, 896), ("ffn_down 0.5B", 896, 4864), ("lm_head 0.5B", 151936, 896),
                ("attn_k/v 0.5B", 128, 896)]
 GRAPH_WORKING_SET = 160 << 20   # > the L2 of H100 (50 MB) / H200 (60 MB) with room
-
-
-def random_weights(rng, qtype, rows, cols) -> np.ndarray:
-    if qtype == T.F16:
-        return rng.standard_normal((rows, cols), dtype=np.float32).astype(np.float16).view(np.uint8)
-    block, size = GGML_QUANT_SIZES[qtype]
-    data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    d = (rng.uniform(1e-3, 1e-2, (rows, cols // block)) * np.where(rng.random((rows, cols // block)) < .5, -1, 1))
-    d = d.astype(np.float16).view(np.uint8).reshape(rows, cols // block, 2)
-    if qtype == T.Q6_K:
-        data[..., 208:210] = d
-    else:
-        data[..., 0:2] = d
-        if qtype in (T.Q4_K, T.Q5_K):
-            data[..., 2:4] = d
-    return data.reshape(rows, -1)
 
 
 def supported(qtype, cols) -> bool:

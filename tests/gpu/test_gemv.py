@@ -15,7 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from quant_weights import FLOAT_FORMATS, FORMATS, cols_of, random_weights
+from flashd.scripts.random_weights import FLOAT_FORMATS, FORMATS, cols_of, random_weights
 
 FD_E_ARG, FD_E_QTYPE, FD_E_SHAPE = -1, -2, -3
 EPS = 1e-6

@@ -1,4 +1,6 @@
-"""Random valid GGUF weight tensors for the GPU kernel tests (shared by test_dequant and test_gemv)."""
+"""Random valid GGUF weight tensors, fast (no quantizer): random codes with sane float16 scales. The GPU
+kernel tests (test_dequant, test_gemv) and bench/bench_gemv.py feed them to the kernels; their oracle is
+gguf.quants.dequantize of the same bytes."""
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
