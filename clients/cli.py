@@ -35,7 +35,7 @@ def main() -> None:
 def _register() -> None:
     from ..daemon.backends.cuda.build import build_command
     from ..daemon.bench_cli import bench_command
-    from ..daemon.server import serve_command
+    from ..daemon.serve_command import serve_command
     from .http.server import http_command
     from .resident_commands import ps_command, stop_command
 

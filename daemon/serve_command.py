@@ -1,0 +1,90 @@
+"""`flashd serve` (and `python -m flashd.daemon`): the daemon's command line -> ServeConfig -> serve().
+
+The options are the daemon's whole configuration; daemon/server.py holds what they configure (the
+front ends and the process life cycle).
+"""
+from __future__ import annotations
+
+import click
+
+from ..protocol import wire
+from .config import DEVICES, FORWARDS
+from .pflash.config import COMPRESS_MODES, DRAFTER_POLICIES, PFlashConfig
+from .process import LOG_LEVELS
+from .server import ServeConfig, serve
+
+__all__ = ["serve_command"]
+
+
+@click.command("serve")
+@click.option("--model", required=True, metavar="PATH|NAME", help="Target model: a GGUF path or a model name.")
+@click.option("--draft", "drafts", multiple=True, metavar="PATH|NAME",
+              help="Speculative-decoding drafter (repeatable; `ngram` is built in).")
+@click.option("--prefill-drafter", metavar="PATH|NAME", help="PFlash prompt-scoring model.")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
+@click.option("--max-ctx", type=click.IntRange(16, 1 << 20), default=4096, show_default=True,
+              help="Context slots: prompt + max_tokens must fit.")
+@click.option("--zmq", "zmq_address", metavar="ADDR",
+              help="Also serve ZeroMQ on a ROUTER socket: tcp://127.0.0.1:PORT (PORT may be *) or ipc://PATH.")
+@click.option("--zmq-allow-remote", is_flag=True, help="Allow a non-loopback tcp:// address (no authentication!).")
+@click.option("--no-stdin", is_flag=True, help="Do not read requests from stdin (needs --zmq).")
+@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests waiting behind the running one; more are answered `overloaded`.")
+@click.option("--max-request-bytes", type=click.IntRange(min=1), default=wire.MAX_FRAME_BYTES, show_default=True,
+              help="Largest stdin line, ZeroMQ frame or @file.")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="Keep the cached K/V of the previous prompt's common prefix (whole 512-token chunks; the output "
+                   "is bit for bit that of an empty cache).")
+@click.option("--prefix-cache-ram-mb", type=click.IntRange(min=0), default=4096, show_default=True,
+              help="Host RAM for copies of earlier prompts' prefixes, so that interleaved conversations each keep "
+                   "theirs (0: only the one in the KV cache).")
+@click.option("--forward", type=click.Choice(FORWARDS), default="graph", show_default=True,
+              help="CUDA decode steps and draft verification: graph = the per-op CUDA graph; persistent = the whole "
+                   "forward in one launch where the model allows (experimental: exact, but ~2x slower than graph on "
+                   "an H100 today, bench/NOTES.md; status says which ran and why).")
+@click.option("--keep-alive", "keep_alive", type=float, default=-1.0, show_default=True, metavar="SECONDS",
+              help="Exit after this long with no request in flight (status and quit do not count); negative: "
+                   "never.")
+@click.option("--ready-file", metavar="PATH",
+              help="Once serving, write the ready event with the daemon's pid here (JSON, replaced atomically); "
+                   "removed at exit. How the CLI's resident daemons are found.")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.option("--compress", "compress_mode", type=click.Choice(COMPRESS_MODES), default="off", show_default=True,
+              help="PFlash default for generate requests that do not say: auto compresses prompts longer than "
+                   "--compress-threshold (needs --prefill-drafter).")
+@click.option("--compress-threshold", type=click.IntRange(min=1), default=32000, show_default=True,
+              help="Prompt tokens above which compress=auto compresses.")
+@click.option("--compress-keep", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.05, show_default=True,
+              help="Default kept fraction of the prompt's 32-token chunks.")
+@click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.7, show_default=True,
+              help="FlashPrefill block threshold of the drafter's sparse attention (0 = dense).")
+@click.option("--compress-layers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Drafter layers run to score tokens: the first N (0 = all; fewer is faster). With the 24-layer "
+                   "Qwen2.5-Coder-0.5B drafter, 12 with --compress-first-layer 4 kept the NIAH needle in every CPU "
+                   "case at 8K-32K tokens (bench/NOTES.md); not yet measured on a GPU.")
+@click.option("--compress-first-layer", type=click.IntRange(min=0), default=0, show_default=True,
+              help="First drafter layer whose attention scores (below --compress-layers; earlier layers run "
+                   "but do not count).")
+@click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
+              help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
+                   "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
+def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
+                  max_queue, max_request_bytes, prefix_cache, prefix_cache_ram_mb, forward, keep_alive, ready_file,
+                  log_level, compress_mode,
+                  compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
+                  drafter_policy):
+    """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
+    try:
+        config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
+                             max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
+                             stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
+                             prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
+                             forward=forward, log_level=log_level,
+                             keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
+                             pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
+                                                 alpha=compress_alpha, score_layers=compress_layers,
+                                                 score_from=compress_first_layer,
+                                                 drafter_policy=drafter_policy))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    raise SystemExit(serve(config))
