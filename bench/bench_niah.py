@@ -5,7 +5,7 @@ prefill vs llama.cpp's dense prefill, on one GPU in one run.
         --drafter qwen2.5-coder-0.5b-instruct-q8_0.gguf --llama-bench /tmp/llama-cpp-build/build/bin/llama-bench \
         --cases 20 --lengths 4096,8192,16384,32768 --out bench/results/
 
-For every length, `--cases` cases from bench/niah_cases.py (needle at a random depth in generated
+For every length, `--cases` cases from flashd.daemon.pflash.needles (needle at a random depth in generated
 filler, the question at the end, sized with the target's tokenizer to at most that many tokens):
 
 - flashd dense: `generate` of the whole prompt (greedy, --max-tokens); TTFT = wall time from the
@@ -32,9 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from niah_cases import make_case  # noqa: E402
+from flashd.daemon.pflash.needles import make_case
 
 
 def log(msg: str) -> None:

@@ -5,7 +5,7 @@ off, side by side on the same engine build and device.
         [--turns 6] [--side-requests] [--out bench/results/]
 
 A conversation as a coding agent drives one: a long system prompt (tools, instructions: filler
-prose from niah_cases.py sized to --system-tokens), then --turns user turns; every turn re-sends the
+prose from flashd.daemon.pflash.needles sized to --system-tokens), then --turns user turns; every turn re-sends the
 whole conversation so far (the model's chat template) and generates --max-tokens greedy tokens,
 which become the next turn's assistant message. With --side-requests an unrelated short request
 (a title to summarise, say) runs between turns, which overwrites the KV cache: the host-RAM copies
@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_niah import InProcess  # noqa: E402
-from niah_cases import _sentence  # noqa: E402
+from flashd.daemon.pflash.needles import filler_sentence as _sentence  # noqa: E402
 
 CONFIGS = {"off": dict(prefix_cache=False), "on": dict(prefix_cache=True, prefix_cache_ram_mb=0),
            "on+ram": dict(prefix_cache=True)}

@@ -29,43 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from niah_cases import make_case  # noqa: E402
+from flashd.daemon.pflash.calibrate import layer_maxima
+from flashd.daemon.pflash.needles import make_case, needle_positions
 
 
 def log(msg: str) -> None:
     print(f"[lab {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def needle_positions(tok, case) -> np.ndarray:
-    """Prompt positions of the value's tokens (the last occurrence: the question does not repeat it)."""
-    want = tok.encode(case.value)
-    ids = case.ids
-    for s in range(len(ids) - len(want), -1, -1):
-        if ids[s:s + len(want)] == want:
-            return np.arange(s, s + len(want))
-    raise ValueError(f"value {case.value} not found as tokens {want} in the prompt")
-
-
-def per_layer_probs(drafter, ids, alpha: float) -> list[np.ndarray]:
-    """[(T, S)] per layer: each layer's own tail maxima (ops.tail_max_probs folds into a fresh acc)."""
-    ops = drafter.ops
-    layers: list[np.ndarray] = []
-    original = ops.tail_max_probs
-
-    def recording(q, cache_layer, n_keys, n_tail, acc):
-        own = ops.from_numpy(np.zeros(acc.shape, np.float32))
-        original(q, cache_layer, n_keys, n_tail, own)
-        layers.append(np.array(ops.to_numpy(own)))
-        original(q, cache_layer, n_keys, n_tail, acc)
-
-    ops.tail_max_probs = recording
-    try:
-        total = drafter.tail_probs(ids, alpha)
-    finally:
-        del ops.tail_max_probs           # back to the class's method
-    np.testing.assert_array_equal(np.max(layers, axis=0), total)
-    return layers
 
 
 LOWS = (0, 2, 4, 6, 8, 10, 12)     # first scoring layers the tables cover
@@ -109,14 +78,14 @@ def main(argv=None) -> int:
     kept = {(keep, w, agg): 0 for keep in keeps for w in windows for agg in ("max", "mean")}
     for i in range(args.cases):
         case = make_case(tok, template, args.tokens, args.seed * 1_000_003 + args.tokens * 101 + i)
-        where = needle_positions(tok, case)
+        where = np.asarray(needle_positions(tok, case))
         t0 = time.perf_counter()
         cached = args.save_dir / f"{args.drafter.stem}-s{args.seed}-t{args.tokens}-a{args.alpha}-{i}.npz" \
             if args.save_dir else None
         if cached is not None and cached.exists():
             layers = np.load(cached)["layers"]
         else:
-            layers = np.stack(per_layer_probs(drafter, case.ids, args.alpha))        # (N, T, S)
+            layers = layer_maxima(drafter, case.ids, args.alpha)        # (N, T, S)
             if cached is not None:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 np.savez_compressed(cached, layers=layers)

@@ -37,9 +37,11 @@ def _register() -> None:
     from ..daemon.bench_cli import bench_command
     from ..daemon.serve_command import serve_command
     from .http.server import http_command
+    from ..daemon.pflash.calibrate_command import calibrate_command
     from .resident_commands import ps_command, stop_command
 
     main.add_command(serve_command, "serve")
+    main.add_command(calibrate_command, "pflash-calibrate")
     main.add_command(ps_command, "ps")
     main.add_command(stop_command, "stop")
     main.add_command(http_command, "http")

@@ -54,17 +54,17 @@ __all__ = ["serve_command"]
                    "--compress-threshold (needs --prefill-drafter).")
 @click.option("--compress-threshold", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Prompt tokens above which compress=auto compresses.")
-@click.option("--compress-keep", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.05, show_default=True,
-              help="Default kept fraction of the prompt's 32-token chunks.")
+@click.option("--compress-keep", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+              help="Default kept fraction of the prompt's 32-token chunks (default: the drafter's calibration, "
+                   "`flashd pflash-calibrate`, else 0.05).")
 @click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.7, show_default=True,
               help="FlashPrefill block threshold of the drafter's sparse attention (0 = dense).")
-@click.option("--compress-layers", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Drafter layers run to score tokens: the first N (0 = all; fewer is faster). With the 24-layer "
-                   "Qwen2.5-Coder-0.5B drafter, 12 with --compress-first-layer 4 kept the NIAH needle in every CPU "
-                   "case at 8K-32K tokens (bench/NOTES.md); not yet measured on a GPU.")
-@click.option("--compress-first-layer", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--compress-layers", type=click.IntRange(min=0), default=None,
+              help="Drafter layers run to score tokens: the first N (0 = all; fewer is faster). Default: the "
+                   "drafter's calibration (`flashd pflash-calibrate`), else 0.")
+@click.option("--compress-first-layer", type=click.IntRange(min=0), default=None,
               help="First drafter layer whose attention scores (below --compress-layers; earlier layers run "
-                   "but do not count).")
+                   "but do not count). Default: the drafter's calibration, else 0.")
 @click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
@@ -74,6 +74,8 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
                   drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
+    given = {name: value for name, value in (("keep", compress_keep), ("score_layers", compress_layers),
+                                             ("score_from", compress_first_layer)) if value is not None}
     try:
         config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
                              max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
@@ -81,10 +83,9 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
                              forward=forward, log_level=log_level,
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
-                             pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold, keep=compress_keep,
-                                                 alpha=compress_alpha, score_layers=compress_layers,
-                                                 score_from=compress_first_layer,
-                                                 drafter_policy=drafter_policy))
+                             pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold,
+                                                 alpha=compress_alpha, drafter_policy=drafter_policy, **given),
+                             pflash_given=frozenset(given))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     raise SystemExit(serve(config))

@@ -24,6 +24,7 @@ its stdout stalls the engine (back-pressure), which is what a pipe to a single p
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import queue
@@ -101,6 +102,8 @@ class ServeConfig:
     ready_file: str | None = None       # write the ready event (+ pid) here once serving (lifetime.py)
     log_level: str = "info"
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # --compress*, --drafter-policy
+    pflash_given: frozenset[str] = frozenset()   # PFlash fields the command line set; the others may come from
+                                                 # the prefill drafter's calibration (pflash/calibrate.py)
 
     def __post_init__(self):
         if not self.stdin and self.zmq is None:
@@ -480,6 +483,27 @@ def _resolve_drafts(config: ServeConfig) -> tuple[tuple[str, ...], str | None]:
     return drafts, prefill
 
 
+def _calibrated(config: ServeConfig, prefill: str | None) -> tuple[PFlashConfig, dict | None]:
+    """config.pflash with the prefill drafter's stored calibration for what the command line left
+    unset (the layer window only as a whole: a given --compress-layers or --compress-first-layer
+    keeps the built-in default for the other)."""
+    from .pflash.calibrate import load_calibration
+
+    if prefill is None:
+        return config.pflash, None
+    calibration = load_calibration(prefill)
+    if calibration is None:
+        return config.pflash, None
+    fill = {}
+    if not config.pflash_given & {"score_layers", "score_from"}:
+        fill.update(score_layers=calibration.score_layers, score_from=calibration.score_from)
+    if "keep" not in config.pflash_given:
+        fill["keep"] = calibration.keep
+    if fill:
+        log.info("PFlash settings from %s's calibration (%s): %s", calibration.drafter, calibration.date, fill)
+    return dataclasses.replace(config.pflash, **fill), calibration.as_dict()
+
+
 def serve(config: ServeConfig) -> int:
     """Run the daemon until it is told to stop; the process exit status."""
     setup_logging(config.log_level)
@@ -488,11 +512,12 @@ def serve(config: ServeConfig) -> int:
     try:
         model = resolve_model(config.model, "--model")
         drafts, prefill = _resolve_drafts(config)
+        pflash, calibration = _calibrated(config, prefill)
         if config.zmq is not None:            # bind before the (long) load: a bad address fails fast
             zmq_frontend = ZmqFrontend(config.zmq, config.max_request_bytes)
         engine = load_engine(EngineConfig(model=str(model), device=config.device, max_ctx=config.max_ctx,
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
-                                          pflash=config.pflash, prefix_cache=config.prefix_cache,
+                                          pflash=pflash, prefix_cache=config.prefix_cache,
                                           prefix_cache_ram_mb=config.prefix_cache_ram_mb,
                                           forward=config.forward))
     except StartupError as exc:
@@ -514,6 +539,8 @@ def serve(config: ServeConfig) -> int:
     endpoint = zmq_frontend.endpoint if zmq_frontend is not None else None
     ready = ready_event(**{**engine.ready_info(), "zmq": endpoint, "stdin": config.stdin,
                            "drafts": list(drafts), "prefill_drafter": prefill,
+                           "pflash": {"keep": pflash.keep, "score_layers": pflash.score_layers,
+                                      "score_from": pflash.score_from, "calibration": calibration},
                            "keep_alive_s": config.keep_alive_s})
     stdio.send(ready)
     ready_file = ReadyFile(config.ready_file) if config.ready_file is not None else None

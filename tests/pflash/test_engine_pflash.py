@@ -1,9 +1,7 @@
 """PFlash through the engine on the CPU reference backend, with tiny synthetic target and drafter:
 compress, generate compress=..., park/unpark/free, the park policy, the text round trip for a
 drafter with another vocabulary, and the errors (the engine keeps serving after each)."""
-import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +13,7 @@ from flashd.daemon.pflash.drafter import chunk_bounds
 from flashd.protocol import messages as m
 from flashd.protocol.errors import ProtocolError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from lab_pflash_layers import per_layer_probs  # noqa: E402
+from flashd.daemon.pflash.calibrate import layer_maxima
 
 
 class Client:
@@ -263,7 +260,7 @@ def test_first_scoring_layer_leaves_out_the_layers_before_it(served):
     c = served()
     drafter = c.engine.compressor.drafter
     ids = prompt(400, seed=7)
-    per_layer = per_layer_probs(drafter, ids, 0.0)
+    per_layer = layer_maxima(drafter, ids, 0.0)
     both = drafter.tail_probs(ids, alpha=0.0)
     assert len(per_layer) == 2
     np.testing.assert_array_equal(both, np.maximum(per_layer[0], per_layer[1]))

@@ -1,13 +1,9 @@
-"""bench/niah_cases.py: cases fit their size, hold the needle once at the stated depth, and are
+"""flashd.daemon.pflash.needles: cases fit their size, hold the needle once at the stated depth, and are
 reproducible from the seed."""
-import sys
-from pathlib import Path
-
 from flashd.clients.chat_template import ChatTemplate
 from flashd.clients.tokenizer import Tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from niah_cases import make_case  # noqa: E402
+from flashd.daemon.pflash.needles import make_case
 
 
 def test_cases_fit_hold_the_needle_and_repeat(pflash_models):

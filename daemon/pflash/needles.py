@@ -1,4 +1,4 @@
-"""Needle-in-a-haystack cases for bench_niah.py: natural-looking filler generated here, one needle
+"""Needle-in-a-haystack cases (bench/bench_niah.py, `flashd pflash-calibrate`): natural-looking filler generated here, one needle
 (a random key and a random 7-digit value) at a random depth, and a question asking for the value.
 
 The filler is built from sentence templates over small word lists (an invented town's daily
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["NiahCase", "make_case"]
+__all__ = ["NiahCase", "make_case", "filler_sentence", "needle_positions"]
 
 _SUBJECTS = ["The baker", "A fisherman", "The old librarian", "Her neighbour", "The mayor", "A young teacher",
              "The ferry captain", "My grandmother", "The carpenter", "A travelling musician", "The gardener",
@@ -43,7 +43,7 @@ class NiahCase:
     n_tokens: int
 
 
-def _sentence(rng: random.Random) -> str:
+def filler_sentence(rng: random.Random) -> str:
     if rng.random() < 0.25:
         return rng.choice(_COMMENTS)
     return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_TIMES)}."
@@ -68,9 +68,9 @@ def make_case(tokenizer, template, n_tokens: int, seed: int) -> NiahCase:
     question = QUESTION.format(key=key)
     depth = rng.uniform(0.1, 0.9)
     # sentences are ~12 tokens: start a little over, then cut by bisection on the sentence count
-    pool = [_sentence(rng) for _ in range(max(n_tokens // 9, 8))]
+    pool = [filler_sentence(rng) for _ in range(max(n_tokens // 9, 8))]
     while len(_render(template, tokenizer, pool, int(depth * len(pool)), needle, question)) < n_tokens:
-        pool += [_sentence(rng) for _ in range(len(pool) // 2 + 1)]
+        pool += [filler_sentence(rng) for _ in range(len(pool) // 2 + 1)]
     lo, hi = 0, len(pool)                        # largest count whose prompt fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -80,3 +80,13 @@ def make_case(tokenizer, template, n_tokens: int, seed: int) -> NiahCase:
             hi = mid - 1
     ids = _render(template, tokenizer, pool[:lo], int(depth * lo), needle, question)
     return NiahCase(ids=ids, value=value, key=key, depth=depth, n_tokens=len(ids))
+
+
+def needle_positions(tokenizer, case: NiahCase) -> list[int]:
+    """Prompt positions of the value's tokens (its last occurrence: the question does not repeat it)."""
+    want = tokenizer.encode(case.value)
+    ids = case.ids
+    for s in range(len(ids) - len(want), -1, -1):
+        if ids[s:s + len(want)] == want:
+            return list(range(s, s + len(want)))
+    raise ValueError(f"value {case.value} not found as tokens {want} in the prompt")
