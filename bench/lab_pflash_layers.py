@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     else:
         from flashd.daemon.backends import ReferenceBackend as Backend
     f, _ = open_model(args.drafter)
-    tok = Tokenizer.from_gguf(f.reader)
+    tok = Tokenizer.from_gguf(f.metadata_dict)
     template = ChatTemplate.from_gguf(args.drafter)
     pc = PFlashConfig(keep=keeps[0], alpha=args.alpha, forward_chunk=1024)
     drafter = PrefillCompressor(Backend(), pc, str(args.drafter), tok).load()[0]

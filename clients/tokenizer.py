@@ -14,17 +14,16 @@ llama.cpp, because GGUF files are produced for and checked against it.
 from __future__ import annotations
 
 import codecs
-import mmap
-import struct
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import numpy as np
 from gguf import GGUFReader, TokenType
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
+
+from ..daemon.models.gguf_header import read_gguf_metadata
 
 __all__ = [
     "Tokenizer", "StreamDecoder", "PRE_TOKENIZER_REGEXES", "read_gguf_metadata", "tokenizer_metadata",
@@ -124,89 +123,14 @@ def _byte_level_to_bytes(token: str) -> bytes:
 
 # --- GGUF metadata --------------------------------------------------------------------------------
 
-_GGUF_MAGIC = b"GGUF"
-# GGUF value type -> struct format of one little-endian scalar (8 = string, 9 = array).
-_GGUF_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-                        10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
+# read_gguf_metadata: the fast header parser (flashd.daemon.models.gguf_header), re-exported here
 
 
-def read_gguf_metadata(path: str | Path, *, prefix: str = "") -> dict[str, object]:
-    """The key/value metadata of a GGUF file (v2 or v3, little-endian), keys filtered by `prefix`.
-
-    Reads only the header, which is much faster than `gguf.GGUFReader` for the large token and
-    merge arrays (~0.3 s instead of ~7 s for a 151936-token vocab). Arrays of numbers come back
-    as numpy arrays, arrays of strings as lists of str.
-    """
-    path = Path(path)
-    with open(path, "rb") as f:
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as exc:  # empty file
-            raise ValueError(f"{path}: not a GGUF file ({exc})") from exc
-    with mm:
-        if mm[:4] != _GGUF_MAGIC:
-            raise ValueError(f"{path}: not a GGUF file (magic {bytes(mm[:4])!r})")
-        try:
-            return _parse_gguf_kv(mm, prefix)
-        except (struct.error, IndexError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: truncated or corrupt GGUF metadata ({exc})") from exc
-
-
-def _parse_gguf_kv(mm: mmap.mmap, prefix: str) -> dict[str, object]:
-    (version,) = struct.unpack_from("<I", mm, 4)
-    if version not in (2, 3):
-        hint = " (a big-endian file?)" if version > 0xFFFF else ""
-        raise ValueError(f"unsupported GGUF version {version}{hint}")
-    (n_kv,) = struct.unpack_from("<Q", mm, 16)  # after magic, version, n_tensors (u64)
-    offset = 24
-
-    def read_str(offset: int) -> tuple[str, int]:
-        (n_bytes,) = struct.unpack_from("<Q", mm, offset)
-        end = offset + 8 + n_bytes
-        if end > len(mm):
-            raise IndexError(f"string of {n_bytes} bytes at offset {offset} runs past the file")
-        return mm[offset + 8:end].decode("utf-8"), end
-
-    def read_value(vtype: int, offset: int) -> tuple[object, int]:
-        if vtype == _GGUF_STRING:
-            return read_str(offset)
-        if vtype == _GGUF_ARRAY:
-            item_type, n_items = struct.unpack_from("<IQ", mm, offset)
-            offset += 12
-            if item_type == _GGUF_STRING:
-                items = []
-                for _ in range(n_items):
-                    item, offset = read_str(offset)
-                    items.append(item)
-                return items, offset
-            fmt = _GGUF_SCALAR_FORMATS.get(item_type)
-            if fmt is None:  # arrays of arrays exist in the spec; no tokenizer key uses them
-                raise ValueError(f"unsupported GGUF array item type {item_type}")
-            dtype = np.dtype(fmt.replace("?", "u1"))
-            n_bytes = n_items * dtype.itemsize
-            if offset + n_bytes > len(mm):
-                raise IndexError(f"array of {n_items} items at offset {offset} runs past the file")
-            array = np.frombuffer(mm[offset:offset + n_bytes], dtype=dtype)
-            return (array.astype(bool) if fmt == "<?" else array), offset + n_bytes
-        fmt = _GGUF_SCALAR_FORMATS.get(vtype)
-        if fmt is None:
-            raise ValueError(f"unknown GGUF value type {vtype}")
-        (value,) = struct.unpack_from(fmt, mm, offset)
-        return value, offset + struct.calcsize(fmt)
-
-    metadata: dict[str, object] = {}
-    for _ in range(n_kv):
-        key, offset = read_str(offset)
-        (vtype,) = struct.unpack_from("<I", mm, offset)
-        value, offset = read_value(vtype, offset + 4)
-        if key.startswith(prefix):
-            metadata[key] = value
-    return metadata
-
-
-def tokenizer_metadata(source: str | Path | GGUFReader) -> dict[str, object]:
-    """The `tokenizer.*` metadata of a GGUF given as a path or an open `gguf.GGUFReader`."""
+def tokenizer_metadata(source: str | Path | GGUFReader | Mapping[str, object]) -> dict[str, object]:
+    """The `tokenizer.*` metadata of a GGUF given as a path, an open `gguf.GGUFReader`, or the
+    file's parsed metadata (a mapping, e.g. GGUFFile.metadata_dict: nothing is read again)."""
+    if isinstance(source, Mapping):
+        return {k: v for k, v in source.items() if k.startswith("tokenizer.")}
     if isinstance(source, GGUFReader):
         return {k: f.contents() for k, f in source.fields.items() if k.startswith("tokenizer.")}
     if isinstance(source, (str, Path)):
@@ -340,8 +264,9 @@ class Tokenizer:
         return hf
 
     @classmethod
-    def from_gguf(cls, source: str | Path | GGUFReader) -> "Tokenizer":
-        """The tokenizer of a GGUF file given as a path or an open `gguf.GGUFReader`."""
+    def from_gguf(cls, source: str | Path | GGUFReader | Mapping[str, object]) -> "Tokenizer":
+        """The tokenizer of a GGUF file given as a path, an open `gguf.GGUFReader`, or its parsed
+        metadata (GGUFFile.metadata_dict)."""
         return cls(tokenizer_metadata(source))
 
     # -- encoding --

@@ -107,7 +107,7 @@ class Engine:
         from ..clients.tokenizer import Tokenizer
 
         f, cfg = open_model(self.config.model)
-        self.tokenizer = Tokenizer.from_gguf(f.reader)
+        self.tokenizer = Tokenizer.from_gguf(f.metadata_dict)
         self.plan = self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx,
                                       self.config.prefill_chunk)
         self.backend.check_fits(self.plan)       # before anything is allocated

@@ -58,7 +58,7 @@ def calibrate_command(drafter, device, lengths, cases, keeps, alpha, seed, dry_r
         raise click.ClickException(str(exc)) from None
     log = lambda msg: print(f"[calibrate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     opened, _ = open_model(path)
-    tokenizer = Tokenizer.from_gguf(opened.reader)
+    tokenizer = Tokenizer.from_gguf(opened.metadata_dict)
     template = ChatTemplate.from_gguf(path)
     backend = select_backend(device)
     config = PFlashConfig(alpha=alpha, forward_chunk=1024)

@@ -87,7 +87,7 @@ class PrefillCompressor:
         self.free()
         ops = self._drafter_ops(cfg)
         model = load_model((f, cfg), ops.load_weight)
-        self.drafter = Drafter(ops, model, Tokenizer.from_gguf(f.reader), self.config)
+        self.drafter = Drafter(ops, model, Tokenizer.from_gguf(f.metadata_dict), self.config)
         self.parked_path = None
         self._shares_vocab(self.drafter)         # compares every token once (~0.3 s at 150K): part of loading
         ms = (time.perf_counter() - t0) * 1e3

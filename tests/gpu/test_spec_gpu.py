@@ -45,7 +45,7 @@ def setup(native, real_model):
     drafters = {"draft-model": load_drafter(str(draft_path), ctx), "ngram": load_drafter("ngram", ctx)}
     for r in (runner, drafters["draft-model"].runner):   # the shared arena may have grown (engine.py does this)
         r.drop_graphs()
-    tok = Tokenizer.from_gguf(f.reader)
+    tok = Tokenizer.from_gguf(f.metadata_dict)
     texts = [json.loads(line)["text"] for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
     prompts = [tok.encode(t) for t in texts[:N_PROMPTS]]
     assert len(prompts) == N_PROMPTS
