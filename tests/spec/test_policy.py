@@ -102,3 +102,39 @@ def test_plain_steps_are_known_until_the_next_exploration():
     for _ in range(p.plain_steps(100)):
         p.observe(0, 0, 1.0)
     assert p.depth(4) > 0                                       # the burst ends where it explores
+
+
+def explore_once(p, deep_s):
+    """Plain steps until the policy explores; observe that step at deep_s. Returns the plain steps run."""
+    n = 0
+    while (d := p.depth(p.max_depth)) == 0:
+        p.observe(0, 0, 1.0)
+        n += 1
+    p.observe(d, 0, deep_s)
+    return n
+
+
+def test_exploring_steps_that_lose_come_ever_more_rarely():
+    p = DepthPolicy(4, PolicyConfig(explore_every=4, max_explore_every=16))
+    bootstrap(p, plain_s=1.0, deep_s=10.0, deep_accepted=0)
+    gaps = [explore_once(p, 10.0) for _ in range(5)]
+    assert gaps == [4, 8, 16, 16, 16]                # doubling, capped at max_explore_every
+
+
+def test_an_exploring_step_that_pays_resets_the_gap():
+    p = DepthPolicy(4, PolicyConfig(explore_every=4, max_explore_every=64, ema=1.0))
+    bootstrap(p, plain_s=1.0, deep_s=10.0, deep_accepted=0)
+    assert [explore_once(p, 10.0) for _ in range(3)] == [4, 8, 16]
+    # drafts got better: the next exploring step is all accepted and cheap -> drafting now wins
+    while (d := p.depth(4)) == 0:
+        p.observe(0, 0, 1.0)
+    for _ in range(30):                               # enough hits to lift the acceptance estimate
+        p.trials[1:] = [t + 1 for t in p.trials[1:]]
+        p.hits[1:] = [h + 1 for h in p.hits[1:]]
+    p.observe(d, d, 1.1)
+    assert p.explore_gap == 4 and p.depth(4) > 0
+
+
+def test_explore_gap_bounds_are_checked():
+    with pytest.raises(ValueError, match="max_explore_every"):
+        PolicyConfig(explore_every=8, max_explore_every=4)
