@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..protocol import wire
 
@@ -192,10 +193,15 @@ class Client:
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # The connection's ups and downs: a daemon that dies (kill -9) drops the connection, and
+        # the requests it had will never be answered. ZeroMQ reconnects by itself once a daemon
+        # serves the address again; until then requests fail at once with DaemonGone.
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._lost = False  # the connection was up and went down, and is not up again yet
         try:
             self._socket.connect(address)
         except zmq.ZMQError as exc:
-            self._socket.close()
+            self._close_socket()
             raise ValueError(f"cannot connect to {address}: {exc}") from None
         self._lock = threading.Lock()
         self._pending: dict[str, collections.deque] = {}  # request id -> events not yet taken
@@ -210,6 +216,8 @@ class Client:
         request_id = fields["id"]
         frame = wire.encode_request(fields, pack_ids=True)
         with self._lock:
+            if self._connection_lost():   # not queued for a daemon that may come back much later
+                raise DaemonGone(f"the daemon at {self.address} went away (the connection is down)")
             if expect_reply:
                 self._pending[request_id] = collections.deque()
             else:
@@ -251,17 +259,41 @@ class Client:
                 remaining = deadline - time.monotonic()
                 slice_ms = max(0, int(min(POLL_SLICE_S, remaining) * 1000))
                 if self._socket.poll(slice_ms, zmq.POLLIN):
-                    while True:  # drain what is there without blocking
-                        try:
-                            self._dispatch(self._socket.recv(zmq.NOBLOCK))
-                        except zmq.Again:
-                            break
+                    self._drain()
                     if queue:
                         return queue.popleft()
+                if self._connection_lost():
+                    self._drain()     # what the daemon sent before it went away is still its answer
+                    if queue:
+                        return queue.popleft()
+                    raise DaemonGone(f"the daemon at {self.address} went away with request {request_id} "
+                                     f"in flight")
             if time.monotonic() >= deadline:
                 return None
             if self.daemon_alive is not None and not self.daemon_alive():
                 raise DaemonGone(f"the daemon at {self.address} has exited")
+
+    def _drain(self) -> None:
+        """File every frame already received, without blocking (lock held)."""
+        while True:
+            try:
+                self._dispatch(self._socket.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+
+    def _connection_lost(self) -> bool:
+        """Whether the connection to the daemon is down now, by the monitor's events so far (lock held)."""
+        while True:
+            try:
+                message = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return self._lost
+            self._lost = message["event"] == zmq.EVENT_DISCONNECTED
+
+    def _close_socket(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(0)
+        self._socket.close(linger=200)  # a moment for the cancels to leave
 
     def _forget(self, request_id: str) -> None:
         with self._lock:
@@ -276,7 +308,7 @@ class Client:
         if not self._closed:
             try:
                 self._send({"cmd": "cancel", "id": _new_id(), "target": request_id}, expect_reply=False)
-            except zmq.ZMQError:
+            except (zmq.ZMQError, DaemonGone):   # gone: nothing left to cancel there
                 pass
 
     def request(self, cmd: str, *, timeout_s: float | None = None, **fields: Any) -> dict:
@@ -421,7 +453,7 @@ class Client:
             self._abandon(request_id)
         with self._lock:
             self._closed = True
-            self._socket.close(linger=200)  # a moment for the cancels to leave
+            self._close_socket()
 
     def __enter__(self) -> "Client":
         return self

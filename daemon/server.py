@@ -307,7 +307,8 @@ class StdinFrontend:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            client.send(error_event(default_id, "bad_request", f"line is not valid UTF-8: byte "
+            client.send(error_event(lines.undecodable_line_id(line, default_id), "bad_request",
+                                    f"line is not valid UTF-8: byte "
                                     f"{line[exc.start:exc.start + 1]!r} at offset {exc.start} ({exc.reason})"))
             return
         try:

@@ -181,6 +181,27 @@ def parse_line(line: str, default_id: str, max_line_chars: int = MAX_LINE_CHARS)
     return request_from_fields(verb, fields, default_id)
 
 
+def undecodable_line_id(line: bytes, default_id: str) -> str | None:
+    """The id the error about a line that is not UTF-8 answers: the line's id= when that field
+    itself is readable, else default_id; None when id= is present but unreadable (its own bytes
+    are not UTF-8), as for the errors of parse_line. The line is read with the bad bytes escaped
+    (surrogateescape) only to find its id; the request is refused whole."""
+    parts = line.decode("utf-8", "surrogateescape").strip().split(None, 1)
+    parser = _FieldParser(parts[1] if len(parts) > 1 else "")
+    try:
+        fields = parser.run()
+    except ProtocolError as exc:
+        request_id = parser.id_for_error(exc, default_id)
+    else:
+        try:
+            request_id = check_request_id(fields.get("id", default_id))
+        except ProtocolError:
+            request_id = None
+    if request_id is not None and any("\udc80" <= c <= "\udcff" for c in request_id):
+        return None            # an escaped byte: the id= was there but is not text
+    return request_id
+
+
 def _finite_or_none(value: Any) -> Any:
     """JSON has no NaN/Infinity: non-finite floats become null (e.g. a log p of -inf)."""
     if isinstance(value, float):

@@ -1,0 +1,74 @@
+"""Fixtures of the fault and bad-input suite: the real daemon processes (tests/daemon's harness,
+reused), a fresh daemon's probe outputs to compare against, and the per-class fault table printed
+at the end of every run (also with -q).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+
+# pytest puts only a conftest's own folder on sys.path: the daemon harness lives beside the daemon
+# tests and the gateway helpers beside the HTTP tests (tests/gpu imports the harness the same way).
+_TESTS = Path(__file__).resolve().parents[1]
+for _folder in ("daemon", "http"):
+    if str(_TESTS / _folder) not in sys.path:
+        sys.path.insert(0, str(_TESTS / _folder))
+
+from daemon_harness import SYNTHETIC_SPEC, ServeDaemon  # noqa: E402
+from fault_registry import REGISTRY, FaultRegistry  # noqa: E402
+from flashd.scripts.make_synthetic_gguf import write_synthetic_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def faults() -> FaultRegistry:
+    return REGISTRY
+
+
+@pytest.fixture(scope="session")
+def fault_model(tmp_path_factory) -> Path:
+    return write_synthetic_model(tmp_path_factory.mktemp("fault-model") / "tiny-qwen2.gguf", SYNTHETIC_SPEC)
+
+
+@pytest.fixture(scope="session")
+def fresh_probe(fault_model, tmp_path_factory) -> dict[str, list[int]]:
+    """The probe generations of a daemon that has served nothing else: what every daemon must
+    still produce after a fault."""
+    daemon = ServeDaemon(fault_model, tmp_path_factory.mktemp("fresh"))
+    try:
+        return daemon.probe()
+    finally:
+        daemon.kill()
+
+
+@pytest.fixture(scope="module")
+def zmq_ctx():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(0)
+
+
+@pytest.fixture
+def spawn(fault_model, tmp_path):
+    """spawn(*serve_args, max_ctx=512) -> a ready ServeDaemon on the fault model (killed at teardown)."""
+    started: list[ServeDaemon] = []
+
+    def start(*extra: str, max_ctx: int = 512) -> ServeDaemon:
+        daemon = ServeDaemon(fault_model, tmp_path, *extra, max_ctx=max_ctx)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.kill()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = REGISTRY.table()
+    if not rows:
+        return
+    terminalreporter.write_sep("=", "fault suite: requests sent and invariant failures per class")
+    for row in rows:
+        terminalreporter.write_line(row)

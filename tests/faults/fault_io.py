@@ -1,0 +1,72 @@
+"""Sending one bad request to a daemon and checking its one answer, for both dialects of
+`flashd serve` (a stdin line, a ZeroMQ frame).
+
+"Exactly one terminal event" is checked by ordering, not by waiting: after the bad request the
+client sends a `status` and the very next event it reads must be the bad request's error, the one
+after it the status result. A second answer (or a stray event) to the bad request would sit
+between them; a missing answer would make the status result come first.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+from daemon_harness import ServeDaemon, ZmqPeer
+
+ZMQ_ANY_PORT = "tcp://127.0.0.1:*"   # --zmq: a free loopback port, reported in the ready event
+ASSIGNED = object()        # the daemon assigns the id (the request has no readable id=)
+ASSIGNED_ID = re.compile(r"r[0-9]+")
+_sync_ids = itertools.count(1)
+
+
+def _check_answer(case, event: dict, code: str, request_id, where: str) -> None:
+    case.no_traceback([event], where)
+    case.check(event.get("event") == "error" and event.get("code") == code,
+               f"{where}: expected error {code}, got {event}")
+    if request_id is ASSIGNED:
+        case.check(isinstance(event.get("id"), str) and ASSIGNED_ID.fullmatch(event["id"]) is not None,
+                   f"{where}: expected a daemon-assigned id, got {event.get('id')!r}")
+    else:
+        case.check(event.get("id") == request_id, f"{where}: the error answers id {event.get('id')!r}, "
+                                                  f"expected {request_id!r}")
+
+
+def _check_sync(case, event: dict, sync_id: str, where: str) -> None:
+    case.check(event.get("id") == sync_id and event.get("event") == "result",
+               f"{where}: expected only the status {sync_id} after the error, got {event}")
+
+
+def line_error(case, daemon: ServeDaemon, line: str | bytes, code: str, request_id, where: str) -> dict:
+    """Send one stdin line that must fail with `code`; its error event."""
+    case.sent()
+    daemon.send(line)
+    event = daemon.next_event()
+    _check_answer(case, event, code, request_id, where)
+    sync_id = f"sync-{next(_sync_ids)}"
+    daemon.send(f"status id={sync_id}")
+    _check_sync(case, daemon.next_event(), sync_id, where)
+    return event
+
+
+def frame_error(case, peer: ZmqPeer, frame: bytes | dict, code: str, request_id, where: str) -> dict:
+    """Send one ZeroMQ request frame that must fail with `code`; its error event."""
+    case.sent()
+    peer.send(frame)
+    event = peer.next_event()
+    _check_answer(case, event, code, request_id, where)
+    sync_id = f"sync-{next(_sync_ids)}"
+    peer.send({"cmd": "status", "id": sync_id})
+    _check_sync(case, peer.next_event(), sync_id, where)
+    return event
+
+
+def frames_error(case, peer: ZmqPeer, frames: list[bytes], code: str, where: str) -> dict:
+    """A multipart message (not one frame): one error under a daemon-assigned id."""
+    case.sent()
+    peer.send_frames(frames)
+    event = peer.next_event()
+    _check_answer(case, event, code, ASSIGNED, where)
+    sync_id = f"sync-{next(_sync_ids)}"
+    peer.send({"cmd": "status", "id": sync_id})
+    _check_sync(case, peer.next_event(), sync_id, where)
+    return event
