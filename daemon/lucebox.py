@@ -25,6 +25,11 @@ Choices that differ from Lucebox, on purpose:
   so a client that reads every command's reply up to its -1 does not wait forever.
 - Overlong prompts (prompt + n_gen > max_ctx) are `err ctx_overflow ...` + -1, not an abort.
 - Error codes are flashd's closed set (`err parked`, `err bad_request`, ...).
+- Paths in commands are confined (daemon/file_access.py): prompt ids files to the system temp dir
+  (where Lucebox's DflashClient writes them) or to $FLASHD_ALLOW_FILES (directories separated by
+  `:`; `none`: no files), compress's drafter_gguf to the directories of TARGET and DRAFT, the
+  flashd model cache and $FLASHD_ALLOW_MODELS. Lucebox's argv has no room for flags of our own,
+  hence environment variables (like FLASHD_LOG_LEVEL).
 """
 from __future__ import annotations
 
@@ -38,12 +43,12 @@ from typing import BinaryIO
 from ..protocol import lucebox as lb
 from ..protocol.errors import ProtocolError
 from ..protocol.events import error_event
-from ..protocol.messages import Compress, Generate, Park, Quit, Request, Unpark, resolve_ids_files, verb_of
+from ..protocol.messages import Compress, Generate, Park, Quit, Request, Unpark, verb_of
 from ..protocol.wire import MAX_FRAME_BYTES
 from .config import EngineConfig
+from .file_access import FileAccess
 from .process import (
-    LineReader, OverlongLine, StartupError, StopSignals, check_gguf, claim_stdout, load_engine,
-    read_ids_file, setup_logging,
+    LineReader, OverlongLine, StartupError, StopSignals, check_gguf, claim_stdout, load_engine, setup_logging,
 )
 
 __all__ = ["LuceboxDaemon", "main"]
@@ -53,6 +58,8 @@ log = logging.getLogger("flashd.lucebox")
 DEFAULT_MAX_CTX = 4096             # Lucebox clients normally pass --max-ctx
 MAX_LINE_BYTES = MAX_FRAME_BYTES   # a command line, and an ids file
 ENGINE_STOP_TIMEOUT_S = 60.0
+ALLOW_FILES_ENV = "FLASHD_ALLOW_FILES"     # os.pathsep-separated dirs for ids files (default: the temp dir)
+ALLOW_MODELS_ENV = "FLASHD_ALLOW_MODELS"   # os.pathsep-separated dirs for compress's drafter_gguf, added
 
 
 class StreamClosed(Exception):
@@ -62,8 +69,8 @@ class StreamClosed(Exception):
 class LuceboxDaemon:
     """Runs Lucebox commands one at a time through the engine."""
 
-    def __init__(self, engine, args: lb.LuceboxArgs, status_out: BinaryIO):
-        self.engine, self.args, self._status_out = engine, args, status_out
+    def __init__(self, engine, args: lb.LuceboxArgs, status_out: BinaryIO, files: FileAccess):
+        self.engine, self.args, self._status_out, self.files = engine, args, status_out, files
         self.stopping = threading.Event()
         self.stream_broken = False
         self._n_commands = 0
@@ -131,7 +138,7 @@ class LuceboxDaemon:
         request_id = f"l{self._n_commands}"
         try:
             request = lb.to_request(command, request_id)
-            request = resolve_ids_files(request, lambda path: read_ids_file(path, MAX_LINE_BYTES))
+            request = self.files.check(request)     # ids file and drafter path confined (file_access.py)
             if isinstance(request, Generate):
                 request = dataclasses.replace(request, spec="ddtree" if self.args.ddtree else "chain",
                                               budget=self.args.ddtree_budget if self.args.ddtree else None)
@@ -194,6 +201,16 @@ def _check_stream_fd(fd: int) -> None:
         raise StartupError(f"--stream-fd={fd}: not an open file descriptor ({exc.strerror})") from None
 
 
+def file_access(args: lb.LuceboxArgs, environ=os.environ) -> FileAccess:
+    """What commands may open: $FLASHD_ALLOW_FILES / $FLASHD_ALLOW_MODELS (ValueError naming a bad one)."""
+    files = environ.get(ALLOW_FILES_ENV)
+    models = environ.get(ALLOW_MODELS_ENV)
+    return FileAccess.build(tuple(d for d in files.split(os.pathsep) if d) if files else None,
+                            tuple(d for d in models.split(os.pathsep) if d) if models else (),
+                            [args.target, args.draft], MAX_LINE_BYTES,
+                            ids_option=f"${ALLOW_FILES_ENV}", models_option=f"${ALLOW_MODELS_ENV}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console script entry point; returns (and exits with) the process status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -211,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         _check_stream_fd(args.stream_fd)
         check_gguf(args.target, "TARGET")
         check_gguf(args.draft, "DRAFT")
+        try:
+            files = file_access(args)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
         if args.ddtree_temp is not None:
             log.warning("--ddtree-temp %s is accepted but not used: flashd's drafters rank tree candidates at "
                         "their own temperature (tree shape only; the output is the same)", args.ddtree_temp)
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 
-    daemon = LuceboxDaemon(engine, args, status_out)
+    daemon = LuceboxDaemon(engine, args, status_out, files)
     signals = StopSignals(lambda name: daemon.stopping.set())
     engine.start()
     try:

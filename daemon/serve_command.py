@@ -26,12 +26,20 @@ __all__ = ["serve_command"]
               help="Context slots: prompt + max_tokens must fit.")
 @click.option("--zmq", "zmq_address", metavar="ADDR",
               help="Also serve ZeroMQ on a ROUTER socket: tcp://127.0.0.1:PORT (PORT may be *) or ipc://PATH.")
-@click.option("--zmq-allow-remote", is_flag=True, help="Allow a non-loopback tcp:// address (no authentication!).")
+@click.option("--zmq-allow-remote", is_flag=True,
+              help="Allow a non-loopback tcp:// address. ZeroMQ has no authentication: anyone who can reach the "
+                   "address can use the model.")
 @click.option("--no-stdin", is_flag=True, help="Do not read requests from stdin (needs --zmq).")
 @click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests waiting behind the running one; more are answered `overloaded`.")
 @click.option("--max-request-bytes", type=click.IntRange(min=1), default=wire.MAX_FRAME_BYTES, show_default=True,
               help="Largest stdin line, ZeroMQ frame or @file.")
+@click.option("--allow-files", "allow_files", multiple=True, metavar="DIR",
+              help="Directory `ids=@PATH` prompt files may be read from (repeatable; symlinks and .. are resolved "
+                   "first). Default: the system temp dir; `none`: no @file prompts.")
+@click.option("--allow-models", "allow_models", multiple=True, metavar="DIR",
+              help="Directory a request's `compress drafter=PATH` may load a GGUF from (repeatable), besides the "
+                   "directories of --model/--draft/--prefill-drafter and the flashd model cache.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Keep the cached K/V of the previous prompt's common prefix (whole 512-token chunks; the output "
                    "is bit for bit that of an empty cache).")
@@ -69,8 +77,8 @@ __all__ = ["serve_command"]
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
-                  max_queue, max_request_bytes, prefix_cache, prefix_cache_ram_mb, forward, keep_alive, ready_file,
-                  log_level, compress_mode,
+                  max_queue, max_request_bytes, allow_files, allow_models, prefix_cache, prefix_cache_ram_mb,
+                  forward, keep_alive, ready_file, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
                   drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
@@ -80,6 +88,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
         config = ServeConfig(model=model, drafts=tuple(drafts), prefill_drafter=prefill_drafter, device=device,
                              max_ctx=max_ctx, zmq=zmq_address, zmq_allow_remote=zmq_allow_remote,
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
+                             allow_files=tuple(allow_files) or None, allow_models=tuple(allow_models),
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
                              forward=forward, log_level=log_level,
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,

@@ -25,7 +25,6 @@ its stdout stalls the engine (back-pressure), which is what a pipe to a single p
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import queue
 import threading
@@ -37,13 +36,15 @@ import zmq
 from ..protocol import lines, wire
 from ..protocol.errors import ProtocolError
 from ..protocol.events import TERMINAL_EVENTS, error_event, ready_event, result_event
-from ..protocol.messages import Cancel, Quit, Request, Status, resolve_ids_files
+from ..protocol.messages import Cancel, Quit, Request, Status
 from .config import EngineConfig
+from .file_access import NO_FILES, FileAccess, resolve_dirs
 from .lifetime import IdleTimer, ReadyFile
+from .loopback import check_zmq_address
 from .pflash.config import PFlashConfig
 from .process import (
     LOG_LEVELS, LineReader, OverlongLine, StartupError, StopSignals, claim_stdout, load_engine,
-    read_ids_file, resolve_model, setup_logging,
+    resolve_model, setup_logging,
 )
 
 __all__ = ["ServeConfig", "serve", "check_zmq_address"]
@@ -53,32 +54,6 @@ log = logging.getLogger("flashd.server")
 ENGINE_STOP_TIMEOUT_S = 60.0   # a stop waits this long for a forward pass in flight to finish
 ZMQ_LINGER_MS = 2000           # at exit, undelivered frames get this long to reach their peers
 BUILTIN_DRAFTS = ("ngram",)    # drafters that need no file
-
-
-def check_zmq_address(address: str, allow_remote: bool) -> str:
-    """`tcp://HOST:PORT` (PORT may be `*`: any free port) or `ipc://PATH`. HOST must be a
-    loopback address unless allow_remote: the protocol has no authentication."""
-    scheme, sep, rest = address.partition("://")
-    if not sep or not rest:
-        raise ValueError(f"--zmq {address!r}: expected tcp://HOST:PORT or ipc://PATH")
-    if scheme == "ipc":
-        return address
-    if scheme != "tcp":
-        raise ValueError(f"--zmq {address!r}: only tcp:// and ipc:// addresses are served")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not (port == "*" or (port.isdigit() and int(port) <= 65535)):
-        raise ValueError(f"--zmq {address!r}: expected tcp://HOST:PORT with PORT a number or *")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if host == "localhost":
-        return address
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False            # `*`, an interface name or a DNS name: not known to be loopback
-    if not loopback and not allow_remote:
-        raise ValueError(f"--zmq {address!r}: {host} is not a loopback address; the protocol has no "
-                         f"authentication, so serving other machines needs --zmq-allow-remote")
-    return address
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,6 +73,9 @@ class ServeConfig:
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes
     forward: str = "graph"              # cuda decode / verify forward: graph or persistent
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
+    allow_files: tuple[str, ...] | None = None   # dirs @file prompts may be read from; None: the temp dir,
+                                                 # ("none",): no @file reads (daemon/file_access.py)
+    allow_models: tuple[str, ...] = ()  # dirs a request's drafter=PATH may load from, beyond the models' own
     keep_alive_s: float | None = None   # stop after this long with no request in flight; None: never
     ready_file: str | None = None       # write the ready event (+ pid) here once serving (lifetime.py)
     log_level: str = "info"
@@ -114,6 +92,9 @@ class ServeConfig:
             raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         if self.max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
+        if self.allow_files is not None and tuple(self.allow_files) != (NO_FILES,):
+            resolve_dirs(self.allow_files, "--allow-files")
+        resolve_dirs(self.allow_models, "--allow-models")
         if self.keep_alive_s is not None and not self.keep_alive_s > 0:
             raise ValueError(f"--keep-alive must be > 0 seconds (or negative: no timeout), got {self.keep_alive_s}")
 
@@ -214,8 +195,8 @@ UNTIMED = (Status, Quit)   # requests that are not activity for --keep-alive (`f
 class Server:
     """Request ids, dispatch to the engine, per-client cancel, the idle timer and the stop signal."""
 
-    def __init__(self, engine, config: ServeConfig):
-        self.engine, self.config = engine, config
+    def __init__(self, engine, config: ServeConfig, files: FileAccess):
+        self.engine, self.config, self.files = engine, config, files
         self.idle = IdleTimer(config.keep_alive_s)
         self.zmq: ZmqFrontend | None = None
         self.stopped = threading.Event()
@@ -315,7 +296,7 @@ class StdinFrontend:
             request = lines.parse_line(text, default_id, limit)
             if request is None:
                 return
-            request = resolve_ids_files(request, lambda path: read_ids_file(path, limit))
+            request = server.files.check(request)     # @file and model paths confined (file_access.py)
         except ProtocolError as exc:
             client.send(error_event(exc.request_id, exc.code, exc.message))   # None: id given but unreadable
             return
@@ -447,7 +428,7 @@ class ZmqFrontend:
                                                                f"got {len(frames) - 1} frames"))
             return
         try:
-            request = wire.decode_request(frames[1], default_id, self.max_frame_bytes)
+            request = server.files.check(wire.decode_request(frames[1], default_id, self.max_frame_bytes))
         except ProtocolError as exc:
             client.send(error_event(exc.request_id, exc.code, exc.message))   # None: id given but unreadable
             return
@@ -514,8 +495,19 @@ def serve(config: ServeConfig) -> int:
         model = resolve_model(config.model, "--model")
         drafts, prefill = _resolve_drafts(config)
         pflash, calibration = _calibrated(config, prefill)
+        try:
+            files = FileAccess.build(config.allow_files, config.allow_models,
+                                     [str(model), *(d for d in drafts if d not in BUILTIN_DRAFTS), prefill],
+                                     config.max_request_bytes)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        log.info("requests may read @file prompts from %s and load drafters from %s",
+                 ", ".join(files.ids_dirs) or "nowhere (--allow-files none)", ", ".join(files.model_dirs))
         if config.zmq is not None:            # bind before the (long) load: a bad address fails fast
             zmq_frontend = ZmqFrontend(config.zmq, config.max_request_bytes)
+            if config.zmq_allow_remote:
+                log.warning("--zmq %s with --zmq-allow-remote: ZeroMQ has no authentication; anyone who can "
+                            "reach this address can use the model", zmq_frontend.endpoint)
         engine = load_engine(EngineConfig(model=str(model), device=config.device, max_ctx=config.max_ctx,
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
                                           pflash=pflash, prefix_cache=config.prefix_cache,
@@ -532,7 +524,7 @@ def serve(config: ServeConfig) -> int:
             zmq_frontend.close()
         return 130
 
-    server = Server(engine, config)
+    server = Server(engine, config, files)
     server.zmq = zmq_frontend
     stdio = StdioClient(server, out)
     signals = StopSignals(server.request_stop)

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from .openai_schemas import INT32_MAX, MAX_STOP, TOOL_NAME_PATTERN, SpecBudget, SpecDraft, SpecMode
+from .openai_schemas import INT32_MAX, MAX_MESSAGES, MAX_STOP, MAX_TOOLS, TOOL_NAME_PATTERN, SpecBudget, SpecDraft, SpecMode
 
 __all__ = ["Block", "ToolResultBlock", "ToolUseBlock", "CountTokensRequest", "MessagesRequest", "Message", "ToolDefinition", "UNSUPPORTED_HINTS"]
 
@@ -121,9 +121,9 @@ class ThinkingDisabled(_Strict):
 
 class _Conversation(_Strict):
     model: str = Field(description="Any name: flashd serves one model, named in the response.")
-    messages: Annotated[list[Message], Field(min_length=1)]
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     system: str | list[TextBlock] | None = None
-    tools: list[ToolDefinition] | None = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingDisabled | None = None
 

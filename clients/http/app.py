@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import anthropic_api, openai_api
 from .anthropic_schemas import UNSUPPORTED_HINTS as ANTHROPIC_HINTS
+from .body_limit import BodyLimit
 from .config import GatewayConfig
 from .daemon_link import ClientGone, DaemonLink
 from .errors import ApiError, anthropic_error_body, openai_error_body, validation_message
@@ -73,6 +74,7 @@ def _error_responses(model: type[BaseModel]) -> dict:
         400: {"model": model, "description": "Malformed JSON, a wrong type, an unknown or unsupported parameter, or a prompt too long for the context."},
         401: {"model": model, "description": "The API key is missing or wrong (only when the gateway has one)."},
         404: {"model": model, "description": "No such model."},
+        413: {"model": model, "description": "The request body exceeds the gateway's --max-body-bytes."},
         500: {"model": model, "description": "A bug in flashd."},
         503: {"model": model, "description": "The daemon is unreachable, overloaded, or its model is parked."},
     }
@@ -174,6 +176,7 @@ def create_app(link: DaemonLink, config: GatewayConfig) -> FastAPI:
         return _error_response(request, ApiError(500, f"internal error in flashd: {type(error).__name__}: {error}"))
 
     app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)   # 413 before a large body is read
     _document_400_not_422(app)
     return app
 

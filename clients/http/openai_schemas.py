@@ -26,6 +26,11 @@ __all__ = [
 
 INT32_MAX = 2**31 - 1
 MAX_STOP = 15  # the daemon takes 16 stop strings; one is kept for parallel_tool_calls=false
+# Counts per request: far above any real conversation or tool set (a long agent session is a few thousand
+# messages; OpenAI caps tools at 128), so they only bound the work a hostile body can cause before its
+# prompt is found too long for the context.
+MAX_MESSAGES = 10_000
+MAX_TOOLS = 1_024
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_.\-]{1,64}$"
 
 # Why a rejected parameter is rejected; appended to the 400's message.
@@ -205,12 +210,12 @@ class _Sampling(_Strict):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Default: the rest of the context.")
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="Same as max_tokens.")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: bool | None = Field(None, description="false: generation stops after the first call.")
     response_format: ResponseFormatText | None = None

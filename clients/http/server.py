@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import click
 
 from ...protocol.messages import MAX_BUDGET, SPEC_MODES
-from .config import GatewayConfig
+from .config import DEFAULT_MAX_BODY_BYTES, GatewayConfig
 
 __all__ = ["http_command", "serve"]
 
@@ -69,10 +69,13 @@ def _daemon_client(daemon: str | None, model: str | None, device: str | None, ma
 @click.option("--max-ctx", type=click.IntRange(16, 1 << 20), default=None,
               help="Context size of a started daemon (default: the daemon's).")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Anything but loopback exposes the model to the network: set --api-key.")
+              help="Address to listen on. Anything but loopback exposes the model to the network, so it needs "
+                   "--api-key.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--api-key", envvar="FLASHD_API_KEY", metavar="KEY",
               help="Require this key (Authorization: Bearer KEY or x-api-key: KEY); also $FLASHD_API_KEY.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES, show_default=True,
+              help="Largest request body; larger ones are answered 413.")
 @click.option("--model-name", metavar="NAME",
               help="The model's name in /v1/models and responses (default: its registry name or file stem).")
 @click.option("--default-temperature", type=click.FloatRange(0.0, 2.0), default=1.0, show_default=True,
@@ -88,7 +91,7 @@ def _daemon_client(daemon: str | None, model: str | None, device: str | None, ma
 @click.option("--spec-draft", metavar="NAME",
               help="Drafter for --spec (default: the daemon's first --draft).")
 @click.option("--verbose", "-v", is_flag=True, help="Log every request and the started daemon's info logs.")
-def http_command(daemon, model, device, max_ctx, host, port, api_key, model_name, default_temperature,
+def http_command(daemon, model, device, max_ctx, host, port, api_key, max_body_bytes, model_name, default_temperature,
                  timeout_s, drafts, spec, spec_budget, spec_draft, verbose):
     """Serve OpenAI- and Anthropic-compatible HTTP APIs (chat, completions, messages, tool calls,
     streaming) for editors and coding agents. Base URLs: http://HOST:PORT/v1 (OpenAI) and
@@ -97,7 +100,8 @@ def http_command(daemon, model, device, max_ctx, host, port, api_key, model_name
     from .daemon_link import DaemonLink
 
     try:
-        config = GatewayConfig(host=host, port=port, api_key=api_key, default_temperature=default_temperature,
+        config = GatewayConfig(host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
+                               default_temperature=default_temperature,
                                inactivity_timeout_s=timeout_s, spec=spec, spec_budget=spec_budget,
                                spec_draft=spec_draft)
     except ValueError as exc:

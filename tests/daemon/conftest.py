@@ -3,6 +3,7 @@ daemon processes (see daemon_harness.py) and kill them at teardown if still runn
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,13 +52,14 @@ def zmq_context():
 
 @pytest.fixture
 def spawn_lucebox(synthetic_model, tmp_path):
-    """spawn_lucebox(*extra_args, argv_head=LUCEBOX_MODULE, draft=model) -> LuceboxDaemon
-    (not yet read: call .status_line() for `[daemon] ready`)."""
+    """spawn_lucebox(*extra_args, argv_head=LUCEBOX_MODULE, draft=model, env=None) -> LuceboxDaemon
+    (not yet read: call .status_line() for `[daemon] ready`); env: extra environment variables."""
     started: list[LuceboxDaemon] = []
 
     def spawn(*extra: str, argv_head: list[str] = LUCEBOX_MODULE, target: Path | None = None,
-              draft: Path | None = None) -> LuceboxDaemon:
-        daemon = LuceboxDaemon(argv_head, target or synthetic_model, draft or synthetic_model, tmp_path, *extra)
+              draft: Path | None = None, env: dict[str, str] | None = None) -> LuceboxDaemon:
+        daemon = LuceboxDaemon(argv_head, target or synthetic_model, draft or synthetic_model, tmp_path, *extra,
+                               env={**os.environ, **env} if env else None)
         started.append(daemon)
         return daemon
 

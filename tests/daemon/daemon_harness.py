@@ -265,12 +265,13 @@ SENTINEL = -1
 class LuceboxDaemon(_Process):
     """flashd-lucebox-daemon with stdin/stdout pipes and a stream pipe passed as --stream-fd."""
 
-    def __init__(self, argv_head: list[str], target: Path, draft: Path, workdir: Path, *extra: str):
+    def __init__(self, argv_head: list[str], target: Path, draft: Path, workdir: Path, *extra: str,
+                 env: dict[str, str] | None = None):
         self.stream_r, stream_w = os.pipe()
         argv = [*argv_head, str(target), str(draft), "--daemon", f"--stream-fd={stream_w}", *extra]
         try:
             _Process.__init__(self, argv, workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              pass_fds=(stream_w,))
+                              pass_fds=(stream_w,), env=env)
         finally:
             os.close(stream_w)                # only the daemon holds the write end: EOF when it exits
         self.out = _LineBuffer(self.proc.stdout.fileno(), self)

@@ -80,7 +80,7 @@ def test_zmq_compress(spawn_serve, zmq_context, drafter, expected_kept):
 
 
 def test_lucebox_compress_free_and_generate(spawn_lucebox, drafter, expected_kept, tmp_path):
-    daemon = spawn_lucebox("--max-ctx=1024")
+    daemon = spawn_lucebox("--max-ctx=1024", env={"FLASHD_ALLOW_MODELS": str(drafter.parent)})
     assert daemon.status_line() == "[daemon] ready"
     prompt = write_ids(tmp_path / "prompt.bin", PROMPT)
     status, ids = daemon.command(f"compress {prompt} {int(KEEP * 1000)} {drafter} qwen3")
@@ -100,7 +100,7 @@ def test_lucebox_compress_free_and_generate(spawn_lucebox, drafter, expected_kep
 def test_lucebox_24gb_choreography(spawn_lucebox, drafter, expected_kept, tmp_path):
     """What a Lucebox client does on a 24 GB card: park target, compress, free drafter, unpark,
     generate -- the output equals generating the kept ids on a daemon that never parked."""
-    daemon = spawn_lucebox("--max-ctx=1024")
+    daemon = spawn_lucebox("--max-ctx=1024", env={"FLASHD_ALLOW_MODELS": str(drafter.parent)})
     assert daemon.status_line() == "[daemon] ready"
     prompt = write_ids(tmp_path / "prompt.bin", PROMPT)
     kept = write_ids(tmp_path / "kept.bin", expected_kept)
