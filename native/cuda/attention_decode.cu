@@ -1,6 +1,6 @@
 // attention_decode.cu -- attention of one new token over the KV cache, split-K over the context
-// (flashd.h: fd_attention_decode, fd_attention_decode_workspace_bytes). The hot path at long
-// context: every decode step runs it once per layer.
+// (flashd.h: fd_attention_decode, fd_attention_decode_rope, fd_attention_decode_workspace_bytes). The
+// hot path at long context: every decode step runs it once per layer.
 //
 //   o (1, n_heads * head_dim) = softmax(q k^T * scale) v over cache slots [0, *n_past]
 //   q (1, n_heads, head_dim) float32, already rotated; K/V float16 [n_kv_heads][max_ctx][head_dim]
@@ -35,6 +35,22 @@
 // 4.5 us event/graph floor): depth 256: 9.0 us; 8K: 12.1 us; 32K: 18.3 us (1.8 TB/s). The split
 // kernel is latency-bound, not DRAM-bound (ncu: 2 blocks x 4 warps per SM, long-scoreboard and
 // dependency stalls, DRAM ~50% busy at 32K); see the report for the next steps.
+//
+// fd_attention_decode_rope: the same attention with the new token's RoPE and K/V cache write folded in,
+// so a one-row decode step needs no fd_rope_kv_write launch (a tiny kernel whose cost is all fixed
+// launch/prologue/tail time, once per layer). Inputs are the QKV projection's outputs as they are:
+//   q (1, n_heads, head_dim), k and v (1, n_kv_heads, head_dim) float32, unrotated; *positions (device
+//   int32) the token's RoPE position; rope_dim / theta / neox as fd_rope_kv_write.
+// Each split-kernel block rotates its tile of q rows while staging them; the block(s) of the split that
+// owns slot *n_past (chunk *n_past / chunk_len, split chunk % n_splits) form the rotated K row and the V
+// row of their KV head in float16, put them over that slot's row of the K/V tile in shared memory once
+// the tile's cp.async copy has landed (the cache row may be stale: it is never used), and query-row
+// tile 0 of them writes the rows to the cache at slot *n_past for later steps (not if the slot is
+// outside [0, max_ctx), as fd_rope_kv_write). The rope arithmetic is rope_math.cuh's, shared with
+// rope.cu, and the rest is the plain kernel's code with the same n_splits, so o and the cache rows are
+// bit for bit those of fd_rope_kv_write + fd_attention_decode -- and hence of the tree verification
+// path (fd_rope_kv_write + fd_attention_masked). q, k and v are not modified (unlike fd_rope_kv_write,
+// the rotated q/k are not written back). Workspace: as fd_attention_decode.
 #include "attention_splitk.cuh"
 
 using namespace fd::attn;
@@ -69,4 +85,31 @@ extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache
     if (p.n_splits == 0) return FD_E_SHAPE;
     set_workspace(p, workspace, head_dim);
     return launch_head_dim(p, head_dim, (cudaStream_t)stream);
+}
+
+extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache,
+                                        void* v_cache, const int32_t* positions, const int32_t* n_past, int n_heads,
+                                        int n_kv_heads, int head_dim, int max_ctx, int chunk_len, float scale,
+                                        int rope_dim, float theta, int neox, void* workspace, void* stream) {
+    FD_CHECK_ARG(o && q && k && v && k_cache && v_cache && positions && n_past && workspace);
+    FD_CHECK_ARG(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && max_ctx > 0);
+    FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
+    FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
+    FD_CHECK_ARG(head_dim > 0 && rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= head_dim);
+    FD_CHECK_ARG(theta > 0.0f);
+    FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
+                 ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
+    Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, n_heads, n_kv_heads, head_dim, max_ctx,
+                           chunk_len, scale);
+    if (p.n_splits == 0) return FD_E_SHAPE;
+    p.k_new = k;
+    p.v_new = v;
+    p.k_store = (__half*)k_cache;
+    p.v_store = (__half*)v_cache;
+    p.positions = positions;
+    p.theta = (double)theta;
+    p.rope_dim = rope_dim;
+    p.neox = neox != 0;
+    set_workspace(p, workspace, head_dim);
+    return launch_head_dim<true>(p, head_dim, (cudaStream_t)stream);
 }

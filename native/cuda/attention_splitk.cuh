@@ -23,6 +23,10 @@
 //               shared memory, and the block writes either the normalised output (one split) or
 //               the split's partial (m, l, unnormalised o) to the workspace for combine_kernel.
 //
+// Fused rope (splitk_kernel<HD, true>, fd_attention_decode_rope): the decode kernel with the new
+// token's RoPE of q and k and its K/V cache write folded in (rope_stage and the new-key override in
+// splitk_kernel); bit for bit fd_rope_kv_write followed by the plain kernel.
+//
 // Batch invariance: a row's arithmetic depends only on its q, its key sequence, chunk_len and
 // n_splits. Speculative verification therefore reproduces plain decoding bit for bit (given
 // bitwise-equal q/K/V, which the row-invariant GEMVs provide): tests/gpu/test_attention_masked.py.
@@ -44,6 +48,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "rope_math.cuh"
 
 #if FD_HAS_MMA
 #define FD_ATTN_ASYNC 1           // cp.async pipeline
@@ -94,6 +99,15 @@ struct Params {
     float* ws_l;               // [n * n_heads][n_splits] softmax denominator
     int n, n_heads, n_kv_heads, group, row_tiles, max_ctx, chunk_len, n_splits;
     float q_scale;             // scale * log2(e)
+    // fd_attention_decode_rope only (splitk_kernel<HD, true>; n = 1, no mask): q is unrotated, and the
+    // new token's K/V row comes from k_new / v_new instead of the cache (see splitk_kernel)
+    const float* k_new;        // (n_kv_heads, HD) float32, unrotated
+    const float* v_new;        // (n_kv_heads, HD) float32
+    __half* k_store;           // the caches again, written at slot *n_past
+    __half* v_store;
+    const int32_t* positions;  // device scalar: the new token's RoPE position
+    double theta;
+    int rope_dim, neox;
 };
 
 // The number of visible keys L of `token` (all threads of the block call it; uniform result). In
@@ -368,9 +382,93 @@ __device__ __forceinline__ void warp_store(WarpState<HD>& st, float* m_s, float*
 }
 #endif  // FD_ATTN_MMA
 
+// ---- fd_attention_decode_rope's staging -----------------------------------------------------
+// Thread tid's q elements are e = tid + j * THREADS (row e / HD of the tile, dim e % HD), i.e. the
+// NU = max(1, HD / THREADS) distinct dims dim_u = (tid + u * THREADS) % HD, u = j % NU: one cos/sin
+// (double pow + sincos) per distinct dim, computed in registers. qv[j] receives the rotated q value
+// (unscaled, as the plain kernel loads it). If own_key: the new token's K (rotated) | V rows of KV head
+// kvh, as float16, go to kv_new[0, 2 HD) (element c = tid + i * THREADS; K dims c < HD are the dims
+// dim_i above), and if store also to the cache at slot *n_past.
+template <int HD>
+__device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * HD / THREADS], const float* q_tok,
+                                           int row0, int kvh, int tid, bool own_key, __half* kv_new, bool store) {
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    constexpr int NU = HD > THREADS ? HD / THREADS : 1;
+    static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
+    const bool neox = p.neox != 0;
+    const int pos = p.positions[0];
+    float cs[NU], sn[NU];
+    int partner[NU];
+    bool first[NU], rot[NU];
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+        const int d = (tid + u * THREADS) % HD;
+        int j = 0;
+        rot[u] = d < p.rope_dim;
+        partner[u] = d;
+        first[u] = true;
+        cs[u] = 1.0f;
+        sn[u] = 0.0f;
+        if (rot[u]) {
+            rope_pair_of(d, p.rope_dim, neox, j, partner[u], first[u]);
+            rope_cos_sin(pos, j, p.rope_dim, p.theta, cs[u], sn[u]);
+        }
+    }
+    float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first
+        const int e = tid + j * THREADS, r = e / HD, d = e % HD, u = j % NU;
+        const bool in = row0 + r < p.group;
+        const float* row = q_tok + (size_t)(row0 + r) * HD;
+        xv[j] = in ? __ldg(row + d) : 0.0f;
+        yv[j] = in && rot[u] ? __ldg(row + partner[u]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {          // rows past the group stay exactly 0 (as plain)
+        const int u = j % NU, r = (tid + j * THREADS) / HD;
+        qv[j] = rot[u] && row0 + r < p.group ? rope_rotated(xv[j], yv[j], cs[u], sn[u], first[u]) : xv[j];
+    }
+    if (own_key) {
+        const int slot = p.n_past[0];
+        const float* kr = p.k_new + (size_t)kvh * HD;
+        const float* vr = p.v_new + (size_t)kvh * HD;
+#pragma unroll
+        for (int i = 0; i < (2 * HD + THREADS - 1) / THREADS; ++i) {
+            const int c = tid + i * THREADS;
+            if (c >= 2 * HD) break;
+            __half h;
+            if (c < HD) {                               // K dim c == dim_i of the table above
+                const int u = i < NU ? i : 0;
+                const float x = __ldg(kr + c);
+                h = __float2half_rn(rot[u] ? rope_rotated(x, __ldg(kr + partner[u]), cs[u], sn[u], first[u]) : x);
+            } else {
+                h = __float2half_rn(__ldg(vr + (c - HD)));
+            }
+            kv_new[c] = h;
+            if (store) {
+                __half* cache = c < HD ? p.k_store : p.v_store;
+                cache[((size_t)kvh * p.max_ctx + slot) * HD + (c < HD ? c : c - HD)] = h;
+            }
+        }
+    }
+}
+
 // ---- the block ----------------------------------------------------------------------------
 // grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
-template <int HD>
+//
+// ROPE (fd_attention_decode_rope: one token, no mask): p.q is the unrotated q; the block rotates its
+// tile of q rows while staging them (rope_math.cuh, bit for bit fd_rope_kv_write's). The block whose
+// split owns the new key (slot n_past = *p.n_past, if 0 <= n_past < max_ctx: chunk n_past / chunk_len,
+// split chunk % n_splits; the last visible key, so that split never exits early) also forms the new
+// token's K row (rotated) and V row as float16 in shared memory (the `list` area, unused without a
+// mask: 2 * HD halves <= 1 KB), and
+//   (a) the warp whose 16 keys of a tile contain slot n_past overwrites that row of the landed K/V tile
+//       with them before its warp_step (after the pipeline's __syncthreads, so the cp.async copy of the
+//       stale cache row is complete; __syncwarp orders the overwrite before the warp's ldmatrix reads):
+//       no ordering between the global write below and any cp.async read is needed;
+//   (b) query-row tile 0 of that split writes them into the cache at slot n_past for later steps.
+// Everything else is the plain kernel's code, so o equals fd_rope_kv_write + fd_attention_decode's.
+template <int HD, bool ROPE = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     using C = Cfg<HD>;
     constexpr int LD = C::LD;
@@ -398,6 +496,14 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
                     p.o[((size_t)token * p.n_heads + kvh * p.group + row0 + e / HD) * HD + e % HD] =
                         __int_as_float(0x7fffffff);
         return;                                        // (with splits, the combine writes the NaN)
+    }
+    // ROPE: slot of the new key if this split owns it and it is inside the cache, else -1 (no key has
+    // that number); its float16 K | V rows in the list area
+    __half* kv_new = reinterpret_cast<__half*>(list);
+    int new_key = -1;
+    if constexpr (ROPE) {
+        const int raw = p.n_past[0];
+        if (raw >= 0 && raw < p.max_ctx && (raw / p.chunk_len) % p.n_splits == split) new_key = raw;
     }
     __syncthreads();                                  // list written
     // keys below this are slots of their own number (decode: all of them; masked: the committed ones)
@@ -466,10 +572,14 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
     const float* q_tok = p.q + ((size_t)token * p.n_heads + kvh * p.group) * HD;
     float qv[Q_PER_THREAD];
+    if constexpr (!ROPE) {
 #pragma unroll
-    for (int j = 0; j < Q_PER_THREAD; ++j) {
-        const int e = tid + j * THREADS, r = e / HD, d = e % HD;
-        qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
+        for (int j = 0; j < Q_PER_THREAD; ++j) {
+            const int e = tid + j * THREADS, r = e / HD, d = e % HD;
+            qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
+        }
+    } else {
+        rope_stage<HD>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0);
     }
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {
@@ -490,7 +600,17 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         const int v0 = comp_cur.v0 + warp * WARP_SLOTS;
         advance(comp_cur);
         if (v0 < L) {
-            const __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
+            __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
+            if constexpr (ROPE) {
+                if (new_key >= v0 && new_key < v0 + WARP_SLOTS) {    // warp-uniform: the new key is ours
+                    __half* krow = ks + (new_key - v0) * LD;
+                    for (int c = tid & 31; c < 2 * C::CHUNKS; c += 32) {    // 16-byte pieces of K | V
+                        __half* dst = c < C::CHUNKS ? krow + c * 8 : krow + TILE * LD + (c - C::CHUNKS) * 8;
+                        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kv_new + c * 8);
+                    }
+                    __syncwarp();
+                }
+            }
             warp_step<HD>(st, q_hi, q_lo, ks, ks + TILE * LD, v0, L);
         }
     }
@@ -703,25 +823,31 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.chunk_len = chunk_len;
     p.n_splits = splits_for_head_dim(head_dim, n_kv_heads, p.group, max_ctx, chunk_len);
     p.q_scale = scale * LOG2E;
+    p.k_new = p.v_new = nullptr;
+    p.k_store = p.v_store = nullptr;
+    p.positions = nullptr;
+    p.theta = 0.0;
+    p.rope_dim = p.neox = 0;
     return p;
 }
 
-template <int HD>
+template <int HD, bool ROPE = false>
 int launch(const Params& p, cudaStream_t stream) {
     const size_t smem = Cfg<HD>::SMEM_BYTES;
-    cudaFuncSetAttribute(splitk_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    int st = launch_pdl(splitk_kernel<HD>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles), dim3(THREADS), smem,
-                        stream, p);
+    cudaFuncSetAttribute(splitk_kernel<HD, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int st = launch_pdl(splitk_kernel<HD, ROPE>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles), dim3(THREADS),
+                        smem, stream, p);
     if (st == 0 && p.n_splits > 1)
         st = launch_pdl(combine_kernel<HD>, dim3(p.n * p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
     return st;
 }
 
-inline int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
+template <bool ROPE = false>
+int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
     switch (head_dim) {
-        case 64: return launch<64>(p, stream);
-        case 128: return launch<128>(p, stream);
-        case 256: return launch<256>(p, stream);
+        case 64: return launch<64, ROPE>(p, stream);
+        case 128: return launch<128, ROPE>(p, stream);
+        case 256: return launch<256, ROPE>(p, stream);
         default: return FD_E_SHAPE;
     }
 }

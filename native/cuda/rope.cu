@@ -9,8 +9,9 @@
 // slot *n_past + i. A slot outside [0, max_ctx) is not written (the device cannot report it; the
 // host's memory plan keeps n_past + n <= max_ctx). q may be NULL (K/V injection without queries).
 //
-// Accuracy: the reference (flashd ReferenceOps.rope) forms angles in float64 and rounds cos/sin to
-// float32; this kernel does the same -- inv_freq = pow(theta, -2j/rope_dim) and angle = pos *
+// Accuracy (the arithmetic lives in rope_math.cuh, shared with fd_attention_decode_rope, which must
+// match this kernel bit for bit): the reference (flashd ReferenceOps.rope) forms angles in float64
+// and rounds cos/sin to float32; this kernel does the same -- inv_freq = pow(theta, -2j/rope_dim) and angle = pos *
 // inv_freq in double, sincos in double (full argument reduction, unaffected by --use_fast_math),
 // then (float) -- and evaluates a*c - b*s with separately rounded products (no FMA contraction),
 // exactly like numpy's float32 expression. The result therefore equals the reference bit for bit
@@ -29,6 +30,7 @@
 // source row in shared memory (n_moves <= FD_KV_MOVE_MAX), synchronizes, then writes. Moves whose
 // src or dst is outside [0, max_ctx) are skipped.
 #include "common.cuh"
+#include "rope_math.cuh"
 
 namespace {
 
@@ -45,23 +47,18 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
     __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
     const int i = blockIdx.x;                 // token
     const int half = rope_dim / 2;
-    const double pos = (double)positions[i];
-    for (int j = threadIdx.x; j < half; j += ROPE_THREADS) {
-        // the reference: theta ** (-arange(half) * 2.0 / rope_dim), angle = pos * inv_freq (float64)
-        const double inv_freq = pow(theta, (-(double)j * 2.0) / (double)rope_dim);
-        double s, c;
-        sincos(pos * inv_freq, &s, &c);
-        cos_s[j] = (float)c;
-        sin_s[j] = (float)s;
-    }
+    const int pos = positions[i];
+    for (int j = threadIdx.x; j < half; j += ROPE_THREADS)
+        fd::rope_cos_sin(pos, j, rope_dim, theta, cos_s[j], sin_s[j]);
     __syncthreads();
 
-    // (a, b) -> (a c - b s, a s + b c), products rounded separately as numpy does in float32
+    // (a, b) -> (a c - b s, a s + b c), products rounded separately as numpy does in float32 (rope_math.cuh)
     auto rotate = [&](float* x, int j, float& ra, float& rb) {
-        const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+        int ia, ib;
+        fd::rope_pair_dims(j, rope_dim, neox, ia, ib);
         const float a = x[ia], b = x[ib], c = cos_s[j], s = sin_s[j];
-        ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        rb = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        ra = fd::rope_rotated(a, b, c, s, true);
+        rb = fd::rope_rotated(b, a, c, s, false);
         x[ia] = ra;
         x[ib] = rb;
     };
@@ -84,8 +81,10 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
         rotate(ki + (size_t)h * head_dim, j, ra, rb);
         if (store) {
             __half* row = k_cache + ((size_t)h * max_ctx + slot) * head_dim;
-            row[neox ? j : 2 * j] = __float2half_rn(ra);
-            row[neox ? j + half : 2 * j + 1] = __float2half_rn(rb);
+            int ia, ib;
+            fd::rope_pair_dims(j, rope_dim, neox, ia, ib);
+            row[ia] = __float2half_rn(ra);
+            row[ib] = __float2half_rn(rb);
         }
     }
     if (!store) return;

@@ -143,6 +143,17 @@ size_t fd_attention_workspace_bytes(int n_tokens, int n_heads, int n_kv_heads, i
 int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache,
                         const int32_t* n_past, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
                         int chunk_len, float scale, void* workspace, void* stream);
+/* fd_attention_decode with the new token's RoPE and K/V write fused in (the one-row decode step,
+   instead of fd_rope_kv_write + fd_attention_decode, bit for bit the same o and cache rows): q
+   (1, n_heads, head_dim) and k, v (1, n_kv_heads, head_dim) float32 as projected (unrotated; not
+   modified); positions: device int32, the RoPE position; rope_dim, theta, neox as fd_rope_kv_write.
+   Rotates q, attends slots [0, *n_past] with slot *n_past's K/V taken from k (rotated) and v, and
+   stores them as float16 into slot *n_past (if 0 <= *n_past < max_ctx). head_dim in {64, 128, 256};
+   workspace as fd_attention_decode. */
+int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache,
+                             void* v_cache, const int32_t* positions, const int32_t* n_past, int n_heads,
+                             int n_kv_heads, int head_dim, int max_ctx, int chunk_len, float scale,
+                             int rope_dim, float theta, int neox, void* workspace, void* stream);
 /* n new tokens at slots *n_past + i, causal: token i attends slots [0, *n_past + i]. Tensor cores.
    head_dim in {64, 128}. */
 int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache,

@@ -6,7 +6,10 @@ the same addresses (CUDA-graph capture of the decode step).
 
 Fusion without changing the model code: `rmsnorm` of a hidden state returns a pending `Normed`
 that the next projection applies in its prologue, and `rope` returns a pending `Roped` that
-`attention` applies while it writes the KV cache. Batches of up to GEMV_MAX_ROWS tokens use the
+`attention` applies while it writes the KV cache. A one-row step without a mask (the decode step) runs
+rope, the K/V write and attention in one op, `fd_attention_decode_rope` (`fuse_decode_rope`; q and k
+are then not rotated in place: nothing reads them after attention); other batches run
+`fd_rope_kv_write` first, then their attention kernel. Batches of up to GEMV_MAX_ROWS tokens use the
 quantized GEMV kernels (decode, speculative verification); larger ones dequantize each weight to
 float16 into a scratch buffer and run the tensor-core GEMM (prefill).
 
@@ -146,6 +149,9 @@ class CudaOps:
         self.scratch: list[DeviceTensor] = []
         self.attn_workspace: DeviceTensor | None = None
         self.row_invariant = False               # this forward's mode (begin_forward)
+        # one-row unmasked attention as fd_attention_decode_rope (bit for bit fd_rope_kv_write +
+        # fd_attention_decode, one launch fewer per layer); False: the two kernels (tests, benchmarks)
+        self.fuse_decode_rope = True
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
 
     # -- planning --------------------------------------------------------------------------------
@@ -320,12 +326,14 @@ class CudaOps:
         n, n_heads, head_dim = q.x.shape
         n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
         lib, s = self.lib, self.dev.stream
+        scale = float(1.0 / np.sqrt(head_dim))
+        if n == 1 and batch.mask is None and self.fuse_decode_rope:
+            return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past, scale)
         self._check(lib.fd_rope_kv_write(self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"),
                                          self.p(k_cache), self.p(v_cache), self.p(q.positions, "int32_t*"),
                                          self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
                                          q.rope_dim, q.theta, int(q.neox), max_ctx, s), "fd_rope_kv_write")
         o = self.take((n, n_heads * head_dim))
-        scale = float(1.0 / np.sqrt(head_dim))
         common = (self.p(k_cache), self.p(v_cache))
         if batch.mask is not None:
             ws = self.attn_workspace
@@ -346,6 +354,32 @@ class CudaOps:
             self._check(lib.fd_attention_prefill(self.p(o, "float*"), self.p(q.x, "float*"), *common,
                                                  self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
                                                  max_ctx, scale, s), "fd_attention_prefill")
+        return o
+
+    def attention_decode_rope(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, n_past: DeviceTensor,
+                              scale: float) -> DeviceTensor:
+        """One new token: RoPE of q and k at q.positions, K/V stored at cache slot *n_past, and split-K
+        attention over slots [0, *n_past], in one op (fd_attention_decode_rope). q (1, H, d), k and v
+        (1, Hkv, d) as projected; they are left unrotated. Returns o (1, H * d)."""
+        k_cache, v_cache = cache_layer
+        _, n_heads, head_dim = q.x.shape
+        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        if q.x.shape[0] != 1 or k.x.shape != (1, n_kv_heads, head_dim) or tuple(v.shape) != (1, n_kv_heads, head_dim):
+            raise ValueError(f"attention_decode_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
+                             f"one token over a cache of {k_cache.shape}")
+        if tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[2] != head_dim or n_heads % n_kv_heads:
+            raise ValueError(f"attention_decode_rope: caches {k_cache.shape} / {v_cache.shape} vs q {q.x.shape}")
+        if (k.rope_dim, k.theta, k.neox) != (q.rope_dim, q.theta, q.neox) or k.positions.ptr != q.positions.ptr:
+            raise ValueError("attention_decode_rope: q and k must be roped alike (one position, one rope)")
+        ws = self.attn_workspace
+        if ws is None:
+            raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
+        o = self.take((1, n_heads * head_dim))
+        self._check(self.lib.fd_attention_decode_rope(
+            self.p(o, "float*"), self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"), self.p(k_cache),
+            self.p(v_cache), self.p(q.positions, "int32_t*"), self.p(n_past, "int32_t*"), n_heads, n_kv_heads,
+            head_dim, max_ctx, DECODE_CHUNK_SLOTS, scale, q.rope_dim, q.theta, int(q.neox), self.p(ws),
+            self.dev.stream), "fd_attention_decode_rope")
         return o
 
     def sparse_attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch, step) -> DeviceTensor:

@@ -7,6 +7,12 @@ host memory, advances the scalars). The host keeps PIPELINE_DEPTH steps in fligh
 k from the ring once step k's event completes, so it never waits for the GPU to go idle; it only
 streams and stops. A consumer that stops early leaves at most PIPELINE_DEPTH tokens computed and
 discarded.
+
+Per layer the per-op decode step runs the QKV GEMV, then `fd_attention_decode_rope` (RoPE of q and k,
+the K/V write at slot n_past and split-K attention in one op: CudaOps.attention for one unmasked row),
+then the O, gate/up and down GEMVs. Prefill and tree verification keep `fd_rope_kv_write` + their
+attention kernel; a tree node's logits stay bitwise a decode step's (the fused op is bit for bit the
+two kernels).
 """
 from __future__ import annotations
 

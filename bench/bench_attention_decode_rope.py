@@ -1,0 +1,109 @@
+"""The one-row decode step's attention with its RoPE and K/V write: fd_attention_decode_rope (one op) against
+fd_rope_kv_write + fd_attention_decode (two kernels), each captured once in a CUDA graph and replayed, at
+the runner's chunk (64 slots) and the grid the runner captures (sized for max_ctx):
+`python bench/bench_attention_decode_rope.py [--max-ctx 32768] [--depths 128,8192,32768]`.
+
+One line per (shape, depth, path) from bench/timing.py (median of CUDA-event times, L2 flushed before
+every repetition, then after a read-only flush, "clean-L2", closer to the decode step), then the saving
+(two kernels - fused) in us. Also the graph floor (a graph of one 1-thread kernel), which every line
+includes once. Bytes = the K and V rows read, 2 * n_kv_heads * depth * head_dim * 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention_decode import graphed, read_flush  # noqa: E402
+from timing import KernelTimer, report  # noqa: E402
+
+from flashd.daemon.backends.cuda.lib import load  # noqa: E402
+from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS  # noqa: E402
+from flashd.daemon.backends.cuda.tensor import Device  # noqa: E402
+
+MODELS = {
+    # name: (n_heads, n_kv_heads, head_dim, rope_dim, theta, neox)
+    "qwen2.5-1.5b": (12, 2, 128, 128, 1e6, 1),
+    "qwen2.5-0.5b": (14, 2, 64, 64, 1e6, 1),
+}
+
+
+def bench(dev, timer, name, shape, max_ctx, depths, reps):
+    lib, p = dev.lib, dev.p
+    n_heads, n_kv_heads, head_dim, rope_dim, theta, neox = shape
+    chunk = DECODE_CHUNK_SLOTS
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((n_kv_heads, max_ctx, head_dim)).astype(np.float16)
+    kc, vc = dev.upload(cache), dev.upload(cache[:, ::-1].copy())
+    q = dev.upload(rng.standard_normal(n_heads * head_dim).astype(np.float32))
+    k = dev.upload(rng.standard_normal(n_kv_heads * head_dim).astype(np.float32))
+    v = dev.upload(rng.standard_normal(n_kv_heads * head_dim).astype(np.float32))
+    o = dev.empty((n_heads * head_dim,))
+    n_past, pos = dev.empty((1,), np.int32), dev.empty((1,), np.int32)
+    ws = dev.empty((max(int(lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk)), 16),),
+                   np.uint8)
+    scale = float(1.0 / np.sqrt(head_dim))
+    theta = np.float32(theta)
+
+    def fused():
+        dev.native.check(lib.fd_attention_decode_rope(p(o, "float*"), p(q, "float*"), p(k, "float*"), p(v, "float*"),
+                                                      p(kc), p(vc), p(pos, "int32_t*"), p(n_past, "int32_t*"),
+                                                      n_heads, n_kv_heads, head_dim, max_ctx, chunk, scale, rope_dim,
+                                                      theta, neox, p(ws), dev.stream), "fd_attention_decode_rope")
+
+    def two_kernels():   # rotates q and k in place every replay: the timing does not depend on the values
+        dev.native.check(lib.fd_rope_kv_write(p(q, "float*"), p(k, "float*"), p(v, "float*"), p(kc), p(vc),
+                                              p(pos, "int32_t*"), p(n_past, "int32_t*"), 1, n_heads, n_kv_heads,
+                                              head_dim, rope_dim, theta, neox, max_ctx, dev.stream),
+                         "fd_rope_kv_write")
+        dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
+                                                 p(n_past, "int32_t*"), n_heads, n_kv_heads, head_dim, max_ctx,
+                                                 chunk, scale, p(ws), dev.stream), "fd_attention_decode")
+
+    graphs = {"fused": graphed(dev, fused), "rope_kv_write + decode": graphed(dev, two_kernels)}
+    for depth in depths:
+        dev.upload(np.array([depth - 1], np.int32), out=n_past)     # the new token is key number depth
+        dev.upload(np.array([depth - 1], np.int32), out=pos)
+        n_bytes = 2 * n_kv_heads * depth * head_dim * 2
+        for flush_name, flush in (("", timer.flush_l2), (" clean-L2", read_flush(dev))):
+            timer.flush_l2 = flush
+            us = {}
+            for path, call in graphs.items():
+                ms = timer.time(call, reps=reps)
+                us[path] = ms * 1e3
+                print(report(f"{name} depth {depth}{flush_name}: {path}", ms, n_bytes=n_bytes,
+                             peak_gbs=timer.peak_gbs), flush=True)
+            saved = us["rope_kv_write + decode"] - us["fused"]
+            print(f"  {name} depth {depth}{flush_name}: saving {saved:.2f} us per layer "
+                  f"({100 * saved / us['rope_kv_write + decode']:.0f}%)", flush=True)
+        timer.flush_l2 = KernelTimer.flush_l2.__get__(timer)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-ctx", type=int, default=32768)
+    ap.add_argument("--depths", default="128,8192,32768")
+    ap.add_argument("--models", default="qwen2.5-1.5b", help=f"comma-separated, of {sorted(MODELS)}")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    depths = [int(d) for d in args.depths.split(",") if 0 < int(d) <= args.max_ctx]
+    dev = Device(load())
+    timer = KernelTimer(dev)
+    info = timer.info
+    print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {timer.peak_gbs:.0f} GB/s")
+    one = [dev.upload(np.zeros(1, np.int32)) for _ in range(6)]
+    ring = dev.empty((4,), np.int32)
+    floor_ms = timer.time(graphed(dev, lambda: dev.lib.fd_decode_advance(*[dev.p(t, "int32_t*") for t in one[:3]],
+                                                                         dev.p(ring, "int32_t*"), 4,
+                                                                         *[dev.p(t, "int32_t*") for t in one[3:]],
+                                                                         dev.stream)))
+    print(report("floor: graph of one 1-thread kernel", floor_ms), flush=True)
+    for name in args.models.split(","):
+        bench(dev, timer, name, MODELS[name], args.max_ctx, depths, args.reps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""CudaOps.attention's choice of kernels, without a GPU: the CUDA backend's Device runs on a stand-in native
+library (host memory, tests/test_cuda_kv_prefix_on_host.py) that records the attention and rope calls.
+
+A one-row unmasked step (the decode step) is one fd_attention_decode_rope call with the projection
+outputs as they are, q's positions, the step's n_past and the rope parameters; with
+CudaOps.fuse_decode_rope off, and for masked or multi-row batches, fd_rope_kv_write runs first, then the
+batch's attention kernel. Shapes are checked before crossing the C ABI. The kernels themselves:
+tests/gpu/test_attention_decode_rope.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_cuda_kv_prefix_on_host import HostMemoryLib, HostNative
+
+from flashd.daemon.backends.base import Batch, KVCacheSpec
+from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS, CudaKVCache, CudaOps
+from flashd.daemon.backends.cuda.tensor import Device
+
+KERNELS = ("fd_rope_kv_write", "fd_attention_decode", "fd_attention_decode_rope", "fd_attention_masked",
+           "fd_attention_prefill")
+
+
+class RecordingLib(HostMemoryLib):
+    def __init__(self, ffi):
+        super().__init__(ffi)
+        self.calls: list[tuple[str, tuple]] = []
+        for name in KERNELS:
+            setattr(self, name, self._recorder(name))
+
+    def _recorder(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            return 0
+        return call
+
+    def fd_attention_decode_workspace_bytes(self, n_heads, head_dim, max_ctx, chunk_len):
+        return 4096
+
+    def fd_attention_workspace_bytes(self, n, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len):
+        return 4096
+
+
+class RecordingNative(HostNative):
+    def __init__(self):
+        super().__init__()
+        self.lib = RecordingLib(self.ffi)
+
+
+N_HEADS, N_KV, HD, MAX_CTX = 6, 2, 64, 128
+
+
+@pytest.fixture
+def setup():
+    dev = Device(RecordingNative())
+    ops = CudaOps(dev)
+    ops.reserve_arena(1 << 16)
+    ops.reserve_attention(N_HEADS, N_KV, HD, MAX_CTX)
+    cache = CudaKVCache(dev, KVCacheSpec(n_layers=1, max_ctx=MAX_CTX, n_kv_heads=N_KV, head_dim=HD))
+    ops.begin_forward()
+    return dev, ops, cache
+
+
+def _inputs(dev, ops, n, mask=False):
+    q = ops.take((n, N_HEADS, HD))
+    k = ops.take((n, N_KV, HD))
+    v = ops.take((n, N_KV, HD))
+    positions = dev.upload(np.arange(5, 5 + n, dtype=np.int32))
+    n_past = dev.upload(np.array([5], np.int32))
+    m = dev.upload(np.ones((n, n), np.uint8)) if mask else None
+    batch = Batch(ids=positions, positions=positions, n_past=n_past, mask=m, n_tokens=n)
+    return (ops.rope(q, positions, 1e6, 48, True), ops.rope(k, positions, 1e6, 48, True), v, batch)
+
+
+def _addr(dev, p) -> int:
+    return int(dev.ffi.cast("uintptr_t", p))
+
+
+def test_decode_step_is_one_fused_call(setup):
+    dev, ops, cache = setup
+    q, k, v, batch = _inputs(dev, ops, 1)
+    o = ops.attention(q, k, v, cache.layer(0), batch)
+    calls = dev.lib.calls
+    assert [c[0] for c in calls] == ["fd_attention_decode_rope"]
+    a = calls[0][1]
+    kc, vc = cache.layer(0)
+    assert [_addr(dev, x) for x in a[:8]] == [o.ptr, q.x.ptr, k.x.ptr, v.ptr, kc.ptr, vc.ptr, batch.positions.ptr,
+                                              batch.n_past.ptr]
+    assert a[8:17] == (N_HEADS, N_KV, HD, MAX_CTX, DECODE_CHUNK_SLOTS, pytest.approx(1 / np.sqrt(HD)), 48,
+                       pytest.approx(1e6), 1)
+    assert _addr(dev, a[17]) == ops.attn_workspace.ptr
+    assert o.shape == (1, N_HEADS * HD)
+
+
+def test_switch_off_and_other_batches_keep_the_two_kernels(setup):
+    dev, ops, cache = setup
+    def run(n, mask=False):
+        q, k, v, batch = _inputs(dev, ops, n, mask)
+        ops.attention(q, k, v, cache.layer(0), batch)
+
+    ops.fuse_decode_rope = False
+    run(1)
+    ops.fuse_decode_rope = True
+    run(1, mask=True)        # a one-node tree: verification keeps rope_kv_write + masked attention
+    run(3)                   # prefill
+    assert [c[0] for c in dev.lib.calls] == ["fd_rope_kv_write", "fd_attention_decode",
+                                             "fd_rope_kv_write", "fd_attention_masked",
+                                             "fd_rope_kv_write", "fd_attention_prefill"]
+
+
+def test_fused_checks_shapes_before_the_call(setup):
+    dev, ops, cache = setup
+    q, k, v, batch = _inputs(dev, ops, 1)
+    bad_v = ops.take((1, N_KV, HD - 8))
+    with pytest.raises(ValueError, match="attention_decode_rope"):
+        ops.attention(q, k, bad_v, cache.layer(0), batch)
+    other = ops.rope(k.x, dev.upload(np.array([9], np.int32)), 1e6, 48, True)     # k roped at another position
+    with pytest.raises(ValueError, match="roped alike"):
+        ops.attention(q, other, v, cache.layer(0), batch)
+    assert dev.lib.calls == []
