@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...models.config import ModelConfig
+from ...models.gguf_file import ModelLoadError
+from ..base import Backend
 from .lib import load
 from .ops import CudaOps, attention_workspace_bytes
 from .runner import SCORE_CHUNK, CudaRunner
@@ -12,6 +14,9 @@ from .tensor import Device
 __all__ = ["CudaBackend", "MemoryPlan", "MemoryPlanError"]
 
 ALIGN = 256
+# head_dim values every attention kernel is instantiated for (fd_attention_prefill: 64 and 128;
+# the split-K decode / masked kernels also take 256)
+HEAD_DIMS = (64, 128)
 SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
 
 
@@ -52,7 +57,7 @@ def _arena_half_bytes(cfg: ModelConfig, chunk: int) -> int:
     return max(layer, head) + (1 << 20)
 
 
-class CudaBackend:
+class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self, device_index: int = 0, lib_path: str | None = None):
@@ -60,11 +65,17 @@ class CudaBackend:
         self.native = load(lib_path)
         self.device = Device(self.native, device_index)
         self.ops = CudaOps(self.device)
+        self._graph_memory = None           # identity of the shared memory when graphs were last checked
 
     def info(self) -> dict:
         return self.device.info()
 
     def plan(self, cfg: ModelConfig, weight_bytes: int, max_ctx: int, prefill_chunk: int) -> MemoryPlan:
+        """The model's device memory; refuses (ModelLoadError) a shape the kernels do not cover, so such a
+        model fails at load time with a message instead of at its first forward."""
+        if cfg.head_dim not in HEAD_DIMS:
+            raise ModelLoadError(f"the CUDA backend's attention kernels support head_dim {' and '.join(map(str, HEAD_DIMS))}"
+                                 f"; this model has head_dim {cfg.head_dim} (use --device cpu)")
         lib = self.device.lib
         kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_ctx * cfg.head_dim * 2
         largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
@@ -87,6 +98,19 @@ class CudaBackend:
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
         return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path)
+
+    def drop_graphs(self, runners) -> None:
+        for runner in runners:
+            if isinstance(runner, CudaRunner):
+                runner.drop_graphs()
+
+    def drop_stale_graphs(self, runners) -> None:
+        # the buffers' identities: reserve_* and release replace the objects, never resize them in place
+        ops = self.ops
+        token = (id(ops.arena), id(ops.attn_workspace), tuple(id(t) for t in ops.scratch))
+        if token != self._graph_memory:
+            self.drop_graphs(runners)
+            self._graph_memory = token
 
 
 def measure_copy_gbs(device: Device, n_bytes: int = 1 << 30, reps: int = 5) -> float:
