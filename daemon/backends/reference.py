@@ -92,13 +92,11 @@ class ReferenceOps:
         return self.swiglu(self.linear(x, w_gate), self.linear(x, w_up))
 
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float, rope_dim: int,
-             neox: bool) -> np.ndarray:
-        # angle[t, i] = pos_t * theta^(-2i / rope_dim), i < rope_dim / 2; computed in float64
+             neox: bool, scaling=None) -> np.ndarray:
+        """scaling: a models.config.RopeScaling (linear / YaRN, llama.cpp's rope_yarn) or None."""
+        cos, sin = self.rope_cos_sin(positions, theta, rope_dim, scaling)
+        cos, sin = cos[:, None, :], sin[:, None, :]          # (n, 1, half)
         half = rope_dim // 2
-        inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
-        angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]
-        cos = np.cos(angle).astype(np.float32)[:, None, :]   # (n, 1, half)
-        sin = np.sin(angle).astype(np.float32)[:, None, :]
         out = x.copy()
         if neox:   # pairs (i, i + half)
             a, b = x[..., :half], x[..., half:rope_dim]
@@ -109,6 +107,31 @@ class ReferenceOps:
             out[..., 0:rope_dim:2] = a * cos - b * sin
             out[..., 1:rope_dim:2] = a * sin + b * cos
         return out
+
+    @staticmethod
+    def rope_cos_sin(positions: np.ndarray, theta: float, rope_dim: int, scaling=None):
+        """float32 (n, rope_dim / 2) cos and sin of every pair j at every position, formed in float64.
+
+        Plain: angle = pos * theta^(-2j / rope_dim). Scaled (RopeScaling.rope_params, the arithmetic of
+        llama.cpp's rope_yarn in float64): e = that angle, i = freq_scale * e; with ext_factor != 0,
+        mix = (1 - clamp((j - low) / max(0.001, high - low), 0, 1)) * ext_factor and angle = i * (1 - mix)
+        + e * mix, else angle = i; cos / sin are cos(angle) * mscale and sin(angle) * mscale, rounded to
+        float32 once. The CUDA kernels (native/cuda/rope_math.cuh) repeat these float64 operations one by
+        one, unfused."""
+        half = rope_dim // 2
+        inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
+        angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+        if scaling is None:
+            return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+        freq_scale, ext_factor, low, high, mscale = scaling.rope_params(rope_dim, theta)
+        interp = freq_scale * angle
+        if ext_factor != 0.0:
+            y = (np.arange(half, dtype=np.float64) - low) / max(0.001, high - low)
+            mix = (1.0 - np.minimum(1.0, np.maximum(0.0, y))) * ext_factor
+            angle = interp * (1.0 - mix)[None, :] + angle * mix[None, :]
+        else:
+            angle = interp
+        return (np.cos(angle) * mscale).astype(np.float32), (np.sin(angle) * mscale).astype(np.float32)
 
     def attention(self, q, k, v, cache_layer, batch: Batch) -> np.ndarray:
         k_cache, v_cache = cache_layer

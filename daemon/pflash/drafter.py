@@ -114,8 +114,8 @@ class Drafter:
         if cfg.qk_norm:
             q = ops.rmsnorm(q, w.attn_q_norm, cfg.rms_eps)
             k = ops.rmsnorm(k, w.attn_k_norm, cfg.rms_eps)
-        q = ops.rope(q, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox)
-        k = ops.rope(k, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox)
+        q = ops.rope(q, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, cfg.rope_scaling)
+        k = ops.rope(k, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, cfg.rope_scaling)
         o = ops.sparse_attention(q, k, v, cache_layer, batch, step)
         if tail is not None:
             n_keys, n_tail, acc = tail
