@@ -52,12 +52,13 @@ def bench(dev, timer, name, shape, max_ctx, depths, reps):
         dev.native.check(lib.fd_attention_decode_rope(p(o, "float*"), p(q, "float*"), p(k, "float*"), p(v, "float*"),
                                                       p(kc), p(vc), p(pos, "int32_t*"), p(n_past, "int32_t*"),
                                                       n_heads, n_kv_heads, head_dim, max_ctx, chunk, scale, rope_dim,
-                                                      theta, neox, p(ws), dev.stream), "fd_attention_decode_rope")
+                                                      theta, neox, dev.ffi.NULL, p(ws), dev.stream),
+                         "fd_attention_decode_rope")
 
     def two_kernels():   # rotates q and k in place every replay: the timing does not depend on the values
         dev.native.check(lib.fd_rope_kv_write(p(q, "float*"), p(k, "float*"), p(v, "float*"), p(kc), p(vc),
                                               p(pos, "int32_t*"), p(n_past, "int32_t*"), 1, n_heads, n_kv_heads,
-                                              head_dim, rope_dim, theta, neox, max_ctx, dev.stream),
+                                              head_dim, rope_dim, theta, neox, dev.ffi.NULL, max_ctx, dev.stream),
                          "fd_rope_kv_write")
         dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
                                                  p(n_past, "int32_t*"), n_heads, n_kv_heads, head_dim, max_ctx,

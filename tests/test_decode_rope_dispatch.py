@@ -16,6 +16,7 @@ from test_cuda_kv_prefix_on_host import HostMemoryLib, HostNative
 from flashd.daemon.backends.base import Batch, KVCacheSpec
 from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS, CudaKVCache, CudaOps
 from flashd.daemon.backends.cuda.tensor import Device
+from flashd.daemon.models.config import RopeScaling
 
 KERNELS = ("fd_rope_kv_write", "fd_attention_decode", "fd_attention_decode_rope", "fd_attention_masked",
            "fd_attention_prefill")
@@ -88,8 +89,37 @@ def test_decode_step_is_one_fused_call(setup):
                                               batch.n_past.ptr]
     assert a[8:17] == (N_HEADS, N_KV, HD, MAX_CTX, DECODE_CHUNK_SLOTS, pytest.approx(1 / np.sqrt(HD)), 48,
                        pytest.approx(1e6), 1)
-    assert _addr(dev, a[17]) == ops.attn_workspace.ptr
+    assert a[17] == dev.ffi.NULL                         # no RoPE scaling
+    assert _addr(dev, a[18]) == ops.attn_workspace.ptr
     assert o.shape == (1, N_HEADS * HD)
+
+
+YARN = RopeScaling.create("yarn", 4.0, 64)
+
+
+@pytest.mark.parametrize("n,mask", [(1, False), (1, True), (3, False)])
+def test_rope_scaling_reaches_every_rope_kernel(setup, n, mask):
+    """A YaRN-scaled rope passes an fd_rope_scaling_t holding RopeScaling.rope_params (the reference's
+    numbers) to the fused decode op and to fd_rope_kv_write alike."""
+    dev, ops, cache = setup
+    _, _, v, batch = _inputs(dev, ops, n, mask)
+    q = ops.rope(ops.take((n, N_HEADS, HD)), batch.positions, 1e6, 48, True, YARN)
+    k = ops.rope(ops.take((n, N_KV, HD)), batch.positions, 1e6, 48, True, YARN)
+    ops.attention(q, k, v, cache.layer(0), batch)
+    name, args = dev.lib.calls[0]
+    struct = args[17] if name == "fd_attention_decode_rope" else args[14]
+    assert name == ("fd_attention_decode_rope" if n == 1 and not mask else "fd_rope_kv_write")
+    got = (struct.freq_scale, struct.ext_factor, struct.corr_low, struct.corr_high, struct.mscale)
+    assert got == YARN.rope_params(48, 1e6)              # doubles: exactly the reference's numbers
+
+
+def test_fused_refuses_q_and_k_scaled_differently(setup):
+    dev, ops, cache = setup
+    q, k, v, batch = _inputs(dev, ops, 1)
+    k_yarn = ops.rope(k.x, batch.positions, 1e6, 48, True, YARN)
+    with pytest.raises(ValueError, match="roped alike"):
+        ops.attention(q, k_yarn, v, cache.layer(0), batch)
+    assert dev.lib.calls == []
 
 
 def test_switch_off_and_other_batches_keep_the_two_kernels(setup):

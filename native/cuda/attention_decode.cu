@@ -40,7 +40,7 @@
 // so a one-row decode step needs no fd_rope_kv_write launch (a tiny kernel whose cost is all fixed
 // launch/prologue/tail time, once per layer). Inputs are the QKV projection's outputs as they are:
 //   q (1, n_heads, head_dim), k and v (1, n_kv_heads, head_dim) float32, unrotated; *positions (device
-//   int32) the token's RoPE position; rope_dim / theta / neox as fd_rope_kv_write.
+//   int32) the token's RoPE position; rope_dim / theta / neox / scaling as fd_rope_kv_write.
 // Each split-kernel block rotates its tile of q rows while staging them; the block(s) of the split that
 // owns slot *n_past (chunk *n_past / chunk_len, split chunk % n_splits) form the rotated K row and the V
 // row of their KV head in float16, put them over that slot's row of the K/V tile in shared memory once
@@ -90,13 +90,14 @@ extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache
 extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache,
                                         void* v_cache, const int32_t* positions, const int32_t* n_past, int n_heads,
                                         int n_kv_heads, int head_dim, int max_ctx, int chunk_len, float scale,
-                                        int rope_dim, float theta, int neox, void* workspace, void* stream) {
+                                        int rope_dim, float theta, int neox, const fd_rope_scaling_t* scaling,
+                                        void* workspace, void* stream) {
     FD_CHECK_ARG(o && q && k && v && k_cache && v_cache && positions && n_past && workspace);
     FD_CHECK_ARG(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && max_ctx > 0);
     FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
     FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
     FD_CHECK_ARG(head_dim > 0 && rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= head_dim);
-    FD_CHECK_ARG(theta > 0.0f);
+    FD_CHECK_ARG(theta > 0.0f && fd::rope_scaling_valid(scaling));
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
                  ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, n_heads, n_kv_heads, head_dim, max_ctx,
@@ -108,6 +109,7 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
     p.v_store = (__half*)v_cache;
     p.positions = positions;
     p.theta = (double)theta;
+    p.rope_scaling = fd::rope_scaling_from(scaling);
     p.rope_dim = rope_dim;
     p.neox = neox != 0;
     set_workspace(p, workspace, head_dim);

@@ -107,6 +107,7 @@ struct Params {
     __half* v_store;
     const int32_t* positions;  // device scalar: the new token's RoPE position
     double theta;
+    RopeScaling rope_scaling;  // linear / YaRN (rope_math.cuh); on = 0: none
     int rope_dim, neox;
 };
 
@@ -411,7 +412,7 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
         sn[u] = 0.0f;
         if (rot[u]) {
             rope_pair_of(d, p.rope_dim, neox, j, partner[u], first[u]);
-            rope_cos_sin(pos, j, p.rope_dim, p.theta, cs[u], sn[u]);
+            rope_cos_sin(pos, j, p.rope_dim, p.theta, p.rope_scaling, cs[u], sn[u]);
         }
     }
     float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
@@ -827,6 +828,7 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.k_store = p.v_store = nullptr;
     p.positions = nullptr;
     p.theta = 0.0;
+    p.rope_scaling = RopeScaling{};
     p.rope_dim = p.neox = 0;
     return p;
 }

@@ -102,6 +102,7 @@ struct FwdParams {
     int hidden, max_rows;
     int n_heads, n_kv, head_dim, group, ht, n_htiles, rope_dim, neox, max_ctx, n_splits;
     double theta;
+    RopeScaling rope_scaling;   // linear / YaRN (rope_math.cuh); on = 0: none
     float eps, q_scale;
     int ring_bytes, ring_off, misc_off;     // weight ring per warp (bytes), its and the argmax scratch's offsets
 };
@@ -316,7 +317,8 @@ __global__ void __launch_bounds__(fwd_warps(NX) * 32, 1) forward_kernel(const Fw
     pdl_wait();                      // h (the embedded rows) comes from the previous kernel
     // (no pdl_launch_dependents: a dependent kernel's blocks resident early could take the room a CTA of
     // this grid still needs, and the resident CTAs would wait for it forever)
-    rope_table(P.rope_cs, P.positions, P.n, P.rope_dim, P.theta, cta * blockDim.x + threadIdx.x, n_ctas * blockDim.x);
+    rope_table(P.rope_cs, P.positions, P.n, P.rope_dim, P.theta, P.rope_scaling, cta * blockDim.x + threadIdx.x,
+               n_ctas * blockDim.x);
 
     ArgmaxTrack<NX> track;
     track.init();
@@ -446,6 +448,7 @@ struct ForwardPlan {
     int n_warps[FWD_MAX_ROWS + 1];
     int ring_bytes[FWD_MAX_ROWS + 1], ring_off[FWD_MAX_ROWS + 1], misc_off[FWD_MAX_ROWS + 1], smem[FWD_MAX_ROWS + 1];
     Stage* d_stages[FWD_MAX_ROWS + 1];
+    RopeScaling rope_scaling;
     int* d_gemv_stage;
     LayerKV* d_layers;
     uint8_t* d_ws;
@@ -567,6 +570,7 @@ int create_plan(const fd_forward_model_t* m, const fd_forward_tuning_t* t, Forwa
     if (int s = device_facts(&dev)) return s;
 
     ForwardPlan* p = new ForwardPlan{};
+    FD_CHECK_ARG(rope_scaling_valid(m->rope_scaling));
     p->n_layers = m->n_layers; p->hidden = m->hidden; p->n_heads = m->n_heads; p->n_kv = m->n_kv_heads;
     p->head_dim = m->head_dim; p->ffn = m->ffn; p->vocab = m->vocab; p->rope_dim = m->rope_dim;
     p->neox = m->rope_neox != 0; p->max_ctx = m->max_ctx; p->theta = m->rope_theta; p->eps = m->rms_eps;
@@ -576,6 +580,7 @@ int create_plan(const fd_forward_model_t* m, const fd_forward_tuning_t* t, Forwa
     p->n_ctas = t->n_ctas > 0 ? std::min(t->n_ctas, dev.n_sms) : dev.n_sms;
     p->n_splits = std::min(ceil_div(m->max_ctx, FA_CHUNK), t->attn_splits);
     p->n_stages = 5 * m->n_layers + 1;
+    p->rope_scaling = rope_scaling_from(m->rope_scaling);
     p->n_gemv = 4 * m->n_layers + 1;
     const int rows = t->max_rows;
 
@@ -726,7 +731,7 @@ int fd_forward(void* plan, const int32_t* positions, const int32_t* n_past, cons
         if (host_capture[l]) P.capture_mask[l >> 5] |= 1u << (l & 31);
     P.n_heads = p->n_heads; P.n_kv = p->n_kv; P.head_dim = p->head_dim; P.group = p->group; P.ht = p->ht;
     P.n_htiles = p->n_htiles; P.rope_dim = p->rope_dim; P.neox = p->neox; P.max_ctx = p->max_ctx;
-    P.n_splits = p->n_splits; P.theta = p->theta; P.eps = p->eps;
+    P.n_splits = p->n_splits; P.theta = p->theta; P.rope_scaling = p->rope_scaling; P.eps = p->eps;
     P.q_scale = (float)(1.4426950408889634 / std::sqrt((double)p->head_dim));
     P.ring_bytes = p->ring_bytes[n];
     P.ring_off = p->ring_off[n];

@@ -8,9 +8,13 @@
 // rounded products (neox pairs (j, j + rope_dim/2), else (2j, 2j + 1); dims >= rope_dim unrotated), so a
 // rotated row equals fd_rope_kv_write's bit for bit (without the qwen3 norm, which fd_rmsnorm computes in
 // another order).
+//
+// Position scaling (linear / YaRN): the table entries come from rope_math.cuh's rope_cos_sin, so they are
+// fd_rope_kv_write's cos/sin bit for bit, scaled or not.
 #pragma once
 
 #include "common.cuh"
+#include "rope_math.cuh"
 
 namespace fd {
 namespace fwd {
@@ -24,15 +28,14 @@ struct RopeShape {
 // cos / sin of row i's position for pair j < half, over the grid's threads (global thread index gt of
 // n_threads). table: cos [n][half] | sin [n][half].
 __device__ __forceinline__ void rope_table(float* table, const int32_t* positions, int n, int rope_dim, double theta,
-                                           int gt, int n_threads) {
+                                           const RopeScaling& scaling, int gt, int n_threads) {
     const int half = rope_dim / 2;
     for (int e = gt; e < n * half; e += n_threads) {
         const int i = e / half, j = e % half;
-        const double inv_freq = pow(theta, (-(double)j * 2.0) / (double)rope_dim);
-        double s, c;
-        sincos((double)positions[i] * inv_freq, &s, &c);
-        table[e] = (float)c;
-        table[n * half + e] = (float)s;
+        float c, s;
+        rope_cos_sin(positions[i], j, rope_dim, theta, scaling, c, s);
+        table[e] = c;
+        table[n * half + e] = s;
     }
 }
 

@@ -3,8 +3,9 @@
 //
 // fd_rope_kv_write: q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim), float32, are rotated
 // in place at positions[i]: for j < rope_dim / 2 the pair (a, b) = neox ? (x[j], x[j + rope_dim/2])
-// : (x[2j], x[2j+1]) becomes (a cos - b sin, a sin + b cos) with angle = pos * theta^(-2j/rope_dim);
-// dims >= rope_dim are left alone. Then k and v (n, n_kv_heads, head_dim) are stored as float16
+// : (x[2j], x[2j+1]) becomes (a cos - b sin, a sin + b cos) with angle = pos * theta^(-2j/rope_dim)
+// (or, with `scaling`, linear / YaRN position scaling: rope_math.cuh); dims >= rope_dim are left alone.
+// Then k and v (n, n_kv_heads, head_dim) are stored as float16
 // (round to nearest even) into the cache, float16 [n_kv_heads][max_ctx][head_dim] per layer, at
 // slot *n_past + i. A slot outside [0, max_ctx) is not written (the device cannot report it; the
 // host's memory plan keeps n_past + n <= max_ctx). q may be NULL (K/V injection without queries).
@@ -43,13 +44,13 @@ __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __restrict__ k_cache,
                      __half* __restrict__ v_cache, const int32_t* __restrict__ positions,
                      const int32_t* __restrict__ n_past, int n_heads, int n_kv_heads, int head_dim, int rope_dim,
-                     double theta, int neox, int max_ctx) {
+                     double theta, int neox, const fd::RopeScaling scaling, int max_ctx) {
     __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
     const int i = blockIdx.x;                 // token
     const int half = rope_dim / 2;
     const int pos = positions[i];
     for (int j = threadIdx.x; j < half; j += ROPE_THREADS)
-        fd::rope_cos_sin(pos, j, rope_dim, theta, cos_s[j], sin_s[j]);
+        fd::rope_cos_sin(pos, j, rope_dim, theta, scaling, cos_s[j], sin_s[j]);
     __syncthreads();
 
     // (a, b) -> (a c - b s, a s + b c), products rounded separately as numpy does in float32 (rope_math.cuh)
@@ -122,16 +123,17 @@ kv_move_kernel(__half* k_cache, __half* v_cache, const int32_t* __restrict__ src
 
 extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache,
                                 const int32_t* positions, const int32_t* n_past, int n, int n_heads, int n_kv_heads,
-                                int head_dim, int rope_dim, float theta, int neox, int max_ctx, void* stream) {
+                                int head_dim, int rope_dim, float theta, int neox, const fd_rope_scaling_t* scaling,
+                                int max_ctx, void* stream) {
     FD_CHECK_ARG(k && v && k_cache && v_cache && positions && n_past);
     FD_CHECK_ARG(n >= 0 && n_heads > 0 && n_kv_heads > 0 && max_ctx > 0);
     FD_CHECK_ARG(head_dim > 0 && rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= head_dim);
-    FD_CHECK_ARG(theta > 0.0f);
+    FD_CHECK_ARG(theta > 0.0f && fd::rope_scaling_valid(scaling));
     if (rope_dim / 2 > ROPE_MAX_HALF) return FD_E_SHAPE;
     if (n == 0) return 0;
     rope_kv_write_kernel<<<n, ROPE_THREADS, 0, (cudaStream_t)stream>>>(
         q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, n_heads, n_kv_heads, head_dim, rope_dim,
-        (double)theta, neox != 0, max_ctx);
+        (double)theta, neox != 0, fd::rope_scaling_from(scaling), max_ctx);
     return FD_LAUNCH_STATUS();
 }
 

@@ -118,13 +118,24 @@ int fd_swiglu(float* y, const float* gate, const float* up, int64_t n, void* str
 
 /* ---- RoPE and the KV cache (rope.cu) ------------------------------------------------------ */
 /* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i]
+/* RoPE position scaling (linear / YaRN, llama.cpp's rope_yarn; NULL wherever it is taken: none).
+   Pair j at position pos, e = pos * theta^(-2j/rope_dim), all in double: i = freq_scale * e; if
+   ext_factor != 0: mix = (1 - clamp((j - corr_low) / max(0.001, corr_high - corr_low), 0, 1)) * ext_factor,
+   angle = i * (1 - mix) + e * mix, else angle = i; cos/sin = cos(angle) * mscale, sin(angle) * mscale,
+   rounded to float once (flashd RopeScaling.rope_params computes the fields). */
+typedef struct {
+    double freq_scale;             /* 1 / factor, in (0, inf) */
+    double ext_factor;             /* >= 0: 1 for YaRN, 0 for linear */
+    double corr_low, corr_high;    /* YaRN's correction dims (pair indices) */
+    double mscale;                 /* > 0: the magnitude of cos and sin */
+} fd_rope_scaling_t;
    (first rope_dim dims of each head; neox: pairs (j, j + rope_dim/2), else (2j, 2j+1);
-   angle = pos * theta^(-2j/rope_dim)), then stores k and v (n, n_kv_heads, head_dim) as float16
-   into the cache slots *n_past + i. */
+   angle = pos * theta^(-2j/rope_dim), or as `scaling` says), then stores k and v (n, n_kv_heads,
+   head_dim) as float16 into the cache slots *n_past + i. */
 int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache,
                      const int32_t* positions, const int32_t* n_past, int n, int n_heads,
-                     int n_kv_heads, int head_dim, int rope_dim, float theta, int neox, int max_ctx,
-                     void* stream);
+                     int n_kv_heads, int head_dim, int rope_dim, float theta, int neox,
+                     const fd_rope_scaling_t* scaling, int max_ctx, void* stream);
 /* Copies cache slots src[i] -> dst[i] for i < n_moves in every head of one layer (speculative commit). */
 int fd_kv_move(void* k_cache, void* v_cache, const int32_t* src_slots, const int32_t* dst_slots,
                int n_moves, int n_kv_heads, int head_dim, int max_ctx, void* stream);
@@ -146,14 +157,15 @@ int fd_attention_decode(float* o, const float* q, const void* k_cache, const voi
 /* fd_attention_decode with the new token's RoPE and K/V write fused in (the one-row decode step,
    instead of fd_rope_kv_write + fd_attention_decode, bit for bit the same o and cache rows): q
    (1, n_heads, head_dim) and k, v (1, n_kv_heads, head_dim) float32 as projected (unrotated; not
-   modified); positions: device int32, the RoPE position; rope_dim, theta, neox as fd_rope_kv_write.
+   modified); positions: device int32, the RoPE position; rope_dim, theta, neox, scaling as fd_rope_kv_write.
    Rotates q, attends slots [0, *n_past] with slot *n_past's K/V taken from k (rotated) and v, and
    stores them as float16 into slot *n_past (if 0 <= *n_past < max_ctx). head_dim in {64, 128, 256};
    workspace as fd_attention_decode. */
 int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache,
                              void* v_cache, const int32_t* positions, const int32_t* n_past, int n_heads,
                              int n_kv_heads, int head_dim, int max_ctx, int chunk_len, float scale,
-                             int rope_dim, float theta, int neox, void* workspace, void* stream);
+                             int rope_dim, float theta, int neox, const fd_rope_scaling_t* scaling,
+                             void* workspace, void* stream);
 /* n new tokens at slots *n_past + i, causal: token i attends slots [0, *n_past + i]. Tensor cores.
    head_dim in {64, 128}. */
 int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache,
@@ -262,6 +274,7 @@ typedef struct {
     int qtype_output;
 } fd_forward_model_t;
 /* Tuning is data: bench/ and the per-architecture table in flashd.daemon.backends.cuda.tuning */
+    const fd_rope_scaling_t* rope_scaling;                 /* NULL: none; copied by fd_forward_create */
 typedef struct {
     int max_rows;        /* rows per launch wanted (1..8); the plan may hold fewer (fd_forward_info) */
     int step_bytes;      /* target weight bytes of one GEMV step (G rows of a matrix) */

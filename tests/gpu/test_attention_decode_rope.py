@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from attention_oracle import attention_oracle, random_cache
 
+from flashd.daemon.backends.cuda.ops import rope_scaling_struct
 from flashd.daemon.backends.reference import ReferenceOps
 
 CHUNK = 64          # the runner's DECODE_CHUNK_SLOTS; other chunk lengths are covered below
@@ -19,8 +20,11 @@ class Pair:
     (n_past, position) like a replayed graph."""
 
     def __init__(self, native, dev, rng, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len, rope_dim, neox,
-                 theta=1e6, n_written=None):
+                 theta=1e6, n_written=None, scaling=None):
         self.native, self.dev, self.rng = native, dev, rng
+        # scaling: a RopeScaling (linear / YaRN) or None; passed to both paths as an fd_rope_scaling_t
+        self.scaling = scaling
+        self.scaling_arg = rope_scaling_struct(native.ffi, scaling, rope_dim, float(np.float32(theta)))
         self.shape = (n_heads, n_kv_heads, head_dim, max_ctx, chunk_len)
         self.rope = (rope_dim, np.float32(theta), int(neox))
         self.kc, self.vc = random_cache(rng, n_kv_heads, max_ctx, head_dim, max_ctx if n_written is None
@@ -57,13 +61,14 @@ class Pair:
         check(lib.fd_attention_decode_rope(p(o, "float*"), p(dq, "float*"), p(dk, "float*"), p(dv, "float*"), p(kc),
                                            p(vc), p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), n_heads,
                                            n_kv_heads, head_dim, max_ctx, chunk_len, self.scale, rope_dim, theta,
-                                           neox, p(ws), dev.stream), "fd_attention_decode_rope")
+                                           neox, self.scaling_arg, p(ws), dev.stream), "fd_attention_decode_rope")
         # the two kernels (rotating copies of q, k in place)
         dq2, dk2 = dev.upload(q), dev.upload(k)
         (kc2, vc2), ws2, o2 = caches[1], self.ws[1], self.o[1]
         check(lib.fd_rope_kv_write(p(dq2, "float*"), p(dk2, "float*"), p(dv, "float*"), p(kc2), p(vc2),
                                    p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), 1, n_heads, n_kv_heads,
-                                   head_dim, rope_dim, theta, neox, max_ctx, dev.stream), "fd_rope_kv_write")
+                                   head_dim, rope_dim, theta, neox, self.scaling_arg, max_ctx, dev.stream),
+              "fd_rope_kv_write")
         check(lib.fd_attention_decode(p(o2, "float*"), p(dq2, "float*"), p(kc2), p(vc2), p(self.n_past, "int32_t*"),
                                       n_heads, n_kv_heads, head_dim, max_ctx, chunk_len, self.scale, p(ws2),
                                       dev.stream), "fd_attention_decode")
@@ -184,7 +189,8 @@ def test_fused_rejects_bad_arguments(native, dev):
     def call(n_heads=12, n_kv_heads=2, head_dim=128, chunk_len=64, rope_dim=128, theta=1e6, positions=i):
         return native.lib.fd_attention_decode_rope(
             p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t), p(t), p(positions, "int32_t*"),
-            p(i, "int32_t*"), n_heads, n_kv_heads, head_dim, 64, chunk_len, 0.1, rope_dim, theta, 1, p(t), dev.stream)
+            p(i, "int32_t*"), n_heads, n_kv_heads, head_dim, 64, chunk_len, 0.1, rope_dim, theta, 1, native.ffi.NULL,
+            p(t), dev.stream)
     lib = native.lib
     assert call(chunk_len=100) == lib.FD_E_ARG       # chunk_len not a multiple of 64
     assert call(n_kv_heads=5) == lib.FD_E_ARG        # heads not a multiple of kv heads

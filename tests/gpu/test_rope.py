@@ -14,7 +14,7 @@ def _cache(dev, n_kv_heads, max_ctx, head_dim):
 
 
 def _run_rope(native, dev, q, k, v, kc, vc, positions, n_past, n_heads, n_kv_heads, head_dim, rope_dim, theta,
-              neox, max_ctx):
+              neox, max_ctx, scaling=None):
     n = k.shape[0]
     dq = dev.upload(q) if q is not None else None
     dk, dv = dev.upload(k), dev.upload(v)
@@ -22,7 +22,8 @@ def _run_rope(native, dev, q, k, v, kc, vc, positions, n_past, n_heads, n_kv_hea
     dnp = dev.upload(np.array([n_past], np.int32))
     native.check(native.lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"),
                                              dev.p(kc), dev.p(vc), dev.p(dpos, "int32_t*"), dev.p(dnp, "int32_t*"),
-                                             n, n_heads, n_kv_heads, head_dim, rope_dim, theta, int(neox), max_ctx,
+                                             n, n_heads, n_kv_heads, head_dim, rope_dim, theta, int(neox),
+                                             native.ffi.NULL if scaling is None else scaling, max_ctx,
                                              dev.stream), "fd_rope_kv_write")
     dev.synchronize()
     return (dev.download(dq) if dq is not None else None), dev.download(dk)
@@ -102,7 +103,7 @@ def test_rope_rejects_bad_arguments(native, dev):
     i = dev.empty((1,), np.int32)
     args = lambda head_dim, rope_dim, theta: native.lib.fd_rope_kv_write(  # noqa: E731
         dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(i, "int32_t*"),
-        dev.p(i, "int32_t*"), 1, 1, 1, head_dim, rope_dim, theta, 1, 1, dev.stream)
+        dev.p(i, "int32_t*"), 1, 1, 1, head_dim, rope_dim, theta, 1, native.ffi.NULL, 1, dev.stream)
     assert args(64, 3, 1e4) == native.lib.FD_E_ARG         # odd rope_dim
     assert args(64, 128, 1e4) == native.lib.FD_E_ARG       # rope_dim > head_dim
     assert args(64, 64, 0.0) == native.lib.FD_E_ARG        # theta

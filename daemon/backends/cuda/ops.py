@@ -27,7 +27,21 @@ import numpy as np
 from ..base import Batch, KVCacheSpec
 from .tensor import Arena, Device, DeviceTensor
 
-__all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "GEMV_MAX_ROWS", "MAX_MASKED_TOKENS", "attention_workspace_bytes"]
+__all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "GEMV_MAX_ROWS", "MAX_MASKED_TOKENS", "attention_workspace_bytes",
+           "rope_scaling_struct"]
+
+
+def rope_scaling_struct(ffi, scaling, rope_dim: int, theta: float):
+    """The C ABI's `const fd_rope_scaling_t*` for a models.config.RopeScaling (NULL for None): the numbers
+    of RopeScaling.rope_params, which ReferenceOps.rope uses too, checked here before they cross."""
+    if scaling is None:
+        return ffi.NULL
+    params = scaling.rope_params(int(rope_dim), float(theta))
+    freq_scale, ext_factor, low, high, mscale = params
+    if not (np.isfinite(params).all() and freq_scale > 0 and ext_factor >= 0 and mscale > 0):
+        raise ValueError(f"RoPE scaling parameters out of range: {params}")
+    return ffi.new("fd_rope_scaling_t*", {"freq_scale": freq_scale, "ext_factor": ext_factor, "corr_low": low,
+                                          "corr_high": high, "mscale": mscale})
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
 DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
@@ -87,6 +101,7 @@ class Roped:
     theta: float
     rope_dim: int
     neox: bool
+    scaling: object = None         # models.config.RopeScaling (linear / YaRN) or None
 
     @property
     def shape(self):
@@ -153,6 +168,7 @@ class CudaOps:
         # fd_attention_decode, one launch fewer per layer); False: the two kernels (tests, benchmarks)
         self.fuse_decode_rope = True
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
+        self._rope_scaling_structs: dict = {}    # (RopeScaling, rope_dim, theta) -> fd_rope_scaling_t* (rope_scaling_arg)
 
     # -- planning --------------------------------------------------------------------------------
     def reserve_arena(self, half_bytes: int) -> None:
@@ -316,8 +332,18 @@ class CudaOps:
                                                 n, w_gate.rows, w_gate.cols, self.dev.stream), "fd_gemm_swiglu_f16")
         return y
 
-    def rope(self, x, positions, theta: float, rope_dim: int, neox: bool) -> Roped:
-        return Roped(self.materialize(x), positions, float(theta), int(rope_dim), bool(neox))
+    def rope(self, x, positions, theta: float, rope_dim: int, neox: bool, scaling=None) -> Roped:
+        return Roped(self.materialize(x), positions, float(theta), int(rope_dim), bool(neox), scaling)
+
+    def rope_scaling_arg(self, r: Roped):
+        """The `const fd_rope_scaling_t*` of a Roped: NULL without scaling, else a struct holding
+        RopeScaling.rope_params (the numbers ReferenceOps.rope uses), kept alive here."""
+        if r.scaling is None:
+            return self.ffi.NULL
+        key = (r.scaling, r.rope_dim, r.theta)
+        if key not in self._rope_scaling_structs:
+            self._rope_scaling_structs[key] = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
+        return self._rope_scaling_structs[key]
 
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
         if not (isinstance(q, Roped) and isinstance(k, Roped)):
@@ -332,7 +358,8 @@ class CudaOps:
         self._check(lib.fd_rope_kv_write(self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"),
                                          self.p(k_cache), self.p(v_cache), self.p(q.positions, "int32_t*"),
                                          self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
-                                         q.rope_dim, q.theta, int(q.neox), max_ctx, s), "fd_rope_kv_write")
+                                         q.rope_dim, q.theta, int(q.neox), self.rope_scaling_arg(q), max_ctx, s),
+                    "fd_rope_kv_write")
         o = self.take((n, n_heads * head_dim))
         common = (self.p(k_cache), self.p(v_cache))
         if batch.mask is not None:
@@ -369,7 +396,8 @@ class CudaOps:
                              f"one token over a cache of {k_cache.shape}")
         if tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[2] != head_dim or n_heads % n_kv_heads:
             raise ValueError(f"attention_decode_rope: caches {k_cache.shape} / {v_cache.shape} vs q {q.x.shape}")
-        if (k.rope_dim, k.theta, k.neox) != (q.rope_dim, q.theta, q.neox) or k.positions.ptr != q.positions.ptr:
+        if ((k.rope_dim, k.theta, k.neox, k.scaling) != (q.rope_dim, q.theta, q.neox, q.scaling)
+                or k.positions.ptr != q.positions.ptr):
             raise ValueError("attention_decode_rope: q and k must be roped alike (one position, one rope)")
         ws = self.attn_workspace
         if ws is None:
@@ -378,8 +406,8 @@ class CudaOps:
         self._check(self.lib.fd_attention_decode_rope(
             self.p(o, "float*"), self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"), self.p(k_cache),
             self.p(v_cache), self.p(q.positions, "int32_t*"), self.p(n_past, "int32_t*"), n_heads, n_kv_heads,
-            head_dim, max_ctx, DECODE_CHUNK_SLOTS, scale, q.rope_dim, q.theta, int(q.neox), self.p(ws),
-            self.dev.stream), "fd_attention_decode_rope")
+            head_dim, max_ctx, DECODE_CHUNK_SLOTS, scale, q.rope_dim, q.theta, int(q.neox), self.rope_scaling_arg(q),
+            self.p(ws), self.dev.stream), "fd_attention_decode_rope")
         return o
 
     def sparse_attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch, step) -> DeviceTensor:
@@ -394,7 +422,8 @@ class CudaOps:
         self._check(lib.fd_rope_kv_write(self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"),
                                          self.p(k_cache), self.p(v_cache), self.p(q.positions, "int32_t*"),
                                          self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
-                                         q.rope_dim, q.theta, int(q.neox), max_ctx, s), "fd_rope_kv_write")
+                                         q.rope_dim, q.theta, int(q.neox), self.rope_scaling_arg(q), max_ctx, s),
+                    "fd_rope_kv_write")
         n_kb, n_qb = -(-(p0 + n) // 128), -(-n // 128)
         mean_k = self.take((n_kb, n_kv_heads, head_dim))
         score = self.take((n_qb, n_heads, n_kb))
@@ -441,7 +470,8 @@ class CudaOps:
         self._check(self.lib.fd_rope_kv_write(self.ffi.NULL, self.p(k.x, "float*"), self.p(v, "float*"),
                                               self.p(k_cache), self.p(v_cache), self.p(k.positions, "int32_t*"),
                                               self.p(start, "int32_t*"), n, n_kv_heads, n_kv_heads, head_dim, k.rope_dim,
-                                              k.theta, int(k.neox), k_cache.shape[1], self.dev.stream),
+                                              k.theta, int(k.neox), self.rope_scaling_arg(k), k_cache.shape[1],
+                                              self.dev.stream),
                     "fd_rope_kv_write")
 
     def swiglu(self, gate, up) -> DeviceTensor:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...models.config import ModelConfig
 from ...models.weights import ModelWeights
-from .ops import CudaKVCache, CudaOps, QuantWeight
+from .ops import CudaKVCache, CudaOps, QuantWeight, rope_scaling_struct
 from .tensor import DeviceTensor
 
 __all__ = ["ForwardTuning", "TUNING", "tuning_for", "PersistentForward", "ForwardUnsupported", "FORWARD_PATHS"]
@@ -101,6 +101,8 @@ class PersistentForward:
         model.vocab, model.max_ctx = cfg.vocab_size, cache.spec.max_ctx
         model.rope_dim, model.rope_neox = cfg.rope_dim, int(cfg.rope_neox)
         model.rope_theta, model.rms_eps = cfg.rope_theta, cfg.rms_eps
+        scaling = rope_scaling_struct(ffi, cfg.rope_scaling, cfg.rope_dim, cfg.rope_theta)   # copied by create
+        model.rope_scaling = scaling
         model.layers = layers
         model.output_norm = dev.p(weights.output_norm, "float*")
         model.output, model.qtype_output = dev.p(weights.output.data), weights.output.qtype
