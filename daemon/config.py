@@ -25,6 +25,7 @@ class EngineConfig:
     prefix_cache: bool = True           # keep the cached K/V of the last prompt's common prefix (runner.py)
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes (prefix_cache.py); 0: none
     forward: str = "graph"              # cuda decode / verify: "graph" (per-op CUDA graph) or "persistent"
+    rope_override: tuple | None = None  # (kind, factor | None, orig_ctx | None): --rope-scaling over the GGUF's
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -39,5 +40,8 @@ class EngineConfig:
             raise ValueError(f"prefix_cache_ram_mb must be >= 0, got {self.prefix_cache_ram_mb}")
         if self.forward not in FORWARDS:
             raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
+        if self.rope_override is not None and (len(self.rope_override) != 3
+                                               or self.rope_override[0] not in ("none", "linear", "yarn")):
+            raise ValueError(f"rope_override must be (none|linear|yarn, factor, orig_ctx), got {self.rope_override!r}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")

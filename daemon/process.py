@@ -196,6 +196,22 @@ def resolve_model(name_or_path: str, what: str) -> Path:
     return check_gguf(path, what)
 
 
+def _check_rope(engine, config: EngineConfig) -> None:
+    """--rope-scaling must have reached the loaded model (Engine.load opens it with
+    open_model(path, config.rope_override)); a max_ctx past the positions the model is meant to see
+    (ModelConfig.max_context: the trained context, or orig_ctx * factor when scaled) is logged."""
+    cfg = engine.model.config
+    if config.rope_override is not None:
+        want = type(cfg).from_gguf(engine.model.file).with_rope_override(*config.rope_override).rope_scaling
+        if cfg.rope_scaling != want:
+            raise StartupError(f"--rope-scaling {config.rope_override[0]} was not applied to the model (the engine "
+                               "must open it with open_model(path, EngineConfig.rope_override))")
+    if config.max_ctx > cfg.max_context:
+        log.warning("max_ctx %d is past the %d positions %s was trained for%s; quality degrades beyond them",
+                    config.max_ctx, cfg.max_context, cfg.name,
+                    "" if cfg.rope_scaling else " (a model card's YaRN setting: --rope-scaling yarn --rope-factor F)")
+
+
 def load_engine(config: EngineConfig):
     """Build the Engine and load the target: a tqdm bar on stderr while loading (only when
     stderr is a terminal), then one log line. StartupError on any failure."""
@@ -223,6 +239,7 @@ def load_engine(config: EngineConfig):
         raise StartupError(f"cannot load model {config.model}: {exc}") from None
     finally:
         bar.close()
+    _check_rope(engine, config)
     info = engine.ready_info()
     log.info("loaded %s (%s, %s, vocab %d) on %s in %.2f s; max_ctx %d", info["model"], info["arch"],
              info["name"], info["vocab_size"], info["backend"], time.perf_counter() - t_start, info["max_ctx"])

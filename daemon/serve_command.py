@@ -73,6 +73,14 @@ __all__ = ["serve_command"]
 @click.option("--compress-first-layer", type=click.IntRange(min=0), default=None,
               help="First drafter layer whose attention scores (below --compress-layers; earlier layers run "
                    "but do not count). Default: the drafter's calibration, else 0.")
+@click.option("--rope-scaling", type=click.Choice(("none", "linear", "yarn")), default=None,
+              help="RoPE position scaling over what the GGUF says (e.g. Qwen2.5's model card: yarn with factor 4 over "
+                   "its 32K context runs 128K). Default: the GGUF's rope.scaling metadata.")
+@click.option("--rope-factor", type=click.FloatRange(1.0, 1024.0), default=None,
+              help="Context extension factor for --rope-scaling (default: the GGUF's).")
+@click.option("--rope-orig-ctx", type=click.IntRange(1, 1 << 30), default=None,
+              help="The context the model was trained at, for --rope-scaling (default: the GGUF's original context, "
+                   "else its context_length). The positions it is meant to see grow to orig_ctx * factor.")
 @click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
@@ -80,8 +88,11 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                   max_queue, max_request_bytes, allow_files, allow_models, prefix_cache, prefix_cache_ram_mb,
                   forward, keep_alive, ready_file, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
-                  drafter_policy):
+                  rope_scaling, rope_factor, rope_orig_ctx, drafter_policy):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
+    if rope_scaling is None and (rope_factor is not None or rope_orig_ctx is not None):
+        raise click.UsageError("--rope-factor / --rope-orig-ctx need --rope-scaling linear|yarn")
+    rope_override = None if rope_scaling is None else (rope_scaling, rope_factor, rope_orig_ctx)
     given = {name: value for name, value in (("keep", compress_keep), ("score_layers", compress_layers),
                                              ("score_from", compress_first_layer)) if value is not None}
     try:
@@ -90,7 +101,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
                              allow_files=tuple(allow_files) or None, allow_models=tuple(allow_models),
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
-                             forward=forward, log_level=log_level,
+                             forward=forward, log_level=log_level, rope_override=rope_override,
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold,
                                                  alpha=compress_alpha, drafter_policy=drafter_policy, **given),

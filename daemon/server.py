@@ -70,6 +70,7 @@ class ServeConfig:
     stdin: bool = True                  # read requests from stdin (events always go to stdout)
     max_queue: int = 64
     prefix_cache: bool = True           # keep the K/V of the last prompt's common prefix (SPEC.md)
+    rope_override: tuple | None = None  # --rope-scaling / --rope-factor / --rope-orig-ctx (EngineConfig)
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes
     forward: str = "graph"              # cuda decode / verify forward: graph or persistent
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
@@ -512,7 +513,7 @@ def serve(config: ServeConfig) -> int:
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
                                           pflash=pflash, prefix_cache=config.prefix_cache,
                                           prefix_cache_ram_mb=config.prefix_cache_ram_mb,
-                                          forward=config.forward))
+                                          forward=config.forward, rope_override=config.rope_override))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:

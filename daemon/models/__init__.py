@@ -24,11 +24,14 @@ class LoadedModel:
         return self.file.path
 
 
-def open_model(path: str | Path) -> tuple[GGUFFile, ModelConfig]:
+def open_model(path: str | Path, rope_override: tuple | None = None) -> tuple[GGUFFile, ModelConfig]:
     """Open and validate a model file without loading weights (checks every tensor's shape and
-    format, so a bad file fails here, before anything is allocated)."""
+    format, so a bad file fails here, before anything is allocated). rope_override: (kind, factor or
+    None, orig_ctx or None), the user's RoPE scaling (ModelConfig.with_rope_override)."""
     f = GGUFFile(path)
     cfg = ModelConfig.from_gguf(f)
+    if rope_override is not None:
+        cfg = cfg.with_rope_override(*rope_override)
     total_weight_bytes(f, cfg)   # walks the tensor plan: missing/unsupported tensors raise now
     return f, cfg
 

@@ -169,6 +169,24 @@ class ModelConfig:
         if self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim:
             raise ModelLoadError(f"rope_dim {self.rope_dim} must be even and in (0, head_dim {self.head_dim}]")
 
+    def with_rope_override(self, kind: str, factor: float | None = None, orig_ctx: int | None = None) -> ModelConfig:
+        """The user's `flashd serve --rope-scaling KIND [--rope-factor F] [--rope-orig-ctx N]` over the GGUF's
+        own: none drops scaling; linear / yarn replace it (llama.cpp's defaults for the rest), with orig_ctx
+        defaulting to the model's original context (its scaling's, else context_length) and factor to the
+        model's own factor."""
+        import dataclasses
+
+        if kind == "none":
+            return dataclasses.replace(self, rope_scaling=None)
+        own = self.rope_scaling
+        if factor is None:
+            if own is None:
+                raise ModelLoadError(f"--rope-scaling {kind} needs --rope-factor (the model has no RoPE scaling)")
+            factor = own.factor
+        if orig_ctx is None:
+            orig_ctx = own.orig_ctx if own is not None else self.context_length
+        return dataclasses.replace(self, rope_scaling=RopeScaling.create(kind, factor, orig_ctx))
+
     @property
     def q_dim(self) -> int:
         return self.n_heads * self.head_dim

@@ -199,3 +199,37 @@ def test_bad_values_refused(fields):
 def test_unsupported_type_refused():
     with pytest.raises(ModelLoadError, match="longrope"):
         RopeScaling.create("longrope", 4.0, 64)
+
+
+# ---- the user's override (flashd serve --rope-scaling) ---------------------------------------------------
+def test_user_override(synthetic_model):
+    path = synthetic_model(arch="qwen2", context_length=32768)
+    _, cfg = open_model(path, rope_override=("yarn", 4.0, None))      # the model card's Qwen2.5 setting
+    assert cfg.rope_scaling == RopeScaling.create("yarn", 4.0, 32768) and cfg.max_context == 131072
+    _, cfg = open_model(path, rope_override=("linear", 2.0, 1024))
+    assert (cfg.rope_scaling.type, cfg.rope_scaling.orig_ctx, cfg.max_context) == ("linear", 1024, 2048)
+    with pytest.raises(ModelLoadError, match="--rope-factor"):
+        open_model(path, rope_override=("yarn", None, None))
+    scaled = synthetic_model(arch="qwen2", context_length=64, rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=64)
+    assert open_model(scaled, rope_override=("none", None, None))[1].rope_scaling is None
+    _, cfg = open_model(scaled, rope_override=("yarn", 8.0, None))     # the GGUF's orig_ctx kept
+    assert (cfg.rope_scaling.factor, cfg.rope_scaling.orig_ctx) == (8.0, 64)
+
+
+def test_serve_options_reach_the_engine_config():
+    from click.testing import CliRunner
+
+    from flashd.daemon import serve_command as sc
+
+    seen = {}
+    real = sc.serve
+    sc.serve = lambda config: seen.setdefault("config", config) and 0
+    try:
+        result = CliRunner().invoke(sc.serve_command, ["--model", "m.gguf", "--rope-scaling", "yarn",
+                                                       "--rope-factor", "4"])
+        bad = CliRunner().invoke(sc.serve_command, ["--model", "m.gguf", "--rope-factor", "4"])
+    finally:
+        sc.serve = real
+    assert result.exit_code == 0, result.output
+    assert seen["config"].rope_override == ("yarn", 4.0, None)
+    assert bad.exit_code != 0 and "--rope-scaling" in bad.output
