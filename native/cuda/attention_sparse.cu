@@ -291,7 +291,7 @@ extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k
                           : fd::launch_sparse<128>(o, q, kc, vc, p0, n, n_heads, n_kv_heads, max_ctx, sl, head_mask_type,
                                                    block_idx, block_cnt, sink_blocks, local_blocks, s);
 #else
-    return FD_E_SHAPE;
+    return FD_E_UNSUPPORTED;   // HIP: mma.sync-only kernel, no SIMT fallback
 #endif
 }
 

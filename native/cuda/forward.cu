@@ -109,9 +109,13 @@ struct FwdParams {
 
 // ---- the dependency protocol -------------------------------------------------------------------------
 __device__ __forceinline__ unsigned long long global_ns() {
+#if FD_HAS_MMA
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+#else
+    return 0;   // HIP: no globaltimer; fd_forward_profile refuses to turn stamps on (FD_E_UNSUPPORTED)
+#endif
 }
 
 // profiling: thread 0 of each CTA stamps (when it reached stage k, began its work, finished it)
@@ -124,6 +128,8 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
+#elif defined(__HIP_DEVICE_COMPILE__)
+    return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
 #else
     return *(volatile const unsigned*)p;
 #endif
@@ -442,13 +448,13 @@ struct ForwardPlan {
     // model shape
     int n_layers, hidden, n_heads, n_kv, head_dim, ffn, vocab, rope_dim, neox, max_ctx, group, ht, n_htiles;
     double theta;
+    RopeScaling rope_scaling;
     float eps;
     // schedule
     int max_rows, n_ctas, n_splits, n_stages, n_gemv, max_step_bytes;
     int n_warps[FWD_MAX_ROWS + 1];
     int ring_bytes[FWD_MAX_ROWS + 1], ring_off[FWD_MAX_ROWS + 1], misc_off[FWD_MAX_ROWS + 1], smem[FWD_MAX_ROWS + 1];
     Stage* d_stages[FWD_MAX_ROWS + 1];
-    RopeScaling rope_scaling;
     int* d_gemv_stage;
     LayerKV* d_layers;
     uint8_t* d_ws;
@@ -564,23 +570,23 @@ int create_plan(const fd_forward_model_t* m, const fd_forward_tuning_t* t, Forwa
     FD_CHECK_ARG(t->attn_splits >= 1 && t->n_ctas >= 0);
     if (m->head_dim != 64 && m->head_dim != 128 && m->head_dim != 256) return FD_E_SHAPE;
     if (m->rope_dim < 2 || m->rope_dim % 2 || m->rope_dim > m->head_dim) return FD_E_SHAPE;
+    FD_CHECK_ARG(rope_scaling_valid(m->rope_scaling));
     for (int l = 0; l < m->n_layers; ++l)
         FD_CHECK_ARG(m->layers[l].k_cache && m->layers[l].v_cache && m->layers[l].attn_norm && m->layers[l].ffn_norm);
     DeviceFacts dev;
     if (int s = device_facts(&dev)) return s;
 
     ForwardPlan* p = new ForwardPlan{};
-    FD_CHECK_ARG(rope_scaling_valid(m->rope_scaling));
     p->n_layers = m->n_layers; p->hidden = m->hidden; p->n_heads = m->n_heads; p->n_kv = m->n_kv_heads;
     p->head_dim = m->head_dim; p->ffn = m->ffn; p->vocab = m->vocab; p->rope_dim = m->rope_dim;
     p->neox = m->rope_neox != 0; p->max_ctx = m->max_ctx; p->theta = m->rope_theta; p->eps = m->rms_eps;
+    p->rope_scaling = rope_scaling_from(m->rope_scaling);
     p->group = m->n_heads / m->n_kv_heads;
     p->ht = fa_head_tile(p->group, p->head_dim);
     p->n_htiles = ceil_div(p->group, p->ht);
     p->n_ctas = t->n_ctas > 0 ? std::min(t->n_ctas, dev.n_sms) : dev.n_sms;
     p->n_splits = std::min(ceil_div(m->max_ctx, FA_CHUNK), t->attn_splits);
     p->n_stages = 5 * m->n_layers + 1;
-    p->rope_scaling = rope_scaling_from(m->rope_scaling);
     p->n_gemv = 4 * m->n_layers + 1;
     const int rows = t->max_rows;
 
@@ -675,6 +681,9 @@ int fd_forward_destroy(void* plan) {
 
 int fd_forward_profile(void* plan, int on) {
     FD_CHECK_ARG(plan != nullptr);
+#if !FD_HAS_MMA
+    if (on) return FD_E_UNSUPPORTED;   // HIP: the stamps are %globaltimer ns, which AMD GPUs lack
+#endif
     static_cast<fd::ForwardPlan*>(plan)->profile = on != 0;
     return 0;
 }

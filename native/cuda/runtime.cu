@@ -14,6 +14,7 @@ const char* fd_status_string(int status) {
         case FD_E_ARG: return "invalid argument (size, pointer or shape)";
         case FD_E_QTYPE: return "weight format not supported by this kernel";
         case FD_E_SHAPE: return "shape not supported by this kernel";
+        case FD_E_UNSUPPORTED: return "not available in this build (NVIDIA-only path; see the README's AMD / HIP)";
         default: return status > 0 ? cudaGetErrorString((cudaError_t)status) : "unknown flashd status";
     }
 }

@@ -32,6 +32,7 @@ extern "C" {
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */
 #define FD_E_SHAPE -3        /* shape not supported by this kernel (e.g. head_dim, cols % block) */
+#define FD_E_UNSUPPORTED -4  /* not available in this build (libflashd_hip: an NVIDIA-only path, README "AMD / HIP") */
 
 #define FD_Q_F32 0
 #define FD_Q_F16 1
@@ -117,7 +118,6 @@ int fd_add(float* y, const float* a, const float* b, int64_t n, void* stream);
 int fd_swiglu(float* y, const float* gate, const float* up, int64_t n, void* stream);
 
 /* ---- RoPE and the KV cache (rope.cu) ------------------------------------------------------ */
-/* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i]
 /* RoPE position scaling (linear / YaRN, llama.cpp's rope_yarn; NULL wherever it is taken: none).
    Pair j at position pos, e = pos * theta^(-2j/rope_dim), all in double: i = freq_scale * e; if
    ext_factor != 0: mix = (1 - clamp((j - corr_low) / max(0.001, corr_high - corr_low), 0, 1)) * ext_factor,
@@ -129,6 +129,7 @@ typedef struct {
     double corr_low, corr_high;    /* YaRN's correction dims (pair indices) */
     double mscale;                 /* > 0: the magnitude of cos and sin */
 } fd_rope_scaling_t;
+/* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i]
    (first rope_dim dims of each head; neox: pairs (j, j + rope_dim/2), else (2j, 2j+1);
    angle = pos * theta^(-2j/rope_dim), or as `scaling` says), then stores k and v (n, n_kv_heads,
    head_dim) as float16 into the cache slots *n_past + i. */
@@ -213,7 +214,8 @@ int fd_fp_tail_max_probs(float* acc, const float* q_tail, const void* k_cache, i
    the block set of (its query block, h), chosen by head_mask_type[h] (device, n_heads entries; NULL = all
    FD_MASK_LISTS): lists are block_idx[(mq * n_heads + h) * Nk + e] for e < block_cnt[mq * n_heads + h]
    (fd_fp_select's output). o (n, n_heads * head_dim) f32; a row attending nothing is 0. Tensor cores:
-   FD_E_SHAPE on devices without mma.sync m16n8k16 (sm_80) or with misaligned pointers. */
+   FD_E_SHAPE on devices without mma.sync m16n8k16 (sm_80) or with misaligned pointers; FD_E_UNSUPPORTED in
+   the HIP build (no SIMT fallback). */
 int fd_attention_block_sparse(float* o, const float* q, const void* k_cache, const void* v_cache, int p0, int n,
                               int n_heads, int n_kv_heads, int head_dim, int max_ctx, float scale,
                               const int32_t* head_mask_type, const int32_t* block_idx, const int32_t* block_cnt,
@@ -272,9 +274,9 @@ typedef struct {
     const float* output_norm;
     const void* output;                                    /* lm_head (vocab, hidden) */
     int qtype_output;
+    const fd_rope_scaling_t* rope_scaling;                 /* NULL: none; copied by fd_forward_create */
 } fd_forward_model_t;
 /* Tuning is data: bench/ and the per-architecture table in flashd.daemon.backends.cuda.tuning */
-    const fd_rope_scaling_t* rope_scaling;                 /* NULL: none; copied by fd_forward_create */
 typedef struct {
     int max_rows;        /* rows per launch wanted (1..8); the plan may hold fewer (fd_forward_info) */
     int step_bytes;      /* target weight bytes of one GEMV step (G rows of a matrix) */
