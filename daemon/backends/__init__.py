@@ -9,6 +9,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from .base import Backend
+
 __all__ = ["select_backend", "BackendUnavailable", "ReferenceBackend", "cuda_unavailable_reason"]
 
 
@@ -29,7 +31,7 @@ class HostMemoryPlan:
         return {"weights_bytes": self.weights_bytes, "kv_bytes": self.kv_bytes, "total_bytes": self.total_bytes}
 
 
-class ReferenceBackend:
+class ReferenceBackend(Backend):
     name = "reference"
 
     def __init__(self):

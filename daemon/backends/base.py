@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Batch", "KVCacheSpec", "Ops"]
+__all__ = ["Backend", "Batch", "KVCacheSpec", "Ops"]
 
 
 @dataclass(slots=True)
@@ -127,3 +127,27 @@ class Ops(Protocol):
         attention probabilities of q's last n_tail rows), q as passed to the layer's attention."""
 
     def add(self, a, b) -> Any: ...
+
+
+class Backend:
+    """What the engine holds of a backend: its `name` and `ops`, `info()`, a memory `plan(cfg,
+    weight_bytes, max_ctx, prefill_chunk)` checked by `check_fits(plan)` before anything is
+    allocated, and `make_runner(cfg, weights, max_ctx, prefill_chunk, plan)`.
+
+    Runners that replay captured graphs (the CUDA decode and tree verify graphs) bake in the
+    addresses of memory every model on the backend shares: the activation arena, the weight scratch
+    and the attention workspace. Loading another model (a drafter), parking and PFlash may
+    reallocate that memory, so the engine tells the backend when such graphs may be stale. The
+    defaults here are for a backend that captures nothing.
+    """
+
+    name: str
+    ops: Any
+
+    def drop_graphs(self, runners) -> None:
+        """Forget every graph these runners captured (None entries are skipped); they are captured
+        again on next use. Called after something reallocated the shared memory."""
+
+    def drop_stale_graphs(self, runners) -> None:
+        """Drop these runners' graphs when the shared memory they bake in has been reallocated
+        since the last call (the check before a speculative request's graph replays)."""
