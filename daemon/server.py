@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import threading
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-import zmq
-
 from ..protocol import lines, wire
 from ..protocol.errors import ProtocolError
-from ..protocol.events import TERMINAL_EVENTS, error_event, ready_event, result_event
-from ..protocol.messages import Cancel, Quit, Request, Status
+from ..protocol.events import error_event, ready_event, result_event
+from ..protocol.messages import Cancel, Request, Status
 from .config import EngineConfig
 from .file_access import NO_FILES, FileAccess, resolve_dirs
 from .lifetime import IdleTimer, ReadyFile
@@ -46,13 +43,14 @@ from .process import (
     LOG_LEVELS, LineReader, OverlongLine, StartupError, StopSignals, claim_stdout, load_engine,
     resolve_model, setup_logging,
 )
+from .serve_client import UNTIMED, Client, Reply
+from .zmq_frontend import ZmqFrontend
 
 __all__ = ["ServeConfig", "serve", "check_zmq_address"]
 
 log = logging.getLogger("flashd.server")
 
 ENGINE_STOP_TIMEOUT_S = 60.0   # a stop waits this long for a forward pass in flight to finish
-ZMQ_LINGER_MS = 2000           # at exit, undelivered frames get this long to reach their peers
 BUILTIN_DRAFTS = ("ngram",)    # drafters that need no file
 
 
@@ -70,9 +68,9 @@ class ServeConfig:
     stdin: bool = True                  # read requests from stdin (events always go to stdout)
     max_queue: int = 64
     prefix_cache: bool = True           # keep the K/V of the last prompt's common prefix (SPEC.md)
-    rope_override: tuple | None = None  # --rope-scaling / --rope-factor / --rope-orig-ctx (EngineConfig)
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes
     forward: str = "graph"              # cuda decode / verify forward: graph or persistent
+    rope_override: tuple | None = None  # --rope-scaling / --rope-factor / --rope-orig-ctx (EngineConfig)
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
     allow_files: tuple[str, ...] | None = None   # dirs @file prompts may be read from; None: the temp dir,
                                                  # ("none",): no @file reads (daemon/file_access.py)
@@ -100,97 +98,7 @@ class ServeConfig:
             raise ValueError(f"--keep-alive must be > 0 seconds (or negative: no timeout), got {self.keep_alive_s}")
 
 
-# ---------------------------------------------------------------------------------- clients
-
-
-class Client:
-    """A source of requests and the sink of their events. `pending` counts the client's
-    requests handed to the engine whose terminal event has not been delivered yet."""
-
-    def __init__(self, server: Server, name: str):
-        self.server, self.name = server, name
-        self.pending = 0
-        self.gone = False             # its reader went away: events are dropped, requests cancelled
-        self._idle = threading.Condition()
-
-    def send(self, event: dict, finished: Request | None = None) -> None:
-        """Deliver `event`; `finished` is the request a terminal event ends (None otherwise)."""
-        raise NotImplementedError
-
-    def started(self) -> None:
-        with self._idle:
-            self.pending += 1
-
-    def request_ended(self, request: Request) -> None:
-        with self._idle:
-            self.pending -= 1
-            self._idle.notify_all()
-        if not isinstance(request, UNTIMED):
-            self.server.idle.end()
-        if isinstance(request, Quit):
-            self.server.request_stop(f"quit from {self.name}")
-
-    def wait_idle(self, stop: threading.Event) -> None:
-        """Block until every pending request has ended (or the daemon stops)."""
-        with self._idle:
-            while self.pending and not stop.is_set():
-                self._idle.wait(0.1)
-
-
-class _Reply:
-    """The `emit` callback of one request. The engine calls it from its thread with every
-    event; Server.cancel predicates read `.client` to find a client's requests."""
-
-    __slots__ = ("client", "request")
-
-    def __init__(self, client: Client, request: Request):
-        self.client, self.request = client, request
-
-    def __call__(self, event: dict) -> None:
-        self.client.send(event, self.request if event.get("event") in TERMINAL_EVENTS else None)
-
-
-class StdioClient(Client):
-    """Events as JSON lines on the claimed stdout: one write + flush per event, under a lock."""
-
-    def __init__(self, server: Server, out: BinaryIO):
-        super().__init__(server, "stdin")
-        self._out = out
-        self._out_lock = threading.Lock()
-
-    def send(self, event: dict, finished: Request | None = None) -> None:
-        data = (lines.encode_event(event) + "\n").encode("utf-8")
-        broke = False
-        with self._out_lock:
-            if not self.gone:
-                try:
-                    self._out.write(data)
-                    self._out.flush()
-                except (OSError, ValueError) as exc:   # BrokenPipeError: stdout's reader is gone
-                    self.gone = broke = True
-                    log.warning("stdout is closed (%s): stdin's requests are cancelled", exc)
-        if broke:
-            self.server.client_gone(self)
-        if finished is not None:
-            self.request_ended(finished)
-
-
-class ZmqClient(Client):
-    """One ZeroMQ peer. Events are encoded on the emitting thread and queued for the ZeroMQ
-    thread, which sends them to this identity."""
-
-    def __init__(self, server: Server, frontend: ZmqFrontend, identity: bytes):
-        super().__init__(server, f"zmq peer {identity.hex()}")
-        self.frontend, self.identity = frontend, identity
-
-    def send(self, event: dict, finished: Request | None = None) -> None:
-        self.frontend.post(self, wire.encode_event(event), finished)
-
-
 # ---------------------------------------------------------------------------------- server
-
-
-UNTIMED = (Status, Quit)   # requests that are not activity for --keep-alive (`flashd ps` asks status)
 
 
 class Server:
@@ -220,12 +128,12 @@ class Server:
             return
         if isinstance(request, Status):       # the engine's status plus the daemon's lifetime
             client.started()
-            _Reply(client, request)(result_event(request.id, **self.engine.status(), **self.idle.info()))
+            Reply(client, request)(result_event(request.id, **self.engine.status(), **self.idle.info()))
             return
         if not isinstance(request, UNTIMED):
             self.idle.begin()
         client.started()
-        self.engine.submit(request, _Reply(client, request))
+        self.engine.submit(request, Reply(client, request))
 
     def client_gone(self, client: Client) -> None:
         """The client can no longer receive events: cancel everything it still has pending."""
@@ -242,6 +150,31 @@ class Server:
 
 
 # ---------------------------------------------------------------------------------- stdin
+
+
+class StdioClient(Client):
+    """Events as JSON lines on the claimed stdout: one write + flush per event, under a lock."""
+
+    def __init__(self, server: Server, out: BinaryIO):
+        super().__init__(server, "stdin")
+        self._out = out
+        self._out_lock = threading.Lock()
+
+    def send(self, event: dict, finished: Request | None = None) -> None:
+        data = (lines.encode_event(event) + "\n").encode("utf-8")
+        broke = False
+        with self._out_lock:
+            if not self.gone:
+                try:
+                    self._out.write(data)
+                    self._out.flush()
+                except (OSError, ValueError) as exc:   # BrokenPipeError: stdout's reader is gone
+                    self.gone = broke = True
+                    log.warning("stdout is closed (%s): stdin's requests are cancelled", exc)
+        if broke:
+            self.server.client_gone(self)
+        if finished is not None:
+            self.request_ended(finished)
 
 
 class StdinFrontend:
@@ -304,158 +237,6 @@ class StdinFrontend:
         server.dispatch(request, client)
 
 
-# ---------------------------------------------------------------------------------- zeromq
-
-
-class ZmqFrontend:
-    """A ROUTER socket served by one thread. Peers are DEALERs: each message is one msgpack
-    request frame; each event goes back as one frame to the identity that asked.
-
-    ROUTER_MANDATORY makes a send to a peer that has disconnected fail (EHOSTUNREACH) instead
-    of vanishing silently: that is how a client that went away is noticed, and its pending
-    requests are then cancelled. SNDHWM is unlimited so that a send never blocks the thread:
-    a peer that reads slowly has its events buffered in the daemon.
-    """
-
-    def __init__(self, address: str, max_frame_bytes: int):
-        self.max_frame_bytes = max_frame_bytes
-        self._ctx = zmq.Context()
-        self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._router.setsockopt(zmq.SNDHWM, 0)
-        self._router.setsockopt(zmq.LINGER, ZMQ_LINGER_MS)
-        try:
-            self._router.bind(address)
-        except zmq.ZMQError as exc:
-            self._router.close(0)
-            self._ctx.term()
-            raise StartupError(f"--zmq {address}: cannot bind: {exc}") from None
-        self.endpoint: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
-        wake_address = f"inproc://flashd-wake-{id(self):x}"
-        self._wake_in = self._ctx.socket(zmq.PAIR)
-        self._wake_in.bind(wake_address)
-        self._wake_out = self._ctx.socket(zmq.PAIR)
-        self._wake_out.connect(wake_address)
-        self._wake_lock = threading.Lock()    # _wake_out is used by any emitting thread
-        self._outbox: queue.SimpleQueue[tuple[ZmqClient, bytes, Request | None]] = queue.SimpleQueue()
-        self._clients: dict[bytes, ZmqClient] = {}   # peers with pending requests (ZeroMQ thread only)
-        self._closing = False
-        self._closed = False
-        self._server: Server | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self, server: Server) -> None:
-        self._server = server
-        self._thread = threading.Thread(target=self._run, name="flashd-zmq", daemon=True)
-        self._thread.start()
-
-    def post(self, client: ZmqClient, frame: bytes, finished: Request | None) -> None:
-        """Queue a frame for `client` (any thread) and wake the ZeroMQ thread."""
-        self._outbox.put((client, frame, finished))
-        if threading.current_thread() is self._thread:
-            return                            # the loop drains the outbox before it polls again
-        self._wake()
-
-    def _wake(self) -> None:
-        with self._wake_lock:
-            if not self._closed:
-                try:
-                    self._wake_out.send(b"", zmq.NOBLOCK)
-                except zmq.Again:             # wake-ups already pending: the thread will run
-                    pass
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued, then close (call after the engine has stopped emitting)."""
-        self._closing = True
-        if self._thread is not None and self._thread.is_alive():
-            self._wake()
-            self._thread.join(timeout)
-        else:
-            self._close_sockets()
-
-    # -- the ZeroMQ thread -------------------------------------------------------------------
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._wake_in, zmq.POLLIN)
-        try:
-            while not self._closing:
-                ready = dict(poller.poll())
-                if self._wake_in in ready:
-                    self._drain_wake()
-                if self._router in ready:
-                    self._receive_some()
-                self._send_outbox()
-            self._send_outbox()
-        except Exception:
-            log.exception("ZeroMQ front end failed")
-            self._server.request_stop("ZeroMQ front end failed")
-        finally:
-            self._close_sockets()
-
-    def _close_sockets(self) -> None:
-        with self._wake_lock:
-            self._closed = True
-            self._wake_out.close(0)
-        self._wake_in.close(0)
-        self._router.close()                  # keeps LINGER: queued frames still go out
-        self._ctx.term()
-
-    def _drain_wake(self) -> None:
-        while True:
-            try:
-                self._wake_in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-
-    def _receive_some(self, max_messages: int = 64) -> None:
-        """Up to max_messages requests, then back to sending (so events keep flowing)."""
-        for _ in range(max_messages):
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._on_message(frames)
-
-    def _on_message(self, frames: list[bytes]) -> None:
-        server = self._server
-        identity = frames[0]
-        client = self._clients.get(identity)
-        if client is None:
-            client = self._clients[identity] = ZmqClient(server, self, identity)
-        default_id = server.next_id()
-        if len(frames) != 2:
-            client.send(error_event(default_id, "bad_request", f"expected one msgpack frame per message, "
-                                                               f"got {len(frames) - 1} frames"))
-            return
-        try:
-            request = server.files.check(wire.decode_request(frames[1], default_id, self.max_frame_bytes))
-        except ProtocolError as exc:
-            client.send(error_event(exc.request_id, exc.code, exc.message))   # None: id given but unreadable
-            return
-        server.dispatch(request, client)
-
-    def _send_outbox(self) -> None:
-        while True:
-            try:
-                client, frame, finished = self._outbox.get_nowait()
-            except queue.Empty:
-                return
-            if not client.gone:
-                try:
-                    self._router.send_multipart([client.identity, frame], zmq.NOBLOCK)
-                except zmq.ZMQError as exc:
-                    if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                        raise
-                    client.gone = True
-                    log.info("%s is unreachable (%s)", client.name, exc)
-                    self._server.client_gone(client)
-            if finished is not None:
-                client.request_ended(finished)
-            if client.pending == 0 and self._clients.get(client.identity) is client:
-                del self._clients[client.identity]
-
-
 # ---------------------------------------------------------------------------------- process
 
 
@@ -487,6 +268,29 @@ def _calibrated(config: ServeConfig, prefill: str | None) -> tuple[PFlashConfig,
     return dataclasses.replace(config.pflash, **fill), calibration.as_dict()
 
 
+def _file_access(config: ServeConfig, model, drafts: tuple[str, ...], prefill: str | None) -> FileAccess:
+    """Where requests may read @file prompts and load drafters from: the configured directories,
+    and the models' own for drafters."""
+    try:
+        files = FileAccess.build(config.allow_files, config.allow_models,
+                                 [str(model), *(d for d in drafts if d not in BUILTIN_DRAFTS), prefill],
+                                 config.max_request_bytes)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    log.info("requests may read @file prompts from %s and load drafters from %s",
+             ", ".join(files.ids_dirs) or "nowhere (--allow-files none)", ", ".join(files.model_dirs))
+    return files
+
+
+def _ready_event(engine, config: ServeConfig, endpoint: str | None, drafts: tuple[str, ...], prefill: str | None,
+                 pflash: PFlashConfig, calibration: dict | None) -> dict:
+    return ready_event(**{**engine.ready_info(), "zmq": endpoint, "stdin": config.stdin,
+                          "drafts": list(drafts), "prefill_drafter": prefill,
+                          "pflash": {"keep": pflash.keep, "score_layers": pflash.score_layers,
+                                     "score_from": pflash.score_from, "calibration": calibration},
+                          "keep_alive_s": config.keep_alive_s})
+
+
 def serve(config: ServeConfig) -> int:
     """Run the daemon until it is told to stop; the process exit status."""
     setup_logging(config.log_level)
@@ -496,14 +300,7 @@ def serve(config: ServeConfig) -> int:
         model = resolve_model(config.model, "--model")
         drafts, prefill = _resolve_drafts(config)
         pflash, calibration = _calibrated(config, prefill)
-        try:
-            files = FileAccess.build(config.allow_files, config.allow_models,
-                                     [str(model), *(d for d in drafts if d not in BUILTIN_DRAFTS), prefill],
-                                     config.max_request_bytes)
-        except ValueError as exc:
-            raise StartupError(str(exc)) from None
-        log.info("requests may read @file prompts from %s and load drafters from %s",
-                 ", ".join(files.ids_dirs) or "nowhere (--allow-files none)", ", ".join(files.model_dirs))
+        files = _file_access(config, model, drafts, prefill)
         if config.zmq is not None:            # bind before the (long) load: a bad address fails fast
             zmq_frontend = ZmqFrontend(config.zmq, config.max_request_bytes)
             if config.zmq_allow_remote:
@@ -531,11 +328,7 @@ def serve(config: ServeConfig) -> int:
     signals = StopSignals(server.request_stop)
     engine.start()
     endpoint = zmq_frontend.endpoint if zmq_frontend is not None else None
-    ready = ready_event(**{**engine.ready_info(), "zmq": endpoint, "stdin": config.stdin,
-                           "drafts": list(drafts), "prefill_drafter": prefill,
-                           "pflash": {"keep": pflash.keep, "score_layers": pflash.score_layers,
-                                      "score_from": pflash.score_from, "calibration": calibration},
-                           "keep_alive_s": config.keep_alive_s})
+    ready = _ready_event(engine, config, endpoint, drafts, prefill, pflash, calibration)
     stdio.send(ready)
     ready_file = ReadyFile(config.ready_file) if config.ready_file is not None else None
     log.info("ready: serving %s", " and ".join(
