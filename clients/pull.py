@@ -16,7 +16,6 @@ buffers: no model, wheel or slice is ever held in memory.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import http.client
 import json
@@ -24,7 +23,6 @@ import os
 import shutil
 import socket
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,6 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .file_lock import FileLock
 from .registry import (
     FetchConfig,
     KnownModel,
@@ -67,64 +66,8 @@ def _fail(source: str, reason: str, *, unreachable: bool) -> _SourceFailed:
 
 
 # ----------------------------------------------------------------------------------------------
-# Small pieces: locking, progress, hashing, HTTP
+# Small pieces: progress, hashing, HTTP
 # ----------------------------------------------------------------------------------------------
-
-class FileLock:
-    """An exclusive flock on `path` (created if missing), so one process downloads a model while
-    others wait. flock locks belong to the open file, so two FileLocks on one path exclude each
-    other within one process too. `timeout_s` None waits forever; on_wait() is called once if
-    the lock is busy."""
-
-    def __init__(self, path: Path, timeout_s: float | None = None, on_wait=None):
-        self.path = Path(path)
-        self.timeout_s = timeout_s
-        self.on_wait = on_wait
-        self._file = None
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        told = False
-        try:
-            while True:
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                        raise
-                if not told and self.on_wait is not None:
-                    self.on_wait()
-                    told = True
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise ModelFetchError(
-                        f"timed out after {self.timeout_s:g} s waiting for the lock {self.path} "
-                        f"(another process is downloading this model)")
-                time.sleep(0.1)
-        except BaseException:
-            handle.close()
-            raise
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")  # who holds it, for a human looking at a stuck pull
-        handle.flush()
-        self._file = handle
-
-    def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-
-    def __enter__(self) -> "FileLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
 
 def _bar(total: int | None, desc: str, progress: bool, initial: int = 0) -> tqdm:
     return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,

@@ -30,20 +30,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import functools
-import re
 import sys
 import zlib
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import gguf
-from gguf.constants import GGML_QUANT_SIZES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
+from gguf.constants import GGML_QUANT_SIZES, MODEL_TENSOR, MODEL_TENSORS
 
 from flashd.scripts.gguf_out import written_gguf
+from flashd.scripts.kquants import OWN_QUANTIZERS
+from flashd.scripts.synthetic_arch import ARCH_LAYOUTS, TensorSlot
+from flashd.scripts.synthetic_vocab import N_BYTE_TOKENS, SPECIAL_TOKENS, build_vocab, bytes_to_unicode  # noqa: F401 (bytes_to_unicode: re-exported)
 
 # ----------------------------------------------------------------------------------------------
 # Spec
@@ -70,10 +70,6 @@ _FILE_TYPE: dict[str, gguf.LlamaFileType] = {
     "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_S,
     "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
 }
-
-# Special tokens, appended after the byte and merge tokens (ChatML, as in Qwen2.5 and SmolLM2).
-SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-N_BYTE_TOKENS = 256
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -173,91 +169,6 @@ class TensorPlan:
     def n_bytes(self) -> int:
         block_size, type_size = GGML_QUANT_SIZES[self.qtype]
         return int(np.prod(self.shape)) // block_size * type_size
-
-
-@dataclass(slots=True, frozen=True)
-class TensorSlot:
-    """A tensor of the architecture before its type and distribution are decided."""
-
-    kind: MODEL_TENSOR          # gguf.constants tensor kind (must belong to the arch)
-    suffix: str                 # "weight" | "bias"
-    shape: tuple[int, ...]      # numpy shape, rows first
-    role: str                   # "embedding" | "matrix" | "out_matrix" (writes into the residual
-                                # stream) | "lm_head" | "norm" | "bias": picks the initial distribution
-    bid: int | None = None      # block index for blk.N tensors
-
-    @property
-    def name(self) -> str:
-        return TENSOR_NAMES[self.kind].format(bid=self.bid) + "." + self.suffix
-
-
-@dataclass(slots=True, frozen=True)
-class ArchLayout:
-    """What distinguishes one architecture's file; a new arch is one more entry in ARCH_LAYOUTS."""
-
-    model_arch: gguf.MODEL_ARCH
-    tokenizer_pre: str                                            # tokenizer.ggml.pre
-    layer_tensors: Callable[[SyntheticSpec, int], list[TensorSlot]]  # the tensors of block `bid`
-    write_arch_metadata: Callable[[gguf.GGUFWriter, SyntheticSpec], None]  # arch-specific keys
-
-
-def _dense_layer_tensors(spec: SyntheticSpec, bid: int, *, qkv_bias: bool, qk_norm: bool) -> list[TensorSlot]:
-    """One pre-norm attention + SwiGLU block (llama / qwen2 / qwen3)."""
-    T = MODEL_TENSOR
-    hd = spec.head_dim_resolved
-    q_dim, kv_dim = spec.n_heads * hd, spec.n_kv_heads * hd
-    out = [TensorSlot(T.ATTN_NORM, "weight", (spec.hidden,), "norm", bid)]
-    for kind, rows in ((T.ATTN_Q, q_dim), (T.ATTN_K, kv_dim), (T.ATTN_V, kv_dim)):
-        out.append(TensorSlot(kind, "weight", (rows, spec.hidden), "matrix", bid))
-        if qkv_bias:
-            out.append(TensorSlot(kind, "bias", (rows,), "bias", bid))
-    if qk_norm:   # RMSNorm over each head's hd values, one weight vector shared by all heads
-        out.append(TensorSlot(T.ATTN_Q_NORM, "weight", (hd,), "norm", bid))
-        out.append(TensorSlot(T.ATTN_K_NORM, "weight", (hd,), "norm", bid))
-    out += [
-        TensorSlot(T.ATTN_OUT, "weight", (spec.hidden, q_dim), "out_matrix", bid),
-        TensorSlot(T.FFN_NORM, "weight", (spec.hidden,), "norm", bid),
-        TensorSlot(T.FFN_GATE, "weight", (spec.ffn, spec.hidden), "matrix", bid),
-        TensorSlot(T.FFN_UP, "weight", (spec.ffn, spec.hidden), "matrix", bid),
-        TensorSlot(T.FFN_DOWN, "weight", (spec.hidden, spec.ffn), "out_matrix", bid),
-    ]
-    return out
-
-
-def _write_head_dim_keys(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
-    writer.add_key_length(spec.head_dim_resolved)
-    writer.add_value_length(spec.head_dim_resolved)
-
-
-def _llama_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
-    # The llama converter also writes these two keys.
-    writer.add_vocab_size(spec.vocab_size)
-    writer.add_rope_dimension_count(spec.head_dim_resolved)
-    if spec.head_dim_resolved * spec.n_heads != spec.hidden:
-        _write_head_dim_keys(writer, spec)
-
-
-def _qwen2_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
-    if spec.head_dim_resolved * spec.n_heads != spec.hidden:
-        _write_head_dim_keys(writer, spec)
-
-
-def _qwen3_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
-    # Qwen3 configs carry head_dim, so the converter always writes key_length/value_length.
-    _write_head_dim_keys(writer, spec)
-
-
-ARCH_LAYOUTS: dict[str, ArchLayout] = {
-    "llama": ArchLayout(
-        gguf.MODEL_ARCH.LLAMA, "smollm",
-        functools.partial(_dense_layer_tensors, qkv_bias=False, qk_norm=False), _llama_metadata),
-    "qwen2": ArchLayout(
-        gguf.MODEL_ARCH.QWEN2, "qwen2",
-        functools.partial(_dense_layer_tensors, qkv_bias=True, qk_norm=False), _qwen2_metadata),
-    "qwen3": ArchLayout(
-        gguf.MODEL_ARCH.QWEN3, "qwen2",
-        functools.partial(_dense_layer_tensors, qkv_bias=False, qk_norm=True), _qwen3_metadata),
-}
 
 
 def _init_distribution(spec: SyntheticSpec, role: str, shape: tuple[int, ...]) -> tuple[float, float]:
@@ -371,295 +282,11 @@ def encode_tensor(x: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray
     Returns float32/float16 arrays of x's shape for F32/F16, else uint8 (n_rows, bytes_per_row).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if qtype in _OWN_QUANTIZERS:
+    if qtype in OWN_QUANTIZERS:
         block_size = GGML_QUANT_SIZES[qtype][0]
-        blocks = _OWN_QUANTIZERS[qtype](x.reshape(-1, block_size))
+        blocks = OWN_QUANTIZERS[qtype](x.reshape(-1, block_size))
         return blocks.reshape(*x.shape[:-1], -1)
     return gguf.quants.quantize(x, qtype)
-
-
-# ----------------------------------------------------------------------------------------------
-# K-quant encoders (gguf 0.19 can dequantize Q4_K/Q5_K/Q6_K but not quantize them)
-#
-# Simple, exact-range quantizers, not llama.cpp's error-minimising search: the scales are rounded
-# *up* onto their grids so no value is ever clipped, and every value is rounded to its nearest
-# level, so |dequant - x| <= half a quantization step of its sub-block.
-# ----------------------------------------------------------------------------------------------
-
-QK_K = 256
-
-
-def _f16_round_up(x: np.ndarray) -> np.ndarray:
-    """The smallest float16 >= x (x >= 0, finite), as float32."""
-    h = x.astype(np.float16)
-    if not np.all(np.isfinite(h)):
-        raise ValueError("weights too large for a float16 block scale")
-    low = h.astype(np.float32) < x
-    h[low] = np.nextafter(h[low], np.float16(np.inf))
-    return h.astype(np.float32)
-
-
-def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(b > 0, a / np.where(b > 0, b, 1), 0).astype(np.float32)
-
-
-def _affine_k_scales(x: np.ndarray, n_levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Scales of the Q4_K/Q5_K form y = d*sc[j]*q - dmin*m[j], q in [0, n_levels), sc, m in [0, 63].
-
-    x: (n_blocks, 8, 32). Returns d, dmin (n_blocks,) f16-exact float32, sc, m (n_blocks, 8) uint8
-    and q (n_blocks, 8, 32) uint8.
-    """
-    sub_min = np.minimum(x.min(axis=-1), 0.0)                     # (n, 8), <= 0 as in ggml
-    sub_max = x.max(axis=-1)
-    dmin = _f16_round_up(np.max(-sub_min, axis=-1) / 63)          # (n,)
-    m = np.ceil(_safe_div(-sub_min, dmin[:, None])).clip(0, 63)    # offset dmin*m <= sub_min: covers
-    offset = dmin[:, None] * m                                     # (n, 8), >= -sub_min
-    need = (sub_max + offset) / (n_levels - 1)                     # step that reaches sub_max
-    d = _f16_round_up(np.max(need, axis=-1) / 63)
-    sc = np.ceil(_safe_div(need, d[:, None])).clip(0, 63)
-    step = d[:, None] * sc
-    q = np.rint(_safe_div(x + offset[..., None], np.broadcast_to(step[..., None], x.shape)))
-    q = q.clip(0, n_levels - 1)
-    return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
-
-
-def _pack_k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """ggml's 12-byte packing of eight 6-bit scales and mins (inverse of Q4_K.get_scale_min)."""
-    lo_sc, hi_sc = sc[:, :4], sc[:, 4:]
-    lo_m, hi_m = m[:, :4], m[:, 4:]
-    b0 = (lo_sc & 0x3F) | ((hi_sc >> 4) << 6)
-    b1 = (lo_m & 0x3F) | ((hi_m >> 4) << 6)
-    b2 = (hi_sc & 0x0F) | ((hi_m & 0x0F) << 4)
-    return np.concatenate([b0, b1, b2], axis=-1).astype(np.uint8)
-
-
-def _pack_nibbles_k(q_low: np.ndarray) -> np.ndarray:
-    """Low 4 bits of (n, 8, 32) values: byte c*32+i holds sub-block 2c (low) and 2c+1 (high)."""
-    q_low = (q_low & 0x0F).reshape(-1, 4, 2, 32)
-    return (q_low[:, :, 0, :] | (q_low[:, :, 1, :] << 4)).reshape(-1, 128)
-
-
-def _f16_bytes(v: np.ndarray) -> np.ndarray:
-    return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
-
-
-def quantize_q4_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) float32 -> (n, 144) uint8: d f16, dmin f16, scales[12], qs[128]."""
-    d, dmin, sc, m, q = _affine_k_scales(blocks.reshape(-1, 8, 32), 16)
-    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, m), _pack_nibbles_k(q)], axis=-1)
-
-
-def quantize_q5_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) float32 -> (n, 176) uint8: d, dmin, scales[12], qh[32] (bit j = sub-block j), qs[128]."""
-    d, dmin, sc, m, q = _affine_k_scales(blocks.reshape(-1, 8, 32), 32)
-    high = (q >> 4) & 1                                             # (n, 8, 32)
-    qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
-    for j in range(8):
-        qh |= high[:, j, :] << j
-    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, m), qh, _pack_nibbles_k(q)], axis=-1)
-
-
-def quantize_q6_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) float32 -> (n, 210) uint8: ql[128], qh[64], scales int8[16], d f16.
-
-    y = d * scales[s] * (q - 32), q in [0, 64), sub-blocks s of 16 values.
-    """
-    x = blocks.reshape(-1, 16, 16)
-    # Step that keeps the sub-block inside [-32, 31] levels (negative side reaches -32).
-    need = np.maximum(np.maximum(-x.min(axis=-1), 0) / 32, np.maximum(x.max(axis=-1), 0) / 31)  # (n, 16)
-    d = _f16_round_up(np.max(need, axis=-1) / 127)
-    sc = np.ceil(_safe_div(need, d[:, None])).clip(0, 127)
-    step = d[:, None] * sc
-    q = np.rint(_safe_div(x, np.broadcast_to(step[..., None], x.shape))).clip(-32, 31)
-    q = (q + 32).astype(np.uint8).reshape(-1, 2, 128)               # halves of 128 values
-    low = q & 0x0F
-    high = q >> 4
-    # ql[h*64 + b]: low nibble = value h*128+b, high nibble = value h*128+64+b
-    ql = (low[:, :, :64] | (low[:, :, 64:] << 4)).reshape(-1, 128)
-    # qh[h*32 + b] bits 2k..2k+1 = high bits of value h*128 + 32k + b
-    high = high.reshape(-1, 2, 4, 32)
-    qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)).reshape(-1, 64)
-    scales = sc.astype(np.int8).view(np.uint8)
-    return np.concatenate([ql, qh, scales, _f16_bytes(d)], axis=-1)
-
-
-_OWN_QUANTIZERS: dict[gguf.GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
-    gguf.GGMLQuantizationType.Q4_K: quantize_q4_k,
-    gguf.GGMLQuantizationType.Q5_K: quantize_q5_k,
-    gguf.GGMLQuantizationType.Q6_K: quantize_q6_k,
-}
-
-
-# ----------------------------------------------------------------------------------------------
-# Tokenizer: GPT-2 byte-level BPE trained on a small embedded English + code text
-# ----------------------------------------------------------------------------------------------
-
-_TRAINING_TEXT = '''\
-The quick brown fox jumps over the lazy dog. A language model reads text as a sequence of tokens
-and predicts the next one. When the model is small, it runs fast on the local machine; when it is
-large, the weights are stored in quantized formats and read from memory for every new token. This
-is the reason that decoding at batch one is bound by memory bandwidth and by the time it takes to
-launch the kernels, and not by the number of operations. Speculative decoding drafts several
-tokens with a cheap model and then verifies all of them with one forward pass of the target, so
-the output is exactly the same as plain greedy decoding while the number of passes goes down.
-Hello, world! How are you today? I am fine, thank you. What is the answer to this question?
-The user asked the assistant to write a function that returns the sum of the numbers in a list,
-and the assistant wrote the function, tested it, and explained how it works in a few sentences.
-
-def fibonacci(n: int) -> int:
-    """Return the n-th Fibonacci number."""
-    if n < 2:
-        return n
-    a, b = 0, 1
-    for _ in range(n - 1):
-        a, b = b, a + b
-    return b
-
-
-class Tokenizer:
-    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
-        self.vocab = vocab
-        self.merges = {pair: rank for rank, pair in enumerate(merges)}
-
-    def encode(self, text: str) -> list[int]:
-        tokens = [self.vocab[ch] for ch in text]
-        return tokens
-
-
-for i in range(10):
-    print(f"value {i}: {i * i}")
-
-import numpy as np
-x = np.zeros((4, 8), dtype=np.float32)
-result = {"name": "model", "layers": 24, "hidden_size": 1536, "vocab_size": 151936}
-if result["layers"] > 0 and x.shape[0] == 4:
-    print("ok", result)
-else:
-    raise ValueError("the model has no layers")
-'''
-
-# ASCII rendering of the qwen2 / llama-bpe pre-tokenizer pattern (the embedded text is ASCII):
-# contractions | optional non-letter + letters | one digit | punctuation run | newlines | spaces.
-_PRETOKEN_RE = re.compile(
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]| ?[^\sA-Za-z0-9]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
-@functools.cache
-def bytes_to_unicode() -> tuple[str, ...]:
-    """GPT-2's printable character for each byte value 0..255 (index = byte)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return tuple(chr(table[b]) for b in range(256))
-
-
-def _byte_tokens_in_vocab_order() -> list[str]:
-    """The 256 byte tokens in GPT-2 / Qwen id order (printable bytes first: '!' is id 0)."""
-    chars = bytes_to_unicode()
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    rest = [b for b in range(256) if b not in set(printable)]
-    return [chars[b] for b in printable + rest]
-
-
-@dataclass(slots=True, frozen=True)
-class SyntheticVocab:
-    tokens: tuple[str, ...]        # id -> token string (byte-level unicode form)
-    token_types: tuple[int, ...]   # gguf.TokenType: NORMAL for bytes and merges, CONTROL for specials
-    merges: tuple[str, ...]        # "left right", highest priority first
-    bos_id: int
-    eos_id: int
-    pad_id: int
-
-
-def _train_merges(text: str, max_merges: int) -> list[tuple[str, str]]:
-    """Byte-level BPE merges learned from `text` (most frequent pair first, ties by pair order)."""
-    chars = bytes_to_unicode()
-    word_counts = Counter(_PRETOKEN_RE.findall(text))
-    words = [[chars[b] for b in w.encode("utf-8")] for w in word_counts]
-    freqs = list(word_counts.values())
-    pair_counts: Counter[tuple[str, str]] = Counter()
-    pair_words: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
-    for i, w in enumerate(words):
-        for pair in zip(w, w[1:]):
-            pair_counts[pair] += freqs[i]
-            pair_words[pair].add(i)
-
-    merges: list[tuple[str, str]] = []
-    while len(merges) < max_merges and pair_counts:
-        best = min(pair_counts, key=lambda p: (-pair_counts[p], p))
-        merges.append(best)
-        joined = best[0] + best[1]
-        for i in sorted(pair_words.pop(best)):
-            old = words[i]
-            for pair in zip(old, old[1:]):
-                pair_counts[pair] -= freqs[i]
-                if pair_counts[pair] == 0:
-                    del pair_counts[pair]
-            new: list[str] = []
-            k = 0
-            while k < len(old):
-                if k + 1 < len(old) and (old[k], old[k + 1]) == best:
-                    new.append(joined)
-                    k += 2
-                else:
-                    new.append(old[k])
-                    k += 1
-            words[i] = new
-            for pair in zip(new, new[1:]):
-                pair_counts[pair] += freqs[i]
-                pair_words[pair].add(i)
-    return merges
-
-
-@functools.cache
-def build_vocab(vocab_size: int) -> SyntheticVocab:
-    """256 byte tokens, merge tokens up to vocab_size - 3, then the 3 special tokens.
-
-    Merges come from BPE on the embedded text; when the text has no pairs left (vocabularies larger
-    than a few hundred merges, e.g. the real 151936), further merges extend existing tokens by one
-    lowercase letter, in id order, so every token still comes from exactly one merge rule chain.
-    """
-    n_merge_tokens = vocab_size - N_BYTE_TOKENS - len(SPECIAL_TOKENS)
-    tokens = _byte_tokens_in_vocab_order()
-    known = set(tokens)
-    merges: list[str] = []
-    # Training can repeat a result string ("a"+"bc" and "ab"+"c"); such a rule adds no token, so
-    # ask for enough rules and stop at the token count.
-    for left, right in _train_merges(_TRAINING_TEXT, n_merge_tokens * 2):
-        if len(tokens) - N_BYTE_TOKENS == n_merge_tokens:
-            break
-        merges.append(f"{left} {right}")
-        if left + right not in known:
-            known.add(left + right)
-            tokens.append(left + right)
-    letters = [bytes_to_unicode()[b] for b in range(ord("a"), ord("z") + 1)]
-    stem = N_BYTE_TOKENS  # extend merge tokens in id order, including the ones made here
-    while len(tokens) - N_BYTE_TOKENS < n_merge_tokens:
-        # The newest token is the longest, so its extensions are new: stem never passes the end.
-        assert stem < len(tokens)
-        left = tokens[stem]
-        stem += 1
-        for letter in letters:
-            if len(tokens) - N_BYTE_TOKENS == n_merge_tokens:
-                break
-            if left + letter not in known:
-                known.add(left + letter)
-                tokens.append(left + letter)
-                merges.append(f"{left} {letter}")
-    n_normal = len(tokens)
-    tokens += SPECIAL_TOKENS
-    token_types = [int(gguf.TokenType.NORMAL)] * n_normal + [int(gguf.TokenType.CONTROL)] * len(SPECIAL_TOKENS)
-    endoftext, _, im_end = (n_normal + i for i in range(len(SPECIAL_TOKENS)))
-    return SyntheticVocab(tuple(tokens), tuple(token_types), tuple(merges),
-                          bos_id=endoftext, eos_id=im_end, pad_id=endoftext)
 
 
 # ----------------------------------------------------------------------------------------------
