@@ -11,7 +11,7 @@ captured decode step; L2 is flushed before every repetition (bench/timing.py).
 Checks:
   fd_argmax  exact: token ids are integers and the rule is defined (the lowest id wins a tie).
   fd_sample  token for token against flashd.daemon.sampling.sample at CHECK_STEPS steps (u = uniform(seed,
-             step) is defined, so the sampled token is too), except where tests/sampling_boundaries.py
+             step) is defined, so the sampled token is too), except where tests/sampling/sampling_boundaries.py
              finds a decision within float32 rounding of its threshold (the kernel computes in float32,
              the reference in float64): there the token must lie in the loosened kept set. The same rule as
              tests/gpu/test_sampling_gpu.py. Greedy (temperature 0) is fd_argmax's job: fd_sample refuses it.
@@ -78,14 +78,14 @@ class SampleCheck:
     """Device tokens vs the reference's at each step; off a float32 boundary they must be equal."""
 
     reason = ("fd_sample follows flashd.daemon.sampling exactly (counter-based u); a token may differ only "
-              "where a threshold or u lies within float32 rounding of a boundary (tests/sampling_boundaries.py), "
+              "where a threshold or u lies within float32 rounding of a boundary (tests/sampling/sampling_boundaries.py), "
               "and must then be in the loosened kept set")
 
     def __init__(self, logits, history, params, steps):
         self.logits, self.history, self.params, self.steps = logits, history, params, list(steps)
 
     def __call__(self, got, want) -> str | None:
-        boundaries = repo_module("tests/sampling_boundaries.py").boundaries
+        boundaries = repo_module("tests/sampling/sampling_boundaries.py").boundaries
         for step, g, w in zip(self.steps, got.tolist(), want.tolist()):
             if g == w:
                 continue

@@ -65,9 +65,9 @@ def load_flashd(target: str, max_ctx: int, device: str):
 def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
     """[(label, drafter, mode, budget)] of the configurations to run."""
     from flashd.clients.registry import resolve_model
-    from flashd.daemon.spec.draft_model import DraftModelConfig, DraftModelDrafter
-    from flashd.daemon.spec.loader import DrafterContext, load_drafter
-    from flashd.daemon.spec.ngram import NgramDrafter
+    from flashd.daemon.speculative.draft_model import DraftModelConfig, DraftModelDrafter
+    from flashd.daemon.speculative.loader import DrafterContext, load_drafter
+    from flashd.daemon.speculative.ngram import NgramDrafter
 
     ctx = DrafterContext(backend=engine.backend, target_file=engine.model.file, target_model=engine.model,
                          max_ctx=engine.config.max_ctx, prefill_chunk=engine.config.prefill_chunk)
@@ -113,8 +113,8 @@ def timed(gen) -> tuple[list[int], float]:
 
 
 def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_warm: int) -> list[Row]:
-    from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
-    from flashd.daemon.spec.policy import DepthPolicy
+    from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.speculative.policy import DepthPolicy
     from flashd.protocol.messages import SamplingParams
 
     greedy = SamplingParams()

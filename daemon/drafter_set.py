@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from ..protocol import messages as m
 from ..protocol.errors import ProtocolError
-from .spec.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
-from .spec.drafter import Drafter, DrafterLoadError
-from .spec.loader import NGRAM, DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
-from .spec.ngram import NgramConfig, NgramDrafter
-from .spec.policy import DepthPolicy
+from .speculative.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
+from .speculative.drafter import Drafter, DrafterLoadError
+from .speculative.loader import NGRAM, DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
+from .speculative.ngram import NgramConfig, NgramDrafter
+from .speculative.policy import DepthPolicy
 
 __all__ = ["DrafterSet", "ParkedDrafter"]
 

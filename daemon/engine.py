@@ -35,8 +35,8 @@ from .pflash.service import PrefillCompressor
 from .prefix_cache import PrefixStore
 from .request_queue import Emit, Job, RequestQueue
 from .runner import ModelRunner
-from .spec.drafter import DrafterLoadError
-from .spec.loader import DrafterContext
+from .speculative.drafter import DrafterLoadError
+from .speculative.loader import DrafterContext
 
 __all__ = ["Engine", "Emit"]
 

@@ -17,7 +17,7 @@ from ..protocol.messages import done_event, token_event
 from .drafter_set import ParkedDrafter
 from .pflash.service import compressed_fields
 from .request_queue import Job
-from .spec.decoder import SpecStats
+from .speculative.decoder import SpecStats
 from .stops import StopMatcher
 
 if TYPE_CHECKING:

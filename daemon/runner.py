@@ -150,7 +150,7 @@ class ModelRunner:
     def reset(self) -> None:
         self.n_past = 0
 
-    # -- speculative decoding (daemon/spec/decoder.py) -------------------------------------------
+    # -- speculative decoding (daemon/speculative/decoder.py) -------------------------------------------
     @property
     def max_tree_nodes(self) -> int:
         """The largest tree `forward_tree` takes (nodes, root included)."""

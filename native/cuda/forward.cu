@@ -22,7 +22,7 @@
 // items in a stage arrives at once. Since every stage has an item somewhere, counters[k] == n_ctas implies
 // every earlier stage is complete too (induction), so no stage reads a buffer a later stage writes.
 // The last CTA to finish (a final counter) reduces the argmax partials and zeroes every counter for
-// the next launch. tests/test_forward_schedule.py emulates this protocol for many shapes and SM counts.
+// the next launch. tests/emulation/test_forward_schedule.py emulates this protocol for many shapes and SM counts.
 //
 // The weight ring. Weights do not depend on activations, so each warp streams ITS steps of every GEMV
 // stage, in order, through a private byte ring of shared memory with 16-byte cp.async -- across stage
@@ -171,7 +171,7 @@ __device__ __forceinline__ void arrive_stage(const FwdParams& P, int k) {
 // once it fits behind the oldest unconsumed one and fewer than RING_MAX_INFLIGHT are in flight (an empty
 // ring starts again at offset 0, where any entry fits); each is
 // one cp.async commit group, so "the oldest has landed" is wait_group(in flight - 1). The consumer
-// re-derives each entry's place with the same rule (tests/test_forward_schedule.py emulates it).
+// re-derives each entry's place with the same rule (tests/emulation/test_forward_schedule.py emulates it).
 constexpr int RING_MAX_INFLIGHT = 8;
 
 struct Ring {

@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     const int stride = gridDim.x * n_warps;
     const int s0 = warp * gridDim.x + blockIdx.x;   // consecutive steps go to different CTAs (SMs)
-    uint8_t* stage = smem + a.stage_off + (size_t)warp * a.n_bufs * a.stage_bytes;
+    uint8_t* stage = smem + a.stage_off_bytes + (size_t)warp * a.n_bufs * a.stage_bytes;
 
     if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // weights: in flight during the prologue ...
     cp_async_commit();
@@ -139,7 +139,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         // mid-size matrices: all loads in flight at once, no tail); else persistent double-buffered
         // warps, as many rounds as needed and warps spread so rounds are even.
         const int max_warps = max_warps_for(nx, swiglu);
-        const int64_t avail = (int64_t)dev.max_smem - p.stage_off;
+        const int64_t avail = (int64_t)dev.max_smem - p.stage_off_bytes;
         const int64_t fit1 = std::min<int64_t>(avail / a.stage_bytes, max_warps);
         const int64_t fit2 = std::min<int64_t>(avail / (2 * (int64_t)a.stage_bytes), max_warps);
         if (fit1 < 1) return FD_E_SHAPE;
@@ -158,7 +158,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
             const int64_t rounds = (steps + ctas * fit2 - 1) / (ctas * fit2);
             warps = std::min<int64_t>(std::max<int64_t>((steps + ctas * rounds - 1) / (ctas * rounds), MIN_CTA_WARPS), fit2);
         }
-        const size_t smem = (size_t)p.stage_off + (size_t)warps * p.n_bufs * a.stage_bytes;
+        const size_t smem = (size_t)p.stage_off_bytes + (size_t)warps * p.n_bufs * a.stage_bytes;
         const int w = (int)warps;
         const bool xq = pl.xq;
         const int st = swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)

@@ -103,11 +103,11 @@ struct GemvArgs {
     const float* residual;    // (n_x, rows) of mat[0] or NULL
     float eps;
     int cols, n_x;
-    int x_off[XL_COUNT];      // float offset of each layout's staged rows (xn * 2^X_SCALE_LOG2), -1 if unused
+    int x_off_floats[XL_COUNT];      // float offset of each layout's staged rows (xn * 2^X_SCALE_LOG2), -1 if unused
     int x_row[XL_COUNT];      // floats per staged row in that layout
     int xsum16_off, xsum32_off;   // sums of xn over 16 / 32 consecutive columns (n_x rows each), -1 if unused
     int xsum16_row, xsum32_row;
-    int stage_off;            // byte offset of the warp stage buffers (16-aligned)
+    int stage_off_bytes;            // byte offset of the warp stage buffers (16-aligned)
     int stage_bytes;          // one buffer; a warp owns n_bufs
     int n_bufs;               // 2: double-buffered steps; 1: every warp has a single step
     int range_bytes;          // swiglu: the up rows start range_bytes into a buffer
@@ -218,7 +218,7 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
                 const float xn = v[u] * scale[i] * nw[u];
 #pragma unroll
                 for (int L = 0; L < XL_COUNT; ++L)
-                    if (a.x_off[L] >= 0) smf[a.x_off[L] + i * a.x_row[L] + x_phys(L, c)] = xn * up;
+                    if (a.x_off_floats[L] >= 0) smf[a.x_off_floats[L] + i * a.x_row[L] + x_phys(L, c)] = xn * up;
                 if (a.xsum16_off >= 0) {
                     float s = xn;
 #pragma unroll
@@ -515,7 +515,7 @@ __device__ __forceinline__ XViews x_views(const GemvArgs& a, const float* smf) {
     XViews v;
 #pragma unroll
     for (int L = 0; L < XL_COUNT; ++L) {
-        v.xs[L] = smf + (a.x_off[L] >= 0 ? a.x_off[L] : 0);
+        v.xs[L] = smf + (a.x_off_floats[L] >= 0 ? a.x_off_floats[L] : 0);
         v.x_row[L] = a.x_row[L];
     }
     v.xsum16 = smf + (a.xsum16_off >= 0 ? a.xsum16_off : 0);
@@ -839,13 +839,13 @@ inline int gemv_plan(int n_mats, const MatIn* mats, bool swiglu, int cols, const
 
 // The shared-memory layout of a pass of nx staged x rows: scratch | x rows per layout (float) | xsum16 |
 // xsum32 | xsc | x8 rows per layout | (16-aligned) stage buffers. Sets p's offsets and n_x; returns the
-// byte offset of the stage buffers (p->stage_off), i.e. the bytes the staged activations take.
+// byte offset of the stage buffers (p->stage_off_bytes), i.e. the bytes the staged activations take.
 inline int gemv_layout(const GemvPlan& pl, int nx, GemvArgs* p) {
     const GemvArgs& a = pl.a;
     p->n_x = nx;
     int off = scratch_bytes_for(nx) / 4;
     for (int L = 0; L < XL_COUNT; ++L) {
-        p->x_off[L] = pl.layout_used[L] ? off : -1;
+        p->x_off_floats[L] = pl.layout_used[L] ? off : -1;
         if (pl.layout_used[L]) off += nx * a.x_row[L];
     }
     p->xsum16_off = pl.need_xsum ? off : -1;
@@ -859,7 +859,7 @@ inline int gemv_layout(const GemvPlan& pl, int nx, GemvArgs* p) {
         p->x8_off[L] = pl.layout8_used[L] ? off_bytes : -1;
         if (pl.layout8_used[L]) off_bytes += nx * a.x8_row[L];
     }
-    p->stage_off = off_bytes;
+    p->stage_off_bytes = off_bytes;
     return off_bytes;
 }
 

@@ -11,7 +11,7 @@
 //   C 16x8  (f32):        c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]
 // ldmatrix.x4 loads four 8x8 b16 matrices: lanes 8j..8j+7 give the row addresses of matrix j and
 // register j of lane l receives row l/4, elements 2(l%4)..2(l%4)+1 of matrix j (.trans: column
-// l/4, rows 2(l%4)..2(l%4)+1). tests/test_gemm_tiling.py and tests/test_flash_tiling.py emulate
+// l/4, rows 2(l%4)..2(l%4)+1). tests/emulation/test_gemm_tiling.py and tests/emulation/test_flash_tiling.py emulate
 // these layouts together with the address formulas the kernels use.
 //
 // Everything device-side here needs sm_80 (cp.async, m16n8k16); kernels built from these

@@ -31,7 +31,7 @@
 // float formats, whose lanes read consecutive blocks) or per 64 columns (XL_PAD64: K formats, lanes
 // 64 columns apart) puts those 8 addresses in distinct bank quads (Q6_K: 2-way), and keeps each
 // lane's address affine in its block index (register + immediate per run).
-// tests/test_quant_layouts.py emulates exactly these per-lane indices and the arithmetic.
+// tests/emulation/test_quant_layouts.py emulates exactly these per-lane indices and the arithmetic.
 #pragma once
 
 #include "common.cuh"

@@ -8,7 +8,7 @@
 // fall back to their SIMT variants, cp.async to synchronous copies, thread-block clusters and
 // programmatic dependent launch to plain launches, and the one kernel without a fallback (block-sparse
 // attention) returns FD_E_UNSUPPORTED -- see the README's "AMD / HIP". Built by
-// daemon/backends/cuda/build.py's build_hip_library (tests/test_native_hip.py): compile-checked only.
+// daemon/backends/cuda/build.py's build_hip_library (tests/native/test_native_hip.py): compile-checked only.
 #pragma once
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)

@@ -2,7 +2,7 @@
 `generate ... spec=chain|ddtree budget=N draft=NAME` over stdin and ZeroMQ.
 
 Output equality is exact: greedy speculative output is plain greedy output token for token
-(daemon/spec/decoder.py), so every comparison is with the same request at spec=off.
+(daemon/speculative/decoder.py), so every comparison is with the same request at spec=off.
 """
 from __future__ import annotations
 

@@ -85,8 +85,8 @@ def test_dflash_spec_decoding_on_cuda_equals_greedy(native, synthetic_model, tmp
     from flashd.daemon.backends.cuda.backend import CudaBackend
     from flashd.daemon.models import open_model
     from flashd.daemon.models.weights import total_weight_bytes
-    from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
-    from flashd.daemon.spec.dflash_drafter import load_dflash_drafter
+    from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.speculative.dflash_drafter import load_dflash_drafter
     from flashd.protocol.messages import SamplingParams
 
     backend = CudaBackend()

@@ -31,7 +31,7 @@ def setup(native, real_model):
     from flashd.daemon.backends.cuda.backend import CudaBackend
     from flashd.daemon.models import load_model, open_model
     from flashd.daemon.models.weights import total_weight_bytes
-    from flashd.daemon.spec.loader import DrafterContext, load_drafter
+    from flashd.daemon.speculative.loader import DrafterContext, load_drafter
 
     backend = CudaBackend()
     target_path = real_model("qwen2.5-coder-1.5b")
@@ -56,7 +56,7 @@ def setup(native, real_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,mode,budget", CONFIGS, ids=[f"{k}-{m}" for k, m, _ in CONFIGS])
 def test_spec_equals_plain_greedy_on_the_real_target(setup, kind, mode, budget):
-    from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
 
     runner, drafters, prompts, plain = setup
     drafter = drafters[kind]
@@ -81,7 +81,7 @@ def test_spec_equals_plain_greedy_on_the_real_target(setup, kind, mode, budget):
 def test_kv_compact_path_on_cuda_is_exercised(setup):
     """DDTree with the draft model accepts off-spine nodes on real text: the commit really moves
     rows (fd_kv_compact), and the output still equals plain greedy on a clear-margin prompt."""
-    from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
 
     runner, drafters, prompts, plain = setup
     moved = []

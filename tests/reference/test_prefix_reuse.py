@@ -14,9 +14,9 @@ import pytest
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
 from flashd.daemon.runner import ModelRunner
-from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
-from flashd.daemon.spec.draft_model import DraftModelDrafter
-from flashd.daemon.spec.ngram import NgramDrafter
+from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+from flashd.daemon.speculative.draft_model import DraftModelDrafter
+from flashd.daemon.speculative.ngram import NgramDrafter
 from flashd.protocol.messages import SamplingParams
 
 CHUNK = 16

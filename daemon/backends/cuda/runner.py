@@ -188,7 +188,7 @@ class CudaRunner(ModelRunner):
     def _forward(self, ids, *, all_logits: bool, hidden_sink=None) -> np.ndarray:
         return self.dev.download(self._forward_device(ids, all_logits=all_logits, hidden_sink=hidden_sink))
 
-    # -- speculative decoding: tree verify and commit (daemon/spec/decoder.py) -------------------
+    # -- speculative decoding: tree verify and commit (daemon/speculative/decoder.py) -------------------
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
         ids = np.asarray(ids, np.int32)
         n = len(ids)

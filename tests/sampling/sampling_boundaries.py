@@ -1,5 +1,5 @@
 """The float32-boundary oracle shared by the GPU sampler test (tests/gpu/test_sampling_gpu.py) and
-its CPU emulation (tests/test_sampling_threshold_emulation.py): where a float64 reference choice
+its CPU emulation (tests/sampling/test_sampling_threshold_emulation.py): where a float64 reference choice
 could legitimately differ from a correct float32 sampler's."""
 import numpy as np
 

@@ -1,7 +1,7 @@
 """DepthPolicy (spec=auto): the depth it picks from measured acceptance and step times."""
 import pytest
 
-from flashd.daemon.spec.policy import DepthPolicy, PolicyConfig
+from flashd.daemon.speculative.policy import DepthPolicy, PolicyConfig
 
 
 def feed(policy, steps):

@@ -1,4 +1,4 @@
-"""DDTree build (daemon/spec/tree.py) against a brute-force reference.
+"""DDTree build (daemon/speculative/tree.py) against a brute-force reference.
 
 The reference enumerates every possible node (every rank path up to the proposal's depth), scores
 it by cumulative log-prob and sorts by the documented key (-score, depth, rank path); the tree
@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 import pytest
 
-from flashd.daemon.spec.drafter import Proposal
-from flashd.daemon.spec.tree import build_chain, build_tree
+from flashd.daemon.speculative.drafter import Proposal
+from flashd.daemon.speculative.tree import build_chain, build_tree
 
 
 def random_proposal(rng, n_depth: int, k: int, with_inf: bool = False) -> Proposal:

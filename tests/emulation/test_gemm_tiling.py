@@ -10,7 +10,7 @@ Two layers, both with the kernel's own index formulas:
     (bias, residual, SwiGLU) and the split-k variant's cluster reduction.
 Shared memory is modelled as the kernel's flat arrays, poisoned with NaN, so a fragment read from
 the wrong offset, a stage read before its copy landed, or an unpredicated boundary shows up as a
-wrong or NaN output. tests/test_flash_tiling.py reuses the warp primitives.
+wrong or NaN output. tests/emulation/test_flash_tiling.py reuses the warp primitives.
 
 Tolerance: the emulation multiplies the same f16-rounded operands as the oracle and accumulates in
 float64, so the only difference is summation order: 1e-12 relative to sum |x||w|.

@@ -4,7 +4,7 @@ causal attention over a KV cache.
 Lane-level, with the kernel's index formulas: flattened (token, head-in-group) rows, latest-first
 block order, the visible-slot limits, which key tiles are visited and which are masked (only those
 crossing the diagonal of the block's first row), the K/V cp.async ring with wait_group semantics, Q / K / V / P fragments through the PTX layouts (ldmatrix, ldmatrix.trans, mma from
-tests/test_gemm_tiling.py), the exp2 online softmax with its all-masked guard, and the merge of the
+tests/emulation/test_gemm_tiling.py), the exp2 online softmax with its all-masked guard, and the merge of the
 key-split warps. Shared memory is the kernel's flat arrays poisoned with NaN.
 
 Tolerances: with P kept in float64 (round_p=False) the emulation computes exactly the oracle's

@@ -1,5 +1,5 @@
 """Speculative decoding is exact at temperature 0: token for token the output of plain greedy
-decoding (daemon/spec/decoder.py), on the reference backend with tiny synthetic models.
+decoding (daemon/speculative/decoder.py), on the reference backend with tiny synthetic models.
 
 Drafters: the n-gram drafter, a 1-layer synthetic draft model sharing the target's vocabulary,
 and two test drafters that stress the commit: `OracleDrafter` knows the target's greedy output
@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
-from flashd.daemon.spec.draft_model import DraftModelDrafter
-from flashd.daemon.spec.drafter import Drafter, Proposal
-from flashd.daemon.spec.ngram import NgramConfig, NgramDrafter
-from flashd.daemon.spec.policy import DepthPolicy, PolicyConfig
+from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+from flashd.daemon.speculative.draft_model import DraftModelDrafter
+from flashd.daemon.speculative.drafter import Drafter, Proposal
+from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
+from flashd.daemon.speculative.policy import DepthPolicy, PolicyConfig
 from flashd.protocol.messages import SamplingParams
 
 from spec_models import DRAFT, TARGET

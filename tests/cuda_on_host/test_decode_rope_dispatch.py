@@ -1,5 +1,5 @@
 """CudaOps.attention's choice of kernels, without a GPU: the CUDA backend's Device runs on a stand-in native
-library (host memory, tests/test_cuda_kv_prefix_on_host.py) that records the attention and rope calls.
+library (host memory, tests/cuda_on_host/test_cuda_kv_prefix_on_host.py) that records the attention and rope calls.
 
 A one-row unmasked step (the decode step) is one fd_attention_decode_rope call with the projection
 outputs as they are, q's positions, the step's n_past and the rope parameters; with

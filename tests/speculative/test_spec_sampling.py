@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from flashd.daemon.sampling import apply_penalties, candidate_probs
-from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
-from flashd.daemon.spec.draft_model import DraftModelDrafter
-from flashd.daemon.spec.ngram import NgramConfig, NgramDrafter
+from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+from flashd.daemon.speculative.draft_model import DraftModelDrafter
+from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.protocol.messages import SamplingParams
 
 from chi_square import chi_square_p_value

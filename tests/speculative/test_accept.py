@@ -1,4 +1,4 @@
-"""Acceptance walks (daemon/spec/accept.py) against brute-force references."""
+"""Acceptance walks (daemon/speculative/accept.py) against brute-force references."""
 from __future__ import annotations
 
 import math
@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from flashd.daemon.spec.accept import greedy_walk, sample_walk
-from flashd.daemon.spec.drafter import Proposal
-from flashd.daemon.spec.tree import build_tree
+from flashd.daemon.speculative.accept import greedy_walk, sample_walk
+from flashd.daemon.speculative.drafter import Proposal
+from flashd.daemon.speculative.tree import build_tree
 
 from chi_square import chi_square_p_value
 

@@ -1,6 +1,6 @@
 """The DFlash drafter through the speculative decoder on the CPU reference backend.
 
-A synthetic target (tests/spec/conftest.py) and a synthetic DFlash drafter matched to it: the
+A synthetic target (tests/speculative/conftest.py) and a synthetic DFlash drafter matched to it: the
 output of chain and DDTree decoding at budgets 8..64 must equal plain greedy decoding token for
 token; every committed position enters the drafter's context exactly once (no recomputation);
 and the drafter's cached context K/V equal those computed from scratch from a plain prefill of
@@ -14,9 +14,9 @@ import pytest
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models.dflash import TargetHead, inject_context
 from flashd.daemon.models.dflash_weights import load_dflash_weights, open_dflash
-from flashd.daemon.spec.decoder import SpecConfig, SpecDecoder
-from flashd.daemon.spec.dflash_drafter import DFlashDrafter, load_dflash_drafter
-from flashd.daemon.spec.drafter import DrafterLoadError
+from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+from flashd.daemon.speculative.dflash_drafter import DFlashDrafter, load_dflash_drafter
+from flashd.daemon.speculative.drafter import DrafterLoadError
 from flashd.protocol.messages import SamplingParams
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 

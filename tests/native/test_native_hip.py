@@ -13,7 +13,7 @@ from flashd.daemon.backends.cuda.lib import cdef_source
 from flashd.native import HIP_DIR
 
 
-def declared_functions() -> list[str]:          # as tests/test_native_abi.py
+def declared_functions() -> list[str]:          # as tests/native/test_native_abi.py
     return re.findall(r"^(?:int|size_t|const char\*)\s+(fd_\w+)\s*\(", cdef_source(), re.M)
 
 needs_hipcc = pytest.mark.skipif(
