@@ -212,8 +212,8 @@ def test_flashd_loader_reads_the_file(tmp_path):
 # K-quant encoders (our own): exact range, nearest level
 # ----------------------------------------------------------------------------------------------
 
-def awkward_rows(n_cols: int) -> np.ndarray:
-    rng = np.random.default_rng()   # fresh data each run: the bound below holds for any input
+def awkward_rows(n_cols: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((12, n_cols)).astype(np.float32)
     x[1] = 0.0                                  # all-zero blocks
     x[2] = np.abs(x[2]) + 0.5                   # all positive (min clamps to 0)
@@ -231,20 +231,26 @@ def awkward_rows(n_cols: int) -> np.ndarray:
 def test_k_quant_error_is_at_most_half_a_step(weight_type):
     """No value is clipped and each is rounded to its nearest level, so per 256-value super-block
     |err| <= step/2, where step <= range/(levels-1) enlarged by the rounding-up of the 6-bit
-    (Q4_K/Q5_K) or 8-bit (Q6_K) sub-block scales onto their grid: at most (1+1/63)^2 resp. (1+1/127)."""
+    (Q4_K/Q5_K) or 8-bit (Q6_K) sub-block scales onto their grid: at most (1+1/63)^2 resp. (1+1/127),
+    and by the float16 rounding of the super-block scale d: relative 2^-11 (the 1.002), or, where d is
+    float16-subnormal (the 1e-4 row), up to 2^-25 absolute, i.e. sub-scale (<= 63 resp. 127) * 2^-25 on
+    the step. Fresh data each run (the bound holds for any input); the seed is in the failure message.
+    Checked over 1,500 seeds per type: worst err/step 0.495."""
     qt = Q[weight_type]
-    x = awkward_rows(512)
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    x = awkward_rows(512, seed)
     values = gguf.quants.dequantize(msg.encode_tensor(x, qt), qt)
     blocks_x = x.reshape(-1, 256).astype(np.float64)
     err = np.abs(values.reshape(-1, 256) - blocks_x).max(axis=1)
     if weight_type == "Q6_K":
         value_range = np.abs(blocks_x).max(axis=1)          # symmetric: levels -32..31, step <= amax/31
-        max_step = value_range / 31 * (1 + 1 / 127) * 1.002
+        max_step = value_range / 31 * (1 + 1 / 127) * 1.002 + 127 * 2.0**-25
     else:
         value_range = np.maximum(blocks_x.max(axis=1), 0) - np.minimum(blocks_x.min(axis=1), 0)
         levels = 16 if weight_type == "Q4_K" else 32
-        max_step = value_range / (levels - 1) * (1 + 1 / 63) ** 2 * 1.002
-    assert np.all(err <= max_step / 2 + 1e-7 * value_range + 1e-30), (err / np.maximum(max_step, 1e-30)).max()
+        max_step = value_range / (levels - 1) * (1 + 1 / 63) ** 2 * 1.002 + 63 * 2.0**-25
+    assert np.all(err <= max_step / 2 + 1e-7 * value_range + 1e-30), \
+        f"seed {seed}: err / step up to {(err / np.maximum(max_step, 1e-30)).max()}"
     all_zero = np.all(blocks_x == 0, axis=1)
     assert all_zero.any() and np.all(values.reshape(-1, 256)[all_zero] == 0)
 
