@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention_decode import graphed, read_flush  # noqa: E402
+from bench_attention_decode import graph_floor_ms, graphed, read_flush  # noqa: E402
 from timing import KernelTimer, report  # noqa: E402
 
 from flashd.daemon.backends.cuda.lib import load  # noqa: E402
@@ -95,13 +95,7 @@ def main() -> None:
     timer = KernelTimer(dev)
     info = timer.info
     print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {timer.peak_gbs:.0f} GB/s")
-    one = [dev.upload(np.zeros(1, np.int32)) for _ in range(6)]
-    ring = dev.empty((4,), np.int32)
-    floor_ms = timer.time(graphed(dev, lambda: dev.lib.fd_decode_advance(*[dev.p(t, "int32_t*") for t in one[:3]],
-                                                                         dev.p(ring, "int32_t*"), 4,
-                                                                         *[dev.p(t, "int32_t*") for t in one[3:]],
-                                                                         dev.stream)))
-    print(report("floor: graph of one 1-thread kernel", floor_ms), flush=True)
+    print(report("floor: graph of one 1-thread kernel", graph_floor_ms(dev, timer)), flush=True)
     for name in args.models.split(","):
         bench(dev, timer, name, MODELS[name], args.max_ctx, depths, args.reps)
 
