@@ -15,33 +15,25 @@
 // Per block: NQW x NKS warps. Warp (wq, ks) owns rows wq*16 .. wq*16+15 and, of every 64-key tile,
 // the KW = 64 / NKS keys ks*KW .. ks*KW+KW-1; the NKS partial softmax states of a row are merged
 // through shared memory at the end (split over keys inside the block, so that short query ranges
-// -- n = 512 with 8K of context -- still give 8 warps per block). Per 64-key tile:
-//   - K and V tiles (64 x head_dim f16) arrive by cp.async through a STAGES-deep ring; slots past
-//     the last visible one are zero-filled, never read;
-//   - S = Q K^T: Q fragments (f32 rounded to f16) stay in registers for the whole loop, K fragments
-//     by ldmatrix (K rows are the mma's "col" B operand as stored);
-//   - scale * log2(e) applied in f32; the causal mask only on tiles that cross the diagonal of the
-//     block's first row (tiles wholly past the last row's diagonal are never visited);
-//   - online softmax in f32 with exp2; a row that has seen only masked keys keeps m = -inf and
-//     uses 0 as its reference so that no inf - inf appears;
-//   - O += P V with P rounded to f16: the S accumulator fragments are exactly the A fragments of
-//     the PV mma, V fragments by ldmatrix.trans.
-// Shared K/V rows are head_dim + 8 halves apart so ldmatrix phases are bank-conflict free.
+// -- n = 512 with 8K of context -- still give 8 warps per block). The tile loop (cp.async K/V ring,
+// S = Q K^T and O += P V by mma.sync, online softmax in exp2) is attention_tile.cuh's, shared with
+// attention_sparse.cu; here a tile j holds slots 64j .. 64j+63 and the causal mask is applied only
+// on tiles that cross the diagonal of the block's first row (tiles wholly past the last row's
+// diagonal are never visited).
 //
 // Configurations (launcher): NQW x NKS = 4 x 1 (4 warps, 3 stages; many blocks) and 4 x 2 (8 warps,
 // 4 stages; fewer blocks than SMs, e.g. a 512-token chunk after a long context). head_dim 64, 128.
 //
 // SIMT fallback (HIP, pre-sm_80 devices, or misaligned pointers): one warp per (token, head),
 // online softmax over the visible slots one key at a time, q rounded to f16 as in the mma path.
-#include "mma.cuh"
+#include "attention_tile.cuh"
 
 #include <limits.h>
 
 namespace fd {
 namespace {
 
-constexpr int FLASH_BKV = 64;   // keys per tile
-constexpr float LOG2E = 1.4426950408889634f;
+constexpr int FLASH_BKV = flash::BKV;   // keys per tile
 
 template <int HD_, int NQW_, int NKS_, int STAGES_, int MIN_BLOCKS_>
 struct FlashCfg {
@@ -51,19 +43,13 @@ struct FlashCfg {
     static constexpr int n_threads = 32 * n_warps;
     static constexpr int BQ = 16 * NQW;                    // flattened rows per block
     static constexpr int KW = FLASH_BKV / NKS;             // keys per warp per tile
-    static constexpr int LD = HD + 8;                      // halves per shared K/V row
-    static constexpr int kv_tile_halves = FLASH_BKV * LD;
+    static constexpr int kv_tile_halves = flash::KV_TILE_HALVES<HD>;
     static constexpr int kv_bytes = 2 * STAGES * kv_tile_halves * 2;  // {K, V} x STAGES, f16
     static constexpr int O_LD = HD + 8;                    // floats per row of a partial O (merge)
     static constexpr int merge_o_bytes = NKS > 1 ? n_warps * 16 * O_LD * 4 : 0;
     static constexpr int merge_ml_bytes = NKS > 1 ? n_warps * 16 * 2 * 4 : 0;
     static constexpr int merge_ml_offset = kv_bytes > merge_o_bytes ? kv_bytes : merge_o_bytes;
     static constexpr int smem_bytes = merge_ml_offset + merge_ml_bytes;
-    static constexpr int chunks = FLASH_BKV * (HD / 8) / n_threads;   // 16 B chunks per thread per tile
-
-    static_assert(HD % 16 == 0 && KW % 16 == 0, "mma tiles");
-    static_assert(STAGES >= 2, "ring");
-    static_assert(FLASH_BKV * (HD / 8) % n_threads == 0, "K/V tile must split evenly over threads");
 };
 
 #if FD_HAS_MMA
@@ -75,7 +61,7 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     int max_ctx, float scale_log2) {
 #if FD_MMA_DEVICE_OK
     using namespace fd::mma;
-    constexpr int HD = C::HD, KW = C::KW, LD = C::LD;
+    constexpr int HD = C::HD, KW = C::KW, LD = flash::KV_LD<HD>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __half* k_smem = reinterpret_cast<__half*>(smem_raw);      // [STAGES][64][LD]
     __half* v_smem = k_smem + C::STAGES * C::kv_tile_halves;   // [STAGES][64][LD]
@@ -103,29 +89,8 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
         const int r = min(row0 + wq * 16 + g + 8 * h, n_rows - 1);   // padding rows repeat the last row
         const int token = r / group, head = kvh * group + r % group;
         lim[h] = last_slot(token);
-        const float* q_row = q + ((size_t)token * n_heads + head) * HD;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-            const float2 lo = *reinterpret_cast<const float2*>(q_row + kk * 16 + 2 * t);
-            const float2 hi = *reinterpret_cast<const float2*>(q_row + kk * 16 + 8 + 2 * t);
-            qf[kk][h] = pack_half2(lo.x, lo.y);       // a[0] (row g) / a[1] (row g + 8): cols 2t, 2t+1
-            qf[kk][2 + h] = pack_half2(hi.x, hi.y);   // a[2] / a[3]: cols 2t+8, 2t+9
-        }
+        flash::load_q_row<HD>(qf, q + ((size_t)token * n_heads + head) * HD, h, t);
     }
-
-    auto load_kv = [&](int tile, int stage) {
-#pragma unroll
-        for (int i = 0; i < C::chunks; ++i) {
-            const int c = tid + i * C::n_threads;
-            const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
-            const int slot = tile * FLASH_BKV + row;
-            const bool ok = slot < kv_len;
-            const size_t off = ((size_t)kvh * max_ctx + slot) * HD + col;
-            const int s_off = stage * C::kv_tile_halves + row * LD + col;
-            cp_async_16(smem_u32(k_smem + s_off), ok ? k_cache + off : k_cache, ok);
-            cp_async_16(smem_u32(v_smem + s_off), ok ? v_cache + off : v_cache, ok);
-        }
-    };
 
     float o_acc[HD / 8][4];
 #pragma unroll
@@ -135,93 +100,21 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     float m_run[2] = {-INFINITY, -INFINITY};   // running max of rows g, g+8 (log2 domain)
     float l_run[2] = {0.f, 0.f};               // this thread's partial row sums
 
-    // One cp.async group per tile (empty past the end): wait_group<STAGES - 2> = "tile j landed".
-#pragma unroll
-    for (int st = 0; st < C::STAGES - 1; ++st) {
-        if (st < n_tiles) load_kv(st, st);
-        cp_async_commit();
-    }
-    for (int j = 0; j < n_tiles; ++j) {
-        cp_async_wait<C::STAGES - 2>();
-        __syncthreads();   // tile j visible to all; every warp is done with tile j - 1
-        if (j + C::STAGES - 1 < n_tiles) load_kv(j + C::STAGES - 1, (j + C::STAGES - 1) % C::STAGES);
-        cp_async_commit();   // (into slot (j - 1) % STAGES, free since the barrier)
-
-        const __half* k_tile = k_smem + (j % C::STAGES) * C::kv_tile_halves + (ks * KW) * LD;
-        const __half* v_tile = v_smem + (j % C::STAGES) * C::kv_tile_halves + (ks * KW) * LD;
-
-        // S (16 x KW) = Q K^T
+    // tile j: slots 64j .. 64j+63, those at or past kv_len zero-filled; masked only where a key can
+    // pass the block's first row's diagonal
+    auto load_kv = [&](int tile, int stage) {
+        flash::load_kv_tile<HD, C::n_threads, false>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
+                                                     tile * FLASH_BKV, kv_len, tid);
+    };
+    flash::kv_ring<C::STAGES>(n_tiles, load_kv, [&](int j, int stage) {
+        const __half* k_tile = k_smem + stage * C::kv_tile_halves + (ks * KW) * LD;
+        const __half* v_tile = v_smem + stage * C::kv_tile_halves + (ks * KW) * LD;
         float s[KW / 8][4];
-#pragma unroll
-        for (int ni = 0; ni < KW / 8; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[ni][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk)
-#pragma unroll
-            for (int np = 0; np < KW / 16; ++np) {   // keys 0-7 x d 0-7|8-15, keys 8-15 x d 0-7|8-15
-                uint32_t r[4];
-                ldmatrix_x4(r, smem_u32(k_tile + (np * 16 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
-                                        ((lane / 8) % 2) * 8));
-                mma_16816(s[2 * np], qf[kk], r[0], r[1]);
-                mma_16816(s[2 * np + 1], qf[kk], r[2], r[3]);
-            }
-
-        // scale, causal mask (s[ni][2h + e] is row g + 8h, key ni*8 + 2t + e of this warp's keys)
-        const int key0 = j * FLASH_BKV + ks * KW;
-        const bool masked = j * FLASH_BKV + FLASH_BKV - 1 > first_lim;
-#pragma unroll
-        for (int ni = 0; ni < KW / 8; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[ni][e] *= scale_log2;
-                if (masked && key0 + ni * 8 + 2 * t + (e & 1) > lim[e >> 1]) s[ni][e] = -INFINITY;
-            }
-
-        // online softmax; the 4 threads of a quad (same g) hold a row's KW keys between them
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float tile_max = -INFINITY;
-#pragma unroll
-            for (int ni = 0; ni < KW / 8; ++ni) tile_max = fmaxf(tile_max, fmaxf(s[ni][2 * h], s[ni][2 * h + 1]));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float m_new = fmaxf(m_run[h], tile_max);
-            const float m_ref = m_new == -INFINITY ? 0.f : m_new;   // all keys so far masked
-            const float alpha = exp2f(m_run[h] - m_ref);            // 0 when m_run was -inf
-            m_run[h] = m_new;
-            float row_sum = 0.f;
-#pragma unroll
-            for (int ni = 0; ni < KW / 8; ++ni) {
-                s[ni][2 * h] = exp2f(s[ni][2 * h] - m_ref);
-                s[ni][2 * h + 1] = exp2f(s[ni][2 * h + 1] - m_ref);
-                row_sum += s[ni][2 * h] + s[ni][2 * h + 1];
-            }
-            l_run[h] = l_run[h] * alpha + row_sum;
-#pragma unroll
-            for (int d = 0; d < HD / 8; ++d) {
-                o_acc[d][2 * h] *= alpha;
-                o_acc[d][2 * h + 1] *= alpha;
-            }
-        }
-
-        // O (16 x HD) += P (16 x KW, f16) V (KW x HD)
-#pragma unroll
-        for (int kc = 0; kc < KW / 16; ++kc) {
-            uint32_t pa[4];   // C fragments of S tiles 2kc, 2kc+1 are the A fragment of keys 16kc..16kc+15
-            pa[0] = pack_half2(s[2 * kc][0], s[2 * kc][1]);
-            pa[1] = pack_half2(s[2 * kc][2], s[2 * kc][3]);
-            pa[2] = pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            pa[3] = pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < HD / 16; ++dp) {   // trans: keys 0-7|8-15 x d 0-7, then d 8-15
-                uint32_t r[4];
-                ldmatrix_x4_trans(r, smem_u32(v_tile + (kc * 16 + lane % 16) * LD + dp * 16 + (lane / 16) * 8));
-                mma_16816(o_acc[2 * dp], pa, r[0], r[1]);
-                mma_16816(o_acc[2 * dp + 1], pa, r[2], r[3]);
-            }
-        }
-    }
+        flash::qk_tile<HD, KW>(s, qf, k_tile, lane);
+        flash::scale_mask<KW, false>(s, scale_log2, j * FLASH_BKV + ks * KW,
+                                     j * FLASH_BKV + FLASH_BKV - 1 > first_lim, lim, lane);
+        flash::softmax_pv<HD, KW>(s, v_tile, lane, m_run, l_run, o_acc);
+    });
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -391,7 +284,7 @@ extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cach
     if (head_dim != 64 && head_dim != 128) return FD_E_SHAPE;
     const __half* kc = static_cast<const __half*>(k_cache);
     const __half* vc = static_cast<const __half*>(v_cache);
-    const float scale_log2 = scale * fd::LOG2E;
+    const float scale_log2 = scale * fd::flash::LOG2E;
     cudaStream_t s = (cudaStream_t)stream;
 #if FD_HAS_MMA
     fd::MmaDevice dev;

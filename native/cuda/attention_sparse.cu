@@ -19,12 +19,13 @@
 // Launch: grid (ceil(n / 64), n_heads), latest rows first; 4 warps x 16 rows = 64 consecutive
 // tokens of one head (64 divides 128, so a block never straddles query blocks and all its rows
 // share one block set). Each selected key block is two 64-key tiles; the second tile of the
-// diagonal block is skipped when it starts past the block's last token. The tile loop is that
-// of attention_prefill.cu (cp.async 3-stage K/V ring, Q fragments in registers, S = QK^T and
-// O += PV by mma.sync m16n8k16 f16 with f32 accumulate, online softmax in exp2); only the tile ->
-// slot map and the mask differ. Needs sm_80 and 16-byte aligned o/k/v (8-byte q): otherwise
-// FD_E_SHAPE (no SIMT fallback; the drafter forward on such devices uses dense attention).
-#include "mma.cuh"
+// diagonal block is skipped when it starts past the block's last token. The tile loop is
+// attention_tile.cuh's, shared with attention_prefill.cu (cp.async 3-stage K/V ring, Q fragments in
+// registers, S = QK^T and O += PV by mma.sync m16n8k16 f16 with f32 accumulate, online softmax in
+// exp2); only the tile -> slot map and the mask are this file's. Needs sm_80 and 16-byte aligned
+// o/k/v (8-byte q): otherwise FD_E_SHAPE (no SIMT fallback; the drafter forward on such devices
+// uses dense attention).
+#include "attention_tile.cuh"
 
 #include <limits.h>
 
@@ -32,19 +33,16 @@ namespace fd {
 namespace {
 
 constexpr int SP_BLOCK = FD_FP_BLOCK;
-constexpr int SP_BKV = 64;             // keys per tile
+constexpr int SP_BKV = flash::BKV;     // keys per tile
 constexpr int SP_BQ = 64;              // tokens per CTA
 constexpr int SP_WARPS = 4;
 constexpr int SP_THREADS = SP_WARPS * 32;
 constexpr int SP_STAGES = 3;
-constexpr float SP_LOG2E = 1.4426950408889634f;
 
 template <int HD>
 struct SparseCfg {
-    static constexpr int LD = HD + 8;                          // halves per shared K/V row
-    static constexpr int tile_halves = SP_BKV * LD;
+    static constexpr int tile_halves = flash::KV_TILE_HALVES<HD>;
     static constexpr int smem_bytes = 2 * SP_STAGES * tile_halves * 2;
-    static constexpr int chunks = SP_BKV * (HD / 8) / SP_THREADS;   // 16 B chunks per thread per tile
 };
 
 // The e-th key block of (m, h)'s set and the set's size.
@@ -69,7 +67,6 @@ __global__ void __launch_bounds__(SP_THREADS, 2) attention_sparse_kernel(
 #if FD_MMA_DEVICE_OK
     using namespace fd::mma;
     using C = SparseCfg<HD>;
-    constexpr int LD = C::LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __half* k_smem = reinterpret_cast<__half*>(smem_raw);
     __half* v_smem = k_smem + SP_STAGES * C::tile_halves;
@@ -109,31 +106,9 @@ __global__ void __launch_bounds__(SP_THREADS, 2) attention_sparse_kernel(
     for (int h = 0; h < 2; ++h) {
         const int token = min(row0 + wq * 16 + g + 8 * h, n - 1);   // padding rows repeat the last token
         lim[h] = p0 + token;
-        const float* q_row = q + ((size_t)token * n_heads + head) * HD;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-            const float2 lo = *reinterpret_cast<const float2*>(q_row + kk * 16 + 2 * t);
-            const float2 hi = *reinterpret_cast<const float2*>(q_row + kk * 16 + 8 + 2 * t);
-            qf[kk][h] = pack_half2(lo.x, lo.y);
-            qf[kk][2 + h] = pack_half2(hi.x, hi.y);
-        }
+        flash::load_q_row<HD>(qf, q + ((size_t)token * n_heads + head) * HD, h, t);
     }
     const int first_lim = p0 + row0;
-
-    auto load_kv = [&](int tile, int stage) {
-        const int base = tile_slot(tile);
-#pragma unroll
-        for (int i = 0; i < C::chunks; ++i) {
-            const int c = tid + i * SP_THREADS;
-            const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
-            const int slot = base + row;
-            const bool ok = slot >= 0 && slot < kv_len;
-            const size_t off = ((size_t)kvh * max_ctx + slot) * HD + col;
-            const int s_off = stage * C::tile_halves + row * LD + col;
-            cp_async_16(smem_u32(k_smem + s_off), ok ? k_cache + off : k_cache, ok);
-            cp_async_16(smem_u32(v_smem + s_off), ok ? v_cache + off : v_cache, ok);
-        }
-    };
 
     float o_acc[HD / 8][4];
 #pragma unroll
@@ -143,91 +118,20 @@ __global__ void __launch_bounds__(SP_THREADS, 2) attention_sparse_kernel(
     float m_run[2] = {-INFINITY, -INFINITY};
     float l_run[2] = {0.f, 0.f};
 
-#pragma unroll
-    for (int st = 0; st < SP_STAGES - 1; ++st) {
-        if (st < n_tiles) load_kv(st, st);
-        cp_async_commit();
-    }
-    for (int j = 0; j < n_tiles; ++j) {
-        cp_async_wait<SP_STAGES - 2>();
-        __syncthreads();
-        if (j + SP_STAGES - 1 < n_tiles) load_kv(j + SP_STAGES - 1, (j + SP_STAGES - 1) % SP_STAGES);
-        cp_async_commit();
-
-        const __half* k_tile = k_smem + (j % SP_STAGES) * C::tile_halves;
-        const __half* v_tile = v_smem + (j % SP_STAGES) * C::tile_halves;
-
+    // tile j: slots tile_slot(j) .. + 63, those outside [0, kv_len) zero-filled; masked (keys past a
+    // row's own slot, and slots outside [0, kv_len): listed blocks out of range) only where a tile can
+    // hold such keys
+    auto load_kv = [&](int tile, int stage) {
+        flash::load_kv_tile<HD, SP_THREADS, true>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
+                                                  tile_slot(tile), kv_len, tid);
+    };
+    flash::kv_ring<SP_STAGES>(n_tiles, load_kv, [&](int j, int stage) {
         float s[SP_BKV / 8][4];
-#pragma unroll
-        for (int ni = 0; ni < SP_BKV / 8; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[ni][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk)
-#pragma unroll
-            for (int np = 0; np < SP_BKV / 16; ++np) {
-                uint32_t r[4];
-                ldmatrix_x4(r, smem_u32(k_tile + (np * 16 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
-                                        ((lane / 8) % 2) * 8));
-                mma_16816(s[2 * np], qf[kk], r[0], r[1]);
-                mma_16816(s[2 * np + 1], qf[kk], r[2], r[3]);
-            }
-
-        // scale; mask keys past a row's own slot (and slots outside [0, kv_len): listed blocks
-        // out of range) -- only tiles that can hold such keys pay for the compare
-        const int key0 = tile_slot(j);
-        const bool masked = key0 < 0 || key0 + SP_BKV - 1 > first_lim;
-#pragma unroll
-        for (int ni = 0; ni < SP_BKV / 8; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[ni][e] *= scale_log2;
-                const int key = key0 + ni * 8 + 2 * t + (e & 1);
-                if (masked && (key > lim[e >> 1] || key < 0)) s[ni][e] = -INFINITY;
-            }
-
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float tile_max = -INFINITY;
-#pragma unroll
-            for (int ni = 0; ni < SP_BKV / 8; ++ni) tile_max = fmaxf(tile_max, fmaxf(s[ni][2 * h], s[ni][2 * h + 1]));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float m_new = fmaxf(m_run[h], tile_max);
-            const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = exp2f(m_run[h] - m_ref);
-            m_run[h] = m_new;
-            float row_sum = 0.f;
-#pragma unroll
-            for (int ni = 0; ni < SP_BKV / 8; ++ni) {
-                s[ni][2 * h] = exp2f(s[ni][2 * h] - m_ref);
-                s[ni][2 * h + 1] = exp2f(s[ni][2 * h + 1] - m_ref);
-                row_sum += s[ni][2 * h] + s[ni][2 * h + 1];
-            }
-            l_run[h] = l_run[h] * alpha + row_sum;
-#pragma unroll
-            for (int d = 0; d < HD / 8; ++d) {
-                o_acc[d][2 * h] *= alpha;
-                o_acc[d][2 * h + 1] *= alpha;
-            }
-        }
-
-#pragma unroll
-        for (int kc = 0; kc < SP_BKV / 16; ++kc) {
-            uint32_t pa[4];
-            pa[0] = pack_half2(s[2 * kc][0], s[2 * kc][1]);
-            pa[1] = pack_half2(s[2 * kc][2], s[2 * kc][3]);
-            pa[2] = pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            pa[3] = pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < HD / 16; ++dp) {
-                uint32_t r[4];
-                ldmatrix_x4_trans(r, smem_u32(v_tile + (kc * 16 + lane % 16) * LD + dp * 16 + (lane / 16) * 8));
-                mma_16816(o_acc[2 * dp], pa, r[0], r[1]);
-                mma_16816(o_acc[2 * dp + 1], pa, r[2], r[3]);
-            }
-        }
-    }
+        flash::qk_tile<HD, SP_BKV>(s, qf, k_smem + stage * C::tile_halves, lane);
+        const int key0 = tile_slot(j);   // after the mma: the list read overlaps it
+        flash::scale_mask<SP_BKV, true>(s, scale_log2, key0, key0 < 0 || key0 + SP_BKV - 1 > first_lim, lim, lane);
+        flash::softmax_pv<HD, SP_BKV>(s, v_smem + stage * C::tile_halves, lane, m_run, l_run, o_acc);
+    });
     cp_async_wait<0>();
 
 #pragma unroll
@@ -284,7 +188,7 @@ extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k
     const __half* vc = static_cast<const __half*>(v_cache);
     const bool aligned = fd::is_aligned(o, 8) && fd::is_aligned(q, 8) && fd::is_aligned(kc, 16) && fd::is_aligned(vc, 16);
     if (!dev.has_mma || !aligned) return FD_E_SHAPE;
-    const float sl = scale * fd::SP_LOG2E;
+    const float sl = scale * fd::flash::LOG2E;
     cudaStream_t s = (cudaStream_t)stream;
     return head_dim == 64 ? fd::launch_sparse<64>(o, q, kc, vc, p0, n, n_heads, n_kv_heads, max_ctx, sl, head_mask_type,
                                                   block_idx, block_cnt, sink_blocks, local_blocks, s)

@@ -1,6 +1,6 @@
-// mma.cuh -- warp-level tensor-core helpers shared by gemm.cu and attention_prefill.cu:
-// mma.sync m16n8k16 (f16 inputs, f32 accumulate), ldmatrix, cp.async and a host-side query
-// of what the current device can run.
+// mma.cuh -- warp-level tensor-core helpers shared by gemm.cu and the flash attention tile loop
+// (attention_tile.cuh): mma.sync m16n8k16 (f16 inputs, f32 accumulate), ldmatrix, cp.async and a
+// host-side query of what the current device can run.
 //
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), lane = 4 * g + t
 // (g = lane / 4 "group", t = lane % 4 "thread in group"); each .b32 register holds two f16,

@@ -1,5 +1,6 @@
-"""CPU emulation of native/cuda/attention_prefill.cu's tensor-core path, checked against float64
-causal attention over a KV cache.
+"""CPU emulation of native/cuda/attention_prefill.cu's tensor-core path (its key-tile loop is
+attention_tile.cuh's, shared with attention_sparse.cu), checked against float64 causal attention over
+a KV cache.
 
 Lane-level, with the kernel's index formulas: flattened (token, head-in-group) rows, latest-first
 block order, the visible-slot limits, which key tiles are visited and which are masked (only those

@@ -2,7 +2,8 @@
 walks the 64-key tiles of its block set (BlockSet::at, the diagonal-tile skip, the kv_len zero-fill
 bound and the `masked` shortcut); the keys it lets into the softmax must be exactly the oracle's
 visible set (pflash.flashprefill.block_mask & causal). The fragment-level arithmetic is
-attention_prefill.cu's, emulated in tests/emulation/test_flash_tiling.py; this covers what is new."""
+attention_tile.cuh's (shared with attention_prefill.cu), emulated in tests/emulation/test_flash_tiling.py;
+this covers what is new."""
 import numpy as np
 import pytest
 

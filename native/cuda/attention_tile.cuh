@@ -1,0 +1,196 @@
+// attention_tile.cuh -- the key-tile loop of flash attention on tensor cores, shared by the causal
+// prefill kernel (attention_prefill.cu) and the block-sparse one (attention_sparse.cu). The two
+// differ only in which cache slots a tile holds and which keys a row may see; everything below is
+// written once, so both kernels run the same instructions per tile.
+//
+// A warp owns 16 query rows, held as m16n8k16 fragments (mma.cuh: lane = 4g + t; a thread holds
+// rows g and g + 8, index h = 0 / 1). Per 64-key tile (BKV) of which the warp takes KW keys:
+//   - K and V tiles (64 x HD f16) arrive by cp.async through a STAGES-deep ring (kv_ring,
+//     load_kv_tile); slots outside the visible range are zero-filled, never read unmasked;
+//   - S = Q K^T: Q fragments (f32 rounded to f16) stay in registers for the whole loop, K fragments
+//     by ldmatrix (K rows are the mma's "col" B operand as stored);
+//   - scale * log2(e) applied in f32; masked keys (the caller's predicate, only on tiles the caller
+//     says can hold one) become -inf;
+//   - online softmax in f32 with exp2; a row that has seen only masked keys keeps m = -inf and
+//     uses 0 as its reference so that no inf - inf appears;
+//   - O += P V with P rounded to f16: the S accumulator fragments are exactly the A fragments of
+//     the PV mma, V fragments by ldmatrix.trans.
+// Shared K/V rows are HD + 8 halves apart (KV_LD) so ldmatrix phases are bank-conflict free.
+// tests/emulation/test_flash_tiling.py emulates the fragment and address formulas used here.
+#pragma once
+
+#include "mma.cuh"
+
+namespace fd {
+namespace flash {
+
+constexpr int BKV = 64;                        // keys per tile
+constexpr float LOG2E = 1.4426950408889634f;   // callers pass scale * LOG2E: the softmax runs in exp2
+template <int HD>
+constexpr int KV_LD = HD + 8;                  // halves per shared K/V row
+template <int HD>
+constexpr int KV_TILE_HALVES = BKV * KV_LD<HD>;
+
+}  // namespace flash
+}  // namespace fd
+
+#if FD_HAS_MMA   // the device code needs mma.sync (sm_80); HIP builds and older targets leave it out
+
+namespace fd {
+namespace flash {
+
+// Q fragments (A operand, f16) of row g + 8h from its f32 row: a[h] cols 2t, 2t+1; a[2 + h] cols 2t+8, 2t+9.
+template <int HD>
+__device__ __forceinline__ void load_q_row(uint32_t (&qf)[HD / 16][4], const float* q_row, int h, int t) {
+    using namespace fd::mma;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        const float2 lo = *reinterpret_cast<const float2*>(q_row + kk * 16 + 2 * t);
+        const float2 hi = *reinterpret_cast<const float2*>(q_row + kk * 16 + 8 + 2 * t);
+        qf[kk][h] = pack_half2(lo.x, lo.y);
+        qf[kk][2 + h] = pack_half2(hi.x, hi.y);
+    }
+}
+
+// Stage one K/V tile into ring slot `stage`: tile row r is cache slot base + r of kv head kvh; a row
+// whose slot is at or past kv_len (or, with DROP_NEGATIVE, below 0) is zero-filled without reading
+// the cache.
+template <int HD, int N_THREADS, bool DROP_NEGATIVE>
+__device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int stage,
+                                             const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,
+                                             int kvh, int max_ctx, int base, int kv_len, int tid) {
+    using namespace fd::mma;
+    constexpr int chunks = BKV * (HD / 8) / N_THREADS;   // 16 B chunks per thread per tile
+    static_assert(BKV * (HD / 8) % N_THREADS == 0, "K/V tile must split evenly over threads");
+#pragma unroll
+    for (int i = 0; i < chunks; ++i) {
+        const int c = tid + i * N_THREADS;
+        const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        const int slot = base + row;
+        const bool ok = (!DROP_NEGATIVE || slot >= 0) && slot < kv_len;
+        const size_t off = ((size_t)kvh * max_ctx + slot) * HD + col;
+        const int s_off = stage * KV_TILE_HALVES<HD> + row * KV_LD<HD> + col;
+        cp_async_16(smem_u32(k_smem + s_off), ok ? k_cache + off : k_cache, ok);
+        cp_async_16(smem_u32(v_smem + s_off), ok ? v_cache + off : v_cache, ok);
+    }
+}
+
+// The cp.async ring over n_tiles tiles: load(tile, stage) issues a tile's copies, attend(tile, stage)
+// consumes it. One group per tile (empty past the end), so wait_group<STAGES - 2> = "tile j landed".
+template <int STAGES, class Load, class Attend>
+__device__ __forceinline__ void kv_ring(int n_tiles, Load load, Attend attend) {
+    using namespace fd::mma;
+    static_assert(STAGES >= 2, "ring");
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < n_tiles) load(st, st);
+        cp_async_commit();
+    }
+    for (int j = 0; j < n_tiles; ++j) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();   // tile j visible to all; every warp is done with tile j - 1
+        if (j + STAGES - 1 < n_tiles) load(j + STAGES - 1, (j + STAGES - 1) % STAGES);
+        cp_async_commit();   // (into slot (j - 1) % STAGES, free since the barrier)
+        attend(j, j % STAGES);
+    }
+}
+
+// One tile for the warp's 16 rows over its KW keys (k_tile / v_tile: rows KV_LD<HD> halves apart),
+// in three steps so that a caller may work out the tile's slots between the first two:
+//   qk_tile     S (16 x KW) = Q K^T;
+//   scale_mask  S *= scale_log2; where `masked`, key k of row g + 8h (key i of the warp is slot
+//               key0 + i) becomes -inf if k > lim[h] (past the row's last visible slot) or, with
+//               DROP_NEGATIVE, k < 0 (a slot outside the cache: a block list's out-of-range entry);
+//   softmax_pv  the online softmax update of the running max m_run, this thread's partial row sums
+//               l_run (the quad's 4 threads hold a row's sum between them), and O += P V into o_acc.
+template <int HD, int KW>
+__device__ __forceinline__ void qk_tile(float (&s)[KW / 8][4], const uint32_t (&qf)[HD / 16][4], const __half* k_tile,
+                                        int lane) {
+    using namespace fd::mma;
+    static_assert(HD % 16 == 0 && KW % 16 == 0, "mma tiles");
+    constexpr int LD = KV_LD<HD>;
+#pragma unroll
+    for (int ni = 0; ni < KW / 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[ni][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+        for (int np = 0; np < KW / 16; ++np) {   // keys 0-7 x d 0-7|8-15, keys 8-15 x d 0-7|8-15
+            uint32_t r[4];
+            ldmatrix_x4(r, smem_u32(k_tile + (np * 16 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
+                                    ((lane / 8) % 2) * 8));
+            mma_16816(s[2 * np], qf[kk], r[0], r[1]);
+            mma_16816(s[2 * np + 1], qf[kk], r[2], r[3]);
+        }
+}
+
+// s[ni][2h + e] is row g + 8h, key ni*8 + 2t + e of this warp's keys
+template <int KW, bool DROP_NEGATIVE>
+__device__ __forceinline__ void scale_mask(float (&s)[KW / 8][4], float scale_log2, int key0, bool masked,
+                                           const int (&lim)[2], int lane) {
+    const int t = lane % 4;
+#pragma unroll
+    for (int ni = 0; ni < KW / 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[ni][e] *= scale_log2;
+            const int key = key0 + ni * 8 + 2 * t + (e & 1);
+            if (masked && (key > lim[e >> 1] || (DROP_NEGATIVE && key < 0))) s[ni][e] = -INFINITY;
+        }
+}
+
+template <int HD, int KW>
+__device__ __forceinline__ void softmax_pv(float (&s)[KW / 8][4], const __half* v_tile, int lane, float (&m_run)[2],
+                                           float (&l_run)[2], float (&o_acc)[HD / 8][4]) {
+    using namespace fd::mma;
+    constexpr int LD = KV_LD<HD>;
+    // online softmax; the 4 threads of a quad (same g) hold a row's KW keys between them
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < KW / 8; ++ni) tile_max = fmaxf(tile_max, fmaxf(s[ni][2 * h], s[ni][2 * h + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float m_new = fmaxf(m_run[h], tile_max);
+        const float m_ref = m_new == -INFINITY ? 0.f : m_new;   // all keys so far masked
+        const float alpha = exp2f(m_run[h] - m_ref);            // 0 when m_run was -inf
+        m_run[h] = m_new;
+        float row_sum = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < KW / 8; ++ni) {
+            s[ni][2 * h] = exp2f(s[ni][2 * h] - m_ref);
+            s[ni][2 * h + 1] = exp2f(s[ni][2 * h + 1] - m_ref);
+            row_sum += s[ni][2 * h] + s[ni][2 * h + 1];
+        }
+        l_run[h] = l_run[h] * alpha + row_sum;
+#pragma unroll
+        for (int d = 0; d < HD / 8; ++d) {
+            o_acc[d][2 * h] *= alpha;
+            o_acc[d][2 * h + 1] *= alpha;
+        }
+    }
+
+    // O (16 x HD) += P (16 x KW, f16) V (KW x HD)
+#pragma unroll
+    for (int kc = 0; kc < KW / 16; ++kc) {
+        uint32_t pa[4];   // C fragments of S tiles 2kc, 2kc+1 are the A fragment of keys 16kc..16kc+15
+        pa[0] = pack_half2(s[2 * kc][0], s[2 * kc][1]);
+        pa[1] = pack_half2(s[2 * kc][2], s[2 * kc][3]);
+        pa[2] = pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        pa[3] = pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; ++dp) {   // trans: keys 0-7|8-15 x d 0-7, then d 8-15
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, smem_u32(v_tile + (kc * 16 + lane % 16) * LD + dp * 16 + (lane / 16) * 8));
+            mma_16816(o_acc[2 * dp], pa, r[0], r[1]);
+            mma_16816(o_acc[2 * dp + 1], pa, r[2], r[3]);
+        }
+    }
+}
+
+}  // namespace flash
+}  // namespace fd
+
+#endif  // FD_HAS_MMA
