@@ -31,7 +31,7 @@ import numpy as np
 
 from flashd.daemon.models.dflash_config import DFLASH_ARCH, DFlashConfig, write_metadata
 from flashd.daemon.models.gguf_file import ModelLoadError
-from flashd.scripts.gguf_out import written_gguf
+from flashd.scripts.gguf_out import new_gguf
 
 __all__ = ["ConversionError", "read_safetensors", "config_from_hf", "gguf_name", "convert"]
 
@@ -125,19 +125,21 @@ def config_from_hf(cfg: dict, name: str = "") -> DFlashConfig:
         hidden = int(cfg["hidden_size"])
         n_heads = int(cfg["num_attention_heads"])
         return DFlashConfig(
-            n_layers=int(cfg["num_hidden_layers"]),
-            hidden=hidden,
-            n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
-            head_dim=int(cfg.get("head_dim") or hidden // n_heads),
-            ffn=int(cfg["intermediate_size"]),
-            rope_theta=_rope_theta(cfg),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            model=DFlashConfig.decoder(
+                n_layers=int(cfg["num_hidden_layers"]),
+                hidden=hidden,
+                n_heads=n_heads,
+                n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
+                head_dim=int(cfg.get("head_dim") or hidden // n_heads),
+                ffn=int(cfg["intermediate_size"]),
+                rope_theta=_rope_theta(cfg),
+                rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                context_length=int(cfg.get("max_position_embeddings", 32768)),
+                name=name,
+            ),
             block_size=int(_draft_value(cfg, "block_size", 16)),      # z-lab's loader defaults to 16 too
             mask_token_id=int(_draft_value(cfg, "mask_token_id")),
             target_layer_ids=tuple(int(i) for i in _draft_value(cfg, "target_layer_ids")),
-            context_length=int(cfg.get("max_position_embeddings", 32768)),
-            name=name,
         )
     except KeyError as exc:
         raise ConversionError(f"config.json has no {exc.args[0]!r}") from exc
@@ -227,28 +229,26 @@ def convert(checkpoint: Path, out: Path, outtype: str = "auto", name: str | None
     from flashd.daemon.models.dflash_weights import DFLASH_GLOBAL_TENSORS
     from flashd.daemon.models.weights import LAYER_TENSORS
     expected = {name: shape(cfg) for name, shape in DFLASH_GLOBAL_TENSORS.values()}
-    for i in range(cfg.n_layers):
-        expected.update({name.format(i=i): shape(cfg) for name, shape, needed in LAYER_TENSORS.values()
-                         if needed(cfg)})
+    for i in range(cfg.model.n_layers):
+        expected.update({name.format(i=i): shape(cfg.model) for name, shape, needed in LAYER_TENSORS.values()
+                         if needed(cfg.model)})
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ConversionError(f"the checkpoint lacks {len(missing)} tensors the config implies, e.g. {missing[:4]}")
     extra = sorted(set(tensors) - set(expected))
     if extra:
-        raise ConversionError(f"the checkpoint has tensors beyond the config's {cfg.n_layers} layers: {extra[:4]}")
+        raise ConversionError(f"the checkpoint has tensors beyond the config's {cfg.model.n_layers} layers: "
+                              f"{extra[:4]}")
     for gname, (dtype, arr) in tensors.items():
         if tuple(arr.shape) != expected[gname]:
             raise ConversionError(f"tensor {gname} has shape {list(arr.shape)}, the config implies "
                                   f"{list(expected[gname])}")
 
-    with written_gguf(out, DFLASH_ARCH) as writer:
+    with new_gguf(out, DFLASH_ARCH) as writer:
         write_metadata(writer, cfg)
         for gname in expected:                       # loader order: globals, then layer by layer
             data, qtype = _encode(*tensors[gname], outtype)
             writer.add_tensor(gname, data, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
     return cfg
 
 

@@ -25,7 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from flashd.daemon.models.dflash_config import DFLASH_ARCH, DFlashConfig, write_metadata
 from flashd.daemon.models.dflash_weights import DFLASH_GLOBAL_TENSORS
 from flashd.daemon.models.weights import LAYER_TENSORS
-from flashd.scripts.gguf_out import written_gguf
+from flashd.scripts.gguf_out import new_gguf
 from flashd.scripts.make_synthetic_gguf import NORM_WEIGHT_STD, encode_tensor
 
 __all__ = ["SyntheticDFlashSpec", "write_synthetic_dflash", "float_tensor", "spec_for_target", "evenly_spaced_layers"]
@@ -62,11 +62,11 @@ class SyntheticDFlashSpec:
         return self.n_heads * self.head_dim
 
     def config(self) -> DFlashConfig:
-        return DFlashConfig(n_layers=self.n_layers, hidden=self.hidden, n_heads=self.n_heads,
-                            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, ffn=self.ffn,
-                            rope_theta=self.rope_theta, rms_eps=self.rms_eps, block_size=self.block_size,
-                            mask_token_id=self.mask_token_id, target_layer_ids=tuple(self.target_layer_ids),
-                            name=self.name)
+        model = DFlashConfig.decoder(n_layers=self.n_layers, hidden=self.hidden, n_heads=self.n_heads,
+                                     n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, ffn=self.ffn,
+                                     rope_theta=self.rope_theta, rms_eps=self.rms_eps, name=self.name)
+        return DFlashConfig(model=model, block_size=self.block_size, mask_token_id=self.mask_token_id,
+                            target_layer_ids=tuple(self.target_layer_ids))
 
 
 def evenly_spaced_layers(n_target_layers: int, n: int) -> tuple[int, ...]:
@@ -106,11 +106,11 @@ def tensor_plan(spec: SyntheticDFlashSpec) -> list[tuple[str, tuple[int, ...], g
 
     for _, (name, shape) in DFLASH_GLOBAL_TENSORS.items():
         add(name, shape(cfg))
-    residual_scale = 1.0 / np.sqrt(2 * cfg.n_layers)
-    for i in range(cfg.n_layers):
+    residual_scale = 1.0 / np.sqrt(2 * cfg.model.n_layers)
+    for i in range(cfg.model.n_layers):
         for field, (name, shape, needed) in LAYER_TENSORS.items():
-            if needed(cfg):
-                add(name.format(i=i), shape(cfg), residual_scale if field in ("attn_output", "ffn_down") else 1.0)
+            if needed(cfg.model):
+                add(name.format(i=i), shape(cfg.model), residual_scale if field in ("attn_output", "ffn_down") else 1.0)
     return plan
 
 
@@ -128,14 +128,11 @@ def float_tensor(spec: SyntheticDFlashSpec, name: str) -> np.ndarray:
 
 def write_synthetic_dflash(path: str | Path, spec: SyntheticDFlashSpec) -> Path:
     path = Path(path)
-    with written_gguf(path, DFLASH_ARCH) as writer:
+    with new_gguf(path, DFLASH_ARCH) as writer:
         write_metadata(writer, spec.config())
         for name, shape, qtype, mean, std in tensor_plan(spec):
             data = encode_tensor(_floats(spec, name, shape, mean, std), qtype)
             writer.add_tensor(name, data, raw_dtype=qtype)   # the writer derives the shape from the bytes
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
     return path
 
 

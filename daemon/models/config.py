@@ -140,7 +140,7 @@ class ModelConfig:
     n_kv_heads: int        # key/value heads (GQA: n_heads % n_kv_heads == 0)
     head_dim: int
     ffn: int               # SwiGLU inner width
-    vocab_size: int
+    vocab_size: int        # 0 only for a DFlash drafter's layers (dflash_config.py: they borrow the target's)
     context_length: int    # trained context
     rope_theta: float
     rope_dim: int          # leading dims of each head that are rotated (== head_dim for these archs)
@@ -161,13 +161,17 @@ class ModelConfig:
         return int(round(self.rope_scaling.orig_ctx * self.rope_scaling.factor))
 
     def __post_init__(self):
-        for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab_size"):
+        for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn"):
             if getattr(self, field) <= 0:
                 raise ModelLoadError(f"{field} must be positive, got {getattr(self, field)}")
+        if self.vocab_size < 0 or (self.vocab_size == 0 and self.arch in DENSE_ARCHS):
+            raise ModelLoadError(f"vocab_size must be positive, got {self.vocab_size}")
         if self.n_heads % self.n_kv_heads:
             raise ModelLoadError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim:
             raise ModelLoadError(f"rope_dim {self.rope_dim} must be even and in (0, head_dim {self.head_dim}]")
+        if not self.rope_theta > 0 or not self.rms_eps > 0:
+            raise ModelLoadError(f"rope_theta ({self.rope_theta}) and rms_eps ({self.rms_eps}) must be positive")
 
     def with_rope_override(self, kind: str, factor: float | None = None, orig_ctx: int | None = None) -> ModelConfig:
         """The user's `flashd serve --rope-scaling KIND [--rope-factor F] [--rope-orig-ctx N]` over the GGUF's

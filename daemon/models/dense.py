@@ -22,9 +22,8 @@ def attention_block(ops, cfg: ModelConfig, x, w: LayerWeights, cache_layer, batc
     if cfg.qk_norm:                                     # qwen3: RMSNorm over each head's d
         q = ops.rmsnorm(q, w.attn_q_norm, cfg.rms_eps)
         k = ops.rmsnorm(k, w.attn_k_norm, cfg.rms_eps)
-    scaling = getattr(cfg, "rope_scaling", None)     # ModelConfig's; the DFlash drafter's config has none
-    q = ops.rope(q, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, scaling)
-    k = ops.rope(k, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, scaling)
+    q = ops.rope(q, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, cfg.rope_scaling)
+    k = ops.rope(k, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, cfg.rope_scaling)
     o = ops.attention(q, k, v, cache_layer, batch)      # (n, H * d)
     return ops.linear(o, w.attn_output, residual=residual)
 

@@ -42,7 +42,8 @@ class TargetHead:
 
 def dflash_cache_spec(cfg: DFlashConfig, max_ctx: int) -> KVCacheSpec:
     """The drafter's KV cache: one slot per target position plus the block's B scratch slots."""
-    return KVCacheSpec(cfg.n_layers, max_ctx + cfg.block_size, cfg.n_kv_heads, cfg.head_dim)
+    m = cfg.model
+    return KVCacheSpec(m.n_layers, max_ctx + cfg.block_size, m.n_kv_heads, m.head_dim)
 
 
 def context_features(ops, cfg: DFlashConfig, w: DFlashWeights, features):
@@ -52,7 +53,7 @@ def context_features(ops, cfg: DFlashConfig, w: DFlashWeights, features):
     acc = None
     for fc_j, x in zip(w.fc, features):
         acc = ops.linear(x, fc_j, residual=acc)
-    return ops.rmsnorm(acc, w.hidden_norm, cfg.rms_eps)
+    return ops.rmsnorm(acc, w.hidden_norm, cfg.model.rms_eps)
 
 
 def inject_context(ops, cfg: DFlashConfig, w: DFlashWeights, cache, features, positions, start) -> None:
@@ -65,12 +66,11 @@ def inject_context(ops, cfg: DFlashConfig, w: DFlashWeights, cache, features, po
     stays live across layers.
     """
     f = context_features(ops, cfg, w, features)
-    m = int(features[0].shape[0])
+    m, n = cfg.model, int(features[0].shape[0])
     for i, layer in enumerate(w.layers):
-        k = ops.linear(f, layer.attn_k).reshape(m, cfg.n_kv_heads, cfg.head_dim)
-        v = ops.linear(f, layer.attn_v).reshape(m, cfg.n_kv_heads, cfg.head_dim)
-        k = ops.rope(ops.rmsnorm(k, layer.attn_k_norm, cfg.rms_eps), positions, cfg.rope_theta, cfg.rope_dim,
-                     cfg.rope_neox)
+        k = ops.linear(f, layer.attn_k).reshape(n, m.n_kv_heads, m.head_dim)
+        v = ops.linear(f, layer.attn_v).reshape(n, m.n_kv_heads, m.head_dim)
+        k = ops.rope(ops.rmsnorm(k, layer.attn_k_norm, m.rms_eps), positions, m.rope_theta, m.rope_dim, m.rope_neox)
         ops.kv_write(k, v, cache.layer(i), start)
 
 
@@ -94,7 +94,7 @@ def draft_block(ops, cfg: DFlashConfig, w: DFlashWeights, head: TargetHead, cach
     h = ops.embed(head.token_embd, batch.ids)                           # (B, D)
     for i, layer in enumerate(w.layers):
         ops.begin_layer(i)
-        h = decoder_layer(ops, cfg, h, layer, cache.layer(i), batch)
+        h = decoder_layer(ops, cfg.model, h, layer, cache.layer(i), batch)
     ops.begin_layer(len(w.layers))
     h = h[1:]                                                           # the B-1 masked positions
-    return ops.linear(ops.rmsnorm(h, w.output_norm, cfg.rms_eps), head.output)
+    return ops.linear(ops.rmsnorm(h, w.output_norm, cfg.model.rms_eps), head.output)

@@ -41,37 +41,34 @@ K_TARGET_LAYER_IDS = "dflash.target_layer_ids"
 
 @dataclass(slots=True, frozen=True)
 class DFlashConfig:
-    n_layers: int
-    hidden: int                        # == the target's hidden width
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn: int                           # SwiGLU inner width
-    rope_theta: float                  # from the checkpoint's config (z-lab's Qwen3.5 drafters: 1e7)
-    rms_eps: float
+    """A DFlash drafter: its block layers (`model`, a ModelConfig of arch "dflash" made by `decoder`) and
+    the drafting keys."""
+
+    model: ModelConfig                 # the block layers; model.hidden == the target's hidden width
     block_size: int                    # B
     mask_token_id: int
     target_layer_ids: tuple[int, ...]  # 0-based target layer indices, in fc's column order
-    context_length: int = 32768        # trained context (informational)
-    name: str = ""
 
-    # The block layers are Qwen3 decoder layers: the dense layer code runs them through these.
-    qkv_bias = False
-    qk_norm = True
-    rope_neox = True                   # HF rotate_half, no row permutation in the checkpoint
+    @staticmethod
+    def decoder(**fields) -> ModelConfig:
+        """The ModelConfig of a drafter's block layers from what varies between drafters: n_layers,
+        hidden, n_heads, n_kv_heads, head_dim, ffn, rope_theta (from the checkpoint's config; z-lab's
+        Qwen3.5 drafters use 1e7), rms_eps, and optionally context_length (trained, informational) and
+        name. The rest is fixed: the layers are Qwen3 decoder layers (q/k RMSNorm, NeoX RoPE over the
+        whole head -- HF rotate_half, no row permutation in the checkpoint -- no biases), which the
+        dense layer code runs, and the drafter has no vocabulary of its own (it borrows the target's
+        embedding and lm_head)."""
+        fields.setdefault("context_length", 32768)
+        try:
+            return ModelConfig(arch=DFLASH_ARCH, vocab_size=0, rope_dim=fields["head_dim"], rope_neox=True,
+                               qkv_bias=False, qk_norm=True, tie_embeddings=False, **fields)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"DFlash drafter: {exc}") from None
 
     def __post_init__(self):
-        for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn"):
-            if getattr(self, field) <= 0:
-                raise ModelLoadError(f"DFlash drafter: {field} must be positive, got {getattr(self, field)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ModelLoadError(f"DFlash drafter: n_heads {self.n_heads} is not a multiple of "
-                                 f"n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ModelLoadError(f"DFlash drafter: head_dim {self.head_dim} must be even (RoPE rotates pairs)")
-        if not self.rope_theta > 0 or not self.rms_eps > 0:
-            raise ModelLoadError(f"DFlash drafter: rope_theta ({self.rope_theta}) and rms_eps ({self.rms_eps}) "
-                                 f"must be positive")
+        if self.model.arch != DFLASH_ARCH:
+            raise ModelLoadError(f"DFlash drafter: its layers' config must be DFlashConfig.decoder's, "
+                                 f"got arch {self.model.arch!r}")
         if self.block_size < 2:
             raise ModelLoadError(f"DFlash drafter: block_size must be >= 2 (one known token + masks), "
                                  f"got {self.block_size}")
@@ -84,27 +81,15 @@ class DFlashConfig:
             raise ModelLoadError(f"DFlash drafter: target_layer_ids must be distinct and >= 0, got {list(ids)}")
 
     @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
-
-    @property
-    def rope_dim(self) -> int:
-        return self.head_dim
-
-    @property
     def n_features(self) -> int:
         """How many target layers feed the context (fc's input is n_features * hidden)."""
         return len(self.target_layer_ids)
 
     def check_target(self, target: ModelConfig) -> None:
         """Raise ModelLoadError unless this drafter can draft for `target`."""
-        where = f"DFlash drafter {self.name!r} and target {target.name!r}"
-        if self.hidden != target.hidden:
-            raise ModelLoadError(f"{where}: hidden size {self.hidden} != the target's {target.hidden} "
+        where = f"DFlash drafter {self.model.name!r} and target {target.name!r}"
+        if self.model.hidden != target.hidden:
+            raise ModelLoadError(f"{where}: hidden size {self.model.hidden} != the target's {target.hidden} "
                                  f"(the drafter reads the target's hidden states and embeddings)")
         if max(self.target_layer_ids) >= target.n_layers:
             raise ModelLoadError(f"{where}: target_layer_ids {list(self.target_layer_ids)} name a layer "
@@ -130,19 +115,21 @@ class DFlashConfig:
         if int(f.metadata(K_VALUE_LENGTH, head_dim)) != head_dim:
             raise ModelLoadError(f"{f.path.name}: key_length != value_length is not supported")
         return cls(
-            n_layers=int(f.metadata(K_BLOCK_COUNT)),
-            hidden=hidden,
-            n_heads=n_heads,
-            n_kv_heads=int(f.metadata(K_KV_HEADS, n_heads)),
-            head_dim=head_dim,
-            ffn=int(f.metadata(K_FFN)),
-            rope_theta=float(f.metadata(K_ROPE_THETA)),   # required: no silent default (the anchor's bug)
-            rms_eps=float(f.metadata(K_RMS_EPS, 1e-6)),
+            model=cls.decoder(
+                n_layers=int(f.metadata(K_BLOCK_COUNT)),
+                hidden=hidden,
+                n_heads=n_heads,
+                n_kv_heads=int(f.metadata(K_KV_HEADS, n_heads)),
+                head_dim=head_dim,
+                ffn=int(f.metadata(K_FFN)),
+                rope_theta=float(f.metadata(K_ROPE_THETA)),   # required: no silent default (the anchor's bug)
+                rms_eps=float(f.metadata(K_RMS_EPS, 1e-6)),
+                context_length=int(f.metadata(K_CONTEXT_LENGTH, 32768)),
+                name=str(f.metadata("general.name", f.path.stem)),
+            ),
             block_size=int(f.metadata(K_BLOCK_SIZE)),
             mask_token_id=int(f.metadata(K_MASK_TOKEN_ID)),
             target_layer_ids=tuple(int(i) for i in f.metadata(K_TARGET_LAYER_IDS)),
-            context_length=int(f.metadata(K_CONTEXT_LENGTH, 32768)),
-            name=str(f.metadata("general.name", f.path.stem)),
         )
 
 
@@ -150,19 +137,20 @@ def write_metadata(writer, cfg: DFlashConfig) -> None:
     """Write cfg's keys to a gguf.GGUFWriter created with arch DFLASH_ARCH."""
     import gguf
 
+    m = cfg.model
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(cfg.name or "dflash drafter")
-    writer.add_uint32(K_BLOCK_COUNT, cfg.n_layers)
-    writer.add_uint32(K_EMBEDDING_LENGTH, cfg.hidden)
-    writer.add_uint32(K_FFN, cfg.ffn)
-    writer.add_uint32(K_HEADS, cfg.n_heads)
-    writer.add_uint32(K_KV_HEADS, cfg.n_kv_heads)
-    writer.add_uint32(K_KEY_LENGTH, cfg.head_dim)
-    writer.add_uint32(K_VALUE_LENGTH, cfg.head_dim)
-    writer.add_float32(K_RMS_EPS, cfg.rms_eps)
+    writer.add_name(m.name or "dflash drafter")
+    writer.add_uint32(K_BLOCK_COUNT, m.n_layers)
+    writer.add_uint32(K_EMBEDDING_LENGTH, m.hidden)
+    writer.add_uint32(K_FFN, m.ffn)
+    writer.add_uint32(K_HEADS, m.n_heads)
+    writer.add_uint32(K_KV_HEADS, m.n_kv_heads)
+    writer.add_uint32(K_KEY_LENGTH, m.head_dim)
+    writer.add_uint32(K_VALUE_LENGTH, m.head_dim)
+    writer.add_float32(K_RMS_EPS, m.rms_eps)
     # float64: a theta like 1e7 is exact in float32 too, but a converter must never round the config
-    writer.add_float64(K_ROPE_THETA, cfg.rope_theta)
-    writer.add_uint32(K_CONTEXT_LENGTH, cfg.context_length)
+    writer.add_float64(K_ROPE_THETA, m.rope_theta)
+    writer.add_uint32(K_CONTEXT_LENGTH, m.context_length)
     writer.add_uint32(K_BLOCK_SIZE, cfg.block_size)
     writer.add_uint32(K_MASK_TOKEN_ID, cfg.mask_token_id)
     writer.add_array(K_TARGET_LAYER_IDS, [int(i) for i in cfg.target_layer_ids])

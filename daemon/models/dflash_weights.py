@@ -35,9 +35,9 @@ class DFlashWeights:
 
 # field -> (GGUF name, expected numpy shape given the config)
 DFLASH_GLOBAL_TENSORS = {
-    "fc": ("dflash.fc.weight", lambda c: (c.hidden, c.n_features * c.hidden)),
-    "hidden_norm": ("dflash.hidden_norm.weight", lambda c: (c.hidden,)),
-    "output_norm": ("output_norm.weight", lambda c: (c.hidden,)),
+    "fc": ("dflash.fc.weight", lambda c: (c.model.hidden, c.n_features * c.model.hidden)),
+    "hidden_norm": ("dflash.hidden_norm.weight", lambda c: (c.model.hidden,)),
+    "output_norm": ("output_norm.weight", lambda c: (c.model.hidden,)),
 }
 
 
@@ -51,10 +51,10 @@ def _checked(f: GGUFFile, name: str, shape: tuple[int, ...]) -> TensorInfo:
 def dflash_tensor_plan(f: GGUFFile, cfg: DFlashConfig) -> list[tuple[str, int | None, TensorInfo]]:
     """Every tensor the drafter needs, checked: (field, layer index or None, info)."""
     plan = [(field, None, _checked(f, name, shape(cfg))) for field, (name, shape) in DFLASH_GLOBAL_TENSORS.items()]
-    for i in range(cfg.n_layers):
+    for i in range(cfg.model.n_layers):
         for field, (name, shape, needed) in LAYER_TENSORS.items():
-            if needed(cfg):
-                plan.append((field, i, _checked(f, name.format(i=i), shape(cfg))))
+            if needed(cfg.model):
+                plan.append((field, i, _checked(f, name.format(i=i), shape(cfg.model))))
     known = {info.name for _, _, info in plan}
     extra = sorted(set(f.names) - known)
     if extra:   # e.g. a DFlash2 checkpoint's conv/selector tensors: running without them would be wrong
@@ -83,7 +83,7 @@ def load_dflash_weights(f: GGUFFile, cfg: DFlashConfig, load: Callable[[TensorIn
                         progress: Callable[[int], None] | None = None) -> DFlashWeights:
     """Hand every tensor to `load` (the backend's weight loader) and assemble DFlashWeights."""
     globals_: dict[str, Any] = {}
-    layers: list[dict[str, Any]] = [{} for _ in range(cfg.n_layers)]
+    layers: list[dict[str, Any]] = [{} for _ in range(cfg.model.n_layers)]
     for field, layer, info in dflash_tensor_plan(f, cfg):
         if field == "fc":
             globals_[field] = [load(part) for part in split_columns(info, cfg.n_features)]

@@ -55,7 +55,8 @@ class DFlashDrafter(Drafter):
         spec = dflash_cache_spec(cfg, max_ctx)
         self.cache = ops.kv_cache(spec)
         if hasattr(ops, "reserve_attention"):   # the GPU's attention workspace must hold a block's rows
-            ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, spec.max_ctx, n_tokens=cfg.block_size)
+            ops.reserve_attention(cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.head_dim, spec.max_ctx,
+                                  n_tokens=cfg.block_size)
         self._mask = block_mask(ops, cfg)
         self.forwards = 0          # drafter forwards run (tests and stats)
         self.injected_rows = 0     # context rows ever injected: each committed position once
@@ -112,17 +113,17 @@ class DFlashDrafter(Drafter):
         self._n_ctx = 0
         self._root: int | None = None
         self._captured: list[list[np.ndarray]] = [[] for _ in self.target_layer_ids]
-        self._pending = [np.zeros((0, self.cfg.hidden), np.float32) for _ in self.target_layer_ids]
+        self._pending = [np.zeros((0, self.cfg.model.hidden), np.float32) for _ in self.target_layer_ids]
 
     def info(self) -> dict:
         d = super().info()
-        d.update(block_size=self.cfg.block_size, n_layers=self.cfg.n_layers, temperature=self.temperature,
+        d.update(block_size=self.cfg.block_size, n_layers=self.cfg.model.n_layers, temperature=self.temperature,
                  kv_bytes=int(self.cache.n_bytes))
         return d
 
     # -- the drafter's forward -------------------------------------------------------------------
     def _take_captured(self) -> list[np.ndarray]:
-        rows = [np.concatenate(c) if c else np.zeros((0, self.cfg.hidden), np.float32) for c in self._captured]
+        rows = [np.concatenate(c) if c else np.zeros((0, self.cfg.model.hidden), np.float32) for c in self._captured]
         if len({r.shape[0] for r in rows}) > 1:
             raise RuntimeError(f"DFlash drafter: target layers {list(self.target_layer_ids)} captured "
                                f"{[r.shape[0] for r in rows]} rows (one capture per wanted layer per forward)")

@@ -13,6 +13,7 @@ import gguf
 import pytest
 
 from flashd.clients.chat_template import ChatTemplate
+from flashd.scripts.gguf_out import new_gguf
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
 QWEN_SOURCE = (DATA / "qwen2.5_chat_template.jinja").read_text(encoding="utf-8")
@@ -236,14 +237,10 @@ def test_from_gguf_without_template_is_none(tmp_path):
 
 
 def _write_gguf(path: Path, *, chat_template: str | None) -> None:
-    writer = gguf.GGUFWriter(path, arch="llama")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(["<unk>", "<s>", "</s>", "a"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "llama") as writer:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(["<unk>", "<s>", "</s>", "a"])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)

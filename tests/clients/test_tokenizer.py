@@ -18,6 +18,7 @@ import pytest
 
 from flashd.clients.registry import KNOWN_MODELS
 from flashd.clients.tokenizer import Tokenizer, read_gguf_metadata, tokenizer_metadata
+from flashd.scripts.gguf_out import new_gguf
 from flashd.scripts.record_tokenizer_reference import PRE_VARIANT_KINDS, pieces_digest, variant_metadata
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
@@ -345,19 +346,15 @@ def test_unsupported_model_and_pre_kinds_are_named():
 
 
 def _write_tiny_gguf(path: Path, metadata: dict) -> None:
-    writer = gguf.GGUFWriter(path, arch="llama")
-    writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
-    writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
-    writer.add_token_list(metadata["tokenizer.ggml.tokens"])
-    writer.add_token_types(metadata["tokenizer.ggml.token_type"].tolist())
-    writer.add_token_merges(metadata["tokenizer.ggml.merges"])
-    writer.add_bos_token_id(metadata["tokenizer.ggml.bos_token_id"])
-    writer.add_eos_token_id(metadata["tokenizer.ggml.eos_token_id"])
-    writer.add_add_bos_token(False)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "llama") as writer:
+        writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
+        writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
+        writer.add_token_list(metadata["tokenizer.ggml.tokens"])
+        writer.add_token_types(metadata["tokenizer.ggml.token_type"].tolist())
+        writer.add_token_merges(metadata["tokenizer.ggml.merges"])
+        writer.add_bos_token_id(metadata["tokenizer.ggml.bos_token_id"])
+        writer.add_eos_token_id(metadata["tokenizer.ggml.eos_token_id"])
+        writer.add_add_bos_token(False)
 
 
 def test_gguf_file_path_and_reader_agree(tmp_path):

@@ -43,7 +43,8 @@ def drafts(ops, target, drafter_path, feats, root, pieces):
     spec = dflash_cache_spec(cfg, 256)
     cache = ops.kv_cache(spec)
     if hasattr(ops, "reserve_attention"):   # as DFlashDrafter does: the block's rows need a workspace
-        ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, spec.max_ctx, n_tokens=cfg.block_size)
+        ops.reserve_attention(cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.head_dim, spec.max_ctx,
+                              n_tokens=cfg.block_size)
     mask = block_mask(ops, cfg)
     out, n = [], 0
     for m in pieces:

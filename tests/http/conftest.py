@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import gguf
 import msgpack
 import pytest
 import zmq
@@ -17,6 +16,7 @@ from flashd.clients.client import Client
 from flashd.clients.spawn import DaemonOptions, LocalDaemon
 from flashd.clients.tokenizer import read_gguf_metadata
 from flashd.protocol import wire
+from flashd.scripts.gguf_out import new_gguf
 from gateway_harness import TIMEOUT_S, GatewayServer, serve_gateway
 
 # A qwen2-shaped model that loads in well under a second and decodes ~1000 tokens/s on the
@@ -59,20 +59,16 @@ def tool_model(tiny_model, tmp_path_factory) -> Path:
     tools to the model): all the gateway reads from a model file."""
     path = tmp_path_factory.mktemp("tool-model") / "qwen-template.gguf"
     metadata = read_gguf_metadata(tiny_model, prefix="tokenizer.")
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
-    writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
-    writer.add_token_list(list(metadata["tokenizer.ggml.tokens"]))
-    writer.add_token_types([int(t) for t in metadata["tokenizer.ggml.token_type"]])
-    writer.add_token_merges(list(metadata["tokenizer.ggml.merges"]))
-    writer.add_bos_token_id(int(metadata["tokenizer.ggml.bos_token_id"]))
-    writer.add_eos_token_id(int(metadata["tokenizer.ggml.eos_token_id"]))
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(QWEN_TEMPLATE.read_text())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "qwen2") as writer:
+        writer.add_tokenizer_model(metadata["tokenizer.ggml.model"])
+        writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
+        writer.add_token_list(list(metadata["tokenizer.ggml.tokens"]))
+        writer.add_token_types([int(t) for t in metadata["tokenizer.ggml.token_type"]])
+        writer.add_token_merges(list(metadata["tokenizer.ggml.merges"]))
+        writer.add_bos_token_id(int(metadata["tokenizer.ggml.bos_token_id"]))
+        writer.add_eos_token_id(int(metadata["tokenizer.ggml.eos_token_id"]))
+        writer.add_add_bos_token(False)
+        writer.add_chat_template(QWEN_TEMPLATE.read_text())
     return path
 
 

@@ -56,21 +56,21 @@ def rope_rotate_half(x, pos, theta):
 
 def oracle_logits(d, cfg, embd, out_w, feats, root):
     """feats (n_ctx, n_features * D): the target layer outputs, concatenated in target_layer_ids order."""
-    n_ctx, b = feats.shape[0], cfg.block_size
-    H, Hkv, hd, eps = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps
+    n_ctx, b, m = feats.shape[0], cfg.block_size, cfg.model
+    H, Hkv, hd, eps = m.n_heads, m.n_kv_heads, m.head_dim, m.rms_eps
     f = rms(feats @ d["dflash.fc.weight"].T, d["dflash.hidden_norm.weight"], eps)
     ids = np.array([root] + [cfg.mask_token_id] * (b - 1))
     h = embd[ids]
     pos_ctx, pos_blk = np.arange(n_ctx), np.arange(n_ctx, n_ctx + b)
-    for i in range(cfg.n_layers):
+    for i in range(m.n_layers):
         w = lambda n: d[f"blk.{i}.{n}.weight"]
         x = rms(h, w("attn_norm"), eps)
         q = rms((x @ w("attn_q").T).reshape(b, H, hd), w("attn_q_norm"), eps)
         kv_in = np.concatenate([f, x])                                    # [context ; block]
         k = rms((kv_in @ w("attn_k").T).reshape(n_ctx + b, Hkv, hd), w("attn_k_norm"), eps)
         v = (kv_in @ w("attn_v").T).reshape(n_ctx + b, Hkv, hd)
-        q = rope_rotate_half(q, pos_blk, cfg.rope_theta)
-        k = rope_rotate_half(k, np.concatenate([pos_ctx, pos_blk]), cfg.rope_theta)
+        q = rope_rotate_half(q, pos_blk, m.rope_theta)
+        k = rope_rotate_half(k, np.concatenate([pos_ctx, pos_blk]), m.rope_theta)
         o = np.empty((b, H, hd))
         for head in range(H):
             kvh = head // (H // Hkv)

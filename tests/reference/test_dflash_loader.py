@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import gguf
 import numpy as np
 import pytest
 from gguf import GGUFReader
@@ -11,6 +10,7 @@ from gguf import GGUFReader
 from flashd.daemon.models import ModelLoadError, open_model
 from flashd.daemon.models.dflash_config import DFLASH_ARCH, K_ROPE_THETA, DFlashConfig, write_metadata
 from flashd.daemon.models.dflash_weights import open_dflash, split_columns
+from flashd.scripts.gguf_out import new_gguf
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 
 
@@ -36,27 +36,23 @@ def rewrite(src, dst, *, drop_tensors=(), drop_keys=(), cfg_changes=None, extra=
     cfg = DFlashConfig.from_gguf(open_dflash(src)[0])
     if cfg_changes:
         cfg = dataclasses.replace(cfg, **cfg_changes)
-    w = gguf.GGUFWriter(dst, DFLASH_ARCH)
-    write_metadata(_SkipKeys(w, drop_keys), cfg)
-    for t in r.tensors:
-        if t.name in drop_tensors:
-            continue
-        data = np.asarray(t.data)
-        if reshape and t.name == reshape:
-            data = data[:-1]                                  # one row short
-        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    for name, arr in (extra or {}).items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    with new_gguf(dst, DFLASH_ARCH) as w:
+        write_metadata(_SkipKeys(w, drop_keys), cfg)
+        for t in r.tensors:
+            if t.name in drop_tensors:
+                continue
+            data = np.asarray(t.data)
+            if reshape and t.name == reshape:
+                data = data[:-1]                                  # one row short
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+        for name, arr in (extra or {}).items():
+            w.add_tensor(name, arr)
     return dst
 
 
 def test_good_file_opens(good):
     f, cfg = open_dflash(good)
-    assert cfg.hidden == 64 and cfg.mask_token_id == 299
+    assert cfg.model.hidden == 64 and cfg.mask_token_id == 299
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -103,13 +99,22 @@ def test_target_mismatches(good, synthetic_model):
     ("block_size", 1, "block_size must be >= 2"),
     ("target_layer_ids", (), "non-empty"),
     ("target_layer_ids", (1, 1), "distinct"),
-    ("n_kv_heads", 3, "not a multiple"),
-    ("rope_theta", 0.0, "must be positive"),
+    ("model.n_kv_heads", 3, "not a multiple"),      # the layers' checks are ModelConfig's
+    ("model.rope_theta", 0.0, "must be positive"),
 ])
 def test_config_checks(good, field, value, message):
     _, cfg = open_dflash(good)
     with pytest.raises(ModelLoadError, match=message):
-        dataclasses.replace(cfg, **{field: value})
+        if field.startswith("model."):
+            dataclasses.replace(cfg.model, **{field[6:]: value})
+        else:
+            dataclasses.replace(cfg, **{field: value})
+
+
+def test_decoder_names_the_drafter_in_its_errors():
+    with pytest.raises(ModelLoadError, match="DFlash drafter: n_heads 4 is not a multiple of n_kv_heads 3"):
+        DFlashConfig.decoder(n_layers=1, hidden=64, n_heads=4, n_kv_heads=3, head_dim=16, ffn=128,
+                             rope_theta=1e7, rms_eps=1e-6)
 
 
 def test_fc_split_needs_whole_quant_blocks(good):

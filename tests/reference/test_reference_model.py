@@ -2,7 +2,6 @@
 weight format: KV-cache consistency, chunking invariance, tree masks, load errors."""
 import numpy as np
 import pytest
-from gguf import GGUFWriter
 
 from flashd.daemon.backends.base import Batch, KVCacheSpec
 from flashd.daemon.backends.reference import ReferenceOps
@@ -10,6 +9,7 @@ from flashd.daemon.models import ModelLoadError, load_model, open_model
 from flashd.daemon.models.dense import forward
 from flashd.daemon.runner import ModelRunner
 from flashd.protocol.messages import SamplingParams
+from flashd.scripts.gguf_out import new_gguf
 
 ops = ReferenceOps()
 ARCHS = ["llama", "qwen2", "qwen3"]
@@ -94,13 +94,9 @@ def test_unsupported_format_is_a_load_error_naming_it(synthetic_model):
 
 def test_unsupported_architecture_is_a_load_error_naming_it(tmp_path):
     path = tmp_path / "gemma.gguf"
-    w = GGUFWriter(str(path), "gemma")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    with new_gguf(path, "gemma") as w:
+        w.add_block_count(1)
+        w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     with pytest.raises(ModelLoadError, match="gemma"):
         open_model(path)
 

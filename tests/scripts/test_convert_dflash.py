@@ -85,10 +85,10 @@ def test_convert_keeps_config_and_weights(checkpoint, tmp_path):
     out = tmp_path / "drafter.gguf"
     assert main([str(d), str(out)]) == 0
     f, cfg = open_dflash(out)
-    assert cfg.rope_theta == 1e7                      # not the anchor's 1e6
+    assert cfg.model.rope_theta == 1e7                # not the anchor's 1e6
     assert (cfg.block_size, cfg.mask_token_id, cfg.target_layer_ids) == (16, 300, tuple(TARGET_IDS))
-    assert (cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn) == (LAYERS, H, HEADS, KV,
-                                                                                              HD, FFN)
+    m = cfg.model
+    assert (m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.head_dim, m.ffn) == (LAYERS, H, HEADS, KV, HD, FFN)
     assert f.tensor("blk.0.attn_q.weight").qtype == gguf.GGMLQuantizationType.BF16   # auto: stored as BF16
     assert f.tensor("blk.0.attn_norm.weight").qtype == gguf.GGMLQuantizationType.F32
     w = load_dflash_weights(f, cfg, ReferenceOps().load_weight)
@@ -126,7 +126,7 @@ def test_rope_theta_from_rope_parameters(checkpoint, tmp_path):
     del cfg["rope_theta"]
     cfg["rope_parameters"] = {"rope_theta": 5e5, "rope_type": "default"}
     (d / "config.json").write_text(json.dumps(cfg))
-    assert convert(d, tmp_path / "x.gguf").rope_theta == 5e5
+    assert convert(d, tmp_path / "x.gguf").model.rope_theta == 5e5
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -34,8 +34,8 @@ def test_stored_weights_are_the_float_weights(tmp_path):
     w = load_dflash_weights(f, cfg, ReferenceOps().load_weight)
     np.testing.assert_array_equal(np.concatenate(w.fc, axis=1), float_tensor(spec, "dflash.fc.weight"))
     np.testing.assert_array_equal(w.layers[1].ffn_down, float_tensor(spec, "blk.1.ffn_down.weight"))
-    assert cfg.rms_eps == float(np.float32(spec.rms_eps))         # stored as float32, as GGUF files do
-    assert dataclasses.replace(cfg, rms_eps=spec.rms_eps) == spec.config()
+    assert cfg.model.rms_eps == float(np.float32(spec.rms_eps))   # stored as float32, as GGUF files do
+    assert dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, rms_eps=spec.rms_eps)) == spec.config()
 
 
 def test_spec_checks():
@@ -54,5 +54,5 @@ def test_cli_matches_the_target(synthetic_model, tmp_path):
     _, cfg = open_dflash(out)
     _, tcfg = open_model(target)
     cfg.check_target(tcfg)
-    assert (cfg.hidden, cfg.block_size, cfg.target_layer_ids, cfg.mask_token_id) == (128, 8, (1, 2, 3), 399)
-    assert cfg.rope_theta == 1e7
+    assert (cfg.model.hidden, cfg.block_size, cfg.target_layer_ids, cfg.mask_token_id) == (128, 8, (1, 2, 3), 399)
+    assert cfg.model.rope_theta == 1e7

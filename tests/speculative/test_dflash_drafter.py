@@ -106,7 +106,7 @@ def test_cached_context_is_the_committed_sequence(make_runner, dflash_path):
     fresh = ops.kv_cache(drafter.cache.spec)
     inject_context(ops, cfg, drafter.weights, fresh, [np.concatenate(feats[l]) for l in cfg.target_layer_ids],
                    np.arange(n, dtype=np.int32), np.array([0], np.int32))
-    for i in range(cfg.n_layers):
+    for i in range(cfg.model.n_layers):
         for got_c, want_c in zip(drafter.cache.layer(i), fresh.layer(i)):
             scale = np.abs(want_c[:n]).max()
             # the target's features from tree verification vs a causal prefill: float32 rounding only
@@ -132,7 +132,7 @@ def test_proposal_shape_and_logprobs(make_runner, dflash_path):
     cfg = drafter.cfg
     assert info["max_depth"] == 15 and info["target_layer_ids"] == list(cfg.target_layer_ids)
     # float32 K and V per layer for max_ctx + B slots (the block's scratch slots after the context)
-    assert info["kv_bytes"] == 2 * cfg.n_layers * (runner.max_ctx + 16) * cfg.kv_dim * 4
+    assert info["kv_bytes"] == 2 * cfg.model.n_layers * (runner.max_ctx + 16) * cfg.model.kv_dim * 4
     drafter.end()
 
 
@@ -183,7 +183,7 @@ def test_accept_keeps_exactly_the_committed_rows(make_runner, dflash_path):
     fresh = ops.kv_cache(drafter.cache.spec)
     feats = [np.concatenate([prompt_f[l], verify_f[l][[0, 2, 5]]]) for l in layers]
     inject_context(ops, cfg, drafter.weights, fresh, feats, np.arange(8, dtype=np.int32), np.array([0], np.int32))
-    for i in range(cfg.n_layers):
+    for i in range(cfg.model.n_layers):
         for got_c, want_c in zip(drafter.cache.layer(i), fresh.layer(i)):
             np.testing.assert_allclose(got_c[:8], want_c[:8], rtol=1e-5, atol=1e-5 * np.abs(want_c[:8]).max())
     with pytest.raises(RuntimeError, match="2 committed rows for root \\+ 2 accepted"):
