@@ -1,6 +1,6 @@
-"""FlashPrefill block scoring (native/cuda/flashprefill.cu): fd_fp_mean_k, fd_fp_score, fd_fp_select and
-fd_fp_tail_max_probs, each checked against the numpy oracle flashd.daemon.pflash.flashprefill before it
-is timed. The block-sparse attention that consumes the selection is bench_fp_sparse_fwd.py.
+"""FlashPrefill block scoring (native/cuda/flashprefill.cu): fd_flashprefill_mean_k, fd_flashprefill_score,
+fd_flashprefill_select and fd_flashprefill_tail_max_probs, each checked against the numpy oracle
+flashd.daemon.pflash.flashprefill (mean_k, score, select, tail_max_probs) before it is timed. The block-sparse attention that consumes the selection is bench_flashprefill_sparse_attention.py.
 
     python bench/bench_flashprefill.py [--seed N] [--reps 30] [--quick]
 
@@ -10,7 +10,7 @@ and of a 32K prompt (p0 = 4096, 28672: the most key blocks), with the heads of Q
 (p0 256, n 777: a partial last query and key block). --quick: the 32K 0.5B case only. The inputs have
 structure (prefill_inputs: a tenth of the key blocks lean towards the queries' direction), so that
 selection at PFlashConfig's alpha keeps a realistic fraction of blocks rather than all of them (random
-Gaussian q and k score every block alike); the kept fraction is printed after fd_fp_select.
+Gaussian q and k score every block alike); the kept fraction is printed after fd_flashprefill_select.
 
 Tolerances (as tests/gpu/test_flashprefill.py, whose reasons follow):
   mean_k  rtol 1e-5, atol 1e-6: float32 sums of <= 128 float16 values.
@@ -30,7 +30,7 @@ import numpy as np
 
 from op_harness import OpHarness, Tolerance, add_arguments
 
-B = 128                       # FD_FP_BLOCK == flashprefill.BLOCK
+B = 128                       # FD_FLASHPREFILL_BLOCK == flashprefill.BLOCK
 MODELS = {                    # n_heads, n_kv_heads, head_dim
     "qwen2.5-0.5b": (14, 2, 64),
     "qwen2.5-1.5b": (12, 2, 128),
@@ -140,16 +140,16 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
     keys64 = slots_first(kc)[:n_keys].astype(np.float64)
 
     mk = dev.empty((n_kb, n_kv, d))
-    h.run(f"fd_fp_mean_k {label}",
-          lambda: lib.fd_fp_mean_k(p(mk, "float*"), p(kd), n_keys, n_kv, d, max_ctx, dev.stream),
+    h.run(f"fd_flashprefill_mean_k {label}",
+          lambda: lib.fd_flashprefill_mean_k(p(mk, "float*"), p(kd), n_keys, n_kv, d, max_ctx, dev.stream),
           lambda: dev.download(mk), lambda: fp.mean_k(keys64),
           Tolerance("float32 sums of <= 128 float16 values", atol=1e-6, rtol=1e-5),
           n_bytes=mean_k_bytes(n_keys, n_kv, d))
 
     score = dev.empty((n_mq, n_heads, n_kb))
-    h.run(f"fd_fp_score {label}",
-          lambda: lib.fd_fp_score(p(score, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n, n_heads, n_kv, d,
-                                  scale, dev.stream),
+    h.run(f"fd_flashprefill_score {label}",
+          lambda: lib.fd_flashprefill_score(p(score, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n, n_heads, n_kv,
+                                            d, scale, dev.stream),
           lambda: dev.download(score), lambda: fp.score(q, dev.download(mk).astype(np.float64), p0, scale),
           Tolerance("float32 q . mean_k, exp2 by ex2.approx (2 ulp); normalised scores lie in [0, 1]",
                     atol=2e-5, rtol=1e-4),
@@ -158,9 +158,9 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
     s32 = dev.download(score)
     idx, cnt = dev.empty((n_mq, n_heads, n_kb), np.int32), dev.empty((n_mq, n_heads), np.int32)
     full = first_full_block(p0, n)
-    h.run(f"fd_fp_select {label}",
-          lambda: lib.fd_fp_select(p(idx, "int32_t*"), p(cnt, "int32_t*"), p(score, "float*"), p0, n, n_heads, ALPHA,
-                                   SINK_BLOCKS, WINDOW_BLOCKS, full, dev.stream),
+    h.run(f"fd_flashprefill_select {label}",
+          lambda: lib.fd_flashprefill_select(p(idx, "int32_t*"), p(cnt, "int32_t*"), p(score, "float*"), p0, n, n_heads,
+                                             ALPHA, SINK_BLOCKS, WINDOW_BLOCKS, full, dev.stream),
           lambda: np.concatenate([dev.download(idx).ravel(), dev.download(cnt).ravel()]),
           lambda: np.concatenate([a.ravel() for a in fp.select(s32, p0, np.float32(ALPHA), SINK_BLOCKS,
                                                                WINDOW_BLOCKS, full)]),
@@ -175,9 +175,9 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
     acc0 = rng.uniform(0, 2.0 / n_keys, size=(n_tail, n_keys)).astype(np.float32)
     acc, ws = dev.upload(acc0), dev.empty((2 * n_tail * n_heads,))
     q_tail = dev.upload(q[n - n_tail:])
-    h.run(f"fd_fp_tail_max_probs {label} tail {n_tail}",
-          lambda: lib.fd_fp_tail_max_probs(p(acc, "float*"), p(q_tail, "float*"), p(kd), n_keys, n_tail, n_heads,
-                                           n_kv, d, max_ctx, scale, p(ws, "float*"), dev.stream),
+    h.run(f"fd_flashprefill_tail_max_probs {label} tail {n_tail}",
+          lambda: lib.fd_flashprefill_tail_max_probs(p(acc, "float*"), p(q_tail, "float*"), p(kd), n_keys, n_tail,
+                                                     n_heads, n_kv, d, max_ctx, scale, p(ws, "float*"), dev.stream),
           lambda: dev.download(acc),
           lambda: np.maximum(acc0, fp.tail_max_probs(q[n - n_tail:], keys64, n_keys, scale)),
           Tolerance("float32 dots of float32 q with float16 k, exp2 approx, float32 log-sum-exp",

@@ -1,8 +1,9 @@
-"""FlashPrefill's block-sparse attention (native/cuda/attention_sparse.cu): fd_fp_sparse_fwd, the entry point
-CudaOps.sparse_attention calls (fd_attention_block_sparse with every head FD_MASK_LISTS), checked against
-the float64 brute-force oracle of the GPU tests (tests/gpu/attention_oracle.py) before it is timed.
+"""FlashPrefill's block-sparse attention (native/cuda/attention_sparse.cu): fd_flashprefill_sparse_attention,
+the last of the four entry points CudaOps.flashprefill_attention calls (fd_attention_block_sparse with every
+head FD_MASK_LISTS), checked against the float64 brute-force oracle of the GPU tests
+(tests/gpu/attention_oracle.py) before it is timed.
 
-    python bench/bench_fp_sparse_fwd.py [--seed N] [--reps 20] [--quick]
+    python bench/bench_flashprefill_sparse_attention.py [--seed N] [--reps 20] [--quick]
 
 Cases: one drafter forward chunk of 4096 tokens (PFlashConfig.forward_chunk), the last chunk of an 8K and
 of a 32K prompt (p0 = 4096, 28672), with the heads of Qwen2.5-Coder-0.5B (14 / 2, head_dim 64, the usual
@@ -110,9 +111,10 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
     o = dev.empty((n, n_heads * d))
     dev.fill_bytes(o, 0xFF)                                 # NaN: rows the kernel leaves unwritten fail
     v_max = float(np.abs(vc[:, :n_keys].astype(np.float64)).max())
-    h.run(f"fd_fp_sparse_fwd {label}",
-          lambda: lib.fd_fp_sparse_fwd(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n, n_heads, n_kv, d,
-                                       max_ctx, scale, p(idx_d, "int32_t*"), p(cnt_d, "int32_t*"), dev.stream),
+    h.run(f"fd_flashprefill_sparse_attention {label}",
+          lambda: lib.fd_flashprefill_sparse_attention(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n, n_heads,
+                                                       n_kv, d, max_ctx, scale, p(idx_d, "int32_t*"),
+                                                       p(cnt_d, "int32_t*"), dev.stream),
           lambda: sampled_output(dev.download(o), p0, n, d, n_heads),
           lambda: sparse_reference(q, kc, vc, idx, cnt, p0),
           Tolerance("q rounded to float16 in the mma fragments (the oracle gets the same q), P rounded to "

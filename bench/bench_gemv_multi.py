@@ -1,5 +1,5 @@
-"""The multi-matrix GEMV (native/cuda/gemv.cu): fd_gemv_multi, what CudaOps.linears runs for the q, k and v
-projections of decode steps and verify rows (fused RMSNorm, bias), checked against float64 numpy on
+"""The multi-matrix GEMV (native/cuda/gemv.cu): fd_gemv_multi, what CudaOps.linear_multi runs for the q, k
+and v projections of decode steps and verify rows (fused RMSNorm, bias), checked against float64 numpy on
 gguf-dequantized weights before it is timed. bench_gemv.py covers fd_gemv and fd_gemv_swiglu, one matrix
 per launch.
 
@@ -7,7 +7,7 @@ per launch.
 
 Shapes: the QKV of Qwen2.5-Coder-1.5B (hidden 1536: q 1536 rows Q4_K, k 256 Q4_K, v 256 Q6_K, as in the
 Q4_K_M file) and 0.5B (hidden 896: q 896 Q5_0, k 128 Q5_0, v 128 Q8_0), at n_x = 1, 2, 4, 8, 16 input
-rows (a decode step, then chains / trees of verify rows; above GEMV_MAX_ROWS = 8 CudaOps.linears
+rows (a decode step, then chains / trees of verify rows; above GEMV_MAX_ROWS = 8 CudaOps.linear_multi
 launches once per group of 8, and so does this benchmark), plus an awkward one (cols 2080 = 65 blocks
 of 32, not a multiple of 256: q 333 rows Q8_0, k 37 Q5_0, v 37 Q4_0; n_x = 3). --quick: n_x = 1 and 8.
 Each launch sequence is captured once in a CUDA graph and replayed (as in the captured decode step), L2

@@ -1,5 +1,5 @@
 """Check one op against its reference, then time it: the harness of the per-op benchmarks
-(bench_sampling.py, bench_flashprefill.py, bench_fp_sparse_fwd.py, bench_gemv_multi.py).
+(bench_sampling.py, bench_flashprefill.py, bench_flashprefill_sparse_attention.py, bench_gemv_multi.py).
 
     ap = argparse.ArgumentParser(description=__doc__); add_arguments(ap)
     h = OpHarness.on_gpu(ap.parse_args())          # prints the device, its DRAM peak and the seed

@@ -88,10 +88,10 @@ class Ops(Protocol):
     def linear(self, x, weight, bias=None, residual=None) -> Any:
         """x @ weight.T (+ bias) (+ residual); x (n, in), weight (out, in) -> (n, out)."""
 
-    def linears(self, x, weights, biases) -> tuple:
+    def linear_multi(self, x, weights, biases) -> tuple:
         """Several projections of one input (q, k, v): one launch where the backend can."""
 
-    def swiglu_linear(self, x, w_gate, w_up) -> Any:
+    def linear_swiglu(self, x, w_gate, w_up) -> Any:
         """silu(x @ w_gate.T) * (x @ w_up.T): the first half of the SwiGLU MLP, fused."""
 
     def rope(self, x, positions, theta: float, rope_dim: int, neox: bool) -> Any:
@@ -117,7 +117,7 @@ class Ops(Protocol):
         """silu(gate) * up, elementwise."""
 
     # -- PFlash (the prefill drafter's forward; flashd.daemon.pflash) ----------------------------
-    def sparse_attention(self, q, k, v, cache_layer, batch: Batch, step) -> Any:
+    def flashprefill_attention(self, q, k, v, cache_layer, batch: Batch, step) -> Any:
         """Like `attention` (causal, batch.mask None) but FlashPrefill block-sparse: the chunk sits
         at slots [step.p0, step.p0 + n) with step.p0 a multiple of 128; each 128-token query block
         attends only the key blocks its block scores select (pflash.flashprefill.FlashPrefillStep)."""

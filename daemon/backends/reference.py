@@ -85,10 +85,10 @@ class ReferenceOps:
             y = y + residual
         return y
 
-    def linears(self, x, weights, biases) -> tuple:
+    def linear_multi(self, x, weights, biases) -> tuple:
         return tuple(self.linear(x, w, b) for w, b in zip(weights, biases))
 
-    def swiglu_linear(self, x, w_gate, w_up) -> np.ndarray:
+    def linear_swiglu(self, x, w_gate, w_up) -> np.ndarray:
         return self.swiglu(self.linear(x, w_gate), self.linear(x, w_up))
 
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float, rope_dim: int,
@@ -158,7 +158,7 @@ class ReferenceOps:
         out = np.einsum("kgnt,tkd->nkgd", probs, values)
         return out.reshape(n, n_heads * head_dim).astype(np.float32, copy=False)
 
-    def sparse_attention(self, q, k, v, cache_layer, batch: Batch, step) -> np.ndarray:
+    def flashprefill_attention(self, q, k, v, cache_layer, batch: Batch, step) -> np.ndarray:
         """FlashPrefill attention of a chunk at slots [step.p0, step.p0 + n) (pflash.flashprefill):
         write k, v to the cache, then attend each query block's selected key blocks only."""
         from ..pflash.flashprefill import flashprefill_attention

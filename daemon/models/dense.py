@@ -15,7 +15,7 @@ __all__ = ["forward", "decoder_layer"]
 
 def attention_block(ops, cfg: ModelConfig, x, w: LayerWeights, cache_layer, batch: Batch, residual):
     n = batch.n_tokens
-    q, k, v = ops.linears(x, (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_bias, w.attn_k_bias, w.attn_v_bias))
+    q, k, v = ops.linear_multi(x, (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_bias, w.attn_k_bias, w.attn_v_bias))
     q = q.reshape(n, cfg.n_heads, cfg.head_dim)
     k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
     v = v.reshape(n, cfg.n_kv_heads, cfg.head_dim)
@@ -29,7 +29,7 @@ def attention_block(ops, cfg: ModelConfig, x, w: LayerWeights, cache_layer, batc
 
 
 def mlp_block(ops, x, w: LayerWeights, residual):
-    return ops.linear(ops.swiglu_linear(x, w.ffn_gate, w.ffn_up), w.ffn_down, residual=residual)
+    return ops.linear(ops.linear_swiglu(x, w.ffn_gate, w.ffn_up), w.ffn_down, residual=residual)
 
 
 def decoder_layer(ops, cfg: ModelConfig, h, w: LayerWeights, cache_layer, batch: Batch):

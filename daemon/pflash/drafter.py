@@ -4,7 +4,7 @@ and scores every token by how much the last T prompt tokens attend to it (ARCHIT
 The forward runs in chunks of `forward_chunk` tokens (a multiple of 128, so that every chunk's
 query blocks are whole absolute blocks; the last chunk absorbs a short remainder so it holds at
 least T tokens). Each layer writes its K/V to the drafter's own cache (sized for the prompt,
-allocated per call and released after it) and attends with `ops.sparse_attention`; in the last
+allocated per call and released after it) and attends with `ops.flashprefill_attention`; in the last
 chunk each layer also folds the dense attention probabilities of the T tail queries into a
 running max (`ops.tail_max_probs`), which ends as the (T, S) max over layers and heads. No LM head.
 
@@ -107,7 +107,7 @@ class Drafter:
         `project`, the attention only writes the K/V cache and scores (returns None)."""
         ops, cfg = self.ops, self.model.config
         n = batch.n_tokens
-        q, k, v = ops.linears(x, (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_bias, w.attn_k_bias, w.attn_v_bias))
+        q, k, v = ops.linear_multi(x, (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_bias, w.attn_k_bias, w.attn_v_bias))
         q = q.reshape(n, cfg.n_heads, cfg.head_dim)
         k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
         v = v.reshape(n, cfg.n_kv_heads, cfg.head_dim)
@@ -116,7 +116,7 @@ class Drafter:
             k = ops.rmsnorm(k, w.attn_k_norm, cfg.rms_eps)
         q = ops.rope(q, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, cfg.rope_scaling)
         k = ops.rope(k, batch.positions, cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, cfg.rope_scaling)
-        o = ops.sparse_attention(q, k, v, cache_layer, batch, step)
+        o = ops.flashprefill_attention(q, k, v, cache_layer, batch, step)
         if tail is not None:
             n_keys, n_tail, acc = tail
             ops.tail_max_probs(q, cache_layer, n_keys, n_tail, acc)

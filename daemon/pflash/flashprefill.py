@@ -10,7 +10,8 @@ cache's layout); GQA: query head h reads kv head h // (H // Hkv).
     mean_k  (Nk, Hkv, d)    mean of each key block's real rows
     score   (Mq, H, Nk)     s[m, h, kb] for kb <= m, normalised so sum_kb s = 1; 0 for kb > m
     select  idx (Mq, H, Nk) ascending kept key blocks, -1 padded; cnt (Mq, H)
-    attend  (n, H * d)      softmax(scale q K^T) V over the kept blocks, causal inside the diagonal
+    sparse_attention
+            (n, H * d)      softmax(scale q K^T) V over the kept blocks, causal inside the diagonal
 
 Everything is computed in float64 (the oracle's precision); callers cast.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FlashPrefillStep", "BLOCK", "MASK_DENSE", "MASK_STREAMING", "MASK_LISTS", "mean_k", "score", "select",
-           "block_mask", "attend", "flashprefill_attention", "tail_max_probs"]
+           "block_mask", "sparse_attention", "flashprefill_attention", "tail_max_probs"]
 
 BLOCK = 128
 # per-head mask types of the block-sparse attention entry point (the same values as flashd.h)
@@ -105,8 +106,8 @@ def block_mask(mask_type: np.ndarray, idx, cnt, p0: int, n: int, n_kb: int, sink
     return out
 
 
-def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, p0: int, blocks: np.ndarray,
-           scale: float) -> np.ndarray:
+def sparse_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, p0: int, blocks: np.ndarray,
+                     scale: float) -> np.ndarray:
     """(n, H * d): token i (slot p0 + i), head h attends slot j iff blocks[i // B, h, j // B] and
     j <= p0 + i. A row with no visible key gives zeros."""
     n, n_heads, d = q.shape
@@ -136,14 +137,14 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, p0: int, blocks:
 
 def flashprefill_attention(q, keys, values, p0: int, scale: float, *, alpha: float, sink: int, window: int,
                            first_full_block: int) -> np.ndarray:
-    """The whole FlashPrefill attention of one chunk: mean_K -> score -> select -> attend."""
+    """The whole FlashPrefill attention of one chunk: mean_K -> score -> select -> sparse_attention."""
     n = q.shape[0]
     mk = mean_k(keys[:p0 + n])
     s = score(q, mk, p0, scale)
     idx, cnt = select(s, p0, alpha, sink, window, first_full_block)
     types = np.full(q.shape[1], MASK_LISTS, np.int32)
     blocks = block_mask(types, idx, cnt, p0, n, mk.shape[0], 0, 0)
-    return attend(q, keys, values, p0, blocks, scale)
+    return sparse_attention(q, keys, values, p0, blocks, scale)
 
 
 def tail_max_probs(q_tail: np.ndarray, keys: np.ndarray, n_keys: int, scale: float) -> np.ndarray:
@@ -165,7 +166,7 @@ def tail_max_probs(q_tail: np.ndarray, keys: np.ndarray, n_keys: int, scale: flo
 
 @dataclass(slots=True, frozen=True)
 class FlashPrefillStep:
-    """What `Ops.sparse_attention` needs besides the batch: the chunk's first slot (host int, a
+    """What `Ops.flashprefill_attention` needs besides the batch: the chunk's first slot (host int, a
     multiple of BLOCK) and the selection knobs. first_full_block = the prompt's block count minus
     last_full_blocks: query blocks from there on attend densely."""
 

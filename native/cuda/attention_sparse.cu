@@ -1,4 +1,4 @@
-// attention_sparse.cu -- block-sparse causal flash attention (FlashPrefill's sparse_fwd and the
+// attention_sparse.cu -- block-sparse causal flash attention (fd_flashprefill_sparse_attention and the
 // "BSA" entry point with per-head mask types), on tensor cores.
 //
 //   n new tokens at cache slots [p0, p0 + n), p0 % 128 == 0 (host int: prefill only); q (n, n_heads,
@@ -13,7 +13,7 @@
 //   FD_MASK_DENSE (0)      every kb <= m (plain causal attention)
 //   FD_MASK_STREAMING (<0) kb < sink_blocks or m - kb < local_blocks
 //   FD_MASK_LISTS (>0)     block_idx[(mq * n_heads + h) * Nk + e], e < block_cnt[mq * n_heads + h]
-//                          (mq = m - p0 / 128, Nk = ceil((p0 + n) / 128): fd_fp_select's output),
+//                          (mq = m - p0 / 128, Nk = ceil((p0 + n) / 128): fd_flashprefill_select's output),
 //                          ascending; entries outside [0, m] see nothing (masked)
 //
 // Launch: grid (ceil(n / 64), n_heads), latest rows first; 4 warps x 16 rows = 64 consecutive
@@ -32,7 +32,7 @@
 namespace fd {
 namespace {
 
-constexpr int SP_BLOCK = FD_FP_BLOCK;
+constexpr int SP_BLOCK = FD_FLASHPREFILL_BLOCK;
 constexpr int SP_BKV = flash::BKV;     // keys per tile
 constexpr int SP_BQ = 64;              // tokens per CTA
 constexpr int SP_WARPS = 4;
@@ -173,7 +173,7 @@ extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k
                                          int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx, float scale,
                                          const int32_t* head_mask_type, const int32_t* block_idx,
                                          const int32_t* block_cnt, int sink_blocks, int local_blocks, void* stream) {
-    FD_CHECK_ARG(o && q && k_cache && v_cache && n >= 1 && p0 >= 0 && p0 % FD_FP_BLOCK == 0);
+    FD_CHECK_ARG(o && q && k_cache && v_cache && n >= 1 && p0 >= 0 && p0 % FD_FLASHPREFILL_BLOCK == 0);
     FD_CHECK_ARG(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && isfinite(scale));
     FD_CHECK_ARG((int64_t)p0 + n <= max_ctx && (int64_t)n * n_heads <= INT_MAX);
     FD_CHECK_ARG(sink_blocks >= 0 && local_blocks >= 0);
@@ -199,9 +199,10 @@ extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k
 #endif
 }
 
-extern "C" int fd_fp_sparse_fwd(float* o, const float* q, const void* k_cache, const void* v_cache, int p0, int n,
-                                int n_heads, int n_kv_heads, int head_dim, int max_ctx, float scale,
-                                const int32_t* block_idx, const int32_t* block_cnt, void* stream) {
+extern "C" int fd_flashprefill_sparse_attention(float* o, const float* q, const void* k_cache, const void* v_cache,
+                                                int p0, int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+                                                float scale, const int32_t* block_idx, const int32_t* block_cnt,
+                                                void* stream) {
     FD_CHECK_ARG(block_idx && block_cnt);
     return fd_attention_block_sparse(o, q, k_cache, v_cache, p0, n, n_heads, n_kv_heads, head_dim, max_ctx, scale,
                                      NULL, block_idx, block_cnt, 0, 0, stream);

@@ -2,6 +2,12 @@
 // and attention_masked.cu (n new tokens under a mask: speculative tree verification), over the
 // float16 KV cache [n_kv_heads][max_ctx][head_dim].
 //
+// The ops it serves, by name through every layer (ARCHITECTURE.md, "Ops"): fd_attention_decode,
+// fd_attention_decode_rope and fd_attention_masked -> CudaOps.attention_decode / attention_decode_rope /
+// attention_masked (daemon/backends/cuda/attention_ops.py) -> tests/gpu/test_attention_decode.py,
+// test_attention_decode_rope.py, test_attention_masked.py (and tests/emulation/test_decode_attention_emulation.py)
+// -> bench/bench_attention_decode.py (decode and masked), bench_attention_decode_rope.py.
+//
 // A block owns one new token, one KV head, one tile of ROWS = 16 of that KV head's G = n_heads /
 // n_kv_heads query heads (G <= 16: one tile) and one split of the token's visible keys:
 //   visible keys  a token sees the committed slots [0, n_past) and, in masked mode, the new slots

@@ -14,7 +14,7 @@ import pytest
 from flashd.daemon.pflash import flashprefill as fp
 
 ROOT = Path(__file__).resolve().parents[2]
-OP_BENCHMARKS = ["bench_sampling", "bench_flashprefill", "bench_fp_sparse_fwd", "bench_gemv_multi"]
+OP_BENCHMARKS = ["bench_sampling", "bench_flashprefill", "bench_flashprefill_sparse_attention", "bench_gemv_multi"]
 
 
 # ------------------------------------------------------------------------------ import, --help, ABI
@@ -167,8 +167,8 @@ def test_flashprefill_inputs_give_a_realistic_selection(bench_module):
 
 
 # ------------------------------------------------------------------------------ sparse attention
-def test_sparse_fwd_pairs_and_oracle_agree_with_flashprefill_attend(bench_module):
-    bf, bs = bench_module("bench_flashprefill"), bench_module("bench_fp_sparse_fwd")
+def test_sparse_attention_pairs_and_oracle_agree_with_flashprefill(bench_module):
+    bf, bs = bench_module("bench_flashprefill"), bench_module("bench_flashprefill_sparse_attention")
     p0, n, H, n_kv, d = 384, 700, 14, 2, 64
     q, kc, vc = bf.prefill_inputs(np.random.default_rng(4), p0, n, H, n_kv, d)
     idx, cnt = bf.oracle_selection(q, kc, p0, n_kv)
@@ -179,8 +179,8 @@ def test_sparse_fwd_pairs_and_oracle_agree_with_flashprefill_attend(bench_module
     assert bs.dense_pairs(p0, n, H) == H * sum(p0 + i + 1 for i in range(n))
     assert bs.check_blocks(n) == [0, 3, 5] and bs.check_blocks(100) == [0]
     want = bs.sparse_reference(q, kc, vc, idx, cnt, p0)
-    attend = fp.attend(q.astype(np.float16).astype(np.float64), bf.slots_first(kc).astype(np.float64),
-                       bf.slots_first(vc).astype(np.float64), p0, mask, 1 / np.sqrt(d))
+    attend = fp.sparse_attention(q.astype(np.float16).astype(np.float64), bf.slots_first(kc).astype(np.float64),
+                                 bf.slots_first(vc).astype(np.float64), p0, mask, 1 / np.sqrt(d))
     got = bs.sampled_output(attend, p0, n, d, H)
     assert got.shape == want.shape == (128 + 128 + 60, H, d)
     np.testing.assert_allclose(got, want, atol=1e-12)          # two independent float64 oracles

@@ -70,8 +70,8 @@ def test_mean_k(native, dev, poisoned, rng, n_keys, d):
     n_kv, max_ctx = 2, n_keys + 9
     kc = nan_cache(rng, n_kv, max_ctx, d, n_keys)
     out = poisoned((n_blocks(n_keys), n_kv, d))
-    native.check(native.lib.fd_fp_mean_k(dev.p(out, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, max_ctx,
-                                         dev.stream), "fd_fp_mean_k")
+    native.check(native.lib.fd_flashprefill_mean_k(dev.p(out, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, max_ctx,
+                                                   dev.stream), "fd_flashprefill_mean_k")
     want = fp.mean_k(slots_first(kc)[:n_keys].astype(np.float64))
     np.testing.assert_allclose(dev.download(out), want, rtol=1e-5, atol=1e-6)
 
@@ -85,11 +85,12 @@ def test_score_normalised(native, dev, poisoned, rng, p0, n, n_heads, n_kv, d):
     kc = nan_cache(rng, n_kv, n_keys + 5, d, n_keys)
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     mk = dev.empty((n_blocks(n_keys), n_kv, d))
-    native.check(native.lib.fd_fp_mean_k(dev.p(mk, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, n_keys + 5,
-                                         dev.stream), "fd_fp_mean_k")
+    native.check(native.lib.fd_flashprefill_mean_k(dev.p(mk, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, n_keys + 5,
+                                                   dev.stream), "fd_flashprefill_mean_k")
     score = poisoned((n_blocks(n), n_heads, n_blocks(n_keys)))
-    native.check(native.lib.fd_fp_score(dev.p(score, "float*"), dev.p(up(dev, q), "float*"), dev.p(mk, "float*"),
-                                        p0, n, n_heads, n_kv, d, 1 / np.sqrt(d), dev.stream), "fd_fp_score")
+    native.check(native.lib.fd_flashprefill_score(dev.p(score, "float*"), dev.p(up(dev, q), "float*"),
+                                                  dev.p(mk, "float*"), p0, n, n_heads, n_kv, d, 1 / np.sqrt(d),
+                                                  dev.stream), "fd_flashprefill_score")
     got = dev.download(score)
     want = fp.score(q, dev.download(mk).astype(np.float64), p0, 1 / np.sqrt(d))
     assert not np.isnan(got).any(), "score entries left unwritten"
@@ -102,8 +103,8 @@ def test_score_normalised(native, dev, poisoned, rng, p0, n, n_heads, n_kv, d):
 
 def test_score_rejects_unaligned_p0(native, dev):
     z = dev.empty((16,))
-    assert native.lib.fd_fp_score(dev.p(z, "float*"), dev.p(z, "float*"), dev.p(z, "float*"), 100, 4, 1, 1, 64,
-                                  0.125, dev.stream) == native.lib.FD_E_ARG
+    assert native.lib.fd_flashprefill_score(dev.p(z, "float*"), dev.p(z, "float*"), dev.p(z, "float*"), 100, 4, 1, 1,
+                                            64, 0.125, dev.stream) == native.lib.FD_E_ARG
 
 
 # ---------------------------------------------------------------------------------------- select
@@ -120,8 +121,9 @@ def test_select_matches_oracle(native, dev, rng, p0, n, alpha):
     cnt = dev.empty((n_mq, n_heads), np.int32)
     dev.fill_bytes(idx, 0x7F)
     dev.fill_bytes(cnt, 0x7F)
-    native.check(native.lib.fd_fp_select(dev.p(idx, "int32_t*"), dev.p(cnt, "int32_t*"), dev.p(up(dev, s), "float*"),
-                                         p0, n, n_heads, alpha, 2, 4, first_full, dev.stream), "fd_fp_select")
+    native.check(native.lib.fd_flashprefill_select(dev.p(idx, "int32_t*"), dev.p(cnt, "int32_t*"),
+                                                   dev.p(up(dev, s), "float*"), p0, n, n_heads, alpha, 2, 4, first_full,
+                                                   dev.stream), "fd_flashprefill_select")
     want_idx, want_cnt = fp.select(s, p0, np.float32(alpha), 2, 4, first_full)
     np.testing.assert_array_equal(dev.download(cnt), want_cnt)
     np.testing.assert_array_equal(dev.download(idx), want_idx)
@@ -142,8 +144,8 @@ def run_sparse(native, dev, poisoned, q, kc, vc, p0, n_heads, n_kv, d, types, id
 
 
 def check_attention(got, q, kc, vc, p0, blocks, d):
-    want = fp.attend(f16(q), slots_first(kc).astype(np.float64), slots_first(vc).astype(np.float64), p0, blocks,
-                     1 / np.sqrt(d))
+    want = fp.sparse_attention(f16(q), slots_first(kc).astype(np.float64), slots_first(vc).astype(np.float64), p0,
+                               blocks, 1 / np.sqrt(d))
     assert not np.isnan(got).any(), "outputs left unwritten (NaN poison) or never-written cache slots read"
     atol = 2e-3 * np.abs(vc[:, :p0 + q.shape[0]].astype(np.float64)).max()
     err = np.abs(got - want)
@@ -191,17 +193,19 @@ def test_all_selected_equals_dense_causal(native, dev, poisoned, rng, p0, n, d, 
 @pytest.mark.parametrize("d,group", [(64, 7), (128, 6), (128, 1)])
 @pytest.mark.parametrize("p0,n", [(0, 300), (256, 513), (0, 1000)])
 @pytest.mark.parametrize("density", [0.0, 0.3])
-def test_sparse_fwd_lists(native, dev, poisoned, rng, p0, n, d, group, density):
+def test_sparse_attention_lists(native, dev, poisoned, rng, p0, n, d, group, density):
     n_kv = 2
     n_heads = n_kv * group
     kc, vc = nan_cache(rng, n_kv, p0 + n, d, p0 + n), nan_cache(rng, n_kv, p0 + n, d, p0 + n)
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     idx, cnt = random_lists(rng, p0, n, n_heads, density)
     o = poisoned((n, n_heads * d))
-    native.check(native.lib.fd_fp_sparse_fwd(dev.p(o, "float*"), dev.p(up(dev, q), "float*"), dev.p(up(dev, kc)),
-                                             dev.p(up(dev, vc)), p0, n, n_heads, n_kv, d, p0 + n, 1 / np.sqrt(d),
-                                             dev.p(up(dev, idx), "int32_t*"), dev.p(up(dev, cnt), "int32_t*"),
-                                             dev.stream), "fd_fp_sparse_fwd")
+    native.check(native.lib.fd_flashprefill_sparse_attention(dev.p(o, "float*"), dev.p(up(dev, q), "float*"),
+                                                             dev.p(up(dev, kc)), dev.p(up(dev, vc)), p0, n, n_heads,
+                                                             n_kv, d, p0 + n, 1 / np.sqrt(d),
+                                                             dev.p(up(dev, idx), "int32_t*"),
+                                                             dev.p(up(dev, cnt), "int32_t*"),
+                                                             dev.stream), "fd_flashprefill_sparse_attention")
     types = np.full(n_heads, fp.MASK_LISTS, np.int32)
     check_attention(dev.download(o), q, kc, vc, p0, fp.block_mask(types, idx, cnt, p0, n, n_blocks(p0 + n), 0, 0), d)
 
@@ -218,7 +222,7 @@ def test_per_head_mask_types(native, dev, poisoned, rng, p0, n):
 
 
 def test_the_whole_flashprefill_chain_matches_the_oracle(native, dev, poisoned, rng):
-    """mean_K -> score -> select -> sparse_fwd on device == flashprefill_attention in numpy, with
+    """mean_K -> score -> select -> sparse_attention on device == flashprefill_attention in numpy, with
     keys planted so that selection is far from dense (a planted block, fp.py's experiment)."""
     p0, n, d, n_kv, n_heads = 1024, 1500, 128, 2, 4
     n_keys = p0 + n
@@ -235,13 +239,14 @@ def test_the_whole_flashprefill_chain_matches_the_oracle(native, dev, poisoned, 
     idx, cnt = dev.empty((n_mq, n_heads, n_kb), np.int32), dev.empty((n_mq, n_heads), np.int32)
     o = poisoned((n, n_heads * d))
     scale = 1 / np.sqrt(d)
-    native.check(lib.fd_fp_mean_k(p(mk, "float*"), p(kd), n_keys, n_kv, d, n_keys, dev.stream), "mean_k")
-    native.check(lib.fd_fp_score(p(s, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n, n_heads, n_kv, d, scale,
-                                 dev.stream), "score")
-    native.check(lib.fd_fp_select(p(idx, "int32_t*"), p(cnt, "int32_t*"), p(s, "float*"), p0, n, n_heads, 0.85, 2, 4,
-                                  n_kb - 2, dev.stream), "select")
-    native.check(lib.fd_fp_sparse_fwd(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n, n_heads, n_kv, d, n_keys,
-                                      scale, p(idx, "int32_t*"), p(cnt, "int32_t*"), dev.stream), "sparse_fwd")
+    native.check(lib.fd_flashprefill_mean_k(p(mk, "float*"), p(kd), n_keys, n_kv, d, n_keys, dev.stream), "mean_k")
+    native.check(lib.fd_flashprefill_score(p(s, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n, n_heads, n_kv, d,
+                                           scale, dev.stream), "score")
+    native.check(lib.fd_flashprefill_select(p(idx, "int32_t*"), p(cnt, "int32_t*"), p(s, "float*"), p0, n, n_heads,
+                                            0.85, 2, 4, n_kb - 2, dev.stream), "select")
+    native.check(lib.fd_flashprefill_sparse_attention(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n, n_heads,
+                                                      n_kv, d, n_keys, scale, p(idx, "int32_t*"), p(cnt, "int32_t*"),
+                                                      dev.stream), "sparse_attention")
     got_cnt = dev.download(cnt)
     assert got_cnt[:-2].sum() < 0.75 * sum(p0 // B + mq + 1 for mq in range(n_mq - 2)) * n_heads, "selection is dense"
     got_idx = dev.download(idx)
@@ -264,9 +269,10 @@ def test_tail_max_probs(native, dev, rng, n_keys, n_tail, d, group):
     acc0 = rng.uniform(0, 2.0 / n_keys, size=(n_tail, n_keys)).astype(np.float32)
     acc = dev.upload(acc0)
     ws = dev.empty((2 * n_tail * n_heads,))
-    native.check(native.lib.fd_fp_tail_max_probs(dev.p(acc, "float*"), dev.p(up(dev, q), "float*"),
-                                                 dev.p(up(dev, kc)), n_keys, n_tail, n_heads, n_kv, d, n_keys + 4,
-                                                 1 / np.sqrt(d), dev.p(ws, "float*"), dev.stream), "tail")
+    native.check(native.lib.fd_flashprefill_tail_max_probs(dev.p(acc, "float*"), dev.p(up(dev, q), "float*"),
+                                                           dev.p(up(dev, kc)), n_keys, n_tail, n_heads, n_kv, d,
+                                                           n_keys + 4, 1 / np.sqrt(d), dev.p(ws, "float*"),
+                                                           dev.stream), "tail")
     want = np.maximum(acc0, fp.tail_max_probs(q, slots_first(kc).astype(np.float64), n_keys, 1 / np.sqrt(d)))
     np.testing.assert_allclose(dev.download(acc), want, rtol=1e-4, atol=1e-6)
 

@@ -120,7 +120,7 @@ def test_block_mask_types():
     assert mask[0, 1].tolist() == [True, False, True, False] and mask[1, 1].tolist() == [True, False, False, True]
     assert mask[1, 2].tolist() == [True, False, False, True] and not mask[0, 2].any()
     q = np.ones((200, 3, 4), np.float32)
-    out = fp.attend(q, np.ones((456, 1, 4)), np.ones((456, 1, 4)), 256, mask, 0.5).reshape(200, 3, 4)
+    out = fp.sparse_attention(q, np.ones((456, 1, 4)), np.ones((456, 1, 4)), 256, mask, 0.5).reshape(200, 3, 4)
     assert (out[:128, 2] == 0).all()                       # a row attending nothing gives zeros
 
 
@@ -139,7 +139,7 @@ def test_tail_max_probs_definition(rng):
         np.testing.assert_allclose(got[t], np.max(per_head, axis=0), rtol=1e-12)
 
 
-def test_reference_ops_sparse_attention_writes_the_cache_and_matches_dense(rng):
+def test_reference_ops_flashprefill_attention_writes_the_cache_and_matches_dense(rng):
     ops = ReferenceOps()
     n_kv, d, p0, n = 2, 16, 128, 150
     k_cache = np.zeros((512, n_kv, d), np.float32)
@@ -150,7 +150,7 @@ def test_reference_ops_sparse_attention_writes_the_cache_and_matches_dense(rng):
     batch = Batch(ids=np.zeros(n, np.int32), positions=np.arange(p0, p0 + n, dtype=np.int32),
                   n_past=np.array([p0], np.int32))
     step = fp.FlashPrefillStep(p0=p0, first_full_block=99, alpha=0.0, sink_blocks=2, window_blocks=4)
-    got = ops.sparse_attention(q, k, v, (k_cache, v_cache), batch, step)
+    got = ops.flashprefill_attention(q, k, v, (k_cache, v_cache), batch, step)
     np.testing.assert_array_equal(k_cache[p0:p0 + n], k)
     dense = ops.attention(q, k, v, (k_cache.copy(), v_cache.copy()), batch)
     np.testing.assert_allclose(got, dense, rtol=2e-5, atol=2e-6)   # float32 reference vs float64 oracle

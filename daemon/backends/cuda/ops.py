@@ -6,12 +6,14 @@ the same addresses (CUDA-graph capture of the decode step).
 
 Fusion without changing the model code: `rmsnorm` of a hidden state returns a pending `Normed`
 that the next projection applies in its prologue, and `rope` returns a pending `Roped` that
-`attention` applies while it writes the KV cache. A one-row step without a mask (the decode step) runs
-rope, the K/V write and attention in one op, `fd_attention_decode_rope` (`fuse_decode_rope`; q and k
-are then not rotated in place: nothing reads them after attention); other batches run
-`fd_rope_kv_write` first, then their attention kernel. Batches of up to GEMV_MAX_ROWS tokens use the
-quantized GEMV kernels (decode, speculative verification); larger ones dequantize each weight to
-float16 into a scratch buffer and run the tensor-core GEMM (prefill).
+`attention` applies while it writes the KV cache (attention_ops.py: a one-row step without a mask runs
+rope, the K/V write and attention in one op, `fd_attention_decode_rope`). Batches of up to
+GEMV_MAX_ROWS tokens use the quantized GEMV kernels (decode, speculative verification); larger ones
+dequantize each weight to float16 into a scratch buffer and run the tensor-core GEMM (prefill).
+
+One name per op: a method named after its C entry point's op runs it -- `linear` fd_gemv (or
+fd_gemm_f16), `linear_multi` fd_gemv_multi, `linear_swiglu` fd_gemv_swiglu (or fd_gemm_swiglu_f16),
+`argmax` fd_argmax, `sample` fd_sample, `attention_decode` fd_attention_decode, and so on.
 
 Row invariance (speculative decoding is exact on the GPU): a forward begun with
 `begin_forward(row_invariant=True)` computes every row exactly as a one-row decode step would --
@@ -24,37 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..base import Batch, KVCacheSpec
+from ..base import KVCacheSpec
+from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps, Roped, attention_workspace_bytes,
+                            rope_scaling_struct)
 from .kv_cache import CudaKVCache
 from .tensor import Arena, Device, DeviceTensor
 
-__all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "GEMV_MAX_ROWS", "MAX_MASKED_TOKENS", "attention_workspace_bytes",
-           "rope_scaling_struct"]
-
-
-def rope_scaling_struct(ffi, scaling, rope_dim: int, theta: float):
-    """The C ABI's `const fd_rope_scaling_t*` for a models.config.RopeScaling (NULL for None): the numbers
-    of RopeScaling.rope_params, which ReferenceOps.rope uses too, checked here before they cross."""
-    if scaling is None:
-        return ffi.NULL
-    params = scaling.rope_params(int(rope_dim), float(theta))
-    freq_scale, ext_factor, low, high, mscale = params
-    if not (np.isfinite(params).all() and freq_scale > 0 and ext_factor >= 0 and mscale > 0):
-        raise ValueError(f"RoPE scaling parameters out of range: {params}")
-    return ffi.new("fd_rope_scaling_t*", {"freq_scale": freq_scale, "ext_factor": ext_factor, "corr_low": low,
-                                          "corr_high": high, "mscale": mscale})
+__all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS",
+           "attention_workspace_bytes", "rope_scaling_struct", "gemv_groups"]
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
-DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
-MAX_MASKED_TOKENS = 65        # masked attention's workspace: a tree of a root + 64 drafted nodes, a DFlash block
-
-
-def attention_workspace_bytes(lib, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
-                              n_tokens: int = MAX_MASKED_TOKENS) -> int:
-    """Bytes of the attention workspace for decode and for masked batches of up to n_tokens."""
-    return max(int(lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS)),
-               int(lib.fd_attention_workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim, max_ctx,
-                                                    DECODE_CHUNK_SLOTS)))
 
 
 def gemv_groups(n: int):
@@ -93,23 +74,7 @@ class Normed:
         return self.x.shape
 
 
-@dataclass(slots=True, eq=False)
-class Roped:
-    """x with RoPE at `positions`, not yet applied (attention applies it in place)."""
-
-    x: DeviceTensor
-    positions: DeviceTensor
-    theta: float
-    rope_dim: int
-    neox: bool
-    scaling: object = None         # models.config.RopeScaling (linear / YaRN) or None
-
-    @property
-    def shape(self):
-        return self.x.shape
-
-
-class CudaOps:
+class CudaOps(AttentionOps):
     name = "cuda"
 
     def __init__(self, device: Device):
@@ -253,7 +218,7 @@ class CudaOps:
                                          self.dev.stream), "fd_gemm_f16")
         return y
 
-    def linears(self, x, weights, biases) -> tuple:
+    def linear_multi(self, x, weights, biases) -> tuple:
         n = x.shape[0]
         if not self._on_gemv(n):
             xm = self.materialize(x)
@@ -271,7 +236,7 @@ class CudaOps:
                                                e - s, self.p(norm_w, "float*"), eps, self.dev.stream), "fd_gemv_multi")
         return tuple(outs)
 
-    def swiglu_linear(self, x, w_gate: QuantWeight, w_up: QuantWeight) -> DeviceTensor:
+    def linear_swiglu(self, x, w_gate: QuantWeight, w_up: QuantWeight) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, w_gate.rows))
         if self._on_gemv(n):
@@ -288,147 +253,12 @@ class CudaOps:
                                                 n, w_gate.rows, w_gate.cols, self.dev.stream), "fd_gemm_swiglu_f16")
         return y
 
-    def rope(self, x, positions, theta: float, rope_dim: int, neox: bool, scaling=None) -> Roped:
-        return Roped(self.materialize(x), positions, float(theta), int(rope_dim), bool(neox), scaling)
-
-    def rope_scaling_arg(self, r: Roped):
-        """The `const fd_rope_scaling_t*` of a Roped: NULL without scaling, else a struct holding
-        RopeScaling.rope_params (the numbers ReferenceOps.rope uses), kept alive here."""
-        if r.scaling is None:
-            return self.ffi.NULL
-        key = (r.scaling, r.rope_dim, r.theta)
-        if key not in self._rope_scaling_structs:
-            self._rope_scaling_structs[key] = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
-        return self._rope_scaling_structs[key]
-
-    def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
-        if not (isinstance(q, Roped) and isinstance(k, Roped)):
-            raise TypeError("CudaOps.attention expects q and k from ops.rope")
-        k_cache, v_cache = cache_layer
-        n, n_heads, head_dim = q.x.shape
-        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
-        lib, s = self.lib, self.dev.stream
-        scale = float(1.0 / np.sqrt(head_dim))
-        if n == 1 and batch.mask is None and self.fuse_decode_rope:
-            return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past, scale)
-        self._check(lib.fd_rope_kv_write(self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"),
-                                         self.p(k_cache), self.p(v_cache), self.p(q.positions, "int32_t*"),
-                                         self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
-                                         q.rope_dim, q.theta, int(q.neox), self.rope_scaling_arg(q), max_ctx, s),
-                    "fd_rope_kv_write")
-        o = self.take((n, n_heads * head_dim))
-        common = (self.p(k_cache), self.p(v_cache))
-        if batch.mask is not None:
-            ws = self.attn_workspace
-            need = int(lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS))
-            if ws is None or ws.nbytes < need:
-                raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
-                                   f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
-            self._check(lib.fd_attention_masked(self.p(o, "float*"), self.p(q.x, "float*"), *common,
-                                                self.p(batch.mask, "uint8_t*"), self.p(batch.n_past, "int32_t*"), n,
-                                                n_heads, n_kv_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS, scale,
-                                                self.p(ws), ws.nbytes, s), "fd_attention_masked")
-        elif n == 1:
-            self._check(lib.fd_attention_decode(self.p(o, "float*"), self.p(q.x, "float*"), *common,
-                                                self.p(batch.n_past, "int32_t*"), n_heads, n_kv_heads, head_dim,
-                                                max_ctx, DECODE_CHUNK_SLOTS, scale, self.p(self.attn_workspace), s),
-                        "fd_attention_decode")
-        else:
-            self._check(lib.fd_attention_prefill(self.p(o, "float*"), self.p(q.x, "float*"), *common,
-                                                 self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
-                                                 max_ctx, scale, s), "fd_attention_prefill")
-        return o
-
-    def attention_decode_rope(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, n_past: DeviceTensor,
-                              scale: float) -> DeviceTensor:
-        """One new token: RoPE of q and k at q.positions, K/V stored at cache slot *n_past, and split-K
-        attention over slots [0, *n_past], in one op (fd_attention_decode_rope). q (1, H, d), k and v
-        (1, Hkv, d) as projected; they are left unrotated. Returns o (1, H * d)."""
-        k_cache, v_cache = cache_layer
-        _, n_heads, head_dim = q.x.shape
-        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
-        if q.x.shape[0] != 1 or k.x.shape != (1, n_kv_heads, head_dim) or tuple(v.shape) != (1, n_kv_heads, head_dim):
-            raise ValueError(f"attention_decode_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
-                             f"one token over a cache of {k_cache.shape}")
-        if tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[2] != head_dim or n_heads % n_kv_heads:
-            raise ValueError(f"attention_decode_rope: caches {k_cache.shape} / {v_cache.shape} vs q {q.x.shape}")
-        if ((k.rope_dim, k.theta, k.neox, k.scaling) != (q.rope_dim, q.theta, q.neox, q.scaling)
-                or k.positions.ptr != q.positions.ptr):
-            raise ValueError("attention_decode_rope: q and k must be roped alike (one position, one rope)")
-        ws = self.attn_workspace
-        if ws is None:
-            raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
-        o = self.take((1, n_heads * head_dim))
-        self._check(self.lib.fd_attention_decode_rope(
-            self.p(o, "float*"), self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"), self.p(k_cache),
-            self.p(v_cache), self.p(q.positions, "int32_t*"), self.p(n_past, "int32_t*"), n_heads, n_kv_heads,
-            head_dim, max_ctx, DECODE_CHUNK_SLOTS, scale, q.rope_dim, q.theta, int(q.neox), self.rope_scaling_arg(q),
-            self.p(ws), self.dev.stream), "fd_attention_decode_rope")
-        return o
-
-    def sparse_attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch, step) -> DeviceTensor:
-        """FlashPrefill: mean_K -> normalised block scores -> select -> block-sparse attention
-        (native/cuda/flashprefill.cu, attention_sparse.cu); scratch from the arena."""
-        if not (isinstance(q, Roped) and isinstance(k, Roped)):
-            raise TypeError("CudaOps.sparse_attention expects q and k from ops.rope")
-        k_cache, v_cache = cache_layer
-        n, n_heads, head_dim = q.x.shape
-        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
-        lib, s, p0 = self.lib, self.dev.stream, step.p0
-        self._check(lib.fd_rope_kv_write(self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"),
-                                         self.p(k_cache), self.p(v_cache), self.p(q.positions, "int32_t*"),
-                                         self.p(batch.n_past, "int32_t*"), n, n_heads, n_kv_heads, head_dim,
-                                         q.rope_dim, q.theta, int(q.neox), self.rope_scaling_arg(q), max_ctx, s),
-                    "fd_rope_kv_write")
-        n_kb, n_qb = -(-(p0 + n) // 128), -(-n // 128)
-        mean_k = self.take((n_kb, n_kv_heads, head_dim))
-        score = self.take((n_qb, n_heads, n_kb))
-        idx = self.take((n_qb, n_heads, n_kb), np.int32)
-        cnt = self.take((n_qb, n_heads), np.int32)
-        o = self.take((n, n_heads * head_dim))
-        scale = float(1.0 / np.sqrt(head_dim))
-        self._check(lib.fd_fp_mean_k(self.p(mean_k, "float*"), self.p(k_cache), p0 + n, n_kv_heads, head_dim,
-                                     max_ctx, s), "fd_fp_mean_k")
-        self._check(lib.fd_fp_score(self.p(score, "float*"), self.p(q.x, "float*"), self.p(mean_k, "float*"), p0, n,
-                                    n_heads, n_kv_heads, head_dim, scale, s), "fd_fp_score")
-        self._check(lib.fd_fp_select(self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"), self.p(score, "float*"), p0, n,
-                                     n_heads, step.alpha, step.sink_blocks, step.window_blocks,
-                                     step.first_full_block, s), "fd_fp_select")
-        self._check(lib.fd_fp_sparse_fwd(self.p(o, "float*"), self.p(q.x, "float*"), self.p(k_cache), self.p(v_cache),
-                                         p0, n, n_heads, n_kv_heads, head_dim, max_ctx, scale,
-                                         self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"), s), "fd_fp_sparse_fwd")
-        return o
-
-    def tail_max_probs(self, q, cache_layer, n_keys: int, n_tail: int, acc: DeviceTensor) -> None:
-        qx = q.x if isinstance(q, Roped) else q          # rotated in place by the attention call
-        n, n_heads, head_dim = qx.shape
-        k_cache = cache_layer[0]
-        ws = self.take((2 * n_tail * n_heads,))
-        self._check(self.lib.fd_fp_tail_max_probs(self.p(acc, "float*"), self.p(qx[n - n_tail:], "float*"),
-                                                  self.p(k_cache), n_keys, n_tail, n_heads, k_cache.shape[0],
-                                                  head_dim, k_cache.shape[1], float(1.0 / np.sqrt(head_dim)),
-                                                  self.p(ws, "float*"), self.dev.stream), "fd_fp_tail_max_probs")
-
     def release(self) -> None:
         """Drop the arena, weight scratch and attention workspace (parking): their device memory is
         freed once no tensor refers to it; reserve_* allocates them again."""
         self.arena = None
         self.scratch, self.scratch_elems = [], 0
         self.attn_workspace = None
-
-    def kv_write(self, k: Roped, v: DeviceTensor, cache_layer, start: DeviceTensor) -> None:
-        if not isinstance(k, Roped):
-            raise TypeError("CudaOps.kv_write expects k from ops.rope")
-        k_cache, v_cache = cache_layer
-        n, n_kv_heads, head_dim = k.x.shape
-        # fd_rope_kv_write with q = NULL (n_heads is then unused; it must only be positive):
-        # rotate k, store k and v at slots *start + i
-        self._check(self.lib.fd_rope_kv_write(self.ffi.NULL, self.p(k.x, "float*"), self.p(v, "float*"),
-                                              self.p(k_cache), self.p(v_cache), self.p(k.positions, "int32_t*"),
-                                              self.p(start, "int32_t*"), n, n_kv_heads, n_kv_heads, head_dim, k.rope_dim,
-                                              k.theta, int(k.neox), self.rope_scaling_arg(k), k_cache.shape[1],
-                                              self.dev.stream),
-                    "fd_rope_kv_write")
 
     def swiglu(self, gate, up) -> DeviceTensor:
         out = self.take(gate.shape)
@@ -446,6 +276,18 @@ class CudaOps:
         rows, vocab = logits.shape
         self._check(self.lib.fd_argmax(self.p(out, "int32_t*"), self.p(logits, "float*"), rows, vocab,
                                        self.dev.stream), "fd_argmax")
+
+    def sample(self, logits: DeviceTensor, out: DeviceTensor, params, history: DeviceTensor, n_history: DeviceTensor,
+               step: DeviceTensor, workspace: DeviceTensor) -> None:
+        """fd_sample: one token from logits (1, vocab) into out (int32[1]) as flashd.daemon.sampling.sample
+        picks it with SamplingParams `params` (temperature > 0), penalties over history[:*n_history], the
+        uniform draw at (params.seed, *step); workspace of fd_sample_workspace_bytes(vocab) bytes."""
+        self._check(self.lib.fd_sample(self.p(out, "int32_t*"), self.p(logits, "float*"), logits.shape[-1],
+                                       self.p(history, "int32_t*"), self.p(n_history, "int32_t*"),
+                                       params.repeat_last_n, params.repeat_penalty, params.frequency_penalty,
+                                       params.presence_penalty, params.temperature, params.top_k, params.top_p,
+                                       params.min_p, params.seed, self.p(step, "int32_t*"), self.p(workspace),
+                                       self.dev.stream), "fd_sample")
 
     def kv_compact(self, cache: CudaKVCache, n_past: int, src_offsets) -> None:
         """Ops.kv_compact with fd_kv_compact (uploads its two small inputs; CudaRunner.commit_tree

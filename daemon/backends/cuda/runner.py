@@ -329,17 +329,11 @@ class CudaRunner(ModelRunner):
     # -- the decode step -------------------------------------------------------------------------
     def _select(self, logits, params: SamplingParams | None) -> None:
         """Token selection into self.tok (device); params None = greedy."""
-        lib, p = self.dev.lib, self.dev.p
-        s = self.dev.stream
+        logits = logits.reshape(-1, self.cfg.vocab_size)[:1]           # the first row, as the step has one
         if params is None:
-            status = lib.fd_argmax(p(self.tok, "int32_t*"), p(logits, "float*"), 1, self.cfg.vocab_size, s)
+            self.ops.argmax(logits, self.tok)
         else:
-            status = lib.fd_sample(p(self.tok, "int32_t*"), p(logits, "float*"), self.cfg.vocab_size,
-                                   p(self.history, "int32_t*"), p(self.n_history, "int32_t*"), params.repeat_last_n,
-                                   params.repeat_penalty, params.frequency_penalty, params.presence_penalty,
-                                   params.temperature, params.top_k, params.top_p, params.min_p, params.seed,
-                                   p(self.step, "int32_t*"), p(self.sample_ws), s)
-        self.ops._check(status, "fd_argmax" if params is None else "fd_sample")
+            self.ops.sample(logits, self.tok, params, self.history, self.n_history, self.step, self.sample_ws)
 
     def _advance(self) -> None:
         lib, p = self.dev.lib, self.dev.p

@@ -1,0 +1,237 @@
+"""The attention half of CudaOps: RoPE + the K/V cache write, and one method per attention entry point
+of the C ABI, named as the entry point is (CudaOps.attention_decode runs fd_attention_decode, ...).
+
+`Ops.attention` dispatches: a one-row step without a mask (the decode step) runs `attention_decode_rope`
+(RoPE, the K/V write and split-K attention in one launch) while `fuse_decode_rope` is on; every other
+batch runs `rope_kv_write` first, then `attention_masked` (a mask: tree verification, DFlash blocks),
+`attention_decode` (one row) or `attention_prefill` (several rows, causal). The decode, decode_rope and
+masked kernels share the split-K machinery of native/cuda/attention_splitk.cuh, which splits a row's
+keys in chunks of DECODE_CHUNK_SLOTS slots; masked attention splits them exactly as decode does, so a
+tree node's output is bitwise the decode step's at its position.
+
+`flashprefill_attention` is PFlash's drafter attention: fd_flashprefill_mean_k -> _score -> _select ->
+_sparse_attention (native/cuda/flashprefill.cu, attention_sparse.cu), and `tail_max_probs` its token
+importance (fd_flashprefill_tail_max_probs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..base import Batch
+from .tensor import DeviceTensor
+
+__all__ = ["AttentionOps", "Roped", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS", "attention_workspace_bytes",
+           "rope_scaling_struct"]
+
+DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
+MAX_MASKED_TOKENS = 65        # masked attention's workspace: a tree of a root + 64 drafted nodes, a DFlash block
+FLASHPREFILL_BLOCK = 128      # FD_FLASHPREFILL_BLOCK: key / query block of FlashPrefill's scoring, in slots
+
+
+def attention_workspace_bytes(lib, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
+                              n_tokens: int = MAX_MASKED_TOKENS) -> int:
+    """Bytes of the attention workspace for decode and for masked batches of up to n_tokens."""
+    return max(int(lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS)),
+               int(lib.fd_attention_workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim, max_ctx,
+                                                    DECODE_CHUNK_SLOTS)))
+
+
+def rope_scaling_struct(ffi, scaling, rope_dim: int, theta: float):
+    """The C ABI's `const fd_rope_scaling_t*` for a models.config.RopeScaling (NULL for None): the numbers
+    of RopeScaling.rope_params, which ReferenceOps.rope uses too, checked here before they cross."""
+    if scaling is None:
+        return ffi.NULL
+    params = scaling.rope_params(int(rope_dim), float(theta))
+    freq_scale, ext_factor, low, high, mscale = params
+    if not (np.isfinite(params).all() and freq_scale > 0 and ext_factor >= 0 and mscale > 0):
+        raise ValueError(f"RoPE scaling parameters out of range: {params}")
+    return ffi.new("fd_rope_scaling_t*", {"freq_scale": freq_scale, "ext_factor": ext_factor, "corr_low": low,
+                                          "corr_high": high, "mscale": mscale})
+
+
+@dataclass(slots=True, eq=False)
+class Roped:
+    """x with RoPE at `positions`, not yet applied (attention applies it in place)."""
+
+    x: DeviceTensor
+    positions: DeviceTensor
+    theta: float
+    rope_dim: int
+    neox: bool
+    scaling: object = None         # models.config.RopeScaling (linear / YaRN) or None
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+
+def _roped(what: str, *xs) -> None:
+    if not all(isinstance(x, Roped) for x in xs):
+        raise TypeError(f"CudaOps.{what} expects q and k from ops.rope")
+
+
+class AttentionOps:
+    """Mixed into CudaOps: uses its lib, ffi, dev, p, take, _check, materialize and attn_workspace."""
+
+    def rope(self, x, positions, theta: float, rope_dim: int, neox: bool, scaling=None) -> Roped:
+        return Roped(self.materialize(x), positions, float(theta), int(rope_dim), bool(neox), scaling)
+
+    def rope_scaling_arg(self, r: Roped):
+        """The `const fd_rope_scaling_t*` of a Roped: NULL without scaling, else a struct holding
+        RopeScaling.rope_params (the numbers ReferenceOps.rope uses), kept alive here."""
+        if r.scaling is None:
+            return self.ffi.NULL
+        key = (r.scaling, r.rope_dim, r.theta)
+        if key not in self._rope_scaling_structs:
+            self._rope_scaling_structs[key] = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
+        return self._rope_scaling_structs[key]
+
+    # -- dispatch (the Ops interface) ------------------------------------------------------------
+    def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
+        _roped("attention", q, k)
+        n = q.x.shape[0]
+        if n == 1 and batch.mask is None and self.fuse_decode_rope:
+            return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)
+        self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
+        if batch.mask is not None:
+            return self.attention_masked(q.x, cache_layer, batch.mask, batch.n_past)
+        if n == 1:
+            return self.attention_decode(q.x, cache_layer, batch.n_past)
+        return self.attention_prefill(q.x, cache_layer, batch.n_past)
+
+    def kv_write(self, k: Roped, v: DeviceTensor, cache_layer, start: DeviceTensor) -> None:
+        """Rotate k, store k and v at cache slots *start + i (no query)."""
+        _roped("kv_write", k)
+        self.rope_kv_write(None, k, v, cache_layer, start)
+
+    # -- one method per C entry point --------------------------------------------------------------
+    def rope_kv_write(self, q: Roped | None, k: Roped, v: DeviceTensor, cache_layer, n_past: DeviceTensor) -> None:
+        """fd_rope_kv_write: rotate q (n, H, d) and k (n, Hkv, d) in place at k.positions and store k, v as
+        float16 at cache slots *n_past + i. q None: k and v only (n_heads is then unused by the kernel and
+        passed as n_kv_heads, which must only be positive)."""
+        k_cache, v_cache = cache_layer
+        n, n_kv_heads, head_dim = k.x.shape
+        n_heads = n_kv_heads if q is None else q.x.shape[1]
+        self._check(self.lib.fd_rope_kv_write(self.p(None if q is None else q.x, "float*"), self.p(k.x, "float*"),
+                                              self.p(v, "float*"), self.p(k_cache), self.p(v_cache),
+                                              self.p(k.positions, "int32_t*"), self.p(n_past, "int32_t*"), n, n_heads,
+                                              n_kv_heads, head_dim, k.rope_dim, k.theta, int(k.neox),
+                                              self.rope_scaling_arg(k), k_cache.shape[1], self.dev.stream),
+                    "fd_rope_kv_write")
+
+    def attention_decode(self, q: DeviceTensor, cache_layer, n_past: DeviceTensor) -> DeviceTensor:
+        """fd_attention_decode: one rotated query row q (1, H, d) over cache slots [0, *n_past]."""
+        k_cache, v_cache = cache_layer
+        _, n_heads, head_dim = q.shape
+        o = self.take((1, n_heads * head_dim))
+        self._check(self.lib.fd_attention_decode(self.p(o, "float*"), self.p(q, "float*"), self.p(k_cache),
+                                                 self.p(v_cache), self.p(n_past, "int32_t*"), n_heads,
+                                                 k_cache.shape[0], head_dim, k_cache.shape[1], DECODE_CHUNK_SLOTS,
+                                                 float(1.0 / np.sqrt(head_dim)), self.p(self.attn_workspace),
+                                                 self.dev.stream), "fd_attention_decode")
+        return o
+
+    def attention_masked(self, q: DeviceTensor, cache_layer, mask: DeviceTensor, n_past: DeviceTensor) -> DeviceTensor:
+        """fd_attention_masked: n rotated rows q (n, H, d); row i attends every slot < *n_past and slot
+        *n_past + j iff mask[i, j] (uint8 (n, n)), split like decode attention."""
+        k_cache, v_cache = cache_layer
+        n, n_heads, head_dim = q.shape
+        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        ws = self.attn_workspace
+        need = int(self.lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx,
+                                                         DECODE_CHUNK_SLOTS))
+        if ws is None or ws.nbytes < need:
+            raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
+                               f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
+        o = self.take((n, n_heads * head_dim))
+        self._check(self.lib.fd_attention_masked(self.p(o, "float*"), self.p(q, "float*"), self.p(k_cache),
+                                                 self.p(v_cache), self.p(mask, "uint8_t*"), self.p(n_past, "int32_t*"),
+                                                 n, n_heads, n_kv_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS,
+                                                 float(1.0 / np.sqrt(head_dim)), self.p(ws), ws.nbytes,
+                                                 self.dev.stream), "fd_attention_masked")
+        return o
+
+    def attention_prefill(self, q: DeviceTensor, cache_layer, n_past: DeviceTensor) -> DeviceTensor:
+        """fd_attention_prefill: n rotated rows q (n, H, d) at slots *n_past + i, causal, on tensor cores."""
+        k_cache, v_cache = cache_layer
+        n, n_heads, head_dim = q.shape
+        o = self.take((n, n_heads * head_dim))
+        self._check(self.lib.fd_attention_prefill(self.p(o, "float*"), self.p(q, "float*"), self.p(k_cache),
+                                                  self.p(v_cache), self.p(n_past, "int32_t*"), n, n_heads,
+                                                  k_cache.shape[0], head_dim, k_cache.shape[1],
+                                                  float(1.0 / np.sqrt(head_dim)), self.dev.stream),
+                    "fd_attention_prefill")
+        return o
+
+    def attention_decode_rope(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer,
+                              n_past: DeviceTensor) -> DeviceTensor:
+        """One new token: RoPE of q and k at q.positions, K/V stored at cache slot *n_past, and split-K
+        attention over slots [0, *n_past], in one op (fd_attention_decode_rope). q (1, H, d), k and v
+        (1, Hkv, d) as projected; they are left unrotated. Returns o (1, H * d)."""
+        k_cache, v_cache = cache_layer
+        _, n_heads, head_dim = q.x.shape
+        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        if q.x.shape[0] != 1 or k.x.shape != (1, n_kv_heads, head_dim) or tuple(v.shape) != (1, n_kv_heads, head_dim):
+            raise ValueError(f"attention_decode_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
+                             f"one token over a cache of {k_cache.shape}")
+        if tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[2] != head_dim or n_heads % n_kv_heads:
+            raise ValueError(f"attention_decode_rope: caches {k_cache.shape} / {v_cache.shape} vs q {q.x.shape}")
+        if ((k.rope_dim, k.theta, k.neox, k.scaling) != (q.rope_dim, q.theta, q.neox, q.scaling)
+                or k.positions.ptr != q.positions.ptr):
+            raise ValueError("attention_decode_rope: q and k must be roped alike (one position, one rope)")
+        ws = self.attn_workspace
+        if ws is None:
+            raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
+        o = self.take((1, n_heads * head_dim))
+        self._check(self.lib.fd_attention_decode_rope(
+            self.p(o, "float*"), self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"), self.p(k_cache),
+            self.p(v_cache), self.p(q.positions, "int32_t*"), self.p(n_past, "int32_t*"), n_heads, n_kv_heads,
+            head_dim, max_ctx, DECODE_CHUNK_SLOTS, float(1.0 / np.sqrt(head_dim)), q.rope_dim, q.theta, int(q.neox),
+            self.rope_scaling_arg(q), self.p(ws), self.dev.stream), "fd_attention_decode_rope")
+        return o
+
+    # -- PFlash (FlashPrefill) ---------------------------------------------------------------------
+    def flashprefill_attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch,
+                               step) -> DeviceTensor:
+        """FlashPrefill of one chunk at slots [step.p0, step.p0 + n): RoPE + K/V write, then mean_K ->
+        normalised block scores -> select -> block-sparse attention; scratch from the arena."""
+        _roped("flashprefill_attention", q, k)
+        k_cache, v_cache = cache_layer
+        n, n_heads, head_dim = q.x.shape
+        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        lib, s, p0 = self.lib, self.dev.stream, step.p0
+        self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
+        n_kb, n_qb = -(-(p0 + n) // FLASHPREFILL_BLOCK), -(-n // FLASHPREFILL_BLOCK)
+        mean_k = self.take((n_kb, n_kv_heads, head_dim))
+        score = self.take((n_qb, n_heads, n_kb))
+        idx = self.take((n_qb, n_heads, n_kb), np.int32)
+        cnt = self.take((n_qb, n_heads), np.int32)
+        o = self.take((n, n_heads * head_dim))
+        scale = float(1.0 / np.sqrt(head_dim))
+        self._check(lib.fd_flashprefill_mean_k(self.p(mean_k, "float*"), self.p(k_cache), p0 + n, n_kv_heads,
+                                               head_dim, max_ctx, s), "fd_flashprefill_mean_k")
+        self._check(lib.fd_flashprefill_score(self.p(score, "float*"), self.p(q.x, "float*"), self.p(mean_k, "float*"),
+                                              p0, n, n_heads, n_kv_heads, head_dim, scale, s), "fd_flashprefill_score")
+        self._check(lib.fd_flashprefill_select(self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"),
+                                               self.p(score, "float*"), p0, n, n_heads, step.alpha, step.sink_blocks,
+                                               step.window_blocks, step.first_full_block, s), "fd_flashprefill_select")
+        self._check(lib.fd_flashprefill_sparse_attention(self.p(o, "float*"), self.p(q.x, "float*"), self.p(k_cache),
+                                                         self.p(v_cache), p0, n, n_heads, n_kv_heads, head_dim, max_ctx,
+                                                         scale, self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"),
+                                                         s), "fd_flashprefill_sparse_attention")
+        return o
+
+    def tail_max_probs(self, q, cache_layer, n_keys: int, n_tail: int, acc: DeviceTensor) -> None:
+        """fd_flashprefill_tail_max_probs: acc (n_tail, n_keys) = max(acc, the dense causal attention
+        probabilities of the last n_tail rows of q, max over heads)."""
+        qx = q.x if isinstance(q, Roped) else q          # rotated in place by the attention call
+        n, n_heads, head_dim = qx.shape
+        k_cache = cache_layer[0]
+        ws = self.take((2 * n_tail * n_heads,))
+        self._check(self.lib.fd_flashprefill_tail_max_probs(self.p(acc, "float*"), self.p(qx[n - n_tail:], "float*"),
+                                                            self.p(k_cache), n_keys, n_tail, n_heads, k_cache.shape[0],
+                                                            head_dim, k_cache.shape[1], float(1.0 / np.sqrt(head_dim)),
+                                                            self.p(ws, "float*"),
+                                                            self.dev.stream), "fd_flashprefill_tail_max_probs")
