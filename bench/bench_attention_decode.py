@@ -11,16 +11,12 @@ flush ("clean-L2"), closer to the decode step, where the weights just streamed t
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import KernelTimer, report  # noqa: E402
-
-from flashd.daemon.backends.cuda.lib import load  # noqa: E402
-from flashd.daemon.backends.cuda.tensor import Device  # noqa: E402
+from flashd.bench.timing import KernelTimer, report
+from flashd.daemon.backends.cuda.lib import load
+from flashd.daemon.backends.cuda.tensor import Device
 
 MODELS = {
     # name: (n_heads, n_kv_heads, head_dim)

@@ -11,18 +11,14 @@ includes once. Bytes = the K and V rows read, 2 * n_kv_heads * depth * head_dim 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention_decode import graph_floor_ms, graphed, read_flush  # noqa: E402
-from timing import KernelTimer, report  # noqa: E402
-
-from flashd.daemon.backends.cuda.lib import load  # noqa: E402
-from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS  # noqa: E402
-from flashd.daemon.backends.cuda.tensor import Device  # noqa: E402
+from flashd.bench.bench_attention_decode import graph_floor_ms, graphed, read_flush
+from flashd.bench.timing import KernelTimer, report
+from flashd.daemon.backends.cuda.lib import load
+from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS
+from flashd.daemon.backends.cuda.tensor import Device
 
 MODELS = {
     # name: (n_heads, n_kv_heads, head_dim, rope_dim, theta, neox)

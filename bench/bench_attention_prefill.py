@@ -10,13 +10,10 @@ FLOPs count only the visible (causal) part: 4 * head_dim * n_heads * sum_i (n_pa
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import KernelTimer, report  # noqa: E402
+from flashd.bench.timing import KernelTimer, report
 
 PEAK_TFLOPS = 989.0
 

@@ -28,7 +28,7 @@ import argparse
 
 import numpy as np
 
-from op_harness import OpHarness, Tolerance, add_arguments
+from flashd.bench.op_harness import OpHarness, Tolerance, add_arguments
 
 B = 128                       # FD_FLASHPREFILL_BLOCK == flashprefill.BLOCK
 MODELS = {                    # n_heads, n_kv_heads, head_dim

@@ -28,9 +28,9 @@ import argparse
 
 import numpy as np
 
-from bench_flashprefill import MODELS, B, n_blocks, oracle_selection, prefill_inputs, query_block_rows
-from op_harness import PEAK_F16_TFLOPS, OpHarness, Tolerance, add_arguments, repo_module
-from timing import report
+from flashd.bench.bench_flashprefill import MODELS, B, n_blocks, oracle_selection, prefill_inputs, query_block_rows
+from flashd.bench.op_harness import PEAK_F16_TFLOPS, OpHarness, Tolerance, add_arguments, repo_module
+from flashd.bench.timing import report
 
 # (model, p0, n): the last chunk of a prompt of p0 + n tokens
 CASES = [("qwen2.5-0.5b", 4096, 4096), ("qwen2.5-0.5b", 28672, 4096),

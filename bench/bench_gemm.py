@@ -11,13 +11,10 @@ token's logits).
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import KernelTimer, report  # noqa: E402
+from flashd.bench.timing import KernelTimer, report
 
 PEAK_TFLOPS = 989.0   # H100 SXM, dense f16 with f32 accumulate (nominal)
 

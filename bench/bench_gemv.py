@@ -14,19 +14,15 @@ attributes. A device-to-device copy is timed first as the practically reachable 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import KernelTimer, report   # noqa: E402
-
-from flashd.daemon.backends.cuda.lib import load       # noqa: E402
-from flashd.daemon.backends.cuda.tensor import Device  # noqa: E402
-from flashd.scripts.random_weights import random_weights  # noqa: E402
+from flashd.bench.timing import KernelTimer, report
+from flashd.daemon.backends.cuda.lib import load
+from flashd.daemon.backends.cuda.tensor import Device
+from flashd.scripts.random_weights import random_weights
 
 FORMATS = {"Q4_K": T.Q4_K, "Q6_K": T.Q6_K, "Q5_0": T.Q5_0, "Q8_0": T.Q8_0, "F16": T.F16}
 # (label, rows, cols): Qwen2.5-Coder-1.5B (hidden 1536, ffn 8960, 2 kv heads x 128) and 0.5B (896, 4864)

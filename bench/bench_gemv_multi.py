@@ -28,8 +28,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
+from flashd.bench.op_harness import OpHarness, Tolerance, add_arguments
 from flashd.daemon.backends.cuda.ops import gemv_groups
-from op_harness import OpHarness, Tolerance, add_arguments
 
 EPS = 1e-6
 # name: (cols, [(qtype, rows)] for q, k, v); every matrix has a bias (Qwen2's q/k/v do)

@@ -217,7 +217,7 @@ def main(argv=None) -> int:
         engine.stop(10)
 
     if not args.skip_llama:
-        from compare_llama_cpp import build_llama_bench, run_llama_bench
+        from flashd.bench.compare_llama_cpp import build_llama_bench, run_llama_bench
         exe = args.llama_bench
         if exe is None:
             if args.sdist is None:

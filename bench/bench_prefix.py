@@ -23,10 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_niah import InProcess  # noqa: E402
-from flashd.daemon.pflash.needles import filler_sentence as _sentence  # noqa: E402
+from flashd.bench.bench_niah import InProcess
+from flashd.daemon.pflash.needles import filler_sentence as _sentence
 
 CONFIGS = {"off": dict(prefix_cache=False), "on": dict(prefix_cache=True, prefix_cache_ram_mb=0),
            "on+ram": dict(prefix_cache=True)}

@@ -24,7 +24,7 @@ import argparse
 
 import numpy as np
 
-from op_harness import OpHarness, Tolerance, add_arguments, repo_module
+from flashd.bench.op_harness import OpHarness, Tolerance, add_arguments, repo_module
 
 N_VOCAB = 151936                       # Qwen2.5-Coder 0.5B and 1.5B
 ARGMAX_SHAPES = [(1, N_VOCAB), (8, N_VOCAB), (3, 16385)]      # (n_rows, n_vocab); the last is the awkward one

@@ -160,8 +160,7 @@ LLAMA_TOOLS = ("llama-simple", "llama-speculative-simple")
 
 def build_llama_tools(sdist: Path, build_dir: Path, arch: str) -> Path:
     """Configure (through compare_llama_cpp's build) and build the two example tools; bin dir."""
-    sys.path.insert(0, str(HERE))
-    from compare_llama_cpp import build_llama_bench
+    from flashd.bench.compare_llama_cpp import build_llama_bench
 
     build_llama_bench(sdist, build_dir, arch, os.cpu_count() or 8)    # extracts, configures, llama-bench
     bin_dir = build_dir / "build" / "bin"

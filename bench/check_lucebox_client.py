@@ -58,8 +58,10 @@ def main() -> int:
     daemon_bin = shutil.which("flashd-lucebox-daemon")
     if daemon_bin is None:
         raise SystemExit("flashd-lucebox-daemon is not on PATH (pip install -e .)")
+    # Lucebox's own client lives in an external checkout (not vendored, not installable from here):
+    # the folder named by --pflash is put on the path for this one import, the only such edit in flashd
     sys.path.insert(0, str(Path(args.pflash).resolve()))
-    from pflash.dflash_client import DflashClient  # Lucebox's own client, from the given checkout
+    from pflash.dflash_client import DflashClient
 
     prompt = [int(t) for t in args.prompt_ids.split(",")]
     reference = plain_greedy(args.target, prompt, args.n_gen, args.max_ctx)

@@ -20,8 +20,8 @@ The seed is fresh unless --seed is given; it is printed first and with every fai
 from its own generator (seed, case name), so --seed N repeats every case's inputs, and a case's inputs
 do not depend on which cases ran before it.
 
-Run the benchmarks as scripts (python bench/bench_x.py): Python puts bench/ on sys.path, which is how
-`from timing import ...` below resolves (tests/bench/conftest.py does the same for the CPU tests).
+Run the benchmarks as scripts (python bench/bench_x.py, or python -m flashd.bench.bench_x); they import
+this harness and each other as flashd.bench.* (bench/ is that package), as tests/bench does.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from timing import KernelTimer, report
+from flashd.bench.timing import KernelTimer, report
 
 REPO = Path(__file__).resolve().parents[1]
 PEAK_F16_TFLOPS = 989.0   # nominal dense f16 tensor-core peak of an H100 / H200 SXM (the same chip)

@@ -47,11 +47,9 @@ from pathlib import Path
 
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_memory import MemorySample, judge, read_rss_mib, vram_used_mib  # noqa: E402
-from soak_report import as_json, report  # noqa: E402
-
-from flashd.protocol import lines, wire  # noqa: E402
+from flashd.bench.soak_memory import MemorySample, judge, read_rss_mib, vram_used_mib
+from flashd.bench.soak_report import as_json, report
+from flashd.protocol import lines, wire
 
 TERMINAL = ("done", "result", "error")
 REPLY_TIMEOUT_S = 600.0       # the longest one round may wait for its answers (a real model on a CPU)

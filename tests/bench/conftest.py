@@ -1,16 +1,10 @@
-"""CPU tests of the per-op benchmarks (bench/). bench/ is a folder of scripts, not a package: run as
-`python bench/x.py`, Python puts bench/ on sys.path and the scripts import their helpers (timing,
-op_harness) by their bare names. `bench_module(name)` does the same for a test: bench/ on sys.path for
-the test's duration (no sys.path edits in the sources), then the import."""
+"""CPU tests of the per-op benchmarks (bench/, the package flashd.bench). `bench_module(name)` is the
+benchmark bench/<name>.py, imported as flashd.bench.<name>."""
 import importlib
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture
-def bench_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    return importlib.import_module
+def bench_module():
+    return lambda name: importlib.import_module(f"flashd.bench.{name}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cuda_kv_prefix_on_host import HostMemoryLib, HostNative
+from tests.cuda_on_host.test_cuda_kv_prefix_on_host import HostMemoryLib, HostNative
 
 from flashd.daemon.backends.base import Batch, KVCacheSpec
 from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS, CudaKVCache, CudaOps

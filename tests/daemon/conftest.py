@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon_harness import LUCEBOX_MODULE, SYNTHETIC_SPEC, LuceboxDaemon, ServeDaemon
+from tests.daemon.daemon_harness import LUCEBOX_MODULE, SYNTHETIC_SPEC, LuceboxDaemon, ServeDaemon
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon_harness import SYNTHETIC_SPEC, generated
+from tests.daemon.daemon_harness import SYNTHETIC_SPEC, generated
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 
 PROMPTS = ['def fib(n):', 'The quick brown fox jumps over', 'x']

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from daemon_harness import generated, write_ids
+from tests.daemon.daemon_harness import generated, write_ids
 from flashd.daemon.file_access import FileAccess, resolve_dirs
 from flashd.protocol.errors import ProtocolError
 

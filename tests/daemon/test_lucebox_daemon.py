@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from daemon_harness import LONG_MAX_CTX, LUCEBOX_MODULE, READ_TIMEOUT_S, SYNTHETIC_SPEC, generated, write_ids
+from tests.daemon.daemon_harness import LONG_MAX_CTX, LUCEBOX_MODULE, READ_TIMEOUT_S, SYNTHETIC_SPEC, generated, write_ids
 
 VOCAB = SYNTHETIC_SPEC.vocab_size
 PROMPT = [21, 300, 7, 451, 88, 13]

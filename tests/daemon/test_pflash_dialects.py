@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from daemon_harness import SYNTHETIC_SPEC, ZmqPeer, generated, write_ids
+from tests.daemon.daemon_harness import SYNTHETIC_SPEC, ZmqPeer, generated, write_ids
 from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
 
 DRAFTER_SPEC = SyntheticSpec(arch="qwen3", n_layers=2, hidden=64, n_heads=4, n_kv_heads=1, ffn=96,
@@ -24,7 +24,7 @@ def drafter(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected_kept(tmp_path_factory, drafter, synthetic_model):
-    from daemon_harness import ServeDaemon
+    from tests.daemon.daemon_harness import ServeDaemon
     daemon = ServeDaemon(synthetic_model, tmp_path_factory.mktemp("pflash-expected"), "--prefill-drafter",
                          str(drafter), max_ctx=MAX_CTX)
     try:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from daemon_harness import (
+from tests.daemon.daemon_harness import (
     LONG_GENERATE_TOKENS, LONG_MAX_CTX, READ_TIMEOUT_S, SYNTHETIC_SPEC, ServeDaemon, generated, write_ids,
 )
 

@@ -12,7 +12,7 @@ import time
 import msgpack
 import pytest
 
-from daemon_harness import (
+from tests.daemon.daemon_harness import (
     LONG_GENERATE_TOKENS, LONG_MAX_CTX, PROBES, ServeDaemon, ZmqPeer, generated,
 )
 

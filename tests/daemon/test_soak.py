@@ -11,23 +11,10 @@ event, and the schedule (which rounds cancel, which park) is fixed by the seed.
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _soak_module():
-    spec = importlib.util.spec_from_file_location("flashd_bench_soak", BENCH / "soak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module              # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+from flashd.bench import soak
 
 
 def test_soak_core_outputs_and_terminal_events(tmp_path):
-    soak = _soak_module()
     config = soak.SoakConfig(max_requests=45, minutes=30, workdir=str(tmp_path), seed=3, reference="fresh",
                              sample_every_s=1.0)
     result = soak.run_soak(config)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from daemon_harness import LONG_MAX_CTX, READ_TIMEOUT_S, SYNTHETIC_SPEC, ZmqPeer, generated
+from tests.daemon.daemon_harness import LONG_MAX_CTX, READ_TIMEOUT_S, SYNTHETIC_SPEC, ZmqPeer, generated
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 
 GEN = 'generate id={id} text="def fib(n): return fib(n - 1) + fib(n - 2)" max_tokens=40 ignore_eos=true'

@@ -11,7 +11,7 @@ The GPU tests (tests/gpu/test_attention_decode_rope.py) check the kernels themse
 """
 import numpy as np
 import pytest
-from test_decode_attention_emulation import MAX_SPLITS, WARP_SLOTS, n_splits_for, split_warp_slots
+from tests.emulation.test_decode_attention_emulation import MAX_SPLITS, WARP_SLOTS, n_splits_for, split_warp_slots
 
 from flashd.daemon.backends.reference import ReferenceOps
 

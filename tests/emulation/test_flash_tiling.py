@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from test_gemm_tiling import GRP, LANE, TIG, WARP, AsyncCopies, f16, ldmatrix_x4, mma_16816
+from tests.emulation.test_gemm_tiling import GRP, LANE, TIG, WARP, AsyncCopies, f16, ldmatrix_x4, mma_16816
 
 FLASH_BKV = 64
 LOG2E = 1.4426950408889634

@@ -4,22 +4,14 @@ at the end of every run (also with -q).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import zmq
 
-# pytest puts only a conftest's own folder on sys.path: the daemon harness lives beside the daemon
-# tests and the gateway helpers beside the HTTP tests (tests/gpu imports the harness the same way).
-_TESTS = Path(__file__).resolve().parents[1]
-for _folder in ("daemon", "http"):
-    if str(_TESTS / _folder) not in sys.path:
-        sys.path.insert(0, str(_TESTS / _folder))
-
-from daemon_harness import SYNTHETIC_SPEC, ServeDaemon  # noqa: E402
-from fault_registry import REGISTRY, FaultRegistry  # noqa: E402
-from flashd.scripts.make_synthetic_gguf import write_synthetic_model  # noqa: E402
+from flashd.scripts.make_synthetic_gguf import write_synthetic_model
+from tests.daemon.daemon_harness import SYNTHETIC_SPEC, ServeDaemon
+from tests.faults.fault_registry import REGISTRY, FaultRegistry
 
 
 @pytest.fixture(scope="session")

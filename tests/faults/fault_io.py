@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from daemon_harness import ServeDaemon, ZmqPeer
+from tests.daemon.daemon_harness import ServeDaemon, ZmqPeer
 
 ZMQ_ANY_PORT = "tcp://127.0.0.1:*"   # --zmq: a free loopback port, reported in the ready event
 ASSIGNED = object()        # the daemon assigns the id (the request has no readable id=)

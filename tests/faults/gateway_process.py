@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from daemon_harness import READ_TIMEOUT_S, _Process
-from gateway_harness import free_port
+from tests.daemon.daemon_harness import READ_TIMEOUT_S, _Process
+from tests.http.gateway_harness import free_port
 
 
 class GatewayProcess(_Process):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon_harness import LONG_GENERATE_TOKENS, LONG_MAX_CTX, ServeDaemon, ZmqPeer, generated
-from fault_io import ZMQ_ANY_PORT
+from tests.daemon.daemon_harness import LONG_GENERATE_TOKENS, LONG_MAX_CTX, ServeDaemon, ZmqPeer, generated
+from tests.faults.fault_io import ZMQ_ANY_PORT
 
 N_PEERS = 4
 PER_PEER = 5

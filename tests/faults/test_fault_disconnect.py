@@ -9,9 +9,9 @@ import json
 import httpx
 import pytest
 
-from daemon_harness import LONG_MAX_CTX, READ_TIMEOUT_S, ZmqPeer, generated
-from fault_io import ZMQ_ANY_PORT
-from gateway_process import GatewayProcess, completion
+from tests.daemon.daemon_harness import LONG_MAX_CTX, READ_TIMEOUT_S, ZmqPeer, generated
+from tests.faults.fault_io import ZMQ_ANY_PORT
+from tests.faults.gateway_process import GatewayProcess, completion
 
 SHORT = {"cmd": "generate", "text": "The quick brown fox", "max_tokens": 24, "ignore_eos": True}
 ENDLESS = LONG_MAX_CTX - 16     # long enough that only a cancel ends it before the test's deadlines
@@ -19,7 +19,7 @@ ENDLESS = LONG_MAX_CTX - 16     # long enough that only a cancel ends it before 
 
 @pytest.fixture(scope="module")
 def daemon(fault_model, tmp_path_factory):
-    from daemon_harness import ServeDaemon
+    from tests.daemon.daemon_harness import ServeDaemon
 
     d = ServeDaemon(fault_model, tmp_path_factory.mktemp("disconnect"), "--zmq", ZMQ_ANY_PORT, max_ctx=LONG_MAX_CTX)
     yield d

@@ -9,8 +9,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from daemon_harness import ServeDaemon, ZmqPeer, generated
-from fault_io import ASSIGNED, ZMQ_ANY_PORT, frame_error, frames_error
+from tests.daemon.daemon_harness import ServeDaemon, ZmqPeer, generated
+from tests.faults.fault_io import ASSIGNED, ZMQ_ANY_PORT, frame_error, frames_error
 
 LIMIT = 100_000            # --max-request-bytes: the largest frame the daemon reads
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import httpx
 
-from daemon_harness import LONG_MAX_CTX, READ_TIMEOUT_S, ServeDaemon
-from gateway_harness import free_port
-from gateway_process import GatewayProcess, completion
+from tests.daemon.daemon_harness import LONG_MAX_CTX, READ_TIMEOUT_S, ServeDaemon
+from tests.http.gateway_harness import free_port
+from tests.faults.gateway_process import GatewayProcess, completion
 
 ENDLESS = LONG_MAX_CTX - 16
 

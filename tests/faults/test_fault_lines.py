@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon_harness import ServeDaemon, generated
-from fault_io import ASSIGNED, line_error
+from tests.daemon.daemon_harness import ServeDaemon, generated
+from tests.faults.fault_io import ASSIGNED, line_error
 
 LIMIT = 1_000_000          # --max-request-bytes: "a 1 MB line" is just over or just under it
 MAX_CTX = 512

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from daemon_harness import LUCEBOX_MODULE, READ_TIMEOUT_S, SYNTHETIC_SPEC, LuceboxDaemon, write_ids
+from tests.daemon.daemon_harness import LUCEBOX_MODULE, READ_TIMEOUT_S, SYNTHETIC_SPEC, LuceboxDaemon, write_ids
 from flashd.protocol.errors import ERROR_CODES
 
 PROMPT = [21, 300, 7, 451, 88, 13]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import signal
 
-from daemon_harness import LONG_GENERATE_TOKENS, LONG_MAX_CTX, READ_TIMEOUT_S, ZmqPeer
-from fault_io import ZMQ_ANY_PORT
+from tests.daemon.daemon_harness import LONG_GENERATE_TOKENS, LONG_MAX_CTX, READ_TIMEOUT_S, ZmqPeer
+from tests.faults.fault_io import ZMQ_ANY_PORT
 
 SHORT = 'generate id={id} text="The quick brown fox" max_tokens=24 ignore_eos=true'
 LONG = f'generate id={{id}} text="count" max_tokens={LONG_GENERATE_TOKENS} ignore_eos=true'

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from attention_oracle import attention_oracle, random_cache
+from tests.gpu.attention_oracle import attention_oracle, random_cache
 
 # Error budget (outputs are O(1) averages of N(0, 1) values): q is split into two float16 parts
 # (~2^-22 relative), P likewise, K/V products are exact, exp2f is ~2^-22 relative, accumulation is

@@ -6,7 +6,7 @@ bitwise (row invariance).
 """
 import numpy as np
 import pytest
-from attention_oracle import attention_oracle, random_cache
+from tests.gpu.attention_oracle import attention_oracle, random_cache
 
 from flashd.daemon.backends.cuda.ops import rope_scaling_struct
 from flashd.daemon.backends.reference import ReferenceOps

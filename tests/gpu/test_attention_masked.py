@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from attention_oracle import attention_oracle, random_cache, tree_mask
+from tests.gpu.attention_oracle import attention_oracle, random_cache, tree_mask
 
 ATOL, RTOL = 3e-5, 1e-4     # same budget as the decode kernel (same core), see test_attention_decode
 

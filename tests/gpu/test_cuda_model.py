@@ -9,7 +9,7 @@ top-2 logits are within that tolerance (a near-tie either backend may break diff
 """
 import numpy as np
 import pytest
-from logits_check import assert_logits_close, greedy_prefix_agrees
+from tests.gpu.logits_check import assert_logits_close, greedy_prefix_agrees
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model

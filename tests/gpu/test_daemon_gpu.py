@@ -1,15 +1,11 @@
 """The daemon on the GPU: `flashd serve --device cuda` streams the same text as the CPU reference
 daemon, over stdin and over ZeroMQ. The synthetic model's top-2 logit gaps are ~0.1-1, far above
 the CUDA path's ~1e-3 deviation, so greedy outputs are expected to be identical."""
-import sys
-from pathlib import Path
-
 import msgpack
 import pytest
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
-from daemon_harness import ServeDaemon, generated  # noqa: E402
+from tests.daemon.daemon_harness import ServeDaemon, generated
 
 PROMPT = 'generate id={id} text="def fibonacci(n):" max_tokens=48 ignore_eos=true'
 

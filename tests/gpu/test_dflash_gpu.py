@@ -13,7 +13,7 @@ argmax agreement wherever the reference's top-2 gap is clear (> 2e-2 * scale).
 """
 import numpy as np
 import pytest
-from logits_check import assert_logits_close
+from tests.gpu.logits_check import assert_logits_close
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model

@@ -9,8 +9,8 @@ one-row forward over its path.
 """
 import numpy as np
 import pytest
-from attention_oracle import tree_mask
-from logits_check import REL_TOL, assert_logits_close, greedy_prefix_agrees
+from tests.gpu.attention_oracle import tree_mask
+from tests.gpu.logits_check import REL_TOL, assert_logits_close, greedy_prefix_agrees
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model, open_model

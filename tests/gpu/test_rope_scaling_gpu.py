@@ -6,10 +6,10 @@ context. The unscaled rope's tests (test_rope.py, test_attention_decode_rope.py)
 """
 import numpy as np
 import pytest
-from test_attention_decode_rope import Pair
-from test_forward import chain_logits, cuda_runner, ref_chain_logits, ref_runner
-from test_rope import _cache, _run_rope
-from logits_check import assert_logits_close, greedy_prefix_agrees
+from tests.gpu.test_attention_decode_rope import Pair
+from tests.gpu.test_forward import chain_logits, cuda_runner, ref_chain_logits, ref_runner
+from tests.gpu.test_rope import _cache, _run_rope
+from tests.gpu.logits_check import assert_logits_close, greedy_prefix_agrees
 
 from flashd.daemon.backends.cuda.ops import rope_scaling_struct
 from flashd.daemon.backends.reference import ReferenceOps

@@ -1,16 +1,12 @@
 """fd_argmax, fd_sample and fd_decode_advance against flashd.daemon.sampling (float64)."""
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from flashd.daemon.sampling import candidate_probs, sample
 from flashd.protocol.messages import SamplingParams
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sampling"))
-from sampling_boundaries import boundaries  # noqa: E402  (the float32-boundary oracle, shared with the CPU emulation)
+from tests.sampling.sampling_boundaries import boundaries   # the float32-boundary oracle, shared with the CPU emulation
 
 F32 = lambda v: float(np.float32(v))   # noqa: E731  parameters the kernel sees exactly (float args)
 

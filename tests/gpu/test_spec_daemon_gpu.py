@@ -3,15 +3,10 @@ DFLASH.gguf --draft ngram` with a synthetic target and a synthetic DFlash drafte
 budgets 8..64, chain mode and n-grams stream exactly the tokens plain greedy decoding streams
 (verification is row-invariant: bit-for-bit the decode step's logits), and `done` reports the
 speculative steps."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
-from daemon_harness import ServeDaemon, generated  # noqa: E402
-
-from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash  # noqa: E402
+from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
+from tests.daemon.daemon_harness import ServeDaemon, generated
 
 # head_dim 64 (the CUDA attention kernels take 64, 128, 256)
 TARGET = dict(arch="qwen3", n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, ffn=512, vocab_size=1000, seed=11,

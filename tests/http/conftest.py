@@ -17,7 +17,7 @@ from flashd.clients.spawn import DaemonOptions, LocalDaemon
 from flashd.clients.tokenizer import read_gguf_metadata
 from flashd.protocol import wire
 from flashd.scripts.gguf_out import new_gguf
-from gateway_harness import TIMEOUT_S, GatewayServer, serve_gateway
+from tests.http.gateway_harness import TIMEOUT_S, GatewayServer, serve_gateway
 
 # A qwen2-shaped model that loads in well under a second and decodes ~1000 tokens/s on the
 # reference backend; its random weights rarely produce the end token, so outputs run to max_tokens.

@@ -1,5 +1,5 @@
 """The HTTP tests' harness: the gateway served by uvicorn in a thread, and small helpers. Imported
-by conftest.py (fixtures) and by test modules directly (pytest puts this folder on sys.path)."""
+as tests.http.gateway_harness by conftest.py (fixtures), by test modules directly and by tests/faults."""
 from __future__ import annotations
 
 import contextlib

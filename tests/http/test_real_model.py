@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway_harness import free_port
+from tests.http.gateway_harness import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway_harness import wait_idle
+from tests.http.gateway_harness import wait_idle
 
 MESSAGES = [{"role": "user", "content": "Count."}]
 # ~3500 tokens at ~1000 tokens/s: a request that ends on its own only after seconds.

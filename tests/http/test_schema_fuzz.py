@@ -11,7 +11,7 @@ import pytest
 import schemathesis
 from schemathesis.checks import not_a_server_error
 
-from gateway_harness import serve_gateway
+from tests.http.gateway_harness import serve_gateway
 from flashd.clients.spawn import DaemonOptions, LocalDaemon
 
 MAX_EXAMPLES = 40

@@ -54,7 +54,7 @@ def test_body_limit_default_and_check():
 
 @pytest.fixture(scope="module")
 def small_gateway(daemon):
-    from gateway_harness import serve_gateway
+    from tests.http.gateway_harness import serve_gateway
     with daemon.connect(timeout_s=30) as client, serve_gateway(client, max_body_bytes=LIMIT) as server:
         yield server
 

@@ -12,7 +12,7 @@ import pytest
 
 from flashd.daemon.sampling import sample, uniform
 from flashd.protocol.messages import SamplingParams
-from sampling_boundaries import boundaries   # shared with the GPU sampler test
+from tests.sampling.sampling_boundaries import boundaries   # shared with the GPU sampler test
 
 THREADS = 1024
 CAND_CAP = 32768

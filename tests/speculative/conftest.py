@@ -7,7 +7,7 @@ from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
 from flashd.daemon.runner import ModelRunner
 
-from spec_models import DRAFT, OTHER_VOCAB, TARGET  # noqa: F401  (re-exported for fixtures)
+from tests.speculative.spec_models import DRAFT, OTHER_VOCAB, TARGET  # noqa: F401  (re-exported for fixtures)
 
 
 @pytest.fixture(scope="session")

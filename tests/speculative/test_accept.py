@@ -10,7 +10,7 @@ from flashd.daemon.speculative.accept import greedy_walk, sample_walk
 from flashd.daemon.speculative.drafter import Proposal
 from flashd.daemon.speculative.tree import build_tree
 
-from chi_square import chi_square_p_value
+from tests.speculative.chi_square import chi_square_p_value
 
 
 def random_tree(rng, vocab: int, n_depth: int, k: int, budget: int):

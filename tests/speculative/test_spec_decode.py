@@ -18,7 +18,7 @@ from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.daemon.speculative.policy import DepthPolicy, PolicyConfig
 from flashd.protocol.messages import SamplingParams
 
-from spec_models import DRAFT, TARGET
+from tests.speculative.spec_models import DRAFT, TARGET
 
 GREEDY = SamplingParams()
 PENALISED = SamplingParams(repeat_penalty=1.3, repeat_last_n=16, presence_penalty=0.2)

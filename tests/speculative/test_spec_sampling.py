@@ -19,8 +19,8 @@ from flashd.daemon.speculative.draft_model import DraftModelDrafter
 from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.protocol.messages import SamplingParams
 
-from chi_square import chi_square_p_value
-from spec_models import DRAFT, TARGET
+from tests.speculative.chi_square import chi_square_p_value
+from tests.speculative.spec_models import DRAFT, TARGET
 
 ALPHA = 1e-3
 N_RUNS = 1500
