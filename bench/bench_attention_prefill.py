@@ -32,6 +32,7 @@ def main() -> None:
     from flashd.daemon.backends.cuda.lib import load
     from flashd.daemon.backends.cuda.tensor import Device
 
+    # (the same setup opens bench_gemm.py: each raw-kernel benchmark is a standalone script)
     native = load()
     dev = Device(native)
     timer = KernelTimer(dev)

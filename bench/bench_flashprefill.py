@@ -185,6 +185,8 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
           n_bytes=tail_bytes(n_keys, n_tail, n_heads, n_kv, d))
 
 
+# build_parser/main have the same shape in every op benchmark (arguments, OpHarness.on_gpu, the cases):
+# kept per script so that each runs and reads standalone.
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)

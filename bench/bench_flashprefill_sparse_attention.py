@@ -133,6 +133,8 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
                  peak_tflops=PEAK_F16_TFLOPS), flush=True)
 
 
+# build_parser/main have the same shape in every op benchmark (arguments, OpHarness.on_gpu, the cases):
+# kept per script so that each runs and reads standalone.
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap, reps=20)

@@ -121,6 +121,8 @@ def bench_case(h: OpHarness, name: str, cols: int, mats, n_x: int) -> None:
           n_bytes=moved_bytes(mats, cols, n_x), graph=True)
 
 
+# build_parser/main have the same shape in every op benchmark (arguments, OpHarness.on_gpu, the cases):
+# kept per script so that each runs and reads standalone.
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap, reps=50)

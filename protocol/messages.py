@@ -214,7 +214,9 @@ class Compress:
 
 
 @dataclass(slots=True)
-class Park:
+class _ParkRequest:
+    """What park and unpark share: the models they act on. Two request types (the engine dispatches
+    on the type), one set of fields and checks."""
     id: str
     what: str = "target"  # target | draft | all
 
@@ -225,14 +227,13 @@ class Park:
 
 
 @dataclass(slots=True)
-class Unpark:
-    id: str
-    what: str = "target"  # target | draft | all
+class Park(_ParkRequest):
+    pass
 
-    def __post_init__(self) -> None:
-        self.id = check_request_id(self.id)
-        with _errors_answer(self.id):
-            self.what = check_choice("what", self.what, PARK_TARGETS)
+
+@dataclass(slots=True)
+class Unpark(_ParkRequest):
+    pass
 
 
 @dataclass(slots=True)

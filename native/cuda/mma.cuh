@@ -59,6 +59,8 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// ldmatrix_x4 and ldmatrix_x4_trans differ only in the .trans qualifier, which inline PTX must
+// spell in the instruction string: two wrappers on purpose.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 #if FD_MMA_DEVICE_OK
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -184,6 +184,9 @@ __device__ __forceinline__ uint32_t spread4_to_bit4(uint32_t x) { return (x * 0x
 //                xblk(blk + step) == xblk(blk) + xblk(step) for gemv's block steps (LPR / LPB, LPR >= MIN_LPR)
 //   load/params: Raw words from shared memory -> (a, b) per part.
 // b = -0.0f where gguf adds nothing: a*q + (-0) == a*q for every a*q including -0 (dequant exactness).
+// Each specialization spells out all its maps even where two formats agree (Q4_K and Q5_K share
+// col/xblk/xlane/xrun): one self-contained block per layout, read against that layout's comment and
+// checked by tests/emulation/test_quant_layouts.py -- repeated on purpose.
 template <int QT> struct Fmt;
 
 template <> struct Fmt<FD_Q_F32> {

@@ -104,6 +104,9 @@ struct Smem {
 };
 static_assert(sizeof(Smem) <= (FD_HAS_MMA ? 200 : 60) * 1024, "fd_sample's shared memory budget");
 
+// Block reductions: the same two-level shuffle tree three times (max f32, sum f32, sum u64) --
+// deliberate: each is six lines, and a template over (type, op, scratch slot) would hide the fixed
+// order that makes fd_sample deterministic.
 __device__ __forceinline__ float block_max_f(float v, Smem& sm) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     __syncthreads();

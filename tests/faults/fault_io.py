@@ -36,37 +36,35 @@ def _check_sync(case, event: dict, sync_id: str, where: str) -> None:
                f"{where}: expected only the status {sync_id} after the error, got {event}")
 
 
-def line_error(case, daemon: ServeDaemon, line: str | bytes, code: str, request_id, where: str) -> dict:
-    """Send one stdin line that must fail with `code`; its error event."""
+def _one_answer(case, send, next_event, send_status, code: str, request_id, where: str) -> dict:
+    """send() the bad request, check the next event is its one error, then send_status(sync_id) and
+    check the event after it is that status' result (nothing in between); the error event."""
     case.sent()
-    daemon.send(line)
-    event = daemon.next_event()
+    send()
+    event = next_event()
     _check_answer(case, event, code, request_id, where)
     sync_id = f"sync-{next(_sync_ids)}"
-    daemon.send(f"status id={sync_id}")
-    _check_sync(case, daemon.next_event(), sync_id, where)
+    send_status(sync_id)
+    _check_sync(case, next_event(), sync_id, where)
     return event
+
+
+def line_error(case, daemon: ServeDaemon, line: str | bytes, code: str, request_id, where: str) -> dict:
+    """Send one stdin line that must fail with `code`; its error event."""
+    return _one_answer(case, lambda: daemon.send(line), daemon.next_event,
+                       lambda sync_id: daemon.send(f"status id={sync_id}"), code, request_id, where)
+
+
+def _zmq_status(peer: ZmqPeer):
+    return lambda sync_id: peer.send({"cmd": "status", "id": sync_id})
 
 
 def frame_error(case, peer: ZmqPeer, frame: bytes | dict, code: str, request_id, where: str) -> dict:
     """Send one ZeroMQ request frame that must fail with `code`; its error event."""
-    case.sent()
-    peer.send(frame)
-    event = peer.next_event()
-    _check_answer(case, event, code, request_id, where)
-    sync_id = f"sync-{next(_sync_ids)}"
-    peer.send({"cmd": "status", "id": sync_id})
-    _check_sync(case, peer.next_event(), sync_id, where)
-    return event
+    return _one_answer(case, lambda: peer.send(frame), peer.next_event, _zmq_status(peer), code, request_id, where)
 
 
 def frames_error(case, peer: ZmqPeer, frames: list[bytes], code: str, where: str) -> dict:
     """A multipart message (not one frame): one error under a daemon-assigned id."""
-    case.sent()
-    peer.send_frames(frames)
-    event = peer.next_event()
-    _check_answer(case, event, code, ASSIGNED, where)
-    sync_id = f"sync-{next(_sync_ids)}"
-    peer.send({"cmd": "status", "id": sync_id})
-    _check_sync(case, peer.next_event(), sync_id, where)
-    return event
+    return _one_answer(case, lambda: peer.send_frames(frames), peer.next_event, _zmq_status(peer), code, ASSIGNED,
+                       where)

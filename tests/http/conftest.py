@@ -76,7 +76,9 @@ class FakeDaemon:
     """A ROUTER on a loopback port that answers like a daemon: `status` names `model_path`;
     `generate` streams `reply` (a list of text chunks, one token event each, then the EOS token and
     `done`), or, with `endless`, one token every 10 ms until cancelled. Every request received is
-    kept in `received`, every cancel target in `cancelled`."""
+    kept in `received`, every cancel target in `cancelled`. (Its socket set-up and close() are those of
+    tests/clients/test_client.py's FakeRouter, which answers from a script instead: two small fakes,
+    each beside the tests that read it.)"""
 
     def __init__(self, model_path: Path, eos_id: int):
         self.model_path = model_path
