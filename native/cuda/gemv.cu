@@ -143,8 +143,12 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         const int64_t fit1 = std::min<int64_t>(avail / a.stage_bytes, max_warps);
         const int64_t fit2 = std::min<int64_t>(avail / (2 * (int64_t)a.stage_bytes), max_warps);
         if (fit1 < 1) return FD_E_SHAPE;
-        // At least MIN_CTA_WARPS warps per CTA even if some get no step: they share the prologue.
-        const int ctas = min(steps, dev.n_sms);
+        // At least MIN_CTA_WARPS warps per CTA even if some get no step: they share the prologue. A
+        // matrix with fewer steps than SMs x MIN_CTA_WARPS (the QKV and O projections) takes only the
+        // CTAs that give every warp one step: the SMs left free take the next kernel's first CTAs,
+        // which start streaming their weights early (PDL). Measured in
+        // bench/results/2026-11-26-h100-gemv-stream-integrated.md.
+        const int ctas = min(ceil_div(steps, MIN_CTA_WARPS), dev.n_sms);
         int64_t warps;
         const int rounds_forced = tuning().rounds;
         if (rounds_forced && fit2 >= 1 && steps >= 2 * ctas) {
