@@ -109,6 +109,12 @@ const GemvTuning& tuning() {
 }
 
 
+// A launch whose steps fit one per warp with at most this many warps a CTA runs them single-buffered,
+// one step a warp, instead of double-buffered rounds. Measured on an H100 (bench/results/2026-11-26-
+// h100-gemv-one-step-rule.md): the 0.5B's gate/up (9.2 steps an SM) is faster one step a warp, the
+// 1.5B's ffn_down (11.6 steps an SM, 7 KB rows) faster in rounds; the threshold sits between them.
+constexpr int SINGLE_STEP_MAX_WARPS = 10;
+
 // The whole launch: validation, planning, passes over x rows.
 int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x, const float* norm_w,
              float eps, const float* residual, cudaStream_t stream) {
@@ -151,7 +157,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         const int ctas = min(ceil_div(steps, MIN_CTA_WARPS), dev.n_sms);
         int64_t warps;
         const int rounds_forced = tuning().rounds;
-        if (rounds_forced && fit2 >= 1 && steps >= 2 * ctas) {
+        if (rounds_forced && fit2 >= 1 && steps >= 2 * ctas && steps > ctas * SINGLE_STEP_MAX_WARPS) {
             p.n_bufs = 2;
             warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas * rounds_forced), MIN_CTA_WARPS), fit2);
         } else if (steps <= ctas * fit1 || fit2 < 1) {
