@@ -2,12 +2,14 @@
 
 A qwen2-shaped model small enough to load in well under a second and decode thousands of tokens
 per second on the reference backend. Each module gets its own daemon (module scope) so the
-modules' tests cannot disturb each other's state."""
+modules' tests cannot disturb each other's state. The fake model sources of test_pull*.py (fake_index,
+fake_hub, silent_server) come from fake_model_sources.py."""
 from __future__ import annotations
 
 import pytest
 
 from flashd.clients.spawn import DaemonOptions, LocalDaemon
+from tests.clients.fake_model_sources import fake_hub, fake_index, silent_server  # noqa: F401 -- test_pull*.py's fixtures
 
 TINY = dict(arch="qwen2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,
             weight_type="Q8_0", seed=7, name="client-test")
