@@ -1,5 +1,5 @@
-"""CPU emulation of fd_sample's threshold logic (native/cuda/sampling.cu), checked against
-flashd.daemon.sampling.
+"""CPU emulation of fd_sample's threshold logic (native/cuda/sampling_sample.cuh, sampling_select.cuh),
+checked against flashd.daemon.sampling.
 
 The emulation follows the kernel step by step -- order-preserving float keys, the 11/11/10-bit
 radix selection with the 32-lane bin search of select_bin_from_top, 2^-40 fixed-point masses, the
