@@ -22,9 +22,9 @@ from typing import Iterator
 import numpy as np
 
 from ..protocol.messages import SamplingParams
-from .backends.base import Batch, KVCacheSpec
+from .backends.base import Batch
+from .models import forward_of, make_cache
 from .models.config import ModelConfig
-from .models.dense import forward
 from .models.weights import ModelWeights
 from .prefix_cache import PrefixStore, reusable_tokens
 from .sampling import log_softmax, sample
@@ -49,14 +49,25 @@ class ModelRunner:
             raise ValueError("max_ctx and prefill_chunk must be positive")
         self.ops, self.cfg, self.weights = ops, cfg, weights
         self.max_ctx, self.prefill_chunk = max_ctx, prefill_chunk
-        self.cache = ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim))
+        self.cache = make_cache(ops, cfg, max_ctx)
+        self._model_forward = forward_of(cfg)
         self.n_past = 0   # cache slots [0, n_past) hold committed context
+        self._reuse_prefix = getattr(self.cache, "reusable_prefix", True)   # False: a hybrid's recurrent state
         self.reuse_prefix = True      # start() may keep the cached prefix of the last prompt
         self.prefix_store: PrefixStore | None = None   # host copies of earlier prompts' prefixes (the engine's)
         self.n_reused = 0             # prompt tokens the last start() kept instead of recomputing
         self._prefix: list[int] = []  # tokens whose K/V fill slots [0, len) as a chunked prefill from slot 0 wrote them
 
     # -- the reusable prompt prefix --------------------------------------------------------------
+    @property
+    def reuse_prefix(self) -> bool:
+        """Whether start() may keep the cached prefix (never for a cache without prefixes: a hybrid model)."""
+        return self._reuse_prefix
+
+    @reuse_prefix.setter
+    def reuse_prefix(self, value: bool) -> None:
+        self._reuse_prefix = bool(value) and getattr(self.cache, "reusable_prefix", True)
+
     def _will_write(self, n: int) -> None:
         """Slots [n_past, n_past + n) are about to be written: check that they fit, and forget the
         reusable prefix from n_past on."""
@@ -131,7 +142,7 @@ class ModelRunner:
         batch = Batch(ids=ops.from_numpy(ids),
                       positions=ops.from_numpy(np.arange(self.n_past, self.n_past + n, dtype=np.int32)),
                       n_past=ops.from_numpy(np.array([self.n_past], np.int32)), n_tokens=n)
-        logits = forward(ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits,
+        logits = self._model_forward(ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits,
                          hidden_sink=hidden_sink)
         self.n_past += n
         return ops.to_numpy(logits)
@@ -169,7 +180,7 @@ class ModelRunner:
         batch = Batch(ids=ops.from_numpy(ids), positions=ops.from_numpy(np.asarray(positions, np.int32)),
                       n_past=ops.from_numpy(np.array([self.n_past], np.int32)),
                       mask=ops.from_numpy(np.asarray(mask, bool)), n_tokens=n)
-        return forward(ops, self.cfg, self.weights, self.cache, batch, all_logits=True, hidden_sink=hidden_sink)
+        return self._model_forward(ops, self.cfg, self.weights, self.cache, batch, all_logits=True, hidden_sink=hidden_sink)
 
     def commit_tree(self, node_offsets) -> None:
         """Keep the nodes at slots n_past + node_offsets (ascending, node_offsets[k] >= k) as the

@@ -43,17 +43,12 @@ from gguf.constants import GGML_QUANT_SIZES, MODEL_TENSOR, MODEL_TENSORS
 from flashd.scripts.gguf_out import written_gguf
 from flashd.scripts.kquants import OWN_QUANTIZERS
 from flashd.scripts.synthetic_arch import ARCH_LAYOUTS, TensorSlot
+from flashd.scripts.synthetic_spec import SUPPORTED_WEIGHT_TYPES, SyntheticSpec
 from flashd.scripts.synthetic_vocab import N_BYTE_TOKENS, SPECIAL_TOKENS, build_vocab, bytes_to_unicode  # noqa: F401 (bytes_to_unicode: re-exported)
 
 # ----------------------------------------------------------------------------------------------
 # Spec
 # ----------------------------------------------------------------------------------------------
-
-# GGML type names accepted for 2-D weight matrices. Q5_1 is not among the formats flashd runs; it is
-# here so tests can check that such a file is refused with a clear error.
-SUPPORTED_WEIGHT_TYPES: tuple[str, ...] = (
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
-)
 
 # general.file_type for a file whose matrices are all of one type. llama.cpp has no "pure Q4_K"
 # file type; Q4_K_S / Q5_K_S are the closest (mostly that type).
@@ -79,73 +74,6 @@ CHATML_TEMPLATE = (
 )
 
 
-@dataclass(slots=True, frozen=True)
-class SyntheticSpec:
-    arch: str = "qwen2"          # a key of ARCH_LAYOUTS: llama | qwen2 | qwen3
-    n_layers: int = 2
-    hidden: int = 64             # embedding_length
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    head_dim: int | None = None  # default hidden // n_heads; qwen3 may differ (key_length/value_length)
-    ffn: int = 128               # feed_forward_length
-    vocab_size: int = 512        # >= 256 byte tokens + 3 special tokens
-    context_length: int = 4096
-    rope_theta: float = 10000.0
-    rope_scaling: str = "none"   # {arch}.rope.scaling.type: none (no scaling keys written) | linear | yarn
-    rope_factor: float = 1.0     # {arch}.rope.scaling.factor
-    rope_orig_ctx: int | None = None   # {arch}.rope.scaling.original_context_length (None: not written)
-    rms_eps: float = 1e-6
-    weight_type: str = "Q8_0"    # GGML type name for 2-D weight matrices (SUPPORTED_WEIGHT_TYPES)
-    type_overrides: tuple[tuple[str, str], ...] = ()  # (tensor-name glob, type); later entries win
-    tie_embeddings: bool = False  # no output.weight; lm_head = token_embd
-    seed: int = 0
-    name: str = "synthetic"
-
-    def __post_init__(self) -> None:
-        if self.arch not in ARCH_LAYOUTS:
-            raise ValueError(f"arch {self.arch!r} is not one of {sorted(ARCH_LAYOUTS)}")
-        for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "context_length"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field} must be a positive int, got {value!r}")
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        if self.head_dim is None and self.hidden % self.n_heads != 0:
-            raise ValueError(f"hidden ({self.hidden}) is not divisible by n_heads ({self.n_heads}); give head_dim")
-        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
-            raise ValueError(f"head_dim must be a positive int, got {self.head_dim!r}")
-        if self.head_dim_resolved % 2 != 0:
-            raise ValueError(f"head_dim ({self.head_dim_resolved}) must be even (RoPE rotates pairs)")
-        min_vocab = N_BYTE_TOKENS + len(SPECIAL_TOKENS)
-        if not isinstance(self.vocab_size, int) or self.vocab_size < min_vocab:
-            raise ValueError(f"vocab_size must be >= {min_vocab} (byte tokens + special tokens), got {self.vocab_size!r}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
-        if not self.rms_eps > 0:
-            raise ValueError(f"rms_eps must be > 0, got {self.rms_eps!r}")
-        if self.rope_scaling not in ("none", "linear", "yarn"):
-            raise ValueError(f"rope_scaling must be none, linear or yarn, got {self.rope_scaling!r}")
-        if not self.rope_factor > 0:
-            raise ValueError(f"rope_factor must be > 0, got {self.rope_factor!r}")
-        if self.rope_orig_ctx is not None and (not isinstance(self.rope_orig_ctx, int) or self.rope_orig_ctx < 1):
-            raise ValueError(f"rope_orig_ctx must be a positive int, got {self.rope_orig_ctx!r}")
-        if not self.name:
-            raise ValueError("name must be non-empty")
-        if not isinstance(self.type_overrides, tuple) or not all(
-                isinstance(o, tuple) and len(o) == 2 and all(isinstance(v, str) for v in o)
-                for o in self.type_overrides):
-            raise ValueError(f"type_overrides must be a tuple of (glob, type name) pairs, got {self.type_overrides!r}")
-        for glob, type_name in ((None, self.weight_type), *self.type_overrides):
-            if type_name not in SUPPORTED_WEIGHT_TYPES:
-                where = "weight_type" if glob is None else f"type override for {glob!r}"
-                raise ValueError(f"{where}: {type_name!r} is not one of {SUPPORTED_WEIGHT_TYPES}")
-        tensor_plan(self)  # checks the overrides match tensors and every row fits its format's blocks
-
-    @property
-    def head_dim_resolved(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.hidden // self.n_heads
-
-
 # ----------------------------------------------------------------------------------------------
 # Tensor plan: names, shapes, types and initial distributions, decided before any data exists
 # ----------------------------------------------------------------------------------------------
@@ -164,6 +92,7 @@ class TensorPlan:
     qtype: gguf.GGMLQuantizationType
     init_mean: float          # float weights ~ N(init_mean, init_std)
     init_std: float
+    negative_exp: bool = False  # the weights are -exp(N(init_mean, init_std)) (qwen35's ssm_a = -exp(A_log))
 
     @property
     def n_bytes(self) -> int:
@@ -182,8 +111,12 @@ def _init_distribution(spec: SyntheticSpec, role: str, shape: tuple[int, ...]) -
         return 1.0, NORM_WEIGHT_STD
     if role == "bias":
         return 0.0, BIAS_STD
+    if role == "dt_bias":      # qwen35: softplus(alpha + dt_bias) ~ 1.3 for alpha ~ N(0, 1)
+        return 1.0, NORM_WEIGHT_STD
+    if role == "ssm_a":        # -exp(N(-2, 0.5)) ~ -0.14: with the dt softplus a decay of ~0.83 per token
+        return -2.0, 0.5
     fan_in = shape[-1]
-    if role == "matrix":
+    if role in ("matrix", "conv"):
         return 0.0, 1.0 / np.sqrt(fan_in)
     if role == "out_matrix":
         return 0.0, 1.0 / np.sqrt(fan_in * 2 * spec.n_layers)
@@ -221,7 +154,7 @@ def tensor_plan(spec: SyntheticSpec) -> list[TensorPlan]:
     plans: list[TensorPlan] = []
     for slot in slots:
         assert slot.kind in allowed_kinds, f"{slot.kind.name} is not a tensor of {spec.arch} in gguf.constants"
-        if len(slot.shape) == 2:
+        if len(slot.shape) == 2 and slot.role != "conv":   # ssm_conv1d stays F32 (ggml_ssm_conv reads F32)
             qtype = gguf.GGMLQuantizationType[_resolve_matrix_type(spec, slot.name)]
             block_size = GGML_QUANT_SIZES[qtype][0]
             if slot.shape[1] % block_size != 0:
@@ -231,9 +164,9 @@ def tensor_plan(spec: SyntheticSpec) -> list[TensorPlan]:
         else:
             qtype = gguf.GGMLQuantizationType.F32  # norms and biases stay F32, as llama.cpp writes them
         mean, std = _init_distribution(spec, slot.role, slot.shape)
-        plans.append(TensorPlan(slot.name, slot.shape, qtype, float(mean), float(std)))
+        plans.append(TensorPlan(slot.name, slot.shape, qtype, float(mean), float(std), slot.role == "ssm_a"))
 
-    matrix_names = [p.name for p in plans if len(p.shape) == 2]
+    matrix_names = [p.name for p in plans if len(p.shape) == 2 and not p.name.endswith("ssm_conv1d.weight")]
     for glob, _ in spec.type_overrides:
         if not any(fnmatch.fnmatchcase(n, glob) for n in matrix_names):
             raise ValueError(f"type override {glob!r} matches no weight matrix of this model")
@@ -256,7 +189,8 @@ def _float_row_chunks(spec: SyntheticSpec, plan: TensorPlan) -> Iterator[np.ndar
     """
     rng = np.random.default_rng([spec.seed, zlib.crc32(plan.name.encode())])
     if len(plan.shape) == 1:
-        yield rng.standard_normal(plan.shape, dtype=np.float32) * np.float32(plan.init_std) + np.float32(plan.init_mean)
+        x = rng.standard_normal(plan.shape, dtype=np.float32) * np.float32(plan.init_std) + np.float32(plan.init_mean)
+        yield -np.exp(x) if plan.negative_exp else x
         return
     n_rows, n_cols = plan.shape
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // n_cols)
@@ -287,6 +221,26 @@ def encode_tensor(x: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray
         blocks = OWN_QUANTIZERS[qtype](x.reshape(-1, block_size))
         return blocks.reshape(*x.shape[:-1], -1)
     return gguf.quants.quantize(x, qtype)
+
+
+_POOL_ROWS = 256
+
+
+def random_block_rows(spec: SyntheticSpec, plan: TensorPlan) -> np.ndarray:
+    """The matrix as rows drawn at random from a pool of _POOL_ROWS valid encoded rows (spec.random_blocks): a
+    quantized pool is random codes with sane float16 scales (random_weights.py), a float pool N(mean, std)
+    encoded. No quantizer runs, so a 27B-shape Q4_K_M file is written at the speed of the disk."""
+    from flashd.scripts.random_weights import FLOAT_FORMATS, random_weights
+
+    rng = np.random.default_rng([spec.seed, zlib.crc32(plan.name.encode()), 1])
+    n_rows, n_cols = plan.shape
+    n_pool = min(n_rows, _POOL_ROWS)
+    if plan.qtype in FLOAT_FORMATS:
+        pool = rng.standard_normal((n_pool, n_cols), dtype=np.float32) * np.float32(plan.init_std)
+        pool = encode_tensor(pool + np.float32(plan.init_mean), plan.qtype).view(np.uint8).reshape(n_pool, -1)
+    else:
+        pool = random_weights(rng, plan.qtype, n_pool, n_cols)
+    return pool[rng.integers(0, n_pool, n_rows)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,8 +296,11 @@ def write_synthetic_model(path: str | Path, spec: SyntheticSpec, *, progress: Ca
         for plan in plans:
             if progress is not None:
                 progress(f"{plan.name} {plan.shape} {plan.qtype.name}")
-            encoded = [encode_tensor(chunk, plan.qtype) for chunk in _float_row_chunks(spec, plan)]
-            data = np.concatenate(encoded, axis=0) if len(encoded) > 1 else encoded[0]
+            if spec.random_blocks and len(plan.shape) == 2 and not plan.name.endswith("ssm_conv1d.weight"):
+                data = random_block_rows(spec, plan)
+            else:
+                encoded = [encode_tensor(chunk, plan.qtype) for chunk in _float_row_chunks(spec, plan)]
+                data = np.concatenate(encoded, axis=0) if len(encoded) > 1 else encoded[0]
             writer.write_tensor_data(data)
     return path
 
@@ -352,35 +309,13 @@ def write_synthetic_model(path: str | Path, spec: SyntheticSpec, *, progress: Ca
 # Presets and CLI
 # ----------------------------------------------------------------------------------------------
 
-# Real shapes (hyper-parameters of the GGUFs of the same name; both keep a separate output.weight).
-PRESETS: dict[str, SyntheticSpec] = {
-    "qwen2.5-0.5b": SyntheticSpec(
-        arch="qwen2", n_layers=24, hidden=896, n_heads=14, n_kv_heads=2, ffn=4864, vocab_size=151936,
-        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q8_0",
-        name="synthetic qwen2.5-0.5b"),
-    "qwen2.5-1.5b": SyntheticSpec(
-        arch="qwen2", n_layers=28, hidden=1536, n_heads=12, n_kv_heads=2, ffn=8960, vocab_size=151936,
-        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q8_0",
-        name="synthetic qwen2.5-1.5b"),
-    # Clones of the real Q4_K_M files: same shapes and the same format for every tensor (read off
-    # the files), random weights. Kernels do the same work on them as on the real models, so they
-    # stand in for speed measurements where the real files cannot be copied.
-    "qwen2.5-coder-1.5b-q4_k_m": SyntheticSpec(
-        arch="qwen2", n_layers=28, hidden=1536, n_heads=12, n_kv_heads=2, ffn=8960, vocab_size=151936,
-        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q4_K",
-        type_overrides=(("output.weight", "Q6_K"),) + tuple(
-            (f"blk.{i}.{t}.weight", "Q6_K") for i in (0, 1, 5, 6, 7, 8, 9, 10, 13, 16, 19, 21, 24, 27)
-            for t in ("attn_v", "ffn_down")),
-        name="synthetic clone of qwen2.5-coder-1.5b-instruct-q4_k_m"),
-    "qwen2.5-coder-0.5b-q4_k_m": SyntheticSpec(
-        arch="qwen2", n_layers=24, hidden=896, n_heads=14, n_kv_heads=2, ffn=4864, vocab_size=151936,
-        context_length=32768, rope_theta=1_000_000.0, rms_eps=1e-6, weight_type="Q5_0",
-        type_overrides=(("output.weight", "Q8_0"),)
-        + tuple((f"blk.{i}.attn_v.weight", "Q8_0") for i in (0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21))
-        + tuple((f"blk.{i}.ffn_down.weight", "Q6_K") for i in (0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21))
-        + tuple((f"blk.{i}.ffn_down.weight", "Q4_K") for i in (2, 4, 5, 11, 12, 14, 15, 17, 18, 20, 22, 23)),
-        name="synthetic clone of qwen2.5-coder-0.5b-instruct-q4_k_m"),
-}
+def __getattr__(name: str):
+    """PRESETS (synthetic_presets.py), imported on first use: building them checks each against tensor_plan."""
+    if name == "PRESETS":
+        from flashd.scripts.synthetic_presets import PRESETS
+        return PRESETS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # CLI flag -> SyntheticSpec field
 _CLI_FIELDS = {
@@ -388,6 +323,8 @@ _CLI_FIELDS = {
     "head_dim": "head_dim", "ffn": "ffn", "vocab": "vocab_size", "ctx": "context_length",
     "rope_theta": "rope_theta", "rope_scaling": "rope_scaling", "rope_factor": "rope_factor",
     "rope_orig_ctx": "rope_orig_ctx", "rms_eps": "rms_eps", "type": "weight_type", "seed": "seed", "name": "name",
+    "rope_dim": "rope_dim", "ssm_state": "ssm_state", "ssm_k_heads": "ssm_k_heads", "ssm_v_heads": "ssm_v_heads",
+    "ssm_conv": "ssm_conv_kernel", "full_attn_interval": "full_attn_interval", "random_blocks": "random_blocks",
 }
 
 
@@ -401,9 +338,9 @@ def _parse_override(text: str) -> tuple[str, str]:
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m flashd.scripts.make_synthetic_gguf",
-        description="Write a GGUF model with random weights (llama/qwen2/qwen3 layout, any weight format).")
+        description="Write a GGUF model with random weights (llama/qwen2/qwen3/qwen35 layout, any weight format).")
     p.add_argument("out", type=Path, help="output .gguf path")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="start from real shapes; other flags override")
+    p.add_argument("--preset", choices=sorted(__getattr__("PRESETS")), help="start from real shapes; other flags override")
     p.add_argument("--arch", choices=sorted(ARCH_LAYOUTS))
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden", type=int)
@@ -422,6 +359,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--override", type=_parse_override, action="append", default=[], metavar="GLOB=TYPE",
                    help="type for matching weight matrices, e.g. 'token_embd.weight=Q4_K' (repeatable; later wins)")
     p.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None, help="tie lm_head to token_embd")
+    p.add_argument("--rope-dim", type=int, help="rotated dims of each head (qwen35: partial rotary)")
+    p.add_argument("--ssm-state", type=int, help="qwen35: head size of the Gated DeltaNet layers")
+    p.add_argument("--ssm-k-heads", type=int, help="qwen35: query/key heads of the Gated DeltaNet layers")
+    p.add_argument("--ssm-v-heads", type=int, help="qwen35: value heads of the Gated DeltaNet layers")
+    p.add_argument("--ssm-conv", type=int, help="qwen35: taps of the short causal convolution")
+    p.add_argument("--full-attn-interval", type=int, help="qwen35: every n-th layer is full attention")
+    p.add_argument("--random-blocks", action=argparse.BooleanOptionalAction, default=None,
+                   help="matrices as random valid quant blocks, no quantizer (seconds for a 27B shape)")
     p.add_argument("--seed", type=int)
     p.add_argument("--name")
     p.add_argument("-q", "--quiet", action="store_true", help="do not list tensors on stderr")
@@ -429,7 +374,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace) -> SyntheticSpec:
-    base = PRESETS[args.preset] if args.preset else SyntheticSpec()
+    base = __getattr__("PRESETS")[args.preset] if args.preset else SyntheticSpec()
     changes = {field: getattr(args, flag) for flag, field in _CLI_FIELDS.items() if getattr(args, flag) is not None}
     if args.tie is not None:
         changes["tie_embeddings"] = args.tie

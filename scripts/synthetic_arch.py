@@ -1,5 +1,6 @@
 """The architectures a synthetic model can have: the tensors of one block and the metadata keys that
-distinguish llama, qwen2 and qwen3 files (a new arch is one more entry in ARCH_LAYOUTS).
+distinguish llama, qwen2, qwen3 and qwen35 files (a new arch is one more entry in ARCH_LAYOUTS; qwen35's hybrid
+blocks are in synthetic_qwen35.py).
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import gguf
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
+
+from flashd.scripts.synthetic_qwen35 import qwen35_check, qwen35_layer_tensors, qwen35_metadata
 
 if TYPE_CHECKING:
     from flashd.scripts.make_synthetic_gguf import SyntheticSpec
@@ -22,15 +25,17 @@ class TensorSlot:
     """A tensor of the architecture before its type and distribution are decided."""
 
     kind: MODEL_TENSOR          # gguf.constants tensor kind (must belong to the arch)
-    suffix: str                 # "weight" | "bias"
+    suffix: str                 # "weight" | "bias" | "" (no suffix: qwen35's ssm_a)
     shape: tuple[int, ...]      # numpy shape, rows first
     role: str                   # "embedding" | "matrix" | "out_matrix" (writes into the residual
-                                # stream) | "lm_head" | "norm" | "bias": picks the initial distribution
+                                # stream) | "lm_head" | "norm" | "bias" | "conv" (2-D, kept F32) | "dt_bias" |
+                                # "ssm_a" (negative): picks the initial distribution
     bid: int | None = None      # block index for blk.N tensors
 
     @property
     def name(self) -> str:
-        return TENSOR_NAMES[self.kind].format(bid=self.bid) + "." + self.suffix
+        base = TENSOR_NAMES[self.kind].format(bid=self.bid)
+        return f"{base}.{self.suffix}" if self.suffix else base
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,6 +46,7 @@ class ArchLayout:
     tokenizer_pre: str                                            # tokenizer.ggml.pre
     layer_tensors: Callable[[SyntheticSpec, int], list[TensorSlot]]  # the tensors of block `bid`
     write_arch_metadata: Callable[[gguf.GGUFWriter, SyntheticSpec], None]  # arch-specific keys
+    check: Callable[[SyntheticSpec], None] | None = None          # ValueError for a spec the arch cannot have
 
 
 def _dense_layer_tensors(spec: SyntheticSpec, bid: int, *, qkv_bias: bool, qk_norm: bool) -> list[TensorSlot]:
@@ -99,4 +105,5 @@ ARCH_LAYOUTS: dict[str, ArchLayout] = {
     "qwen3": ArchLayout(
         gguf.MODEL_ARCH.QWEN3, "qwen2",
         functools.partial(_dense_layer_tensors, qkv_bias=False, qk_norm=True), _qwen3_metadata),
+    "qwen35": ArchLayout(gguf.MODEL_ARCH.QWEN35, "qwen2", qwen35_layer_tensors, qwen35_metadata, qwen35_check),
 }

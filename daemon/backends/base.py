@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Backend", "Batch", "KVCacheSpec", "Ops"]
+__all__ = ["Backend", "Batch", "KVCacheSpec", "Ops", "RecurrentStateSpec"]
 
 
 @dataclass(slots=True)
@@ -48,6 +48,22 @@ class KVCacheSpec:
         for name in ("n_layers", "max_ctx", "n_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"KVCacheSpec.{name} must be positive")
+
+
+@dataclass(slots=True, frozen=True)
+class RecurrentStateSpec:
+    """The recurrent state of a hybrid model's linear-attention layers (one sequence)."""
+
+    n_layers: int        # linear-attention layers
+    conv_kernel: int     # K: the conv state holds the K - 1 last inputs
+    conv_channels: int   # C
+    n_v_heads: int       # Hv: one S x S memory each
+    head_dim: int        # S
+
+    def __post_init__(self):
+        for name in ("n_layers", "conv_kernel", "conv_channels", "n_v_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RecurrentStateSpec.{name} must be positive")
 
 
 class Ops(Protocol):
@@ -127,6 +143,30 @@ class Ops(Protocol):
         attention probabilities of q's last n_tail rows), q as passed to the layer's attention."""
 
     def add(self, a, b) -> Any: ...
+
+    # -- hybrid models (models/qwen35.py; the reference backend only so far) ---------------------------
+    def recurrent_state(self, spec: RecurrentStateSpec) -> Any:
+        """One sequence's conv and delta-rule state of every linear-attention layer: `layer(j)` is passed to
+        the ops below, `save()` returns a host copy, `load(copy)` puts one back, `clear()` zeroes it."""
+
+    def causal_conv1d(self, x, weight, conv_state) -> Any:
+        """x (n, C), weight (C, K): y[t] = sum_k u[t + k] * weight[:, k] over u = (the K - 1 inputs in
+        conv_state, then x); conv_state becomes the last K - 1 rows of u."""
+
+    def gated_delta_rule(self, q, k, v, g, beta, state) -> Any:
+        """q, k (n, Hk, S) L2-normed, v (n, Hv, S), g (log decay), beta (n, Hv), state (Hv, S, S) updated:
+        the gated delta rule (backends/reference_recurrent.py) -> (n, Hv, S)."""
+
+    def l2_norm(self, x, eps: float) -> Any: ...
+
+    def delta_decay(self, alpha, dt_bias, a) -> Any:
+        """softplus(alpha + dt_bias) * a, (n, Hv)."""
+
+    def silu(self, x) -> Any: ...
+
+    def sigmoid(self, x) -> Any: ...
+
+    def mul(self, a, b) -> Any: ...
 
 
 class Backend:

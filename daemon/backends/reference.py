@@ -10,9 +10,37 @@ from __future__ import annotations
 import numpy as np
 from gguf.quants import dequantize
 
-from .base import Batch, KVCacheSpec
+from .base import Batch, KVCacheSpec, RecurrentStateSpec
+from .reference_recurrent import causal_conv1d, delta_rule_chunked, delta_rule_recurrent
 
-__all__ = ["ReferenceOps", "ReferenceKVCache"]
+__all__ = ["ReferenceOps", "ReferenceKVCache", "ReferenceRecurrentState"]
+
+
+class ReferenceRecurrentState:
+    """One sequence's state of every linear-attention layer: float32 conv (n_layers, K - 1, C) and delta-rule
+    memory (n_layers, Hv, S, S). `save()` is a host copy, `load(copy)` puts one back, `clear()` zeroes both."""
+
+    def __init__(self, spec: RecurrentStateSpec):
+        self.spec = spec
+        self.conv = np.zeros((spec.n_layers, spec.conv_kernel - 1, spec.conv_channels), np.float32)
+        self.ssm = np.zeros((spec.n_layers, spec.n_v_heads, spec.head_dim, spec.head_dim), np.float32)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.conv.nbytes + self.ssm.nbytes
+
+    def layer(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.conv[j], self.ssm[j]
+
+    def clear(self) -> None:
+        self.conv.fill(0)
+        self.ssm.fill(0)
+
+    def save(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.conv.copy(), self.ssm.copy()
+
+    def load(self, saved) -> None:
+        self.conv[...], self.ssm[...] = saved
 
 
 class ReferenceKVCache:
@@ -56,6 +84,9 @@ class ReferenceOps:
 
     def kv_cache(self, spec: KVCacheSpec) -> ReferenceKVCache:
         return ReferenceKVCache(spec)
+
+    def recurrent_state(self, spec: RecurrentStateSpec) -> ReferenceRecurrentState:
+        return ReferenceRecurrentState(spec)
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return np.asarray(array)
@@ -199,3 +230,31 @@ class ReferenceOps:
 
     def add(self, a, b) -> np.ndarray:
         return a + b
+
+    # -- hybrid models (Gated DeltaNet layers and gated attention; models/qwen35.py) ------------------------
+    def causal_conv1d(self, x, weight, conv_state) -> np.ndarray:
+        """The short causal convolution over x (n, C) after the K - 1 inputs held in conv_state (updated)."""
+        return causal_conv1d(x, weight, conv_state)
+
+    def gated_delta_rule(self, q, k, v, g, beta, state) -> np.ndarray:
+        """One token: the recurrent form; more: the chunked form (reference_recurrent.py). state updated."""
+        rule = delta_rule_recurrent if q.shape[0] == 1 else delta_rule_chunked
+        return rule(q, k, v, g, beta, state)
+
+    def silu(self, x) -> np.ndarray:
+        return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
+
+    def sigmoid(self, x) -> np.ndarray:
+        return np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x))
+
+    def l2_norm(self, x, eps: float) -> np.ndarray:
+        """x / sqrt(sum(x^2 over the last axis) + eps) (llama.cpp's build_gdn_l2_norm)."""
+        return x / np.sqrt(np.sum(np.square(x), axis=-1, keepdims=True, dtype=np.float32) + np.float32(eps))
+
+    def delta_decay(self, alpha, dt_bias, a) -> np.ndarray:
+        """g = softplus(alpha + dt_bias) * a (a = -exp(A_log) < 0): the log of each token's decay, (n, Hv)."""
+        z = alpha + dt_bias
+        return np.where(z > 20, z, np.log1p(np.exp(np.minimum(z, 20)))).astype(np.float32) * a
+
+    def mul(self, a, b) -> np.ndarray:
+        return a * b

@@ -9,7 +9,25 @@ from .config import ModelConfig
 from .gguf_file import GGUFFile, ModelLoadError
 from .weights import ModelWeights, load_weights, total_weight_bytes
 
-__all__ = ["LoadedModel", "open_model", "ModelLoadError", "ModelConfig"]
+__all__ = ["LoadedModel", "open_model", "ModelLoadError", "ModelConfig", "forward_of", "make_cache"]
+
+
+def forward_of(cfg: ModelConfig) -> Callable:
+    """The forward pass of the model's family: models.dense.forward, or models.qwen35.forward for a hybrid."""
+    if cfg.linear is not None:
+        from .qwen35 import forward
+    else:
+        from .dense import forward
+    return forward
+
+
+def make_cache(ops, cfg: ModelConfig, max_ctx: int):
+    """The model's cache: the backend's KV cache (dense), or K/V + recurrent state (models.qwen35.HybridCache)."""
+    if cfg.linear is not None:
+        from .qwen35 import make_hybrid_cache
+        return make_hybrid_cache(ops, cfg, max_ctx)
+    from ..backends.base import KVCacheSpec
+    return ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim))
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .gguf_file import GGUFFile, ModelLoadError
 
@@ -151,6 +152,7 @@ class ModelConfig:
     tie_embeddings: bool   # lm_head reads token_embd
     name: str = ""
     rope_scaling: RopeScaling | None = None   # None: plain RoPE
+    linear: Any = None     # a hybrid's Gated DeltaNet layers (qwen35_config.LinearAttentionConfig); None: dense
 
     @property
     def max_context(self) -> int:
@@ -201,11 +203,15 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> ModelConfig:
+        from .qwen35_config import HYBRID_ARCHS, qwen35_config
+
         arch = f.arch
+        if arch in HYBRID_ARCHS:
+            return qwen35_config(f)
         if arch not in DENSE_ARCHS:
             raise ModelLoadError(
                 f"{f.path.name}: architecture {arch!r} is not supported "
-                f"(supported: {', '.join(sorted(DENSE_ARCHS))})")
+                f"(supported: {', '.join(sorted((*DENSE_ARCHS, *HYBRID_ARCHS)))})")
         rope_neox, qkv_bias, qk_norm = DENSE_ARCHS[arch]
         if f.has_tensor("rope_freqs.weight"):
             raise ModelLoadError(f"{f.path.name}: per-pair RoPE frequency factors (rope_freqs) are not supported")

@@ -81,6 +81,15 @@ def _checked(f: GGUFFile, name: str, shape: tuple[int, ...]) -> TensorInfo:
     return info
 
 
+def layer_table(cfg: ModelConfig, i: int) -> tuple[dict, type]:
+    """The tensor table of layer i and the class its weights fill: LAYER_TENSORS / LayerWeights for the dense
+    family, a hybrid's per-layer-type tables (qwen35_weights.py) otherwise."""
+    if cfg.linear is not None:
+        from .qwen35_weights import qwen35_layer_table
+        return qwen35_layer_table(cfg, i)
+    return LAYER_TENSORS, LayerWeights
+
+
 def tensor_plan(f: GGUFFile, cfg: ModelConfig) -> list[tuple[str, int | None, TensorInfo]]:
     """Every tensor the model needs, checked: (field, layer index or None, info)."""
     plan = []
@@ -88,7 +97,7 @@ def tensor_plan(f: GGUFFile, cfg: ModelConfig) -> list[tuple[str, int | None, Te
         if needed(cfg):
             plan.append((field, None, _checked(f, name, shape(cfg))))
     for i in range(cfg.n_layers):
-        for field, (name, shape, needed) in LAYER_TENSORS.items():
+        for field, (name, shape, needed) in layer_table(cfg, i)[0].items():
             if needed(cfg):
                 plan.append((field, i, _checked(f, name.format(i=i), shape(cfg))))
     return plan
@@ -109,7 +118,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, load: Callable[[TensorInfo], Any
             progress(info.n_bytes)
     output = globals_.get("output", globals_["token_embd"])
     return ModelWeights(token_embd=globals_["token_embd"], output_norm=globals_["output_norm"],
-                        output=output, layers=[LayerWeights(**d) for d in layers])
+                        output=output, layers=[layer_table(cfg, i)[1](**d) for i, d in enumerate(layers)])
 
 
 def total_weight_bytes(f: GGUFFile, cfg: ModelConfig) -> int:

@@ -1,0 +1,136 @@
+"""The qwen35 hybrid decoder (Qwen3.5 / Qwen3.6), written once against the backend `Ops`, as llama.cpp runs it
+(src/models/qwen35.cpp, src/models/delta-net-base.cpp of the llama.cpp in llama-cpp-python 0.3.36).
+
+    h = embed(ids)
+    for each layer:  h = h + mixer(rmsnorm(h))              mixer: Gated DeltaNet, or every 4th layer gated attention
+                     h = h + swiglu_mlp(rmsnorm(h))         (the norm is post_attention_norm)
+    logits = lm_head(rmsnorm(h))
+
+Gated DeltaNet (linear attention): q, k, v = silu(causal_conv1d(x Wqkv)) split into heads; q, k L2-normed;
+per value head the gated delta rule with decay g = softplus(x Walpha + dt) * A and write strength
+beta = sigmoid(x Wbeta); the output is RMS-normed per head, times silu(x Wgate), then projected (ssm_out).
+
+Gated attention: Wq gives each head's query and an output gate; q and k are RMS-normed per head and rotated
+over their first rope_dim dims (NeoX pairs); the attention output is multiplied by sigmoid(gate), then projected.
+
+The cache (HybridCache) holds K/V for the attention layers and the recurrent state (conv + delta-rule memory)
+for the linear ones. A forward that starts at slot 0 starts from a zero state; the state then follows the
+tokens, so it cannot be cut back to a shorter prefix (no prefix reuse, no tree verification yet: issue 15).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.base import Batch, KVCacheSpec, RecurrentStateSpec
+from .config import ModelConfig
+from .gguf_file import ModelLoadError
+from .qwen35_weights import AttentionLayerWeights, LinearLayerWeights
+from .weights import ModelWeights
+
+__all__ = ["forward", "decoder_layer", "HybridCache", "make_hybrid_cache"]
+
+
+class HybridCache:
+    """K/V of the full-attention layers (the backend's KV cache, indexed by attention layer) and the recurrent
+    state of the linear-attention layers (one sequence). `layer(i)` is model layer i's part. The recurrent state
+    is saved and restored whole (`save_state` / `load_state`: a host copy, e.g. per sequence); it has no prefixes."""
+
+    reusable_prefix = False
+
+    def __init__(self, ops, cfg: ModelConfig, max_ctx: int):
+        lin = cfg.linear
+        self._index = {}
+        for j, i in enumerate(lin.attention_layers):
+            self._index[i] = j
+        for j, i in enumerate(lin.linear_layers):
+            self._index[i] = j
+        self.kv = ops.kv_cache(KVCacheSpec(max(1, len(lin.attention_layers)), max_ctx, cfg.n_kv_heads, cfg.head_dim))
+        self.state = ops.recurrent_state(RecurrentStateSpec(max(1, len(lin.linear_layers)), lin.conv_kernel,
+                                                            lin.conv_channels, lin.n_v_heads, lin.head_dim))
+        self._recurrent = lin.recurrent
+
+    @property
+    def n_bytes(self) -> int:
+        return self.kv.n_bytes + self.state.n_bytes
+
+    def layer(self, i: int):
+        return (self.state if self._recurrent[i] else self.kv).layer(self._index[i])
+
+    def clear_state(self) -> None:
+        self.state.clear()
+
+    def save_state(self):
+        return self.state.save()
+
+    def load_state(self, saved) -> None:
+        self.state.load(saved)
+
+    def save_prefix(self, n_slots: int):
+        raise NotImplementedError("a hybrid model's recurrent state has no prefixes to keep")
+
+    load_prefix = save_prefix
+
+    def move(self, src_slots, dst_slots) -> None:
+        raise NotImplementedError("speculative commit on a hybrid model needs tree-aware state (issue 15, item 4)")
+
+
+def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int) -> HybridCache:
+    return HybridCache(ops, cfg, max_ctx)
+
+
+def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_layer, batch: Batch):
+    n, H, d = batch.n_tokens, cfg.n_heads, cfg.head_dim
+    q_gate = ops.linear(x, w.attn_q).reshape(n, H, 2 * d)          # per head [query | output gate]
+    q, gate = q_gate[:, :, :d], q_gate[:, :, d:]
+    k = ops.linear(x, w.attn_k).reshape(n, cfg.n_kv_heads, d)
+    v = ops.linear(x, w.attn_v).reshape(n, cfg.n_kv_heads, d)
+    q = ops.rope(ops.rmsnorm(q, w.attn_q_norm, cfg.rms_eps), batch.positions, cfg.rope_theta, cfg.rope_dim,
+                 True, cfg.rope_scaling)
+    k = ops.rope(ops.rmsnorm(k, w.attn_k_norm, cfg.rms_eps), batch.positions, cfg.rope_theta, cfg.rope_dim,
+                 True, cfg.rope_scaling)
+    o = ops.attention(q, k, v, cache_layer, batch)                  # (n, H d)
+    return ops.linear(ops.mul(o, ops.sigmoid(gate.reshape(n, H * d))), w.attn_output)
+
+
+def gated_delta_net(ops, cfg: ModelConfig, x, w: LinearLayerWeights, state_layer, batch: Batch):
+    lin, n = cfg.linear, batch.n_tokens
+    conv_state, memory = state_layer
+    S, kd = lin.head_dim, lin.key_dim
+    qkv = ops.silu(ops.causal_conv1d(ops.linear(x, w.attn_qkv), w.ssm_conv1d, conv_state))
+    q = ops.l2_norm(qkv[:, :kd].reshape(n, lin.n_k_heads, S), cfg.rms_eps)
+    k = ops.l2_norm(qkv[:, kd:2 * kd].reshape(n, lin.n_k_heads, S), cfg.rms_eps)
+    v = qkv[:, 2 * kd:].reshape(n, lin.n_v_heads, S)
+    g = ops.delta_decay(ops.linear(x, w.ssm_alpha), w.ssm_dt, w.ssm_a)
+    beta = ops.sigmoid(ops.linear(x, w.ssm_beta))
+    o = ops.gated_delta_rule(q, k, v, g, beta, memory)              # (n, Hv, S)
+    z = ops.linear(x, w.attn_gate).reshape(n, lin.n_v_heads, S)
+    o = ops.mul(ops.rmsnorm(o, w.ssm_norm, cfg.rms_eps), ops.silu(z))
+    return ops.linear(o.reshape(n, lin.value_dim), w.ssm_out)
+
+
+def decoder_layer(ops, cfg: ModelConfig, h, w, cache_layer, batch: Batch):
+    x = ops.rmsnorm(h, w.attn_norm, cfg.rms_eps)
+    mixer = gated_delta_net if isinstance(w, LinearLayerWeights) else gated_attention
+    h = ops.add(h, mixer(ops, cfg, x, w, cache_layer, batch))
+    x = ops.rmsnorm(h, w.post_attention_norm, cfg.rms_eps)
+    return ops.linear(ops.linear_swiglu(x, w.ffn_gate, w.ffn_up), w.ffn_down, residual=h)
+
+
+def forward(ops, cfg: ModelConfig, weights: ModelWeights, cache: HybridCache, batch: Batch, *,
+            all_logits: bool = False, hidden_sink=None):
+    """Logits (n, vocab) for every new token, or (1, vocab) for the last one only (as models.dense.forward)."""
+    if batch.mask is not None:
+        raise ModelLoadError("tree verification on a hybrid (qwen35) model is not supported yet: its recurrent "
+                             "state needs a state per tree node (issue 15, item 4)")
+    if int(np.asarray(ops.to_numpy(batch.n_past))[0]) == 0:
+        cache.clear_state()         # a forward from slot 0 starts a new sequence
+    h = ops.embed(weights.token_embd, batch.ids)
+    for i, layer in enumerate(weights.layers):
+        ops.begin_layer(i)
+        h = decoder_layer(ops, cfg, h, layer, cache.layer(i), batch)
+        if hidden_sink is not None:
+            hidden_sink(i, h)
+    ops.begin_layer(len(weights.layers))
+    if not all_logits and batch.n_tokens > 1:
+        h = h[batch.n_tokens - 1:]
+    return ops.linear(ops.rmsnorm(h, weights.output_norm, cfg.rms_eps), weights.output)
