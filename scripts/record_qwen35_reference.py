@@ -1,0 +1,129 @@
+"""Record llama.cpp's logits on tiny synthetic qwen35 (Qwen3.5 hybrid) models (issue 15, item 7).
+
+Each model of MODELS (float32 weights, so llama.cpp's CPU matmuls do not quantize activations) is written by
+make_synthetic_gguf from a fixed seed, so a test rebuilds it bit for bit and compares flashd's reference backend
+with what llama.cpp computed. The two models mix Gated DeltaNet and full-attention layers differently and cover
+partial rotary dims, value heads sharing key heads (Hv = 2 Hk, Hv = 3 Hk), tied and untied embeddings:
+
+- teacher forcing: PROMPT_LEN random token ids (fixed seed) evaluated in one decode (llama.cpp runs its
+  recurrent gated delta rule over them; flashd's reference prefill the chunked form, chunks of 64): per position
+  the argmax, the top-5 ids and logits, and the full logits row at FULL_ROWS;
+- greedy: N_GENERATE argmax tokens after the prompt, one Llama.eval per token, with each step's top-5.
+
+Like scripts/record_yarn_reference.py this needs llama-cpp-python (not a flashd dependency):
+    pip install llama-cpp-python==0.3.36        # builds llama.cpp from source (CPU)
+    python -m flashd.scripts.record_qwen35_reference --out tests/data/reference/qwen35-synthetic.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from flashd.scripts.make_synthetic_gguf import write_synthetic_model
+from flashd.scripts.synthetic_spec import SyntheticSpec
+
+FORMAT = "flashd-qwen35-reference/1"
+MODELS = {
+    # layers: linear, linear, full, linear, linear, full; head_dim 64 with 16 rotated dims; Hk 2, Hv 4
+    "hybrid-a": SyntheticSpec(arch="qwen35", n_layers=6, hidden=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16,
+                              ffn=256, vocab_size=512, rope_theta=10000.0, ssm_state=32, ssm_k_heads=2, ssm_v_heads=4,
+                              ssm_conv_kernel=4, full_attn_interval=3, weight_type="F32", seed=35,
+                              name="synthetic qwen35 a"),
+    # layers: linear, full, linear, full; one KV head, rope over 8 of 32 dims; Hk 1, Hv 3; conv kernel 3; tied
+    "hybrid-b": SyntheticSpec(arch="qwen35", n_layers=4, hidden=64, n_heads=2, n_kv_heads=1, head_dim=32, rope_dim=8,
+                              ffn=128, vocab_size=384, rope_theta=1_000_000.0, ssm_state=16, ssm_k_heads=1,
+                              ssm_v_heads=3, ssm_conv_kernel=3, full_attn_interval=2, tie_embeddings=True,
+                              weight_type="F32", seed=36, name="synthetic qwen35 b"),
+}
+PROMPT_LEN = 200            # several of the reference prefill's 64-token delta-rule chunks
+PROMPT_SEED = 3
+N_GENERATE = 16
+N_TOP = 5
+FULL_ROWS = (0, 1, 63, 64, 65, 127, 128, 199)
+N_CTX = 256
+
+
+def prompt_ids(vocab_size: int) -> list[int]:
+    return np.random.default_rng(PROMPT_SEED).integers(0, vocab_size, PROMPT_LEN).tolist()
+
+
+def top(row: np.ndarray) -> tuple[list[int], list[float]]:
+    order = np.argsort(-row, kind="stable")[:N_TOP]
+    return [int(i) for i in order], [round(float(row[i]), 6) for i in order]
+
+
+def load_kwargs() -> dict:
+    import llama_cpp
+
+    return dict(n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_threads=2, n_threads_batch=2, seed=1234,
+                logits_all=True, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+                flash_attn=False, n_gpu_layers=0, verbose=False)
+
+
+def record_model(model_path: Path, spec: SyntheticSpec) -> dict:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(model_path), **load_kwargs())
+    ids = prompt_ids(spec.vocab_size)
+    llm.reset()
+    llm.eval(ids)
+    logits = np.array(llm.scores[:PROMPT_LEN], dtype=np.float32)
+    tf = [top(r) for r in logits]
+    generated, steps = [], []
+    row = logits[-1]
+    for _ in range(N_GENERATE):
+        steps.append(top(row))
+        nxt = int(np.argmax(row))
+        generated.append(nxt)
+        llm.eval([nxt])
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    return {
+        "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__ if k != "type_overrides"},
+        "gguf_md5": hashlib.md5(model_path.read_bytes()).hexdigest(),
+        "prompt_ids": ids,
+        "teacher_forced": {"argmax_ids": [t[0][0] for t in tf], "top_ids": [t[0] for t in tf],
+                           "top_logits": [t[1] for t in tf],
+                           "full_rows": {str(p): [round(float(x), 6) for x in logits[p]] for p in FULL_ROWS}},
+        "greedy": {"generated_ids": generated, "top_ids": [s[0] for s in steps], "top_logits": [s[1] for s in steps]},
+    }
+
+
+def recorder_info() -> dict:
+    import llama_cpp
+
+    kwargs = load_kwargs()
+    return {"tool": "llama-cpp-python", "llama_cpp_python_version": llama_cpp.__version__,
+            "llama_system_info": llama_cpp.llama_print_system_info().decode().strip(),
+            "python": platform.python_version(), "machine": platform.machine(),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "load": "llama_cpp.Llama(model_path, " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")",
+            "teacher_forced": "Llama.reset(); Llama.eval(prompt_ids) (one decode); logits = Llama.scores",
+            "greedy": "then n_generate times: next = argmax(last logits row); Llama.eval([next])",
+            "script": "scripts/record_qwen35_reference.py"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    models = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, spec in MODELS.items():
+            models[name] = record_model(write_synthetic_model(Path(tmp) / f"{name}.gguf", spec), spec)
+    rec = {"format": FORMAT, "recorder": recorder_info(), "models": models}
+    args.out.write_text(json.dumps(rec, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"{args.out}: {len(models)} models, {PROMPT_LEN} teacher-forced positions, {N_GENERATE} greedy tokens",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
