@@ -167,11 +167,23 @@ class ModelRunner:
         """The largest tree `forward_tree` takes (nodes, root included)."""
         return self.prefill_chunk
 
+    @property
+    def supports_speculation(self) -> bool:
+        """False for a hybrid model: verifying drafts needs a recurrent state per tree node and a rollback of the
+        rejected ones (issue 15, item 4); its requests decode plainly (generation.py)."""
+        return getattr(self.cache, "reusable_prefix", True)
+
+    def _check_speculation(self) -> None:
+        if not self.supports_speculation:
+            raise NotImplementedError(f"speculative decoding on a hybrid ({self.cfg.arch}) model needs tree-aware "
+                                      "recurrent state (issue 15, item 4)")
+
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
         """Forward the nodes of a draft tree without committing them: node i at RoPE position
         positions[i] writes K/V to slot n_past + i and attends the committed context plus the
         nodes j with mask[i, j] (bool (n, n)). Returns the logits (n, vocab) as a backend tensor,
         valid until the next forward. n_past is unchanged; `commit_tree` keeps a path."""
+        self._check_speculation()
         ids = np.asarray(ids, np.int32)
         n = len(ids)
         self._will_write(n)
@@ -197,6 +209,7 @@ class ModelRunner:
         chain). The CUDA runner replays its captured decode graph here."""
         if n_new < 1 or len(feed) == 0:
             raise ValueError("greedy_continue needs a non-empty feed and n_new >= 1")
+        self._check_speculation()     # a drafter's context is rolled back after rejections
         logits = self.prefill(list(feed))[0]
         out = [int(np.argmax(logits))]
         while len(out) < n_new:
