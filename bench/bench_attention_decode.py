@@ -16,6 +16,7 @@ import numpy as np
 
 from flashd.bench.timing import KernelTimer, report
 from flashd.daemon.backends.cuda.lib import load
+from flashd.daemon.backends.cuda.ops import attention_shape
 from flashd.daemon.backends.cuda.tensor import Device
 
 MODELS = {
@@ -65,18 +66,16 @@ def bench_decode(dev, timer, max_ctx, depths, chunk_lens):
         q = dev.upload(rng.standard_normal(n_heads * head_dim).astype(np.float32))
         o = dev.empty((n_heads * head_dim,))
         n_past = dev.empty((1,), np.int32)
-        scale = 1.0 / np.sqrt(head_dim)
+        shape = attention_shape(dev.ffi, n_heads, n_kv_heads, head_dim, max_ctx)     # scale 1 / sqrt(head_dim)
         for chunk_len in chunk_lens:
-            ws = dev.empty((lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk_len),),
-                           np.uint8)
+            ws = dev.empty((lib.fd_attention_decode_workspace_bytes(shape, chunk_len),), np.uint8)
             for depth in depths:
                 dev.upload(np.array([depth - 1], np.int32), out=n_past)
 
                 def call():
                     dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
-                                                             p(n_past, "int32_t*"), n_heads, n_kv_heads, head_dim,
-                                                             max_ctx, chunk_len, scale, p(ws), dev.stream),
-                                     "fd_attention_decode")
+                                                             p(n_past, "int32_t*"), shape, chunk_len, p(ws),
+                                                             dev.stream), "fd_attention_decode")
                 n_bytes = 2 * n_kv_heads * depth * head_dim * 2
                 call = graphed(dev, call)
                 for flush_name, flush in (("", timer.flush_l2), (" clean-L2", read_flush(dev))):
@@ -99,15 +98,15 @@ def bench_masked(dev, timer, n_pasts, ns):
         q = dev.upload(rng.standard_normal(n * n_heads * head_dim).astype(np.float32))
         o = dev.empty((n * n_heads * head_dim,))
         mask = dev.upload(np.tril(np.ones((n, n), np.uint8)))
-        ws_bytes = lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx, 64)
+        shape = attention_shape(dev.ffi, n_heads, n_kv_heads, head_dim, max_ctx)     # scale 1 / sqrt(head_dim)
+        ws_bytes = lib.fd_attention_workspace_bytes(n, shape, 64)
         ws = dev.empty((max(ws_bytes, 16),), np.uint8)
         for past in n_pasts:
             dev.upload(np.array([past], np.int32), out=n_past)
 
             def call():
                 dev.native.check(lib.fd_attention_masked(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
-                                                         p(mask, "uint8_t*"), p(n_past, "int32_t*"), n, n_heads,
-                                                         n_kv_heads, head_dim, max_ctx, 64, 1.0 / np.sqrt(head_dim),
+                                                         p(mask, "uint8_t*"), p(n_past, "int32_t*"), n, shape, 64,
                                                          p(ws), ws_bytes, dev.stream), "fd_attention_masked")
             ms = timer.time(graphed(dev, call), reps=20)
             n_bytes = 2 * n_kv_heads * (past + n) * head_dim * 2

@@ -17,7 +17,7 @@ import numpy as np
 from flashd.bench.bench_attention_decode import graph_floor_ms, graphed, read_flush
 from flashd.bench.timing import KernelTimer, report
 from flashd.daemon.backends.cuda.lib import load
-from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS
+from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS, attention_shape, rope_struct
 from flashd.daemon.backends.cuda.tensor import Device
 
 MODELS = {
@@ -39,26 +39,21 @@ def bench(dev, timer, name, shape, max_ctx, depths, reps):
     v = dev.upload(rng.standard_normal(n_kv_heads * head_dim).astype(np.float32))
     o = dev.empty((n_heads * head_dim,))
     n_past, pos = dev.empty((1,), np.int32), dev.empty((1,), np.int32)
-    ws = dev.empty((max(int(lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk)), 16),),
-                   np.uint8)
-    scale = float(1.0 / np.sqrt(head_dim))
-    theta = np.float32(theta)
+    attn = attention_shape(dev.ffi, n_heads, n_kv_heads, head_dim, max_ctx)       # scale 1 / sqrt(head_dim)
+    rope = rope_struct(dev.ffi, rope_dim, float(np.float32(theta)), neox)            # no scaling
+    ws = dev.empty((max(int(lib.fd_attention_decode_workspace_bytes(attn, chunk)), 16),), np.uint8)
 
     def fused():
         dev.native.check(lib.fd_attention_decode_rope(p(o, "float*"), p(q, "float*"), p(k, "float*"), p(v, "float*"),
-                                                      p(kc), p(vc), p(pos, "int32_t*"), p(n_past, "int32_t*"),
-                                                      n_heads, n_kv_heads, head_dim, max_ctx, chunk, scale, rope_dim,
-                                                      theta, neox, dev.ffi.NULL, p(ws), dev.stream),
-                         "fd_attention_decode_rope")
+                                                      p(kc), p(vc), p(pos, "int32_t*"), p(n_past, "int32_t*"), attn,
+                                                      rope, chunk, p(ws), dev.stream), "fd_attention_decode_rope")
 
     def two_kernels():   # rotates q and k in place every replay: the timing does not depend on the values
         dev.native.check(lib.fd_rope_kv_write(p(q, "float*"), p(k, "float*"), p(v, "float*"), p(kc), p(vc),
-                                              p(pos, "int32_t*"), p(n_past, "int32_t*"), 1, n_heads, n_kv_heads,
-                                              head_dim, rope_dim, theta, neox, dev.ffi.NULL, max_ctx, dev.stream),
+                                              p(pos, "int32_t*"), p(n_past, "int32_t*"), 1, attn, rope, dev.stream),
                          "fd_rope_kv_write")
-        dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
-                                                 p(n_past, "int32_t*"), n_heads, n_kv_heads, head_dim, max_ctx,
-                                                 chunk, scale, p(ws), dev.stream), "fd_attention_decode")
+        dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc), p(n_past, "int32_t*"),
+                                                 attn, chunk, p(ws), dev.stream), "fd_attention_decode")
 
     graphs = {"fused": graphed(dev, fused), "rope_kv_write + decode": graphed(dev, two_kernels)}
     for depth in depths:

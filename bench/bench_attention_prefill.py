@@ -30,6 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from flashd.daemon.backends.cuda.lib import load
+    from flashd.daemon.backends.cuda.ops import attention_shape
     from flashd.daemon.backends.cuda.tensor import Device
 
     # (the same setup opens bench_gemm.py: each raw-kernel benchmark is a standalone script)
@@ -47,9 +48,10 @@ def main() -> None:
             v = dev.upload(rng.standard_normal((n_kv, max_ctx, hd)).astype(np.float16))
             n_past = dev.upload(np.array([p0], np.int32))
             o = dev.empty((n, n_heads * hd))
-            fn = lambda: lib.fd_attention_prefill(dev.p(o, "float*"), dev.p(q, "float*"), dev.p(k), dev.p(v),  # noqa: E731
-                                                  dev.p(n_past, "int32_t*"), n, n_heads, n_kv, hd, max_ctx,
-                                                  1.0 / np.sqrt(hd), dev.stream)
+            shape = attention_shape(native.ffi, n_heads, n_kv, hd, max_ctx)      # scale 1 / sqrt(hd)
+            fn = lambda: lib.fd_attention_prefill(  # noqa: E731
+                dev.p(o, "float*"), dev.p(q, "float*"), dev.p(k), dev.p(v), dev.p(n_past, "int32_t*"), n, shape,
+                dev.stream)
             native.check(fn(), "fd_attention_prefill")
             dev.synchronize()
             ms = timer.time(fn, reps=args.reps)

@@ -1,6 +1,7 @@
 """FlashPrefill block scoring (native/cuda/flashprefill.cu): fd_flashprefill_mean_k, fd_flashprefill_score,
 fd_flashprefill_select and fd_flashprefill_tail_max_probs, each checked against the numpy oracle
-flashd.daemon.pflash.flashprefill (mean_k, score, select, tail_max_probs) before it is timed. The block-sparse attention that consumes the selection is bench_flashprefill_sparse_attention.py.
+flashd.daemon.pflash.flashprefill (mean_k, score, select, tail_max_probs) before it is timed. The
+block-sparse attention that consumes the selection is bench_flashprefill_sparse_attention.py.
 
     python bench/bench_flashprefill.py [--seed N] [--reps 30] [--quick]
 
@@ -126,6 +127,7 @@ def oracle_selection(q, kc, p0: int, n_kv: int):
 
 
 def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
+    from flashd.daemon.backends.cuda.ops import attention_shape
     from flashd.daemon.pflash import flashprefill as fp
 
     n_heads, n_kv, d = MODELS[model]
@@ -138,18 +140,19 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
     del vc
     qd, kd = dev.upload(q), dev.upload(kc)
     keys64 = slots_first(kc)[:n_keys].astype(np.float64)
+    shape = attention_shape(dev.ffi, n_heads, n_kv, d, max_ctx, scale)
 
     mk = dev.empty((n_kb, n_kv, d))
     h.run(f"fd_flashprefill_mean_k {label}",
-          lambda: lib.fd_flashprefill_mean_k(p(mk, "float*"), p(kd), n_keys, n_kv, d, max_ctx, dev.stream),
+          lambda: lib.fd_flashprefill_mean_k(p(mk, "float*"), p(kd), n_keys, shape, dev.stream),
           lambda: dev.download(mk), lambda: fp.mean_k(keys64),
           Tolerance("float32 sums of <= 128 float16 values", atol=1e-6, rtol=1e-5),
           n_bytes=mean_k_bytes(n_keys, n_kv, d))
 
     score = dev.empty((n_mq, n_heads, n_kb))
     h.run(f"fd_flashprefill_score {label}",
-          lambda: lib.fd_flashprefill_score(p(score, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n, n_heads, n_kv,
-                                            d, scale, dev.stream),
+          lambda: lib.fd_flashprefill_score(p(score, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n, shape,
+                                            dev.stream),
           lambda: dev.download(score), lambda: fp.score(q, dev.download(mk).astype(np.float64), p0, scale),
           Tolerance("float32 q . mean_k, exp2 by ex2.approx (2 ulp); normalised scores lie in [0, 1]",
                     atol=2e-5, rtol=1e-4),
@@ -177,7 +180,7 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
     q_tail = dev.upload(q[n - n_tail:])
     h.run(f"fd_flashprefill_tail_max_probs {label} tail {n_tail}",
           lambda: lib.fd_flashprefill_tail_max_probs(p(acc, "float*"), p(q_tail, "float*"), p(kd), n_keys, n_tail,
-                                                     n_heads, n_kv, d, max_ctx, scale, p(ws, "float*"), dev.stream),
+                                                     shape, p(ws, "float*"), dev.stream),
           lambda: dev.download(acc),
           lambda: np.maximum(acc0, fp.tail_max_probs(q[n - n_tail:], keys64, n_keys, scale)),
           Tolerance("float32 dots of float32 q with float16 k, exp2 approx, float32 log-sum-exp",

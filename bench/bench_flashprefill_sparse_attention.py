@@ -31,6 +31,7 @@ import numpy as np
 from flashd.bench.bench_flashprefill import MODELS, B, n_blocks, oracle_selection, prefill_inputs, query_block_rows
 from flashd.bench.op_harness import PEAK_F16_TFLOPS, OpHarness, Tolerance, add_arguments, repo_module
 from flashd.bench.timing import report
+from flashd.daemon.backends.cuda.ops import attention_shape
 
 # (model, p0, n): the last chunk of a prompt of p0 + n tokens
 CASES = [("qwen2.5-0.5b", 4096, 4096), ("qwen2.5-0.5b", 28672, 4096),
@@ -111,10 +112,10 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
     o = dev.empty((n, n_heads * d))
     dev.fill_bytes(o, 0xFF)                                 # NaN: rows the kernel leaves unwritten fail
     v_max = float(np.abs(vc[:, :n_keys].astype(np.float64)).max())
+    shape = attention_shape(dev.ffi, n_heads, n_kv, d, max_ctx, scale)
     h.run(f"fd_flashprefill_sparse_attention {label}",
-          lambda: lib.fd_flashprefill_sparse_attention(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n, n_heads,
-                                                       n_kv, d, max_ctx, scale, p(idx_d, "int32_t*"),
-                                                       p(cnt_d, "int32_t*"), dev.stream),
+          lambda: lib.fd_flashprefill_sparse_attention(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n, shape,
+                                                       p(idx_d, "int32_t*"), p(cnt_d, "int32_t*"), dev.stream),
           lambda: sampled_output(dev.download(o), p0, n, d, n_heads),
           lambda: sparse_reference(q, kc, vc, idx, cnt, p0),
           Tolerance("q rounded to float16 in the mma fragments (the oracle gets the same q), P rounded to "
@@ -126,8 +127,7 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
 
     def dense():
         dev.native.check(lib.fd_attention_prefill(p(od, "float*"), p(qd, "float*"), p(kd), p(vd),
-                                                  p(n_past, "int32_t*"), n, n_heads, n_kv, d, max_ctx, scale,
-                                                  dev.stream), "fd_attention_prefill")
+                                                  p(n_past, "int32_t*"), n, shape, dev.stream), "fd_attention_prefill")
     ms = h.timer.time(dense, reps=h.reps)
     print(report(f"  dense fd_attention_prefill {label}", ms, flops=4.0 * d * dense_pairs(p0, n, n_heads),
                  peak_tflops=PEAK_F16_TFLOPS), flush=True)

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 NATIVE_DIR = Path(__file__).resolve().parent
-HEADER = NATIVE_DIR / "include" / "flashd.h"
+INCLUDE_DIR = NATIVE_DIR / "include"
+HEADER = INCLUDE_DIR / "flashd.h"            # the C ABI: includes one header per part (flashd_*.h)
 CUDA_DIR = NATIVE_DIR / "cuda"
 HIP_DIR = NATIVE_DIR / "hip"

@@ -55,63 +55,56 @@
 
 using namespace fd::attn;
 
-extern "C" size_t fd_attention_decode_workspace_bytes(int n_heads, int head_dim, int max_ctx, int chunk_len) {
-    if (n_heads <= 0 || head_dim <= 0 || max_ctx <= 0 || chunk_len <= 0) return 0;
-    const int n_chunks = n_chunks_for(max_ctx, chunk_len);
+extern "C" size_t fd_attention_decode_workspace_bytes(const fd_attention_shape_t* shape, int chunk_len) {
+    if (!fd::shape_valid(shape) || chunk_len <= 0) return 0;
+    const int n_chunks = n_chunks_for(shape->max_ctx, chunk_len);
     const size_t n_splits = (size_t)(n_chunks < MAX_SPLITS ? n_chunks : MAX_SPLITS);
-    return (size_t)n_heads * n_splits * ((size_t)head_dim + 2) * sizeof(float);
+    return (size_t)shape->n_heads * n_splits * ((size_t)shape->head_dim + 2) * sizeof(float);
 }
 
-extern "C" size_t fd_attention_workspace_bytes(int n_tokens, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
-                                               int chunk_len) {
-    if (n_tokens <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || max_ctx <= 0 ||
-        chunk_len < CHUNK_MULTIPLE || chunk_len % CHUNK_MULTIPLE != 0)
+extern "C" size_t fd_attention_workspace_bytes(int n_tokens, const fd_attention_shape_t* shape, int chunk_len) {
+    if (n_tokens <= 0 || !fd::shape_valid(shape) || chunk_len < CHUNK_MULTIPLE || chunk_len % CHUNK_MULTIPLE != 0)
         return 0;
-    const int n_splits = splits_for_head_dim(head_dim, n_kv_heads, n_heads / n_kv_heads, max_ctx, chunk_len);
-    return workspace_bytes_for(n_tokens * n_heads, n_splits, head_dim);
+    const int n_splits = splits_for_head_dim(shape->head_dim, shape->n_kv_heads, shape->n_heads / shape->n_kv_heads,
+                                             shape->max_ctx, chunk_len);
+    return workspace_bytes_for(n_tokens * shape->n_heads, n_splits, shape->head_dim);
 }
 
 extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache,
-                                   const int32_t* n_past, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
-                                   int chunk_len, float scale, void* workspace, void* stream) {
-    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && workspace);
-    FD_CHECK_ARG(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && max_ctx > 0);
+                                   const int32_t* n_past, const fd_attention_shape_t* shape, int chunk_len,
+                                   void* workspace, void* stream) {
+    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && workspace && fd::shape_valid(shape));
     FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
-    FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
+    FD_CHECK_ARG(isfinite(shape->scale) && shape->scale != 0.0f);
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
                  ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
-    Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, n_heads, n_kv_heads, head_dim, max_ctx,
-                           chunk_len, scale);
+    Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
-    set_workspace(p, workspace, head_dim);
-    return launch_head_dim(p, head_dim, (cudaStream_t)stream);
+    set_workspace(p, workspace, shape->head_dim);
+    return launch_head_dim(p, shape->head_dim, (cudaStream_t)stream);
 }
 
 extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache,
-                                        void* v_cache, const int32_t* positions, const int32_t* n_past, int n_heads,
-                                        int n_kv_heads, int head_dim, int max_ctx, int chunk_len, float scale,
-                                        int rope_dim, float theta, int neox, const fd_rope_scaling_t* scaling,
+                                        void* v_cache, const int32_t* positions, const int32_t* n_past,
+                                        const fd_attention_shape_t* shape, const fd_rope_t* rope, int chunk_len,
                                         void* workspace, void* stream) {
     FD_CHECK_ARG(o && q && k && v && k_cache && v_cache && positions && n_past && workspace);
-    FD_CHECK_ARG(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && max_ctx > 0);
+    FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
     FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
-    FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
-    FD_CHECK_ARG(head_dim > 0 && rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= head_dim);
-    FD_CHECK_ARG(theta > 0.0f && fd::rope_scaling_valid(scaling));
+    FD_CHECK_ARG(isfinite(shape->scale) && shape->scale != 0.0f);
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
                  ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
-    Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, n_heads, n_kv_heads, head_dim, max_ctx,
-                           chunk_len, scale);
+    Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
     p.k_new = k;
     p.v_new = v;
     p.k_store = (__half*)k_cache;
     p.v_store = (__half*)v_cache;
     p.positions = positions;
-    p.theta = (double)theta;
-    p.rope_scaling = fd::rope_scaling_from(scaling);
-    p.rope_dim = rope_dim;
-    p.neox = neox != 0;
-    set_workspace(p, workspace, head_dim);
-    return launch_head_dim<true>(p, head_dim, (cudaStream_t)stream);
+    p.theta = (double)rope->theta;
+    p.rope_scaling = fd::rope_scaling_from(rope->scaling);
+    p.rope_dim = rope->rope_dim;
+    p.neox = rope->neox != 0;
+    set_workspace(p, workspace, shape->head_dim);
+    return launch_head_dim<true>(p, shape->head_dim, (cudaStream_t)stream);
 }

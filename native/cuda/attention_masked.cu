@@ -19,23 +19,20 @@
 using namespace fd::attn;
 
 extern "C" int fd_attention_masked(float* o, const float* q, const void* k_cache, const void* v_cache,
-                                   const uint8_t* mask, const int32_t* n_past, int n, int n_heads, int n_kv_heads,
-                                   int head_dim, int max_ctx, int chunk_len, float scale, void* workspace,
-                                   size_t workspace_bytes, void* stream) {
+                                   const uint8_t* mask, const int32_t* n_past, int n, const fd_attention_shape_t* shape,
+                                   int chunk_len, void* workspace, size_t workspace_bytes, void* stream) {
     FD_CHECK_ARG(o && q && k_cache && v_cache && mask && n_past);
     FD_CHECK_ARG(n >= 0 && n <= MAX_NEW);
-    FD_CHECK_ARG(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-    FD_CHECK_ARG(max_ctx > 0 && max_ctx <= INT32_MAX - CHUNK_MULTIPLE);
+    FD_CHECK_ARG(fd::shape_valid(shape) && shape->max_ctx <= INT32_MAX - CHUNK_MULTIPLE);
     FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
-    FD_CHECK_ARG(isfinite(scale) && scale != 0.0f);
+    FD_CHECK_ARG(isfinite(shape->scale) && shape->scale != 0.0f);
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
                  ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
     if (n == 0) return 0;
-    Params p = make_params(o, q, k_cache, v_cache, mask, n_past, n, n_heads, n_kv_heads, head_dim, max_ctx,
-                           chunk_len, scale);
+    Params p = make_params(o, q, k_cache, v_cache, mask, n_past, n, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
-    if (workspace_bytes < workspace_bytes_for(n * n_heads, p.n_splits, head_dim)) return FD_E_ARG;
+    if (workspace_bytes < workspace_bytes_for(n * shape->n_heads, p.n_splits, shape->head_dim)) return FD_E_ARG;
     FD_CHECK_ARG(workspace != nullptr || p.n_splits == 1);
-    set_workspace(p, workspace, head_dim);
-    return launch_head_dim(p, head_dim, (cudaStream_t)stream);
+    set_workspace(p, workspace, shape->head_dim);
+    return launch_head_dim(p, shape->head_dim, (cudaStream_t)stream);
 }

@@ -276,10 +276,11 @@ int launch_mma_for(int n_sms, float* o, const float* q, const __half* k_cache, c
 }  // namespace fd
 
 extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache,
-                                    const int32_t* n_past, int n, int n_heads, int n_kv_heads, int head_dim,
-                                    int max_ctx, float scale, void* stream) {
-    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past);
-    FD_CHECK_ARG(n >= 1 && n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && max_ctx >= 1);
+                                    const int32_t* n_past, int n, const fd_attention_shape_t* shape, void* stream) {
+    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && n >= 1 && fd::shape_valid(shape));
+    const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
+    const int max_ctx = shape->max_ctx;
+    const float scale = shape->scale;
     FD_CHECK_ARG((int64_t)n * n_heads <= INT_MAX && isfinite(scale));
     if (head_dim != 64 && head_dim != 128) return FD_E_SHAPE;
     const __half* kc = static_cast<const __half*>(k_cache);

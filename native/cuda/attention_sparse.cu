@@ -170,11 +170,13 @@ int launch_sparse(float* o, const float* q, const __half* kc, const __half* vc, 
 }  // namespace fd
 
 extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k_cache, const void* v_cache, int p0,
-                                         int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx, float scale,
-                                         const int32_t* head_mask_type, const int32_t* block_idx,
-                                         const int32_t* block_cnt, int sink_blocks, int local_blocks, void* stream) {
+                                         int n, const fd_attention_shape_t* shape, const int32_t* head_mask_type,
+                                         const int32_t* block_idx, const int32_t* block_cnt, int sink_blocks,
+                                         int local_blocks, void* stream) {
     FD_CHECK_ARG(o && q && k_cache && v_cache && n >= 1 && p0 >= 0 && p0 % FD_FLASHPREFILL_BLOCK == 0);
-    FD_CHECK_ARG(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && isfinite(scale));
+    FD_CHECK_ARG(fd::shape_valid(shape) && isfinite(shape->scale));
+    const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
+    const int max_ctx = shape->max_ctx;
     FD_CHECK_ARG((int64_t)p0 + n <= max_ctx && (int64_t)n * n_heads <= INT_MAX);
     FD_CHECK_ARG(sink_blocks >= 0 && local_blocks >= 0);
     // lists are needed unless every head is dense or streaming; without head_mask_type all heads use lists
@@ -188,7 +190,7 @@ extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k
     const __half* vc = static_cast<const __half*>(v_cache);
     const bool aligned = fd::is_aligned(o, 8) && fd::is_aligned(q, 8) && fd::is_aligned(kc, 16) && fd::is_aligned(vc, 16);
     if (!dev.has_mma || !aligned) return FD_E_SHAPE;
-    const float sl = scale * fd::flash::LOG2E;
+    const float sl = shape->scale * fd::flash::LOG2E;
     cudaStream_t s = (cudaStream_t)stream;
     return head_dim == 64 ? fd::launch_sparse<64>(o, q, kc, vc, p0, n, n_heads, n_kv_heads, max_ctx, sl, head_mask_type,
                                                   block_idx, block_cnt, sink_blocks, local_blocks, s)
@@ -200,10 +202,8 @@ extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k
 }
 
 extern "C" int fd_flashprefill_sparse_attention(float* o, const float* q, const void* k_cache, const void* v_cache,
-                                                int p0, int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
-                                                float scale, const int32_t* block_idx, const int32_t* block_cnt,
-                                                void* stream) {
+                                                int p0, int n, const fd_attention_shape_t* shape,
+                                                const int32_t* block_idx, const int32_t* block_cnt, void* stream) {
     FD_CHECK_ARG(block_idx && block_cnt);
-    return fd_attention_block_sparse(o, q, k_cache, v_cache, p0, n, n_heads, n_kv_heads, head_dim, max_ctx, scale,
-                                     NULL, block_idx, block_cnt, 0, 0, stream);
+    return fd_attention_block_sparse(o, q, k_cache, v_cache, p0, n, shape, NULL, block_idx, block_cnt, 0, 0, stream);
 }

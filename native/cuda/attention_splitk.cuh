@@ -811,8 +811,10 @@ inline void set_workspace(Params& p, void* workspace, int head_dim) {
 // The launch parameters of both entry points (decode: n = 1, mask = nullptr); n_splits = 0 for an
 // unsupported head_dim. The workspace is set by set_workspace.
 inline Params make_params(float* o, const float* q, const void* k_cache, const void* v_cache, const uint8_t* mask,
-                          const int32_t* n_past, int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
-                          int chunk_len, float scale) {
+                          const int32_t* n_past, int n, const fd_attention_shape_t& shape, int chunk_len) {
+    const int n_heads = shape.n_heads, n_kv_heads = shape.n_kv_heads, head_dim = shape.head_dim;
+    const int max_ctx = shape.max_ctx;
+    const float scale = shape.scale;
     Params p;
     p.q = q;
     p.k_cache = (const __half*)k_cache;

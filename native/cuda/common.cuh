@@ -23,6 +23,13 @@
 
 namespace fd {
 
+// fd_attention_shape_t as every attention entry point checks it (flashd_attention.h): FD_E_ARG unless true.
+// The scale is checked by the entry points that read it.
+inline bool shape_valid(const fd_attention_shape_t* s) {
+    return s != nullptr && s->n_heads > 0 && s->n_kv_heads > 0 && s->n_heads % s->n_kv_heads == 0 && s->head_dim > 0 &&
+           s->max_ctx > 0;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int offset = FD_WARP / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

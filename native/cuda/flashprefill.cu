@@ -215,9 +215,10 @@ flashprefill_tail_max_kernel(float* __restrict__ acc, const float* __restrict__ 
 }  // namespace
 }  // namespace fd
 
-extern "C" int fd_flashprefill_mean_k(float* mean_k, const void* k_cache, int n_keys, int n_kv_heads, int head_dim,
-                                      int max_ctx, void* stream) {
-    FD_CHECK_ARG(mean_k && k_cache && n_keys >= 1 && n_kv_heads >= 1 && n_keys <= max_ctx);
+extern "C" int fd_flashprefill_mean_k(float* mean_k, const void* k_cache, int n_keys, const fd_attention_shape_t* shape,
+                                      void* stream) {
+    FD_CHECK_ARG(mean_k && k_cache && fd::shape_valid(shape) && n_keys >= 1 && n_keys <= shape->max_ctx);
+    const int n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim, max_ctx = shape->max_ctx;
     if (head_dim < 1 || head_dim > 256) return FD_E_SHAPE;
     const dim3 grid(fd::ceil_div(n_keys, FD_FLASHPREFILL_BLOCK), n_kv_heads);
     fd::flashprefill_mean_k_kernel<<<grid, head_dim, 0, (cudaStream_t)stream>>>(
@@ -225,10 +226,12 @@ extern "C" int fd_flashprefill_mean_k(float* mean_k, const void* k_cache, int n_
     return FD_LAUNCH_STATUS();
 }
 
-extern "C" int fd_flashprefill_score(float* score, const float* q, const float* mean_k, int p0, int n, int n_heads,
-                                     int n_kv_heads, int head_dim, float scale, void* stream) {
+extern "C" int fd_flashprefill_score(float* score, const float* q, const float* mean_k, int p0, int n,
+                                     const fd_attention_shape_t* shape, void* stream) {
     FD_CHECK_ARG(score && q && mean_k && n >= 1 && p0 >= 0 && p0 % FD_FLASHPREFILL_BLOCK == 0);
-    FD_CHECK_ARG(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && isfinite(scale));
+    FD_CHECK_ARG(fd::shape_valid(shape) && isfinite(shape->scale));
+    const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
+    const float scale = shape->scale;
     FD_CHECK_ARG((int64_t)p0 + n <= INT_MAX);
     const int n_kb = fd::ceil_div(p0 + n, FD_FLASHPREFILL_BLOCK);
     const dim3 grid(fd::ceil_div(n, FD_FLASHPREFILL_BLOCK), n_heads);
@@ -259,10 +262,13 @@ extern "C" int fd_flashprefill_select(int32_t* idx, int32_t* cnt, const float* s
 }
 
 extern "C" int fd_flashprefill_tail_max_probs(float* acc, const float* q_tail, const void* k_cache, int n_keys,
-                                              int n_tail, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
-                                              float scale, float* workspace, void* stream) {
-    FD_CHECK_ARG(acc && q_tail && k_cache && workspace && n_tail >= 1 && n_keys >= n_tail && n_keys <= max_ctx);
-    FD_CHECK_ARG(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && isfinite(scale));
+                                              int n_tail, const fd_attention_shape_t* shape, float* workspace,
+                                              void* stream) {
+    FD_CHECK_ARG(acc && q_tail && k_cache && workspace && fd::shape_valid(shape) && isfinite(shape->scale));
+    const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
+    const int max_ctx = shape->max_ctx;
+    const float scale = shape->scale;
+    FD_CHECK_ARG(n_tail >= 1 && n_keys >= n_tail && n_keys <= max_ctx);
     const size_t q_bytes = (size_t)n_heads * head_dim * sizeof(float);
     if ((head_dim != 64 && head_dim != 128) || q_bytes > 48 * 1024) return FD_E_SHAPE;
     const __half* kc = static_cast<const __half*>(k_cache);

@@ -1,5 +1,4 @@
-// rope.cu -- rotary position embedding fused with the KV-cache write, and the KV slot moves of a
-// speculative commit (flashd.h: fd_rope_kv_write, fd_kv_move).
+// rope.cu -- rotary position embedding fused with the KV-cache write (flashd_attention.h: fd_rope_kv_write).
 //
 // fd_rope_kv_write: q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim), float32, are rotated
 // in place at positions[i]: for j < rope_dim / 2 the pair (a, b) = neox ? (x[j], x[j + rope_dim/2])
@@ -23,13 +22,7 @@
 // Launch: one block of 128 threads per token. The block first tabulates cos/sin for its position
 // (rope_dim / 2 <= 256 entries in shared memory), then walks (head, pair) for q and k, the
 // unrotated tail of k, and v. Work per token is a few KB, so a simple mapping is enough.
-//
-// fd_kv_move: for every move i, cache slot src[i] -> slot dst[i] in every KV head, K and V. All
-// sources are read before any destination is written (numpy's fancy-index assignment, the
-// reference's ReferenceKVCache.move), so a destination may be another move's source. Launch: one
-// block per (kv head, K|V, 16-byte column chunk of a row); the block stages its chunk of every
-// source row in shared memory (n_moves <= FD_KV_MOVE_MAX), synchronizes, then writes. Moves whose
-// src or dst is outside [0, max_ctx) are skipped.
+
 #include "common.cuh"
 #include "rope_math.cuh"
 
@@ -37,8 +30,6 @@ namespace {
 
 constexpr int ROPE_THREADS = 128;
 constexpr int ROPE_MAX_HALF = 256;          // rope_dim <= 512
-constexpr int KV_MOVE_THREADS = 256;
-constexpr int FD_KV_MOVE_MAX = 2048;        // 2048 x 16 B = 32 KB of staging per block
 
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __restrict__ k_cache,
@@ -100,52 +91,18 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
     }
 }
 
-// grid (n_kv_heads * 2, head_dim / 8): x = kv head * 2 + (0: K, 1: V), y = 16-byte chunk of a row
-__global__ void __launch_bounds__(KV_MOVE_THREADS)
-kv_move_kernel(__half* k_cache, __half* v_cache, const int32_t* __restrict__ src_slots,
-               const int32_t* __restrict__ dst_slots, int n_moves, int head_dim, int max_ctx) {
-    __shared__ uint4 staged[FD_KV_MOVE_MAX];
-    __half* cache = (blockIdx.x & 1) ? v_cache : k_cache;
-    __half* base = cache + (size_t)(blockIdx.x >> 1) * max_ctx * head_dim + (size_t)blockIdx.y * 8;
-    for (int i = threadIdx.x; i < n_moves; i += KV_MOVE_THREADS) {
-        const int s = src_slots[i];
-        if (s >= 0 && s < max_ctx) staged[i] = *reinterpret_cast<const uint4*>(base + (size_t)s * head_dim);
-    }
-    __syncthreads();   // every source read before any destination is written
-    for (int i = threadIdx.x; i < n_moves; i += KV_MOVE_THREADS) {
-        const int s = src_slots[i], d = dst_slots[i];
-        if (s >= 0 && s < max_ctx && d >= 0 && d < max_ctx)
-            *reinterpret_cast<uint4*>(base + (size_t)d * head_dim) = staged[i];
-    }
-}
-
 }  // namespace
 
 extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache,
-                                const int32_t* positions, const int32_t* n_past, int n, int n_heads, int n_kv_heads,
-                                int head_dim, int rope_dim, float theta, int neox, const fd_rope_scaling_t* scaling,
-                                int max_ctx, void* stream) {
-    FD_CHECK_ARG(k && v && k_cache && v_cache && positions && n_past);
-    FD_CHECK_ARG(n >= 0 && n_heads > 0 && n_kv_heads > 0 && max_ctx > 0);
-    FD_CHECK_ARG(head_dim > 0 && rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= head_dim);
-    FD_CHECK_ARG(theta > 0.0f && fd::rope_scaling_valid(scaling));
-    if (rope_dim / 2 > ROPE_MAX_HALF) return FD_E_SHAPE;
+                                const int32_t* positions, const int32_t* n_past, int n, const fd_attention_shape_t* shape,
+                                const fd_rope_t* rope, void* stream) {
+    FD_CHECK_ARG(k && v && k_cache && v_cache && positions && n_past && n >= 0);
+    FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
+    if (rope->rope_dim / 2 > ROPE_MAX_HALF) return FD_E_SHAPE;
     if (n == 0) return 0;
     rope_kv_write_kernel<<<n, ROPE_THREADS, 0, (cudaStream_t)stream>>>(
-        q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, n_heads, n_kv_heads, head_dim, rope_dim,
-        (double)theta, neox != 0, fd::rope_scaling_from(scaling), max_ctx);
-    return FD_LAUNCH_STATUS();
-}
-
-extern "C" int fd_kv_move(void* k_cache, void* v_cache, const int32_t* src_slots, const int32_t* dst_slots,
-                          int n_moves, int n_kv_heads, int head_dim, int max_ctx, void* stream) {
-    FD_CHECK_ARG(k_cache && v_cache && src_slots && dst_slots);
-    FD_CHECK_ARG(n_moves >= 0 && n_moves <= FD_KV_MOVE_MAX && n_kv_heads > 0 && head_dim > 0 && max_ctx > 0);
-    if (head_dim % 8 != 0) return FD_E_SHAPE;                              // 16-byte row chunks
-    FD_CHECK_ARG(((uintptr_t)k_cache & 15u) == 0 && ((uintptr_t)v_cache & 15u) == 0);
-    if (n_moves == 0) return 0;
-    dim3 grid(n_kv_heads * 2, head_dim / 8);
-    kv_move_kernel<<<grid, KV_MOVE_THREADS, 0, (cudaStream_t)stream>>>((__half*)k_cache, (__half*)v_cache, src_slots,
-                                                                       dst_slots, n_moves, head_dim, max_ctx);
+        q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, shape->n_heads, shape->n_kv_heads,
+        shape->head_dim, rope->rope_dim, (double)rope->theta, rope->neox != 0, fd::rope_scaling_from(rope->scaling),
+        shape->max_ctx);
     return FD_LAUNCH_STATUS();
 }

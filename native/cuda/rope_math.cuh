@@ -47,6 +47,12 @@ inline bool rope_scaling_valid(const fd_rope_scaling_t* s) {
            isfinite(s->corr_low) && isfinite(s->corr_high) && isfinite(s->mscale) && s->mscale > 0.0;
 }
 
+// fd_rope_t as every rope entry point checks it (flashd_attention.h): FD_E_ARG unless true.
+inline bool rope_valid(const fd_rope_t* r, int head_dim) {
+    return r != nullptr && r->rope_dim >= 2 && r->rope_dim % 2 == 0 && r->rope_dim <= head_dim && r->theta > 0.0f &&
+           rope_scaling_valid(r->scaling);
+}
+
 // cos / sin (float) of pair j at position pos
 __device__ __forceinline__ void rope_cos_sin(int pos, int j, int rope_dim, double theta, const RopeScaling& sc,
                                              float& c, float& s) {

@@ -19,8 +19,6 @@ const char* fd_status_string(int status) {
     }
 }
 
-int fd_not_ready_status(void) { return (int)cudaErrorNotReady; }
-
 int fd_device_count(int* n_devices) { return (int)cudaGetDeviceCount(n_devices); }
 
 int fd_set_device(int device) { return (int)cudaSetDevice(device); }
@@ -100,8 +98,6 @@ int fd_event_record_external(void* event, void* stream) {
 }
 
 int fd_event_synchronize(void* event) { return (int)cudaEventSynchronize((cudaEvent_t)event); }
-
-int fd_event_query(void* event) { return (int)cudaEventQuery((cudaEvent_t)event); }
 
 int fd_event_elapsed_ms(float* ms, void* start_event, void* end_event) {
     return (int)cudaEventElapsedTime(ms, (cudaEvent_t)start_event, (cudaEvent_t)end_event);

@@ -1,15 +1,15 @@
 """The per-op benchmarks on the CPU (no GPU call): each imports, its --help runs as a script, every fd_* call
-passes as many arguments as native/include/flashd.h declares, the harness fails with the seed and the
+passes as many arguments as the C ABI's headers declare, the harness fails with the seed and the
 worst element and exits 1, and the shape, byte and FLOP arithmetic and the oracles' index math agree with
 brute force on small shapes."""
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.native.test_native_abi import declared_arity, native_calls
 
 from flashd.daemon.pflash import flashprefill as fp
 
@@ -35,27 +35,17 @@ def test_help_runs_as_a_script(name):
     assert "--seed" in out.stdout and f"python bench/{name}.py" in out.stdout
 
 
-def declared_arity() -> dict[str, int]:
-    text = re.sub(r"/\*.*?\*/", "", (ROOT / "native/include/flashd.h").read_text(), flags=re.S)
-    arity = {}
-    for name, params in re.findall(r"\b(fd_\w+)\s*\(([^()]*)\)\s*;", text):
-        params = params.strip()
-        arity[name] = 0 if params in ("", "void") else params.count(",") + 1
-    return arity
-
-
 @pytest.mark.parametrize("name", OP_BENCHMARKS + ["op_harness"])
 def test_every_native_call_matches_the_header(name):
+    """As tests/native's repository-wide check, per benchmark: each calls the library, with the declared
+    number of arguments."""
     arity = declared_arity()
-    tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-             and node.func.attr.startswith("fd_")]
+    calls = list(native_calls(ROOT / "bench" / f"{name}.py"))
     assert calls
-    for call in calls:
-        fn = call.func.attr
-        assert fn in arity, f"{name}.py calls {fn}, which flashd.h does not declare"
-        assert not any(isinstance(a, ast.Starred) for a in call.args)
-        assert len(call.args) == arity[fn], f"{name}.py:{call.lineno} {fn}: {len(call.args)} args, header {arity[fn]}"
+    for line, fn, args in calls:
+        assert fn in arity, f"{name}.py calls {fn}, which the headers do not declare"
+        assert not any(isinstance(a, ast.Starred) for a in args)
+        assert len(args) == arity[fn], f"{name}.py:{line} {fn}: {len(args)} args, header {arity[fn]}"
 
 
 # ---------------------------------------------------------------------------------------- harness

@@ -35,10 +35,10 @@ class RecordingLib(HostMemoryLib):
             return 0
         return call
 
-    def fd_attention_decode_workspace_bytes(self, n_heads, head_dim, max_ctx, chunk_len):
+    def fd_attention_decode_workspace_bytes(self, shape, chunk_len):
         return 4096
 
-    def fd_attention_workspace_bytes(self, n, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len):
+    def fd_attention_workspace_bytes(self, n, shape, chunk_len):
         return 4096
 
 
@@ -87,10 +87,13 @@ def test_decode_step_is_one_fused_call(setup):
     kc, vc = cache.layer(0)
     assert [_addr(dev, x) for x in a[:8]] == [o.ptr, q.x.ptr, k.x.ptr, v.ptr, kc.ptr, vc.ptr, batch.positions.ptr,
                                               batch.n_past.ptr]
-    assert a[8:17] == (N_HEADS, N_KV, HD, MAX_CTX, DECODE_CHUNK_SLOTS, pytest.approx(1 / np.sqrt(HD)), 48,
-                       pytest.approx(1e6), 1)
-    assert a[17] == dev.ffi.NULL                         # no RoPE scaling
-    assert _addr(dev, a[18]) == ops.attn_workspace.ptr
+    shape, rope = a[8], a[9]
+    assert (shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.max_ctx) == (N_HEADS, N_KV, HD, MAX_CTX)
+    assert shape.scale == pytest.approx(1 / np.sqrt(HD))
+    assert (rope.rope_dim, rope.theta, rope.neox) == (48, pytest.approx(1e6), 1)
+    assert rope.scaling == dev.ffi.NULL                  # no RoPE scaling
+    assert a[10] == DECODE_CHUNK_SLOTS
+    assert _addr(dev, a[11]) == ops.attn_workspace.ptr
     assert o.shape == (1, N_HEADS * HD)
 
 
@@ -107,7 +110,7 @@ def test_rope_scaling_reaches_every_rope_kernel(setup, n, mask):
     k = ops.rope(ops.take((n, N_KV, HD)), batch.positions, 1e6, 48, True, YARN)
     ops.attention(q, k, v, cache.layer(0), batch)
     name, args = dev.lib.calls[0]
-    struct = args[17] if name == "fd_attention_decode_rope" else args[14]
+    struct = args[9].scaling                             # the fd_rope_t (argument 9 of both)
     assert name == ("fd_attention_decode_rope" if n == 1 and not mask else "fd_rope_kv_write")
     got = (struct.freq_scale, struct.ext_factor, struct.corr_low, struct.corr_high, struct.mscale)
     assert got == YARN.rope_params(48, 1e6)              # doubles: exactly the reference's numbers
@@ -147,4 +150,18 @@ def test_fused_checks_shapes_before_the_call(setup):
     other = ops.rope(k.x, dev.upload(np.array([9], np.int32)), 1e6, 48, True)     # k roped at another position
     with pytest.raises(ValueError, match="roped alike"):
         ops.attention(q, other, v, cache.layer(0), batch)
+    assert dev.lib.calls == []
+
+
+@pytest.mark.parametrize("n,mask", [(1, True), (3, False)])
+def test_every_attention_path_checks_q_against_the_cache(setup, n, mask):
+    """q whose heads do not fit the cache (head_dim, or query heads not a multiple of the KV heads) is refused
+    before fd_rope_kv_write, and so before any attention kernel."""
+    dev, ops, cache = setup
+    _, _, _, batch = _inputs(dev, ops, n, mask)
+    for q_heads, q_dim in ((N_HEADS, HD - 8), (N_HEADS + 1, HD)):
+        q = ops.rope(ops.take((n, q_heads, q_dim)), batch.positions, 1e6, 48, True)
+        k = ops.rope(ops.take((n, N_KV, q_dim)), batch.positions, 1e6, 48, True)
+        with pytest.raises(ValueError, match="rope_kv_write"):
+            ops.attention(q, k, ops.take((n, N_KV, q_dim)), cache.layer(0), batch)
     assert dev.lib.calls == []

@@ -4,6 +4,8 @@ import pytest
 
 from tests.gpu.attention_oracle import attention_oracle, random_cache
 
+from flashd.daemon.backends.cuda.ops import attention_shape
+
 # Error budget (outputs are O(1) averages of N(0, 1) values): q is split into two float16 parts
 # (~2^-22 relative), P likewise, K/V products are exact, exp2f is ~2^-22 relative, accumulation is
 # float32: a few 1e-6. A wrong slot, head or split shows up as errors of order 0.1.
@@ -19,23 +21,23 @@ class Decode:
         self.shape = (n_heads, n_kv_heads, head_dim, max_ctx, chunk_len)
         self.kc, self.vc = random_cache(rng, n_kv_heads, max_ctx, head_dim, n_written)
         self.dkc, self.dvc = dev.upload(self.kc), dev.upload(self.vc)
-        ws_bytes = native.lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk_len)
+        self.scale = 1.0 / np.sqrt(head_dim)
+        self.attn = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx, self.scale)
+        ws_bytes = native.lib.fd_attention_decode_workspace_bytes(self.attn, chunk_len)
         assert ws_bytes >= n_heads * (head_dim + 2) * 4
         self.ws = dev.empty((ws_bytes,), np.uint8)
         dev.fill_bytes(self.ws, 0xFF)                 # NaN garbage: stale partials must never be read
         self.n_past = dev.upload(np.zeros(1, np.int32))
         self.o = dev.empty((n_heads * head_dim,))
-        self.scale = 1.0 / np.sqrt(head_dim)
 
     def run(self, q, n_past):
-        n_heads, n_kv_heads, head_dim, max_ctx, chunk_len = self.shape
+        chunk_len = self.shape[4]
         dev, lib = self.dev, self.native.lib
         dq = dev.upload(q)
         dev.upload(np.array([n_past], np.int32), out=self.n_past)
         dev.fill_bytes(self.o, 0xFF)
         self.native.check(lib.fd_attention_decode(dev.p(self.o, "float*"), dev.p(dq, "float*"), dev.p(self.dkc),
-                                                  dev.p(self.dvc), dev.p(self.n_past, "int32_t*"), n_heads,
-                                                  n_kv_heads, head_dim, max_ctx, chunk_len, self.scale,
+                                                  dev.p(self.dvc), dev.p(self.n_past, "int32_t*"), self.attn, chunk_len,
                                                   dev.p(self.ws), dev.stream), "fd_attention_decode")
         dev.synchronize()
         return dev.download(self.o)
@@ -88,9 +90,9 @@ def test_decode_attention_rejects_bad_arguments(native, dev):
     t = dev.empty((4096,))
     i = dev.upload(np.zeros(1, np.int32))
     call = lambda n_heads, n_kv_heads, head_dim, chunk_len: native.lib.fd_attention_decode(  # noqa: E731
-        dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(i, "int32_t*"), n_heads, n_kv_heads,
-        head_dim, 64, chunk_len, 0.1, dev.p(t), dev.stream)
+        dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(i, "int32_t*"),
+        attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, 64, 0.1), chunk_len, dev.p(t), dev.stream)
     assert call(12, 2, 128, 100) == native.lib.FD_E_ARG      # chunk_len not a multiple of 64
     assert call(12, 5, 128, 64) == native.lib.FD_E_ARG       # heads not a multiple of kv heads
     assert call(12, 2, 96, 64) == native.lib.FD_E_SHAPE      # head_dim
-    assert native.lib.fd_attention_decode_workspace_bytes(12, 128, 0, 64) == 0
+    assert native.lib.fd_attention_decode_workspace_bytes(attention_shape(native.ffi, 12, 12, 128, 0), 64) == 0

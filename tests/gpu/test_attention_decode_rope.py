@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tests.gpu.attention_oracle import attention_oracle, random_cache
 
-from flashd.daemon.backends.cuda.ops import rope_scaling_struct
+from flashd.daemon.backends.cuda.ops import attention_shape, rope_scaling_struct, rope_struct
 from flashd.daemon.backends.reference import ReferenceOps
 
 CHUNK = 64          # the runner's DECODE_CHUNK_SLOTS; other chunk lengths are covered below
@@ -29,12 +29,14 @@ class Pair:
         self.rope = (rope_dim, np.float32(theta), int(neox))
         self.kc, self.vc = random_cache(rng, n_kv_heads, max_ctx, head_dim, max_ctx if n_written is None
                                         else n_written)
-        ws_bytes = native.lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk_len)
+        self.scale = 1.0 / np.sqrt(head_dim)
+        self.attn = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx, self.scale)
+        self.rope_arg = rope_struct(native.ffi, rope_dim, np.float32(theta), neox, self.scaling_arg)
+        ws_bytes = native.lib.fd_attention_decode_workspace_bytes(self.attn, chunk_len)
         self.ws = [dev.empty((max(ws_bytes, 16),), np.uint8) for _ in range(2)]
         self.n_past = dev.upload(np.zeros(1, np.int32))
         self.pos = dev.upload(np.zeros(1, np.int32))
         self.o = [dev.empty((n_heads * head_dim,)) for _ in range(2)]
-        self.scale = 1.0 / np.sqrt(head_dim)
 
     def inputs(self, scale=1.0):
         n_heads, n_kv_heads, head_dim = self.shape[:3]
@@ -47,8 +49,7 @@ class Pair:
     def run(self, q, k, v, n_past, pos=None):
         """(o fused, o two kernels, (k_cache, v_cache) fused, (k_cache, v_cache) two kernels, q/k after the
         fused op), all downloaded; both paths start from self.kc / self.vc."""
-        n_heads, n_kv_heads, head_dim, max_ctx, chunk_len = self.shape
-        rope_dim, theta, neox = self.rope
+        chunk_len = self.shape[4]
         dev, lib, check, p = self.dev, self.native.lib, self.native.check, self.dev.p
         dev.upload(np.array([n_past], np.int32), out=self.n_past)
         dev.upload(np.array([n_past if pos is None else pos], np.int32), out=self.pos)
@@ -59,19 +60,16 @@ class Pair:
         dq, dk, dv = dev.upload(q), dev.upload(k), dev.upload(v)
         (kc, vc), ws, o = caches[0], self.ws[0], self.o[0]
         check(lib.fd_attention_decode_rope(p(o, "float*"), p(dq, "float*"), p(dk, "float*"), p(dv, "float*"), p(kc),
-                                           p(vc), p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), n_heads,
-                                           n_kv_heads, head_dim, max_ctx, chunk_len, self.scale, rope_dim, theta,
-                                           neox, self.scaling_arg, p(ws), dev.stream), "fd_attention_decode_rope")
+                                           p(vc), p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), self.attn,
+                                           self.rope_arg, chunk_len, p(ws), dev.stream), "fd_attention_decode_rope")
         # the two kernels (rotating copies of q, k in place)
         dq2, dk2 = dev.upload(q), dev.upload(k)
         (kc2, vc2), ws2, o2 = caches[1], self.ws[1], self.o[1]
         check(lib.fd_rope_kv_write(p(dq2, "float*"), p(dk2, "float*"), p(dv, "float*"), p(kc2), p(vc2),
-                                   p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), 1, n_heads, n_kv_heads,
-                                   head_dim, rope_dim, theta, neox, self.scaling_arg, max_ctx, dev.stream),
-              "fd_rope_kv_write")
+                                   p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), 1, self.attn, self.rope_arg,
+                                   dev.stream), "fd_rope_kv_write")
         check(lib.fd_attention_decode(p(o2, "float*"), p(dq2, "float*"), p(kc2), p(vc2), p(self.n_past, "int32_t*"),
-                                      n_heads, n_kv_heads, head_dim, max_ctx, chunk_len, self.scale, p(ws2),
-                                      dev.stream), "fd_attention_decode")
+                                      self.attn, chunk_len, p(ws2), dev.stream), "fd_attention_decode")
         dev.synchronize()
         down = dev.download
         return (down(o), down(o2), (down(kc), down(vc)), (down(kc2), down(vc2)), (down(dq), down(dk)))
@@ -187,10 +185,11 @@ def test_fused_rejects_bad_arguments(native, dev):
     p = dev.p
 
     def call(n_heads=12, n_kv_heads=2, head_dim=128, chunk_len=64, rope_dim=128, theta=1e6, positions=i):
-        return native.lib.fd_attention_decode_rope(
-            p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t), p(t), p(positions, "int32_t*"),
-            p(i, "int32_t*"), n_heads, n_kv_heads, head_dim, 64, chunk_len, 0.1, rope_dim, theta, 1, native.ffi.NULL,
-            p(t), dev.stream)
+        return native.lib.fd_attention_decode_rope(p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t),
+                                                   p(t), p(positions, "int32_t*"), p(i, "int32_t*"),
+                                                   attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, 64, 0.1),
+                                                   rope_struct(native.ffi, rope_dim, theta, 1, native.ffi.NULL),
+                                                   chunk_len, p(t), dev.stream)
     lib = native.lib
     assert call(chunk_len=100) == lib.FD_E_ARG       # chunk_len not a multiple of 64
     assert call(n_kv_heads=5) == lib.FD_E_ARG        # heads not a multiple of kv heads

@@ -4,6 +4,8 @@ import pytest
 
 from tests.gpu.attention_oracle import attention_oracle, random_cache, tree_mask
 
+from flashd.daemon.backends.cuda.ops import attention_shape
+
 ATOL, RTOL = 3e-5, 1e-4     # same budget as the decode kernel (same core), see test_attention_decode
 
 
@@ -15,14 +17,14 @@ def run_masked(native, dev, q, kc, vc, mask, n_past, scale, chunk_len=CHUNK, poi
     n_kv_heads, max_ctx = kc.shape[0], kc.shape[1]
     dq, dkc, dvc, dmask = dev.upload(q), dev.upload(kc), dev.upload(vc), dev.upload(mask)
     dnp = dev.upload(np.array([n_past], np.int32))
-    ws_bytes = native.lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len)
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx, scale)
+    ws_bytes = native.lib.fd_attention_workspace_bytes(n, shape, chunk_len)
     ws = dev.empty((max(ws_bytes, 16),), np.uint8)
     o = dev.empty((n, n_heads * head_dim))
     dev.fill_bytes(o, poison)
     native.check(native.lib.fd_attention_masked(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dkc), dev.p(dvc),
-                                                dev.p(dmask, "uint8_t*"), dev.p(dnp, "int32_t*"), n, n_heads,
-                                                n_kv_heads, head_dim, max_ctx, chunk_len, scale, dev.p(ws), ws_bytes,
-                                                dev.stream), "fd_attention_masked")
+                                                dev.p(dmask, "uint8_t*"), dev.p(dnp, "int32_t*"), n, shape, chunk_len,
+                                                dev.p(ws), ws_bytes, dev.stream), "fd_attention_masked")
     dev.synchronize()
     return dev.download(o)
 
@@ -30,14 +32,15 @@ def run_masked(native, dev, q, kc, vc, mask, n_past, scale, chunk_len=CHUNK, poi
 def run_decode(native, dev, q1, kc, vc, n_past, scale, chunk_len=CHUNK):
     n_heads, head_dim = q1.shape[-2], q1.shape[-1]
     n_kv_heads, max_ctx = kc.shape[0], kc.shape[1]
-    ws = dev.empty((native.lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, chunk_len),), np.uint8)
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx, scale)
+    ws = dev.empty((native.lib.fd_attention_decode_workspace_bytes(shape, chunk_len),), np.uint8)
     o = dev.empty((n_heads * head_dim,))
     dev.fill_bytes(o, 0xFF)
     dq, dkc, dvc = dev.upload(np.ascontiguousarray(q1, np.float32)), dev.upload(kc), dev.upload(vc)
     dnp = dev.upload(np.array([n_past], np.int32))
     native.check(native.lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dkc), dev.p(dvc),
-                                                dev.p(dnp, "int32_t*"), n_heads, n_kv_heads, head_dim, max_ctx,
-                                                chunk_len, scale, dev.p(ws), dev.stream), "fd_attention_decode")
+                                                dev.p(dnp, "int32_t*"), shape, chunk_len, dev.p(ws), dev.stream),
+                 "fd_attention_decode")
     dev.synchronize()
     return dev.download(o)
 
@@ -130,15 +133,16 @@ def test_masked_attention_rejects_bad_arguments(native, dev):
     m = dev.upload(np.ones(1, np.uint8))
     call = lambda n, head_dim, chunk=64, ws_bytes=0: native.lib.fd_attention_masked(  # noqa: E731
         dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(m, "uint8_t*"), dev.p(i, "int32_t*"), n,
-        2, 1, head_dim, 64, chunk, 0.1, dev.p(t), ws_bytes, dev.stream)
+        attention_shape(native.ffi, 2, 1, head_dim, 64, 0.1), chunk, dev.p(t), ws_bytes, dev.stream)
     assert call(257, 64) == native.lib.FD_E_ARG
     assert call(1, 80) == native.lib.FD_E_SHAPE
     assert call(1, 64, chunk=32) == native.lib.FD_E_ARG
     assert call(0, 64) == 0
     # a workspace smaller than the launch needs is an error, not a silent overrun
-    need = native.lib.fd_attention_workspace_bytes(4, 2, 1, 64, 4096, 64)
+    need = native.lib.fd_attention_workspace_bytes(4, attention_shape(native.ffi, 2, 1, 64, 4096), 64)
     assert need > 0
     big = dev.empty((64,))
     assert native.lib.fd_attention_masked(dev.p(big, "float*"), dev.p(big, "float*"), dev.p(big), dev.p(big),
-                                          dev.p(m, "uint8_t*"), dev.p(i, "int32_t*"), 4, 2, 1, 64, 4096, 64, 0.1,
-                                          dev.p(big), need - 1, dev.stream) == native.lib.FD_E_ARG
+                                          dev.p(m, "uint8_t*"), dev.p(i, "int32_t*"), 4,
+                                          attention_shape(native.ffi, 2, 1, 64, 4096, 0.1), 64, dev.p(big), need - 1,
+                                          dev.stream) == native.lib.FD_E_ARG

@@ -16,6 +16,8 @@ blocks of 64 rows >= 264, >= 132, and fewer.
 import numpy as np
 import pytest
 
+from flashd.daemon.backends.cuda.ops import attention_shape
+
 F16 = np.float16
 
 
@@ -56,9 +58,9 @@ def run(native, dev, poisoned, q, k_cache, v_cache, p0, n_heads, n_kv, hd, q_off
     k_d, v_d = dev.upload(k_cache), dev.upload(v_cache)
     np_d = dev.upload(np.array([p0], np.int32))
     o_d = poisoned((n, n_heads * hd))
+    shape = attention_shape(native.ffi, n_heads, n_kv, hd, max_ctx, 1.0 / np.sqrt(hd))
     native.check(native.lib.fd_attention_prefill(dev.p(o_d, "float*"), dev.p(q_d, "float*"), dev.p(k_d), dev.p(v_d),
-                                                 dev.p(np_d, "int32_t*"), n, n_heads, n_kv, hd, max_ctx,
-                                                 1.0 / np.sqrt(hd), dev.stream), "fd_attention_prefill")
+                                                 dev.p(np_d, "int32_t*"), n, shape, dev.stream), "fd_attention_prefill")
     return dev.download(o_d).reshape(n, n_heads, hd)
 
 
@@ -141,5 +143,5 @@ def test_attention_prefill_rejects_bad_arguments(native, dev):
     assert lib.fd_attention_prefill(*args, 4, 2, 1, 96, 16, 0.1, dev.stream) == lib.FD_E_SHAPE
     assert lib.fd_attention_prefill(*args, 4, 3, 2, 64, 16, 0.1, dev.stream) == lib.FD_E_ARG     # 3 % 2
     assert lib.fd_attention_prefill(*args, 0, 2, 1, 64, 16, 0.1, dev.stream) == lib.FD_E_ARG
-    assert lib.fd_attention_prefill(args[0], args[1], args[2], args[3], ffi.NULL, 4, 2, 1, 64, 16, 0.1,
-                                    dev.stream) == lib.FD_E_ARG
+    assert lib.fd_attention_prefill(args[0], args[1], args[2], args[3], ffi.NULL, 4,
+                                    attention_shape(ffi, 2, 1, 64, 16, 0.1), dev.stream) == lib.FD_E_ARG

@@ -22,6 +22,7 @@ import gc
 import numpy as np
 import pytest
 
+from flashd.daemon.backends.cuda.ops import attention_shape
 from flashd.daemon.pflash import flashprefill as fp
 
 B = fp.BLOCK
@@ -70,7 +71,8 @@ def test_mean_k(native, dev, poisoned, rng, n_keys, d):
     n_kv, max_ctx = 2, n_keys + 9
     kc = nan_cache(rng, n_kv, max_ctx, d, n_keys)
     out = poisoned((n_blocks(n_keys), n_kv, d))
-    native.check(native.lib.fd_flashprefill_mean_k(dev.p(out, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, max_ctx,
+    native.check(native.lib.fd_flashprefill_mean_k(dev.p(out, "float*"), dev.p(up(dev, kc)), n_keys,
+                                                   attention_shape(native.ffi, n_kv, n_kv, d, max_ctx),
                                                    dev.stream), "fd_flashprefill_mean_k")
     want = fp.mean_k(slots_first(kc)[:n_keys].astype(np.float64))
     np.testing.assert_allclose(dev.download(out), want, rtol=1e-5, atol=1e-6)
@@ -85,11 +87,13 @@ def test_score_normalised(native, dev, poisoned, rng, p0, n, n_heads, n_kv, d):
     kc = nan_cache(rng, n_kv, n_keys + 5, d, n_keys)
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     mk = dev.empty((n_blocks(n_keys), n_kv, d))
-    native.check(native.lib.fd_flashprefill_mean_k(dev.p(mk, "float*"), dev.p(up(dev, kc)), n_keys, n_kv, d, n_keys + 5,
+    native.check(native.lib.fd_flashprefill_mean_k(dev.p(mk, "float*"), dev.p(up(dev, kc)), n_keys,
+                                                   attention_shape(native.ffi, n_kv, n_kv, d, n_keys + 5),
                                                    dev.stream), "fd_flashprefill_mean_k")
     score = poisoned((n_blocks(n), n_heads, n_blocks(n_keys)))
     native.check(native.lib.fd_flashprefill_score(dev.p(score, "float*"), dev.p(up(dev, q), "float*"),
-                                                  dev.p(mk, "float*"), p0, n, n_heads, n_kv, d, 1 / np.sqrt(d),
+                                                  dev.p(mk, "float*"), p0, n,
+                                                  attention_shape(native.ffi, n_heads, n_kv, d, p0 + n, 1 / np.sqrt(d)),
                                                   dev.stream), "fd_flashprefill_score")
     got = dev.download(score)
     want = fp.score(q, dev.download(mk).astype(np.float64), p0, 1 / np.sqrt(d))
@@ -103,8 +107,9 @@ def test_score_normalised(native, dev, poisoned, rng, p0, n, n_heads, n_kv, d):
 
 def test_score_rejects_unaligned_p0(native, dev):
     z = dev.empty((16,))
-    assert native.lib.fd_flashprefill_score(dev.p(z, "float*"), dev.p(z, "float*"), dev.p(z, "float*"), 100, 4, 1, 1,
-                                            64, 0.125, dev.stream) == native.lib.FD_E_ARG
+    assert native.lib.fd_flashprefill_score(dev.p(z, "float*"), dev.p(z, "float*"), dev.p(z, "float*"), 100, 4,
+                                            attention_shape(native.ffi, 1, 1, 64, 100 + 4, 0.125),
+                                            dev.stream) == native.lib.FD_E_ARG
 
 
 # ---------------------------------------------------------------------------------------- select
@@ -136,10 +141,12 @@ def run_sparse(native, dev, poisoned, q, kc, vc, p0, n_heads, n_kv, d, types, id
     types_d = dev.upload(np.asarray(types, np.int32)) if types is not None else None
     idx_d = dev.upload(idx) if idx is not None else None
     cnt_d = dev.upload(cnt) if cnt is not None else None
-    native.check(native.lib.fd_attention_block_sparse(
-        dev.p(o, "float*"), dev.p(up(dev, q), "float*"), dev.p(up(dev, kc)), dev.p(up(dev, vc)), p0, n,
-        n_heads, n_kv, d, kc.shape[1], 1 / np.sqrt(d), dev.p(types_d, "int32_t*"), dev.p(idx_d, "int32_t*"),
-        dev.p(cnt_d, "int32_t*"), sink, local, dev.stream), "fd_attention_block_sparse")
+    shape = attention_shape(native.ffi, n_heads, n_kv, d, kc.shape[1], 1 / np.sqrt(d))
+    native.check(native.lib.fd_attention_block_sparse(dev.p(o, "float*"), dev.p(up(dev, q), "float*"),
+                                                      dev.p(up(dev, kc)), dev.p(up(dev, vc)), p0, n, shape,
+                                                      dev.p(types_d, "int32_t*"), dev.p(idx_d, "int32_t*"),
+                                                      dev.p(cnt_d, "int32_t*"), sink, local,
+                                                      dev.stream), "fd_attention_block_sparse")
     return dev.download(o)
 
 
@@ -200,9 +207,9 @@ def test_sparse_attention_lists(native, dev, poisoned, rng, p0, n, d, group, den
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     idx, cnt = random_lists(rng, p0, n, n_heads, density)
     o = poisoned((n, n_heads * d))
+    shape = attention_shape(native.ffi, n_heads, n_kv, d, p0 + n, 1 / np.sqrt(d))
     native.check(native.lib.fd_flashprefill_sparse_attention(dev.p(o, "float*"), dev.p(up(dev, q), "float*"),
-                                                             dev.p(up(dev, kc)), dev.p(up(dev, vc)), p0, n, n_heads,
-                                                             n_kv, d, p0 + n, 1 / np.sqrt(d),
+                                                             dev.p(up(dev, kc)), dev.p(up(dev, vc)), p0, n, shape,
                                                              dev.p(up(dev, idx), "int32_t*"),
                                                              dev.p(up(dev, cnt), "int32_t*"),
                                                              dev.stream), "fd_flashprefill_sparse_attention")
@@ -239,13 +246,16 @@ def test_the_whole_flashprefill_chain_matches_the_oracle(native, dev, poisoned, 
     idx, cnt = dev.empty((n_mq, n_heads, n_kb), np.int32), dev.empty((n_mq, n_heads), np.int32)
     o = poisoned((n, n_heads * d))
     scale = 1 / np.sqrt(d)
-    native.check(lib.fd_flashprefill_mean_k(p(mk, "float*"), p(kd), n_keys, n_kv, d, n_keys, dev.stream), "mean_k")
-    native.check(lib.fd_flashprefill_score(p(s, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n, n_heads, n_kv, d,
-                                           scale, dev.stream), "score")
+    native.check(lib.fd_flashprefill_mean_k(p(mk, "float*"), p(kd), n_keys,
+                                            attention_shape(dev.ffi, n_kv, n_kv, d, n_keys), dev.stream), "mean_k")
+    native.check(lib.fd_flashprefill_score(p(s, "float*"), p(qd, "float*"), p(mk, "float*"), p0, n,
+                                           attention_shape(dev.ffi, n_heads, n_kv, d, p0 + n, scale),
+                                           dev.stream), "score")
     native.check(lib.fd_flashprefill_select(p(idx, "int32_t*"), p(cnt, "int32_t*"), p(s, "float*"), p0, n, n_heads,
                                             0.85, 2, 4, n_kb - 2, dev.stream), "select")
-    native.check(lib.fd_flashprefill_sparse_attention(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n, n_heads,
-                                                      n_kv, d, n_keys, scale, p(idx, "int32_t*"), p(cnt, "int32_t*"),
+    native.check(lib.fd_flashprefill_sparse_attention(p(o, "float*"), p(qd, "float*"), p(kd), p(vd), p0, n,
+                                                      attention_shape(dev.ffi, n_heads, n_kv, d, n_keys, scale),
+                                                      p(idx, "int32_t*"), p(cnt, "int32_t*"),
                                                       dev.stream), "sparse_attention")
     got_cnt = dev.download(cnt)
     assert got_cnt[:-2].sum() < 0.75 * sum(p0 // B + mq + 1 for mq in range(n_mq - 2)) * n_heads, "selection is dense"
@@ -269,10 +279,10 @@ def test_tail_max_probs(native, dev, rng, n_keys, n_tail, d, group):
     acc0 = rng.uniform(0, 2.0 / n_keys, size=(n_tail, n_keys)).astype(np.float32)
     acc = dev.upload(acc0)
     ws = dev.empty((2 * n_tail * n_heads,))
+    shape = attention_shape(native.ffi, n_heads, n_kv, d, n_keys + 4, 1 / np.sqrt(d))
     native.check(native.lib.fd_flashprefill_tail_max_probs(dev.p(acc, "float*"), dev.p(up(dev, q), "float*"),
-                                                           dev.p(up(dev, kc)), n_keys, n_tail, n_heads, n_kv, d,
-                                                           n_keys + 4, 1 / np.sqrt(d), dev.p(ws, "float*"),
-                                                           dev.stream), "tail")
+                                                           dev.p(up(dev, kc)), n_keys, n_tail, shape,
+                                                           dev.p(ws, "float*"), dev.stream), "tail")
     want = np.maximum(acc0, fp.tail_max_probs(q, slots_first(kc).astype(np.float64), n_keys, 1 / np.sqrt(d)))
     np.testing.assert_allclose(dev.download(acc), want, rtol=1e-4, atol=1e-6)
 

@@ -1,8 +1,9 @@
-"""fd_rope_kv_write against ReferenceOps.rope (float64 angles) and fd_kv_move against numpy's
-fancy-index assignment (ReferenceKVCache.move)."""
+"""fd_rope_kv_write against ReferenceOps.rope (float64 angles). (The speculative commit's cache moves are
+fd_kv_compact's: tests/gpu/test_kv_compact.py.)"""
 import numpy as np
 import pytest
 
+from flashd.daemon.backends.cuda.ops import attention_shape, rope_struct
 from flashd.daemon.backends.reference import ReferenceOps
 
 POISON_F16 = np.uint16(0x7E00)     # a float16 NaN: cache slots that must stay untouched
@@ -20,10 +21,10 @@ def _run_rope(native, dev, q, k, v, kc, vc, positions, n_past, n_heads, n_kv_hea
     dk, dv = dev.upload(k), dev.upload(v)
     dpos = dev.upload(positions.astype(np.int32))
     dnp = dev.upload(np.array([n_past], np.int32))
-    native.check(native.lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"),
-                                             dev.p(kc), dev.p(vc), dev.p(dpos, "int32_t*"), dev.p(dnp, "int32_t*"),
-                                             n, n_heads, n_kv_heads, head_dim, rope_dim, theta, int(neox),
-                                             native.ffi.NULL if scaling is None else scaling, max_ctx,
+    native.check(native.lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"), dev.p(kc),
+                                             dev.p(vc), dev.p(dpos, "int32_t*"), dev.p(dnp, "int32_t*"), n,
+                                             attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx),
+                                             rope_struct(native.ffi, rope_dim, theta, neox, scaling),
                                              dev.stream), "fd_rope_kv_write")
     dev.synchronize()
     return (dev.download(dq) if dq is not None else None), dev.download(dk)
@@ -103,39 +104,9 @@ def test_rope_rejects_bad_arguments(native, dev):
     i = dev.empty((1,), np.int32)
     args = lambda head_dim, rope_dim, theta: native.lib.fd_rope_kv_write(  # noqa: E731
         dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(i, "int32_t*"),
-        dev.p(i, "int32_t*"), 1, 1, 1, head_dim, rope_dim, theta, 1, native.ffi.NULL, 1, dev.stream)
+        dev.p(i, "int32_t*"), 1, attention_shape(native.ffi, 1, 1, head_dim, 1),
+        rope_struct(native.ffi, rope_dim, theta, 1, native.ffi.NULL), dev.stream)
     assert args(64, 3, 1e4) == native.lib.FD_E_ARG         # odd rope_dim
     assert args(64, 128, 1e4) == native.lib.FD_E_ARG       # rope_dim > head_dim
     assert args(64, 64, 0.0) == native.lib.FD_E_ARG        # theta
     assert args(1024, 1024, 1e4) == native.lib.FD_E_SHAPE  # rope_dim / 2 > 256
-
-
-@pytest.mark.parametrize("n_kv_heads,head_dim", [(2, 128), (2, 64), (4, 256)])
-def test_kv_move_reads_all_sources_first(native, dev, rng, n_kv_heads, head_dim):
-    max_ctx, n_past = 300, 200
-    kc_host = rng.standard_normal((n_kv_heads, max_ctx, head_dim)).astype(np.float16)
-    vc_host = rng.standard_normal((n_kv_heads, max_ctx, head_dim)).astype(np.float16)
-    # an accepted tree path: node slots ascending, destinations n_past + depth (a destination can
-    # be an earlier move's source: 201 -> 200, 203 -> 201, ...)
-    src = np.array([201, 203, 204, 207, 230, 255], np.int32)
-    dst = n_past + np.arange(len(src), dtype=np.int32)
-    kc, vc = dev.upload(kc_host), dev.upload(vc_host)
-    dsrc, ddst = dev.upload(src), dev.upload(dst)
-    native.check(native.lib.fd_kv_move(dev.p(kc), dev.p(vc), dev.p(dsrc, "int32_t*"), dev.p(ddst, "int32_t*"),
-                                       len(src), n_kv_heads, head_dim, max_ctx, dev.stream), "fd_kv_move")
-    dev.synchronize()
-    k_ref, v_ref = kc_host.copy(), vc_host.copy()
-    k_ref[:, dst] = k_ref[:, src]
-    v_ref[:, dst] = v_ref[:, src]
-    np.testing.assert_array_equal(dev.download(kc), k_ref)
-    np.testing.assert_array_equal(dev.download(vc), v_ref)
-
-
-def test_kv_move_limits(native, dev):
-    t = dev.empty((16,))
-    i = dev.empty((1,), np.int32)
-    call = lambda n_moves, head_dim: native.lib.fd_kv_move(  # noqa: E731
-        dev.p(t), dev.p(t), dev.p(i, "int32_t*"), dev.p(i, "int32_t*"), n_moves, 1, head_dim, 1, dev.stream)
-    assert call(0, 64) == 0
-    assert call(3000, 64) == native.lib.FD_E_ARG
-    assert call(1, 60) == native.lib.FD_E_SHAPE

@@ -11,7 +11,7 @@ from tests.gpu.test_forward import chain_logits, cuda_runner, ref_chain_logits, 
 from tests.gpu.test_rope import _cache, _run_rope
 from tests.gpu.logits_check import assert_logits_close, greedy_prefix_agrees
 
-from flashd.daemon.backends.cuda.ops import rope_scaling_struct
+from flashd.daemon.backends.cuda.ops import attention_shape, rope_scaling_struct, rope_struct
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import ModelLoadError
 from flashd.daemon.models.config import RopeScaling
@@ -79,9 +79,10 @@ def test_bad_scaling_refused(native, dev):
     i = dev.empty((1,), np.int32)
     bad = native.ffi.new("fd_rope_scaling_t*", {"freq_scale": 0.0, "ext_factor": 1.0, "corr_low": 1.0,
                                                 "corr_high": 9.0, "mscale": 1.0})
-    status = native.lib.fd_rope_kv_write(dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t),
-                                         dev.p(t), dev.p(i, "int32_t*"), dev.p(i, "int32_t*"), 1, 1, 1, 64, 64, 1e4, 1,
-                                         bad, 1, dev.stream)
+    status = native.lib.fd_rope_kv_write(dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t),
+                                         dev.p(i, "int32_t*"), dev.p(i, "int32_t*"), 1,
+                                         attention_shape(native.ffi, 1, 1, 64, 1),
+                                         rope_struct(native.ffi, 64, 1e4, 1, bad), dev.stream)
     assert status == native.lib.FD_E_ARG
     with pytest.raises(ModelLoadError, match="RoPE scaling"):      # checked before crossing the C ABI
         rope_scaling_struct(native.ffi, RopeScaling.create("yarn", 4.0, 64), 64, float("nan"))

@@ -1,15 +1,19 @@
 """The C ABI: flashd.h is cffi-clean, every declared function is defined in the CUDA sources,
 and (where nvcc exists) the library compiles for sm_90 and exports every declared symbol.
 Loading the library needs no GPU (the CUDA runtime is linked statically)."""
+import ast
 import os
 import re
 import shutil
+from pathlib import Path
 
 import cffi
 import pytest
 
 from flashd.daemon.backends.cuda.lib import cdef_source
 from flashd.native import CUDA_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def declared_functions() -> list[str]:
@@ -42,3 +46,40 @@ def test_library_builds_and_exports_the_abi(tmp_path_factory):
         assert hasattr(lib.lib, name), name
     assert lib.lib.fd_abi_version() == lib.lib.FD_ABI_VERSION
     assert lib.ffi.string(lib.lib.fd_status_string(-2)) == b"weight format not supported by this kernel"
+
+
+def declared_arity() -> dict[str, int]:
+    """fd_* function -> its number of parameters, from the headers cffi reads."""
+    text = re.sub(r"/\*.*?\*/", "", cdef_source(), flags=re.S)
+    arity = {}
+    for name, params in re.findall(r"\b(fd_\w+)\s*\(([^()]*)\)\s*;", text):
+        params = params.strip()
+        arity[name] = 0 if params in ("", "void") else params.count(",") + 1
+    return arity
+
+
+def native_calls(path: Path):
+    """(line, name, args) of every call x.fd_name(...) in a Python file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("fd_"):
+            yield node.lineno, node.func.attr, node.args
+
+
+def test_every_native_call_in_the_repository_matches_the_headers():
+    """The calls the CPU cannot run (tests/gpu, bench/, the CUDA backend) still pass each fd_* function as many
+    arguments as the headers declare, and call only declared functions: a signature change is caught here
+    before a GPU run. (A call with *args is only checked for its name.)"""
+    arity = declared_arity()
+    checked = 0
+    for folder in ("bench", "tests", "daemon", "scripts", "clients"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "data" in path.relative_to(ROOT).parts:
+                continue
+            for line, name, args in native_calls(path):
+                where = f"{path.relative_to(ROOT)}:{line} {name}"
+                assert name in arity, f"{where}: not declared in the headers"
+                if not any(isinstance(a, ast.Starred) for a in args):
+                    assert len(args) == arity[name], f"{where}: {len(args)} arguments, the headers say {arity[name]}"
+                    checked += 1
+    assert checked > 100

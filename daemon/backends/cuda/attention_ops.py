@@ -23,19 +23,36 @@ from ..base import Batch
 from .tensor import DeviceTensor
 
 __all__ = ["AttentionOps", "Roped", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS", "attention_workspace_bytes",
-           "rope_scaling_struct"]
+           "attention_shape", "rope_struct", "rope_scaling_struct"]
 
 DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
 MAX_MASKED_TOKENS = 65        # masked attention's workspace: a tree of a root + 64 drafted nodes, a DFlash block
 FLASHPREFILL_BLOCK = 128      # FD_FLASHPREFILL_BLOCK: key / query block of FlashPrefill's scoring, in slots
 
 
-def attention_workspace_bytes(lib, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
+def attention_shape(ffi, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int, scale: float | None = None):
+    """The C ABI's `const fd_attention_shape_t*` (scale None: 1 / sqrt(head_dim)). Not checked here: the
+    wrappers check tensors against each other (AttentionOps._shape), the kernels the values (FD_E_ARG)."""
+    if scale is None:
+        scale = float(1.0 / np.sqrt(head_dim)) if head_dim > 0 else 0.0
+    return ffi.new("fd_attention_shape_t*", {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
+                                             "max_ctx": max_ctx, "scale": scale})
+
+
+def rope_struct(ffi, rope_dim: int, theta: float, neox: bool, scaling=None):
+    """The C ABI's `const fd_rope_t*`; `scaling` an fd_rope_scaling_t* (rope_scaling_struct), NULL or None. The
+    struct does not keep `scaling` alive: the caller keeps both."""
+    return ffi.new("fd_rope_t*", {"rope_dim": int(rope_dim), "theta": float(theta), "neox": int(neox),
+                                  "scaling": ffi.NULL if scaling is None else scaling})
+
+
+def attention_workspace_bytes(native, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
                               n_tokens: int = MAX_MASKED_TOKENS) -> int:
-    """Bytes of the attention workspace for decode and for masked batches of up to n_tokens."""
-    return max(int(lib.fd_attention_decode_workspace_bytes(n_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS)),
-               int(lib.fd_attention_workspace_bytes(n_tokens, n_heads, n_kv_heads, head_dim, max_ctx,
-                                                    DECODE_CHUNK_SLOTS)))
+    """Bytes of the attention workspace for decode and for masked batches of up to n_tokens (native: the
+    NativeLib, its lib and ffi)."""
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx)
+    return max(int(native.lib.fd_attention_decode_workspace_bytes(shape, DECODE_CHUNK_SLOTS)),
+               int(native.lib.fd_attention_workspace_bytes(n_tokens, shape, DECODE_CHUNK_SLOTS)))
 
 
 def rope_scaling_struct(ffi, scaling, rope_dim: int, theta: float):
@@ -73,20 +90,34 @@ def _roped(what: str, *xs) -> None:
 
 
 class AttentionOps:
-    """Mixed into CudaOps: uses its lib, ffi, dev, p, take, _check, materialize and attn_workspace."""
+    """Mixed into CudaOps: uses its lib, ffi, dev, p, take, _check, materialize and attn_workspace. Every wrapper
+    checks the tensors against each other and the cache before the call (ValueError), so the C ABI sees only
+    consistent shapes; the kernels check what they can again (FD_E_ARG)."""
 
     def rope(self, x, positions, theta: float, rope_dim: int, neox: bool, scaling=None) -> Roped:
         return Roped(self.materialize(x), positions, float(theta), int(rope_dim), bool(neox), scaling)
 
-    def rope_scaling_arg(self, r: Roped):
-        """The `const fd_rope_scaling_t*` of a Roped: NULL without scaling, else a struct holding
-        RopeScaling.rope_params (the numbers ReferenceOps.rope uses), kept alive here."""
-        if r.scaling is None:
-            return self.ffi.NULL
-        key = (r.scaling, r.rope_dim, r.theta)
-        if key not in self._rope_scaling_structs:
-            self._rope_scaling_structs[key] = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
-        return self._rope_scaling_structs[key]
+    def _shape(self, q_shape, cache_layer, what: str):
+        """The fd_attention_shape_t* of queries shaped (n, H, d) over one layer's (K, V) caches, checked, cached
+        per shape (a captured graph keeps only the values it read at capture: the struct is read on the host)."""
+        k_cache, v_cache = cache_layer
+        n_heads, head_dim = q_shape[-2], q_shape[-1]
+        if (len(k_cache.shape) != 3 or tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[2] != head_dim
+                or n_heads % k_cache.shape[0] or k_cache.dtype != np.float16):
+            raise ValueError(f"{what}: q {tuple(q_shape)} does not fit caches {tuple(k_cache.shape)} "
+                             f"{k_cache.dtype} / {tuple(v_cache.shape)} (float16 [n_kv_heads][max_ctx][head_dim])")
+        key = (n_heads, k_cache.shape[0], head_dim, k_cache.shape[1])
+        if key not in self._attention_shapes:
+            self._attention_shapes[key] = attention_shape(self.ffi, *key)
+        return self._attention_shapes[key]
+
+    def _rope(self, r: Roped):
+        """The fd_rope_t* of a Roped (its scaling struct kept alive with it)."""
+        key = (r.rope_dim, r.theta, r.neox, r.scaling)
+        if key not in self._ropes:
+            scaling = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
+            self._ropes[key] = (rope_struct(self.ffi, r.rope_dim, r.theta, r.neox, scaling), scaling)
+        return self._ropes[key][0]
 
     # -- dispatch (the Ops interface) ------------------------------------------------------------
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
@@ -109,59 +140,55 @@ class AttentionOps:
     # -- one method per C entry point --------------------------------------------------------------
     def rope_kv_write(self, q: Roped | None, k: Roped, v: DeviceTensor, cache_layer, n_past: DeviceTensor) -> None:
         """fd_rope_kv_write: rotate q (n, H, d) and k (n, Hkv, d) in place at k.positions and store k, v as
-        float16 at cache slots *n_past + i. q None: k and v only (n_heads is then unused by the kernel and
-        passed as n_kv_heads, which must only be positive)."""
-        k_cache, v_cache = cache_layer
+        float16 at cache slots *n_past + i. q None: k and v only."""
         n, n_kv_heads, head_dim = k.x.shape
-        n_heads = n_kv_heads if q is None else q.x.shape[1]
-        self._check(self.lib.fd_rope_kv_write(self.p(None if q is None else q.x, "float*"), self.p(k.x, "float*"),
-                                              self.p(v, "float*"), self.p(k_cache), self.p(v_cache),
-                                              self.p(k.positions, "int32_t*"), self.p(n_past, "int32_t*"), n, n_heads,
-                                              n_kv_heads, head_dim, k.rope_dim, k.theta, int(k.neox),
-                                              self.rope_scaling_arg(k), k_cache.shape[1], self.dev.stream),
+        if tuple(v.shape) != tuple(k.x.shape) or (q is not None and (q.x.shape[0] != n or q.x.shape[2] != head_dim)):
+            raise ValueError(f"rope_kv_write: q {None if q is None else q.x.shape}, k {k.x.shape}, v {v.shape}")
+        shape = self._shape(k.x.shape if q is None else q.x.shape, cache_layer, "rope_kv_write")
+        if cache_layer[0].shape[0] != n_kv_heads:
+            raise ValueError(f"rope_kv_write: k {k.x.shape} vs cache {cache_layer[0].shape}")
+        self._check(self.lib.fd_rope_kv_write(self.p(None if q is None else q.x), self.p(k.x), self.p(v),
+                                              self.p(cache_layer[0]), self.p(cache_layer[1]), self.p(k.positions),
+                                              self.p(n_past), n, shape, self._rope(k), self.dev.stream),
                     "fd_rope_kv_write")
 
     def attention_decode(self, q: DeviceTensor, cache_layer, n_past: DeviceTensor) -> DeviceTensor:
         """fd_attention_decode: one rotated query row q (1, H, d) over cache slots [0, *n_past]."""
-        k_cache, v_cache = cache_layer
         _, n_heads, head_dim = q.shape
+        shape = self._shape(q.shape, cache_layer, "attention_decode")
+        if q.shape[0] != 1 or self.attn_workspace is None:
+            raise ValueError(f"attention_decode: q {q.shape} is not one row, or no workspace (reserve_attention)")
         o = self.take((1, n_heads * head_dim))
-        self._check(self.lib.fd_attention_decode(self.p(o, "float*"), self.p(q, "float*"), self.p(k_cache),
-                                                 self.p(v_cache), self.p(n_past, "int32_t*"), n_heads,
-                                                 k_cache.shape[0], head_dim, k_cache.shape[1], DECODE_CHUNK_SLOTS,
-                                                 float(1.0 / np.sqrt(head_dim)), self.p(self.attn_workspace),
+        self._check(self.lib.fd_attention_decode(self.p(o), self.p(q), self.p(cache_layer[0]), self.p(cache_layer[1]),
+                                                 self.p(n_past), shape, DECODE_CHUNK_SLOTS, self.p(self.attn_workspace),
                                                  self.dev.stream), "fd_attention_decode")
         return o
 
     def attention_masked(self, q: DeviceTensor, cache_layer, mask: DeviceTensor, n_past: DeviceTensor) -> DeviceTensor:
         """fd_attention_masked: n rotated rows q (n, H, d); row i attends every slot < *n_past and slot
         *n_past + j iff mask[i, j] (uint8 (n, n)), split like decode attention."""
-        k_cache, v_cache = cache_layer
         n, n_heads, head_dim = q.shape
-        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        shape = self._shape(q.shape, cache_layer, "attention_masked")
+        if mask.size != n * n:
+            raise ValueError(f"attention_masked: mask {mask.shape} for {n} rows")
         ws = self.attn_workspace
-        need = int(self.lib.fd_attention_workspace_bytes(n, n_heads, n_kv_heads, head_dim, max_ctx,
-                                                         DECODE_CHUNK_SLOTS))
+        need = int(self.lib.fd_attention_workspace_bytes(n, shape, DECODE_CHUNK_SLOTS))
         if ws is None or ws.nbytes < need:
             raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
                                f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
         o = self.take((n, n_heads * head_dim))
-        self._check(self.lib.fd_attention_masked(self.p(o, "float*"), self.p(q, "float*"), self.p(k_cache),
-                                                 self.p(v_cache), self.p(mask, "uint8_t*"), self.p(n_past, "int32_t*"),
-                                                 n, n_heads, n_kv_heads, head_dim, max_ctx, DECODE_CHUNK_SLOTS,
-                                                 float(1.0 / np.sqrt(head_dim)), self.p(ws), ws.nbytes,
-                                                 self.dev.stream), "fd_attention_masked")
+        self._check(self.lib.fd_attention_masked(self.p(o), self.p(q), self.p(cache_layer[0]), self.p(cache_layer[1]),
+                                                 self.p(mask), self.p(n_past), n, shape, DECODE_CHUNK_SLOTS, self.p(ws),
+                                                 ws.nbytes, self.dev.stream), "fd_attention_masked")
         return o
 
     def attention_prefill(self, q: DeviceTensor, cache_layer, n_past: DeviceTensor) -> DeviceTensor:
         """fd_attention_prefill: n rotated rows q (n, H, d) at slots *n_past + i, causal, on tensor cores."""
-        k_cache, v_cache = cache_layer
         n, n_heads, head_dim = q.shape
+        shape = self._shape(q.shape, cache_layer, "attention_prefill")
         o = self.take((n, n_heads * head_dim))
-        self._check(self.lib.fd_attention_prefill(self.p(o, "float*"), self.p(q, "float*"), self.p(k_cache),
-                                                  self.p(v_cache), self.p(n_past, "int32_t*"), n, n_heads,
-                                                  k_cache.shape[0], head_dim, k_cache.shape[1],
-                                                  float(1.0 / np.sqrt(head_dim)), self.dev.stream),
+        self._check(self.lib.fd_attention_prefill(self.p(o), self.p(q), self.p(cache_layer[0]), self.p(cache_layer[1]),
+                                                  self.p(n_past), n, shape, self.dev.stream),
                     "fd_attention_prefill")
         return o
 
@@ -170,14 +197,13 @@ class AttentionOps:
         """One new token: RoPE of q and k at q.positions, K/V stored at cache slot *n_past, and split-K
         attention over slots [0, *n_past], in one op (fd_attention_decode_rope). q (1, H, d), k and v
         (1, Hkv, d) as projected; they are left unrotated. Returns o (1, H * d)."""
-        k_cache, v_cache = cache_layer
+        k_cache = cache_layer[0]
         _, n_heads, head_dim = q.x.shape
-        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        n_kv_heads = k_cache.shape[0]
         if q.x.shape[0] != 1 or k.x.shape != (1, n_kv_heads, head_dim) or tuple(v.shape) != (1, n_kv_heads, head_dim):
             raise ValueError(f"attention_decode_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
                              f"one token over a cache of {k_cache.shape}")
-        if tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[2] != head_dim or n_heads % n_kv_heads:
-            raise ValueError(f"attention_decode_rope: caches {k_cache.shape} / {v_cache.shape} vs q {q.x.shape}")
+        shape = self._shape(q.x.shape, cache_layer, "attention_decode_rope")
         if ((k.rope_dim, k.theta, k.neox, k.scaling) != (q.rope_dim, q.theta, q.neox, q.scaling)
                 or k.positions.ptr != q.positions.ptr):
             raise ValueError("attention_decode_rope: q and k must be roped alike (one position, one rope)")
@@ -185,11 +211,10 @@ class AttentionOps:
         if ws is None:
             raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
         o = self.take((1, n_heads * head_dim))
-        self._check(self.lib.fd_attention_decode_rope(
-            self.p(o, "float*"), self.p(q.x, "float*"), self.p(k.x, "float*"), self.p(v, "float*"), self.p(k_cache),
-            self.p(v_cache), self.p(q.positions, "int32_t*"), self.p(n_past, "int32_t*"), n_heads, n_kv_heads,
-            head_dim, max_ctx, DECODE_CHUNK_SLOTS, float(1.0 / np.sqrt(head_dim)), q.rope_dim, q.theta, int(q.neox),
-            self.rope_scaling_arg(q), self.p(ws), self.dev.stream), "fd_attention_decode_rope")
+        self._check(self.lib.fd_attention_decode_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v), self.p(k_cache),
+                                                      self.p(cache_layer[1]), self.p(q.positions), self.p(n_past),
+                                                      shape, self._rope(q), DECODE_CHUNK_SLOTS, self.p(ws),
+                                                      self.dev.stream), "fd_attention_decode_rope")
         return o
 
     # -- PFlash (FlashPrefill) ---------------------------------------------------------------------
@@ -198,10 +223,12 @@ class AttentionOps:
         """FlashPrefill of one chunk at slots [step.p0, step.p0 + n): RoPE + K/V write, then mean_K ->
         normalised block scores -> select -> block-sparse attention; scratch from the arena."""
         _roped("flashprefill_attention", q, k)
-        k_cache, v_cache = cache_layer
         n, n_heads, head_dim = q.x.shape
-        n_kv_heads, max_ctx = k_cache.shape[0], k_cache.shape[1]
+        n_kv_heads, max_ctx = cache_layer[0].shape[0], cache_layer[0].shape[1]
         lib, s, p0 = self.lib, self.dev.stream, step.p0
+        if p0 % FLASHPREFILL_BLOCK or p0 + n > max_ctx:
+            raise ValueError(f"flashprefill_attention: chunk [{p0}, {p0 + n}) is not block-aligned or past {max_ctx}")
+        shape = self._shape(q.x.shape, cache_layer, "flashprefill_attention")
         self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
         n_kb, n_qb = -(-(p0 + n) // FLASHPREFILL_BLOCK), -(-n // FLASHPREFILL_BLOCK)
         mean_k = self.take((n_kb, n_kv_heads, head_dim))
@@ -209,29 +236,26 @@ class AttentionOps:
         idx = self.take((n_qb, n_heads, n_kb), np.int32)
         cnt = self.take((n_qb, n_heads), np.int32)
         o = self.take((n, n_heads * head_dim))
-        scale = float(1.0 / np.sqrt(head_dim))
-        self._check(lib.fd_flashprefill_mean_k(self.p(mean_k, "float*"), self.p(k_cache), p0 + n, n_kv_heads,
-                                               head_dim, max_ctx, s), "fd_flashprefill_mean_k")
-        self._check(lib.fd_flashprefill_score(self.p(score, "float*"), self.p(q.x, "float*"), self.p(mean_k, "float*"),
-                                              p0, n, n_heads, n_kv_heads, head_dim, scale, s), "fd_flashprefill_score")
-        self._check(lib.fd_flashprefill_select(self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"),
-                                               self.p(score, "float*"), p0, n, n_heads, step.alpha, step.sink_blocks,
-                                               step.window_blocks, step.first_full_block, s), "fd_flashprefill_select")
-        self._check(lib.fd_flashprefill_sparse_attention(self.p(o, "float*"), self.p(q.x, "float*"), self.p(k_cache),
-                                                         self.p(v_cache), p0, n, n_heads, n_kv_heads, head_dim, max_ctx,
-                                                         scale, self.p(idx, "int32_t*"), self.p(cnt, "int32_t*"),
-                                                         s), "fd_flashprefill_sparse_attention")
+        kc, vc = self.p(cache_layer[0]), self.p(cache_layer[1])
+        self._check(lib.fd_flashprefill_mean_k(self.p(mean_k), kc, p0 + n, shape, s), "fd_flashprefill_mean_k")
+        self._check(lib.fd_flashprefill_score(self.p(score), self.p(q.x), self.p(mean_k), p0, n, shape, s),
+                    "fd_flashprefill_score")
+        self._check(lib.fd_flashprefill_select(self.p(idx), self.p(cnt), self.p(score), p0, n, n_heads, step.alpha,
+                                               step.sink_blocks, step.window_blocks, step.first_full_block, s),
+                    "fd_flashprefill_select")
+        self._check(lib.fd_flashprefill_sparse_attention(self.p(o), self.p(q.x), kc, vc, p0, n, shape, self.p(idx),
+                                                         self.p(cnt), s), "fd_flashprefill_sparse_attention")
         return o
 
     def tail_max_probs(self, q, cache_layer, n_keys: int, n_tail: int, acc: DeviceTensor) -> None:
         """fd_flashprefill_tail_max_probs: acc (n_tail, n_keys) = max(acc, the dense causal attention
         probabilities of the last n_tail rows of q, max over heads)."""
         qx = q.x if isinstance(q, Roped) else q          # rotated in place by the attention call
-        n, n_heads, head_dim = qx.shape
-        k_cache = cache_layer[0]
+        n, n_heads, _ = qx.shape
+        shape = self._shape(qx.shape, cache_layer, "tail_max_probs")
+        if not (1 <= n_tail <= n and n_tail <= n_keys <= cache_layer[0].shape[1]) or acc.shape != (n_tail, n_keys):
+            raise ValueError(f"tail_max_probs: n_tail {n_tail}, n_keys {n_keys}, acc {acc.shape}, q {qx.shape}")
         ws = self.take((2 * n_tail * n_heads,))
-        self._check(self.lib.fd_flashprefill_tail_max_probs(self.p(acc, "float*"), self.p(qx[n - n_tail:], "float*"),
-                                                            self.p(k_cache), n_keys, n_tail, n_heads, k_cache.shape[0],
-                                                            head_dim, k_cache.shape[1], float(1.0 / np.sqrt(head_dim)),
-                                                            self.p(ws, "float*"),
+        self._check(self.lib.fd_flashprefill_tail_max_probs(self.p(acc), self.p(qx[n - n_tail:]),
+                                                            self.p(cache_layer[0]), n_keys, n_tail, shape, self.p(ws),
                                                             self.dev.stream), "fd_flashprefill_tail_max_probs")

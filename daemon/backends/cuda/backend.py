@@ -82,7 +82,8 @@ class CudaBackend(Backend):
         lib = self.device.lib
         kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_ctx * cfg.head_dim * 2
         largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
-        workspace = (attention_workspace_bytes(lib, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
+        workspace = (attention_workspace_bytes(self.device.native, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                               max_ctx)
                      + int(lib.fd_sample_workspace_bytes(cfg.vocab_size)) + 8 * (max_ctx + 2 * prefill_chunk))
         return MemoryPlan(weights_bytes=weight_bytes, kv_bytes=kv,
                           arena_bytes=2 * _arena_half_bytes(cfg, prefill_chunk),

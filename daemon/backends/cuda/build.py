@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ....native import CUDA_DIR, HEADER, HIP_DIR
+from ....native import CUDA_DIR, HIP_DIR, INCLUDE_DIR
 
 __all__ = ["BuildError", "BuildSpec", "build_library", "library_path", "cache_dir", "detect_arch",
            "HipBuildSpec", "HIP_DEFAULT_ARCH", "build_hip_library", "hip_library_path", "find_hipcc"]
@@ -85,7 +85,7 @@ def _key(spec: BuildSpec) -> str:
     version = subprocess.run([spec.nvcc, "--version"], capture_output=True, text=True).stdout
     h.update(version.encode())
     h.update(" ".join(spec.flags).encode())
-    files = [HEADER, *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]
+    files = [*sorted(INCLUDE_DIR.glob("*.h")), *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -189,7 +189,7 @@ def _hip_key(spec: HipBuildSpec) -> str:
     version = subprocess.run([spec.hipcc, "--version"], capture_output=True, text=True, env=_hip_env()).stdout
     h.update(version.encode())
     h.update(" ".join(spec.flags).encode())
-    for f in [HEADER, *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]:
+    for f in [*sorted(INCLUDE_DIR.glob("*.h")), *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]

@@ -1,4 +1,5 @@
-"""cffi binding of libflashd_cuda: the declarations come from native/include/flashd.h itself.
+"""cffi binding of libflashd_cuda: the declarations come from native/include/flashd.h itself and the part
+headers it includes (flashd_runtime.h, flashd_attention.h, ...), read in its include order.
 
 `load()` returns the process-wide `NativeLib` (ffi + lib), building the library on first use.
 `check(status, what)` turns a non-zero status into `CudaError` naming the call.
@@ -28,12 +29,22 @@ class CudaError(RuntimeError):
         self.is_oom = status == 2   # cudaErrorMemoryAllocation
 
 
-def cdef_source(header: Path = HEADER) -> str:
-    text = header.read_text()
-    m = re.search(r"/\* --- cdef begin --- \*/(.*)/\* --- cdef end --- \*/", text, re.S)
+def _cdef_part(header: Path) -> str:
+    m = re.search(r"/\* --- cdef begin --- \*/(.*)/\* --- cdef end --- \*/", header.read_text(), re.S)
     if m is None:
         raise RuntimeError(f"{header}: cdef markers not found")
     return m.group(1)
+
+
+def abi_headers(header: Path = HEADER) -> list[Path]:
+    """flashd.h, then the headers it includes with #include "..." (the ABI's parts), in that order."""
+    includes = re.findall(r'^#include "([^"]+)"', header.read_text(), re.M)
+    return [header, *(header.parent / name for name in includes)]
+
+
+def cdef_source(header: Path = HEADER) -> str:
+    """The declarations cffi reads: the cdef part of flashd.h and of each header it includes."""
+    return "\n".join(_cdef_part(h) for h in abi_headers(header))
 
 
 class NativeLib:

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base import KVCacheSpec
-from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps, Roped, attention_workspace_bytes,
-                            rope_scaling_struct)
+from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps, Roped, attention_shape,
+                            attention_workspace_bytes, rope_scaling_struct, rope_struct)
 from .kv_cache import CudaKVCache
 from .tensor import Arena, Device, DeviceTensor
 
 __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS",
-           "attention_workspace_bytes", "rope_scaling_struct", "gemv_groups"]
+           "attention_workspace_bytes", "attention_shape", "rope_scaling_struct", "rope_struct", "gemv_groups"]
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
 
@@ -89,7 +89,8 @@ class CudaOps(AttentionOps):
         # fd_attention_decode, one launch fewer per layer); False: the two kernels (tests, benchmarks)
         self.fuse_decode_rope = True
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
-        self._rope_scaling_structs: dict = {}    # (RopeScaling, rope_dim, theta) -> fd_rope_scaling_t* (rope_scaling_arg)
+        self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx) -> fd_attention_shape_t* (AttentionOps._shape)
+        self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
 
     # -- planning --------------------------------------------------------------------------------
     def reserve_arena(self, half_bytes: int) -> None:
@@ -107,7 +108,7 @@ class CudaOps(AttentionOps):
                           n_tokens: int = MAX_MASKED_TOKENS) -> None:
         """Grow the shared attention workspace to cover this shape (a new buffer: graphs that
         captured the old one must be dropped, see engine.py)."""
-        n = attention_workspace_bytes(self.lib, n_heads, n_kv_heads, head_dim, max_ctx, n_tokens)
+        n = attention_workspace_bytes(self.dev.native, n_heads, n_kv_heads, head_dim, max_ctx, n_tokens)
         if self.attn_workspace is None or self.attn_workspace.nbytes < n:
             self.attn_workspace = None
             self.attn_workspace = self.dev.empty((max(int(n), 16),), np.uint8)
@@ -151,16 +152,18 @@ class CudaOps(AttentionOps):
     def take(self, shape, dtype=np.float32) -> DeviceTensor:
         return self.arena.take(tuple(shape), dtype)
 
-    def p(self, t, ctype="void*"):
-        return self.dev.p(t, ctype)
+    def p(self, t):
+        """The cffi pointer of a tensor (NULL for None), typed by its dtype (tensor.CTYPES): float32 -> float*,
+        int32 -> int32_t*, uint8 -> uint8_t*, so a tensor of the wrong dtype is a TypeError at the call."""
+        return self.dev.p(t)
 
     # -- pending values --------------------------------------------------------------------------
     def materialize(self, t):
         if isinstance(t, Normed):
             rows = t.x.size // t.x.shape[-1]
             out = self.take(t.x.shape)
-            self._check(self.lib.fd_rmsnorm(self.p(out, "float*"), self.p(t.x, "float*"), self.p(t.weight, "float*"),
-                                            rows, t.x.shape[-1], t.eps, self.dev.stream), "fd_rmsnorm")
+            self._check(self.lib.fd_rmsnorm(self.p(out), self.p(t.x), self.p(t.weight), rows, t.x.shape[-1], t.eps,
+                                            self.dev.stream), "fd_rmsnorm")
             return out
         if isinstance(t, Roped):
             raise TypeError("a RoPE'd tensor can only be consumed by attention")
@@ -174,8 +177,8 @@ class CudaOps(AttentionOps):
     def embed(self, table: QuantWeight, ids: DeviceTensor) -> DeviceTensor:
         n = ids.shape[0]
         out = self.take((n, table.cols))
-        self._check(self.lib.fd_embed(self.p(out, "float*"), self.p(table.data), table.qtype, table.rows, table.cols,
-                                      self.p(ids, "int32_t*"), n, self.dev.stream), "fd_embed")
+        self._check(self.lib.fd_embed(self.p(out), self.p(table.data), table.qtype, table.rows, table.cols, self.p(ids),
+                                      n, self.dev.stream), "fd_embed")
         return out
 
     def rmsnorm(self, x, weight, eps: float):
@@ -205,17 +208,15 @@ class CudaOps(AttentionOps):
             # dequantization scratch (the lm_head when every position's logits are wanted)
             xs, norm_w, eps = self._norm_parts(x)
             for s, e in gemv_groups(n):
-                self._check(self.lib.fd_gemv(self.p(y[s:e], "float*"), self.p(weight.data), weight.qtype, weight.rows,
-                                             weight.cols, self.p(xs[s:e], "float*"), e - s, self.p(norm_w, "float*"),
-                                             eps, self.p(bias, "float*"),
-                                             self.p(None if residual is None else residual[s:e], "float*"),
+                self._check(self.lib.fd_gemv(self.p(y[s:e]), self.p(weight.data), weight.qtype, weight.rows,
+                                             weight.cols, self.p(xs[s:e]), e - s, self.p(norm_w), eps, self.p(bias),
+                                             self.p(None if residual is None else residual[s:e]),
                                              self.dev.stream), "fd_gemv")
             return y
         xm = self.materialize(x)
         w16 = self._dequant(weight, 0)
-        self._check(self.lib.fd_gemm_f16(self.p(y, "float*"), self.p(xm, "float*"), self.p(w16), n, weight.rows,
-                                         weight.cols, self.p(bias, "float*"), self.p(residual, "float*"),
-                                         self.dev.stream), "fd_gemm_f16")
+        self._check(self.lib.fd_gemm_f16(self.p(y), self.p(xm), self.p(w16), n, weight.rows, weight.cols, self.p(bias),
+                                         self.p(residual), self.dev.stream), "fd_gemm_f16")
         return y
 
     def linear_multi(self, x, weights, biases) -> tuple:
@@ -229,11 +230,11 @@ class CudaOps(AttentionOps):
         ws = self.ffi.new("void*[]", [self.p(w.data) for w in weights])
         qt = self.ffi.new("int[]", [w.qtype for w in weights])
         rows = self.ffi.new("int[]", [w.rows for w in weights])
-        bs = self.ffi.new("float*[]", [self.p(b, "float*") for b in biases])
+        bs = self.ffi.new("float*[]", [self.p(b) for b in biases])
         for s, e in gemv_groups(n):
-            ys = self.ffi.new("float*[]", [self.p(o[s:e], "float*") for o in outs])
-            self._check(self.lib.fd_gemv_multi(k, ys, ws, qt, rows, bs, weights[0].cols, self.p(xs[s:e], "float*"),
-                                               e - s, self.p(norm_w, "float*"), eps, self.dev.stream), "fd_gemv_multi")
+            ys = self.ffi.new("float*[]", [self.p(o[s:e]) for o in outs])
+            self._check(self.lib.fd_gemv_multi(k, ys, ws, qt, rows, bs, weights[0].cols, self.p(xs[s:e]), e - s,
+                                               self.p(norm_w), eps, self.dev.stream), "fd_gemv_multi")
         return tuple(outs)
 
     def linear_swiglu(self, x, w_gate: QuantWeight, w_up: QuantWeight) -> DeviceTensor:
@@ -242,15 +243,15 @@ class CudaOps(AttentionOps):
         if self._on_gemv(n):
             xs, norm_w, eps = self._norm_parts(x)
             for s, e in gemv_groups(n):
-                self._check(self.lib.fd_gemv_swiglu(self.p(y[s:e], "float*"), self.p(w_gate.data), w_gate.qtype,
+                self._check(self.lib.fd_gemv_swiglu(self.p(y[s:e]), self.p(w_gate.data), w_gate.qtype,
                                                     self.p(w_up.data), w_up.qtype, w_gate.rows, w_gate.cols,
-                                                    self.p(xs[s:e], "float*"), e - s, self.p(norm_w, "float*"), eps,
+                                                    self.p(xs[s:e]), e - s, self.p(norm_w), eps,
                                                     self.dev.stream), "fd_gemv_swiglu")
             return y
         xm = self.materialize(x)
         g16, u16 = self._dequant(w_gate, 0), self._dequant(w_up, 1)
-        self._check(self.lib.fd_gemm_swiglu_f16(self.p(y, "float*"), self.p(xm, "float*"), self.p(g16), self.p(u16),
-                                                n, w_gate.rows, w_gate.cols, self.dev.stream), "fd_gemm_swiglu_f16")
+        self._check(self.lib.fd_gemm_swiglu_f16(self.p(y), self.p(xm), self.p(g16), self.p(u16), n, w_gate.rows,
+                                                w_gate.cols, self.dev.stream), "fd_gemm_swiglu_f16")
         return y
 
     def release(self) -> None:
@@ -262,32 +263,28 @@ class CudaOps(AttentionOps):
 
     def swiglu(self, gate, up) -> DeviceTensor:
         out = self.take(gate.shape)
-        self._check(self.lib.fd_swiglu(self.p(out, "float*"), self.p(gate, "float*"), self.p(up, "float*"), gate.size,
-                                       self.dev.stream), "fd_swiglu")
+        self._check(self.lib.fd_swiglu(self.p(out), self.p(gate), self.p(up), gate.size, self.dev.stream), "fd_swiglu")
         return out
 
     def add(self, a, b) -> DeviceTensor:
         out = self.take(a.shape)
-        self._check(self.lib.fd_add(self.p(out, "float*"), self.p(a, "float*"), self.p(b, "float*"), a.size,
-                                    self.dev.stream), "fd_add")
+        self._check(self.lib.fd_add(self.p(out), self.p(a), self.p(b), a.size, self.dev.stream), "fd_add")
         return out
 
     def argmax(self, logits: DeviceTensor, out: DeviceTensor) -> None:
         rows, vocab = logits.shape
-        self._check(self.lib.fd_argmax(self.p(out, "int32_t*"), self.p(logits, "float*"), rows, vocab,
-                                       self.dev.stream), "fd_argmax")
+        self._check(self.lib.fd_argmax(self.p(out), self.p(logits), rows, vocab, self.dev.stream), "fd_argmax")
 
     def sample(self, logits: DeviceTensor, out: DeviceTensor, params, history: DeviceTensor, n_history: DeviceTensor,
                step: DeviceTensor, workspace: DeviceTensor) -> None:
         """fd_sample: one token from logits (1, vocab) into out (int32[1]) as flashd.daemon.sampling.sample
         picks it with SamplingParams `params` (temperature > 0), penalties over history[:*n_history], the
         uniform draw at (params.seed, *step); workspace of fd_sample_workspace_bytes(vocab) bytes."""
-        self._check(self.lib.fd_sample(self.p(out, "int32_t*"), self.p(logits, "float*"), logits.shape[-1],
-                                       self.p(history, "int32_t*"), self.p(n_history, "int32_t*"),
-                                       params.repeat_last_n, params.repeat_penalty, params.frequency_penalty,
-                                       params.presence_penalty, params.temperature, params.top_k, params.top_p,
-                                       params.min_p, params.seed, self.p(step, "int32_t*"), self.p(workspace),
-                                       self.dev.stream), "fd_sample")
+        self._check(self.lib.fd_sample(self.p(out), self.p(logits), logits.shape[-1], self.p(history),
+                                       self.p(n_history), params.repeat_last_n, params.repeat_penalty,
+                                       params.frequency_penalty, params.presence_penalty, params.temperature,
+                                       params.top_k, params.top_p, params.min_p, params.seed, self.p(step),
+                                       self.p(workspace), self.dev.stream), "fd_sample")
 
     def kv_compact(self, cache: CudaKVCache, n_past: int, src_offsets) -> None:
         """Ops.kv_compact with fd_kv_compact (uploads its two small inputs; CudaRunner.commit_tree
@@ -298,7 +295,7 @@ class CudaOps(AttentionOps):
         spec = cache.spec
         d_off = self.dev.upload(offsets)
         d_np = self.dev.upload(np.array([n_past], np.int32))
-        self._check(self.lib.fd_kv_compact(self.p(cache.storage), self.p(d_off, "int32_t*"), self.p(d_np, "int32_t*"),
-                                           len(offsets), spec.n_layers, spec.n_kv_heads, spec.max_ctx, spec.head_dim,
+        self._check(self.lib.fd_kv_compact(self.p(cache.storage), self.p(d_off), self.p(d_np), len(offsets),
+                                           spec.n_layers, spec.n_kv_heads, spec.max_ctx, spec.head_dim,
                                            self.dev.stream), "fd_kv_compact")
         self.dev.synchronize()          # d_off and d_np are freed on return

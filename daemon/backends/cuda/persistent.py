@@ -90,10 +90,10 @@ class PersistentForward:
             L.qtype_q, L.qtype_k, L.qtype_v = w.attn_q.qtype, w.attn_k.qtype, w.attn_v.qtype
             L.qtype_output, L.qtype_gate = w.attn_output.qtype, w.ffn_gate.qtype
             L.qtype_up, L.qtype_down = w.ffn_up.qtype, w.ffn_down.qtype
-            L.attn_norm, L.ffn_norm = dev.p(w.attn_norm, "float*"), dev.p(w.ffn_norm, "float*")
-            L.bias_q, L.bias_k = dev.p(w.attn_q_bias, "float*"), dev.p(w.attn_k_bias, "float*")
-            L.bias_v = dev.p(w.attn_v_bias, "float*")
-            L.q_norm, L.k_norm = dev.p(w.attn_q_norm, "float*"), dev.p(w.attn_k_norm, "float*")
+            L.attn_norm, L.ffn_norm = dev.p(w.attn_norm), dev.p(w.ffn_norm)
+            L.bias_q, L.bias_k = dev.p(w.attn_q_bias), dev.p(w.attn_k_bias)
+            L.bias_v = dev.p(w.attn_v_bias)
+            L.q_norm, L.k_norm = dev.p(w.attn_q_norm), dev.p(w.attn_k_norm)
             L.k_cache, L.v_cache = dev.p(k_cache), dev.p(v_cache)
         model = ffi.new("fd_forward_model_t*")
         model.n_layers, model.hidden, model.n_heads = cfg.n_layers, cfg.hidden, cfg.n_heads
@@ -104,7 +104,7 @@ class PersistentForward:
         scaling = rope_scaling_struct(ffi, cfg.rope_scaling, cfg.rope_dim, cfg.rope_theta)   # copied by create
         model.rope_scaling = scaling
         model.layers = layers
-        model.output_norm = dev.p(weights.output_norm, "float*")
+        model.output_norm = dev.p(weights.output_norm)
         model.output, model.qtype_output = dev.p(weights.output.data), weights.output.qtype
         tun = ffi.new("fd_forward_tuning_t*")
         for k, v in asdict(self.tuning).items():
@@ -157,11 +157,11 @@ class PersistentForward:
             flags = self.dev.ffi.new("uint8_t[]", [int(i in capture) for i in range(self.cfg.n_layers)])
         ops, dev = self.ops, self.dev
         emb = self._weights.token_embd
-        ops._check(dev.lib.fd_embed(dev.p(self.hidden, "float*"), dev.p(emb.data), emb.qtype, emb.rows, emb.cols,
-                                    dev.p(ids, "int32_t*"), n, dev.stream), "fd_embed")
-        ops._check(dev.lib.fd_forward(self._plan, dev.p(positions, "int32_t*"), dev.p(n_past, "int32_t*"),
-                                      dev.p(mask, "uint8_t*"), mask_n if mask is not None else 0, row0, n,
-                                      dev.p(argmax, "int32_t*"), flags, dev.stream), "fd_forward")
+        ops._check(dev.lib.fd_embed(dev.p(self.hidden), dev.p(emb.data), emb.qtype, emb.rows, emb.cols, dev.p(ids), n,
+                                    dev.stream), "fd_embed")
+        ops._check(dev.lib.fd_forward(self._plan, dev.p(positions), dev.p(n_past), dev.p(mask),
+                                      mask_n if mask is not None else 0, row0, n, dev.p(argmax), flags,
+                                      dev.stream), "fd_forward")
         return self.logits[:n]
 
     def captured(self, layer: int, n: int) -> DeviceTensor:

@@ -312,9 +312,9 @@ class CudaRunner(ModelRunner):
                 raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
             dev, spec = self.dev, self.cache.spec
             dev.upload(np.concatenate([np.array([self.n_past], np.int32), offsets]), out=self._t_commit[:n + 1])
-            dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets, "int32_t*"),
-                                                   dev.p(self.c_n_past, "int32_t*"), n, spec.n_layers,
-                                                   spec.n_kv_heads, spec.max_ctx, spec.head_dim, dev.stream),
+            dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets),
+                                                   dev.p(self.c_n_past), n, spec.n_layers, spec.n_kv_heads,
+                                                   spec.max_ctx, spec.head_dim, dev.stream),
                              "fd_kv_compact")
         self.n_past += n
 
@@ -337,10 +337,9 @@ class CudaRunner(ModelRunner):
 
     def _advance(self) -> None:
         lib, p = self.dev.lib, self.dev.p
-        self.ops._check(lib.fd_decode_advance(p(self.tok, "int32_t*"), p(self.history, "int32_t*"),
-                                              p(self.n_history, "int32_t*"), self._ring_ptr, RING_LEN,
-                                              p(self.step, "int32_t*"), p(self.pos, "int32_t*"),
-                                              p(self.n_past_dev, "int32_t*"), self.dev.stream), "fd_decode_advance")
+        self.ops._check(lib.fd_decode_advance(p(self.tok), p(self.history), p(self.n_history), self._ring_ptr, RING_LEN,
+                                              p(self.step), p(self.pos), p(self.n_past_dev),
+                                              self.dev.stream), "fd_decode_advance")
 
     def _decode_body(self, params: SamplingParams | None) -> None:
         self.ops.begin_forward()

@@ -17,6 +17,13 @@ __all__ = ["Device", "DeviceTensor", "Allocation", "Arena"]
 
 ALIGN_BYTES = 256
 
+# The cffi pointer type of a tensor of each dtype (Device.p): a tensor passed where the C ABI declares another
+# pointer type is a TypeError before the call. The ABI's `void*` parameters (weights, the float16 KV cache,
+# workspaces, raw copies) take any of them.
+CTYPES = {np.dtype(np.float32): "float*", np.dtype(np.int32): "int32_t*", np.dtype(np.uint8): "uint8_t*",
+          np.dtype(np.bool_): "uint8_t*", np.dtype(np.float16): "uint16_t*", np.dtype(np.int64): "int64_t*",
+          np.dtype(np.uint64): "uint64_t*"}
+
 
 class Allocation:
     """One cudaMalloc'd block, freed when the last tensor referring to it goes away."""
@@ -143,9 +150,12 @@ class Device:
         return int(free[0]), int(total[0])
 
     # -- memory ----------------------------------------------------------------------------------
-    def p(self, t: DeviceTensor | None, ctype: str = "void*"):
-        """The cffi pointer of a tensor (NULL for None)."""
-        return self.ffi.NULL if t is None else self.ffi.cast(ctype, t.ptr)
+    def p(self, t: DeviceTensor | None, ctype: str | None = None):
+        """The cffi pointer of a tensor (NULL for None), typed by its dtype (CTYPES) unless `ctype` names
+        the type (raw memory: the benchmarks and tests that reinterpret bytes)."""
+        if t is None:
+            return self.ffi.NULL
+        return self.ffi.cast(ctype or CTYPES[t.dtype], t.ptr)
 
     def empty(self, shape, dtype=np.float32) -> DeviceTensor:
         shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))

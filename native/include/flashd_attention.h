@@ -1,0 +1,98 @@
+/* flashd_attention.h -- RoPE and the K/V cache write, decode / prefill / masked attention over
+   the cache, and the speculative commit of the cache.
+   Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
+#ifndef FLASHD_ATTENTION_H
+#define FLASHD_ATTENTION_H
+#ifndef FLASHD_H
+#error "include flashd.h, which includes this header"
+#endif
+/* --- cdef begin --- */
+
+/* ---- the shape of one layer's attention, and its rope ------------------------------------ */
+/* Passed by pointer to every attention entry point (read on the host during the call only). q (n, n_heads,
+   head_dim) float32, o (n, n_heads * head_dim) float32, the K and V caches float16 [n_kv_heads][max_ctx]
+   [head_dim] (one layer's); query head h reads KV head h / (n_heads / n_kv_heads). FD_E_ARG unless every
+   count is >= 1, n_heads % n_kv_heads == 0 and scale is finite and non-zero (where it is read). */
+typedef struct {
+    int n_heads;       /* query heads */
+    int n_kv_heads;    /* KV heads (grouped-query attention) */
+    int head_dim;      /* dims per head */
+    int max_ctx;       /* cache slots per KV head */
+    float scale;       /* softmax scale, usually 1 / sqrt(head_dim) (not read by fd_rope_kv_write) */
+} fd_attention_shape_t;
+
+/* RoPE position scaling (linear / YaRN, llama.cpp's rope_yarn; NULL wherever it is taken: none).
+   Pair j at position pos, e = pos * theta^(-2j/rope_dim), all in double: i = freq_scale * e; if
+   ext_factor != 0: mix = (1 - clamp((j - corr_low) / max(0.001, corr_high - corr_low), 0, 1)) * ext_factor,
+   angle = i * (1 - mix) + e * mix, else angle = i; cos/sin = cos(angle) * mscale, sin(angle) * mscale,
+   rounded to float once (flashd RopeScaling.rope_params computes the fields). */
+typedef struct {
+    double freq_scale;             /* 1 / factor, in (0, inf) */
+    double ext_factor;             /* >= 0: 1 for YaRN, 0 for linear */
+    double corr_low, corr_high;    /* YaRN's correction dims (pair indices) */
+    double mscale;                 /* > 0: the magnitude of cos and sin */
+} fd_rope_scaling_t;
+
+/* The rotary embedding (read on the host during the call): the first rope_dim dims of each head rotate, pair
+   j = (j, j + rope_dim / 2) if neox else (2j, 2j + 1), by angle = pos * theta^(-2j / rope_dim), or as
+   `scaling` says. FD_E_ARG unless rope_dim is even, 2 <= rope_dim <= head_dim, theta > 0, scaling valid. */
+typedef struct {
+    int rope_dim;
+    float theta;
+    int neox;
+    const fd_rope_scaling_t* scaling;     /* NULL: the plain rope */
+} fd_rope_t;
+
+/* ---- RoPE and the K/V cache write (rope.cu) ----------------------------------------------- */
+/* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i], then stores k
+   and v (n, n_kv_heads, head_dim) as float16 into the cache slots *n_past + i. q may be NULL (K/V only). */
+int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache, const int32_t* positions,
+                     const int32_t* n_past, int n, const fd_attention_shape_t* shape, const fd_rope_t* rope,
+                     void* stream);
+
+/* ---- attention over the cache (attention_decode.cu, attention_prefill.cu, attention_masked.cu) */
+/* Decode and masked attention split each row's keys in chunks of chunk_len slots (a multiple of 64) and
+   reduce the splits in a fixed order (attention_splitk.cuh); the workspace holds the partial results.
+   fd_attention_decode_workspace_bytes: enough for a one-token launch whatever the split count (an upper
+   bound over the device and its tuning); fd_attention_workspace_bytes: the exact need of a launch over
+   n_tokens new tokens on this device (decode: 1; masked: n). 0 if none is needed or an argument is
+   invalid. */
+size_t fd_attention_decode_workspace_bytes(const fd_attention_shape_t* shape, int chunk_len);
+size_t fd_attention_workspace_bytes(int n_tokens, const fd_attention_shape_t* shape, int chunk_len);
+/* One new token (q (1, n_heads, head_dim), rotated): attends slots [0, *n_past] (its K/V already stored at
+   slot *n_past). */
+int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache, const int32_t* n_past,
+                        const fd_attention_shape_t* shape, int chunk_len, void* workspace, void* stream);
+/* fd_attention_decode with the new token's RoPE and K/V write fused in (the one-row decode step, instead of
+   fd_rope_kv_write + fd_attention_decode, bit for bit the same o and cache rows): q (1, n_heads, head_dim)
+   and k, v (1, n_kv_heads, head_dim) float32 as projected (unrotated; not modified); positions: device
+   int32, the RoPE position. Rotates q, attends slots [0, *n_past] with slot *n_past's K/V taken from k
+   (rotated) and v, and stores them as float16 into slot *n_past (if 0 <= *n_past < max_ctx). head_dim in
+   {64, 128, 256}; workspace as fd_attention_decode. */
+int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
+                             const int32_t* positions, const int32_t* n_past, const fd_attention_shape_t* shape,
+                             const fd_rope_t* rope, int chunk_len, void* workspace, void* stream);
+/* n new tokens at slots *n_past + i, causal: token i attends slots [0, *n_past + i]. Tensor cores.
+   head_dim in {64, 128}. */
+int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache, const int32_t* n_past,
+                         int n, const fd_attention_shape_t* shape, void* stream);
+/* n new tokens (n <= 256) at slots *n_past + i with an explicit mask over the new tokens: token i
+   attends every slot < *n_past and slot *n_past + j iff mask[i * n + j] != 0 (uint8, (n, n)).
+   Split over the context like fd_attention_decode with the same chunk_len: a token whose visible new
+   slots are its tree path gets bitwise the decode result at its position. workspace_bytes >=
+   fd_attention_workspace_bytes(n, ...) (FD_E_ARG otherwise). */
+int fd_attention_masked(float* o, const float* q, const void* k_cache, const void* v_cache, const uint8_t* mask,
+                        const int32_t* n_past, int n, const fd_attention_shape_t* shape, int chunk_len,
+                        void* workspace, size_t workspace_bytes, void* stream);
+
+/* ---- speculative decoding (kv_compact.cu) ------------------------------------------------- */
+/* Commit a verified tree path: in every layer, K and V, every KV head, for i = 0 .. n_keep-1 in
+   ascending order, cache slot *n_past + src_offsets[i] is copied to slot *n_past + i. cache is
+   the whole KV allocation: 2 * n_layers planes (K of layer l = plane 2l, V = 2l+1), each float16
+   [n_kv_heads][max_ctx][head_dim]. src_offsets (device int32, n_keep) must be strictly increasing
+   with src_offsets[i] >= i; slots past max_ctx are skipped. head_dim must be even. */
+int fd_kv_compact(void* cache, const int32_t* src_offsets, const int32_t* n_past, int n_keep,
+                  int n_layers, int n_kv_heads, int max_ctx, int head_dim, void* stream);
+
+/* --- cdef end --- */
+#endif /* FLASHD_ATTENTION_H */

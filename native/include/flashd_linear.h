@@ -1,0 +1,52 @@
+/* flashd_linear.h -- weights and projections: dequantization, embedding lookup, GEMV, GEMM,
+   norms and elementwise ops.
+   Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
+#ifndef FLASHD_LINEAR_H
+#define FLASHD_LINEAR_H
+#ifndef FLASHD_H
+#error "include flashd.h, which includes this header"
+#endif
+/* --- cdef begin --- */
+
+/* ---- weights: dequantization and embedding lookup (dequant.cu) --------------------------- */
+/* dst (rows, cols) float16 = the weight, exactly as gguf.quants.dequantize defines it (rounded to f16) */
+int fd_dequant_f16(void* dst, const void* w, int qtype, int64_t rows, int64_t cols, void* stream);
+/* dst (n_ids, cols) float32 = rows ids[i] of table (n_table_rows, cols); ids outside the table -> FD_E_ARG is
+   not checkable on the device: such rows are written as NaN */
+int fd_embed(float* dst, const void* table, int qtype, int64_t n_table_rows, int64_t cols,
+             const int32_t* ids, int n_ids, void* stream);
+
+/* ---- decode projections: quantized GEMV (gemv.cu) ----------------------------------------- */
+/* For each of n_x input rows i (1 <= n_x <= 8):
+     xn = norm_w ? rmsnorm(x[i]) * norm_w : x[i]                    (x: (n_x, cols))
+     y[i, r] = dot(W[r, :], xn) (+ bias[r]) (+ residual[i, r])      (y: (n_x, rows))
+   y may alias residual. */
+int fd_gemv(float* y, const void* w, int qtype, int rows, int cols, const float* x, int n_x,
+            const float* norm_w, float eps, const float* bias, const float* residual, void* stream);
+/* Up to 4 matrices sharing one input (e.g. q, k, v): y_j = W_j xn (+ bias_j), one launch.
+   Host arrays of n_mats entries; bias_j may be NULL. */
+int fd_gemv_multi(int n_mats, float* const* y, const void* const* w, const int* qtype, const int* rows,
+                  const float* const* bias, int cols, const float* x, int n_x, const float* norm_w,
+                  float eps, void* stream);
+/* y[i, r] = silu(dot(Wg[r], xn)) * dot(Wu[r], xn)  (the SwiGLU MLP's first half), y: (n_x, rows) */
+int fd_gemv_swiglu(float* y, const void* w_gate, int qtype_gate, const void* w_up, int qtype_up,
+                   int rows, int cols, const float* x, int n_x, const float* norm_w, float eps,
+                   void* stream);
+
+/* ---- prefill projections: tensor-core GEMM (gemm.cu) -------------------------------------- */
+/* y (m, n) = x (m, k) float32 @ w (n, k) float16 ^T (+ bias[n]) (+ residual (m, n)); f32 accumulate.
+   y may alias residual. k % 8 == 0. */
+int fd_gemm_f16(float* y, const float* x, const void* w_f16, int m, int n, int k, const float* bias,
+                const float* residual, void* stream);
+/* y (m, n) = silu(x @ wg^T) * (x @ wu^T), both weights (n, k) float16 */
+int fd_gemm_swiglu_f16(float* y, const float* x, const void* wg_f16, const void* wu_f16, int m, int n,
+                       int k, void* stream);
+
+/* ---- norms and elementwise (norm.cu, elementwise.cu) -------------------------------------- */
+/* y (rows, cols) = x * rsqrt(mean(x^2) + eps) * w; y may alias x */
+int fd_rmsnorm(float* y, const float* x, const float* w, int rows, int cols, float eps, void* stream);
+int fd_add(float* y, const float* a, const float* b, int64_t n, void* stream);
+int fd_swiglu(float* y, const float* gate, const float* up, int64_t n, void* stream);
+
+/* --- cdef end --- */
+#endif /* FLASHD_LINEAR_H */

@@ -1,0 +1,29 @@
+/* flashd_sampling.h -- token selection: argmax, sampling, the decode loop's bookkeeping.
+   Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
+#ifndef FLASHD_SAMPLING_H
+#define FLASHD_SAMPLING_H
+#ifndef FLASHD_H
+#error "include flashd.h, which includes this header"
+#endif
+/* --- cdef begin --- */
+
+/* ---- token selection (sampling.cu) -------------------------------------------------------- */
+/* out[r] = argmax of logits row r (n_rows, n_vocab); the lowest id wins ties */
+int fd_argmax(int32_t* out, const float* logits, int n_rows, int n_vocab, void* stream);
+/* One token from logits (n_vocab,) following flashd.daemon.sampling exactly: penalties over
+   history[0 .. *n_history) (the last repeat_last_n of them), temperature, top_k, top_p, min_p,
+   u = uniform(seed, *step) (SplitMix64), walk kept ids in ascending order. temperature must be > 0
+   (greedy uses fd_argmax). workspace: fd_sample_workspace_bytes(n_vocab) bytes. */
+size_t fd_sample_workspace_bytes(int n_vocab);
+int fd_sample(int32_t* out, const float* logits, int n_vocab, const int32_t* history,
+              const int32_t* n_history, int repeat_last_n, float repeat_penalty, float frequency_penalty,
+              float presence_penalty, float temperature, int top_k, float top_p, float min_p,
+              uint64_t seed, const int32_t* step, void* workspace, void* stream);
+/* The decode loop's bookkeeping after a token is chosen, on the device (one thread):
+     history[*n_history] = *token; *n_history += 1; ring[*step % ring_len] = *token (ring is pinned
+     host memory mapped into the device); *step += 1; positions[0] += 1; *n_past += 1.  */
+int fd_decode_advance(const int32_t* token, int32_t* history, int32_t* n_history, int32_t* ring,
+                      int ring_len, int32_t* step, int32_t* positions, int32_t* n_past, void* stream);
+
+/* --- cdef end --- */
+#endif /* FLASHD_SAMPLING_H */
