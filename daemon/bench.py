@@ -99,15 +99,16 @@ def run_bench(runner, cfg, tests: list[str], *, reps: int = 3, weight_bytes: int
     return results
 
 
-def format_table(model_name: str, backend: str, size_bytes: int, results: list[BenchResult], vram_bytes: int | None,
+def format_table(model_name: str, backend: str, size_bytes: int, results: list[BenchResult], vram: list[str] | None,
                  roofline_note: str = "") -> str:
+    """The results as a markdown table; `vram`: the VRAM plan's lines (VramPlan.lines), printed below it."""
     lines = ["| model | size | backend | test | t/s | % roofline |", "| --- | ---: | --- | --- | ---: | ---: |"]
     for r in results:
         pct = f"{r.roofline_pct:.1f}" if r.roofline_pct is not None else ""
         lines.append(f"| {model_name} | {size_bytes / 2**30:.2f} GiB | {backend} | {r.test} | "
                      f"{r.tok_s:.2f} ± {r.tok_s_stdev:.2f} | {pct} |")
-    if vram_bytes is not None:
-        lines.append(f"\nVRAM planned: {vram_bytes / 2**30:.2f} GiB")
+    if vram:
+        lines += ["", *vram]
     if roofline_note:
         lines.append(roofline_note)
     return "\n".join(lines)

@@ -5,6 +5,9 @@ import sys
 
 import click
 
+from .serve_command import size_option
+from .vram_budget import DEFAULT_MARGIN
+
 
 @click.command("bench")
 @click.option("--model", "-m", "model", default=None, help="GGUF path or known model name (default model if omitted)")
@@ -17,7 +20,12 @@ import click
 @click.option("--prefill-chunk", default=512, show_default=True)
 @click.option("--forward", type=click.Choice(["persistent", "graph"]), default="graph", show_default=True,
               help="CUDA decode path: the one-launch persistent forward or the per-op graph (the table says which ran)")
-def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk, forward):
+@click.option("--vram-budget", metavar="SIZE", callback=size_option, default=None,
+              help="As `flashd serve --vram-budget` (e.g. 24GiB): refuse to load what the plan says would not fit.")
+@click.option("--vram-margin", metavar="SIZE", callback=size_option, default=f"{DEFAULT_MARGIN >> 20}MiB",
+              show_default=True, help="As `flashd serve --vram-margin`.")
+def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk, forward, vram_budget,
+                  vram_margin):
     """llama-bench-like table of prefill and decode throughput, with % of the bandwidth roofline."""
     from ..clients.registry import DEFAULT_MODEL, resolve_model
     from .bench import format_table, run_bench
@@ -32,7 +40,7 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
     path = resolve_model(model or DEFAULT_MODEL)
     engine = Engine(EngineConfig(model=str(path), device=device, max_ctx=max_ctx or need,
                                  prefill_chunk=prefill_chunk, prefix_cache=False,   # every prefill measured cold
-                                 forward=forward))
+                                 forward=forward, vram_budget=vram_budget, vram_margin=vram_margin))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"loading {path} on {engine.backend.name}")
     engine.load()
@@ -52,5 +60,6 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
                                                       f" ({fwd['note']})")
     results = run_bench(engine.runner, cfg, tests, reps=reps, weight_bytes=engine.model.file_weight_bytes,
                         embd_bytes=embd, copy_gbs=copy_gbs, log=log)
-    vram = engine.plan.total_bytes if engine.backend.name == "cuda" else None
+    plan = engine.vram_plan()
+    vram = plan.lines() if plan is not None else None
     click.echo(format_table(cfg.name or path.name, engine.backend.name, path.stat().st_size, results, vram, note))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .pflash.config import PFlashConfig
+from .vram_budget import DEFAULT_MARGIN
 
 __all__ = ["EngineConfig", "DEVICES", "FORWARDS"]
 
@@ -26,6 +27,8 @@ class EngineConfig:
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes (prefix_cache.py); 0: none
     forward: str = "graph"              # cuda decode / verify: "graph" (per-op CUDA graph) or "persistent"
     rope_override: tuple | None = None  # (kind, factor | None, orig_ctx | None): --rope-scaling over the GGUF's
+    vram_budget: int | None = None      # --vram-budget in bytes: plan everything up front, refuse what would not fit
+    vram_margin: int = DEFAULT_MARGIN   # --vram-margin: the plan's allowance for what the backend does not track
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -45,3 +48,10 @@ class EngineConfig:
             raise ValueError(f"rope_override must be (none|linear|yarn, factor, orig_ctx), got {self.rope_override!r}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.vram_budget is not None and (type(self.vram_budget) is not int or self.vram_budget <= 0):
+            raise ValueError(f"vram_budget must be a positive number of bytes or None, got {self.vram_budget!r}")
+        if type(self.vram_margin) is not int or self.vram_margin < 0:
+            raise ValueError(f"vram_margin must be a non-negative number of bytes, got {self.vram_margin!r}")
+        if self.vram_budget is not None and self.vram_margin >= self.vram_budget:
+            raise ValueError(f"--vram-margin ({self.vram_margin} bytes) leaves nothing of --vram-budget "
+                             f"({self.vram_budget} bytes)")

@@ -137,10 +137,15 @@ class DrafterSet:
 
     def reload_target_borrowers(self, ctx: DrafterContext) -> None:
         """Drafters that use the target's own weights (DFlash: embedding and lm_head) held the
-        parked copy: load them again against the unparked target."""
-        for name, drafter in list(self.by_name.items()):
+        parked copy: load them again against the unparked target. Each old one is dropped before its new
+        one loads (the VRAM plan counts one copy of each, vram_ledger.py)."""
+        for name in list(self.by_name):
+            drafter = self.by_name[name]
             if borrows_target_weights(drafter):
                 drafter.close()
+                self.by_name[name] = ParkedDrafter(name, True)     # until the reload below replaces it
+                del drafter
+                gc.collect()
                 self.by_name[name] = load_drafter(self._sources[name], ctx)
             else:   # parking released the shared arena its graphs used
                 self.backend.drop_graphs([getattr(drafter, "runner", None)])

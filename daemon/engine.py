@@ -18,7 +18,9 @@ host RAM; unparking loads the weights again and reloads the drafters that borrow
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import logging
 import os
 from typing import Callable
 
@@ -37,8 +39,12 @@ from .request_queue import Emit, Job, RequestQueue
 from .runner import ModelRunner
 from .speculative.drafter import DrafterLoadError
 from .speculative.loader import DrafterContext
+from .vram_budget import BudgetExceeded, format_size
+from .vram_ledger import LedgerState, VramLedger
 
 __all__ = ["Engine", "Emit"]
+
+log = logging.getLogger("flashd.engine")
 
 
 class Engine:
@@ -54,6 +60,7 @@ class Engine:
         self.runner: ModelRunner | None = None
         self.tokenizer = None
         self.compressor: PrefillCompressor | None = None   # PFlash (daemon/pflash)
+        self.vram: VramLedger | None = None     # the VRAM plan (vram_ledger.py); checks loads with --vram-budget
         self.drafters = DrafterSet(self.backend, config.ddtree_chain_seed)   # --draft
         # host copies of prompt prefixes, kept across requests and park/unpark (the same model)
         self.prefix_store = (PrefixStore(config.prefix_cache_ram_mb << 20, config.prefill_chunk)
@@ -62,19 +69,24 @@ class Engine:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def load(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """Check the memory plan, then load the target model and its tokenizer;
-        `progress(done_bytes, total_bytes)` follows the weight upload."""
+        """Check the memory plan (with --vram-budget: of everything configured), then load the target model
+        and its tokenizer, the PFlash drafter and the --draft drafters; `progress(done_bytes, total_bytes)`
+        follows the target's weight upload."""
         from ..clients.tokenizer import Tokenizer
 
         f, cfg = open_model(self.config.model, self.config.rope_override)   # --rope-scaling over the GGUF's
         self.tokenizer = Tokenizer.from_gguf(f.metadata_dict)
         self.plan = self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx,
                                       self.config.prefill_chunk)
+        if self.config.vram_budget is not None:
+            self.vram = VramLedger.for_engine(self.backend, self.config, f, cfg)
+            self._check_budget_at_start()
         self.backend.check_fits(self.plan)       # before anything is allocated
         self._opened = (f, cfg)
         self._load_weights(progress)
         self.compressor = PrefillCompressor(self.backend, self.config.pflash, self.config.prefill_drafter,
                                             self.tokenizer)
+        self.compressor.admit = self._admit_prefill_drafter
         if self.config.prefill_drafter is not None and self.config.pflash.drafter_policy == "resident":
             try:
                 self.compressor.load()
@@ -83,6 +95,81 @@ class Engine:
         self.drafters.load(self.config.drafts, self._drafter_context())
         if self.drafters.by_name:
             self.drop_graphs()
+        if self.vram is None:
+            self.vram = self._ledger_for_status()
+        plan = self.vram_plan()
+        if plan is not None:
+            log.info("VRAM plan (%s): peak %s (%s)%s", plan.where, format_size(plan.peak_bytes), plan.peak_phase,
+                     "" if plan.budget_bytes is None else f" of --vram-budget {format_size(plan.budget_bytes)}")
+
+    # -- the VRAM plan (vram_ledger.py) ------------------------------------------------------------
+    def _check_budget_at_start(self) -> None:
+        """Everything configured must fit --vram-budget (and the device's free memory) before anything loads."""
+        parts = [f"target {self.vram.target.name} at --max-ctx {self.config.max_ctx}"]
+        parts += [f"--draft {d}" for d in self.config.drafts]
+        parts += [f"--prefill-drafter {self.config.prefill_drafter} ({self.config.pflash.drafter_policy})"
+                  ] if self.config.prefill_drafter else []
+        try:
+            plan = self.vram.check(f"the configuration ({', '.join(parts)})",
+                                   LedgerState(pflash=self.config.prefill_drafter), runtime=False)
+        except BudgetExceeded as exc:
+            raise ModelLoadError(str(exc)) from None
+        device = getattr(self.backend, "device", None)
+        if device is not None:
+            free, total = device.mem_info()
+            need = plan.peak_bytes - plan.margin_bytes      # the margin's CUDA context exists already
+            if need > free:
+                raise ModelLoadError(f"--vram-budget {format_size(plan.budget_bytes)}: the plan needs "
+                                     f"{format_size(need)} of device memory at its peak ({plan.peak_phase}) but "
+                                     f"{format_size(free)} of {format_size(total)} are free")
+
+    def _ledger_for_status(self) -> VramLedger | None:
+        """Without --vram-budget the plan is only reported (status, flashd bench): built after loading,
+        and a failure to build it is logged, never fatal."""
+        try:
+            return VramLedger.for_engine(self.backend, self.config, *self._opened)
+        except Exception as exc:  # reporting only: the daemon runs as it did without the plan
+            log.warning("no VRAM plan to report: %s: %s", type(exc).__name__, exc)
+            return None
+
+    def vram_plan(self):
+        """The VRAM plan of what is resident now (vram_budget.VramPlan), None when there is none to report."""
+        return self.vram.plan(self._vram_state()) if self.vram is not None else None
+
+    def _vram_report(self) -> dict | None:
+        """status.memory.vram: the plan as a dict; a failure to compute it is logged, and status still answers."""
+        try:
+            plan = self.vram_plan()
+        except Exception:  # reporting only: status must answer
+            log.exception("the VRAM plan could not be computed")
+            return None
+        return plan.as_dict() if plan is not None else None
+
+    def _vram_state(self, **change) -> LedgerState:
+        """What is resident now (LedgerState), with `change` applied (what a load would make of it)."""
+        c = self.compressor
+        slot = self.config.prefill_drafter if c is None else (
+            str(c.drafter.path) if c.drafter is not None else c.parked_path or c.default_path)
+        target = self.model is not None and self.model.weights is not None
+        state = LedgerState(target=target, parked=frozenset(self.drafters.parked_names()), pflash=slot,
+                            shared_parked=not target and getattr(self.ops, "arena", None) is not None)
+        return dataclasses.replace(state, **change)
+
+    def _check_vram(self, action: str, loading, **change) -> None:
+        """ProtocolError `oom` (nothing loaded, the daemon keeps serving) when `action` would take the plan
+        over --vram-budget."""
+        if self.vram is None or self.config.vram_budget is None:
+            return
+        try:
+            self.vram.check(action, self._vram_state(**change), runtime=True, loading=frozenset(loading))
+        except BudgetExceeded as exc:
+            raise ProtocolError("oom", str(exc)) from None
+
+    def _admit_prefill_drafter(self, path: str, f, cfg) -> None:
+        """PrefillCompressor's check before it loads a drafter (the ledger also learns its sizes)."""
+        if self.vram is not None:
+            desc = self.vram.describe_pflash(path, (f, cfg))
+            self._check_vram(f"loading the prefill drafter {desc.name}", {"pflash"}, pflash=path)
 
     def _drafter_context(self) -> DrafterContext:
         return DrafterContext(backend=self.backend, target_file=self._opened[0], target_model=self.model,
@@ -181,7 +268,8 @@ class Engine:
         kv_bytes = self.runner.cache.n_bytes if self.runner is not None else 0
         resident = self.model.weights is not None
         memory = {"plan": self.plan.as_dict(), "resident_weights_bytes": self._weight_bytes() if resident else 0,
-                  "resident_kv_bytes": kv_bytes}
+                  "resident_kv_bytes": kv_bytes,
+                  "vram": self._vram_report()}
         device = getattr(self.backend, "device", None)
         if device is not None:                 # what park/unpark release and take, as the driver sees it
             memory["device_free_bytes"], memory["device_total_bytes"] = device.mem_info()
@@ -230,6 +318,8 @@ class Engine:
         target, load the drafter, compress, free the drafter, unpark the target."""
         if self.config.pflash.drafter_policy != "park":
             return self.compressor.compress(prompt, keep, drafter, alpha, layers, first_layer)
+        if self.config.vram_budget is not None:     # refused over budget before the target is parked
+            self.compressor.check(drafter, keep_open=True)
         with self._target_parked():
             try:
                 return self.compressor.compress(prompt, keep, drafter, alpha, layers, first_layer)
@@ -259,6 +349,7 @@ class Engine:
         gc.collect()
 
     def unpark_target(self) -> None:
+        self._check_vram("unparking the target", {"target"}, target=True)
         try:
             self._load_weights()
             self.drafters.reload_target_borrowers(self._drafter_context())
@@ -266,5 +357,9 @@ class Engine:
             raise ProtocolError("internal", f"unpark failed: {exc}") from exc
 
     def unpark_spec_drafters(self) -> None:
+        parked = self.drafters.parked_names()
+        if parked:
+            self._check_vram(f"unparking the --draft drafters {', '.join(parked)}", parked, parked=frozenset(),
+                             shared_parked=self.model.weights is None)
         self.drafters.unpark(self._drafter_context())
         self.drop_graphs()

@@ -29,7 +29,7 @@ Choices that differ from Lucebox, on purpose:
   (where Lucebox's DflashClient writes them) or to $FLASHD_ALLOW_FILES (directories separated by
   `:`; `none`: no files), compress's drafter_gguf to the directories of TARGET and DRAFT, the
   flashd model cache and $FLASHD_ALLOW_MODELS. Lucebox's argv has no room for flags of our own,
-  hence environment variables (like FLASHD_LOG_LEVEL).
+  hence environment variables (like FLASHD_LOG_LEVEL, and $FLASHD_VRAM_BUDGET: `flashd serve --vram-budget`).
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ from ..protocol.messages import Compress, Generate, Park, Quit, Request, Unpark,
 from ..protocol.wire import MAX_FRAME_BYTES
 from .config import EngineConfig
 from .file_access import FileAccess
+from .vram_budget import parse_size
 from .process import (
     LineReader, OverlongLine, StartupError, StopSignals, check_gguf, claim_stdout, load_engine, setup_logging,
 )
@@ -60,6 +61,7 @@ MAX_LINE_BYTES = MAX_FRAME_BYTES   # a command line, and an ids file
 ENGINE_STOP_TIMEOUT_S = 60.0
 ALLOW_FILES_ENV = "FLASHD_ALLOW_FILES"     # os.pathsep-separated dirs for ids files (default: the temp dir)
 ALLOW_MODELS_ENV = "FLASHD_ALLOW_MODELS"   # os.pathsep-separated dirs for compress's drafter_gguf, added
+VRAM_BUDGET_ENV = "FLASHD_VRAM_BUDGET"     # a size like 24GiB: flashd serve's --vram-budget
 
 
 class StreamClosed(Exception):
@@ -216,9 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = lb.parse_argv(argv)
+        budget = os.environ.get(VRAM_BUDGET_ENV)
+        try:
+            budget = parse_size(budget) if budget else None
+        except ValueError as exc:
+            raise ValueError(f"${VRAM_BUDGET_ENV}: {exc}") from None
         config = EngineConfig(model=args.target, device="auto",
                               max_ctx=args.max_ctx if args.max_ctx is not None else DEFAULT_MAX_CTX,
-                              drafts=(args.draft,), ddtree_chain_seed=args.ddtree_chain_seed)
+                              drafts=(args.draft,), ddtree_chain_seed=args.ddtree_chain_seed, vram_budget=budget)
         setup_logging(os.environ.get("FLASHD_LOG_LEVEL", "info"))   # Lucebox's argv has no log flag
     except ValueError as exc:
         print(f"flashd-lucebox-daemon: {exc}", file=sys.stderr)

@@ -12,8 +12,19 @@ from .config import DEVICES, FORWARDS
 from .pflash.config import COMPRESS_MODES, DRAFTER_POLICIES, PFlashConfig
 from .process import LOG_LEVELS
 from .server import ServeConfig, serve
+from .vram_budget import DEFAULT_MARGIN, SIZE_HELP, parse_size
 
-__all__ = ["serve_command"]
+__all__ = ["serve_command", "size_option"]
+
+
+def size_option(ctx, param, value):
+    """click callback: a size like 24GiB (vram_budget.parse_size) -> bytes; None stays None."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command("serve")
@@ -84,11 +95,21 @@ __all__ = ["serve_command"]
 @click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
+@click.option("--vram-budget", metavar="SIZE", callback=size_option, default=None,
+              help="Device memory the daemon may use, e.g. 24GiB: the target, its KV cache at --max-ctx, the "
+                   "drafters, the prefill drafter and the workspaces are planned up front (`status` reports the "
+                   "plan); what would not fit is refused at start, and a later load (unpark, compress "
+                   f"drafter=...) is refused with `oom` while the daemon keeps serving. SIZE: {SIZE_HELP}. "
+                   "Default: no budget (the free device memory is checked).")
+@click.option("--vram-margin", metavar="SIZE", callback=size_option, default=f"{DEFAULT_MARGIN >> 20}MiB",
+              show_default=True,
+              help="The part of --vram-budget kept for what the plan does not itemize: the CUDA context, kernel "
+                   "images, CUDA graphs, allocator rounding.")
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
                   max_queue, max_request_bytes, allow_files, allow_models, prefix_cache, prefix_cache_ram_mb,
                   forward, keep_alive, ready_file, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
-                  rope_scaling, rope_factor, rope_orig_ctx, drafter_policy):
+                  rope_scaling, rope_factor, rope_orig_ctx, drafter_policy, vram_budget, vram_margin):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     if rope_scaling is None and (rope_factor is not None or rope_orig_ctx is not None):
         raise click.UsageError("--rope-factor / --rope-orig-ctx need --rope-scaling linear|yarn")
@@ -102,6 +123,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              allow_files=tuple(allow_files) or None, allow_models=tuple(allow_models),
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
                              forward=forward, log_level=log_level, rope_override=rope_override,
+                             vram_budget=vram_budget, vram_margin=vram_margin,
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold,
                                                  alpha=compress_alpha, drafter_policy=drafter_policy, **given),

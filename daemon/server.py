@@ -44,6 +44,7 @@ from .process import (
     resolve_model, setup_logging,
 )
 from .serve_client import UNTIMED, Client, Reply
+from .vram_budget import DEFAULT_MARGIN
 from .zmq_frontend import ZmqFrontend
 
 __all__ = ["ServeConfig", "serve", "check_zmq_address"]
@@ -81,6 +82,8 @@ class ServeConfig:
     pflash: PFlashConfig = field(default_factory=PFlashConfig)   # --compress*, --drafter-policy
     pflash_given: frozenset[str] = frozenset()   # PFlash fields the command line set; the others may come from
                                                  # the prefill drafter's calibration (pflash/calibrate.py)
+    vram_budget: int | None = None      # --vram-budget, bytes (EngineConfig)
+    vram_margin: int = DEFAULT_MARGIN   # --vram-margin, bytes
 
     def __post_init__(self):
         if not self.stdin and self.zmq is None:
@@ -96,6 +99,9 @@ class ServeConfig:
         resolve_dirs(self.allow_models, "--allow-models")
         if self.keep_alive_s is not None and not self.keep_alive_s > 0:
             raise ValueError(f"--keep-alive must be > 0 seconds (or negative: no timeout), got {self.keep_alive_s}")
+        if self.vram_budget is not None and self.vram_margin >= self.vram_budget:
+            raise ValueError(f"--vram-margin {self.vram_margin} bytes leaves nothing of --vram-budget "
+                             f"{self.vram_budget} bytes")
 
 
 # ---------------------------------------------------------------------------------- server
@@ -310,7 +316,8 @@ def serve(config: ServeConfig) -> int:
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
                                           pflash=pflash, prefix_cache=config.prefix_cache,
                                           prefix_cache_ram_mb=config.prefix_cache_ram_mb,
-                                          forward=config.forward, rope_override=config.rope_override))
+                                          forward=config.forward, rope_override=config.rope_override,
+                                          vram_budget=config.vram_budget, vram_margin=config.vram_margin))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:

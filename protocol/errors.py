@@ -17,7 +17,9 @@ ERROR_CODE_MEANINGS: dict[str, str] = {
     "not_loaded": "the request needs a model that is not loaded (e.g. a drafter it names, "
     "or speculative decoding / compression with no drafter)",
     "parked": "the model the request needs is parked; `unpark` it first",
-    "oom": "device memory ran out while serving this request; the daemon keeps serving",
+    "oom": "device memory ran out while serving this request, or a model it would load (unpark, a "
+    "prefill drafter) does not fit --vram-budget and was refused before anything was allocated; the "
+    "daemon keeps serving",
     "cancelled": "the request was cancelled by `cancel` (or its ZeroMQ client went away)",
     "internal": "a bug in flashd; the message says what failed; the daemon keeps serving",
     "overloaded": "the request queue is full; retry later",

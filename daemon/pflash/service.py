@@ -26,7 +26,7 @@ from .config import PFlashConfig
 from .drafter import Drafter
 from .selection import kept_positions
 
-__all__ = ["PrefillCompressor", "Compressed", "compressed_fields"]
+__all__ = ["PrefillCompressor", "Compressed", "compressed_fields", "drafter_token_limit"]
 
 log = logging.getLogger("flashd.pflash")
 
@@ -48,6 +48,8 @@ class PrefillCompressor:
         self.target_tokenizer = target_tokenizer
         self.drafter: Drafter | None = None
         self.parked_path: str | None = None     # parked: weights released, reloaded on unpark
+        self.admit = None                       # the engine's --vram-budget check of a load (check())
+        self._kept_open = None                  # (realpath, GGUFFile, ModelConfig) from check(keep_open=True)
         self._same_vocab: dict[str, bool] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -59,24 +61,43 @@ class PrefillCompressor:
         ops.reserve_scratch(max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden))
         return ops
 
-    def load(self, path: str | None = None) -> tuple[Drafter, float]:
-        """The drafter at `path` (default: the configured one), loading it if needed; returns it
-        and the load time in ms (0 when already resident)."""
-        from ...clients.tokenizer import Tokenizer
-
+    def check(self, path: str | None = None, keep_open: bool = False):
+        """What load(path) would refuse, before anything is allocated: no drafter, not a model file, or (the
+        engine's `admit(path, file, config)`, raising ProtocolError) over --vram-budget. Returns (path, file,
+        config) of the drafter to load, or None when it is the one loaded. keep_open: the next check of the
+        same file reuses this one's opened file (opening a large vocabulary takes a second)."""
+        kept, self._kept_open = self._kept_open, None
         path = path or self.default_path or self.parked_path
         if path is None:
             raise ProtocolError("not_loaded", "no prefill drafter: start the daemon with --prefill-drafter or "
                                               "pass drafter=PATH")
         if self.drafter is not None and os.path.realpath(self.drafter.path) == os.path.realpath(path):
-            return self.drafter, 0.0
+            return None
         if not os.path.isfile(path):
             raise ProtocolError("bad_request", f"drafter: {path} is not a file")
+        if kept is not None and kept[0] == os.path.realpath(path):
+            f, cfg = kept[1:]
+        else:
+            try:
+                f, cfg = open_model(path)
+            except ModelLoadError as exc:
+                raise ProtocolError("bad_request", f"drafter: {exc}") from None
+        if self.admit is not None:
+            self.admit(path, f, cfg)
+        if keep_open:
+            self._kept_open = (os.path.realpath(path), f, cfg)
+        return path, f, cfg
+
+    def load(self, path: str | None = None) -> tuple[Drafter, float]:
+        """The drafter at `path` (default: the configured one), loading it if needed; returns it
+        and the load time in ms (0 when already resident)."""
+        from ...clients.tokenizer import Tokenizer
+
         t0 = time.perf_counter()
-        try:
-            f, cfg = open_model(path)
-        except ModelLoadError as exc:
-            raise ProtocolError("bad_request", f"drafter: {exc}") from None
+        opened = self.check(path)
+        if opened is None:
+            return self.drafter, 0.0
+        path, f, cfg = opened
         if self.backend.name == "cuda":
             plan = self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.forward_chunk,
                                      self.config.forward_chunk)
@@ -155,7 +176,7 @@ class PrefillCompressor:
             raise ProtocolError("bad_request", f"ids: token id {bad[0]} is outside the drafter's vocabulary")
         if not d_ids:
             raise ProtocolError("bad_request", "ids: the prompt is empty in the drafter's vocabulary")
-        trained = drafter.model.config.context_length
+        trained = drafter_token_limit(drafter.model.config)
         if len(d_ids) > trained:          # RoPE past the trained length scores garbage
             raise ProtocolError("ctx_overflow", f"compress: {len(d_ids)} drafter tokens > the drafter's trained "
                                                 f"context {trained}")
@@ -168,6 +189,12 @@ class PrefillCompressor:
         ms = (time.perf_counter() - t0) * 1e3
         return Compressed(ids=kept_ids, n_in=len(ids), n_out=len(kept_ids), drafter_tokens=len(d_ids),
                           ms=round(ms, 3), load_ms=round(load_ms, 3))
+
+
+def drafter_token_limit(cfg) -> int:
+    """The longest prompt (in drafter tokens) a drafter scores: its trained context. The VRAM plan sizes the
+    drafter's per-compression memory for it (vram_sizes.py)."""
+    return cfg.context_length
 
 
 def compressed_fields(c: Compressed) -> dict:

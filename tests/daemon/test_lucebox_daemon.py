@@ -7,6 +7,7 @@ shows up as an empty answer to the next command or as bytes left on the stream a
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -216,6 +217,15 @@ def test_bad_argv_is_a_usage_error(synthetic_model, argv, needle):
     result = _run([a.replace("{model}", str(synthetic_model)) for a in argv])
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr and result.stdout == b""
+
+
+def test_vram_budget_comes_from_the_environment(synthetic_model):
+    """Lucebox's argv has no room for --vram-budget: $FLASHD_VRAM_BUDGET, parsed as strictly."""
+    argv = [str(synthetic_model), str(synthetic_model), "--daemon", "--stream-fd=2"]
+    bad = _run(argv, env={**os.environ, "FLASHD_VRAM_BUDGET": "lots"})
+    assert bad.returncode == 2 and b"$FLASHD_VRAM_BUDGET: 'lots' is not a size" in bad.stderr
+    small = _run(argv, env={**os.environ, "FLASHD_VRAM_BUDGET": "524388KiB"})     # the 512 MiB margin + 100 KiB
+    assert small.returncode == 1 and b"does not fit --vram-budget 512.1 MiB" in small.stderr and small.stdout == b""
 
 
 def test_unreadable_or_non_gguf_draft_is_refused(synthetic_model, tmp_path):

@@ -1,0 +1,218 @@
+"""VramLedger: the engine's VRAM plan (vram_budget.py) -- everything the daemon may hold, described once
+from the model files, which of it is resident in a given state, and the check before each load.
+
+What counts in a state (`LedgerState`):
+
+- the target, unless parked;
+- every --draft drafter that is not parked (n-grams hold nothing);
+- the PFlash drafter's slot: the one loaded, else the parked one, else the configured --prefill-drafter
+  (reserved: `compress=auto` loads it again). Under the `resident` policy it is in every phase, under
+  `park` only while the target is parked;
+- the shared buffers (arena, weight scratch, attention workspace) with the target (parking releases
+  them); while the target is parked, the ones draft models reserve again when they are unparked;
+- the target's embedding and lm_head while parked or unparking, when a DFlash drafter holds them.
+
+Loads that could exceed the budget are checked in the state they would create: the start (every
+configured model), `unpark` of the target or of the --draft drafters, and loading a PFlash drafter
+(`compress drafter=...`, `unpark what=draft`, compressions under the park policy). A refusal names the
+peak's components and the changes that would fit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from .vram_budget import GiB, MiB, BudgetExceeded, Component, VramPlan, format_size, largest_fitting, refusal
+from .vram_sizes import CudaSizes, DFlashDesc, HostSizes, ModelDesc, describe_dflash, describe_model
+
+__all__ = ["LedgerState", "VramLedger", "sizes_for", "describe_draft"]
+
+QUANT_KV = ("q8_0", "q4_0")
+KV_NOT_BUILT = "not yet available in flashd (issue 16, item 1: the KV cache is float16)"
+
+
+@dataclass(slots=True, frozen=True)
+class LedgerState:
+    target: bool = True                         # the target is resident (not parked)
+    parked: frozenset[str] = frozenset()        # --draft drafters parked now
+    pflash: str | None = None                   # the PFlash drafter's slot (a path), None: empty
+    shared_parked: bool = False                 # the target parked, draft models reserved the shared buffers again
+
+    def __post_init__(self):
+        if not isinstance(self.target, bool) or not isinstance(self.shared_parked, bool):
+            raise ValueError(f"target and shared_parked are bools, got {self.target!r}, {self.shared_parked!r}")
+        if not isinstance(self.parked, frozenset) or not all(isinstance(n, str) for n in self.parked):
+            raise ValueError(f"parked must be a frozenset of drafter names, got {self.parked!r}")
+        if self.pflash is not None and not isinstance(self.pflash, str):
+            raise ValueError(f"pflash must be a path or None, got {self.pflash!r}")
+
+
+def sizes_for(backend, forward: str = "graph"):
+    """The sizes of the backend the engine runs on: CUDA (its native library's workspace sizes, the
+    device's SM count for the persistent forward) or the reference backend's host RAM."""
+    if backend.name != "cuda":
+        return HostSizes()
+    from .backends.cuda.attention_ops import attention_workspace_bytes
+    from .backends.cuda.persistent import tuning_for
+    native = backend.device.native
+    info = backend.info()
+    tuning = tuning_for(info["cc"])
+
+    def attention_ws(n_heads, n_kv_heads, head_dim, max_ctx, n_tokens):
+        return attention_workspace_bytes(native, n_heads, n_kv_heads, head_dim, max_ctx, n_tokens)
+    return CudaSizes(attention_ws, lambda vocab: int(native.lib.fd_sample_workspace_bytes(vocab)),
+                     n_sms=info["n_sms"], tuning_rows=tuning.max_rows, attn_splits=tuning.attn_splits,
+                     persistent=forward == "persistent")
+
+
+def describe_draft(spec: str):
+    """A --draft drafter's descriptor (None for n-grams); DrafterLoadError worded as the loader's."""
+    from .models import ModelLoadError, open_model
+    from .models.dflash_weights import open_dflash
+    from .models.gguf_file import GGUFFile
+    from .speculative.drafter import DrafterLoadError
+    from .speculative.loader import DFLASH_ARCH, NGRAM, drafter_name
+    if spec == NGRAM:
+        return None
+    try:
+        if GGUFFile(spec).arch == DFLASH_ARCH:
+            return describe_dflash(drafter_name(spec), *open_dflash(spec))
+        return describe_model(drafter_name(spec), *open_model(spec))
+    except ModelLoadError as exc:
+        raise DrafterLoadError(f"--draft {spec}: {exc}") from None
+
+
+class VramLedger:
+    def __init__(self, sizes, target: ModelDesc, drafters: dict, *, max_ctx: int, prefill_chunk: int, pflash,
+                 budget: int | None, margin: int, default_pflash: str | None = None):
+        self.sizes, self.target, self.drafters = sizes, target, dict(drafters)
+        self.max_ctx, self.prefill_chunk, self.pflash_config = max_ctx, prefill_chunk, pflash
+        self.budget, self.margin = budget, margin
+        self.default_pflash = default_pflash
+        self._pflash: dict[str, ModelDesc] = {}       # realpath -> descriptor
+
+    @classmethod
+    def for_engine(cls, backend, config, target_file, target_cfg) -> VramLedger:
+        """Describe the target (opened already), every --draft and the --prefill-drafter."""
+        from .models import ModelLoadError
+        from .speculative.loader import drafter_name
+        target = describe_model(target_cfg.name or target_file.path.stem, target_file, target_cfg)
+        drafters = {drafter_name(spec): describe_draft(spec) for spec in config.drafts}
+        ledger = cls(sizes_for(backend, config.forward), target, drafters, max_ctx=config.max_ctx,
+                     prefill_chunk=config.prefill_chunk, pflash=config.pflash, budget=config.vram_budget,
+                     margin=config.vram_margin, default_pflash=config.prefill_drafter)
+        if config.prefill_drafter is not None:
+            try:
+                ledger.describe_pflash(config.prefill_drafter)
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"--prefill-drafter: drafter: {exc}") from None
+        return ledger
+
+    def describe_pflash(self, path: str, opened=None) -> ModelDesc:
+        """The PFlash drafter at `path` (opened: its (GGUFFile, ModelConfig) when the caller has them)."""
+        key = os.path.realpath(path)
+        if key not in self._pflash:
+            if opened is None:
+                from .models import open_model
+                opened = open_model(path)
+            f, cfg = opened
+            self._pflash[key] = describe_model(cfg.name or f.path.stem, f, cfg)
+        return self._pflash[key]
+
+    # -- the plan for a state --------------------------------------------------------------------
+    def plan(self, state: LedgerState = LedgerState(), *, max_ctx: int | None = None, kv_type: str | None = None,
+             without: frozenset = frozenset(), policy: str | None = None, budget: int | None = -1) -> VramPlan:
+        """The plan in `state`; the keywords ask what-if: another max_ctx, KV type or drafter policy,
+        some --draft drafters left out, another budget."""
+        sizes, chunk = self.sizes, self.prefill_chunk
+        ctx, kv = max_ctx or self.max_ctx, kv_type or sizes.kv_type
+        policy = policy or self.pflash_config.drafter_policy
+        drafters = {n: d for n, d in self.drafters.items() if d is not None and n not in state.parked | without}
+        dflash = any(isinstance(d, DFlashDesc) for d in drafters.values())
+        with_target = frozenset({"serving", "unparking"} if dflash else {"serving"}) if state.target else frozenset()
+        everywhere = with_target | {"target parked"}
+        comps, needs, draft_needs = [], [], []
+        if state.target:
+            parts, need = sizes.model(self.target, ctx, chunk, kv)
+            comps.append(Component("target", self.target.name, tuple(parts), with_target, self.target.path))
+            needs.append(need)
+        for name, desc in drafters.items():
+            if isinstance(desc, DFlashDesc):
+                parts, need = sizes.dflash(desc, ctx, kv)
+            else:
+                parts, need = sizes.model(desc, ctx, chunk, kv)
+                draft_needs.append(need)
+            comps.append(Component("dflash" if isinstance(desc, DFlashDesc) else "draft", name, tuple(parts),
+                                   everywhere, desc.path))
+            needs.append(need)
+        shared = sizes.shared(needs if state.target else draft_needs if state.shared_parked else [])
+        if shared:
+            comps.append(Component("shared", "", tuple(shared), with_target or frozenset({"target parked"})))
+        if dflash:
+            comps.append(Component("target_head", self.target.name,
+                                   (("held by DFlash", sizes.weights(self.target.head)),),
+                                   frozenset({"unparking", "target parked"}) & everywhere))
+        settings = [("max_ctx", ctx), ("prefill_chunk", chunk), ("kv_type", kv), ("drafter_policy", policy)]
+        if state.pflash is not None:
+            desc = self.describe_pflash(state.pflash)
+            n_tokens = _token_limit(desc.cfg)
+            comps.append(Component("prefill_drafter", desc.name,
+                                   tuple(sizes.pflash(desc, self.pflash_config, n_tokens, kv)),
+                                   everywhere if policy == "resident" else frozenset({"target parked"}), desc.path))
+            settings.append(("prefill_drafter_tokens", n_tokens))
+        return VramPlan(tuple(comps), self.margin, self.budget if budget == -1 else budget, sizes.where,
+                        tuple(settings))
+
+    # -- checks ----------------------------------------------------------------------------------
+    def check(self, action: str, state: LedgerState, *, runtime: bool, loading: frozenset = frozenset()) -> VramPlan:
+        """The plan of `state` (what `action` would lead to); BudgetExceeded, naming the components and
+        what would fit, when it is over the budget. `loading`: what the action loads ("target", "pflash",
+        drafter names), which the suggestions keep."""
+        plan = self.plan(state)
+        if not plan.fits:
+            raise BudgetExceeded(refusal(action, plan, self.fixes(state, runtime=runtime, loading=loading)))
+        return plan
+
+    def fixes(self, state: LedgerState, *, runtime: bool, loading: frozenset = frozenset()) -> list[str]:
+        """The changes that would make `state` fit, each with the peak it gives (only those that fit,
+        then the budget it would take)."""
+        out = []
+
+        def offer(text: str, plan: VramPlan) -> None:
+            if plan.fits:
+                out.append(f"{text} (peak {format_size(plan.peak_bytes)})")
+
+        restart = "restart with " if runtime else ""
+        ctx = largest_fitting(lambda c: self.plan(state, max_ctx=c), 16, self.max_ctx - 1) if self.max_ctx > 16 \
+            else None
+        if ctx is not None:
+            offer(f"{restart}--max-ctx {ctx}", self.plan(state, max_ctx=ctx))
+        resident = [n for n, d in self.drafters.items() if d is not None and n not in state.parked | loading]
+        if runtime and resident:
+            offer(f"`park what=draft` first (releases the --draft drafters {', '.join(resident)})",
+                  self.plan(state, without=frozenset(resident)))
+        for name in [] if runtime else resident:
+            offer(f"without --draft {name}", self.plan(state, without=frozenset({name})))
+        if "pflash" not in loading and state.pflash is not None:
+            if runtime and state.pflash != self.default_pflash:
+                offer("`free drafter` first", self.plan(dataclasses.replace(state, pflash=self.default_pflash)))
+            if not runtime and self.pflash_config.drafter_policy == "resident":
+                offer("--drafter-policy park (the prefill drafter loads only while the target is parked)",
+                      self.plan(state, policy="park"))
+        if runtime and state.target and "target" not in loading:
+            offer("`park what=target` first", self.plan(dataclasses.replace(state, target=False)))
+        if self.sizes.kv_type == "f16":
+            for kv in QUANT_KV:
+                offer(f"a {kv} KV cache, {KV_NOT_BUILT}", self.plan(state, kv_type=kv))
+        need = self.plan(state, budget=None).peak_bytes
+        step = 64 * MiB if need > 4 * GiB else MiB
+        need = -(-need // step) * step
+        out.append(f"{restart}--vram-budget {need // GiB}GiB or more" if need % GiB == 0 else
+                   f"{restart}--vram-budget {need // MiB}MiB or more")
+        return out
+
+
+def _token_limit(cfg) -> int:
+    from .pflash.service import drafter_token_limit
+    return drafter_token_limit(cfg)

@@ -1,0 +1,230 @@
+"""What each model allocates, computed from its config and tensor sizes the way the backends allocate
+(read beside backends/cuda/runner.py, ops.py, kv_cache.py, persistent.py, pflash/drafter.py and
+speculative/dflash_drafter.py: each sum below names the allocation it mirrors).
+
+`describe_model` / `describe_dflash` turn an opened GGUF into a descriptor (config + every tensor the
+loader uploads); `CudaSizes` and `HostSizes` size a descriptor on the CUDA and the reference backend.
+A model's own parts come with a `SharedNeed`: what it asks of the buffers every model on the backend's
+ops shares (they grow to the largest need, they are not added up).
+
+Not counted (the plan's safety margin covers them): the CUDA context and kernel images, CUDA graphs
+(driver memory), the persistent forward's per-stage tables (a few KB), cudaMalloc's rounding, and on
+the reference backend the numpy temporaries of a forward.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .pflash.config import PFlashConfig
+from .vram_budget import kv_cache_bytes
+
+__all__ = ["ModelDesc", "DFlashDesc", "SharedNeed", "CudaSizes", "HostSizes", "describe_model", "describe_dflash",
+           "persistent_forward_bytes"]
+
+Tensors = tuple[tuple[tuple[int, ...], int], ...]       # (shape, stored bytes) of every tensor loaded
+
+
+@dataclass(slots=True, frozen=True)
+class ModelDesc:
+    """A dense model as the planner needs it: config and every tensor the loader uploads."""
+
+    name: str
+    path: str
+    cfg: object                    # models.config.ModelConfig
+    tensors: Tensors
+    head: Tensors = ()             # token_embd and output (when untied): what a DFlash drafter borrows
+
+
+@dataclass(slots=True, frozen=True)
+class DFlashDesc:
+    name: str
+    path: str
+    cfg: object                    # models.dflash_config.DFlashConfig
+    tensors: Tensors
+
+
+@dataclass(slots=True, frozen=True)
+class SharedNeed:
+    """What a model asks of the shared buffers of the backend's ops (CudaOps.reserve_*)."""
+
+    arena_half: int = 0            # reserve_arena(half_bytes)
+    scratch_elems: int = 0         # reserve_scratch(n_elems): two float16 buffers
+    attention: int = 0             # reserve_attention: attention_workspace_bytes(...)
+
+
+def _tensors(infos) -> Tensors:
+    return tuple((tuple(int(d) for d in info.shape), int(info.n_bytes)) for info in infos)
+
+
+def describe_model(name: str, f, cfg) -> ModelDesc:
+    """A dense model from its opened GGUF (models.open_model)."""
+    from .models.weights import tensor_plan
+    plan = tensor_plan(f, cfg)
+    head = [info for field, _, info in plan if field in ("token_embd", "output")]
+    return ModelDesc(name, str(f.path), cfg, _tensors(info for _, _, info in plan), _tensors(head))
+
+
+def describe_dflash(name: str, f, cfg) -> DFlashDesc:
+    from .models.dflash_weights import dflash_tensor_plan
+    return DFlashDesc(name, str(f.path), cfg, _tensors(info for _, _, info in dflash_tensor_plan(f, cfg)))
+
+
+def _largest_weight(cfg) -> int:
+    """Elements of the largest projection: the GEMM path's dequantization scratch (backend.plan)."""
+    return max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
+
+
+def _pflash_shape(cfg, pc: PFlashConfig, n_tokens: int) -> tuple[int, int, int]:
+    """(longest forward chunk, tail rows, key blocks) of the drafter's forward over any prompt of up to
+    n_tokens (pflash/drafter.py chunk_bounds: a last chunk shorter than the tail joins the one before)."""
+    n_tail = min(pc.tail_tokens, n_tokens)
+    longest = n_tokens if n_tokens <= pc.forward_chunk else min(n_tokens, pc.forward_chunk + n_tail - 1)
+    return longest, n_tail, -(-n_tokens // pc.block)
+
+
+class HostSizes:
+    """The reference backend: float32 weights (dequantized once) and a float32 KV cache, in host RAM."""
+
+    where = "host RAM (reference backend)"
+    kv_type = "f32"
+
+    def weights(self, tensors: Tensors) -> int:
+        return sum(4 * math.prod(shape) for shape, _ in tensors)
+
+    def model(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
+        cfg = desc.cfg
+        lin = getattr(cfg, "linear", None)
+        if lin is None:
+            return ([("weights", self.weights(desc.tensors)),
+                     ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type))],
+                    SharedNeed())
+        # a hybrid (models/qwen35.py HybridCache): K/V of the attention layers, and the linear layers' float32
+        # recurrent state (ReferenceRecurrentState: conv (K - 1, C) and delta-rule memory (Hv, S, S) per layer)
+        n_attn, n_lin = max(1, len(lin.attention_layers)), max(1, len(lin.linear_layers))
+        state = 4 * n_lin * ((lin.conv_kernel - 1) * lin.conv_channels + lin.n_v_heads * lin.head_dim ** 2)
+        return ([("weights", self.weights(desc.tensors)),
+                 ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type)),
+                 ("recurrent_state", state)], SharedNeed())
+
+    def dflash(self, desc: DFlashDesc, max_ctx: int, kv_type: str) -> tuple[list, SharedNeed]:
+        m, b = desc.cfg.model, desc.cfg.block_size
+        return ([("weights", self.weights(desc.tensors)),
+                 ("kv_cache", kv_cache_bytes(m.n_layers, m.n_kv_heads, m.head_dim, max_ctx + b, kv_type))],
+                SharedNeed())
+
+    def pflash(self, desc: ModelDesc, pc: PFlashConfig, n_tokens: int, kv_type: str) -> list:
+        cfg = desc.cfg
+        _, n_tail, n_blocks = _pflash_shape(cfg, pc, n_tokens)
+        return [("weights", self.weights(desc.tensors)),
+                ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, n_blocks * pc.block, kv_type)),
+                ("scores", 4 * n_tail * n_tokens)]
+
+    def shared(self, needs) -> list:
+        return []
+
+
+class CudaSizes:
+    """The CUDA backend. attention_ws(n_heads, n_kv_heads, head_dim, max_ctx, n_tokens) and sample_ws(vocab)
+    are the native library's byte counts (the backend passes its own); n_sms and tuning_rows size the
+    persistent forward's workspace (forward_path "persistent")."""
+
+    where = "GPU"
+    kv_type = "f16"
+
+    def __init__(self, attention_ws: Callable[..., int], sample_ws: Callable[[int], int], *, n_sms: int = 0,
+                 tuning_rows: int = 0, attn_splits: int = 32, persistent: bool = False):
+        self.attention_ws, self.sample_ws = attention_ws, sample_ws
+        self.n_sms, self.tuning_rows, self.attn_splits = n_sms, tuning_rows, attn_splits
+        self.persistent = persistent
+
+    def weights(self, tensors: Tensors) -> int:
+        """ops.load_weight: a matrix uploaded as stored, a vector (norm, bias) dequantized to float32."""
+        return sum(n_bytes if len(shape) == 2 else 4 * math.prod(shape) for shape, n_bytes in tensors)
+
+    def runner_bytes(self, cfg, max_ctx: int, prefill_chunk: int) -> int:
+        """CudaRunner.__init__'s device buffers (the pinned ring is host memory)."""
+        from .backends.cuda.runner import STATE_FIELDS, tree_input_words
+        from .backends.cuda.ops import MAX_MASKED_TOKENS
+        n_tree = min(prefill_chunk, MAX_MASKED_TOKENS)                  # max_tree_nodes
+        words = (2 * prefill_chunk + 1                                  # p_ids, p_pos, p_n_past
+                 + len(STATE_FIELDS) + (max_ctx + 1)                    # _state, history
+                 + tree_input_words(n_tree) + (n_tree + 1) + n_tree)    # _t_inputs, _t_commit, t_argmax
+        return 4 * words + max(int(self.sample_ws(cfg.vocab_size)), 1)  # sample_ws
+
+    def model(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
+        """A target or a draft model: backend.make_runner -> CudaRunner with its KV cache."""
+        from .backends.cuda.backend import _arena_half_bytes
+        from .backends.cuda.ops import MAX_MASKED_TOKENS
+        cfg = desc.cfg
+        parts = [("weights", self.weights(desc.tensors)),
+                 ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type)),
+                 ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk))]
+        if self.persistent:
+            parts.append(("persistent_forward", persistent_forward_bytes(cfg, max_ctx, self.tuning_rows, self.n_sms,
+                                                                         self.attn_splits)))
+        need = SharedNeed(arena_half=_arena_half_bytes(cfg, prefill_chunk), scratch_elems=_largest_weight(cfg),
+                          attention=int(self.attention_ws(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx,
+                                                          MAX_MASKED_TOKENS)))
+        return parts, need
+
+    def dflash(self, desc: DFlashDesc, max_ctx: int, kv_type: str) -> tuple[list, SharedNeed]:
+        """DFlashDrafter: its weights (fc split by columns: the same bytes), its KV cache (dflash_cache_spec:
+        max_ctx + B slots), the block mask, the per-forward uploads (two injections' features, positions and
+        start alive at once, and the block's ids / positions / n_ctx); the arena is the target's."""
+        from .speculative.dflash_drafter import INJECT_CHUNK
+        cfg = desc.cfg
+        m, b = cfg.model, cfg.block_size
+        inputs = 2 * (cfg.n_features * INJECT_CHUNK * m.hidden * 4 + INJECT_CHUNK * 4 + 4) + (2 * b * 4 + 4)
+        parts = [("weights", self.weights(desc.tensors)),
+                 ("kv_cache", kv_cache_bytes(m.n_layers, m.n_kv_heads, m.head_dim, max_ctx + b, kv_type)),
+                 ("mask", b * b), ("inputs", inputs)]
+        return parts, SharedNeed(attention=int(self.attention_ws(m.n_heads, m.n_kv_heads, m.head_dim, max_ctx + b, b)))
+
+    def pflash(self, desc: ModelDesc, pc: PFlashConfig, n_tokens: int, kv_type: str) -> list:
+        """The PFlash drafter over a prompt of up to n_tokens, on its own CudaOps: weights, its weight scratch,
+        its arena (Drafter.tail_probs: one layer of the longest chunk + FlashPrefill scratch, grown to the
+        largest prompt seen), and per compression the KV cache of every layer (a request may score with all)
+        for the prompt's whole blocks, the tail scores and two chunks' ids / positions / n_past."""
+        from .backends.cuda.backend import _arena_half_bytes
+        cfg = desc.cfg
+        longest, n_tail, n_blocks = _pflash_shape(cfg, pc, n_tokens)
+        extra = (4 * (2 * -(-longest // pc.block) * cfg.n_heads * n_blocks + n_blocks * cfg.kv_dim
+                      + 2 * n_tail * cfg.n_heads) + 8 * 256)
+        return [("weights", self.weights(desc.tensors)),
+                ("scratch", 4 * _largest_weight(cfg)),
+                ("arena", 2 * (_arena_half_bytes(cfg, longest) + extra)),
+                ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, n_blocks * pc.block, kv_type)),
+                ("scores", 4 * n_tail * n_tokens),
+                ("inputs", 2 * (2 * 4 * longest + 4))]
+
+    def shared(self, needs) -> list:
+        """The shared buffers at the largest need: the arena (two halves), two float16 weight scratches,
+        the attention workspace (at least 16 bytes once reserved)."""
+        needs = list(needs)
+        if not needs:
+            return []
+        attention = max(n.attention for n in needs)
+        return [("arena", 2 * max(n.arena_half for n in needs)),
+                ("scratch", 4 * max(n.scratch_elems for n in needs)),
+                ("attention_workspace", max(attention, 16))]
+
+
+def persistent_forward_bytes(cfg, max_ctx: int, rows: int, n_ctas: int, attn_splits: int = 32) -> int:
+    """fd_forward_create's device memory: the workspace carve() lays out (native/cuda/forward.cu, every
+    piece 256-byte aligned) plus the per-layer KV pointer table and the GEMV stage index."""
+    def take(n: int) -> int:
+        return (n + 255) // 256 * 256
+    f, d = 4, cfg.head_dim
+    qd, kvd, group = cfg.n_heads * d, cfg.n_kv_heads * d, cfg.n_heads // cfg.n_kv_heads
+    max_ht = 4 if d > 128 else 8                                          # fa_head_tile
+    n_htiles = -(-group // min(group, max_ht))
+    n_splits = min(-(-max_ctx // 64), attn_splits)                        # FA_CHUNK
+    n_stages = 5 * cfg.n_layers + 1
+    ws = (take(rows * cfg.hidden * f) + take(rows * qd * f) + 2 * take(rows * kvd * f) + take(rows * qd * f)
+          + take(rows * cfg.ffn * f) + take(rows * cfg.vocab_size * f) + take(2 * rows * (cfg.rope_dim // 2) * f)
+          + take(rows * cfg.n_heads * n_splits * (d + 2) * f) + 2 * take(n_ctas * 8 * 4)
+          + take(rows * cfg.n_kv_heads * n_htiles * 4) + take((n_stages + 1) * 4)
+          + take(cfg.n_layers * rows * cfg.hidden * f) + take(n_stages * n_ctas * 4 * 8))
+    return ws + cfg.n_layers * 32 + (4 * cfg.n_layers + 1) * 4
