@@ -109,12 +109,6 @@ const GemvTuning& tuning() {
 }
 
 
-// A launch whose steps fit one per warp with at most this many warps a CTA runs them single-buffered,
-// one step a warp, instead of double-buffered rounds. Measured on an H100 (bench/results/2026-11-26-
-// h100-gemv-one-step-rule.md): the 0.5B's gate/up (9.2 steps an SM) is faster one step a warp, the
-// 1.5B's ffn_down (11.6 steps an SM, 7 KB rows) faster in rounds; the threshold sits between them.
-constexpr int SINGLE_STEP_MAX_WARPS = 10;
-
 // The whole launch: validation, planning, passes over x rows.
 int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x, const float* norm_w,
              float eps, const float* residual, cudaStream_t stream) {
@@ -141,35 +135,13 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         p.residual = residual ? residual + (int64_t)i0 * a.mat[0].rows : nullptr;
         for (int k = 0; k < n_mats; ++k) p.mat[k].y = a.mat[k].y + (int64_t)i0 * a.mat[k].rows;
         gemv_layout(pl, nx, &p);
-        // Warps: every warp one step, single-buffered, when the grid can hold them all (small and
-        // mid-size matrices: all loads in flight at once, no tail); else persistent double-buffered
-        // warps, as many rounds as needed and warps spread so rounds are even.
-        const int max_warps = max_warps_for(nx, swiglu);
-        const int64_t avail = (int64_t)dev.max_smem - p.stage_off_bytes;
-        const int64_t fit1 = std::min<int64_t>(avail / a.stage_bytes, max_warps);
-        const int64_t fit2 = std::min<int64_t>(avail / (2 * (int64_t)a.stage_bytes), max_warps);
-        if (fit1 < 1) return FD_E_SHAPE;
-        // At least MIN_CTA_WARPS warps per CTA even if some get no step: they share the prologue. A
-        // matrix with fewer steps than SMs x MIN_CTA_WARPS (the QKV and O projections) takes only the
-        // CTAs that give every warp one step: the SMs left free take the next kernel's first CTAs,
-        // which start streaming their weights early (PDL). Measured in
-        // bench/results/2026-11-26-h100-gemv-stream-integrated.md.
-        const int ctas = min(ceil_div(steps, MIN_CTA_WARPS), dev.n_sms);
-        int64_t warps;
-        const int rounds_forced = tuning().rounds;
-        if (rounds_forced && fit2 >= 1 && steps >= 2 * ctas && steps > ctas * SINGLE_STEP_MAX_WARPS) {
-            p.n_bufs = 2;
-            warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas * rounds_forced), MIN_CTA_WARPS), fit2);
-        } else if (steps <= ctas * fit1 || fit2 < 1) {
-            p.n_bufs = 1;
-            warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas), MIN_CTA_WARPS), fit1);
-        } else {
-            p.n_bufs = 2;
-            const int64_t rounds = (steps + ctas * fit2 - 1) / (ctas * fit2);
-            warps = std::min<int64_t>(std::max<int64_t>((steps + ctas * rounds - 1) / (ctas * rounds), MIN_CTA_WARPS), fit2);
-        }
-        const size_t smem = (size_t)p.stage_off_bytes + (size_t)warps * p.n_bufs * a.stage_bytes;
-        const int w = (int)warps;
+        GemvLaunchShape shape;
+        if (int st = gemv_launch_shape(steps, a.stage_bytes, p.stage_off_bytes, dev.max_smem, dev.n_sms,
+                                       max_warps_for(nx, swiglu), tuning().rounds, &shape))
+            return st;
+        const int ctas = shape.ctas, w = shape.warps;
+        p.n_bufs = shape.n_bufs;
+        const size_t smem = (size_t)p.stage_off_bytes + (size_t)w * p.n_bufs * a.stage_bytes;
         const bool xq = pl.xq;
         const int st = swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
                                     : launch_any<true, false>(nx, p, ctas, w, smem, dev.max_smem, stream))

@@ -185,5 +185,46 @@ inline int gemv_layout(const GemvPlan& pl, int nx, GemvArgs* p) {
     return off_bytes;
 }
 
+// ---- the launch shape: CTAs, warps a CTA, buffers a warp -------------------------------------------------
+// A launch whose steps fit one per warp with at most this many warps a CTA runs them single-buffered,
+// one step a warp, instead of double-buffered rounds. Measured on an H100 (bench/results/2026-11-26-
+// h100-gemv-one-step-rule.md): the 0.5B's gate/up (9.2 steps an SM) is faster one step a warp, the
+// 1.5B's ffn_down (11.6 steps an SM, 7 KB rows) faster in rounds; the threshold sits between them.
+constexpr int SINGLE_STEP_MAX_WARPS = 10;
+
+struct GemvLaunchShape { int ctas, warps, n_bufs; };
+
+// steps of the launch, bytes of one step's buffer, bytes of staged activations before the buffers,
+// the device's opt-in shared memory per CTA and SM count, warps a CTA may have (max_warps_for), and
+// rounds >= 2 (persistent double-buffered warps, that many steps each) or 0 (one step a warp wherever
+// the grid can hold them). FD_E_SHAPE when not even one step's buffer fits beside the activations.
+inline int gemv_launch_shape(int steps, int stage_bytes, int stage_off_bytes, int max_smem, int n_sms, int max_warps,
+                             int rounds, GemvLaunchShape* out) {
+    const int64_t avail = (int64_t)max_smem - stage_off_bytes;
+    const int64_t fit1 = std::min<int64_t>(avail / stage_bytes, max_warps);
+    const int64_t fit2 = std::min<int64_t>(avail / (2 * (int64_t)stage_bytes), max_warps);
+    if (fit1 < 1) return FD_E_SHAPE;
+    // At least MIN_CTA_WARPS warps per CTA even if some get no step: they share the prologue. A matrix
+    // with fewer steps than SMs x MIN_CTA_WARPS (the QKV and O projections) takes only the CTAs that give
+    // every warp one step: the SMs left free take the next kernel's first CTAs, which start streaming
+    // their weights early (PDL). Measured in bench/results/2026-11-26-h100-gemv-stream-integrated.md.
+    const int ctas = min(ceil_div(steps, MIN_CTA_WARPS), n_sms);
+    int64_t warps;
+    int bufs;
+    if (rounds && fit2 >= 1 && steps >= 2 * ctas && steps > ctas * SINGLE_STEP_MAX_WARPS) {
+        bufs = 2;
+        warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas * rounds), MIN_CTA_WARPS), fit2);
+    } else if (steps <= ctas * fit1 || fit2 < 1) {   // every warp one step, single-buffered
+        bufs = 1;
+        warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas), MIN_CTA_WARPS), fit1);
+    } else {                                         // as many rounds as needed, warps spread evenly
+        bufs = 2;
+        const int64_t r = (steps + ctas * fit2 - 1) / (ctas * fit2);
+        warps = std::min<int64_t>(std::max<int64_t>((steps + ctas * r - 1) / (ctas * r), MIN_CTA_WARPS), fit2);
+    }
+    *out = GemvLaunchShape{ctas, (int)warps, bufs};
+    return 0;
+}
+
 }  // namespace
 }  // namespace fd

@@ -1,0 +1,106 @@
+"""The GEMV's launch shape (gemv_plan.cuh: gemv_plan -> gemv_layout -> gemv_launch_shape), computed on
+the CPU by a host-only program compiled with nvcc: the real 1.5B / 0.5B decode launches get the shapes
+bench/results/2026-11-26-h100-gemv-one-step-rule.md measured as fastest on an H100, and no shape over a
+sweep of step counts, buffer sizes and GPUs breaks the kernel's limits (SMs, warps a CTA, shared memory).
+"""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from flashd.native import CUDA_DIR, NATIVE_DIR
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the host program needs it")
+
+PROGRAM = r"""
+#include "gemv_plan.cuh"
+#include <cstdio>
+using namespace fd;
+
+struct Launch { const char* name; int n; int qt[3]; int rows[3]; int cols; bool swiglu; };
+
+// one JSON line per launch: n_x = 1, an H100's 132 SMs and 227 KB, the default rounds (2)
+static void show(const Launch& l) {
+    alignas(16) static float dummy[16];
+    MatIn m[3];
+    for (int k = 0; k < l.n; ++k) m[k] = MatIn{(void*)0x100000, dummy, nullptr, l.qt[k], l.rows[k]};
+    GemvPlan pl;
+    if (gemv_plan(l.n, m, l.swiglu, l.cols, dummy, dummy, 1e-6f, 1, true, STAGE_TARGET_BYTES, 2 * 132, &pl)) {
+        printf("{\"name\": \"%s\", \"error\": 1}\n", l.name);
+        return;
+    }
+    GemvArgs p = pl.a;
+    gemv_layout(pl, 1, &p);
+    GemvLaunchShape s;
+    const int st = gemv_launch_shape(pl.a.n_steps, pl.a.stage_bytes, p.stage_off_bytes, 227 * 1024, 132,
+                                     max_warps_for(1, l.swiglu), 2, &s);
+    printf("{\"name\": \"%s\", \"error\": %d, \"steps\": %d, \"ctas\": %d, \"warps\": %d, \"bufs\": %d}\n", l.name, st,
+           pl.a.n_steps, s.ctas, s.warps, s.n_bufs);
+}
+
+int main() {
+    const int Q4K = FD_Q_Q4_K, Q6K = FD_Q_Q6_K, Q50 = FD_Q_Q5_0, Q80 = FD_Q_Q8_0;
+    const Launch ls[] = {
+        {"1.5b qkv", 3, {Q4K, Q4K, Q6K}, {1536, 256, 256}, 1536, false},
+        {"1.5b o", 1, {Q4K}, {1536}, 1536, false},
+        {"1.5b gate_up", 2, {Q4K, Q4K}, {8960, 8960}, 1536, true},
+        {"1.5b down q4_k", 1, {Q4K}, {1536}, 8960, false},
+        {"1.5b down q6_k", 1, {Q6K}, {1536}, 8960, false},
+        {"0.5b qkv", 3, {Q50, Q50, Q80}, {896, 128, 128}, 896, false},
+        {"0.5b gate_up", 2, {Q50, Q50}, {4864, 4864}, 896, true},
+        {"0.5b down q6_k", 1, {Q6K}, {896}, 4864, false},
+    };
+    for (const Launch& l : ls) show(l);
+    // limits over a sweep: GPUs (SMs, opt-in shared memory), steps, buffer sizes, staged bytes, rounds
+    long bad = 0, n = 0;
+    const int gpus[][2] = {{132, 227 * 1024}, {82, 99 * 1024}, {28, 99 * 1024}, {1, 48 * 1024}};
+    for (const auto& g : gpus)
+        for (int steps = 1; steps < 40000; steps = steps * 5 / 4 + 1)
+            for (int stage = 256; stage <= 16384; stage *= 2)
+                for (int off = 0; off <= 40000; off += 10000)
+                    for (int rounds : {0, 2, 3})
+                        for (int mw : {12, 16, 24}) {
+                            GemvLaunchShape s;
+                            const int st = gemv_launch_shape(steps, stage, off, g[1], g[0], mw, rounds, &s);
+                            ++n;
+                            if (st) {   // refused: only when one buffer does not fit beside the activations
+                                bad += (g[1] - off) / stage >= 1;
+                                continue;
+                            }
+                            const long smem = off + (long)s.warps * s.n_bufs * stage;
+                            bad += s.ctas < 1 || s.ctas > g[0] || s.ctas > steps || s.warps < 1 || s.warps > mw ||
+                                   (s.n_bufs != 1 && s.n_bufs != 2) || smem > g[1];
+                        }
+    printf("{\"name\": \"sweep\", \"cases\": %ld, \"violations\": %ld}\n", n, bad);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    d = tmp_path_factory.mktemp("launch_shape")
+    (d / "main.cu").write_text(PROGRAM)
+    exe = d / "main"
+    subprocess.run(["nvcc", "-std=c++17", "--expt-relaxed-constexpr", "-I", str(CUDA_DIR), "-I", str(NATIVE_DIR / "include"),
+                    "-o", str(exe), str(d / "main.cu")], check=True, capture_output=True, text=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return {r["name"]: r for r in map(json.loads, out.splitlines())}
+
+
+def test_projections_smaller_than_the_gpu_give_every_warp_one_step(shapes):
+    for name in ("1.5b qkv", "1.5b o", "0.5b qkv", "0.5b down q6_k"):
+        s = shapes[name]
+        assert s["error"] == 0 and s["bufs"] == 1, s
+        assert s["ctas"] == -(-s["steps"] // 8) and s["ctas"] * s["warps"] >= s["steps"], s   # ceil(steps / 8) CTAs
+
+
+def test_the_one_step_threshold_splits_the_two_measured_launches(shapes):
+    assert shapes["0.5b gate_up"]["bufs"] == 1, shapes["0.5b gate_up"]       # 9.2 steps an SM: one step a warp
+    for name in ("1.5b down q4_k", "1.5b down q6_k", "1.5b gate_up"):       # 11.6 and 34 steps an SM: rounds
+        assert shapes[name]["bufs"] == 2 and shapes[name]["ctas"] == 132, shapes[name]
+
+
+def test_no_shape_breaks_the_kernels_limits(shapes):
+    sweep = shapes["sweep"]
+    assert sweep["cases"] > 10000 and sweep["violations"] == 0, sweep
