@@ -9,7 +9,7 @@
 //            virtual blocks, the last one partial;
 //   embed:   (output row i, chunk c of table row ids[i]); ids outside [0, n_table_rows) write NaN
 //            rows (nothing can be reported from the device).
-// Each warp double-buffers its steps in shared memory (16-byte cp.async, quant.cuh warp_stage) and
+// Each warp double-buffers its steps in shared memory (16-byte cp.async, quant_stage.cuh warp_stage) and
 // decodes piece by piece: lane p of a step takes block p / LPB, piece p % LPB and stores each run
 // of 4 columns (f16: 8-byte stores; f32: 16-byte stores when the output row is 16-aligned).
 // Launch: CTAs of 8 warps, about 35 KB of shared memory each (no opt-in needed), grid-stride.

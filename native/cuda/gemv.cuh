@@ -20,7 +20,7 @@
 //     CTA shape (per-row arithmetic only; the RMSNorm sums use a fixed partition), which makes
 //     speculative verification reproduce one-row decoding exactly.
 //   * Prologue (per CTA): x rows -> xn = x * rsqrt(mean(x^2) + eps) * norm_w (if norm_w), staged in
-//     shared memory as float xn * 2^80 (quant.cuh scaled_codes) in each activation layout the
+//     shared memory as float xn * 2^80 (quant_codes.cuh scaled_codes) in each activation layout the
 //     matrices' formats read (XL_PAD32 / XL_PAD64: float4 reads of a quarter-warp hit distinct bank
 //     quads), plus sums of xn over every 16 and 32 columns (zero points and mins: sum w x =
 //     a sum code x + (b - a OFFSET) sum x). Loads are batched 8 per thread; CTAs have >= 8 warps

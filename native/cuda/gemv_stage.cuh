@@ -1,6 +1,6 @@
 // gemv_stage.cuh -- the GEMV prologue: each CTA stages its x rows (n_x <= 8, (n_x, cols) f32 in global
 // memory) in shared memory before the steps run (gemv.cuh). stage_x: xn = x * RMSNorm factor * norm_w as
-// float xn * 2^X_SCALE_LOG2 in each activation layout the matrices' formats read (quant.cuh x_phys),
+// float xn * 2^X_SCALE_LOG2 in each activation layout the matrices' formats read (quant_codes.cuh x_phys),
 // plus sums of xn per 16 and 32 columns. stage_xq: the int8 form (two codes per column and a scale per
 // 32-column block; the XQ kernels, launches whose matrices are all quantized). Both share norm_scales,
 // whose fixed partition of the RMSNorm sums keeps every row's result independent of n_x and of the CTA
