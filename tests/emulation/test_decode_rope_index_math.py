@@ -1,5 +1,5 @@
-"""CPU emulation of fd_attention_decode_rope's index math (native/cuda/attention_splitk.cuh: rope_stage and
-the new-key override in splitk_kernel; native/cuda/rope_math.cuh), with the kernels' formulas:
+"""CPU emulation of fd_attention_decode_rope's index math (native/cuda/attention_splitk_kernel.cuh: rope_stage
+and the new-key override in splitk_kernel; native/cuda/rope_math.cuh), with the kernels' formulas:
 
 - the new key (slot n_past) is handled by exactly one (split, tile, warp) step of the split schedule, in
   the split the kernel picks ((n_past // chunk_len) % n_splits), which never exits early;

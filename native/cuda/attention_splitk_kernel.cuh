@@ -1,0 +1,300 @@
+// attention_splitk_kernel.cuh -- the split kernel of split-K attention (attention_splitk.cuh describes the
+// design): splitk_kernel, one block per (split, KV head, token x query-row tile), streams its split's
+// chunks through the cp.async pipeline, merges its 4 warps' softmax states and writes the output (one
+// split) or the split's partial for combine_kernel; with ROPE (fd_attention_decode_rope) it also rotates
+// q and the new key and writes the new K/V row (rope_stage).
+#pragma once
+
+#include "attention_splitk_warp.cuh"
+
+namespace fd {
+namespace attn {
+
+// ---- fd_attention_decode_rope's staging -----------------------------------------------------
+// Thread tid's q elements are e = tid + j * THREADS (row e / HD of the tile, dim e % HD), i.e. the
+// NU = max(1, HD / THREADS) distinct dims dim_u = (tid + u * THREADS) % HD, u = j % NU: one cos/sin
+// (double pow + sincos) per distinct dim, computed in registers. qv[j] receives the rotated q value
+// (unscaled, as the plain kernel loads it). If own_key: the new token's K (rotated) | V rows of KV head
+// kvh, as float16, go to kv_new[0, 2 HD) (element c = tid + i * THREADS; K dims c < HD are the dims
+// dim_i above), and if store also to the cache at slot *n_past.
+template <int HD>
+__device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * HD / THREADS], const float* q_tok,
+                                           int row0, int kvh, int tid, bool own_key, __half* kv_new, bool store) {
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    constexpr int NU = HD > THREADS ? HD / THREADS : 1;
+    static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
+    const bool neox = p.neox != 0;
+    const int pos = p.positions[0];
+    float cs[NU], sn[NU];
+    int partner[NU];
+    bool first[NU], rot[NU];
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+        const int d = (tid + u * THREADS) % HD;
+        int j = 0;
+        rot[u] = d < p.rope_dim;
+        partner[u] = d;
+        first[u] = true;
+        cs[u] = 1.0f;
+        sn[u] = 0.0f;
+        if (rot[u]) {
+            rope_pair_of(d, p.rope_dim, neox, j, partner[u], first[u]);
+            rope_cos_sin(pos, j, p.rope_dim, p.theta, p.rope_scaling, cs[u], sn[u]);
+        }
+    }
+    float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first
+        const int e = tid + j * THREADS, r = e / HD, d = e % HD, u = j % NU;
+        const bool in = row0 + r < p.group;
+        const float* row = q_tok + (size_t)(row0 + r) * HD;
+        xv[j] = in ? __ldg(row + d) : 0.0f;
+        yv[j] = in && rot[u] ? __ldg(row + partner[u]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {          // rows past the group stay exactly 0 (as plain)
+        const int u = j % NU, r = (tid + j * THREADS) / HD;
+        qv[j] = rot[u] && row0 + r < p.group ? rope_rotated(xv[j], yv[j], cs[u], sn[u], first[u]) : xv[j];
+    }
+    if (own_key) {
+        const int slot = p.n_past[0];
+        const float* kr = p.k_new + (size_t)kvh * HD;
+        const float* vr = p.v_new + (size_t)kvh * HD;
+#pragma unroll
+        for (int i = 0; i < (2 * HD + THREADS - 1) / THREADS; ++i) {
+            const int c = tid + i * THREADS;
+            if (c >= 2 * HD) break;
+            __half h;
+            if (c < HD) {                               // K dim c == dim_i of the table above
+                const int u = i < NU ? i : 0;
+                const float x = __ldg(kr + c);
+                h = __float2half_rn(rot[u] ? rope_rotated(x, __ldg(kr + partner[u]), cs[u], sn[u], first[u]) : x);
+            } else {
+                h = __float2half_rn(__ldg(vr + (c - HD)));
+            }
+            kv_new[c] = h;
+            if (store) {
+                __half* cache = c < HD ? p.k_store : p.v_store;
+                cache[((size_t)kvh * p.max_ctx + slot) * HD + (c < HD ? c : c - HD)] = h;
+            }
+        }
+    }
+}
+
+// ---- the block ----------------------------------------------------------------------------
+// grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
+//
+// ROPE (fd_attention_decode_rope: one token, no mask): p.q is the unrotated q; the block rotates its
+// tile of q rows while staging them (rope_math.cuh, bit for bit fd_rope_kv_write's). The block whose
+// split owns the new key (slot n_past = *p.n_past, if 0 <= n_past < max_ctx: chunk n_past / chunk_len,
+// split chunk % n_splits; the last visible key, so that split never exits early) also forms the new
+// token's K row (rotated) and V row as float16 in shared memory (the `list` area, unused without a
+// mask: 2 * HD halves <= 1 KB), and
+//   (a) the warp whose 16 keys of a tile contain slot n_past overwrites that row of the landed K/V tile
+//       with them before its warp_step (after the pipeline's __syncthreads, so the cp.async copy of the
+//       stale cache row is complete; __syncwarp orders the overwrite before the warp's ldmatrix reads):
+//       no ordering between the global write below and any cp.async read is needed;
+//   (b) query-row tile 0 of that split writes them into the cache at slot n_past for later steps.
+// Everything else is the plain kernel's code, so o equals fd_rope_kv_write + fd_attention_decode's.
+template <int HD, bool ROPE = false>
+__global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
+    using C = Cfg<HD>;
+    constexpr int LD = C::LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __half* q_hi = reinterpret_cast<__half*>(smem_raw);
+    __half* q_lo = q_hi + ROWS * LD;
+    int* list = reinterpret_cast<int*>(q_lo + ROWS * LD);   // [MAX_NEW] visible new slots (masked mode)
+    __half* pipe = reinterpret_cast<__half*>(list + MAX_NEW);   // STAGES x (K [TILE][LD], V [TILE][LD])
+    float* m_s = reinterpret_cast<float*>(pipe);      // merge area, after the pipeline drains
+    float* l_s = m_s + WARPS * ROWS;
+    float* o_s = l_s + WARPS * ROWS;
+
+    const int split = blockIdx.x, kvh = blockIdx.y;
+    const int token = blockIdx.z / p.row_tiles, row0 = (blockIdx.z % p.row_tiles) * ROWS;   // row = head in group
+    const int tid = threadIdx.x, warp = tid >> 5;
+    pdl_wait();                  // q, the new K/V and n_past come from earlier kernels
+    pdl_launch_dependents();     // the combine kernel may start waiting on us now
+    const int n_past = max(p.n_past[0], 0);
+    const int L = visible_keys(p, token, list);       // virtual keys [0, L)
+    const int n_chunks = (L + p.chunk_len - 1) / p.chunk_len;
+    if (split >= n_chunks) {                          // this split has no key at this depth
+        if (n_chunks == 0 && p.n_splits == 1)          // no key at all (masked, n_past 0, empty row): NaN
+            for (int e = tid; e < ROWS * HD; e += THREADS)
+                if (row0 + e / HD < p.group)
+                    p.o[((size_t)token * p.n_heads + kvh * p.group + row0 + e / HD) * HD + e % HD] =
+                        __int_as_float(0x7fffffff);
+        return;                                        // (with splits, the combine writes the NaN)
+    }
+    // ROPE: slot of the new key if this split owns it and it is inside the cache, else -1 (no key has
+    // that number); its float16 K | V rows in the list area
+    __half* kv_new = reinterpret_cast<__half*>(list);
+    int new_key = -1;
+    if constexpr (ROPE) {
+        const int raw = p.n_past[0];
+        if (raw >= 0 && raw < p.max_ctx && (raw / p.chunk_len) % p.n_splits == split) new_key = raw;
+    }
+    __syncthreads();                                  // list written
+    // keys below this are slots of their own number (decode: all of them; masked: the committed ones)
+    const int direct_end = p.mask == nullptr ? L : min(n_past, L);
+
+    // this split's tiles: chunks split, split + n_splits, ...; all full but the global last one
+    const int tiles_per_chunk = p.chunk_len / TILE;
+    const int n_my_chunks = (n_chunks - split + p.n_splits - 1) / p.n_splits;
+    const int last_chunk = split + (n_my_chunks - 1) * p.n_splits;
+    const int last_tiles = min(tiles_per_chunk, (L - last_chunk * p.chunk_len + TILE - 1) / TILE);
+    const int n_tiles = (n_my_chunks - 1) * tiles_per_chunk + last_tiles;
+    // tile k of this split starts at key (split + (k / tpc) * n_splits) * chunk_len + (k % tpc) * TILE;
+    // two cursors walk that sequence (the loader runs STAGES - 1 tiles ahead) without divisions
+    struct Cursor {
+        int v0, t, chunk0;
+    };
+    const int chunk_step = p.n_splits * p.chunk_len;
+    auto advance = [&](Cursor& c) {
+        c.v0 += TILE;
+        if (++c.t == tiles_per_chunk) {
+            c.t = 0;
+            c.chunk0 += chunk_step;
+            c.v0 = c.chunk0;
+        }
+    };
+    Cursor load_cur = {split * p.chunk_len, 0, split * p.chunk_len};
+    Cursor comp_cur = load_cur;
+    // each thread copies one fixed 16-byte column piece of rows r0, r0 + ROW_STEP, ... of a tile
+    constexpr int ROW_STEP = THREADS / C::CHUNKS;
+    static_assert(THREADS % C::CHUNKS == 0 && TILE % ROW_STEP == 0, "tile copy mapping");
+    const int piece = tid % C::CHUNKS, r0 = tid / C::CHUNKS;
+    const __half* k_src = p.k_cache + (size_t)kvh * p.max_ctx * HD + piece * 8;
+    const __half* v_src = p.v_cache + (size_t)kvh * p.max_ctx * HD + piece * 8;
+    auto load_tile = [&](int k) {                      // tile k == the load cursor's tile
+        if (k < n_tiles) {
+            const int v0 = load_cur.v0;
+            advance(load_cur);
+            __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
+            if (v0 + TILE <= direct_end) {             // keys are slots: constant offsets only
+                const __half* kp = k_src + (size_t)(v0 + r0) * HD;
+                const __half* vp = v_src + (size_t)(v0 + r0) * HD;
+#pragma unroll
+                for (int j = 0; j < TILE / ROW_STEP; ++j) {
+                    cp_async16(ks + j * ROW_STEP * LD, kp + j * ROW_STEP * HD, true);
+                    cp_async16(ks + TILE * LD + j * ROW_STEP * LD, vp + j * ROW_STEP * HD, true);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < TILE / ROW_STEP; ++j) {
+                    const int v = v0 + r0 + j * ROW_STEP;
+                    const bool valid = v < L;          // past L: zero-filled (never NaN garbage)
+                    const int slot = !valid ? 0 : v < direct_end ? v : n_past + list[v - n_past];
+                    const size_t off = (size_t)slot * HD;
+                    cp_async16(ks + j * ROW_STEP * LD, k_src + off, valid);
+                    cp_async16(ks + TILE * LD + j * ROW_STEP * LD, v_src + off, valid);
+                }
+            }
+        }
+        cp_async_commit();                             // empty groups keep the count uniform
+    };
+#pragma unroll 1
+    for (int s = 0; s < C::STAGES - 1; ++s) load_tile(s);   // in flight while q is staged
+
+    // q rows -> shared memory, scaled into the log2 domain and split into f16 hi + lo (all loads
+    // first: the shared stores would otherwise serialise one global round trip per element)
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    const float* q_tok = p.q + ((size_t)token * p.n_heads + kvh * p.group) * HD;
+    float qv[Q_PER_THREAD];
+    if constexpr (!ROPE) {
+#pragma unroll
+        for (int j = 0; j < Q_PER_THREAD; ++j) {
+            const int e = tid + j * THREADS, r = e / HD, d = e % HD;
+            qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
+        }
+    } else {
+        rope_stage<HD>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0);
+    }
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {
+        const int e = tid + j * THREADS, r = e / HD, d = e % HD;
+        const float v = qv[j] * p.q_scale;
+        const __half hi = __float2half_rn(v);
+        q_hi[r * LD + d] = hi;
+        q_lo[r * LD + d] = __float2half_rn(v - __half2float(hi));
+    }
+
+    WarpState<HD> st;
+    st.init();
+#pragma unroll 1
+    for (int k = 0; k < n_tiles; ++k) {
+        cp_async_wait<C::STAGES - 2>();
+        __syncthreads();                               // tile k landed; tile k-1's buffer is free
+        load_tile(k + C::STAGES - 1);
+        const int v0 = comp_cur.v0 + warp * WARP_SLOTS;
+        advance(comp_cur);
+        if (v0 < L) {
+            __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
+            if constexpr (ROPE) {
+                if (new_key >= v0 && new_key < v0 + WARP_SLOTS) {    // warp-uniform: the new key is ours
+                    __half* krow = ks + (new_key - v0) * LD;
+                    for (int c = tid & 31; c < 2 * C::CHUNKS; c += 32) {    // 16-byte pieces of K | V
+                        __half* dst = c < C::CHUNKS ? krow + c * 8 : krow + TILE * LD + (c - C::CHUNKS) * 8;
+                        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kv_new + c * 8);
+                    }
+                    __syncwarp();
+                }
+            }
+            warp_step<HD>(st, q_hi, q_lo, ks, ks + TILE * LD, v0, L);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();                                   // the pipeline area becomes the merge area
+    warp_store<HD>(st, m_s, l_s, o_s);
+    __syncthreads();
+
+    // merge the warps' states: per-row weights first, then float4 sweeps over the outputs
+    float* wt_s = o_s + (size_t)WARPS * ROWS * HD;     // [WARPS][ROWS]
+    float* row_l = wt_s + WARPS * ROWS;                // [ROWS]
+    float* row_m = row_l + ROWS;                       // [ROWS]
+    if (tid < ROWS) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) m = fmaxf(m, m_s[w * ROWS + tid]);
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float wt = m == -INFINITY ? 0.0f : exp2f(m_s[w * ROWS + tid] - m);
+            wt_s[w * ROWS + tid] = wt;
+            l += wt * l_s[w * ROWS + tid];
+        }
+        row_m[tid] = m;
+        row_l[tid] = l;
+    }
+    __syncthreads();
+    for (int e = tid * 4; e < ROWS * HD; e += THREADS * 4) {
+        const int r = e / HD, d = e % HD;
+        if (row0 + r >= p.group) continue;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float wt = wt_s[w * ROWS + r];
+            const float4 v = *reinterpret_cast<const float4*>(o_s + ((size_t)w * ROWS + r) * HD + d);
+            acc.x += wt * v.x;
+            acc.y += wt * v.y;
+            acc.z += wt * v.z;
+            acc.w += wt * v.w;
+        }
+        const float l = row_l[r];
+        const size_t qrow = (size_t)token * p.n_heads + kvh * p.group + row0 + r;   // query row in (n, n_heads)
+        if (p.n_splits == 1) {
+            const float inv = l > 0.0f ? 1.0f / l : __int_as_float(0x7fffffff);
+            *reinterpret_cast<float4*>(p.o + qrow * HD + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv,
+                                                                          acc.w * inv);
+        } else {
+            const size_t at = qrow * p.n_splits + split;
+            *reinterpret_cast<float4*>(p.ws_acc + at * HD + d) = acc;
+            if (d == 0) {
+                p.ws_m[at] = row_m[r];
+                p.ws_l[at] = l;
+            }
+        }
+    }
+}
+
+}  // namespace attn
+}  // namespace fd

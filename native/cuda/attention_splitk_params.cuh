@@ -1,0 +1,91 @@
+// attention_splitk_params.cuh -- the split-K attention's shapes and launch parameters
+// (attention_splitk.cuh describes the design): the tensor-core / cp.async switches, the block shape (16
+// query rows, 4 warps of 16 key slots a tile; HIP 2 warps), the shared-memory plan per head_dim (Cfg<HD>),
+// Params (q, the f16 caches, mask, output, split workspace, fused-rope inputs), and visible_keys, a
+// token's key count and, in masked mode, its list of visible new slots.
+#pragma once
+
+#include "common.cuh"
+#include "rope_math.cuh"
+
+#if FD_HAS_MMA
+#define FD_ATTN_ASYNC 1           // cp.async pipeline
+#else
+#define FD_ATTN_ASYNC 0
+#endif
+#if FD_HAS_MMA && !defined(FD_ATTENTION_SIMT)
+#define FD_ATTN_MMA 1             // tensor-core warp step
+#else
+#define FD_ATTN_MMA 0
+#endif
+
+namespace fd {
+namespace attn {
+
+constexpr int ROWS = 16;                       // query rows per block (one m16 tile)
+constexpr int WARPS = FD_ATTN_ASYNC ? 4 : 2;   // HIP: 2 warps, smaller tiles (64 KB LDS)
+constexpr int THREADS = WARPS * 32;
+constexpr int WARP_SLOTS = 16;                 // slots per warp per tile
+constexpr int TILE = WARPS * WARP_SLOTS;       // slots per pipeline stage
+constexpr int CHUNK_MULTIPLE = 64;             // chunk_len granularity accepted by the launchers
+constexpr float LOG2E = 1.4426950408889634f;
+
+constexpr int MAX_NEW = 256;                   // masked mode: new tokens per launch
+
+template <int HD>
+struct Cfg {
+    static constexpr int STAGES = FD_ATTN_ASYNC ? (HD >= 256 ? 2 : 3) : 2;
+    static constexpr int LD = HD + 8;          // padded row stride (halves)
+    static constexpr int CHUNKS = HD / 8;      // 16-byte pieces per K/V row
+    static constexpr size_t Q_BYTES = 2 * ROWS * LD * sizeof(__half);           // q hi, q lo
+    static constexpr size_t STAGE_BYTES = 2 * TILE * LD * sizeof(__half);       // K, V
+    static constexpr size_t PIPE_BYTES = STAGES * STAGE_BYTES;
+    static constexpr size_t MERGE_BYTES = ((size_t)WARPS * ROWS * (HD + 3) + 2 * ROWS) * sizeof(float);
+    static constexpr size_t LIST_BYTES = MAX_NEW * sizeof(int);                    // masked mode's key list
+    static constexpr size_t SMEM_BYTES = Q_BYTES + LIST_BYTES + (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES);
+};
+
+struct Params {
+    const float* q;            // (n, n_heads, HD) float32
+    const __half* k_cache;     // [n_kv_heads][max_ctx][HD]
+    const __half* v_cache;
+    const int32_t* n_past;     // device scalar
+    const uint8_t* mask;       // (n, n) or nullptr (decode: n = 1, the token sees [0, n_past])
+    float* o;                  // (n, n_heads * HD): written when n_splits == 1
+    float* ws_acc;             // [n * n_heads][n_splits][HD] partial unnormalised o (n_splits > 1)
+    float* ws_m;               // [n * n_heads][n_splits] running max (log2 domain)
+    float* ws_l;               // [n * n_heads][n_splits] softmax denominator
+    int n, n_heads, n_kv_heads, group, row_tiles, max_ctx, chunk_len, n_splits;
+    float q_scale;             // scale * log2(e)
+    // fd_attention_decode_rope only (splitk_kernel<HD, true>; n = 1, no mask): q is unrotated, and the
+    // new token's K/V row comes from k_new / v_new instead of the cache (see splitk_kernel)
+    const float* k_new;        // (n_kv_heads, HD) float32, unrotated
+    const float* v_new;        // (n_kv_heads, HD) float32
+    __half* k_store;           // the caches again, written at slot *n_past
+    __half* v_store;
+    const int32_t* positions;  // device scalar: the new token's RoPE position
+    double theta;
+    RopeScaling rope_scaling;  // linear / YaRN (rope_math.cuh); on = 0: none
+    int rope_dim, neox;
+};
+
+// The number of visible keys L of `token` (all threads of the block call it; uniform result). In
+// masked mode list[k] (shared memory, if list != nullptr) receives the k-th visible new slot's
+// offset j (mask[token, j] != 0, ascending).
+__device__ __forceinline__ int visible_keys(const Params& p, int token, int* list) {
+    const int n_past = max(p.n_past[0], 0);
+    if (p.mask == nullptr) return min(n_past + 1, p.max_ctx);
+    const int lane = threadIdx.x & 31;
+    const uint8_t* row = p.mask + (size_t)token * p.n;
+    int count = 0;
+    for (int j0 = 0; j0 < p.n; j0 += 32) {      // every warp counts; warp 0 writes the list
+        const bool on = j0 + lane < p.n && row[j0 + lane] != 0;
+        const unsigned bits = __ballot_sync(0xffffffffu, on);
+        if (list != nullptr && on && threadIdx.x < 32) list[count + __popc(bits & ((1u << lane) - 1u))] = j0 + lane;
+        count += __popc(bits);
+    }
+    return min(n_past + count, p.max_ctx);
+}
+
+}  // namespace attn
+}  // namespace fd

@@ -1,0 +1,113 @@
+// attention_splitk_plan.cuh -- the host side of split-K attention (attention_splitk.cuh describes the
+// design): the split count (a function of the model shape, max_ctx and chunk_len only, so every row
+// is reduced in decode's order), the workspace layout of the splits' partials, the launch parameters
+// of both entry points, and the launch of splitk_kernel then combine_kernel per head_dim.
+#pragma once
+
+#include "attention_splitk_combine.cuh"
+#include "attention_splitk_kernel.cuh"
+
+namespace fd {
+namespace attn {
+
+// ---- host side: the split count, the workspace layout, the launch ---------------------------
+// n_splits is a function of the model shape, max_ctx and chunk_len only (never of n or the mask):
+// enough blocks to fill the GPU (blocks_per_sm * N_SMS over n_kv_heads * row tiles of ONE token),
+// capped by the number of chunks max_ctx holds (at most MAX_SPLITS).
+constexpr int N_SMS = 132;                      // H100/H200; only sizes the split count
+constexpr size_t SMEM_PER_SM = 228 * 1024;
+
+template <int HD>
+constexpr int blocks_per_sm() {
+    return (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024)) > 0 ? (int)(SMEM_PER_SM / (Cfg<HD>::SMEM_BYTES + 1024))
+                                                                 : 1;
+}
+
+inline int n_chunks_for(int max_ctx, int chunk_len) { return (max_ctx - 1) / chunk_len + 1; }
+inline int row_tiles_for(int group) { return (group + ROWS - 1) / ROWS; }
+
+template <int HD>
+int splits_for(int n_kv_heads, int group, int max_ctx, int chunk_len) {
+    const int target = blocks_per_sm<HD>() * N_SMS / (n_kv_heads * row_tiles_for(group));
+    const int cap = n_chunks_for(max_ctx, chunk_len) < MAX_SPLITS ? n_chunks_for(max_ctx, chunk_len) : MAX_SPLITS;
+    return target < 1 ? 1 : (target > cap ? cap : target);
+}
+
+// 0 for an unsupported head_dim
+inline int splits_for_head_dim(int head_dim, int n_kv_heads, int group, int max_ctx, int chunk_len) {
+    switch (head_dim) {
+        case 64: return splits_for<64>(n_kv_heads, group, max_ctx, chunk_len);
+        case 128: return splits_for<128>(n_kv_heads, group, max_ctx, chunk_len);
+        case 256: return splits_for<256>(n_kv_heads, group, max_ctx, chunk_len);
+        default: return 0;
+    }
+}
+
+// workspace: acc [n_rows][n_splits][HD] | m [n_rows][n_splits] | l [n_rows][n_splits], n_rows = n * n_heads
+inline size_t workspace_bytes_for(int n_rows, int n_splits, int head_dim) {
+    return n_splits <= 1 ? 0 : (size_t)n_rows * n_splits * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+inline void set_workspace(Params& p, void* workspace, int head_dim) {
+    const size_t n_rows = (size_t)p.n * p.n_heads;
+    p.ws_acc = (float*)workspace;
+    p.ws_m = p.ws_acc + n_rows * p.n_splits * head_dim;
+    p.ws_l = p.ws_m + n_rows * p.n_splits;
+}
+
+// The launch parameters of both entry points (decode: n = 1, mask = nullptr); n_splits = 0 for an
+// unsupported head_dim. The workspace is set by set_workspace.
+inline Params make_params(float* o, const float* q, const void* k_cache, const void* v_cache, const uint8_t* mask,
+                          const int32_t* n_past, int n, const fd_attention_shape_t& shape, int chunk_len) {
+    const int n_heads = shape.n_heads, n_kv_heads = shape.n_kv_heads, head_dim = shape.head_dim;
+    const int max_ctx = shape.max_ctx;
+    const float scale = shape.scale;
+    Params p;
+    p.q = q;
+    p.k_cache = (const __half*)k_cache;
+    p.v_cache = (const __half*)v_cache;
+    p.n_past = n_past;
+    p.mask = mask;
+    p.o = o;
+    p.ws_acc = p.ws_m = p.ws_l = nullptr;
+    p.n = n;
+    p.n_heads = n_heads;
+    p.n_kv_heads = n_kv_heads;
+    p.group = n_heads / n_kv_heads;
+    p.row_tiles = row_tiles_for(p.group);
+    p.max_ctx = max_ctx;
+    p.chunk_len = chunk_len;
+    p.n_splits = splits_for_head_dim(head_dim, n_kv_heads, p.group, max_ctx, chunk_len);
+    p.q_scale = scale * LOG2E;
+    p.k_new = p.v_new = nullptr;
+    p.k_store = p.v_store = nullptr;
+    p.positions = nullptr;
+    p.theta = 0.0;
+    p.rope_scaling = RopeScaling{};
+    p.rope_dim = p.neox = 0;
+    return p;
+}
+
+template <int HD, bool ROPE = false>
+int launch(const Params& p, cudaStream_t stream) {
+    const size_t smem = Cfg<HD>::SMEM_BYTES;
+    cudaFuncSetAttribute(splitk_kernel<HD, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int st = launch_pdl(splitk_kernel<HD, ROPE>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles), dim3(THREADS),
+                        smem, stream, p);
+    if (st == 0 && p.n_splits > 1)
+        st = launch_pdl(combine_kernel<HD>, dim3(p.n * p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
+    return st;
+}
+
+template <bool ROPE = false>
+int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
+    switch (head_dim) {
+        case 64: return launch<64, ROPE>(p, stream);
+        case 128: return launch<128, ROPE>(p, stream);
+        case 256: return launch<256, ROPE>(p, stream);
+        default: return FD_E_SHAPE;
+    }
+}
+
+}  // namespace attn
+}  // namespace fd
