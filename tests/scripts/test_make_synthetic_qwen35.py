@@ -3,7 +3,6 @@ of the llama.cpp in llama-cpp-python 0.3.36, shapes in ggml order ne[0] = column
 real 0.8B and 27B layer shapes; flashd's loader and (where llama-cpp-python is installed) llama.cpp load them;
 --random-blocks writes valid quant blocks without a quantizer."""
 import dataclasses
-import time
 
 import gguf
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from flashd.daemon.models import open_model
 from flashd.scripts import make_synthetic_gguf as msg
 from flashd.scripts.make_synthetic_gguf import tensor_plan, write_synthetic_model
+from flashd.scripts.random_weights import FLOAT_FORMATS
 from flashd.scripts.synthetic_qwen35 import rope_sections
 from flashd.scripts.synthetic_spec import SyntheticSpec
 
@@ -85,13 +85,21 @@ def test_cli_takes_the_qwen35_options(tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["qwen3.5-0.8b", "qwen3.5-27b-q4_k_m"])
-def test_random_blocks_at_real_layer_shapes_load(tmp_path, preset):
+def test_random_blocks_at_real_layer_shapes_load(tmp_path, preset, monkeypatch):
     """Four layers of the real shapes (a smaller vocabulary), random valid blocks: written fast, every tensor
-    dequantizes to finite numbers, flashd's loader accepts it; llama.cpp too where it is installed."""
+    dequantizes to finite numbers, flashd's loader accepts it; llama.cpp too where it is installed.
+
+    "Fast" is checked by structure, not by a clock: no quantizer runs for a quantized format (what makes a
+    real-shape file slow to write); only float formats are encoded (pools of rows, norms, conv weights)."""
     spec = dataclasses.replace(msg.PRESETS[preset], n_layers=4, vocab_size=1024)
-    t0 = time.perf_counter()
+    encode = msg.encode_tensor
+
+    def floats_only(x, qtype):
+        assert qtype in FLOAT_FORMATS, f"a {qtype.name} quantizer ran: --random-blocks should need none"
+        return encode(x, qtype)
+
+    monkeypatch.setattr(msg, "encode_tensor", floats_only)
     path = write_synthetic_model(tmp_path / "m.gguf", spec)
-    assert time.perf_counter() - t0 < 60
     r = gguf.GGUFReader(path)
     for t in r.tensors:
         if t.name.endswith(("attn_qkv.weight", "ffn_down.weight", "ssm_out.weight")):
