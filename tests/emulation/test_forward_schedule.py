@@ -1,9 +1,10 @@
-"""CPU emulation of the persistent forward's schedule (native/cuda/forward.cu), so CI checks the plan
-without a GPU: which CTA and warp takes each item, the per-warp weight ring's issue order, and the
-dependency counters -- every item done exactly once, no stage starting before the one it reads from is
-complete, and no deadlock, for many stage shapes, grid sizes and interleavings.
+"""CPU emulation of the persistent forward's schedule (native/cuda/forward.cu: forward_schedule.cuh,
+forward_kernel.cuh, forward_plan.cuh), so CI checks the plan without a GPU: which CTA and warp takes
+each item, the per-warp weight ring's issue order, and the dependency counters -- every item done
+exactly once, no stage starting before the one it reads from is complete, and no deadlock, for many
+stage shapes, grid sizes and interleavings.
 
-The emulated rules are forward.cu's, line for line:
+The emulated rules are those files', line for line:
   * GEMV step s of a stage with rotation rot: CTA s % n_ctas, warp (s // n_ctas + rot) % W;
     a warp's steps are first_step(v) = v * n_ctas + cta (v = (warp - rot) mod W), then + n_ctas * W.
   * ATTN item i: CTA i % n_ctas (the whole CTA), items cta, cta + n_ctas, ...
@@ -65,7 +66,7 @@ def test_every_item_is_run_exactly_once(n_layers, n_ctas, n_warps, seed):
             for warp in range(n_warps):
                 seen += warp_items(kind, n_items, rot, cta, warp, n_ctas, n_warps)
         assert sorted(seen) == list(range(n_items))
-        # "a CTA has items iff cta < n_items" (forward.cu tests only that before waiting)
+        # "a CTA has items iff cta < n_items" (forward_kernel.cuh tests only that before waiting)
         for cta in range(n_ctas):
             has = any(warp_items(kind, n_items, rot, cta, w, n_ctas, n_warps) for w in range(n_warps))
             assert has == (cta < n_items)
@@ -82,7 +83,7 @@ def test_load_is_balanced_across_ctas(n_layers, n_ctas, n_warps, seed):
 
 
 def ring_issue_order(stages, rots, cta, warp, n_ctas, n_warps):
-    """forward.cu's Ring cursor: ring_seek / ring_issue over the GEMV stages."""
+    """forward_schedule.cuh's Ring cursor: ring_seek / ring_issue over the GEMV stages."""
     gemv = [(i, n) for i, (k, n) in enumerate(stages) if k == GEMV]
     out, gs, step = [], 0, -1
     while True:
@@ -170,13 +171,13 @@ def test_a_stage_with_items_on_few_ctas_still_orders_the_next():
 
 
 def ring_place(off, n, ring):
-    """forward.cu ring_place: the virtual offset an entry of n bytes starts at."""
+    """forward_schedule.cuh ring_place: the virtual offset an entry of n bytes starts at."""
     return off if off % ring + n <= ring else off - off % ring + ring
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_weight_ring_places_entries_without_overlap(seed):
-    """forward.cu's byte ring: ring_fill issues entries while they fit behind the oldest unconsumed one
+    """forward_schedule.cuh's byte ring: ring_fill issues entries while they fit behind the oldest unconsumed one
     (at most 8 in flight); ring_front / ring_pop re-derive each entry's place. Every entry lies inside one
     pass of the ring, never overlaps an entry in flight, and the consumer reads it where it was written."""
     rng = random.Random(seed)
