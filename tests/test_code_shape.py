@@ -1,5 +1,6 @@
 """The code's shape (issue 14: smaller rooms, one concept each): no Python source file of the
-package over 500 lines, and no function or method in daemon/ over 80 lines. A file or function that
+package, its tests or its benchmarks over 500 lines, no native source (CUDA .cu / .cuh, the C and HIP
+headers) over 500 lines, and no function or method in daemon/ over 80 lines. A file or function that
 grows past its limit is split along its concepts, not exempted here."""
 import ast
 from pathlib import Path
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("daemon", "protocol", "clients", "scripts")
+PACKAGES = ("daemon", "protocol", "clients", "scripts", "tests", "bench")
+NATIVE_SOURCES = ("*.cu", "*.cuh", "*.h")   # under native/
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80           # in daemon/
 
@@ -41,6 +43,14 @@ def long_functions(path: Path, limit: int) -> list[tuple[str, int, int]]:
 def test_no_source_file_is_over_500_lines(package):
     sources = _sources(package)
     assert sources, f"no Python files under {package}/"
+    too_long = {str(p.relative_to(ROOT)): n for p in sources
+                if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES}
+    assert not too_long, f"files over {MAX_FILE_LINES} lines: {too_long}"
+
+
+def test_no_native_source_is_over_500_lines():
+    sources = sorted(p for pattern in NATIVE_SOURCES for p in (ROOT / "native").rglob(pattern))
+    assert sources, "no native sources under native/"
     too_long = {str(p.relative_to(ROOT)): n for p in sources
                 if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES}
     assert not too_long, f"files over {MAX_FILE_LINES} lines: {too_long}"
