@@ -79,7 +79,7 @@ def run_flashd(model: Path, tests: list[str], reps: int, max_ctx: int):
     embd = engine.model.file.tensor("token_embd.weight").n_bytes
     res = run_bench(engine.runner, engine.model.config, tests, reps=reps, weight_bytes=engine.model.file_weight_bytes,
                     embd_bytes=embd, copy_gbs=copy_gbs, log=log)
-    info = engine.backend.info()
+    info = {**engine.backend.info(), "tuning": engine.backend.device.native.tuning()}
     vram = engine.plan.total_bytes
     engine.runner.close()
     return res, info, copy_gbs, vram
@@ -121,7 +121,8 @@ def main(argv=None) -> int:
         theirs = {} if args.skip_llama else run_llama_bench(exe, model, args.p, args.n, args.d, args.reps)
         lines = [f"### {model.name} on {info['name']}",
                  f"flashd commit {commit}, {datetime.date.today()}, device copy bandwidth {copy_gbs:.0f} GB/s, "
-                 f"flashd VRAM plan {vram / 2**30:.2f} GiB", "",
+                 f"flashd VRAM plan {vram / 2**30:.2f} GiB; tuning "
+                 + ", ".join(f"{k}={v}" for k, v in info["tuning"].items()), "",
                  "| test | llama.cpp t/s | flashd t/s | flashd / llama.cpp | flashd % roofline |",
                  "| --- | ---: | ---: | ---: | ---: |"]
         for r in ours:
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
             lines.append(f"| {r.test} | {base or float('nan'):.1f} | {r.tok_s:.1f} | {ratio} | {pct} |")
             records.append({"model": model.name, "gpu": info["name"], "test": r.test, "flashd_tok_s": r.tok_s,
                             "llama_cpp_tok_s": base, "roofline_pct": r.roofline_pct, "commit": commit,
-                            "date": str(datetime.date.today()), "copy_gbs": copy_gbs})
+                            "date": str(datetime.date.today()), "copy_gbs": copy_gbs, "tuning": info["tuning"]})
         sections.append("\n".join(lines))
     text = "\n\n".join(sections)
     print(text)

@@ -9,7 +9,7 @@
 #   bench/gpu_host.sh test [ARGS]  GPU test suite (pytest -m gpu), log under $OUT
 #   bench/gpu_host.sh bench        flashd vs llama.cpp table for the real models, under $OUT
 #   bench/gpu_host.sh clones       synthetic clones of the 1.5B and 0.5B files (shapes and formats) in $MODELS
-#   bench/gpu_host.sh ab MODEL     flashd bench tg128 with and without int8 activations / PDL
+#   bench/gpu_host.sh ab MODEL     flashd bench tg128 under launch-tuning variants (--tuning: int8 activations, PDL, rounds, step bytes)
 #   bench/gpu_host.sh profile MODEL  nsys kernel summary of a short decode (if nsys is installed)
 #   bench/gpu_host.sh bg NAME CMD...   run CMD in the background (survives the call), log $LOGS/NAME.log
 #   bench/gpu_host.sh logs [N]     copy $LOGS/* to $OUT and print the last N lines of each (default 15)
@@ -75,10 +75,9 @@ clones)
     ;;
 ab)
     model=$1; shift
-    for env in "" "FLASHD_GEMV_FLOAT_X=1" "FLASHD_NO_PDL=1" "FLASHD_GEMV_ROUNDS=2" "FLASHD_GEMV_ROUNDS=4" \
-               "FLASHD_GEMV_STAGE_BYTES=3072" "FLASHD_GEMV_STAGE_BYTES=12288"; do
-        echo "== ${env:-default}"
-        env $env flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 "$@" 2>&1 | grep -E "^\| .*tg"
+    for tuning in "" gemv_int8_x=0 pdl=0 gemv_rounds=0 gemv_rounds=4 gemv_stage_bytes=3072 gemv_stage_bytes=12288; do
+        echo "== ${tuning:-default}"
+        flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 --tuning "$tuning" "$@" 2>&1 | grep -E "^\| .*tg|^tuning"
     done | tee -a "$OUT/ab.log"
     ;;
 clones-wait)   # the clones step, in the foreground (used after setup)

@@ -1,11 +1,12 @@
 """Where a decode step's time goes: the step captured as a CUDA graph with a timing event after
 every kernel launch, replayed, and the time between consecutive events summed per op.
 
-    FLASHD_NO_PDL=1 python bench/profile_decode.py MODEL [--depth 128] [--reps 50]
+    python bench/profile_decode.py MODEL [--depth 128] [--reps 50] [--pdl]
 
-Event nodes serialise the graph (no programmatic dependent launch across them, hence FLASHD_NO_PDL
-for a like-for-like view), so per-op times include each kernel's launch latency and the sum is a
-little above the real step time, which is printed first (the plain graph, no events).
+Event nodes serialise the graph (no programmatic dependent launch across them, so PDL is off here
+unless --pdl: the launch tuning's pdl field, flashd_tuning.h, for a like-for-like view), so per-op
+times include each kernel's launch latency and the sum is a little above the real step time, which
+is printed first (the plain graph, no events).
 """
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--depth", type=int, default=128, help="context slots before the profiled step")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--pdl", action="store_true", help="keep programmatic dependent launch on (the tuning's default)")
     args = ap.parse_args()
     engine = Engine(EngineConfig(model=args.model, device="cuda", max_ctx=args.depth + 256, prefix_cache=False))
+    if not args.pdl:
+        engine.backend.device.native.set_tuning(pdl=0)   # before load: the graphs are captured without it
     engine.load()
     runner = engine.runner
     dev, lib, ffi, ops = runner.dev, runner.dev.lib, runner.dev.ffi, runner.ops

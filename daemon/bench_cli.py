@@ -24,8 +24,11 @@ from .vram_budget import DEFAULT_MARGIN
               help="As `flashd serve --vram-budget` (e.g. 24GiB): refuse to load what the plan says would not fit.")
 @click.option("--vram-margin", metavar="SIZE", callback=size_option, default=f"{DEFAULT_MARGIN >> 20}MiB",
               show_default=True, help="As `flashd serve --vram-margin`.")
+@click.option("--tuning", "tuning", metavar="FIELD=N,...", callback=lambda ctx, param, v: parse_tuning(v), default="",
+              help="CUDA: launch tuning overrides for an A/B, e.g. gemv_rounds=0,pdl=0 (fields of flashd_tuning.h's "
+                   "fd_tuning_t; the table prints the tuning in effect).")
 def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk, forward, vram_budget,
-                  vram_margin):
+                  vram_margin, tuning):
     """llama-bench-like table of prefill and decode throughput, with % of the bandwidth roofline."""
     from ..clients.registry import DEFAULT_MODEL, resolve_model
     from .bench import format_table, run_bench
@@ -42,6 +45,7 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
                                  prefill_chunk=prefill_chunk, prefix_cache=False,   # every prefill measured cold
                                  forward=forward, vram_budget=vram_budget, vram_margin=vram_margin))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    in_effect = apply_tuning(engine.backend, tuning)   # before load: graphs are captured with it
     log(f"loading {path} on {engine.backend.name}")
     engine.load()
     cfg = engine.model.config
@@ -55,6 +59,7 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
         info = engine.backend.info()
         note = (f"GPU: {info['name']}; roofline: measured device copy bandwidth {copy_gbs:.0f} GB/s / bytes read "
                 f"per decode step")
+        note += "\ntuning: " + ", ".join(f"{k}={v}" for k, v in in_effect.items())
         fwd = engine.ready_info()["forward"]
         note += f"\ndecode forward: {fwd['path']}" + (f" (plan {fwd['plan']})" if "plan" in fwd else
                                                       f" ({fwd['note']})")
@@ -63,3 +68,32 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
     plan = engine.vram_plan()
     vram = plan.lines() if plan is not None else None
     click.echo(format_table(cfg.name or path.name, engine.backend.name, path.stat().st_size, results, vram, note))
+
+
+def apply_tuning(backend, changes: dict[str, int]) -> dict[str, int] | None:
+    """The CUDA launch tuning in effect after `changes` (None on another backend, where changes are refused)."""
+    if backend.name != "cuda":
+        if changes:
+            raise click.UsageError("--tuning applies to the CUDA backend only")
+        return None
+    native = backend.device.native
+    try:
+        return native.set_tuning(**changes) if changes else native.tuning()
+    except (KeyError, RuntimeError) as exc:
+        raise click.UsageError(f"--tuning: {exc}") from exc
+
+
+def parse_tuning(text: str) -> dict[str, int]:
+    """'gemv_rounds=0,pdl=0' -> {'gemv_rounds': 0, 'pdl': 0}; field names are checked against the library."""
+    out = {}
+    for item in (t.strip() for t in (text or "").split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected FIELD=INTEGER") from None
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{item!r}: expected FIELD=INTEGER")
+    return out

@@ -12,9 +12,8 @@ namespace attn {
 
 // ---- host side: the split count, the workspace layout, the launch ---------------------------
 // n_splits is a function of the model shape, max_ctx and chunk_len only (never of n or the mask):
-// enough blocks to fill the GPU (blocks_per_sm * N_SMS over n_kv_heads * row tiles of ONE token),
-// capped by the number of chunks max_ctx holds (at most MAX_SPLITS).
-constexpr int N_SMS = 132;                      // H100/H200; only sizes the split count
+// enough blocks to fill the GPU (blocks_per_sm * the device's SM count over n_kv_heads * row tiles of ONE
+// token), capped by the number of chunks max_ctx holds (at most MAX_SPLITS).
 constexpr size_t SMEM_PER_SM = 228 * 1024;
 
 template <int HD>
@@ -28,7 +27,7 @@ inline int row_tiles_for(int group) { return (group + ROWS - 1) / ROWS; }
 
 template <int HD>
 int splits_for(int n_kv_heads, int group, int max_ctx, int chunk_len) {
-    const int target = blocks_per_sm<HD>() * N_SMS / (n_kv_heads * row_tiles_for(group));
+    const int target = blocks_per_sm<HD>() * device_sm_count() / (n_kv_heads * row_tiles_for(group));
     const int cap = n_chunks_for(max_ctx, chunk_len) < MAX_SPLITS ? n_chunks_for(max_ctx, chunk_len) : MAX_SPLITS;
     return target < 1 ? 1 : (target > cap ? cap : target);
 }

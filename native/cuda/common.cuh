@@ -87,16 +87,14 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// The launch tuning in effect on the current device (tuning.cu, flashd_tuning.h), and its SM count.
+fd_tuning_t tuning_now();
+int device_sm_count();
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where the device
-// supports it (compute capability >= 9; the kernel must call pdl_wait() as described above), else
-// plainly. FLASHD_NO_PDL=1 in the environment turns PDL off (A/B benchmarks). Returns the launch status.
-inline bool pdl_enabled() {
-    static const bool on = [] {
-        const char* v = getenv("FLASHD_NO_PDL");
-        return !(v && v[0] == '1');
-    }();
-    return on;
-}
+// supports it (compute capability >= 9; the kernel must call pdl_wait() as described above) and the
+// tuning has it on (fd_tuning_t.pdl: A/B benchmarks), else plainly. Returns the launch status.
+inline bool pdl_enabled() { return tuning_now().pdl != 0; }
 
 template <class... KArgs, class... Args>
 int launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {

@@ -84,30 +84,18 @@ int launch_any(int nx, const GemvArgs& a, int ctas, int warps, size_t smem, int 
     }
 }
 
-// Benchmark knobs read once from the environment (bench/; defaults are the tuned choices):
-//   FLASHD_GEMV_FLOAT_X=1       float32 activations for quantized launches too (A/B, accuracy checks)
-//   FLASHD_GEMV_STAGE_BYTES=N   target bytes of one step (default STAGE_TARGET_BYTES)
-//   FLASHD_GEMV_ROUNDS=K        persistent double-buffered warps with K >= 2 steps each (default 2:
-//                               1.5B tg128 806 vs 784 tok/s, H200); 0 = one single-buffered step per
-//                               warp where the grid can hold them all
+// The GEMV's part of the launch tuning (flashd_tuning.h: int8 activations, step buffer bytes, rounds), read
+// per launch so fd_tuning_set applies to the next one.
 struct GemvTuning {
-    bool int8_x = true;
-    int stage_bytes = STAGE_TARGET_BYTES;
-    int rounds = 2;
+    bool int8_x;
+    int stage_bytes;
+    int rounds;
 };
 
-const GemvTuning& tuning() {
-    static const GemvTuning t = [] {
-        GemvTuning r;
-        const char* v = getenv("FLASHD_GEMV_FLOAT_X");
-        r.int8_x = !(v && v[0] == '1');
-        if ((v = getenv("FLASHD_GEMV_STAGE_BYTES")) && atoi(v) >= 256) r.stage_bytes = atoi(v);
-        if ((v = getenv("FLASHD_GEMV_ROUNDS"))) r.rounds = atoi(v) >= 2 ? atoi(v) : 0;
-        return r;
-    }();
-    return t;
+GemvTuning tuning() {
+    const fd_tuning_t t = tuning_now();
+    return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds};
 }
-
 
 // The whole launch: validation, planning, passes over x rows.
 int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x, const float* norm_w,
@@ -115,7 +103,8 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     DeviceFacts dev;
     if (int st = device_facts(&dev)) return st;
     GemvPlan pl;
-    if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tuning().int8_x, tuning().stage_bytes,
+    const GemvTuning tn = tuning();
+    if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x, tn.stage_bytes,
                            2 * dev.n_sms, &pl))
         return st;
     const GemvArgs& a = pl.a;
@@ -137,7 +126,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         gemv_layout(pl, nx, &p);
         GemvLaunchShape shape;
         if (int st = gemv_launch_shape(steps, a.stage_bytes, p.stage_off_bytes, dev.max_smem, dev.n_sms,
-                                       max_warps_for(nx, swiglu), tuning().rounds, &shape))
+                                       max_warps_for(nx, swiglu), tn.rounds, &shape))
             return st;
         const int ctas = shape.ctas, w = shape.warps;
         p.n_bufs = shape.n_bufs;

@@ -59,6 +59,8 @@ __device__ __forceinline__ void __syncwarp() {
 #define cudaSetDevice hipSetDevice
 #define cudaGetDevice hipGetDevice
 #define cudaDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
+#define cudaDevAttrComputeCapabilityMinor hipDeviceAttributeComputeCapabilityMinor
+#define cudaErrorNoDevice hipErrorNoDevice
 #define cudaFuncAttributes hipFuncAttributes
 #define cudaFuncGetAttributes hipFuncGetAttributes
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount

@@ -2,6 +2,7 @@
  * status codes and weight formats here, then one header per part, each included at the end:
  *
  *   flashd_runtime.h       devices, memory, streams, events, graphs           (runtime.cu)
+ *   flashd_tuning.h        the launch tuning table per GPU architecture       (tuning.cu)
  *   flashd_linear.h        dequantization, embedding, GEMV, GEMM, norms        (dequant.cu, gemv.cu, gemm.cu, ...)
  *   flashd_attention.h     the attention shape, RoPE + K/V write, decode / prefill / masked attention,
  *                          the speculative commit                              (rope.cu, attention_*.cu, kv_compact.cu)
@@ -39,8 +40,8 @@
 extern "C" {
 #endif
 /* --- cdef begin --- */
-#define FD_ABI_VERSION 2   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
-                              fd_event_query and fd_not_ready_status removed */
+#define FD_ABI_VERSION 3   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
+                              fd_event_query and fd_not_ready_status removed; 3: fd_tuning_t (flashd_tuning.h) */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */
@@ -61,6 +62,7 @@ extern "C" {
 /* --- cdef end --- */
 
 #include "flashd_runtime.h"
+#include "flashd_tuning.h"
 #include "flashd_linear.h"
 #include "flashd_attention.h"
 #include "flashd_flashprefill.h"

@@ -61,6 +61,23 @@ class NativeLib:
         if status != 0:
             raise CudaError(status, what, self.ffi.string(self.lib.fd_status_string(status)).decode())
 
+    def tuning(self) -> dict[str, int]:
+        """The launch tuning in effect on the current device (flashd_tuning.h's fd_tuning_t, by field)."""
+        t = self.ffi.new("fd_tuning_t*")
+        self.check(self.lib.fd_tuning_get(t), "fd_tuning_get")
+        return {name: int(getattr(t, name)) for name, _ in self.ffi.typeof("fd_tuning_t").fields}
+
+    def set_tuning(self, **changes: int) -> dict[str, int]:
+        """Replace fields of the current device's tuning (the rest stay); returns the tuning now in effect.
+        Unknown fields raise KeyError, out-of-range values CudaError (FD_E_ARG, nothing changes)."""
+        current = self.tuning()
+        unknown = sorted(set(changes) - set(current))
+        if unknown:
+            raise KeyError(f"unknown tuning field(s) {', '.join(unknown)}; known: {', '.join(current)}")
+        t = self.ffi.new("fd_tuning_t*", {**current, **{k: int(v) for k, v in changes.items()}})
+        self.check(self.lib.fd_tuning_set(t), "fd_tuning_set")
+        return self.tuning()
+
 
 def load(path: str | os.PathLike | None = None) -> NativeLib:
     """The library at `path`, FLASHD_NATIVE_LIB, or built for the local GPU (cached)."""

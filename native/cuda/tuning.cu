@@ -1,0 +1,108 @@
+// tuning.cu -- the launch tuning table (flashd_tuning.h): per GPU architecture, the GEMV's activation form,
+// step buffer size and rounds, and programmatic dependent launch. Each device starts from its architecture's
+// entry; fd_tuning_set replaces it (benchmarks' A/B). Launchers read it per launch (tuning_now), so a change
+// applies to launches issued, and graphs captured, after it.
+#include "common.cuh"
+
+#include <mutex>
+
+namespace fd {
+namespace {
+
+// Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9): int8 activations, 6 KB steps, 2 rounds,
+// PDL on. The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB cards) carry the same values,
+// compile-checked but not yet measured on those GPUs; PDL does not exist below sm_90 (launch_pdl falls back).
+struct TuningEntry {
+    int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
+    fd_tuning_t t;
+};
+constexpr TuningEntry TABLE[] = {
+    {0, {1, 6144, 2, 0}},    // anything older, and HIP devices (no PDL)
+    {80, {1, 6144, 2, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 6144, 2, 1}},   // sm_90 H100 / H200
+};
+constexpr int MAX_DEVICES = 64;
+
+std::mutex mu;
+fd_tuning_t current[MAX_DEVICES];
+bool ready[MAX_DEVICES];
+
+fd_tuning_t entry_for(int major, int minor) {
+    const int cc = major * 10 + minor;
+    fd_tuning_t t = TABLE[0].t;
+    for (const TuningEntry& e : TABLE)
+        if (cc >= e.cc) t = e.t;
+    return t;
+}
+
+bool valid(const fd_tuning_t& t) {
+    return (t.gemv_int8_x == 0 || t.gemv_int8_x == 1) && t.gemv_stage_bytes >= 256 && t.gemv_stage_bytes <= 65536 &&
+           (t.gemv_rounds == 0 || (t.gemv_rounds >= 2 && t.gemv_rounds <= 16)) && (t.pdl == 0 || t.pdl == 1);
+}
+
+// the current device's slot, initialised from the table on first use; -1 without a device
+int slot() {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) return -1;
+    if (!ready[dev]) {
+        int major = 0, minor = 0;
+#if FD_HAS_MMA   // an NVIDIA device: its architecture's entry (HIP devices take the generic one)
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+#endif
+        current[dev] = entry_for(major, minor);
+        ready[dev] = true;
+    }
+    return dev;
+}
+
+}  // namespace
+
+fd_tuning_t tuning_now() {
+    std::lock_guard<std::mutex> lock(mu);
+    const int s = slot();
+    return s < 0 ? TABLE[0].t : current[s];
+}
+
+int device_sm_count() {
+    static std::mutex sm_mu;
+    static int cache[MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) return 1;
+    std::lock_guard<std::mutex> lock(sm_mu);
+    if (cache[dev] == 0) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 1;
+        cache[dev] = n;
+    }
+    return cache[dev];
+}
+
+}  // namespace fd
+
+extern "C" {
+
+int fd_tuning_default(int cc_major, int cc_minor, fd_tuning_t* out) {
+    FD_CHECK_ARG(out != nullptr && cc_major >= 0 && cc_minor >= 0);
+    *out = fd::entry_for(cc_major, cc_minor);
+    return 0;
+}
+
+int fd_tuning_get(fd_tuning_t* out) {
+    FD_CHECK_ARG(out != nullptr);
+    *out = fd::tuning_now();
+    return 0;
+}
+
+int fd_tuning_set(const fd_tuning_t* tuning) {
+    FD_CHECK_ARG(tuning != nullptr && fd::valid(*tuning));
+    std::lock_guard<std::mutex> lock(fd::mu);
+    const int s = fd::slot();
+    if (s < 0) return (int)cudaErrorNoDevice;
+    fd::current[s] = *tuning;
+    return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,31 @@
+/* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
+   for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
+   A/B it; nothing is read from the environment). Values change how kernels are launched, never a result:
+   every row's arithmetic is the same whatever the tuning.
+   Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
+#ifndef FLASHD_TUNING_H
+#define FLASHD_TUNING_H
+#ifndef FLASHD_H
+#error "include flashd.h, which includes this header"
+#endif
+/* --- cdef begin --- */
+
+typedef struct {
+    int gemv_int8_x;        /* 1: GEMV launches whose matrices are all quantized stage x as int8 hi + lo codes;
+                               0: float32 activations everywhere (accuracy A/B) */
+    int gemv_stage_bytes;   /* target bytes of one GEMV step's shared-memory buffer, 256 .. 65536 */
+    int gemv_rounds;        /* 2 .. 16: large launches run persistent double-buffered warps with that many steps
+                               each; 0: one single-buffered step a warp wherever the grid can hold them */
+    int pdl;                /* 1: programmatic dependent launch where the GPU has it (sm_90 and later); 0: off */
+} fd_tuning_t;
+
+/* The table's entry for compute capability major.minor (the closest entry at or below it). */
+int fd_tuning_default(int cc_major, int cc_minor, fd_tuning_t* out);
+/* The tuning in effect on the current device (its table entry until fd_tuning_set). */
+int fd_tuning_get(fd_tuning_t* out);
+/* Replace the current device's tuning (FD_E_ARG if a value is out of range: nothing changes). Launches
+   issued, and graphs captured, after the call use it; graphs captured before keep their launches. */
+int fd_tuning_set(const fd_tuning_t* tuning);
+
+/* --- cdef end --- */
+#endif /* FLASHD_TUNING_H */

@@ -1,0 +1,61 @@
+"""The launch tuning (flashd_tuning.h, tuning.cu): the device starts from its architecture's table entry, bad
+values are refused without changing anything, and no tuning changes a result -- a GEMV's rows, computed
+under other step sizes, rounds and without PDL, are the default tuning's bits (the row arithmetic is fixed
+by the matrix shape, never by how the launch is shaped).
+Oracle: the same launches under the default tuning, compared bit for bit."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from flashd.scripts.random_weights import random_weights
+
+from tests.gpu.test_gemv import call_gemv
+
+FD_E_ARG = -1
+
+
+@pytest.fixture
+def restore_tuning(native):
+    before = native.tuning()
+    yield before
+    native.set_tuning(**before)
+
+
+def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tuning):
+    major, minor = (int(v) for v in dev.info()["cc"].split("."))
+    entry = native.ffi.new("fd_tuning_t*")
+    native.check(native.lib.fd_tuning_default(major, minor, entry), "fd_tuning_default")
+    want = {name: int(getattr(entry, name)) for name, _ in native.ffi.typeof("fd_tuning_t").fields}
+    assert restore_tuning == want
+    if (major, minor) == (9, 0):
+        assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1}
+
+
+@pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
+                                 {"gemv_rounds": 1}, {"gemv_rounds": 17}, {"pdl": -1}])
+def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
+    t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
+    assert native.lib.fd_tuning_set(t) == FD_E_ARG
+    assert native.tuning() == restore_tuning
+    with pytest.raises(KeyError):
+        native.set_tuning(no_such_field=1)
+
+
+@pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"gemv_stage_bytes": 2048},
+                                    {"gemv_stage_bytes": 12288}, {"pdl": 0}])
+@pytest.mark.parametrize("qtype,rows,cols", [(T.Q4_K, 8960, 1536), (T.Q6_K, 1536, 8960), (T.Q5_0, 896, 896)])
+def test_no_tuning_changes_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
+    w = dev.upload(random_weights(rng, qtype, rows, cols))
+    x = dev.upload(rng.standard_normal((3, cols)).astype(np.float32))
+    norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
+
+    def run(n_x):
+        y = poisoned((n_x, rows))
+        call_gemv(native, dev, y, w, qtype, rows, cols, x, n_x, norm, None, None)
+        return dev.download(y).view(np.uint32)
+
+    base = [run(1), run(3)]
+    native.set_tuning(**change)
+    tuned = [run(1), run(3)]
+    for b, t in zip(base, tuned):
+        assert np.array_equal(b, t), f"{change}: {np.count_nonzero(b != t)} of {b.size} outputs differ"
