@@ -196,9 +196,9 @@ def test_unknown_parameters_are_named(gateway):
 
 
 def test_unknown_routes_in_each_api_shape(gateway):
-    reply = httpx.get(gateway.url + "/v1/nothing", timeout=10)
+    reply = httpx.get(gateway.url + "/v1/nothing", timeout=30)
     assert reply.status_code == 404 and "no route" in reply.json()["error"]["message"]
-    reply = httpx.get(gateway.url + "/v1/messages", timeout=10)
+    reply = httpx.get(gateway.url + "/v1/messages", timeout=30)
     assert reply.status_code == 405 and reply.json()["type"] == "error"
 
 
@@ -208,13 +208,13 @@ def test_api_key(daemon, make_gateway):
 
     with daemon.connect(timeout_s=30) as client:
         server = make_gateway(client, api_key="s3cret")
-        assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # health needs no key
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200  # health needs no key
         for path, body in (("/v1/chat/completions", OPENAI_BASE), ("/v1/messages", ANTHROPIC_BASE)):
             for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "wrong"}):
                 reply = _post(server.url, path, body, headers=headers)
                 assert reply.status_code == 401, reply.text
                 assert "API key" in (reply.json().get("error") or {}).get("message", "")
-        assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401
+        assert httpx.get(server.url + "/v1/models", timeout=30).status_code == 401
         good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
         assert good.chat.completions.create(model="m", messages=OPENAI_BASE["messages"], max_tokens=1).usage
         bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
@@ -311,7 +311,7 @@ HONOURED_BY = {
 
 
 def test_every_schema_parameter_has_a_test(gateway):
-    schema = httpx.get(gateway.url + "/openapi.json", timeout=10).json()
+    schema = httpx.get(gateway.url + "/openapi.json", timeout=30).json()
     components = schema["components"]["schemas"]
     paths = {"ChatCompletionRequest": "/v1/chat/completions", "CompletionRequest": "/v1/completions",
              "MessagesRequest": "/v1/messages", "CountTokensRequest": "/v1/messages/count_tokens"}
