@@ -205,7 +205,7 @@ class ServeDaemon(_Process, _EventStream):
             out[name] = ids
         return out
 
-    def wait_idle(self, timeout: float = 10.0) -> dict:
+    def wait_idle(self, timeout: float = READ_TIMEOUT_S) -> dict:
         """Poll `status` until nothing runs or waits (a terminal event can reach the client a
         moment before the engine has put the request down); the last status."""
         deadline = time.monotonic() + timeout

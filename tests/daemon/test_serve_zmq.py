@@ -17,6 +17,7 @@ from tests.daemon.daemon_harness import (
 )
 
 LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"
+HANG_GUARD_S = 60.0   # waits end when their condition holds; this only turns a hang into a failure
 # The probes of daemon_harness.PROBES as msgpack fields.
 PROBE_FIELDS = {
     "greedy": {"cmd": "generate", "text": "The quick brown fox", "max_tokens": 24, "ignore_eos": True},
@@ -43,7 +44,7 @@ def long_generate(peer: ZmqPeer, request_id: str, text: str = "count") -> dict:
     return first
 
 
-def wait_idle(peer: ZmqPeer, timeout: float = 10.0) -> dict:
+def wait_idle(peer: ZmqPeer, timeout: float = HANG_GUARD_S) -> dict:
     deadline = time.monotonic() + timeout
     n = 0
     while True:
@@ -134,15 +135,15 @@ def test_stdin_cancel_does_not_touch_zmq_requests(peer_factory, zmq_daemon):
     assert peer.events_for("shared")[-1]["code"] == "cancelled"
 
 
-def test_a_client_that_disconnects_has_its_request_cancelled(peer_factory, reference_outputs):
+def test_a_client_that_disconnects_has_its_request_cancelled(peer_factory, zmq_daemon, reference_outputs):
     leaver, watcher = peer_factory(), peer_factory()
     long_generate(leaver, "abandoned")
     leaver.close()
-    t_start = time.monotonic()
     status = wait_idle(watcher)
-    # A full generation takes many seconds; a cancelled one is put down within a few tokens.
-    assert time.monotonic() - t_start < 5.0
     assert status["served"] >= 1
+    # The daemon's own account, not a clock: it found the peer gone while the request was still
+    # pending (LONG_GENERATE_TOKENS, thousands of tokens) and cancelled it.
+    assert "went away: cancelled 1 request(s)" in zmq_daemon.stderr_tail(100_000), zmq_daemon.stderr_tail()
     assert zmq_probe(watcher) == reference_outputs
 
 
@@ -172,7 +173,7 @@ def test_stdin_and_zmq_are_served_together(peer_factory, zmq_daemon):
 def test_end_of_stdin_keeps_serving_zmq(peer_factory, zmq_daemon, reference_outputs):
     zmq_daemon.close_stdin()
     peer = peer_factory()
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + HANG_GUARD_S
     while "stdin closed: still serving ZeroMQ" not in zmq_daemon.stderr_tail():
         assert time.monotonic() < deadline and zmq_daemon.proc.poll() is None, zmq_daemon.stderr_tail()
         time.sleep(0.02)
@@ -185,7 +186,7 @@ def test_quit_over_zmq_cancels_what_is_queued_behind_it(peer_factory, zmq_daemon
     runner, quitter = peer_factory(), peer_factory()
     long_generate(runner, "long")
     quitter.send({"cmd": "quit", "id": "q"})
-    deadline = time.monotonic() + 10.0        # the quit must be queued first: FIFO across peers
+    deadline = time.monotonic() + HANG_GUARD_S   # the quit must be queued first: FIFO across peers
     while runner.ask({"cmd": "status", "id": "s"})[-1]["queued"] < 1:
         assert time.monotonic() < deadline, "the quit never reached the queue"
         time.sleep(0.01)
