@@ -1,7 +1,8 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
-   A/B it; nothing is read from the environment). Values change how kernels are launched, never a result:
-   every row's arithmetic is the same whatever the tuning.
+   A/B it; nothing is read from the environment). gemv_rounds and pdl change only how kernels are launched,
+   never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order) and
+   gemv_int8_x its activation precision -- under any tuning a row's bits do not depend on the rows beside it.
    Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
 #ifndef FLASHD_TUNING_H
 #define FLASHD_TUNING_H

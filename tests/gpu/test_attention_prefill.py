@@ -140,8 +140,8 @@ def test_attention_prefill_rejects_bad_arguments(native, dev):
     kc = dev.empty((1, 16, 96), F16)
     n_past = dev.upload(np.zeros(1, np.int32))
     args = (dev.p(o, "float*"), dev.p(q, "float*"), dev.p(kc), dev.p(kc), dev.p(n_past, "int32_t*"))
-    assert lib.fd_attention_prefill(*args, 4, 2, 1, 96, 16, 0.1, dev.stream) == lib.FD_E_SHAPE
-    assert lib.fd_attention_prefill(*args, 4, 3, 2, 64, 16, 0.1, dev.stream) == lib.FD_E_ARG     # 3 % 2
-    assert lib.fd_attention_prefill(*args, 0, 2, 1, 64, 16, 0.1, dev.stream) == lib.FD_E_ARG
+    assert lib.fd_attention_prefill(*args, 4, attention_shape(ffi, 2, 1, 96, 16, 0.1), dev.stream) == lib.FD_E_SHAPE
+    assert lib.fd_attention_prefill(*args, 4, attention_shape(ffi, 3, 2, 64, 16, 0.1), dev.stream) == lib.FD_E_ARG  # 3 % 2
+    assert lib.fd_attention_prefill(*args, 0, attention_shape(ffi, 2, 1, 64, 16, 0.1), dev.stream) == lib.FD_E_ARG
     assert lib.fd_attention_prefill(args[0], args[1], args[2], args[3], ffi.NULL, 4,
                                     attention_shape(ffi, 2, 1, 64, 16, 0.1), dev.stream) == lib.FD_E_ARG

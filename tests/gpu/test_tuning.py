@@ -1,8 +1,9 @@
 """The launch tuning (flashd_tuning.h, tuning.cu): the device starts from its architecture's table entry, bad
-values are refused without changing anything, and no tuning changes a result -- a GEMV's rows, computed
-under other step sizes, rounds and without PDL, are the default tuning's bits (the row arithmetic is fixed
-by the matrix shape, never by how the launch is shaped).
-Oracle: the same launches under the default tuning, compared bit for bit."""
+values are refused without changing anything, rounds and PDL never change a result -- a GEMV's rows under
+them are the default tuning's bits (the launch's shape is not its arithmetic) -- and under another step
+buffer size, which may choose other lanes per row and so another summation order, rows are still the same
+bits whatever the batch (row invariance, which exact speculative decoding needs).
+Oracle: the same launches under the default tuning, compared bit for bit; one-row launches for the batch."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -41,10 +42,10 @@ def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuni
         native.set_tuning(no_such_field=1)
 
 
-@pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"gemv_stage_bytes": 2048},
-                                    {"gemv_stage_bytes": 12288}, {"pdl": 0}])
-@pytest.mark.parametrize("qtype,rows,cols", [(T.Q4_K, 8960, 1536), (T.Q6_K, 1536, 8960), (T.Q5_0, 896, 896)])
-def test_no_tuning_changes_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
+SHAPES = [(T.Q4_K, 8960, 1536), (T.Q6_K, 1536, 8960), (T.Q5_0, 896, 896)]
+
+
+def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
     w = dev.upload(random_weights(rng, qtype, rows, cols))
     x = dev.upload(rng.standard_normal((3, cols)).astype(np.float32))
     norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
@@ -53,9 +54,25 @@ def test_no_tuning_changes_a_result(native, dev, rng, poisoned, restore_tuning, 
         y = poisoned((n_x, rows))
         call_gemv(native, dev, y, w, qtype, rows, cols, x, n_x, norm, None, None)
         return dev.download(y).view(np.uint32)
+    return run
 
+
+@pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}])
+@pytest.mark.parametrize("qtype,rows,cols", SHAPES)
+def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
+    run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
     base = [run(1), run(3)]
     native.set_tuning(**change)
     tuned = [run(1), run(3)]
     for b, t in zip(base, tuned):
         assert np.array_equal(b, t), f"{change}: {np.count_nonzero(b != t)} of {b.size} outputs differ"
+
+
+@pytest.mark.parametrize("stage_bytes", [2048, 12288])
+@pytest.mark.parametrize("qtype,rows,cols", SHAPES)
+def test_other_step_sizes_keep_rows_invariant(native, dev, rng, poisoned, restore_tuning, stage_bytes, qtype, rows,
+                                              cols):
+    run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
+    native.set_tuning(gemv_stage_bytes=stage_bytes)
+    one, batch = run(1), run(3)
+    assert np.array_equal(one[0], batch[0]), f"row 0 of a 3-row launch differs from the 1-row launch ({stage_bytes} B)"
