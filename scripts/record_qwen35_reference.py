@@ -10,23 +10,20 @@ partial rotary dims, value heads sharing key heads (Hv = 2 Hk, Hv = 3 Hk), tied 
   the argmax, the top-5 ids and logits, and the full logits row at FULL_ROWS;
 - greedy: N_GENERATE argmax tokens after the prompt, one Llama.eval per token, with each step's top-5.
 
-Like scripts/record_yarn_reference.py this needs llama-cpp-python (not a flashd dependency):
+The recording itself (llama.cpp's settings, the two passes, the metadata) is scripts/llama_cpp_logits.py,
+shared with scripts/record_yarn_reference.py. It needs llama-cpp-python (not a flashd dependency):
     pip install llama-cpp-python==0.3.36        # builds llama.cpp from source (CPU)
     python -m flashd.scripts.record_qwen35_reference --out tests/data/reference/qwen35-synthetic.json
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
+from flashd.scripts.llama_cpp_logits import model_identity, prompt_ids, record_logits, recorder_info
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.synthetic_spec import SyntheticSpec
 
@@ -46,68 +43,14 @@ MODELS = {
 PROMPT_LEN = 200            # several of the reference prefill's 64-token delta-rule chunks
 PROMPT_SEED = 3
 N_GENERATE = 16
-N_TOP = 5
 FULL_ROWS = (0, 1, 63, 64, 65, 127, 128, 199)
 N_CTX = 256
 
 
-def prompt_ids(vocab_size: int) -> list[int]:
-    return np.random.default_rng(PROMPT_SEED).integers(0, vocab_size, PROMPT_LEN).tolist()
-
-
-def top(row: np.ndarray) -> tuple[list[int], list[float]]:
-    order = np.argsort(-row, kind="stable")[:N_TOP]
-    return [int(i) for i in order], [round(float(row[i]), 6) for i in order]
-
-
-def load_kwargs() -> dict:
-    import llama_cpp
-
-    return dict(n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_threads=2, n_threads_batch=2, seed=1234,
-                logits_all=True, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-                flash_attn=False, n_gpu_layers=0, verbose=False)
-
-
 def record_model(model_path: Path, spec: SyntheticSpec) -> dict:
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=str(model_path), **load_kwargs())
-    ids = prompt_ids(spec.vocab_size)
-    llm.reset()
-    llm.eval(ids)
-    logits = np.array(llm.scores[:PROMPT_LEN], dtype=np.float32)
-    tf = [top(r) for r in logits]
-    generated, steps = [], []
-    row = logits[-1]
-    for _ in range(N_GENERATE):
-        steps.append(top(row))
-        nxt = int(np.argmax(row))
-        generated.append(nxt)
-        llm.eval([nxt])
-        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-    return {
-        "spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__ if k != "type_overrides"},
-        "gguf_md5": hashlib.md5(model_path.read_bytes()).hexdigest(),
-        "prompt_ids": ids,
-        "teacher_forced": {"argmax_ids": [t[0][0] for t in tf], "top_ids": [t[0] for t in tf],
-                           "top_logits": [t[1] for t in tf],
-                           "full_rows": {str(p): [round(float(x), 6) for x in logits[p]] for p in FULL_ROWS}},
-        "greedy": {"generated_ids": generated, "top_ids": [s[0] for s in steps], "top_logits": [s[1] for s in steps]},
-    }
-
-
-def recorder_info() -> dict:
-    import llama_cpp
-
-    kwargs = load_kwargs()
-    return {"tool": "llama-cpp-python", "llama_cpp_python_version": llama_cpp.__version__,
-            "llama_system_info": llama_cpp.llama_print_system_info().decode().strip(),
-            "python": platform.python_version(), "machine": platform.machine(),
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "load": "llama_cpp.Llama(model_path, " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")",
-            "teacher_forced": "Llama.reset(); Llama.eval(prompt_ids) (one decode); logits = Llama.scores",
-            "greedy": "then n_generate times: next = argmax(last logits row); Llama.eval([next])",
-            "script": "scripts/record_qwen35_reference.py"}
+    ids = prompt_ids(spec.vocab_size, PROMPT_LEN, PROMPT_SEED)
+    return {**model_identity(model_path, spec),
+            **record_logits(model_path, ids, n_ctx=N_CTX, n_generate=N_GENERATE, full_rows=FULL_ROWS)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in MODELS.items():
             models[name] = record_model(write_synthetic_model(Path(tmp) / f"{name}.gguf", spec), spec)
-    rec = {"format": FORMAT, "recorder": recorder_info(), "models": models}
+    rec = {"format": FORMAT, "recorder": recorder_info(N_CTX, "scripts/record_qwen35_reference.py"), "models": models}
     args.out.write_text(json.dumps(rec, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"{args.out}: {len(models)} models, {PROMPT_LEN} teacher-forced positions, {N_GENERATE} greedy tokens",
           file=sys.stderr)

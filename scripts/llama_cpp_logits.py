@@ -1,0 +1,85 @@
+"""What the synthetic-model llama.cpp recorders share (scripts/record_yarn_reference.py,
+scripts/record_qwen35_reference.py): how llama.cpp is loaded (float32 K/V, CPU, one decode for the whole
+prompt), the teacher-forced and greedy recording over a prompt, and the `recorder` metadata.
+
+- teacher forcing: the prompt evaluated in one decode; per position the argmax, the top-N_TOP ids and logits,
+  and the full logits row at the positions `full_rows` names;
+- greedy: `n_generate` argmax tokens after the prompt, one Llama.eval per token, with each step's top-N_TOP.
+
+llama-cpp-python is imported only when a recording runs (it is not a flashd dependency).
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import platform
+from pathlib import Path
+
+import numpy as np
+
+N_TOP = 5
+
+
+def prompt_ids(vocab_size: int, length: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab_size, length).tolist()
+
+
+def top(row: np.ndarray) -> tuple[list[int], list[float]]:
+    order = np.argsort(-row, kind="stable")[:N_TOP]
+    return [int(i) for i in order], [round(float(row[i]), 6) for i in order]
+
+
+def load_kwargs(n_ctx: int) -> dict:
+    import llama_cpp
+
+    return dict(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=2, n_threads_batch=2, seed=1234,
+                logits_all=True, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+                flash_attn=False, n_gpu_layers=0, verbose=False)
+
+
+def model_identity(model_path: Path, spec) -> dict:
+    """The SyntheticSpec's fields (less type_overrides) and the written file's md5, so a test can rebuild the
+    model from its seed and check it is the recorded one."""
+    return {"spec": {k: getattr(spec, k) for k in spec.__dataclass_fields__ if k != "type_overrides"},
+            "gguf_md5": hashlib.md5(model_path.read_bytes()).hexdigest()}
+
+
+def record_logits(model_path: Path, ids: list[int], *, n_ctx: int, n_generate: int,
+                  full_rows: tuple[int, ...]) -> dict:
+    """llama.cpp's teacher-forced and greedy logits for `ids`: {"prompt_ids", "teacher_forced", "greedy"}."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(model_path), **load_kwargs(n_ctx))
+    llm.reset()
+    llm.eval(ids)
+    logits = np.array(llm.scores[:len(ids)], dtype=np.float32)
+    tf = [top(r) for r in logits]
+    generated, steps = [], []
+    row = logits[-1]
+    for _ in range(n_generate):
+        steps.append(top(row))
+        nxt = int(np.argmax(row))
+        generated.append(nxt)
+        llm.eval([nxt])
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    return {
+        "prompt_ids": ids,
+        "teacher_forced": {"argmax_ids": [t[0][0] for t in tf], "top_ids": [t[0] for t in tf],
+                           "top_logits": [t[1] for t in tf],
+                           "full_rows": {str(p): [round(float(x), 6) for x in logits[p]] for p in full_rows}},
+        "greedy": {"generated_ids": generated, "top_ids": [s[0] for s in steps], "top_logits": [s[1] for s in steps]},
+    }
+
+
+def recorder_info(n_ctx: int, script: str) -> dict:
+    import llama_cpp
+
+    kwargs = load_kwargs(n_ctx)
+    return {"tool": "llama-cpp-python", "llama_cpp_python_version": llama_cpp.__version__,
+            "llama_system_info": llama_cpp.llama_print_system_info().decode().strip(),
+            "python": platform.python_version(), "machine": platform.machine(),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "load": "llama_cpp.Llama(model_path, " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")",
+            "teacher_forced": "Llama.reset(); Llama.eval(prompt_ids) (one decode); logits = Llama.scores",
+            "greedy": "then n_generate times: next = argmax(last logits row); Llama.eval([next])",
+            "script": script}
