@@ -29,7 +29,7 @@ import argparse
 
 import numpy as np
 
-from flashd.bench.op_harness import OpHarness, Tolerance, add_arguments
+from flashd.bench.op_harness import OpHarness, Tolerance, op_parser, run_cases
 
 B = 128                       # FD_FLASHPREFILL_BLOCK == flashprefill.BLOCK
 MODELS = {                    # n_heads, n_kv_heads, head_dim
@@ -188,20 +188,12 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
           n_bytes=tail_bytes(n_keys, n_tail, n_heads, n_kv, d))
 
 
-# build_parser/main have the same shape in every op benchmark (arguments, OpHarness.on_gpu, the cases):
-# kept per script so that each runs and reads standalone.
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap)
-    ap.add_argument("--quick", action="store_true", help="only the 32K-context 0.5B case")
-    return ap
+    return op_parser(__doc__, "only the 32K-context 0.5B case")
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
-    h = OpHarness.on_gpu(args)
-    for model, p0, n in (QUICK_CASES if args.quick else CASES):
-        bench_case(h, model, p0, n)
+    run_cases(build_parser().parse_args(argv), bench_case, CASES, QUICK_CASES)
 
 
 if __name__ == "__main__":

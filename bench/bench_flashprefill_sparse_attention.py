@@ -29,7 +29,7 @@ import argparse
 import numpy as np
 
 from flashd.bench.bench_flashprefill import MODELS, B, n_blocks, oracle_selection, prefill_inputs, query_block_rows
-from flashd.bench.op_harness import PEAK_F16_TFLOPS, OpHarness, Tolerance, add_arguments, repo_module
+from flashd.bench.op_harness import PEAK_F16_TFLOPS, OpHarness, Tolerance, op_parser, repo_module, run_cases
 from flashd.bench.timing import report
 from flashd.daemon.backends.cuda.ops import attention_shape
 
@@ -133,20 +133,12 @@ def bench_case(h: OpHarness, model: str, p0: int, n: int) -> None:
                  peak_tflops=PEAK_F16_TFLOPS), flush=True)
 
 
-# build_parser/main have the same shape in every op benchmark (arguments, OpHarness.on_gpu, the cases):
-# kept per script so that each runs and reads standalone.
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap, reps=20)
-    ap.add_argument("--quick", action="store_true", help="only the two 32K-context cases")
-    return ap
+    return op_parser(__doc__, "only the two 32K-context cases", reps=20)
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
-    h = OpHarness.on_gpu(args)
-    for model, p0, n in (QUICK_CASES if args.quick else CASES):
-        bench_case(h, model, p0, n)
+    run_cases(build_parser().parse_args(argv), bench_case, CASES, QUICK_CASES)
 
 
 if __name__ == "__main__":

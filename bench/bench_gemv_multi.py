@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
-from flashd.bench.op_harness import OpHarness, Tolerance, add_arguments
+from flashd.bench.op_harness import OpHarness, Tolerance, op_parser
 from flashd.daemon.backends.cuda.ops import gemv_groups
 
 EPS = 1e-6
@@ -121,13 +121,8 @@ def bench_case(h: OpHarness, name: str, cols: int, mats, n_x: int) -> None:
           n_bytes=moved_bytes(mats, cols, n_x), graph=True)
 
 
-# build_parser/main have the same shape in every op benchmark (arguments, OpHarness.on_gpu, the cases):
-# kept per script so that each runs and reads standalone.
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap, reps=50)
-    ap.add_argument("--quick", action="store_true", help="n_x = 1 and 8 only, no awkward shape")
-    return ap
+    return op_parser(__doc__, "n_x = 1 and 8 only, no awkward shape", reps=50)
 
 
 def main(argv=None) -> None:

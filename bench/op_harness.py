@@ -82,6 +82,22 @@ def add_arguments(ap: argparse.ArgumentParser, reps: int = 30) -> argparse.Argum
     return ap
 
 
+def op_parser(doc: str, quick_help: str, reps: int = 30) -> argparse.ArgumentParser:
+    """The command line of an op benchmark with a --quick subset: --seed, --reps (default `reps`), --quick;
+    `doc` (the script's docstring, its command line included) is the --help text."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap, reps=reps)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    return ap
+
+
+def run_cases(args, bench_case: Callable[..., None], cases, quick_cases) -> None:
+    """OpHarness.on_gpu(args), then bench_case(h, *case) for each case (quick_cases under --quick)."""
+    h = OpHarness.on_gpu(args)
+    for case in (quick_cases if args.quick else cases):
+        bench_case(h, *case)
+
+
 def case_rng(seed: int, case: str) -> np.random.Generator:
     """The generator of one case's inputs: depends on the seed and the case's name only."""
     return np.random.default_rng([seed, zlib.crc32(case.encode())])
