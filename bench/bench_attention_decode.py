@@ -14,10 +14,8 @@ import argparse
 
 import numpy as np
 
-from flashd.bench.timing import KernelTimer, report
-from flashd.daemon.backends.cuda.lib import load
+from flashd.bench.timing import KernelTimer, device_line, open_gpu, report
 from flashd.daemon.backends.cuda.ops import attention_shape
-from flashd.daemon.backends.cuda.tensor import Device
 
 MODELS = {
     # name: (n_heads, n_kv_heads, head_dim)
@@ -158,10 +156,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-ctx", type=int, default=32768)
     args = ap.parse_args()
-    dev = Device(load())
-    timer = KernelTimer(dev)
-    info = timer.info
-    print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {timer.peak_gbs:.0f} GB/s")
+    dev, timer = open_gpu()
+    print(device_line(timer))
     print(report("floor: graph of one 1-thread kernel", graph_floor_ms(dev, timer)), flush=True)
     depths = [d for d in (256, 1024, 8192, 32768) if d <= args.max_ctx]
     bench_decode(dev, timer, args.max_ctx, depths, chunk_lens=(64, 256))

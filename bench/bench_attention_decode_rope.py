@@ -15,10 +15,8 @@ import argparse
 import numpy as np
 
 from flashd.bench.bench_attention_decode import graph_floor_ms, graphed, read_flush
-from flashd.bench.timing import KernelTimer, report
-from flashd.daemon.backends.cuda.lib import load
+from flashd.bench.timing import KernelTimer, device_line, open_gpu, report
 from flashd.daemon.backends.cuda.ops import DECODE_CHUNK_SLOTS, attention_shape, rope_struct
-from flashd.daemon.backends.cuda.tensor import Device
 
 MODELS = {
     # name: (n_heads, n_kv_heads, head_dim, rope_dim, theta, neox)
@@ -82,10 +80,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",") if 0 < int(d) <= args.max_ctx]
-    dev = Device(load())
-    timer = KernelTimer(dev)
-    info = timer.info
-    print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {timer.peak_gbs:.0f} GB/s")
+    dev, timer = open_gpu()
+    print(device_line(timer))
     print(report("floor: graph of one 1-thread kernel", graph_floor_ms(dev, timer)), flush=True)
     for name in args.models.split(","):
         bench(dev, timer, name, MODELS[name], args.max_ctx, depths, args.reps)

@@ -14,7 +14,7 @@ import argparse
 
 import numpy as np
 
-from flashd.bench.timing import KernelTimer, report
+from flashd.bench.timing import open_gpu, report
 
 PEAK_TFLOPS = 989.0   # H100 SXM, dense f16 with f32 accumulate (nominal)
 
@@ -37,14 +37,8 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="*", default=[512, 2048])
     args = ap.parse_args()
 
-    from flashd.daemon.backends.cuda.lib import load
-    from flashd.daemon.backends.cuda.tensor import Device
-
-    # (the same setup opens bench_attention_prefill.py: each raw-kernel benchmark is a standalone script)
-    native = load()
-    dev = Device(native)
-    timer = KernelTimer(dev)
-    lib = native.lib
+    dev, timer = open_gpu()
+    native, lib = dev.native, dev.lib
     rng = np.random.default_rng(0)
     print(f"# {timer.info['name']}  ({timer.info['n_sms']} SMs)  peak {PEAK_TFLOPS:.0f} TFLOP/s nominal")
 

@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from flashd.bench.timing import KernelTimer, report
+from flashd.bench.timing import device_line, open_gpu, report
 
 REPO = Path(__file__).resolve().parents[1]
 PEAK_F16_TFLOPS = 989.0   # nominal dense f16 tensor-core peak of an H100 / H200 SXM (the same chip)
@@ -126,14 +126,8 @@ class OpHarness:
 
     @classmethod
     def on_gpu(cls, args) -> "OpHarness":
-        from flashd.daemon.backends.cuda.lib import load
-        from flashd.daemon.backends.cuda.tensor import Device
-
-        dev = Device(load())
-        h = cls(args.seed, args.reps, dev, KernelTimer(dev))
-        info = h.timer.info
-        print(f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {h.timer.peak_gbs:.0f} GB/s; "
-              f"seed {h.seed} (--seed {h.seed} repeats these inputs)", flush=True)
+        h = cls(args.seed, args.reps, *open_gpu())
+        print(f"{device_line(h.timer)}; seed {h.seed} (--seed {h.seed} repeats these inputs)", flush=True)
         return h
 
     def rng(self, case: str) -> np.random.Generator:

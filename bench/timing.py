@@ -3,6 +3,8 @@
     t = KernelTimer(dev)
     ms = t.time(lambda: lib.fd_gemv(...), reps=50)        # median milliseconds
     print(report("gemv q4_k 8960x1536", ms, n_bytes=w_bytes + x_bytes, peak_gbs=t.peak_gbs))
+
+A benchmark that drives the library itself starts with `dev, timer = open_gpu()` and prints `device_line(timer)`.
 """
 from __future__ import annotations
 
@@ -43,6 +45,21 @@ class KernelTimer:
             dev.native.check(lib.fd_event_elapsed_ms(ms, self.events[0][0], self.events[1][0]), "elapsed")
             times.append(ms[0])
         return statistics.median(times)
+
+
+def open_gpu():
+    """(Device, KernelTimer): flashd's CUDA library loaded (built on first use) on device 0, and a timer on it."""
+    from flashd.daemon.backends.cuda.lib import load
+    from flashd.daemon.backends.cuda.tensor import Device
+
+    dev = Device(load())
+    return dev, KernelTimer(dev)
+
+
+def device_line(timer: KernelTimer) -> str:
+    """The header line of a benchmark's output: the GPU, its compute capability, SMs and DRAM peak."""
+    info = timer.info
+    return f"# {info['name']} cc {info['cc']}, {info['n_sms']} SMs, DRAM peak {timer.peak_gbs:.0f} GB/s"
 
 
 def report(name: str, ms: float, *, n_bytes: float | None = None, flops: float | None = None,
