@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from flashd.bench.out_files import write_md_json
 
 
 def time_rows(runner, n: int, depth: int, reps: int, rng) -> float:
@@ -104,12 +105,9 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        stem = a.out / f"forward-rows-{Path(a.model).stem}"
-        stem.with_suffix(".md").write_text(text + "\n")
-        stem.with_suffix(".json").write_text(json.dumps({"gpu": gpu, "commit": commit, "depth": a.depth,
-                                                         "weight_bytes": wbytes, "copy_gbs": copy_gbs,
-                                                         "ms": results, "plans": info}, indent=1))
+        write_md_json(a.out, f"forward-rows-{Path(a.model).stem}", text + "\n",
+                      {"gpu": gpu, "commit": commit, "depth": a.depth, "weight_bytes": wbytes, "copy_gbs": copy_gbs,
+                       "ms": results, "plans": info}, indent=1)
     return 0
 
 

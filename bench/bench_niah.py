@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
-import json
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
 
+from flashd.bench.out_files import write_md_json
 from flashd.daemon.pflash.needles import make_case
 
 
@@ -233,10 +233,7 @@ def main(argv=None) -> int:
     md = format_markdown(results, args)
     print(md)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"{datetime.date.today().isoformat()}-niah"
-        stem.with_suffix(".md").write_text(md)
-        stem.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
+        stem = write_md_json(args.out, f"{datetime.date.today().isoformat()}-niah", md, results, indent=1, default=str)
         log(f"wrote {stem}.md and .json")
     return 0
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import random
 import sys
 import time
 from pathlib import Path
 
 from flashd.bench.bench_niah import InProcess
+from flashd.bench.out_files import write_md_json
 from flashd.daemon.pflash.needles import filler_sentence as _sentence
 
 CONFIGS = {"off": dict(prefix_cache=False), "on": dict(prefix_cache=True, prefix_cache_ram_mb=0),
@@ -107,11 +107,9 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"{datetime.date.today()}-{args.device}-prefix-reuse{'-side' if args.side_requests else ''}"
-        stem.with_suffix(".md").write_text(text)
-        stem.with_suffix(".json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                         "results": results, "outputs_equal": same}))
+        side = "-side" if args.side_requests else ""
+        write_md_json(args.out, f"{datetime.date.today()}-{args.device}-prefix-reuse{side}", text,
+                      {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "outputs_equal": same})
     return 0 if same else 1
 
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from flashd.bench.out_files import write_md_json
 from flashd.daemon.pflash.calibrate import layer_maxima
 from flashd.daemon.pflash.needles import make_case, needle_positions
 
@@ -115,12 +115,9 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"{datetime.date.today()}-{args.device}-pflash-layer-windows-{args.tokens}"
-        stem.with_suffix(".md").write_text(text)
-        stem.with_suffix(".json").write_text(json.dumps(
-            {"drafter": args.drafter.name, "tokens": args.tokens, "cases": args.cases, "alpha": args.alpha,
-             "kept": {f"{k}-{w[0]}-{w[1]}-{a}": v for (k, w, a), v in kept.items()}}))
+        write_md_json(args.out, f"{datetime.date.today()}-{args.device}-pflash-layer-windows-{args.tokens}", text,
+                      {"drafter": args.drafter.name, "tokens": args.tokens, "cases": args.cases, "alpha": args.alpha,
+                       "kept": {f"{k}-{w[0]}-{w[1]}-{a}": v for (k, w, a), v in kept.items()}})
     return 0
 
 
