@@ -10,7 +10,7 @@ from ..backends.base import Batch
 from .config import ModelConfig
 from .weights import LayerWeights, ModelWeights
 
-__all__ = ["forward", "decoder_layer"]
+__all__ = ["forward", "decoder_layer", "run_layers"]
 
 
 def attention_block(ops, cfg: ModelConfig, x, w: LayerWeights, cache_layer, batch: Batch, residual):
@@ -43,10 +43,17 @@ def forward(ops, cfg: ModelConfig, weights: ModelWeights, cache, batch: Batch, *
 
     hidden_sink(layer_index, h) sees each layer's output (speculative decoding's feature capture).
     """
+    return run_layers(ops, cfg, weights, cache, batch, decoder_layer, all_logits, hidden_sink)
+
+
+def run_layers(ops, cfg: ModelConfig, weights: ModelWeights, cache, batch: Batch, layer_fn, all_logits: bool,
+               hidden_sink):
+    """embed -> layer_fn(ops, cfg, h, layer weights, cache.layer(i), batch) per layer -> lm head: the forward
+    pass every decoder shares (this one's and models.qwen35's), its layers aside."""
     h = ops.embed(weights.token_embd, batch.ids)
     for i, layer in enumerate(weights.layers):
         ops.begin_layer(i)          # a backend may recycle the previous layer's scratch here
-        h = decoder_layer(ops, cfg, h, layer, cache.layer(i), batch)
+        h = layer_fn(ops, cfg, h, layer, cache.layer(i), batch)
         if hidden_sink is not None:
             hidden_sink(i, h)
     ops.begin_layer(len(weights.layers))

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..backends.base import Batch, KVCacheSpec, RecurrentStateSpec
 from .config import ModelConfig
+from .dense import run_layers
 from .gguf_file import ModelLoadError
 from .qwen35_weights import AttentionLayerWeights, LinearLayerWeights
 from .weights import ModelWeights
@@ -124,13 +125,4 @@ def forward(ops, cfg: ModelConfig, weights: ModelWeights, cache: HybridCache, ba
                              "state needs a state per tree node (issue 15, item 4)")
     if int(np.asarray(ops.to_numpy(batch.n_past))[0]) == 0:
         cache.clear_state()         # a forward from slot 0 starts a new sequence
-    h = ops.embed(weights.token_embd, batch.ids)
-    for i, layer in enumerate(weights.layers):
-        ops.begin_layer(i)
-        h = decoder_layer(ops, cfg, h, layer, cache.layer(i), batch)
-        if hidden_sink is not None:
-            hidden_sink(i, h)
-    ops.begin_layer(len(weights.layers))
-    if not all_logits and batch.n_tokens > 1:
-        h = h[batch.n_tokens - 1:]
-    return ops.linear(ops.rmsnorm(h, weights.output_norm, cfg.rms_eps), weights.output)
+    return run_layers(ops, cfg, weights, cache, batch, decoder_layer, all_logits, hidden_sink)
