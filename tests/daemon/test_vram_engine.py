@@ -5,7 +5,6 @@ target or the --draft drafters -- refused with `oom` while the daemon keeps serv
 after as before). Also the command line: the size parser's errors and a refused start."""
 import subprocess
 import sys
-import threading
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +17,7 @@ from flashd.daemon.serve_command import serve_command
 from flashd.daemon.vram_budget import MiB
 from flashd.protocol import messages as m
 from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
+from tests.daemon.engine_client import EngineClient
 
 TARGET = SyntheticSpec(arch="qwen2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,
                        seed=31, name="tgt")
@@ -37,26 +37,9 @@ def models(tmp_path_factory):
             for name, spec in (("target", TARGET), ("draft", DRAFT), ("pflash", PFLASH), ("big", BIG))}
 
 
-class Client:
-    def __init__(self, engine):
-        self.engine, self.n = engine, 0
-
-    def ask(self, cls, **fields) -> dict:
-        self.n += 1
-        done, events = threading.Event(), []
-
-        def emit(event):
-            events.append(event)
-            if event["event"] in ("done", "result", "error"):
-                done.set()
-        self.engine.submit(cls(f"r{self.n}", **fields), emit)
-        assert done.wait(120), "no answer"
-        return events[-1]
-
+class Client(EngineClient):
     def greedy(self) -> list[int]:
-        event = self.ask(m.Generate, ids=[5, 6, 7, 8], max_tokens=6, ignore_eos=True, stream=False)
-        assert event["event"] == "done", event
-        return event["ids"]
+        return super().greedy([5, 6, 7, 8], 6)
 
 
 @pytest.fixture

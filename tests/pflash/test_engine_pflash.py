@@ -1,10 +1,10 @@
 """PFlash through the engine on the CPU reference backend, with tiny synthetic target and drafter:
 compress, generate compress=..., park/unpark/free, the park policy, the text round trip for a
 drafter with another vocabulary, and the errors (the engine keeps serving after each)."""
-import threading
 
 import numpy as np
 import pytest
+from tests.daemon.engine_client import EngineClient
 
 from flashd.daemon.config import EngineConfig
 from flashd.daemon.engine import Engine
@@ -16,29 +16,9 @@ from flashd.protocol.errors import ProtocolError
 from flashd.daemon.pflash.calibrate import layer_maxima
 
 
-class Client:
-    def __init__(self, engine):
-        self.engine = engine
-        self.n = 0
-
-    def ask(self, cls, **fields) -> dict:
-        self.n += 1
-        done = threading.Event()
-        events = []
-
-        def emit(event):
-            events.append(event)
-            if event["event"] in ("done", "result", "error"):
-                done.set()
-
-        self.engine.submit(cls(f"r{self.n}", **fields), emit)
-        assert done.wait(120), "no answer"
-        return events[-1]
-
+class Client(EngineClient):
     def greedy(self, ids, n=12) -> list[int]:
-        event = self.ask(m.Generate, ids=list(ids), max_tokens=n, ignore_eos=True, stream=False)
-        assert event["event"] == "done", event
-        return event["ids"]
+        return super().greedy(ids, n)
 
 
 def start(models, **pflash) -> tuple[Engine, Client]:
