@@ -7,17 +7,14 @@ whole sequence), detokenize for streamed text, and sequential runs for concurren
 """
 from __future__ import annotations
 
-import threading
 import time
 
-import msgpack
 import pytest
-import zmq
 
 from flashd.clients.client import Client, ClientTimeout, DaemonError, DaemonGone
 from flashd.clients.spawn import DaemonOptions, DaemonStartError, LocalDaemon
 from flashd.clients.tokenizer import Tokenizer
-from flashd.protocol import wire
+from tests.clients.loopback_router import LoopbackRouter
 
 TIMEOUT_S = 30.0  # the longest any answer may take before a test fails
 HANG_GUARD_S = 60.0  # waits for a condition end when it holds; this only turns a hang into a failure
@@ -209,37 +206,21 @@ def test_stop_ends_the_daemon_cleanly(tiny_model):
 # ----------------------------------------------------------------------------------------------
 
 
-class FakeRouter:
+class FakeRouter(LoopbackRouter):
     """A ROUTER on a loopback port whose answers are scripted: handler(fields) -> list of events,
     sent back in order (after `delay_s`). Every request received is kept in `received`."""
 
     def __init__(self, handler):
         self.handler = handler
-        self.received: list[dict] = []
-        self._context = zmq.Context()
-        self._router = self._context.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        port = self._router.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._router.poll(20):
+            if (got := self._poll(20)) is None:
                 continue
-            identity, frame = self._router.recv_multipart()
-            fields = msgpack.unpackb(frame, raw=False)
-            self.received.append(fields)
+            identity, fields = got
             for event in self.handler(fields) or ():
-                self._router.send_multipart([identity, wire.encode_event(event)])
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._router.close()
-        self._context.term()
+                self._send(identity, event)
 
 
 @pytest.fixture

@@ -4,19 +4,16 @@ ROUTER) for outputs a random model cannot be made to produce on cue (tool calls)
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import msgpack
 import pytest
-import zmq
 
 from flashd.clients.client import Client
 from flashd.clients.spawn import DaemonOptions, LocalDaemon
 from flashd.clients.tokenizer import read_gguf_metadata
-from flashd.protocol import wire
 from flashd.scripts.gguf_out import new_gguf
+from tests.clients.loopback_router import LoopbackRouter
 from tests.http.gateway_harness import TIMEOUT_S, GatewayServer, serve_gateway
 
 # A qwen2-shaped model that loads in well under a second and decodes ~1000 tokens/s on the
@@ -72,13 +69,12 @@ def tool_model(tiny_model, tmp_path_factory) -> Path:
     return path
 
 
-class FakeDaemon:
+class FakeDaemon(LoopbackRouter):
     """A ROUTER on a loopback port that answers like a daemon: `status` names `model_path`;
     `generate` streams `reply` (a list of text chunks, one token event each, then the EOS token and
     `done`), or, with `endless`, one token every 10 ms until cancelled. Every request received is
-    kept in `received`, every cancel target in `cancelled`. (Its socket set-up and close() are those of
-    tests/clients/test_client.py's FakeRouter, which answers from a script instead: two small fakes,
-    each beside the tests that read it.)"""
+    kept in `received`, every cancel target in `cancelled`. (Its socket, thread and close() are
+    tests/clients/loopback_router.py's, as for tests/clients/test_client.py's FakeRouter.)"""
 
     def __init__(self, model_path: Path, eos_id: int):
         self.model_path = model_path
@@ -86,22 +82,12 @@ class FakeDaemon:
         self.reply: list[str] = []
         self.reason = "stop"
         self.endless = False
-        self.received: list[dict] = []
         self.cancelled: list[str] = []
-        self._context = zmq.Context()
-        self._router = self._context.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self.address = f"tcp://127.0.0.1:{self._router.bind_to_random_port('tcp://127.0.0.1')}"
         self._streams: dict[str, bytes] = {}  # endless request id -> client identity
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fake-daemon", daemon=True)
-        self._thread.start()
+        super().__init__("fake-daemon")
 
     def requests(self, cmd: str) -> list[dict]:
         return [r for r in self.received if r.get("cmd") == cmd]
-
-    def _send(self, identity: bytes, event: dict) -> None:
-        self._router.send_multipart([identity, wire.encode_event(event)])
 
     def _answer(self, identity: bytes, fields: dict) -> None:
         cmd, request_id = fields.get("cmd"), fields.get("id")
@@ -132,19 +118,10 @@ class FakeDaemon:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self._router.poll(10):
-                identity, frame = self._router.recv_multipart()
-                fields = msgpack.unpackb(frame, raw=False)
-                self.received.append(fields)
-                self._answer(identity, fields)
+            if (got := self._poll(10)) is not None:
+                self._answer(*got)
             for request_id, identity in list(self._streams.items()):
                 self._send(identity, {"id": request_id, "event": "token", "ids": [33], "text": "a"})
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._router.close()
-        self._context.term()
 
 
 @pytest.fixture

@@ -54,12 +54,18 @@ def _sse_data(reply: httpx.Response) -> list:
     return [line[len("data: "):] for line in reply.iter_lines() if line.startswith("data: ")]
 
 
+def _post_ok(gateway, path: str, body: dict) -> httpx.Response:
+    """POST body to the gateway, the reply read whole (streamed or not) and checked 200."""
+    with httpx.stream("POST", f"{gateway.url}{path}", json=body, timeout=30) as reply:
+        reply.read()
+    assert reply.status_code == 200, reply.text
+    return reply
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=chat_requests())
 def test_valid_chat_requests_succeed(gateway, body):
-    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=30) as reply:
-        reply.read()
-    assert reply.status_code == 200, reply.text
+    reply = _post_ok(gateway, "/v1/chat/completions", body)
     if not body.get("stream"):
         answer = reply.json()
         choice = answer["choices"][0]
@@ -80,9 +86,7 @@ def test_valid_chat_requests_succeed(gateway, body):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=message_requests())
 def test_valid_anthropic_requests_succeed(gateway, body):
-    with httpx.stream("POST", f"{gateway.url}/v1/messages", json=body, timeout=30) as reply:
-        reply.read()
-    assert reply.status_code == 200, reply.text
+    reply = _post_ok(gateway, "/v1/messages", body)
     if not body.get("stream"):
         answer = reply.json()
         assert answer["stop_reason"] in ("end_turn", "max_tokens", "stop_sequence")
