@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.daemon.daemon_harness import LUCEBOX_MODULE, SYNTHETIC_SPEC, LuceboxDaemon, ServeDaemon
+from tests.daemon.daemon_harness import LUCEBOX_MODULE, SYNTHETIC_SPEC, LuceboxDaemon, probe_fresh_daemon, serve_factory
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 
 
@@ -20,27 +20,15 @@ def synthetic_model(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def spawn_serve(synthetic_model, tmp_path):
-    """spawn_serve(*extra_args, max_ctx=512) -> a ready ServeDaemon (killed at teardown)."""
-    started: list[ServeDaemon] = []
-
-    def spawn(*extra: str, max_ctx: int = 512, model: Path | None = None) -> ServeDaemon:
-        daemon = ServeDaemon(model or synthetic_model, tmp_path, *extra, max_ctx=max_ctx)
-        started.append(daemon)
-        return daemon
-
-    yield spawn
-    for daemon in started:
-        daemon.kill()
+    """spawn_serve(*extra_args, max_ctx=512, model=None) -> a ready ServeDaemon (killed at teardown)."""
+    with serve_factory(synthetic_model, tmp_path) as spawn:
+        yield spawn
 
 
 @pytest.fixture(scope="session")
 def reference_outputs(synthetic_model, tmp_path_factory) -> dict[str, list[int]]:
     """The probes' output on a fresh daemon that has served nothing else."""
-    daemon = ServeDaemon(synthetic_model, tmp_path_factory.mktemp("reference"))
-    try:
-        return daemon.probe()
-    finally:
-        daemon.kill()
+    return probe_fresh_daemon(synthetic_model, tmp_path_factory.mktemp("reference"))
 
 
 @pytest.fixture

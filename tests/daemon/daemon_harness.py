@@ -6,6 +6,7 @@ Every read from a daemon is a poll with a deadline, so a daemon that hangs fails
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -284,6 +285,14 @@ class LuceboxDaemon(_Process):
         self.proc.stdin.write((line + "\n").encode("utf-8"))
         self.proc.stdin.flush()
 
+    def _read_stream(self, timeout: float, closed: str) -> None:
+        """Append what the stream holds within `timeout` s to the buffer; fails with `closed` at its end."""
+        if select.select([self.stream_r], [], [], timeout)[0]:
+            chunk = os.read(self.stream_r, 1 << 16)
+            if not chunk:
+                raise self.fail(closed)
+            self._stream_buf += chunk
+
     def stream_until_sentinel(self, timeout: float = READ_TIMEOUT_S) -> list[int]:
         """int32 ids from the stream fd up to (not including) the next -1."""
         deadline = time.monotonic() + timeout
@@ -297,11 +306,7 @@ class LuceboxDaemon(_Process):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self.fail(f"no -1 on the stream within {timeout} s (ids so far {ids[:20]})")
-            if select.select([self.stream_r], [], [], left)[0]:
-                chunk = os.read(self.stream_r, 1 << 16)
-                if not chunk:
-                    raise self.fail(f"stream closed before -1 (ids so far {ids[:20]})")
-                self._stream_buf += chunk
+            self._read_stream(left, f"stream closed before -1 (ids so far {ids[:20]})")
 
     def stream_buffered_ids(self, n: int, timeout: float = READ_TIMEOUT_S) -> list[int]:
         """The next n ids from the stream (fails on a -1 among them)."""
@@ -310,11 +315,7 @@ class LuceboxDaemon(_Process):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self.fail(f"fewer than {n} ids on the stream within {timeout} s")
-            if select.select([self.stream_r], [], [], left)[0]:
-                chunk = os.read(self.stream_r, 1 << 16)
-                if not chunk:
-                    raise self.fail("stream closed")
-                self._stream_buf += chunk
+            self._read_stream(left, "stream closed")
         ids = list(struct.unpack(f"<{n}i", self._stream_buf[:4 * n]))
         self._stream_buf = self._stream_buf[4 * n:]
         assert SENTINEL not in ids, ids
@@ -352,6 +353,33 @@ class LuceboxDaemon(_Process):
 
 
 LUCEBOX_MODULE = [sys.executable, "-m", "flashd.daemon.lucebox"]
+
+
+def probe_fresh_daemon(model: Path, workdir: Path) -> dict[str, list[int]]:
+    """The probe generations of a daemon on `model` that has served nothing else (killed after)."""
+    daemon = ServeDaemon(model, workdir)
+    try:
+        return daemon.probe()
+    finally:
+        daemon.kill()
+
+
+@contextlib.contextmanager
+def serve_factory(default_model: Path, workdir: Path):
+    """Yields start(*extra_args, max_ctx=512, model=default_model) -> a ready ServeDaemon; every daemon it
+    started is killed at the end (the spawn fixtures of tests/daemon and tests/faults)."""
+    started: list[ServeDaemon] = []
+
+    def start(*extra: str, max_ctx: int = 512, model: Path | None = None) -> ServeDaemon:
+        daemon = ServeDaemon(model or default_model, workdir, *extra, max_ctx=max_ctx)
+        started.append(daemon)
+        return daemon
+
+    try:
+        yield start
+    finally:
+        for daemon in started:
+            daemon.kill()
 
 
 def write_ids(path: Path, ids: list[int]) -> Path:

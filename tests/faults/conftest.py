@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
-from tests.daemon.daemon_harness import SYNTHETIC_SPEC, ServeDaemon
+from tests.daemon.daemon_harness import SYNTHETIC_SPEC, probe_fresh_daemon, serve_factory
 from tests.faults.fault_registry import REGISTRY, FaultRegistry
 
 
@@ -28,11 +28,7 @@ def fault_model(tmp_path_factory) -> Path:
 def fresh_probe(fault_model, tmp_path_factory) -> dict[str, list[int]]:
     """The probe generations of a daemon that has served nothing else: what every daemon must
     still produce after a fault."""
-    daemon = ServeDaemon(fault_model, tmp_path_factory.mktemp("fresh"))
-    try:
-        return daemon.probe()
-    finally:
-        daemon.kill()
+    return probe_fresh_daemon(fault_model, tmp_path_factory.mktemp("fresh"))
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +41,8 @@ def zmq_ctx():
 @pytest.fixture
 def spawn(fault_model, tmp_path):
     """spawn(*serve_args, max_ctx=512) -> a ready ServeDaemon on the fault model (killed at teardown)."""
-    started: list[ServeDaemon] = []
-
-    def start(*extra: str, max_ctx: int = 512) -> ServeDaemon:
-        daemon = ServeDaemon(fault_model, tmp_path, *extra, max_ctx=max_ctx)
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
+    with serve_factory(fault_model, tmp_path) as start:
+        yield start
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

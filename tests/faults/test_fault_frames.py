@@ -19,6 +19,9 @@ def pack(fields) -> bytes:
     return msgpack.packb(fields, use_bin_type=True)
 
 
+# This module's daemon (its own frame limit) and a peer of it per test: the same two fixtures, with another
+# model, limit and context, as tests/daemon/test_serve_zmq.py's frame_daemon/frame_peer -- pytest's way of
+# saying "a process for the module, a socket per test", kept beside the tests that use it.
 @pytest.fixture(scope="module")
 def daemon(fault_model, tmp_path_factory):
     d = ServeDaemon(fault_model, tmp_path_factory.mktemp("frames"), "--zmq", ZMQ_ANY_PORT,
