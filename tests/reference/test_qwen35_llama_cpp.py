@@ -14,9 +14,6 @@ top-5 logits at all 200 positions 2.0e-5; 1e-4 is 5x the worst. A mistake in any
 beta) left out, every dim rotated instead of the partial rope_dim).
 """
 import dataclasses
-import hashlib
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,33 +24,17 @@ from flashd.daemon.runner import ModelRunner
 from flashd.protocol.messages import SamplingParams
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.record_qwen35_reference import FORMAT, MODELS, N_GENERATE
+from tests.reference.llama_cpp_recording import (TOL, load_recording, prompt_logits, rebuilt_model, runner,
+                                                 worst_full_row_error)
 
-REC = json.loads((Path(__file__).resolve().parents[1] / "data" / "reference" / "qwen35-synthetic.json").read_text())
-TOL = 1e-4
-
-
-def runner(path):
-    ops = ReferenceOps()
-    lm = load_model(path, ops.load_weight)
-    return ModelRunner(ops, lm.config, lm.weights, 256, 512)
+REC = load_recording("qwen35-synthetic.json")
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request, tmp_path_factory):
     name = request.param
-    path = write_synthetic_model(tmp_path_factory.mktemp("q35") / f"{name}.gguf", MODELS[name])
-    assert hashlib.md5(path.read_bytes()).hexdigest() == REC["models"][name]["gguf_md5"], "not the recorded model"
-    return name, path
-
-
-def prompt_logits(path, prompt):
-    r = runner(path)
-    r.reset()
-    return np.asarray(r.prefill(prompt, all_logits=True)), r
-
-
-def worst_full_row_error(logits, rec) -> float:
-    return max(float(np.abs(logits[int(p)] - np.array(row)).max()) for p, row in rec["teacher_forced"]["full_rows"].items())
+    return name, rebuilt_model(tmp_path_factory.mktemp("q35") / f"{name}.gguf", MODELS[name],
+                               REC["models"][name]["gguf_md5"])
 
 
 def test_recording_is_of_these_models():

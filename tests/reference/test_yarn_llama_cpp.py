@@ -11,41 +11,22 @@ the JSON rounds to 1e-6. 1e-4 is ~20x that and four orders of magnitude below wh
 same model without YaRN differs by ~1 (checked below, so the test cannot pass vacuously).
 """
 import dataclasses
-import hashlib
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flashd.daemon.backends.reference import ReferenceOps
-from flashd.daemon.models import load_model
-from flashd.daemon.runner import ModelRunner
 from flashd.protocol.messages import SamplingParams
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.record_yarn_reference import FORMAT, YARN_SPEC
+from tests.reference.llama_cpp_recording import (TOL, load_recording, prompt_logits, rebuilt_model, runner,
+                                                 worst_full_row_error)
 
-REC = json.loads((Path(__file__).resolve().parents[1] / "data" / "reference" / "yarn-synthetic.json").read_text())
-TOL = 1e-4
-
-
-def runner(path):
-    ops = ReferenceOps()
-    lm = load_model(path, ops.load_weight)
-    return ModelRunner(ops, lm.config, lm.weights, 256, 512)
+REC = load_recording("yarn-synthetic.json")
 
 
 @pytest.fixture(scope="module")
 def yarn_model(tmp_path_factory):
-    path = write_synthetic_model(tmp_path_factory.mktemp("yarn") / "yarn.gguf", YARN_SPEC)
-    assert hashlib.md5(path.read_bytes()).hexdigest() == REC["model"]["gguf_md5"], "not the recorded model"
-    return path
-
-
-def prompt_logits(path):
-    r = runner(path)
-    r.reset()
-    return np.asarray(r.prefill(REC["prompt_ids"], all_logits=True)), r
+    return rebuilt_model(tmp_path_factory.mktemp("yarn") / "yarn.gguf", YARN_SPEC, REC["model"]["gguf_md5"])
 
 
 def test_recording_is_the_yarn_model():
@@ -56,7 +37,7 @@ def test_recording_is_the_yarn_model():
 
 
 def test_teacher_forced_logits_match_llama_cpp(yarn_model):
-    logits, r = prompt_logits(yarn_model)
+    logits, r = prompt_logits(yarn_model, REC["prompt_ids"])
     assert r.cfg.rope_scaling is not None
     tf = REC["teacher_forced"]
     for p, row in tf["full_rows"].items():
@@ -78,6 +59,5 @@ def test_greedy_tokens_match_llama_cpp(yarn_model):
 def test_without_yarn_the_logits_are_far_off(tmp_path):
     """The comparison has teeth: the same weights with the plain rope miss llama.cpp's YaRN logits by ~1."""
     path = write_synthetic_model(tmp_path / "plain.gguf", dataclasses.replace(YARN_SPEC, rope_scaling="none"))
-    logits, _ = prompt_logits(path)
-    worst = max(np.abs(logits[int(p)] - np.array(row)).max() for p, row in REC["teacher_forced"]["full_rows"].items())
-    assert worst > 0.1
+    logits, _ = prompt_logits(path, REC["prompt_ids"])
+    assert worst_full_row_error(logits, REC) > 0.1
