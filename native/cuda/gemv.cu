@@ -126,7 +126,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         gemv_layout(pl, nx, &p);
         GemvLaunchShape shape;
         if (int st = gemv_launch_shape(steps, a.stage_bytes, p.stage_off_bytes, dev.max_smem, dev.n_sms,
-                                       max_warps_for(nx, swiglu), tn.rounds, &shape))
+                                       max_warps_for(nx, swiglu), tn.rounds, nx, &shape))
             return st;
         const int ctas = shape.ctas, w = shape.warps;
         p.n_bufs = shape.n_bufs;

@@ -197,9 +197,10 @@ struct GemvLaunchShape { int ctas, warps, n_bufs; };
 // steps of the launch, bytes of one step's buffer, bytes of staged activations before the buffers,
 // the device's opt-in shared memory per CTA and SM count, warps a CTA may have (max_warps_for), and
 // rounds >= 2 (persistent double-buffered warps, that many steps each) or 0 (one step a warp wherever
-// the grid can hold them). FD_E_SHAPE when not even one step's buffer fits beside the activations.
+// the grid can hold them), and the x rows of the pass (nx > 1: as many warps as fit, see below).
+// FD_E_SHAPE when not even one step's buffer fits beside the activations.
 inline int gemv_launch_shape(int steps, int stage_bytes, int stage_off_bytes, int max_smem, int n_sms, int max_warps,
-                             int rounds, GemvLaunchShape* out) {
+                             int rounds, int nx, GemvLaunchShape* out) {
     const int64_t avail = (int64_t)max_smem - stage_off_bytes;
     const int64_t fit1 = std::min<int64_t>(avail / stage_bytes, max_warps);
     const int64_t fit2 = std::min<int64_t>(avail / (2 * (int64_t)stage_bytes), max_warps);
@@ -211,7 +212,16 @@ inline int gemv_launch_shape(int steps, int stage_bytes, int stage_off_bytes, in
     const int ctas = min(ceil_div(steps, MIN_CTA_WARPS), n_sms);
     int64_t warps;
     int bufs;
-    if (rounds && fit2 >= 1 && steps >= 2 * ctas && steps > ctas * SINGLE_STEP_MAX_WARPS) {
+    if (nx > 1 && steps > ctas * fit1) {
+        // Several x rows: a warp's step is compute-bound (per weight, nx x (a shared-memory load + 2 dp4a)),
+        // so an SM needs as many warps computing as fit more than it needs buffers in flight: double-buffered
+        // warps when nearly as many fit as single-buffered ones (x rows of 1536 columns), else one buffer a
+        // warp and its steps in series (7 rows of ffn_down's 8960 columns leave room for 9 buffers: 4
+        // double-buffered warps ran it at a tenth of the weights' bandwidth, results/2026-11-26-h100-
+        // forward-rows-ncu-session10.md).
+        bufs = 4 * fit2 >= 3 * fit1 ? 2 : 1;
+        warps = std::max<int64_t>(std::min<int64_t>(bufs == 2 ? fit2 : fit1, ceil_div(steps, ctas)), 1);
+    } else if (rounds && fit2 >= 1 && steps >= 2 * ctas && steps > ctas * SINGLE_STEP_MAX_WARPS) {
         bufs = 2;
         warps = std::min<int64_t>(std::max<int64_t>(ceil_div(steps, ctas * rounds), MIN_CTA_WARPS), fit2);
     } else if (steps <= ctas * fit1 || fit2 < 1) {   // every warp one step, single-buffered

@@ -18,25 +18,25 @@ PROGRAM = r"""
 #include <cstdio>
 using namespace fd;
 
-struct Launch { const char* name; int n; int qt[3]; int rows[3]; int cols; bool swiglu; };
+struct Launch { const char* name; int n; int qt[3]; int rows[3]; int cols; bool swiglu; int nx = 1; };
 
-// one JSON line per launch: n_x = 1, an H100's 132 SMs and 227 KB, the default rounds (2)
+// one JSON line per launch (one pass of l.nx x rows), an H100's 132 SMs and 227 KB, the default rounds (2)
 static void show(const Launch& l) {
     alignas(16) static float dummy[16];
     MatIn m[3];
     for (int k = 0; k < l.n; ++k) m[k] = MatIn{(void*)0x100000, dummy, nullptr, l.qt[k], l.rows[k]};
     GemvPlan pl;
-    if (gemv_plan(l.n, m, l.swiglu, l.cols, dummy, dummy, 1e-6f, 1, true, STAGE_TARGET_BYTES, 2 * 132, &pl)) {
+    if (gemv_plan(l.n, m, l.swiglu, l.cols, dummy, dummy, 1e-6f, l.nx, true, STAGE_TARGET_BYTES, 2 * 132, &pl)) {
         printf("{\"name\": \"%s\", \"error\": 1}\n", l.name);
         return;
     }
     GemvArgs p = pl.a;
-    gemv_layout(pl, 1, &p);
+    gemv_layout(pl, l.nx, &p);
     GemvLaunchShape s;
     const int st = gemv_launch_shape(pl.a.n_steps, pl.a.stage_bytes, p.stage_off_bytes, 227 * 1024, 132,
-                                     max_warps_for(1, l.swiglu), 2, &s);
-    printf("{\"name\": \"%s\", \"error\": %d, \"steps\": %d, \"ctas\": %d, \"warps\": %d, \"bufs\": %d}\n", l.name, st,
-           pl.a.n_steps, s.ctas, s.warps, s.n_bufs);
+                                     max_warps_for(l.nx, l.swiglu), 2, l.nx, &s);
+    printf("{\"name\": \"%s\", \"error\": %d, \"steps\": %d, \"ctas\": %d, \"warps\": %d, \"bufs\": %d, "
+           "\"max_warps\": %d}\n", l.name, st, pl.a.n_steps, s.ctas, s.warps, s.n_bufs, max_warps_for(l.nx, l.swiglu));
 }
 
 int main() {
@@ -50,6 +50,10 @@ int main() {
         {"0.5b qkv", 3, {Q50, Q50, Q80}, {896, 128, 128}, 896, false},
         {"0.5b gate_up", 2, {Q50, Q50}, {4864, 4864}, 896, true},
         {"0.5b down q6_k", 1, {Q6K}, {896}, 4864, false},
+        // verify passes: gemv.cu fits 7 of 8 rows of ffn_down's 8960 columns in one pass
+        {"1.5b down q6_k x7", 1, {Q6K}, {1536}, 8960, false, 7},
+        {"1.5b gate_up x8", 2, {Q4K, Q4K}, {8960, 8960}, 1536, true, 8},
+        {"1.5b qkv x8", 3, {Q4K, Q4K, Q6K}, {1536, 256, 256}, 1536, false, 8},
     };
     for (const Launch& l : ls) show(l);
     // limits over a sweep: GPUs (SMs, opt-in shared memory), steps, buffer sizes, staged bytes, rounds
@@ -60,9 +64,10 @@ int main() {
             for (int stage = 256; stage <= 16384; stage *= 2)
                 for (int off = 0; off <= 40000; off += 10000)
                     for (int rounds : {0, 2, 3})
-                        for (int mw : {12, 16, 24}) {
+                        for (int mw : {12, 16, 24})
+                        for (int nx : {1, 2, 8}) {
                             GemvLaunchShape s;
-                            const int st = gemv_launch_shape(steps, stage, off, g[1], g[0], mw, rounds, &s);
+                            const int st = gemv_launch_shape(steps, stage, off, g[1], g[0], mw, rounds, nx, &s);
                             ++n;
                             if (st) {   // refused: only when one buffer does not fit beside the activations
                                 bad += (g[1] - off) / stage >= 1;
@@ -104,3 +109,14 @@ def test_the_one_step_threshold_splits_the_two_measured_launches(shapes):
 def test_no_shape_breaks_the_kernels_limits(shapes):
     sweep = shapes["sweep"]
     assert sweep["cases"] > 10000 and sweep["violations"] == 0, sweep
+
+
+def test_verify_passes_run_as_many_warps_as_fit(shapes):
+    # several x rows make a step compute-bound: warps, not buffers (4 double-buffered warps ran ffn_down's 7-row
+    # pass at a tenth of the weights' bandwidth on an H100)
+    down = shapes["1.5b down q6_k x7"]
+    assert down["error"] == 0 and down["bufs"] == 1 and down["warps"] >= 8, down
+    gate_up = shapes["1.5b gate_up x8"]
+    assert gate_up["error"] == 0 and gate_up["warps"] == gate_up["max_warps"], gate_up
+    qkv = shapes["1.5b qkv x8"]   # fewer steps than warps: one step a warp, as with one row
+    assert qkv["error"] == 0 and qkv["bufs"] == 1 and qkv["ctas"] * qkv["warps"] >= qkv["steps"], qkv
