@@ -6,21 +6,17 @@ import pytest
 from flashd.daemon.backends.base import Batch
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.pflash import flashprefill as fp
+from tests.gpu.attention_oracle import attention_oracle
 
 B = fp.BLOCK
 
 
 def dense_causal(q, keys, values, p0):
-    """Plain causal GQA attention of tokens at slots p0 + i over slots [0, p0 + i], float64."""
-    n, n_heads, d = q.shape
-    group = n_heads // keys.shape[1]
-    out = np.zeros((n, n_heads, d))
-    for i in range(n):
-        for h in range(n_heads):
-            a = keys[:p0 + i + 1, h // group].astype(np.float64) @ q[i, h] / np.sqrt(d)
-            p = np.exp(a - a.max())
-            out[i, h] = p @ values[:p0 + i + 1, h // group] / p.sum()
-    return out.reshape(n, n_heads * d)
+    """Plain causal GQA attention of tokens at slots p0 + i over slots [0, p0 + i], float64: the attention
+    tests' brute-force oracle (tests/gpu/attention_oracle.py) over (slot, head, d) keys with the causal mask."""
+    n, n_keys = q.shape[0], keys.shape[0]
+    visible = np.arange(n_keys)[None, :] <= p0 + np.arange(n)[:, None]
+    return attention_oracle(q, keys.transpose(1, 0, 2), values.transpose(1, 0, 2), visible, 1 / np.sqrt(q.shape[2]))
 
 
 def qkv(rng, n_keys, n, n_heads, n_kv, d):

@@ -4,6 +4,7 @@ import pytest
 
 from flashd.daemon.backends.base import Batch
 from flashd.daemon.backends.reference import ReferenceOps
+from tests.gpu.attention_oracle import attention_oracle
 
 ops = ReferenceOps()
 
@@ -47,18 +48,9 @@ def test_rope_is_a_complex_rotation(rng, neox, head_dim, rope_dim):
 
 
 def brute_attention(q, keys, values, visible):
-    """Per query and head, in float64: softmax over visible slots."""
-    n, heads, d = q.shape
-    group = heads // keys.shape[1]
-    out = np.zeros((n, heads, d))
-    for i in range(n):
-        for h in range(heads):
-            s = keys[:, h // group].astype(np.float64) @ q[i, h] / np.sqrt(d)
-            s[~visible[i]] = -np.inf
-            p = np.exp(s - s.max())
-            p /= p.sum()
-            out[i, h] = p @ values[:, h // group]
-    return out.reshape(n, heads * d)
+    """Per query and head, in float64: softmax over visible slots -- the attention tests' brute-force oracle
+    (tests/gpu/attention_oracle.py) over (slot, head, d) keys and values."""
+    return attention_oracle(q, keys.transpose(1, 0, 2), values.transpose(1, 0, 2), visible, 1 / np.sqrt(q.shape[2]))
 
 
 @pytest.mark.parametrize("n,n_past,heads,kv_heads,d", [(1, 0, 2, 1, 4), (1, 13, 6, 2, 8), (7, 5, 4, 4, 16),
