@@ -80,16 +80,20 @@ def _sources() -> list[Path]:
     return sorted(CUDA_DIR.glob("*.cu"))
 
 
-def _key(spec: BuildSpec) -> str:
+def _source_key(compiler_version: str, flags: list[str]) -> str:
+    """The cache key of a library build (CUDA or HIP): sha256 over the compiler's --version, the flags and
+    every native source's name and bytes, 16 hex digits; a change to any of them is another file in the cache."""
     h = hashlib.sha256()
-    version = subprocess.run([spec.nvcc, "--version"], capture_output=True, text=True).stdout
-    h.update(version.encode())
-    h.update(" ".join(spec.flags).encode())
-    files = [*sorted(INCLUDE_DIR.glob("*.h")), *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]
-    for f in files:
+    h.update(compiler_version.encode())
+    h.update(" ".join(flags).encode())
+    for f in [*sorted(INCLUDE_DIR.glob("*.h")), *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _key(spec: BuildSpec) -> str:
+    return _source_key(subprocess.run([spec.nvcc, "--version"], capture_output=True, text=True).stdout, spec.flags)
 
 
 def library_path(spec: BuildSpec) -> Path:
@@ -185,14 +189,8 @@ class HipBuildSpec:
 
 
 def _hip_key(spec: HipBuildSpec) -> str:
-    h = hashlib.sha256()
-    version = subprocess.run([spec.hipcc, "--version"], capture_output=True, text=True, env=_hip_env()).stdout
-    h.update(version.encode())
-    h.update(" ".join(spec.flags).encode())
-    for f in [*sorted(INCLUDE_DIR.glob("*.h")), *sorted(CUDA_DIR.glob("*.cu*")), *sorted(HIP_DIR.glob("*.h"))]:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    return _source_key(subprocess.run([spec.hipcc, "--version"], capture_output=True, text=True,
+                                      env=_hip_env()).stdout, spec.flags)
 
 
 def hip_library_path(spec: HipBuildSpec) -> Path:
