@@ -355,6 +355,27 @@ class LuceboxDaemon(_Process):
 LUCEBOX_MODULE = [sys.executable, "-m", "flashd.daemon.lucebox"]
 
 
+def check_speculative_equals_greedy(daemon: ServeDaemon, prompts: list[str], n_tokens: int,
+                                    configs: list[tuple[str, int, str]]) -> None:
+    """Per prompt, n_tokens of plain greedy decoding; then every (spec mode, budget, drafter name) of `configs`
+    must stream exactly those tokens, its `done` naming the drafter and mode with 1..n_tokens-1 steps."""
+    n = 0
+    for prompt in prompts:
+        n += 1
+        plain, _, done = generated(daemon.ask(
+            f'generate id=p{n} text="{prompt}" max_tokens={n_tokens} ignore_eos=true', f"p{n}"))
+        assert done["event"] == "done" and len(plain) == n_tokens
+        for mode, budget, draft in configs:
+            n += 1
+            ids, _, done = generated(daemon.ask(
+                f'generate id=s{n} text="{prompt}" max_tokens={n_tokens} ignore_eos=true spec={mode} budget={budget} '
+                f'draft={draft}', f"s{n}"))
+            assert done["event"] == "done", done
+            assert ids == plain, f"{draft} {mode} budget {budget} on {prompt!r}: differs from greedy"
+            stats = done["spec"]
+            assert stats["draft"] == draft and stats["mode"] == mode and 1 <= stats["steps"] <= n_tokens - 1
+
+
 def probe_fresh_daemon(model: Path, workdir: Path) -> dict[str, list[int]]:
     """The probe generations of a daemon on `model` that has served nothing else (killed after)."""
     daemon = ServeDaemon(model, workdir)

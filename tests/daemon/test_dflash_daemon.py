@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.daemon.daemon_harness import SYNTHETIC_SPEC, generated
+from tests.daemon.daemon_harness import SYNTHETIC_SPEC, check_speculative_equals_greedy
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 
 PROMPTS = ['def fib(n):', 'The quick brown fox jumps over', 'x']
@@ -20,20 +20,6 @@ def dflash_drafter(tmp_path_factory):
 
 def test_dflash_ddtree_through_the_daemon_equals_greedy(spawn_serve, dflash_drafter):
     daemon = spawn_serve("--draft", str(dflash_drafter))
-    n = 0
-    for prompt in PROMPTS:
-        n += 1
-        plain, _, done = generated(daemon.ask(f'generate id=p{n} text="{prompt}" max_tokens=48 ignore_eos=true',
-                                              f"p{n}"))
-        assert done["event"] == "done" and len(plain) == 48
-        for mode, budget in (("chain", 15), ("ddtree", 8), ("ddtree", 22), ("ddtree", 40), ("ddtree", 64)):
-            n += 1
-            rid = f"s{n}"
-            ids, _, done = generated(daemon.ask(
-                f'generate id={rid} text="{prompt}" max_tokens=48 ignore_eos=true spec={mode} budget={budget} '
-                f'draft={dflash_drafter.stem}', rid))
-            assert done["event"] == "done", done
-            assert ids == plain, f"{mode} budget {budget} on {prompt!r}: differs from greedy"
-            stats = done["spec"]
-            assert stats["draft"] == dflash_drafter.stem and stats["mode"] == mode
-            assert 1 <= stats["steps"] <= 47
+    configs = [(mode, budget, dflash_drafter.stem)
+               for mode, budget in (("chain", 15), ("ddtree", 8), ("ddtree", 22), ("ddtree", 40), ("ddtree", 64))]
+    check_speculative_equals_greedy(daemon, PROMPTS, 48, configs)

@@ -6,7 +6,7 @@ speculative steps."""
 import pytest
 
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
-from tests.daemon.daemon_harness import ServeDaemon, generated
+from tests.daemon.daemon_harness import ServeDaemon, check_speculative_equals_greedy
 
 # head_dim 64 (the CUDA attention kernels take 64, 128, 256)
 TARGET = dict(arch="qwen3", n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, ffn=512, vocab_size=1000, seed=11,
@@ -24,21 +24,7 @@ def test_spec_through_the_gpu_daemon_equals_greedy(native, synthetic_model, tmp_
     daemon = ServeDaemon(target, tmp_path, "--device", "cuda", "--draft", str(drafter), "--draft", "ngram")
     try:
         assert daemon.ready.get("backend") == "cuda", daemon.ready
-        n = 0
-        for prompt in PROMPTS:
-            n += 1
-            plain, _, done = generated(daemon.ask(f'generate id=p{n} text="{prompt}" max_tokens=64 ignore_eos=true',
-                                                  f"p{n}"))
-            assert done["event"] == "done" and len(plain) == 64
-            for mode, budget, draft in CONFIGS:
-                n += 1
-                name = drafter.stem if draft == "dflash" else draft
-                ids, _, done = generated(daemon.ask(
-                    f'generate id=s{n} text="{prompt}" max_tokens=64 ignore_eos=true spec={mode} budget={budget} '
-                    f'draft={name}', f"s{n}"))
-                assert done["event"] == "done", done
-                assert ids == plain, f"{draft} {mode} budget {budget} on {prompt!r}: differs from greedy"
-                stats = done["spec"]
-                assert stats["draft"] == name and stats["mode"] == mode and 1 <= stats["steps"] <= 63
+        configs = [(mode, budget, drafter.stem if draft == "dflash" else draft) for mode, budget, draft in CONFIGS]
+        check_speculative_equals_greedy(daemon, PROMPTS, 64, configs)
     finally:
         daemon.kill()
