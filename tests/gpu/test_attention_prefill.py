@@ -73,31 +73,30 @@ def check(o, q, k_cache, v_cache, p0, n_kv):
     assert err.max() <= atol, f"max err {err.max():.3g} > {atol:.3g} at {np.unravel_index(np.argmax(err), err.shape)}"
 
 
+def check_random_case(native, dev, poisoned, rng, n, p0, hd, group, extra_slots, *, q_scale=1.0, q_offset=False):
+    """N(0, q_scale^2) q and N(0, 1) K/V in the first p0 + n of p0 + n + extra_slots cache slots (2 KV heads,
+    `group` query heads each): run the kernel and check it against the oracle."""
+    n_kv = 2
+    n_heads = n_kv * group
+    max_ctx = p0 + n + extra_slots
+    q = (rng.standard_normal((n, n_heads, hd)) * q_scale).astype(np.float32)
+    k_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
+    v_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
+    o = run(native, dev, poisoned, q, k_cache, v_cache, p0, n_heads, n_kv, hd, q_offset=q_offset)
+    check(o, q, k_cache, v_cache, p0, n_kv)
+
+
 @pytest.mark.parametrize("hd,group", [(64, 1), (64, 7), (128, 2), (128, 6)])
 @pytest.mark.parametrize("p0", [0, 3, 200])
 @pytest.mark.parametrize("n", [1, 5, 64, 130, 600])
 def test_attention_prefill_matches_float64(native, dev, poisoned, rng, n, p0, hd, group):
-    n_kv = 2
-    n_heads = n_kv * group
-    max_ctx = p0 + n + 7
-    q = (rng.standard_normal((n, n_heads, hd)) * 1.5).astype(np.float32)
-    k_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
-    v_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
-    o = run(native, dev, poisoned, q, k_cache, v_cache, p0, n_heads, n_kv, hd)
-    check(o, q, k_cache, v_cache, p0, n_kv)
+    check_random_case(native, dev, poisoned, rng, n, p0, hd, group, 7, q_scale=1.5)
 
 
 @pytest.mark.parametrize("hd", [64, 128])
 def test_attention_prefill_many_blocks(native, dev, poisoned, rng, hd):
     """1500 tokens x 6 heads per kv head: 282 blocks of 64 rows, the 4-warp configuration."""
-    n, n_kv, group, p0 = 1500, 2, 6, 37
-    n_heads = n_kv * group
-    max_ctx = p0 + n
-    q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
-    k_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
-    v_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
-    o = run(native, dev, poisoned, q, k_cache, v_cache, p0, n_heads, n_kv, hd)
-    check(o, q, k_cache, v_cache, p0, n_kv)
+    check_random_case(native, dev, poisoned, rng, n=1500, p0=37, hd=hd, group=6, extra_slots=0)
 
 
 @pytest.mark.parametrize("hd,group,n,p0", [(64, 7, 70, 0), (128, 6, 600, 61), (64, 2, 1500, 130),
@@ -124,14 +123,7 @@ def test_causal_boundaries(native, dev, poisoned, rng, hd, group, n, p0):
 
 @pytest.mark.parametrize("hd", [64, 128])
 def test_attention_prefill_simt_path(native, dev, poisoned, rng, hd):
-    n, n_kv, group, p0 = 37, 2, 3, 20
-    n_heads = n_kv * group
-    max_ctx = p0 + n + 3
-    q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
-    k_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
-    v_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
-    o = run(native, dev, poisoned, q, k_cache, v_cache, p0, n_heads, n_kv, hd, q_offset=True)
-    check(o, q, k_cache, v_cache, p0, n_kv)
+    check_random_case(native, dev, poisoned, rng, n=37, p0=20, hd=hd, group=3, extra_slots=3, q_offset=True)
 
 
 def test_attention_prefill_rejects_bad_arguments(native, dev):
