@@ -212,7 +212,7 @@ class CudaSizes:
 
 
 def persistent_forward_bytes(cfg, max_ctx: int, rows: int, n_ctas: int, attn_splits: int = 32) -> int:
-    """fd_forward_create's device memory: the workspace carve() lays out (native/cuda/forward.cu, every
+    """fd_forward_create's device memory: the workspace carve() lays out (native/cuda/forward_plan.cuh, every
     piece 256-byte aligned) plus the per-layer KV pointer table and the GEMV stage index."""
     def take(n: int) -> int:
         return (n + 255) // 256 * 256

@@ -6,7 +6,7 @@ Tolerance: |y - oracle| <= 1e-5 * (|xn| @ |W|.T) + 1e-6 * (|bias| + |residual|) 
 bound. The kernel's weights are exact; its float32 sums run over <= 9000 products in chains of <= 32
 plus a shuffle tree, and the norm scale uses rsqrtf (a few ulp): both stay well under 1e-5 of
 sum |W||xn|. When every matrix of a launch is quantized, the kernel stages xn as int8 hi + lo codes
-per 32-column block (gemv.cu): each staged x' is within max|xn over its block| / (127 * 2 * 254) of
+per 32-column block (gemv_stage.cuh stage_xq): each staged x' is within max|xn over its block| / (127 * 2 * 254) of
 xn, so |y - oracle| gains at most |W| @ that (int8_x_bound).
 Outputs are poisoned with NaN bytes first (except where y aliases the residual).
 """

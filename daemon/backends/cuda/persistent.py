@@ -25,7 +25,7 @@ from .tensor import DeviceTensor
 __all__ = ["ForwardTuning", "TUNING", "tuning_for", "PersistentForward", "ForwardUnsupported", "FORWARD_PATHS"]
 
 FORWARD_PATHS = ("persistent", "graph")
-MAX_ROWS = 8                      # forward.cu FWD_MAX_ROWS
+MAX_ROWS = 8                      # native/cuda/forward_program.cuh FWD_MAX_ROWS
 
 
 class ForwardUnsupported(RuntimeError):
