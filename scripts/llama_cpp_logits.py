@@ -10,14 +10,27 @@ llama-cpp-python is imported only when a recording runs (it is not a flashd depe
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
+import json
 import platform
 from pathlib import Path
 
 import numpy as np
 
 N_TOP = 5
+
+
+def parse_out(doc: str, argv: list[str] | None) -> Path:
+    """A recorder's command line: --out FILE (the JSON it writes); its docstring's first paragraph is the help."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    return p.parse_args(argv).out
+
+
+def write_recording(out: Path, rec: dict) -> None:
+    out.write_text(json.dumps(rec, separators=(",", ":")) + "\n", encoding="utf-8")
 
 
 def prompt_ids(vocab_size: int, length: int, seed: int) -> list[int]:

@@ -17,13 +17,12 @@ shared with scripts/record_yarn_reference.py. It needs llama-cpp-python (not a f
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
-from flashd.scripts.llama_cpp_logits import model_identity, prompt_ids, record_logits, recorder_info
+from flashd.scripts.llama_cpp_logits import (model_identity, parse_out, prompt_ids, record_logits, recorder_info,
+                                             write_recording)
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.synthetic_spec import SyntheticSpec
 
@@ -54,16 +53,14 @@ def record_model(model_path: Path, spec: SyntheticSpec) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+    out = parse_out(__doc__, argv)
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in MODELS.items():
             models[name] = record_model(write_synthetic_model(Path(tmp) / f"{name}.gguf", spec), spec)
     rec = {"format": FORMAT, "recorder": recorder_info(N_CTX, "scripts/record_qwen35_reference.py"), "models": models}
-    args.out.write_text(json.dumps(rec, separators=(",", ":")) + "\n", encoding="utf-8")
-    print(f"{args.out}: {len(models)} models, {PROMPT_LEN} teacher-forced positions, {N_GENERATE} greedy tokens",
+    write_recording(out, rec)
+    print(f"{out}: {len(models)} models, {PROMPT_LEN} teacher-forced positions, {N_GENERATE} greedy tokens",
           file=sys.stderr)
     return 0
 

@@ -15,13 +15,12 @@ shared with scripts/record_qwen35_reference.py. It needs llama-cpp-python (not a
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
-from flashd.scripts.llama_cpp_logits import model_identity, prompt_ids, record_logits, recorder_info
+from flashd.scripts.llama_cpp_logits import (model_identity, parse_out, prompt_ids, record_logits, recorder_info,
+                                             write_recording)
 from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
 
 FORMAT = "flashd-yarn-reference/1"
@@ -43,14 +42,12 @@ def record(model_path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+    out = parse_out(__doc__, argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_synthetic_model(Path(tmp) / "yarn.gguf", YARN_SPEC)
         rec = record(path)
-    args.out.write_text(json.dumps(rec, separators=(",", ":")) + "\n", encoding="utf-8")
-    print(f"{args.out}: {len(rec['prompt_ids'])} teacher-forced positions, {N_GENERATE} greedy tokens",
+    write_recording(out, rec)
+    print(f"{out}: {len(rec['prompt_ids'])} teacher-forced positions, {N_GENERATE} greedy tokens",
           file=sys.stderr)
     return 0
 
