@@ -81,6 +81,9 @@ def half2(w: int) -> tuple[np.float32, np.float32]:
 
 
 # ---- the formats (mirror Fmt<QT> in quant_float/q32/kquant.cuh) ---------------------------------------
+# One class per Fmt<QT>, each complete, as the headers spell each struct out: methods that two formats share
+# (Q4_0/Q4_1's code_word, Q4_K/Q5_K's column maps) are repeated on purpose, so that a class reads line by line
+# against its struct and a change to one format's struct has exactly one class to change here.
 class EmuF32:
     qtype, BE, BB, LPB, RUNS, PARTS, ALIGN, XL, MIN_LPR, IS_FLOAT = T.F32, 4, 16, 1, 1, 1, 4, XL_PAD32, 8, True
 

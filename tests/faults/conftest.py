@@ -31,6 +31,9 @@ def fresh_probe(fault_model, tmp_path_factory) -> dict[str, list[int]]:
     return probe_fresh_daemon(fault_model, tmp_path_factory.mktemp("fresh"))
 
 
+# tests/daemon's zmq_context with another scope: one context serves a module's tests here (the peers made
+# from it are per test and closed by their fixtures), one per test there; a fixture shared by both folders
+# would force one scope on both.
 @pytest.fixture(scope="module")
 def zmq_ctx():
     ctx = zmq.Context()

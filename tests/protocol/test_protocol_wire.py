@@ -55,6 +55,8 @@ def test_any_id_list_survives_packed_ids(ids):
     assert event["ids"] == ids
 
 
+# The same property as test_protocol_lines' arbitrary-lines test, over this codec's input (bytes): one per
+# codec test file, each beside the parse cases it generalises.
 @settings(max_examples=300, deadline=None)
 @given(frame=st.binary(max_size=200))
 def test_arbitrary_bytes_only_raise_protocol_errors(frame):
