@@ -93,6 +93,8 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
     float scale[NX];
     norm_scales<NX>(a, smf, scale);
     const float up = exp2i(X_SCALE_LOG2);
+    // A second pass over x, batched as norm_scales' (which must finish the row's sum of squares first),
+    // with this thread's columns instead of its norm partials.
     // c runs over 32-aligned groups per warp (n_threads is a multiple of 32): the warp sums below are
     // over 32 consecutive columns, all lanes present
     for (int c0 = tid; c0 < cols_pad; c0 += X_BATCH * n_threads) {
@@ -154,75 +156,6 @@ __device__ __forceinline__ uint32_t pack_s8(const int (&v)[4]) {
     return (uint32_t)(v[0] & 0xFF) | (uint32_t)(v[1] & 0xFF) << 8 | (uint32_t)(v[2] & 0xFF) << 16 | (uint32_t)(v[3] & 0xFF) << 24;
 }
 
-// One normed x row of at most X_BATCH * NORM_LANES columns (the decode step's QKV and gate/up projections),
-// CTAs of >= NORM_LANES threads: thread v < NORM_LANES loads the columns of its norm partial, v + NORM_LANES * u,
-// once, and keeps them in registers for the quantization -- one L2 round trip in the prologue instead of two
-// (stage_xq's general path reloads x after the norm). Warp w's lane l then holds column NORM_LANES * u + 32 w + l:
-// every 32-column block lies in one warp, so its maximum and its 16- / 32-column sums are warp shuffles. The
-// arithmetic is the general path's (the same products, a maximum and integer sums, which do not depend on
-// the order), so the staged codes, scales and sums are bit for bit the same.
-__device__ void stage_xq_one_row(const GemvArgs& a, uint8_t* sm, float* smf) {
-    const int tid = threadIdx.x, lane = tid & 31, cols = a.cols;
-    float x[X_BATCH], nw[X_BATCH];
-    const bool owner = tid < NORM_LANES;
-    if (owner) {
-        load_x_batch(a.x, tid, NORM_LANES, cols, x);
-#pragma unroll
-        for (int u = 0; u < X_BATCH; ++u) {
-            const int c = tid + u * NORM_LANES;
-            nw[u] = c < cols ? __ldg(a.norm_w + c) : 0.0f;
-        }
-        float ss = 0.0f;   // norm_scales' partial v = tid, in the same order
-#pragma unroll
-        for (int u = 0; u < X_BATCH; ++u) ss = fmaf(x[u], x[u], ss);
-        smf[tid] = ss;
-    }
-    __syncthreads();
-    float scale[1];
-    norm_total<1>(a, smf, scale);
-    if (!owner) {
-        __syncthreads();
-        return;
-    }
-#pragma unroll
-    for (int u = 0; u < X_BATCH; ++u) {
-        const int c = tid + u * NORM_LANES;
-        if (c - lane >= cols) break;   // warp-uniform (cols % 32 == 0): the block is past the end
-        const float xn = x[u] * scale[0] * nw[u];
-        float mx = fabsf(xn);
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-        const float sx = mx * (1.0f / 127.0f);
-        const float t = xn * inv;
-        const int hi = __float2int_rn(t);
-        const int lo = __float2int_rn((t - (float)hi) * XQ_LO);
-        int hs = hi, ls = lo;
-#pragma unroll
-        for (int off = 1; off < 16; off <<= 1) {   // 16-column sums
-            hs += __shfl_xor_sync(0xffffffffu, hs, off);
-            ls += __shfl_xor_sync(0xffffffffu, ls, off);
-        }
-        const float s16 = sx * fmaf((float)ls, 1.0f / XQ_LO, (float)hs);
-        hs += __shfl_xor_sync(0xffffffffu, hs, 16);
-        ls += __shfl_xor_sync(0xffffffffu, ls, 16);
-#pragma unroll
-        for (int L = 0; L < XL_COUNT; ++L) {
-            if (a.x8_off[L] < 0) continue;
-            const int grp = L == XL_PAD64 ? x8_group<XL_PAD64>(c & ~3) : x8_group<XL_PAD32>(c & ~3);
-            uint8_t* g8 = sm + a.x8_off[L] + 8 * grp + (c & 3);   // byte k of a group's words: column 4g + k
-            g8[0] = (uint8_t)(hi & 0xFF);
-            g8[4] = (uint8_t)(lo & 0xFF);
-        }
-        if ((lane & 15) == 0) smf[a.xsum16_off + (c >> 4)] = s16;
-        if (lane == 0) {
-            smf[a.xsum32_off + (c >> 5)] = sx * fmaf((float)ls, 1.0f / XQ_LO, (float)hs);
-            smf[a.xsc_off + (c >> 5)] = sx;
-        }
-    }
-    __syncthreads();
-}
-
 // Thread t of the CTA takes groups t, t + n_threads, ... (float4 loads: 8 lanes = one 32-column block,
 // so block maxima and sums are 8-lane shuffles). cols % 32 == 0, x and norm_w 16-byte aligned.
 // XQ_BATCH float4 loads of x (and of norm_w) in flight per thread: 4 x 768 threads cover 12288 columns
@@ -230,12 +163,6 @@ __device__ void stage_xq_one_row(const GemvArgs& a, uint8_t* sm, float* smf) {
 constexpr int XQ_BATCH = 4;
 template <int NX>
 __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
-    if constexpr (NX == 1) {
-        if (a.norm_w && a.cols <= X_BATCH * NORM_LANES && (int)blockDim.x >= NORM_LANES) {
-            stage_xq_one_row(a, sm, smf);
-            return;
-        }
-    }
     const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid & 31;
     const int n_groups = a.cols >> 2, n_x = a.n_x;
     float scale[NX];
