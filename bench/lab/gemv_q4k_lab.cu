@@ -7,6 +7,10 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/gemv_q4k_lab bench/lab/gemv_q4k_lab.cu && /tmp/gemv_q4k_lab
 //
+// Its Q4_K scale decoder (sbyte, scale_min) and host dequant_row are also in gemv_stream_lab.cu and
+// gemv_stream_lab_kernels.cuh, on purpose: each lab is one nvcc command and stays as it was measured
+// (bench/NOTES.md), so the labs share no header with each other or with the library.
+//
 // Variants, all with one warp per (row, part) unit and every load of the unit issued before any use
 // (16-byte __ldg into registers: up to MAXQ quarter-blocks x 48 bytes in flight per lane):
 //   split   1, 2, 4: a row's 4 * (cols / 256) quarter-blocks are dealt over `split` warps of one CTA

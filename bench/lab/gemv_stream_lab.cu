@@ -39,6 +39,7 @@
 
 // ---- host ------------------------------------------------------------------------------------------------
 static float h2f(uint16_t h) { __half_raw r; r.x = h; return __half2float(__half(r)); }
+// (dequant_row as in gemv_q4k_lab.cu, on purpose: the labs share no header; see gemv_q4k_lab.cu)
 static void dequant_row(const uint8_t* row, int cols, double* out) {
     for (int b = 0; b < cols / QK; ++b) {
         const uint8_t* blk = row + b * BB;
@@ -278,6 +279,8 @@ int main(int argc, char** argv) {
         const Launch narrow_f = make_launch<16, 3, 16, false, true>(1, n_sm, 1536), wide_f = make_launch<32, 2, 16, false, true>(1, n_sm, 8960);
         const Launch n4 = make_s4<8, 3, 16, true, 1>(1, n_sm, 1536), w4 = make_s4<32, 5, 12, false, 1>(1, n_sm, 8960);
         const Launch n4m = make_s4<8, 3, 16, true, 2>(1, n_sm, 1536), w4m = make_s4<32, 5, 12, false, 2>(1, n_sm, 8960);
+        // Two layer loops (s4 kernels, then the stream kernels), spelled out as they ran for bench/NOTES.md's
+        // figures: a lab keeps the code that was measured.
         for (int v = 0; v < 2; ++v) {
             const double us = time_graph(st, 10, [&](cudaStream_t s) {
                 for (int l = 0; l < L; ++l)

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(512) stream_kernel(const uint4* __restrict__ w
 // 16-byte chunks 0,1,4,5,8,9,12,13 of 128-byte rows: the pad spreads them over the 8 bank quads).
 __host__ __device__ constexpr int xp(int c) { return c + 32 * (c >> 7); }
 
+// sbyte / scale_min as in gemv_q4k_lab.cu, on purpose: the labs share no header (see gemv_q4k_lab.cu).
 __device__ __forceinline__ uint32_t sbyte(const uint4& h, int i) {
     const uint32_t word = i < 4 ? h.y : (i < 8 ? h.z : h.w);
     return (word >> (8 * (i & 3))) & 0xFFu;
@@ -196,6 +197,8 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_q4k_stream(GArgs a) {
 // it every warp should own one item (U covers a row's share).
 __host__ __device__ constexpr int xq4(int c) { return c + 16 * (c >> 6); }
 
+// Its work split (tasks of RPT rows, rounds of U * G super-blocks, items) is gemv_q4k_stream's, repeated on
+// purpose: each variant is one self-contained kernel, as measured (bench/NOTES.md).
 template <int LPR, int U, int WARPS, bool DB, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB) gemv_q4k_s4(GArgs a) {
     extern __shared__ __align__(16) uint8_t sm[];

@@ -11,6 +11,7 @@ namespace fd {
 namespace attn {
 
 // ---- pipeline primitives ------------------------------------------------------------------
+// (mma.cuh and quant_stage.cuh have their own cp.async wrappers, on purpose: mma.cuh says why.)
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
 #if FD_ATTN_ASYNC
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

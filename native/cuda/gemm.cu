@@ -112,6 +112,8 @@ __global__ void __launch_bounds__(T::n_threads, T::MIN_BLOCKS) gemm_f16_mma_kern
             cp_async_16(smem_u32(x_ring + stage * T::x_stage_floats + row * GEMM_BK + col),
                         ok ? x + (size_t)gm * k + gk : x, ok);
         }
+        // The W tiles as the X tile above, 8 halves a 16-byte chunk instead of 4 floats: two loops, as the
+        // tiles differ in element type, row width and ring.
 #pragma unroll
         for (int wi = 0; wi < T::n_w; ++wi) {
             const __half* w = wi ? w1 : w0;                        // 0: w0 (gate), 1: w1 (up)

@@ -45,6 +45,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 #endif
 }
 
+// cp.async has two more sets of wrappers, quant_stage.cuh's (the GEMV's weight staging) and
+// attention_splitk_warp.cuh's, kept apart on purpose: they differ where cp.async is missing (here: nothing,
+// below sm_80 these kernels trap; quant_stage.cuh: a byte-exact copy of a partial chunk, its HIP path;
+// split-K attention: a plain 16-byte copy or zeros, its HIP path) and in what they take (a shared address
+// or a pointer, a predicate or a byte count); one set would change what some kernel compiles to.
 __device__ __forceinline__ void cp_async_commit() {
 #if FD_MMA_DEVICE_OK
     asm volatile("cp.async.commit_group;\n" ::);

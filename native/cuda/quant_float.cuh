@@ -29,6 +29,8 @@ template <> struct Fmt<FD_Q_F32> {
     __host__ __device__ static constexpr int xrun(int) { return 0; }
 };
 
+// F16 (and BF16 below): F32's load and params again, on purpose (quant_codes.cuh, "the formats": every
+// Fmt<QT> is one self-contained block); the mask and the conversion are each format's own.
 template <> struct Fmt<FD_Q_F16> {
     static constexpr int BE = 8, BB = 16, LPB = 1, RUNS = 2, PARTS = 1, ALIGN = 2, XL = XL_PAD32, MIN_LPR = 8;
     static constexpr bool IS_FLOAT = true;

@@ -69,7 +69,8 @@ template <> struct Fmt<FD_Q_Q4_K> {
 };
 
 // Q5_K: as Q4_K plus qh[32]: bit s of qh[l] is the 5th bit of element l of sub-block s; codes merged
-// into bytes (shift 0).
+// into bytes (shift 0). Its params and column maps are Q4_K's, spelled out again on purpose (quant_codes.cuh,
+// "the formats": every Fmt<QT> is one self-contained block).
 template <> struct Fmt<FD_Q_Q5_K> {
     static constexpr int BE = 256, BB = 176, LPB = 4, RUNS = 16, PARTS = 2, ALIGN = 16, XL = XL_PAD64, MIN_LPR = 4;
     static constexpr int PART_COLS = 32, OFFSET = 0;

@@ -49,7 +49,8 @@ template <> struct Fmt<FD_Q_Q4_0> : Block32 {
     __host__ __device__ static constexpr int part_group(int blk, int, int part) { return 2 * blk + part; }
 };
 
-// Q4_1: d, m; w = d * nibble + m.
+// Q4_1: d, m; w = d * nibble + m. code_word / part_shift / part_group are Q4_0's, spelled out again on
+// purpose (quant_codes.cuh, "the formats": every Fmt<QT> is one self-contained block).
 template <> struct Fmt<FD_Q_Q4_1> : Block32 {
     static constexpr int BB = 20, PARTS = 2, ALIGN = 4, PART_COLS = 16, OFFSET = 0;
     static constexpr uint32_t CODE_MASK = 0xF;

@@ -10,6 +10,7 @@ namespace fd {
 namespace q {
 
 // ---- staging: global -> shared with 16-byte cp.async ---------------------------------------------------
+// (mma.cuh and attention_splitk_warp.cuh have their own cp.async wrappers, on purpose: mma.cuh says why.)
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
 #if FD_HAS_MMA
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);

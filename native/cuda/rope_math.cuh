@@ -1,7 +1,7 @@
 // rope_math.cuh -- the rotary-embedding arithmetic that every flashd kernel applying RoPE shares, so the
 // rotated values agree bit for bit between them: fd_rope_kv_write (rope.cu) and fd_attention_decode_rope
-// (attention_decode.cu, attention_splitk.cuh), which must reproduce rope_kv_write + attention_decode
-// exactly (the one-row decode step against tree verification's rope_kv_write + attention_masked).
+// (attention_decode.cu; rope_stage in attention_splitk_kernel.cuh), which must reproduce rope_kv_write +
+// attention_decode exactly (the one-row decode step against tree verification's rope_kv_write + attention_masked).
 //
 // Pair j < rope_dim / 2 of a head row is (a, b) = neox ? (x[j], x[j + rope_dim/2]) : (x[2j], x[2j+1]);
 // dims >= rope_dim are not rotated. angle = pos * theta^(-2j/rope_dim), formed in double (pow and sincos
