@@ -15,22 +15,28 @@ import datetime
 import hashlib
 import json
 import platform
+import sys
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 N_TOP = 5
 
 
-def parse_out(doc: str, argv: list[str] | None) -> Path:
-    """A recorder's command line: --out FILE (the JSON it writes); its docstring's first paragraph is the help."""
+def run_recorder(doc: str, argv: list[str] | None, record: Callable[[Path], dict],
+                 summary: Callable[[dict], str]) -> int:
+    """A recorder's main: --out FILE (the help is `doc`'s first paragraph); record(a temporary folder for the
+    models it writes) -> the recording, written to FILE as compact JSON; `summary(recording)` on stderr."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    return p.parse_args(argv).out
-
-
-def write_recording(out: Path, rec: dict) -> None:
+    out = p.parse_args(argv).out
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = record(Path(tmp))
     out.write_text(json.dumps(rec, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"{out}: {summary(rec)}", file=sys.stderr)
+    return 0
 
 
 def prompt_ids(vocab_size: int, length: int, seed: int) -> list[int]:

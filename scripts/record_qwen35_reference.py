@@ -17,12 +17,9 @@ shared with scripts/record_yarn_reference.py. It needs llama-cpp-python (not a f
 """
 from __future__ import annotations
 
-import sys
-import tempfile
 from pathlib import Path
 
-from flashd.scripts.llama_cpp_logits import (model_identity, parse_out, prompt_ids, record_logits, recorder_info,
-                                             write_recording)
+from flashd.scripts.llama_cpp_logits import model_identity, prompt_ids, record_logits, recorder_info, run_recorder
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.synthetic_spec import SyntheticSpec
 
@@ -52,17 +49,15 @@ def record_model(model_path: Path, spec: SyntheticSpec) -> dict:
             **record_logits(model_path, ids, n_ctx=N_CTX, n_generate=N_GENERATE, full_rows=FULL_ROWS)}
 
 
+def record_all(tmp: Path) -> dict:
+    models = {name: record_model(write_synthetic_model(tmp / f"{name}.gguf", spec), spec)
+              for name, spec in MODELS.items()}
+    return {"format": FORMAT, "recorder": recorder_info(N_CTX, "scripts/record_qwen35_reference.py"), "models": models}
+
+
 def main(argv: list[str] | None = None) -> int:
-    out = parse_out(__doc__, argv)
-    models = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, spec in MODELS.items():
-            models[name] = record_model(write_synthetic_model(Path(tmp) / f"{name}.gguf", spec), spec)
-    rec = {"format": FORMAT, "recorder": recorder_info(N_CTX, "scripts/record_qwen35_reference.py"), "models": models}
-    write_recording(out, rec)
-    print(f"{out}: {len(models)} models, {PROMPT_LEN} teacher-forced positions, {N_GENERATE} greedy tokens",
-          file=sys.stderr)
-    return 0
+    return run_recorder(__doc__, argv, record_all, lambda rec: f"{len(rec['models'])} models, {PROMPT_LEN} "
+                        f"teacher-forced positions, {N_GENERATE} greedy tokens")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,9 @@ shared with scripts/record_qwen35_reference.py. It needs llama-cpp-python (not a
 """
 from __future__ import annotations
 
-import sys
-import tempfile
 from pathlib import Path
 
-from flashd.scripts.llama_cpp_logits import (model_identity, parse_out, prompt_ids, record_logits, recorder_info,
-                                             write_recording)
+from flashd.scripts.llama_cpp_logits import model_identity, prompt_ids, record_logits, recorder_info, run_recorder
 from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
 
 FORMAT = "flashd-yarn-reference/1"
@@ -42,14 +39,8 @@ def record(model_path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    out = parse_out(__doc__, argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_synthetic_model(Path(tmp) / "yarn.gguf", YARN_SPEC)
-        rec = record(path)
-    write_recording(out, rec)
-    print(f"{out}: {len(rec['prompt_ids'])} teacher-forced positions, {N_GENERATE} greedy tokens",
-          file=sys.stderr)
-    return 0
+    return run_recorder(__doc__, argv, lambda tmp: record(write_synthetic_model(tmp / "yarn.gguf", YARN_SPEC)),
+                        lambda rec: f"{len(rec['prompt_ids'])} teacher-forced positions, {N_GENERATE} greedy tokens")
 
 
 if __name__ == "__main__":
