@@ -3,10 +3,9 @@
 // design, the numerics and the measured speeds; forward.cu runs the same steps inside the persistent forward.
 //
 // The kernel: one CTA per SM at most; warp w of CTA b takes steps w * n_ctas + b + k * n_warps_total. A
-// warp's first steps of weights (one per buffer) are fetched before pdl_wait() (programmatic dependent
-// launch), i.e. while the previous kernel finishes and the CTA stages x (the prologue); then the warps stream
-// their steps through one or two shared-memory buffers each, a buffer refilled as soon as its step is
-// computed.
+// warp's first step of weights is fetched before pdl_wait() (programmatic dependent launch), i.e. while the
+// previous kernel finishes; then the CTA stages x (the prologue) and the warps stream their steps through
+// one or two shared-memory buffers each.
 #include "gemv.cuh"
 
 namespace fd {
@@ -20,13 +19,8 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     const int s0 = warp * gridDim.x + blockIdx.x;   // consecutive steps go to different CTAs (SMs)
     uint8_t* stage = smem + a.stage_off_bytes + (size_t)warp * a.n_bufs * a.stage_bytes;
 
-    // Weights: every buffer's first step in flight during the prologue ...
-    if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);
+    if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // weights: in flight during the prologue ...
     cp_async_commit();
-    if (a.n_bufs == 2) {
-        if (s0 + stride < a.n_steps) issue_step<SWIGLU>(a, s0 + stride, stage + a.stage_bytes, lane);
-        cp_async_commit();
-    }
     pdl_wait();                // ... and while the previous kernel finishes writing x (and the residual)
     // Only now may the next kernel start prefetching: triggered at our start instead, a chain of GEMVs
     // all prefetched at once and slowed the one on the critical path (1.5B tg128: 729 tok/s with PDL
@@ -39,7 +33,10 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     int it = 0;
     for (int s = s0; s < a.n_steps; s += stride, ++it) {
         const int cur = (it & 1) & (a.n_bufs - 1);
-        if (a.n_bufs == 2) {   // steps s and s + stride are in flight (groups it, it + 1)
+        if (a.n_bufs == 2) {   // prefetch step s + stride into the other buffer
+            const int next = s + stride;
+            if (next < a.n_steps) issue_step<SWIGLU>(a, next, stage + (cur ^ 1) * a.stage_bytes, lane);
+            cp_async_commit();
             cp_async_wait<1>();   // this lane's copies of step s are done ...
         } else {               // one buffer: the launcher gives each warp one step (more would serialize)
             if (s != s0) {
@@ -50,12 +47,7 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
         }
         __syncwarp();             // ... and every lane's are visible
         compute_step<NX, SWIGLU, XQ>(a, s, stage + cur * a.stage_bytes, xv, lane);
-        __syncwarp();             // every lane is done with the buffer before it is refilled
-        if (a.n_bufs == 2) {      // step s + 2 stride into the buffer just computed (group it + 2)
-            const int next = s + 2 * stride;
-            if (next < a.n_steps) issue_step<SWIGLU>(a, next, stage + cur * a.stage_bytes, lane);
-            cp_async_commit();
-        }
+        __syncwarp();             // the buffer is refilled by a later issue
     }
     cp_async_wait<0>();
 }
