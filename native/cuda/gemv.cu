@@ -6,7 +6,7 @@
 // warp's first step of weights is fetched before pdl_wait() (programmatic dependent launch), i.e. while the
 // previous kernel finishes; then the CTA stages x (the prologue) and the warps stream their steps through
 // one or two shared-memory buffers each.
-#include "gemv.cuh"
+#include "gemv_mma.cuh"
 
 namespace fd {
 namespace {
@@ -90,12 +90,109 @@ struct GemvTuning {
     bool int8_x;
     int stage_bytes;
     int rounds;
+    int mma_rows;   // passes of at least this many x rows run gemv_mma.cuh's kernel (0: never)
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
-    return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds};
+    return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0};
 }
+
+// ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
+// Whether the launch's matrices can take it (int8 activations, every format with 16- or 32-column parts).
+bool mma_eligible(const GemvPlan& pl) {
+    if (!pl.xq) return false;
+    for (int k = 0; k < pl.a.n_mats; ++k)
+        if (!mma_format(pl.a.mat[k].qtype) || pl.a.mat[k].lpr > 32) return false;
+    return true;
+}
+
+// Shared memory of one tensor-core pass besides the staged x: stage buffers (16 rows x the largest block, x 2
+// matrices for SwiGLU) and one tile's chains (max lpr x 32 lanes x 4 floats, x 2 for SwiGLU).
+struct MmaSizes { int row_stride, buf_bytes, part_tile_floats, part_tile_bytes; };
+
+MmaSizes mma_sizes(const GemvPlan& pl, bool swiglu) {
+    int max_bb = 0, max_lpr = 4;
+    for (int k = 0; k < pl.a.n_mats; ++k) {
+        FmtInfo f;
+        fmt_info(pl.a.mat[k].qtype, &f);
+        max_bb = max(max_bb, f.block_bytes);
+        max_lpr = max(max_lpr, pl.a.mat[k].lpr);
+    }
+    MmaSizes z;
+    z.row_stride = (int)stage_range_bytes(max_bb);
+    z.buf_bytes = MMA_TILE_ROWS * z.row_stride * (swiglu ? 2 : 1);
+    z.part_tile_floats = max_lpr * 32 * 4;
+    z.part_tile_bytes = z.part_tile_floats * 4 * (swiglu ? 2 : 1);
+    return z;
+}
+constexpr int MMA_MIN_WARPS = 4;
+
+// x rows of a tensor-core pass: the most (<= n_x, <= MMA_NX) whose staging leaves room for MMA_MIN_WARPS warps'
+// buffers and one tile's chains; 0 if not even 2 fit.
+int mma_pass_rows(const GemvPlan& pl, const MmaSizes& z, int n_x, int max_smem) {
+    for (int nx = min(n_x, MMA_NX); nx >= 2; --nx) {
+        GemvArgs p = pl.a;
+        const int64_t off = gemv_layout(pl, nx, &p);
+        if (off + 2 * MMA_MIN_WARPS * (int64_t)z.buf_bytes + z.part_tile_bytes <= max_smem) return nx;
+    }
+    return 0;
+}
+
+#if FD_HAS_MMA
+template <bool SWIGLU>
+int mma_raise_smem_limit(int max_smem) {
+    static std::once_flag once;
+    static cudaError_t err = cudaSuccess;
+    std::call_once(once, [&] {
+        err = cudaFuncSetAttribute(gemv_mma_kernel<SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+    });
+    return (int)err;
+}
+
+// One pass (p: the plan's arguments with this pass's x rows laid out) on gemv_mma_kernel.
+int mma_launch(const GemvPlan& pl, const GemvArgs& p, bool swiglu, const MmaSizes& z, const DeviceFacts& dev,
+               cudaStream_t stream) {
+    MmaArgs m{};
+    m.a = p;
+    m.a.n_bufs = 2;
+    int slots = 0;
+    for (int k = 0; k < MAX_MATS; ++k) {
+        m.tile_first[k] = 0x7fffffff;   // SwiGLU's up matrix and unused slots own no tiles
+        if (k >= p.n_mats) continue;
+        FmtInfo f;
+        fmt_info(p.mat[k].qtype, &f);
+        m.lpb[k] = f.lanes_per_block;
+        m.nblk[k] = p.cols / f.block_elems;
+        m.bb[k] = f.block_bytes;
+        if (!swiglu || k == 0) {
+            m.tile_first[k] = slots;
+            slots += ceil_div(p.mat[k].rows, MMA_TILE_ROWS);
+        }
+    }
+    m.n_tiles = slots;
+    m.row_stride = z.row_stride;
+    m.buf_bytes = z.buf_bytes;
+    m.part_tile_floats = z.part_tile_floats;
+    const int ctas = min(slots, dev.n_sms);
+    const int64_t avail = (int64_t)dev.max_smem - p.stage_off_bytes;
+    const int warps = (int)std::min<int64_t>(MMA_MAX_WARPS, (avail - z.part_tile_bytes) / (2 * (int64_t)z.buf_bytes));
+    if (warps < 1) return FD_E_SHAPE;
+    const int per_cta = ceil_div(slots, ctas);
+    const int64_t room = avail - (int64_t)warps * 2 * z.buf_bytes;
+    m.round_tiles = (int)std::max<int64_t>(1, std::min<int64_t>(per_cta, room / z.part_tile_bytes));
+    m.part_off_bytes = p.stage_off_bytes + warps * 2 * z.buf_bytes;
+    const size_t smem = (size_t)m.part_off_bytes + (size_t)m.round_tiles * z.part_tile_bytes;
+    const int st = swiglu ? mma_raise_smem_limit<true>(dev.max_smem) : mma_raise_smem_limit<false>(dev.max_smem);
+    if (st) return st;
+    return swiglu ? launch_pdl(gemv_mma_kernel<true>, dim3(ctas), dim3(warps * 32), smem, stream, m)
+                  : launch_pdl(gemv_mma_kernel<false>, dim3(ctas), dim3(warps * 32), smem, stream, m);
+}
+#else   // no int8 tensor cores (HIP): tuning() keeps mma_rows at 0, so this is never called
+int mma_launch(const GemvPlan&, const GemvArgs&, bool, const MmaSizes&, const DeviceFacts&, cudaStream_t) {
+    return FD_E_SHAPE;
+}
+#endif
 
 // The whole launch: validation, planning, passes over x rows.
 int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x, const float* norm_w,
@@ -115,7 +212,12 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     // x rows per pass: as many as fit while leaving room for 4 warps' stages (at least 1 row)
     int64_t nx_fit = (room - 3 * min_stages) / pl.per_x_row_bytes;
     if (nx_fit < 1) nx_fit = 1;
-    const int nx_pass = (int)(nx_fit < n_x ? nx_fit : n_x);
+    int nx_pass = (int)(nx_fit < n_x ? nx_fit : n_x);
+    // Several x rows: the tensor-core kernel (same bits), in passes of as many rows as its shared memory holds.
+    const bool mma = tn.mma_rows >= 2 && n_x >= tn.mma_rows && mma_eligible(pl);
+    const MmaSizes z = mma ? mma_sizes(pl, swiglu) : MmaSizes{};
+    const int mma_nx = mma ? mma_pass_rows(pl, z, n_x, dev.max_smem) : 0;
+    if (mma_nx >= tn.mma_rows) nx_pass = mma_nx;
 
     for (int i0 = 0; i0 < n_x; i0 += nx_pass) {
         const int nx = min(nx_pass, n_x - i0);
@@ -124,6 +226,10 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         p.residual = residual ? residual + (int64_t)i0 * a.mat[0].rows : nullptr;
         for (int k = 0; k < n_mats; ++k) p.mat[k].y = a.mat[k].y + (int64_t)i0 * a.mat[k].rows;
         gemv_layout(pl, nx, &p);
+        if (mma_nx >= tn.mma_rows && nx >= tn.mma_rows) {
+            if (int st = mma_launch(pl, p, swiglu, z, dev, stream)) return st;
+            continue;
+        }
         GemvLaunchShape shape;
         if (int st = gemv_launch_shape(steps, a.stage_bytes, p.stage_off_bytes, dev.max_smem, dev.n_sms,
                                        max_warps_for(nx, swiglu), tn.rounds, nx, &shape))

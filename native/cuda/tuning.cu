@@ -9,19 +9,19 @@
 namespace fd {
 namespace {
 
-// Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9): int8 activations, 6 KB steps, 2 rounds,
-// PDL on. The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB cards) carry the same values,
+// Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9, 10): int8 activations, 6 KB steps, 2 rounds,
+// PDL on, tensor-core GEMV passes from 2 x rows (gemv_mma.cuh; the generic entry, HIP included, has none). The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB cards) carry the same values,
 // compile-checked but not yet measured on those GPUs; PDL does not exist below sm_90 (launch_pdl falls back).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0}},    // anything older, and HIP devices (no PDL)
-    {80, {1, 6144, 2, 0}},   // sm_80 A100
-    {86, {1, 6144, 2, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1}},   // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0}},    // anything older, and HIP devices (no PDL)
+    {80, {1, 6144, 2, 0, 2}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 2}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 2}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 6144, 2, 1, 2}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -39,7 +39,8 @@ fd_tuning_t entry_for(int major, int minor) {
 
 bool valid(const fd_tuning_t& t) {
     return (t.gemv_int8_x == 0 || t.gemv_int8_x == 1) && t.gemv_stage_bytes >= 256 && t.gemv_stage_bytes <= 65536 &&
-           (t.gemv_rounds == 0 || (t.gemv_rounds >= 2 && t.gemv_rounds <= 16)) && (t.pdl == 0 || t.pdl == 1);
+           (t.gemv_rounds == 0 || (t.gemv_rounds >= 2 && t.gemv_rounds <= 16)) && (t.pdl == 0 || t.pdl == 1) &&
+           (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8));
 }
 
 // the current device's slot, initialised from the table on first use; -1 without a device

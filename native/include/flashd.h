@@ -40,8 +40,9 @@
 extern "C" {
 #endif
 /* --- cdef begin --- */
-#define FD_ABI_VERSION 3   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
-                              fd_event_query and fd_not_ready_status removed; 3: fd_tuning_t (flashd_tuning.h) */
+#define FD_ABI_VERSION 4   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
+                              fd_event_query and fd_not_ready_status removed; 3: fd_tuning_t (flashd_tuning.h);
+                              4: fd_tuning_t.gemv_mma_rows */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */

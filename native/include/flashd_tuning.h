@@ -1,6 +1,6 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
-   A/B it; nothing is read from the environment). gemv_rounds and pdl change only how kernels are launched,
+   A/B it; nothing is read from the environment). gemv_rounds, pdl and gemv_mma_rows change only how kernels are launched,
    never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order) and
    gemv_int8_x its activation precision -- under any tuning a row's bits do not depend on the rows beside it.
    Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
@@ -18,6 +18,9 @@ typedef struct {
     int gemv_rounds;        /* 2 .. 16: large launches run persistent double-buffered warps with that many steps
                                each; 0: one single-buffered step a warp wherever the grid can hold them */
     int pdl;                /* 1: programmatic dependent launch where the GPU has it (sm_90 and later); 0: off */
+    int gemv_mma_rows;      /* 2 .. 8: GEMV passes of at least that many x rows (int8 activations) run on int8 tensor
+                               cores where the GPU has them (sm_80 and later), bit for bit the one-row kernel's rows;
+                               0: never */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -1,5 +1,5 @@
 """The launch tuning (flashd_tuning.h, tuning.cu): the device starts from its architecture's table entry, bad
-values are refused without changing anything, rounds and PDL never change a result -- a GEMV's rows under
+values are refused without changing anything, rounds, PDL and the tensor-core passes never change a result -- a GEMV's rows under
 them are the default tuning's bits (the launch's shape is not its arithmetic) -- and under another step
 buffer size, which may choose other lanes per row and so another summation order, rows are still the same
 bits whatever the batch (row invariance, which exact speculative decoding needs).
@@ -29,11 +29,12 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     want = {name: int(getattr(entry, name)) for name, _ in native.ffi.typeof("fd_tuning_t").fields}
     assert restore_tuning == want
     if (major, minor) == (9, 0):
-        assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1}
+        assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 2}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
-                                 {"gemv_rounds": 1}, {"gemv_rounds": 17}, {"pdl": -1}])
+                                 {"gemv_rounds": 1}, {"gemv_rounds": 17}, {"pdl": -1}, {"gemv_mma_rows": 1},
+                                 {"gemv_mma_rows": 9}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -57,7 +58,8 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
     return run
 
 
-@pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}])
+@pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 0},
+                                    {"gemv_mma_rows": 4}])
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
