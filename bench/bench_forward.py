@@ -6,7 +6,10 @@ depth `--depth`) and replayed `--reps` times between two events; the table gives
 ratio to one row, the weight bytes streamed per second and that as a share of the measured device-copy
 bandwidth (read + write bytes, the same yardstick flashd bench uses).
 
-    python bench/bench_forward.py MODEL.gguf [--rows 1,2,4,8,16,32] [--depth 128] [--out DIR]
+    python bench/bench_forward.py MODEL.gguf [--rows 1,2,4,8,16,32] [--depth 128] [--tuning gemv_mma_rows=0] [--out DIR]
+
+--tuning FIELD=N,... overrides the launch tuning (flashd_tuning.h) before anything is captured; the tuning in
+effect is printed with the table.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=128, help="cached tokens before the rows")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--paths", default="persistent,graph")
+    ap.add_argument("--tuning", default="", metavar="FIELD=N,...", help="launch tuning overrides (flashd_tuning.h)")
     ap.add_argument("--out", type=Path, help="directory for the .md and .json result")
     a = ap.parse_args(argv)
 
@@ -65,7 +69,10 @@ def main(argv=None) -> int:
     from flashd.daemon.models.weights import total_weight_bytes
 
     rows = [int(r) for r in a.rows.split(",")]
+    from flashd.daemon.bench_cli import parse_tuning
+
     backend = CudaBackend()
+    tuning = backend.device.native.set_tuning(**parse_tuning(a.tuning))   # before any graph is captured
     f, cfg = open_model(a.model)
     wbytes = total_weight_bytes(f, cfg) - f.tensor("token_embd.weight").n_bytes * (0 if cfg.tie_embeddings else 1)
     max_ctx = a.depth + max(rows) + 64
@@ -102,12 +109,13 @@ def main(argv=None) -> int:
             lines.append(f"| {path} | {n} | {res[n]:.3f} | {res[n] / base:.2f} | {gbs:.0f} | {100 * gbs / copy_gbs:.1f} |")
     for path, i in info.items():
         lines.append(f"\n{path} plan: {i}")
+    lines.append("\ntuning: " + ", ".join(f"{k}={v}" for k, v in tuning.items()))
     text = "\n".join(lines)
     print(text)
     if a.out:
         write_md_json(a.out, f"forward-rows-{Path(a.model).stem}", text + "\n",
                       {"gpu": gpu, "commit": commit, "depth": a.depth, "weight_bytes": wbytes, "copy_gbs": copy_gbs,
-                       "ms": results, "plans": info}, indent=1)
+                       "ms": results, "plans": info, "tuning": tuning}, indent=1)
     return 0
 
 
