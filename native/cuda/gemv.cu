@@ -100,8 +100,10 @@ GemvTuning tuning() {
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
 // Whether the launch's matrices can take it (int8 activations, every format with 16- or 32-column parts).
-bool mma_eligible(const GemvPlan& pl) {
+bool mma_eligible(const GemvPlan& pl, bool swiglu) {
     if (!pl.xq) return false;
+    // SwiGLU: gate and up share a unit's blocks, so one format for both (else the one-row kernel)
+    if (swiglu && pl.a.mat[0].qtype != pl.a.mat[1].qtype) return false;
     for (int k = 0; k < pl.a.n_mats; ++k)
         if (!mma_format(pl.a.mat[k].qtype) || pl.a.mat[k].lpr > 32) return false;
     return true;
@@ -214,10 +216,11 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     if (nx_fit < 1) nx_fit = 1;
     int nx_pass = (int)(nx_fit < n_x ? nx_fit : n_x);
     // Several x rows: the tensor-core kernel (same bits), in passes of as many rows as its shared memory holds.
-    const bool mma = tn.mma_rows >= 2 && n_x >= tn.mma_rows && mma_eligible(pl);
+    const bool mma = tn.mma_rows >= 2 && n_x >= tn.mma_rows && mma_eligible(pl, swiglu);
     const MmaSizes z = mma ? mma_sizes(pl, swiglu) : MmaSizes{};
     const int mma_nx = mma ? mma_pass_rows(pl, z, n_x, dev.max_smem) : 0;
-    if (mma_nx >= tn.mma_rows) nx_pass = mma_nx;
+    const bool mma_passes = mma && mma_nx >= tn.mma_rows;   // (mma_nx is 0 when mma is off)
+    if (mma_passes) nx_pass = mma_nx;
 
     for (int i0 = 0; i0 < n_x; i0 += nx_pass) {
         const int nx = min(nx_pass, n_x - i0);
@@ -226,7 +229,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         p.residual = residual ? residual + (int64_t)i0 * a.mat[0].rows : nullptr;
         for (int k = 0; k < n_mats; ++k) p.mat[k].y = a.mat[k].y + (int64_t)i0 * a.mat[k].rows;
         gemv_layout(pl, nx, &p);
-        if (mma_nx >= tn.mma_rows && nx >= tn.mma_rows) {
+        if (mma_passes && nx >= tn.mma_rows) {   // a last pass of fewer rows takes the one-row kernel (same bits)
             if (int st = mma_launch(pl, p, swiglu, z, dev, stream)) return st;
             continue;
         }

@@ -21,6 +21,8 @@
 // t, k-slots 16 + 4t.. those of run t + 4 (32-column parts: 8 runs; 16-column parts: 4 runs, k16): a run's code
 // word (Fmt::code_word) and its x codes (one 8-byte x8 group: hi word, lo word) are the A and B registers.
 //
+// SwiGLU launches take this path when gate and up have one format (their blocks are then the same units).
+//
 // Work: a CTA owns tiles c, c + G, ... (over all matrices of the launch), R at a time (a round); the round's units
 // go to its warps round-robin; each unit writes its LPB chains' values to shared memory; after a barrier, warp
 // i % W halves tile i's lpr chains and runs gemv.cuh's epilogue (bias, residual, SwiGLU).
