@@ -6,6 +6,13 @@
 // weight rows x one part (16 or 32 columns) x 8 x rows, twice (hi and lo codes): extra x rows cost no instructions
 // (bench/lab/gemv_mma_lab.cu measured the idea: 8 rows at 1.15-1.3x one row).
 //
+// Status: exact (bit for bit on an H100 for every format, 2..8 rows) but slower than the one-row kernel's passes
+// (results/2026-11-26-h100-gemv-mma-passes.txt: 8 rows of ffn_down 118 vs 77 us), so every tuning-table entry
+// leaves it off. Where the time goes is not yet measured; suspects: a unit's blocks run in series on one warp
+// (a virtual lane's chain), 16 small cp.async ranges a block, the 4 threads of a quad each decoding the same
+// pieces' headers, and the round's barrier. The lab kernel (no lane chains, registers straight from global)
+// ran 8 rows at 1.15-1.3x one row.
+//
 // Same bits as gemv.cuh: the integer sums of a part are exact in both kernels (dp4a or mma), and the float work is
 // row_dot_q8's, operation for operation. gemv.cuh's lane t of a row (lpr lanes a row) adds, in one fmaf chain,
 // its pieces t, t + lpr, ... (piece p = block p / LPB, quarter p % LPB) part by part, and the lpr lanes then meet

@@ -10,7 +10,8 @@ namespace fd {
 namespace {
 
 // Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9, 10): int8 activations, 6 KB steps, 2 rounds,
-// PDL on, tensor-core GEMV passes from 2 x rows (gemv_mma.cuh; the generic entry, HIP included, has none). The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB cards) carry the same values,
+// PDL on. Tensor-core GEMV passes (gemv_mma.cuh) off: exact, but slower than the one-row kernel's passes as built
+// (results/2026-11-26-h100-gemv-mma-passes.txt); gemv_mma_rows = 2..8 turns them on for an A/B. The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB cards) carry the same values,
 // compile-checked but not yet measured on those GPUs; PDL does not exist below sm_90 (launch_pdl falls back).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
@@ -18,10 +19,10 @@ struct TuningEntry {
 };
 constexpr TuningEntry TABLE[] = {
     {0, {1, 6144, 2, 0, 0}},    // anything older, and HIP devices (no PDL)
-    {80, {1, 6144, 2, 0, 2}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 2}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 2}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 2}},   // sm_90 H100 / H200
+    {80, {1, 6144, 2, 0, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 6144, 2, 1, 0}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 

@@ -20,7 +20,7 @@ typedef struct {
     int pdl;                /* 1: programmatic dependent launch where the GPU has it (sm_90 and later); 0: off */
     int gemv_mma_rows;      /* 2 .. 8: GEMV passes of at least that many x rows (int8 activations) run on int8 tensor
                                cores where the GPU has them (sm_80 and later), bit for bit the one-row kernel's rows;
-                               0: never */
+                               0: never (every table entry: not yet faster) */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

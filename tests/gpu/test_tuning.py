@@ -29,7 +29,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     want = {name: int(getattr(entry, name)) for name, _ in native.ffi.typeof("fd_tuning_t").fields}
     assert restore_tuning == want
     if (major, minor) == (9, 0):
-        assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 2}
+        assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 0}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -58,7 +58,7 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
     return run
 
 
-@pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 0},
+@pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 2},
                                     {"gemv_mma_rows": 4}])
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
