@@ -67,7 +67,6 @@ def bench_decode(dev, timer, max_ctx, depths, chunk_lens):
         shape = attention_shape(dev.ffi, n_heads, n_kv_heads, head_dim, max_ctx)     # scale 1 / sqrt(head_dim)
         for chunk_len in chunk_lens:
             ws = dev.empty((lib.fd_attention_decode_workspace_bytes(shape, chunk_len),), np.uint8)
-            dev.fill_bytes(ws, 0)     # the split arrival counters at its head start idle (flashd_attention.h)
             for depth in depths:
                 dev.upload(np.array([depth - 1], np.int32), out=n_past)
 

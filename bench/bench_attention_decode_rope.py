@@ -40,7 +40,6 @@ def bench(dev, timer, name, shape, max_ctx, depths, reps):
     attn = attention_shape(dev.ffi, n_heads, n_kv_heads, head_dim, max_ctx)       # scale 1 / sqrt(head_dim)
     rope = rope_struct(dev.ffi, rope_dim, float(np.float32(theta)), neox)            # no scaling
     ws = dev.empty((max(int(lib.fd_attention_decode_workspace_bytes(attn, chunk)), 16),), np.uint8)
-    dev.fill_bytes(ws, 0)             # the split arrival counters at its head start idle (flashd_attention.h)
 
     def fused():
         dev.native.check(lib.fd_attention_decode_rope(p(o, "float*"), p(q, "float*"), p(k, "float*"), p(v, "float*"),

@@ -16,31 +16,22 @@
 //      (max, sum, unnormalised o) per query head to the workspace. n_splits is fixed per launch:
 //      enough blocks to fill the GPU (BLOCKS_PER_SM * 132 SMs over n_kv_heads), capped by the
 //      number of chunks max_ctx holds; at a shallow depth the splits with no chunk exit at once.
-//   2. the combine, folded into the same launch (attention_splitk_combine.cuh: fold_combine): each
-//      active split block, after writing its partials, counts itself on its (KV head, row tile)'s
-//      arrival counter at the workspace's start; the last K to arrive (K <= the passes of the
-//      tile's rows, <= the active splits) merge the active splits' partials into o with exactly
-//      combine_kernel's operations in combine_kernel's order (the one implementation, shared), so o
-//      is bitwise what the two-launch path (still fd_attention_masked's) gives. No second launch
-//      and no second grid's fixed cost per layer.
-//   If max_ctx fits one chunk (n_splits == 1) the split kernel writes o itself.
+//   2. combine_kernel: one block per query head reduces the active splits' partials into o.
+//   If max_ctx fits one chunk (n_splits == 1) the first kernel writes o itself.
 //
-// The kernel uses programmatic dependent launch on sm_90 (common.cuh: launch_pdl): its blocks
-// become resident while the previous kernel drains; it lets the next kernel launch at its top
-// (that kernel's pdl_wait still waits for this grid's completion, o included).
+// Both kernels use programmatic dependent launch on sm_90 (common.cuh: launch_pdl): their
+// blocks become resident while the previous kernel drains, and the combine kernel starts waiting
+// while the split kernel runs, hiding most of the launch latency inside a captured graph.
 //
 // chunk_len: a multiple of 64 (the tile), e.g. 64..512. It sets the granularity of the split:
 // smaller chunks spread a short context over more blocks (lower latency at a few hundred slots);
 // at depth every split streams several chunks, so bandwidth does not depend on it. 64 is the best
 // choice measured (H200, graph replay: 9.0 us at depth 256 vs 11.9 us with 256; equal at 32K).
-// Workspace: fd_attention_decode_workspace_bytes = COUNTER_BYTES (the arrival counters, 16 KB) +
-// n_heads * min(ceil(max_ctx / chunk_len), 512) * (head_dim + 2) floats, an upper bound over
-// n_kv_heads (3.2 MB for the 1.5B model at max_ctx 32768, chunk 64); fd_attention_workspace_bytes(1,
-// ...) is the exact need. A new workspace is filled with 0 (or 0xFF) bytes once (flashd_attention.h);
-// every launch leaves its counters at 0, ready for the next layer or graph replay.
+// Workspace: fd_attention_decode_workspace_bytes = n_heads * min(ceil(max_ctx / chunk_len), 512) *
+// (head_dim + 2) floats, an upper bound over n_kv_heads (3.2 MB for the 1.5B model at max_ctx
+// 32768, chunk 64); fd_attention_workspace_bytes(1, ...) is the exact need.
 //
-// Measured before the combine was folded in (bench/bench_attention_decode.py, H200, Qwen2.5-1.5B
-// heads, graph replay including a
+// Measured (bench/bench_attention_decode.py, H200, Qwen2.5-1.5B heads, graph replay including a
 // 4.5 us event/graph floor): depth 256: 9.0 us; 8K: 12.1 us; 32K: 18.3 us (1.8 TB/s). The split
 // kernel is latency-bound, not DRAM-bound (ncu: 2 blocks x 4 warps per SM, long-scoreboard and
 // dependency stalls, DRAM ~50% busy at 32K); see the report for the next steps.
@@ -68,7 +59,7 @@ extern "C" size_t fd_attention_decode_workspace_bytes(const fd_attention_shape_t
     if (!fd::shape_valid(shape) || chunk_len <= 0) return 0;
     const int n_chunks = n_chunks_for(shape->max_ctx, chunk_len);
     const size_t n_splits = (size_t)(n_chunks < MAX_SPLITS ? n_chunks : MAX_SPLITS);
-    return COUNTER_BYTES + (size_t)shape->n_heads * n_splits * ((size_t)shape->head_dim + 2) * sizeof(float);
+    return (size_t)shape->n_heads * n_splits * ((size_t)shape->head_dim + 2) * sizeof(float);
 }
 
 extern "C" size_t fd_attention_workspace_bytes(int n_tokens, const fd_attention_shape_t* shape, int chunk_len) {
@@ -90,7 +81,6 @@ extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
     set_workspace(p, workspace, shape->head_dim);
-    enable_fold(p);
     return launch_head_dim(p, shape->head_dim, (cudaStream_t)stream);
 }
 
@@ -116,6 +106,5 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
     p.rope_dim = rope->rope_dim;
     p.neox = rope->neox != 0;
     set_workspace(p, workspace, shape->head_dim);
-    enable_fold(p);
     return launch_head_dim<true>(p, shape->head_dim, (cudaStream_t)stream);
 }

@@ -6,8 +6,7 @@
 //
 // Launch: the decode kernels of attention_decode.cu (attention_splitk.cuh) with one block per
 // (split, KV head, token, row tile): grid (n_splits, n_kv_heads, n * ceil(G / 16)), 128 threads,
-// then the combine kernel over n * n_heads rows (its combine_lane / combine_merge are the ones the
-// decode launches fold into their split blocks: same bits). Token i's keys are the committed slots followed
+// then the combine kernel over n * n_heads rows. Token i's keys are the committed slots followed
 // by its visible new slots in ascending order, split into chunk_len chunks exactly as decode
 // splits them, so a tree node's output is bitwise the decode step's at the same position once the
 // accepted path sits in consecutive slots (speculative decoding is exact on the GPU).

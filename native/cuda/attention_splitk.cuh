@@ -27,12 +27,7 @@
 //               softmax state (running max m, sum l, o[16][HD]) -- no synchronisation per tile
 //               beyond the pipeline's one __syncthreads. At the end the 4 states are merged in
 //               shared memory, and the block writes either the normalised output (one split) or
-//               the split's partial (m, l, unnormalised o) to the workspace.
-//   combine     the splits' partials of a row are merged in one fixed order (attention_splitk_combine.cuh):
-//               by combine_kernel, a second launch (masked mode), or, in the one-token launches, by the
-//               last split blocks of each row tile to finish (fold_combine, an arrival counter per tile
-//               at the workspace's start) -- the same functions either way, so the bits do not depend
-//               on which.
+//               the split's partial (m, l, unnormalised o) to the workspace for combine_kernel.
 //
 // Fused rope (splitk_kernel<HD, true>, fd_attention_decode_rope): the decode kernel with the new
 // token's RoPE of q and k and its K/V cache write folded in (rope_stage and the new-key override in
@@ -50,9 +45,8 @@
 // log2 domain (exp2f). Without tensor cores (HIP, or -DFD_ATTENTION_SIMT to test) a SIMT warp
 // step with the same inputs and merge layout is used.
 //
-// Launch latency: the kernels here are launched with programmatic dependent launch on sm_90
+// Launch latency: both kernels here are launched with programmatic dependent launch on sm_90
 // (launch_pdl): pdl_wait() at the top of each kernel orders it after the previous kernel's writes.
-// Decode needs one launch (the combine folded in), masked attention two.
 //
 // Numerical contract: o = softmax(q k^T * scale) v over the visible keys, with the f16 cache
 // values as given; a row that sees no key at all (masked mode, n_past = 0 and an empty mask row)
@@ -61,8 +55,8 @@
 // Files: attention_splitk_params.cuh (block shape, shared-memory plan, Params, visible keys),
 // attention_splitk_warp.cuh (pipeline primitives, the tensor-core and SIMT warp steps),
 // attention_splitk_kernel.cuh (splitk_kernel, the fused-rope staging), attention_splitk_combine.cuh
-// (the combine order, combine_kernel, fold_combine), attention_splitk_plan.cuh (host: split count,
-// workspace, parameters, launch); this file includes them all.
+// (combine_kernel), attention_splitk_plan.cuh (host: split count, workspace, parameters, launch); this
+// file includes them all.
 #pragma once
 
 #include "attention_splitk_params.cuh"

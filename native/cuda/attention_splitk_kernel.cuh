@@ -1,12 +1,10 @@
 // attention_splitk_kernel.cuh -- the split kernel of split-K attention (attention_splitk.cuh describes the
 // design): splitk_kernel, one block per (split, KV head, token x query-row tile), streams its split's
 // chunks through the cp.async pipeline, merges its 4 warps' softmax states and writes the output (one
-// split) or the split's partial -- combined by combine_kernel, or, in a one-token launch (p.fold), by the
-// last split blocks to finish (fold_combine, attention_splitk_combine.cuh); with ROPE
-// (fd_attention_decode_rope) it also rotates q and the new key and writes the new K/V row (rope_stage).
+// split) or the split's partial for combine_kernel; with ROPE (fd_attention_decode_rope) it also rotates
+// q and the new key and writes the new K/V row (rope_stage).
 #pragma once
 
-#include "attention_splitk_combine.cuh"
 #include "attention_splitk_warp.cuh"
 
 namespace fd {
@@ -296,12 +294,6 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             }
         }
     }
-    // one token, several splits: the last split blocks to finish combine the partials themselves (no
-    // combine_kernel launch), with combine_kernel's arithmetic (attention_splitk_combine.cuh)
-    static_assert(fold_smem_bytes<HD>() <= (C::PIPE_BYTES > C::MERGE_BYTES ? C::PIPE_BYTES : C::MERGE_BYTES),
-                  "fold_combine's shared memory fits the pipeline / merge area");
-    if (p.fold > 0 && p.n_splits > 1)
-        fold_combine<HD>(p, token, kvh, blockIdx.z % p.row_tiles, row0, min(p.n_splits, n_chunks), m_s);
 }
 
 }  // namespace attn

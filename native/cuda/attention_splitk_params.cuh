@@ -55,9 +55,6 @@ struct Params {
     float* ws_acc;             // [n * n_heads][n_splits][HD] partial unnormalised o (n_splits > 1)
     float* ws_m;               // [n * n_heads][n_splits] running max (log2 domain)
     float* ws_l;               // [n * n_heads][n_splits] softmax denominator
-    unsigned* counters;        // [COUNTER_SLOTS] split arrival counters (folded combine), at the workspace's start
-    int fold;                  // > 0: the split blocks combine their partials themselves (no combine_kernel);
-                               // the cap on combining blocks per query-row tile (attention_splitk_combine.cuh)
     int n, n_heads, n_kv_heads, group, row_tiles, max_ctx, chunk_len, n_splits;
     float q_scale;             // scale * log2(e)
     // fd_attention_decode_rope only (splitk_kernel<HD, true>; n = 1, no mask): q is unrotated, and the

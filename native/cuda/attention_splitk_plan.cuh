@@ -1,8 +1,7 @@
 // attention_splitk_plan.cuh -- the host side of split-K attention (attention_splitk.cuh describes the
 // design): the split count (a function of the model shape, max_ctx and chunk_len only, so every row
 // is reduced in decode's order), the workspace layout of the splits' partials, the launch parameters
-// of both entry points, and the launch of splitk_kernel then (unless the combine is folded into it: one
-// token, enable_fold) combine_kernel per head_dim.
+// of both entry points, and the launch of splitk_kernel then combine_kernel per head_dim.
 #pragma once
 
 #include "attention_splitk_combine.cuh"
@@ -43,41 +42,20 @@ inline int splits_for_head_dim(int head_dim, int n_kv_heads, int group, int max_
     }
 }
 
-// workspace: counters [COUNTER_SLOTS] | acc [n_rows][n_splits][HD] | m [n_rows][n_splits] |
-// l [n_rows][n_splits], n_rows = n * n_heads. The counters (the folded combine's arrival counts) come first
-// and have a fixed size, so no launch of any shape or token count ever writes partials over them: a
-// workspace shared by decode, masked batches and other models keeps them idle (0) between launches. They
-// must not hold 1 .. MAX_SPLITS - 1 before the first launch (zero-filled, or 0xFF-filled, is fine).
+// workspace: acc [n_rows][n_splits][HD] | m [n_rows][n_splits] | l [n_rows][n_splits], n_rows = n * n_heads
 inline size_t workspace_bytes_for(int n_rows, int n_splits, int head_dim) {
-    return n_splits <= 1 ? 0 : COUNTER_BYTES + (size_t)n_rows * n_splits * ((size_t)head_dim + 2) * sizeof(float);
+    return n_splits <= 1 ? 0 : (size_t)n_rows * n_splits * ((size_t)head_dim + 2) * sizeof(float);
 }
 
 inline void set_workspace(Params& p, void* workspace, int head_dim) {
     const size_t n_rows = (size_t)p.n * p.n_heads;
-    if (workspace == nullptr) {                        // masked, n_splits = 1: no partials
-        p.counters = nullptr;
-        p.ws_acc = p.ws_m = p.ws_l = nullptr;
-        return;
-    }
-    p.counters = (unsigned*)workspace;
-    p.ws_acc = (float*)((unsigned char*)workspace + COUNTER_BYTES);
+    p.ws_acc = (float*)workspace;
     p.ws_m = p.ws_acc + n_rows * p.n_splits * head_dim;
     p.ws_l = p.ws_m + n_rows * p.n_splits;
 }
 
-// A one-token launch (fd_attention_decode, fd_attention_decode_rope) with several splits folds the combine
-// into the split kernel (fold_combine): p.fold = the most blocks of one query-row tile that may combine
-// (and so wait), SMs / tiles, so all tiles' waiting blocks together stay fewer than the SMs. Call after
-// set_workspace. Masked launches keep combine_kernel (many tokens: many waves of split blocks).
-inline void enable_fold(Params& p) {
-    const int tiles = p.n_kv_heads * p.row_tiles;
-    if (p.n != 1 || p.mask != nullptr || p.n_splits <= 1 || p.counters == nullptr || tiles > COUNTER_SLOTS) return;
-    const int cap = device_sm_count() / tiles;
-    p.fold = cap > 1 ? cap : 1;
-}
-
 // The launch parameters of both entry points (decode: n = 1, mask = nullptr); n_splits = 0 for an
-// unsupported head_dim. The workspace is set by set_workspace, the fold by enable_fold.
+// unsupported head_dim. The workspace is set by set_workspace.
 inline Params make_params(float* o, const float* q, const void* k_cache, const void* v_cache, const uint8_t* mask,
                           const int32_t* n_past, int n, const fd_attention_shape_t& shape, int chunk_len) {
     const int n_heads = shape.n_heads, n_kv_heads = shape.n_kv_heads, head_dim = shape.head_dim;
@@ -91,8 +69,6 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.mask = mask;
     p.o = o;
     p.ws_acc = p.ws_m = p.ws_l = nullptr;
-    p.counters = nullptr;
-    p.fold = 0;
     p.n = n;
     p.n_heads = n_heads;
     p.n_kv_heads = n_kv_heads;
@@ -117,7 +93,7 @@ int launch(const Params& p, cudaStream_t stream) {
     cudaFuncSetAttribute(splitk_kernel<HD, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int st = launch_pdl(splitk_kernel<HD, ROPE>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles), dim3(THREADS),
                         smem, stream, p);
-    if (st == 0 && p.n_splits > 1 && p.fold == 0)     // folded: the split blocks have combined
+    if (st == 0 && p.n_splits > 1)
         st = launch_pdl(combine_kernel<HD>, dim3(p.n * p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
     return st;
 }

@@ -56,11 +56,7 @@ int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_
    fd_attention_decode_workspace_bytes: enough for a one-token launch whatever the split count (an upper
    bound over the device and its tuning); fd_attention_workspace_bytes: the exact need of a launch over
    n_tokens new tokens on this device (decode: 1; masked: n). 0 if none is needed or an argument is
-   invalid. The workspace starts with the split arrival counters of the one-token launches (their last
-   split blocks combine the partials themselves): fill a new workspace once with 0 (or 0xFF) bytes before
-   its first use (fd_memset); the launches leave the counters idle again, so reusing it -- across layers,
-   graph replays, shapes, decode and masked launches -- needs nothing more. Two launches in flight at once
-   need two workspaces. */
+   invalid. */
 size_t fd_attention_decode_workspace_bytes(const fd_attention_shape_t* shape, int chunk_len);
 size_t fd_attention_workspace_bytes(int n_tokens, const fd_attention_shape_t* shape, int chunk_len);
 /* One new token (q (1, n_heads, head_dim), rotated): attends slots [0, *n_past] (its K/V already stored at

@@ -51,10 +51,6 @@ class HostMemoryLib:
 
     fd_memcpy_d2h = fd_memcpy_h2d
 
-    def fd_memset(self, dst, byte_value, n_bytes, stream):
-        self.ffi.memmove(self.ffi.cast("char*", dst), bytes([byte_value & 0xFF]) * n_bytes, n_bytes)
-        return 0
-
     def fd_status_string(self, status):
         return self.ffi.new("char[]", b"host stand-in error")
 

@@ -34,7 +34,6 @@ def run_decode(native, dev, q1, kc, vc, n_past, scale, chunk_len=CHUNK):
     n_kv_heads, max_ctx = kc.shape[0], kc.shape[1]
     shape = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx, scale)
     ws = dev.empty((native.lib.fd_attention_decode_workspace_bytes(shape, chunk_len),), np.uint8)
-    dev.fill_bytes(ws, 0xFF)      # NaN partials; idle split arrival counters (a new workspace is filled once)
     o = dev.empty((n_heads * head_dim,))
     dev.fill_bytes(o, 0xFF)
     dq, dkc, dvc = dev.upload(np.ascontiguousarray(q1, np.float32)), dev.upload(kc), dev.upload(vc)

@@ -107,13 +107,11 @@ class CudaOps(AttentionOps):
     def reserve_attention(self, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
                           n_tokens: int = MAX_MASKED_TOKENS) -> None:
         """Grow the shared attention workspace to cover this shape (a new buffer: graphs that
-        captured the old one must be dropped, see engine.py). A new buffer is zero-filled: its head holds
-        the decode kernels' split arrival counters, which must start idle (flashd_attention.h)."""
+        captured the old one must be dropped, see engine.py)."""
         n = attention_workspace_bytes(self.dev.native, n_heads, n_kv_heads, head_dim, max_ctx, n_tokens)
         if self.attn_workspace is None or self.attn_workspace.nbytes < n:
             self.attn_workspace = None
             self.attn_workspace = self.dev.empty((max(int(n), 16),), np.uint8)
-            self.dev.fill_bytes(self.attn_workspace, 0)
 
     def begin_forward(self, row_invariant: bool = False) -> None:
         self.arena.reset()
