@@ -16,6 +16,7 @@ two kernels).
 """
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 from typing import Iterator
 
@@ -242,18 +243,12 @@ class CudaRunner(ModelRunner):
         dev = self.dev
         self._tree_body(n)       # first use of this size's kernels (and their setup): outside capture
         dev.synchronize()
-        dev.native.check(dev.lib.fd_graph_begin_capture(dev.stream), "begin capture")
-        try:
-            logits = self._tree_body(n)
-        finally:
-            out = dev.ffi.new("void**")
-            status = dev.lib.fd_graph_end_capture(dev.stream, out)
-        dev.native.check(status, "end capture")
-        self.tree_graphs[n] = (out[0], logits)
+        graph, logits = self._capture(lambda: self._tree_body(n))
+        self.tree_graphs[n] = (graph, logits)
         if len(self.tree_graphs) > MAX_TREE_GRAPHS:
             _, (old, _) = self.tree_graphs.popitem(last=False)
             dev.lib.fd_graph_destroy(old)
-        return out[0], logits
+        return graph, logits
 
     def argmax_rows(self, logits) -> np.ndarray:
         n = logits.shape[0]
@@ -374,18 +369,33 @@ class CudaRunner(ModelRunner):
             self.graphs.move_to_end(key)
             return g
         dev = self.dev
-        dev.native.check(dev.lib.fd_graph_begin_capture(dev.stream), "begin capture")
-        try:
-            self._decode_body(params)
-        finally:
-            out = dev.ffi.new("void**")
-            status = dev.lib.fd_graph_end_capture(dev.stream, out)
-        dev.native.check(status, "end capture")
-        self.graphs[key] = out[0]
+        graph, _ = self._capture(lambda: self._decode_body(params))
+        self.graphs[key] = graph
         if len(self.graphs) > MAX_CACHED_GRAPHS:
             old_key = next(k for k in self.graphs if k is not None)
             dev.lib.fd_graph_destroy(self.graphs.pop(old_key))
-        return out[0]
+        return graph
+
+    def _capture(self, body):
+        """(graph, body()) with body's launches captured from the stream. Python's cyclic garbage collector is
+        off meanwhile: a collection may run the __del__ of an unreachable runner, plan or allocation, whose
+        cudaFree / synchronize is illegal during a capture and invalidates it (the next launch then fails with
+        status 901, 'operation failed due to a previous error during capture', in whatever runner is capturing)."""
+        dev = self.dev
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            dev.native.check(dev.lib.fd_graph_begin_capture(dev.stream), "begin capture")
+            try:
+                result = body()
+            finally:
+                out = dev.ffi.new("void**")
+                status = dev.lib.fd_graph_end_capture(dev.stream, out)
+        finally:
+            if was_enabled:
+                gc.enable()
+        dev.native.check(status, "end capture")
+        return out[0], result
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
