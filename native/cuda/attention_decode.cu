@@ -7,7 +7,7 @@
 //
 // Launch (graph-capture safe: the grid depends only on the arguments, *n_past is read on the
 // device; attention_masked.cu runs the same kernels, one token per block, for tree verification):
-//   1. splitk_kernel (attention_splitk.cuh): grid (n_splits, n_kv_heads, ceil(G / 16)), 128
+//   1. splitk_kernel (attention_splitk_kernel.cuh): grid (n_splits, n_kv_heads, ceil(G / 16)), 128
 //      threads, G = n_heads / n_kv_heads. One block per (split, KV head) handles all G query heads
 //      of the group (G <= 16 per block), so each K/V row is read from DRAM once, in 16-byte
 //      cp.async pieces through a 3-stage shared-memory pipeline (tiles of 64 slots), and the
@@ -70,14 +70,23 @@ extern "C" size_t fd_attention_workspace_bytes(int n_tokens, const fd_attention_
     return workspace_bytes_for(n_tokens * shape->n_heads, n_splits, shape->head_dim);
 }
 
+namespace {
+// The checks both decode entry points make of the arguments they share (FD_E_ARG unless true); each entry
+// point checks its own pointers for NULL first.
+bool decode_args_valid(const float* o, const void* k_cache, const void* v_cache, const void* workspace,
+                       const fd_attention_shape_t* shape, int chunk_len) {
+    return fd::shape_valid(shape) && chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0 &&
+           isfinite(shape->scale) && shape->scale != 0.0f && ((uintptr_t)workspace & 15u) == 0 &&
+           ((uintptr_t)k_cache & 15u) == 0 && ((uintptr_t)v_cache & 15u) == 0 &&
+           ((uintptr_t)o & 15u) == 0;   // 16-byte accesses
+}
+}  // namespace
+
 extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache, const void* v_cache,
                                    const int32_t* n_past, const fd_attention_shape_t* shape, int chunk_len,
                                    void* workspace, void* stream) {
-    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && workspace && fd::shape_valid(shape));
-    FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
-    FD_CHECK_ARG(isfinite(shape->scale) && shape->scale != 0.0f);
-    FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
-                 ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
+    FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && workspace);
+    FD_CHECK_ARG(decode_args_valid(o, k_cache, v_cache, workspace, shape, chunk_len));
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
     set_workspace(p, workspace, shape->head_dim);
@@ -90,10 +99,7 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
                                         void* workspace, void* stream) {
     FD_CHECK_ARG(o && q && k && v && k_cache && v_cache && positions && n_past && workspace);
     FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
-    FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
-    FD_CHECK_ARG(isfinite(shape->scale) && shape->scale != 0.0f);
-    FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
-                 ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0);   // 16-byte accesses
+    FD_CHECK_ARG(decode_args_valid(o, k_cache, v_cache, workspace, shape, chunk_len));
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
     p.k_new = k;
