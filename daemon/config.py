@@ -15,7 +15,8 @@ FORWARDS = ("persistent", "graph")      # the CUDA decode / verify forward (back
 @dataclass(slots=True, frozen=True)
 class EngineConfig:
     model: str                          # GGUF path (names are resolved by the CLI before this)
-    device: str = "auto"                # auto: cuda when a GPU and the native library are present
+    device: str = "auto"                # auto: cuda when a GPU and the native library are present (the CPU for a
+                                        # model its kernels do not cover: Engine._plan_target)
     max_ctx: int = 4096                 # KV slots; prompt + max_tokens must fit
     drafts: tuple[str, ...] = ()        # speculative-decoding drafters (paths, or "ngram")
     prefill_drafter: str | None = None  # PFlash scoring model

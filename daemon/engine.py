@@ -27,11 +27,12 @@ from typing import Callable
 from ..protocol import messages as m
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import result_event
-from .backends import select_backend
+from .backends import ReferenceBackend, select_backend
 from .config import EngineConfig
 from .drafter_set import DrafterSet
 from .handlers import Handlers
 from .models import LoadedModel, ModelLoadError, load_model, open_model
+from .models.gguf_file import ModelUnsupported
 from .models.weights import total_weight_bytes
 from .pflash.service import PrefillCompressor
 from .prefix_cache import PrefixStore
@@ -76,8 +77,7 @@ class Engine:
 
         f, cfg = open_model(self.config.model, self.config.rope_override)   # --rope-scaling over the GGUF's
         self.tokenizer = Tokenizer.from_gguf(f.metadata_dict)
-        self.plan = self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx,
-                                      self.config.prefill_chunk)
+        self.plan = self._plan_target(f, cfg)
         if self.config.vram_budget is not None:
             self.vram = VramLedger.for_engine(self.backend, self.config, f, cfg)
             self._check_budget_at_start()
@@ -199,6 +199,23 @@ class Engine:
         if self.model is None:
             raise RuntimeError("Engine.load() must run before start()")
         self.queue.start()
+
+    def _plan_target(self, f, cfg):
+        """The target's memory plan on this backend. With --device auto, a model the CUDA kernels do not cover
+        (ModelUnsupported: hybrid linear attention, an unsupported head_dim) runs on the CPU reference backend
+        instead -- said in the log, and status reports the backend; --device cuda keeps the refusal."""
+        def plan():
+            return self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx, self.config.prefill_chunk)
+        try:
+            return plan()
+        except ModelUnsupported as exc:
+            if self.config.device != "auto" or self.backend.name == ReferenceBackend.name:
+                raise
+            log.warning("--device auto: %s -- this model runs on the CPU reference backend", exc)
+            self.backend = ReferenceBackend()
+            self.ops = self.backend.ops
+            self.drafters = DrafterSet(self.backend, self.config.ddtree_chain_seed)
+            return plan()
 
     def stop(self, timeout: float | None = None) -> None:
         """Cancel everything queued or running and join the engine thread."""

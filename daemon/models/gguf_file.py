@@ -31,6 +31,10 @@ class ModelLoadError(Exception):
     """The file cannot be served: unreadable, unsupported architecture/format, missing tensor."""
 
 
+class ModelUnsupported(ModelLoadError):
+    """This backend has no kernels for the model (another backend may run it: --device auto falls back to the CPU)."""
+
+
 @dataclass(slots=True, frozen=True)
 class TensorInfo:
     """One tensor as stored. `shape` is numpy order: a weight matrix is (out_features, in_features)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...models.config import ModelConfig
-from ...models.gguf_file import ModelLoadError
+from ...models.gguf_file import ModelLoadError, ModelUnsupported
 from ..base import Backend
 from .lib import load
 from .ops import CudaOps, attention_workspace_bytes
@@ -71,13 +71,13 @@ class CudaBackend(Backend):
         return self.device.info()
 
     def plan(self, cfg: ModelConfig, weight_bytes: int, max_ctx: int, prefill_chunk: int) -> MemoryPlan:
-        """The model's device memory; refuses (ModelLoadError) a shape the kernels do not cover, so such a
+        """The model's device memory; refuses (ModelUnsupported) a shape the kernels do not cover, so such a
         model fails at load time with a message instead of at its first forward."""
         if getattr(cfg, "linear", None) is not None:   # issue 15, item 3: no Gated DeltaNet kernels yet
-            raise ModelLoadError(f"the CUDA backend has no kernels yet for {cfg.arch}'s linear-attention (Gated DeltaNet) "
+            raise ModelUnsupported(f"the CUDA backend has no kernels yet for {cfg.arch}'s linear-attention (Gated DeltaNet) "
                                  "layers; run it on the CPU reference backend (--device cpu)")
         if cfg.head_dim not in HEAD_DIMS:
-            raise ModelLoadError(f"the CUDA backend's attention kernels support head_dim {' and '.join(map(str, HEAD_DIMS))}"
+            raise ModelUnsupported(f"the CUDA backend's attention kernels support head_dim {' and '.join(map(str, HEAD_DIMS))}"
                                  f"; this model has head_dim {cfg.head_dim} (use --device cpu)")
         lib = self.device.lib
         kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_ctx * cfg.head_dim * 2
