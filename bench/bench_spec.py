@@ -1,7 +1,8 @@
 """Speculative decoding benchmark: flashd's drafters (draft model, n-grams, optional DFlash) in
 chain and DDTree mode over a budget sweep, against flashd's own plain decoding, and llama.cpp's
-plain (llama-simple) and draft-model speculative decoding (llama-speculative-simple, the
-common_speculative path llama-server uses) on the same prompts and GPU. Prints a markdown table.
+plain (llama-simple), draft-model and n-gram speculative decoding (llama-speculative-simple
+--spec-type draft-simple / ngram-simple, the common_speculative path llama-server uses) on the
+same prompts and GPU. Prints a markdown table.
 
     python bench/bench_spec.py --sdist llama_cpp_python-0.3.36.tar.gz \
         [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [--dflash PATH] \
@@ -176,24 +177,39 @@ DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) (?:seconds|s), speed
 ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+)\s*\n.*?n_accept\s*=\s*(\d+)", re.S)
 
 
-def llama_cmd(bin_dir: Path, tool: str, target: Path, draft: Path, text: str, max_tokens: int, draft_max: int):
+# llama.cpp's runs: (tool, our mode name, its --spec-type). llama-speculative-simple needs an explicit --spec-type
+# in this version (common/speculative.cpp: the default is "none" unless the draft GGUF names a type, and then
+# common_speculative_init fails: "failed to initialize speculative decoding"); draft-simple is its draft-model
+# chain, ngram-simple its prompt-lookup n-grams (no draft model).
+LLAMA_RUNS = (("llama-simple", "plain", None), ("llama-speculative-simple", "chain", "draft-simple"),
+              ("llama-speculative-simple", "ngram", "ngram-simple"))
+
+
+def llama_cmd(bin_dir: Path, tool: str, target: Path, draft: Path | None, text: str, max_tokens: int, draft_max: int,
+              spec_type: str | None = None):
     if tool == "llama-simple":
         return [str(bin_dir / tool), "-m", str(target), "-n", str(max_tokens), "-ngl", "99", text]
-    return [str(bin_dir / tool), "-m", str(target), "-md", str(draft), "-p", text, "-n", str(max_tokens),
-            "-ngl", "99", "-ngld", "99", "-fa", "on", "--temp", "0", "--spec-draft-n-max", str(draft_max),
-            "-c", "4096"]
+    cmd = [str(bin_dir / tool), "-m", str(target), "-p", text, "-n", str(max_tokens), "-ngl", "99", "-fa", "on",
+           "--temp", "0", "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-c", "4096"]
+    if spec_type.startswith("draft-"):
+        cmd[3:3] = ["-md", str(draft), "-ngld", "99"]
+    return cmd
 
 
-def run_llama(bin_dir: Path, target: Path, draft: Path, texts: list[str], max_tokens: int, draft_max: int) -> list[Row]:
-    """llama-simple (plain) and llama-speculative-simple (draft model) over the prompts. A tool that
-    fails gives a row saying so (its stderr goes to the log) instead of ending the benchmark."""
+def run_llama(bin_dir: Path, target: Path, draft: Path | None, texts: list[str], max_tokens: int,
+              draft_max: int) -> list[Row]:
+    """llama-simple (plain) and llama-speculative-simple (draft model chain, n-grams) over the prompts. A tool
+    that fails gives a row saying so (its stderr goes to the log) instead of ending the benchmark."""
     rows = []
-    for tool, mode in (("llama-simple", "plain"), ("llama-speculative-simple", "chain")):
-        drafter, budget = ("-", "-") if mode == "plain" else (draft.stem, f"max {draft_max}")
+    for tool, mode, spec_type in LLAMA_RUNS:
+        if mode == "chain" and draft is None:
+            continue
+        drafter, budget = {"plain": ("-", "-"), "chain": (draft.stem if draft else "-", f"max {draft_max}"),
+                           "ngram": ("ngram-simple", f"max {draft_max}")}[mode]
         n_tok, secs, drafted, accepted, failed = 0, 0.0, 0, 0, None
         for text in texts:
-            res = subprocess.run(llama_cmd(bin_dir, tool, target, draft, text, max_tokens, draft_max),
-                                 capture_output=True, text=True, timeout=600)
+            res = subprocess.run(llama_cmd(bin_dir, tool, target, draft, text, max_tokens, draft_max, spec_type),
+                                 capture_output=True, text=True, errors="replace", timeout=600)
             m = DECODED.search(res.stderr)
             if res.returncode != 0 or m is None:
                 log(f"{tool} failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -273,10 +289,8 @@ def main(argv=None) -> int:
     rows = run_flashd(engine, prompts, args.max_tokens, configs, args.warmup)
     if not args.skip_llama:
         from flashd.clients.registry import resolve_model
-        if not args.draft:
-            ap.error("llama.cpp's speculative run needs --draft")
-        rows += run_llama(bin_dir, Path(engine.model.path), Path(resolve_model(args.draft)), texts, args.max_tokens,
-                          args.llama_draft_max)
+        draft = Path(resolve_model(args.draft)) if args.draft else None   # none: plain and n-gram rows only
+        rows += run_llama(bin_dir, Path(engine.model.path), draft, texts, args.max_tokens, args.llama_draft_max)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     device = engine.backend.info() if hasattr(engine.backend, "info") else {}
