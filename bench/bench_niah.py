@@ -138,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-cases", type=int, default=None, help="cases per sweep point (default --cases)")
     ap.add_argument("--last-chunks", type=int, default=1,
                     help="32-token chunks always kept at the prompt's end (PFlash's rule: 1; the question sits there)")
+    ap.add_argument("--kinds", default="single", help="case kinds, comma separated (needles.KINDS: single, multi, "
+                    "two-hop); the headline and the sweep use the first, the others get dense + headline PFlash rows")
     ap.add_argument("--max-tokens", type=int, default=24, help="generated tokens per case")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-llama", action="store_true", help="no llama.cpp column")
@@ -157,6 +159,7 @@ def main(argv=None) -> int:
     from flashd.daemon.pflash.config import PFlashConfig
 
     lengths = [int(x) for x in args.lengths.split(",") if x]
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or ["single"]
     keeps = [float(x) for x in args.sweep_keeps.split(",") if x]
     alphas = [float(x) for x in args.sweep_alphas.split(",") if x]
     headline = parse_window(args.layers)
@@ -179,8 +182,8 @@ def main(argv=None) -> int:
     try:
         for length in lengths:
             log(f"length {length}: making {args.cases} cases")
-            cases = [make_case(tok, template, length - args.max_tokens, args.seed * 1_000_003 + length * 101 + i)
-                     for i in range(max(args.cases, sweep_cases) + 1)]
+            cases = [make_case(tok, template, length - args.max_tokens, args.seed * 1_000_003 + length * 101 + i,
+                               kind=kinds[0]) for i in range(max(args.cases, sweep_cases) + 1)]
             warm, cases = cases[0], cases[1:]
             row: dict = {"prompt_tokens": statistics.median(c.n_tokens for c in cases)}
             generate_ttft(client, warm.ids, 2)                              # warm-up (dense path)
@@ -212,6 +215,10 @@ def main(argv=None) -> int:
                     kept.append(n_out)
                 row["sweep"].append({**point, **summarise(rows), "kept_tokens": statistics.median(kept)})
                 log(f"  sweep keep={keep} alpha={alpha} layers={point['layers']}: {row['sweep'][-1]}")
+            row["kinds"] = {kinds[0]: {"dense": row.get("dense"), "pflash": row["pflash"]}}
+            for kind in kinds[1:]:
+                row["kinds"][kind] = harder_rows(client, tok, template, length, kind, args, headline)
+                log(f"  {kind}: {row['kinds'][kind]}")
             results["lengths"][length] = row
     finally:
         engine.stop(10)
@@ -236,6 +243,22 @@ def main(argv=None) -> int:
         stem = write_md_json(args.out, f"{datetime.date.today().isoformat()}-niah", md, results, indent=1, default=str)
         log(f"wrote {stem}.md and .json")
     return 0
+
+
+def harder_rows(client, tok, template, length: int, kind: str, args, headline) -> dict:
+    """Dense (unless --skip-dense) and headline-PFlash pass rates and TTFTs over args.cases cases of `kind`."""
+    cases = [make_case(tok, template, length - args.max_tokens, args.seed * 1_000_003 + length * 101 + 500_000 + i,
+                       kind=kind) for i in range(args.cases)]
+    out = {}
+    if not args.skip_dense:
+        out["dense"] = summarise([(t, c.value in text) for c in cases
+                                  for t, text in [generate_ttft(client, c.ids, args.max_tokens)]])
+    rows = []
+    for c in cases:
+        t, text, _ = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha, headline)
+        rows.append((t, c.value in text))
+    out["pflash"] = summarise(rows)
+    return out
 
 
 def format_markdown(results: dict, args) -> str:
@@ -264,6 +287,16 @@ def format_markdown(results: dict, args) -> str:
             lines.append(f"| {int(row['prompt_tokens'])} | {s['keep']} | {s['alpha']} | {s.get('layers', 'all')} | "
                          f"{s['pass']}/{s['n']} | "
                          f"{s['ttft_s']:.3f} | {int(s['kept_tokens'])} |")
+    kinds = {k for row in results["lengths"].values() for k in row.get("kinds", {})}
+    if len(kinds) > 1:
+        lines += ["", "## Case kinds (pass: dense / headline PFlash; needles.py says what each kind is)", "",
+                  "| tokens | kind | dense pass | PFlash pass | PFlash TTFT s |", "|---|---|---|---|---|"]
+        for row in results["lengths"].values():
+            for kind, r in row["kinds"].items():
+                d, pf = r.get("dense"), r["pflash"]
+                dense_cell = f"{d['pass']}/{d['n']}" if d else "-"
+                lines.append(f"| {int(row['prompt_tokens'])} | {kind} | {dense_cell} | {pf['pass']}/{pf['n']} | "
+                             f"{pf['ttft_s']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
