@@ -69,7 +69,8 @@ __device__ __forceinline__ void mma_u8s8(const uint32_t (&a)[4], uint32_t b0, ui
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
 }
 
-// Q4_K sub-block j's 6-bit (scale, min) from the header words h.y, h.z, h.w (scale bytes 0..11)
+// Q4_K sub-block j's 6-bit (scale, min) from the header words h.y, h.z, h.w (scale bytes 0..11); as in
+// gemv_stream_lab_kernels.cuh, on purpose: each lab is one nvcc command and shares no header
 __device__ __forceinline__ uint32_t sbyte(const uint4& h, int i) {
     const uint32_t word = i < 4 ? h.y : (i < 8 ? h.z : h.w);
     return (word >> (8 * (i & 3))) & 0xFFu;
@@ -311,6 +312,7 @@ static std::vector<uint8_t> random_q4k(size_t rows, int cols, std::mt19937& rng)
 
 struct Launch { void (*k)(MArgs); int tiles, warps; const char* name; int items_r = 0; int ctas_per_sm = 1; };
 
+// (time_graph as in gemv_stream_lab.cu, on purpose: each lab is one nvcc command)
 template <class F>
 static double time_graph(cudaStream_t st, int reps, F fn) {
     cudaGraph_t gr; cudaGraphExec_t e;
