@@ -251,8 +251,11 @@ def harder_rows(client, tok, template, length: int, kind: str, args, headline) -
                        kind=kind) for i in range(args.cases)]
     out = {}
     if not args.skip_dense:
-        out["dense"] = summarise([(t, c.value in text) for c in cases
-                                  for t, text in [generate_ttft(client, c.ids, args.max_tokens)]])
+        rows = []
+        for c in cases:
+            t, text = generate_ttft(client, c.ids, args.max_tokens)
+            rows.append((t, c.value in text))
+        out["dense"] = summarise(rows)
     rows = []
     for c in cases:
         t, text, _ = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha, headline)

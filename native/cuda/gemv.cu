@@ -157,7 +157,6 @@ int mma_launch(const GemvPlan& pl, const GemvArgs& p, bool swiglu, const MmaSize
                cudaStream_t stream) {
     MmaArgs m{};
     m.a = p;
-    m.a.n_bufs = 2;
     int slots = 0;
     for (int k = 0; k < MAX_MATS; ++k) {
         m.tile_first[k] = 0x7fffffff;   // SwiGLU's up matrix and unused slots own no tiles
