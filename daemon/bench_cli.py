@@ -5,7 +5,8 @@ import sys
 
 import click
 
-from .serve_command import size_option
+from .backends.kv_types import parse_kv_types
+from .serve_command import kv_type_options, size_option
 from .vram_budget import DEFAULT_MARGIN
 
 
@@ -27,8 +28,9 @@ from .vram_budget import DEFAULT_MARGIN
 @click.option("--tuning", "tuning", metavar="FIELD=N,...", callback=lambda ctx, param, v: parse_tuning(v), default="",
               help="CUDA: launch tuning overrides for an A/B, e.g. gemv_rounds=0,pdl=0 (fields of flashd_tuning.h's "
                    "fd_tuning_t; the table prints the tuning in effect).")
+@kv_type_options
 def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk, forward, vram_budget,
-                  vram_margin, tuning):
+                  vram_margin, tuning, kv_type, kv_type_k, kv_type_v):
     """llama-bench-like table of prefill and decode throughput, with % of the bandwidth roofline."""
     from ..clients.registry import DEFAULT_MODEL, resolve_model
     from .bench import format_table, run_bench
@@ -43,7 +45,8 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
     path = resolve_model(model or DEFAULT_MODEL)
     engine = Engine(EngineConfig(model=str(path), device=device, max_ctx=max_ctx or need,
                                  prefill_chunk=prefill_chunk, prefix_cache=False,   # every prefill measured cold
-                                 forward=forward, vram_budget=vram_budget, vram_margin=vram_margin))
+                                 forward=forward, vram_budget=vram_budget, vram_margin=vram_margin,
+                                 kv_types=parse_kv_types(kv_type, kv_type_k, kv_type_v)))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     in_effect = apply_tuning(engine.backend, tuning)   # before load: graphs are captured with it
     log(f"loading {path} on {engine.backend.name}")
@@ -63,6 +66,7 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
         fwd = engine.ready_info()["forward"]
         note += f"\ndecode forward: {fwd['path']}" + (f" (plan {fwd['plan']})" if "plan" in fwd else
                                                       f" ({fwd['note']})")
+    note += ("\n" if note else "") + f"KV cache: {engine.config.kv_types}"
     results = run_bench(engine.runner, cfg, tests, reps=reps, weight_bytes=engine.model.file_weight_bytes,
                         embd_bytes=embd, copy_gbs=copy_gbs, log=log)
     plan = engine.vram_plan()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .backends.kv_types import KVTypes
 from .pflash.config import PFlashConfig
 from .vram_budget import DEFAULT_MARGIN
 
@@ -30,6 +31,7 @@ class EngineConfig:
     rope_override: tuple | None = None  # (kind, factor | None, orig_ctx | None): --rope-scaling over the GGUF's
     vram_budget: int | None = None      # --vram-budget in bytes: plan everything up front, refuse what would not fit
     vram_margin: int = DEFAULT_MARGIN   # --vram-margin: the plan's allowance for what the backend does not track
+    kv_types: KVTypes = KVTypes()       # --kv-type / --kv-type-k / --kv-type-v: the target's K and V storage
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -53,6 +55,8 @@ class EngineConfig:
             raise ValueError(f"vram_budget must be a positive number of bytes or None, got {self.vram_budget!r}")
         if type(self.vram_margin) is not int or self.vram_margin < 0:
             raise ValueError(f"vram_margin must be a non-negative number of bytes, got {self.vram_margin!r}")
+        if not isinstance(self.kv_types, KVTypes):
+            raise ValueError(f"kv_types must be a KVTypes, got {self.kv_types!r}")
         if self.vram_budget is not None and self.vram_margin >= self.vram_budget:
             raise ValueError(f"--vram-margin ({self.vram_margin} bytes) leaves nothing of --vram-budget "
                              f"({self.vram_budget} bytes)")

@@ -76,6 +76,10 @@ class Engine:
         from ..clients.tokenizer import Tokenizer
 
         f, cfg = open_model(self.config.model, self.config.rope_override)   # --rope-scaling over the GGUF's
+        try:
+            self.config.kv_types.check_head_dim(cfg.head_dim)      # q8_0 / q4_0 rows are whole 32-value blocks
+        except ValueError as exc:
+            raise ModelLoadError(f"--kv-type {self.config.kv_types}: {exc}") from None
         self.tokenizer = Tokenizer.from_gguf(f.metadata_dict)
         self.plan = self._plan_target(f, cfg)
         if self.config.vram_budget is not None:
@@ -191,7 +195,7 @@ class Engine:
 
         self.model = load_model(self._opened, self.ops.load_weight, step)
         self.runner = self.backend.make_runner(self.model.config, self.model.weights, self.config.max_ctx,
-                                               self.config.prefill_chunk, self.plan)
+                                               self.config.prefill_chunk, self.plan, kv_types=self.config.kv_types)
         self.runner.reuse_prefix = self.config.prefix_cache
         self.runner.prefix_store = self.prefix_store
 
@@ -205,7 +209,8 @@ class Engine:
         (ModelUnsupported: hybrid linear attention, an unsupported head_dim) runs on the CPU reference backend
         instead -- said in the log, and status reports the backend; --device cuda keeps the refusal."""
         def plan():
-            return self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx, self.config.prefill_chunk)
+            return self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx, self.config.prefill_chunk,
+                                     kv_types=self.config.kv_types)
         try:
             return plan()
         except ModelUnsupported as exc:
@@ -226,7 +231,8 @@ class Engine:
         cfg = self.model.config
         return {"model": str(self.model.path), "arch": cfg.arch, "name": cfg.name,
                 "backend": self.backend.name, "device": self.backend.info(), "max_ctx": self.config.max_ctx,
-                "vocab_size": cfg.vocab_size, "pid": os.getpid(), "forward": self._forward_info()}
+                "vocab_size": cfg.vocab_size, "pid": os.getpid(), "forward": self._forward_info(),
+                "kv_types": self.config.kv_types.as_dict()}
 
     def _forward_info(self) -> dict:
         """Which forward runs decode steps and verification: persistent (one launch) or the per-op graph."""
@@ -271,7 +277,7 @@ class Engine:
         return {
             "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
             "forward": self._forward_info() if self.runner is not None else None,
-            "max_ctx": self.config.max_ctx, "parked": self._parked(),
+            "max_ctx": self.config.max_ctx, "kv_types": self.config.kv_types.as_dict(), "parked": self._parked(),
             "drafters": self.drafters.info(),
             "prefill_drafter": self.compressor.status() if self.compressor else None,
             "running": running, "queued": queued, "served": self.n_served,

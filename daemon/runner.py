@@ -44,12 +44,12 @@ class Sampled:
 
 class ModelRunner:
     def __init__(self, ops, cfg: ModelConfig, weights: ModelWeights, max_ctx: int,
-                 prefill_chunk: int = 512):
+                 prefill_chunk: int = 512, kv_types=None):
         if max_ctx <= 0 or prefill_chunk <= 0:
             raise ValueError("max_ctx and prefill_chunk must be positive")
         self.ops, self.cfg, self.weights = ops, cfg, weights
         self.max_ctx, self.prefill_chunk = max_ctx, prefill_chunk
-        self.cache = make_cache(ops, cfg, max_ctx)
+        self.cache = make_cache(ops, cfg, max_ctx, kv_types)     # kv_types: backends.kv_types.KVTypes (None: f16)
         self._model_forward = forward_of(cfg)
         self.n_past = 0   # cache slots [0, n_past) hold committed context
         self._reuse_prefix = getattr(self.cache, "reusable_prefix", True)   # False: a hybrid's recurrent state

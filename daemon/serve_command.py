@@ -8,13 +8,29 @@ from __future__ import annotations
 import click
 
 from ..protocol import wire
+from .backends.kv_types import KV_CACHE_TYPES, parse_kv_types
 from .config import DEVICES, FORWARDS
 from .pflash.config import COMPRESS_MODES, DRAFTER_POLICIES, PFlashConfig
 from .process import LOG_LEVELS
 from .server import ServeConfig, serve
 from .vram_budget import DEFAULT_MARGIN, SIZE_HELP, parse_size
 
-__all__ = ["serve_command", "size_option"]
+__all__ = ["serve_command", "size_option", "kv_type_options"]
+
+KV_TYPE_HELP = ("KV cache storage of K and V: f16 (the backend's unquantized cache), q8_0 (34 bytes per 32 values, "
+                "~1.9x smaller) or q4_0 (18 bytes per 32, ~3.6x smaller); ggml's block formats and rounding. "
+                "Quantized types need head_dim % 32 == 0. The CUDA backend does not write or read them yet: it "
+                "refuses them at load (the CPU reference backend stores every type).")
+
+
+def kv_type_options(command):
+    """--kv-type (both), --kv-type-k, --kv-type-v: shared by `flashd serve` and `flashd bench`."""
+    command = click.option("--kv-type-v", type=click.Choice(KV_CACHE_TYPES), default=None,
+                           help="V's storage (default: --kv-type).")(command)
+    command = click.option("--kv-type-k", type=click.Choice(KV_CACHE_TYPES), default=None,
+                           help="K's storage (default: --kv-type).")(command)
+    return click.option("--kv-type", type=click.Choice(KV_CACHE_TYPES), default=None,
+                        help=KV_TYPE_HELP + " Default: f16.")(command)
 
 
 def size_option(ctx, param, value):
@@ -105,11 +121,13 @@ def size_option(ctx, param, value):
               show_default=True,
               help="The part of --vram-budget kept for what the plan does not itemize: the CUDA context, kernel "
                    "images, CUDA graphs, allocator rounding.")
+@kv_type_options
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
                   max_queue, max_request_bytes, allow_files, allow_models, prefix_cache, prefix_cache_ram_mb,
                   forward, keep_alive, ready_file, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
-                  rope_scaling, rope_factor, rope_orig_ctx, drafter_policy, vram_budget, vram_margin):
+                  rope_scaling, rope_factor, rope_orig_ctx, drafter_policy, vram_budget, vram_margin,
+                  kv_type, kv_type_k, kv_type_v):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     if rope_scaling is None and (rope_factor is not None or rope_orig_ctx is not None):
         raise click.UsageError("--rope-factor / --rope-orig-ctx need --rope-scaling linear|yarn")
@@ -124,6 +142,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
                              forward=forward, log_level=log_level, rope_override=rope_override,
                              vram_budget=vram_budget, vram_margin=vram_margin,
+                             kv_types=parse_kv_types(kv_type, kv_type_k, kv_type_v),
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold,
                                                  alpha=compress_alpha, drafter_policy=drafter_policy, **given),

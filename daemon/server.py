@@ -34,6 +34,7 @@ from ..protocol import lines, wire
 from ..protocol.errors import ProtocolError
 from ..protocol.events import error_event, ready_event, result_event
 from ..protocol.messages import Cancel, Request, Status
+from .backends.kv_types import KVTypes
 from .config import EngineConfig
 from .file_access import NO_FILES, FileAccess, resolve_dirs
 from .lifetime import IdleTimer, ReadyFile
@@ -84,6 +85,7 @@ class ServeConfig:
                                                  # the prefill drafter's calibration (pflash/calibrate.py)
     vram_budget: int | None = None      # --vram-budget, bytes (EngineConfig)
     vram_margin: int = DEFAULT_MARGIN   # --vram-margin, bytes
+    kv_types: KVTypes = KVTypes()       # --kv-type / --kv-type-k / --kv-type-v (EngineConfig)
 
     def __post_init__(self):
         if not self.stdin and self.zmq is None:
@@ -317,7 +319,8 @@ def serve(config: ServeConfig) -> int:
                                           pflash=pflash, prefix_cache=config.prefix_cache,
                                           prefix_cache_ram_mb=config.prefix_cache_ram_mb,
                                           forward=config.forward, rope_override=config.rope_override,
-                                          vram_budget=config.vram_budget, vram_margin=config.vram_margin))
+                                          vram_budget=config.vram_budget, vram_margin=config.vram_margin,
+                                          kv_types=config.kv_types))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:

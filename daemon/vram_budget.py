@@ -42,7 +42,8 @@ SIZE_HELP = ("a number and a unit, e.g. 24GiB, 22.5G or 8000MiB (K, M, G, T, KiB
 
 # bytes per block, values per block: ggml's block formats (a KV row of head_dim values is whole blocks)
 KV_TYPES: dict[str, tuple[int, int]] = {"f32": (4, 1), "f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32)}
-BUILT_KV_TYPES = ("f32", "f16")      # what the backends store today (reference: f32, CUDA: f16)
+BUILT_KV_TYPES = ("f32", "f16")      # the backends' unquantized caches (reference: f32, CUDA: f16); q8_0 / q4_0
+                                     # on the reference backend (backends/reference_kv.py), not yet on CUDA
 
 PHASES = ("serving", "unparking", "target parked")
 PHASE_TEXT = {"serving": "while serving",
@@ -75,14 +76,20 @@ def format_size(n: int) -> str:
     return f"{n / KiB:.1f} KiB" if abs(n) >= KiB else f"{n} B"
 
 
-def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, slots: int, kv_type: str = "f16") -> int:
-    """K and V of every layer: 2 * n_layers * n_kv_heads * slots rows of head_dim values in kv_type
-    (a quantized row is whole ggml blocks)."""
-    if kv_type not in KV_TYPES:
-        raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
-    block_bytes, block_values = KV_TYPES[kv_type]
-    row = -(-head_dim // block_values) * block_bytes
-    return 2 * n_layers * n_kv_heads * slots * row
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, slots: int, kv_type: str = "f16",
+                   v_type: str | None = None) -> int:
+    """K and V of every layer: n_layers * n_kv_heads * slots rows of head_dim values of K in kv_type and as
+    many of V in v_type (default: kv_type). A quantized row is whole ggml blocks of 32 values (q8_0: 34
+    bytes, q4_0: 18), so head_dim must be a multiple of 32 (ValueError otherwise)."""
+    row = 0
+    for kind in (kv_type, kv_type if v_type is None else v_type):
+        if kind not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kind!r}")
+        block_bytes, block_values = KV_TYPES[kind]
+        if head_dim % block_values:
+            raise ValueError(f"a {kind} KV cache needs head_dim to be a multiple of {block_values}, got {head_dim}")
+        row += head_dim // block_values * block_bytes
+    return n_layers * n_kv_heads * slots * row
 
 
 class BudgetExceeded(Exception):

@@ -29,7 +29,9 @@ from .vram_sizes import CudaSizes, DFlashDesc, HostSizes, ModelDesc, describe_df
 __all__ = ["LedgerState", "VramLedger", "sizes_for", "describe_draft"]
 
 QUANT_KV = ("q8_0", "q4_0")
-KV_NOT_BUILT = "not yet available in flashd (issue 16, item 1: the KV cache is float16)"
+_KV_RANK = {"f32": 0, "f16": 0, "q8_0": 1, "q4_0": 2}       # larger rank: fewer bytes per value
+KV_NOT_BUILT = ("not yet available in flashd's CUDA kernels (issue 16, item 1: --kv-type q8_0 / q4_0 run on the CPU "
+                "reference backend only so far)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,8 +87,9 @@ def describe_draft(spec: str):
 
 class VramLedger:
     def __init__(self, sizes, target: ModelDesc, drafters: dict, *, max_ctx: int, prefill_chunk: int, pflash,
-                 budget: int | None, margin: int, default_pflash: str | None = None):
+                 budget: int | None, margin: int, default_pflash: str | None = None, kv_types=None):
         self.sizes, self.target, self.drafters = sizes, target, dict(drafters)
+        self.kv_types = kv_types          # the target's --kv-type (backends.kv_types.KVTypes; None: f16)
         self.max_ctx, self.prefill_chunk, self.pflash_config = max_ctx, prefill_chunk, pflash
         self.budget, self.margin = budget, margin
         self.default_pflash = default_pflash
@@ -101,7 +104,8 @@ class VramLedger:
         drafters = {drafter_name(spec): describe_draft(spec) for spec in config.drafts}
         ledger = cls(sizes_for(backend, config.forward), target, drafters, max_ctx=config.max_ctx,
                      prefill_chunk=config.prefill_chunk, pflash=config.pflash, budget=config.vram_budget,
-                     margin=config.vram_margin, default_pflash=config.prefill_drafter)
+                     margin=config.vram_margin, default_pflash=config.prefill_drafter,
+                     kv_types=config.kv_types)
         if config.prefill_drafter is not None:
             try:
                 ledger.describe_pflash(config.prefill_drafter)
@@ -126,7 +130,8 @@ class VramLedger:
         """The plan in `state`; the keywords ask what-if: another max_ctx, KV type or drafter policy,
         some --draft drafters left out, another budget."""
         sizes, chunk = self.sizes, self.prefill_chunk
-        ctx, kv = max_ctx or self.max_ctx, kv_type or sizes.kv_type
+        ctx, kv = max_ctx or self.max_ctx, sizes.kv_type        # drafters: the backend's unquantized cache
+        target_kv = self._target_kv(kv_type)
         policy = policy or self.pflash_config.drafter_policy
         drafters = {n: d for n, d in self.drafters.items() if d is not None and n not in state.parked | without}
         dflash = any(isinstance(d, DFlashDesc) for d in drafters.values())
@@ -134,7 +139,7 @@ class VramLedger:
         everywhere = with_target | {"target parked"}
         comps, needs, draft_needs = [], [], []
         if state.target:
-            parts, need = sizes.model(self.target, ctx, chunk, kv)
+            parts, need = sizes.model(self.target, ctx, chunk, target_kv)
             comps.append(Component("target", self.target.name, tuple(parts), with_target, self.target.path))
             needs.append(need)
         for name, desc in drafters.items():
@@ -153,7 +158,8 @@ class VramLedger:
             comps.append(Component("target_head", self.target.name,
                                    (("held by DFlash", sizes.weights(self.target.head)),),
                                    frozenset({"unparking", "target parked"}) & everywhere))
-        settings = [("max_ctx", ctx), ("prefill_chunk", chunk), ("kv_type", kv), ("drafter_policy", policy)]
+        settings = [("max_ctx", ctx), ("prefill_chunk", chunk), ("kv_type", _kv_label(target_kv)),
+                    ("drafter_policy", policy)]
         if state.pflash is not None:
             desc = self.describe_pflash(state.pflash)
             n_tokens = _token_limit(desc.cfg)
@@ -163,6 +169,16 @@ class VramLedger:
             settings.append(("prefill_drafter_tokens", n_tokens))
         return VramPlan(tuple(comps), self.margin, self.budget if budget == -1 else budget, sizes.where,
                         tuple(settings))
+
+    def _target_kv(self, what_if: str | None) -> tuple[str, str]:
+        """The target's (K, V) types as the sizes name them: a what-if type for both, else --kv-type with f16
+        meaning the backend's unquantized cache (float32 on the reference backend)."""
+        if what_if is not None:
+            return what_if, what_if
+        types = self.kv_types
+        if types is None:
+            return self.sizes.kv_type, self.sizes.kv_type
+        return tuple(self.sizes.kv_type if t == "f16" else t for t in (types.k, types.v))
 
     # -- checks ----------------------------------------------------------------------------------
     def check(self, action: str, state: LedgerState, *, runtime: bool, loading: frozenset = frozenset()) -> VramPlan:
@@ -202,15 +218,24 @@ class VramLedger:
                       self.plan(state, policy="park"))
         if runtime and state.target and "target" not in loading:
             offer("`park what=target` first", self.plan(dataclasses.replace(state, target=False)))
-        if self.sizes.kv_type == "f16":
-            for kv in QUANT_KV:
+        smallest = min(_KV_RANK[t] for t in self._target_kv(None))
+        for kv in QUANT_KV:
+            if _KV_RANK[kv] <= smallest or self.target.cfg.head_dim % 32:
+                continue                      # only a smaller cache than configured, of whole 32-value blocks
+            if self.sizes.kv_type == "f16":   # CUDA: refused at load until its kernels read quantized rows
                 offer(f"a {kv} KV cache, {KV_NOT_BUILT}", self.plan(state, kv_type=kv))
+            else:
+                offer(f"{restart}--kv-type {kv}", self.plan(state, kv_type=kv))
         need = self.plan(state, budget=None).peak_bytes
         step = 64 * MiB if need > 4 * GiB else MiB
         need = -(-need // step) * step
         out.append(f"{restart}--vram-budget {need // GiB}GiB or more" if need % GiB == 0 else
                    f"{restart}--vram-budget {need // MiB}MiB or more")
         return out
+
+
+def _kv_label(pair: tuple[str, str]) -> str:
+    return pair[0] if pair[0] == pair[1] else f"k={pair[0]},v={pair[1]}"
 
 
 def _token_limit(cfg) -> int:

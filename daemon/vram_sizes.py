@@ -54,6 +54,11 @@ class SharedNeed:
     attention: int = 0             # reserve_attention: attention_workspace_bytes(...)
 
 
+def _kv_pair(kv_type) -> tuple[str, str]:
+    """A model's KV types for kv_cache_bytes: one name for K and V, or a (K, V) pair (the target's --kv-type-k / -v)."""
+    return (kv_type, kv_type) if isinstance(kv_type, str) else tuple(kv_type)
+
+
 def _tensors(infos) -> Tensors:
     return tuple((tuple(int(d) for d in info.shape), int(info.n_bytes)) for info in infos)
 
@@ -98,14 +103,14 @@ class HostSizes:
         lin = getattr(cfg, "linear", None)
         if lin is None:
             return ([("weights", self.weights(desc.tensors)),
-                     ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type))],
+                     ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type)))],
                     SharedNeed())
         # a hybrid (models/qwen35.py HybridCache): K/V of the attention layers, and the linear layers' float32
         # recurrent state (ReferenceRecurrentState: conv (K - 1, C) and delta-rule memory (Hv, S, S) per layer)
         n_attn, n_lin = max(1, len(lin.attention_layers)), max(1, len(lin.linear_layers))
         state = 4 * n_lin * ((lin.conv_kernel - 1) * lin.conv_channels + lin.n_v_heads * lin.head_dim ** 2)
         return ([("weights", self.weights(desc.tensors)),
-                 ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type)),
+                 ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
                  ("recurrent_state", state)], SharedNeed())
 
     def dflash(self, desc: DFlashDesc, max_ctx: int, kv_type: str) -> tuple[list, SharedNeed]:
@@ -159,7 +164,7 @@ class CudaSizes:
         from .backends.cuda.ops import MAX_MASKED_TOKENS
         cfg = desc.cfg
         parts = [("weights", self.weights(desc.tensors)),
-                 ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type)),
+                 ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
                  ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk))]
         if self.persistent:
             parts.append(("persistent_forward", persistent_forward_bytes(cfg, max_ctx, self.tuning_rows, self.n_sms,

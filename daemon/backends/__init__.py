@@ -41,10 +41,15 @@ class ReferenceBackend(Backend):
     def info(self) -> dict:
         return {"name": "cpu (numpy reference)", "n_cpus": os.cpu_count()}
 
-    def plan(self, cfg, weight_bytes: int, max_ctx: int, prefill_chunk: int) -> HostMemoryPlan:
+    def plan(self, cfg, weight_bytes: int, max_ctx: int, prefill_chunk: int, kv_types=None) -> HostMemoryPlan:
+        """kv_types (kv_types.KVTypes, None: f16): f16 rows are float32 here, q8_0 / q4_0 rows ggml's blocks."""
+        from .kv_types import KVTypes, row_bytes
+        kv_types = kv_types or KVTypes()
+        kv_types.check_head_dim(cfg.head_dim)
         per_layer = cfg.hidden * (2 * cfg.q_dim + 2 * cfg.kv_dim) + 3 * cfg.hidden * cfg.ffn
         n_params = cfg.vocab_size * cfg.hidden * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * per_layer
-        kv = 2 * cfg.n_layers * max_ctx * cfg.kv_dim * 4
+        row = sum(4 * cfg.head_dim if t == "f16" else row_bytes(t, cfg.head_dim) for t in (kv_types.k, kv_types.v))
+        kv = cfg.n_layers * max_ctx * cfg.n_kv_heads * row
         return HostMemoryPlan(weights_bytes=4 * n_params, kv_bytes=kv)
 
     def check_fits(self, plan) -> None:
@@ -56,9 +61,9 @@ class ReferenceBackend(Backend):
             raise MemoryError(f"the reference backend needs {plan.total_bytes / 2**30:.2f} GiB of RAM for float32 "
                               f"weights and KV cache but {avail / 2**30:.2f} GiB are available; lower --max-ctx")
 
-    def make_runner(self, cfg, weights, max_ctx: int, prefill_chunk: int, plan=None):
+    def make_runner(self, cfg, weights, max_ctx: int, prefill_chunk: int, plan=None, kv_types=None):
         from ..runner import ModelRunner
-        return ModelRunner(self.ops, cfg, weights, max_ctx, prefill_chunk)
+        return ModelRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types)
 
 
 def cuda_unavailable_reason() -> str | None:

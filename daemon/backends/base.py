@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .kv_types import KVTypes
+
 __all__ = ["Backend", "Batch", "KVCacheSpec", "Ops", "RecurrentStateSpec"]
 
 
@@ -43,11 +45,15 @@ class KVCacheSpec:
     max_ctx: int      # slots per layer
     n_kv_heads: int
     head_dim: int
+    kv_types: KVTypes = KVTypes()    # storage of K and V (kv_types.py): f16 or ggml's q8_0 / q4_0 blocks
 
     def __post_init__(self):
         for name in ("n_layers", "max_ctx", "n_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"KVCacheSpec.{name} must be positive")
+        if not isinstance(self.kv_types, KVTypes):
+            raise ValueError(f"KVCacheSpec.kv_types must be a KVTypes, got {self.kv_types!r}")
+        self.kv_types.check_head_dim(self.head_dim)
 
 
 @dataclass(slots=True, frozen=True)

@@ -2,8 +2,9 @@
 
 It is the oracle for every other backend and the CPU fallback, so each op is the textbook formula
 with no shortcuts: weights are dequantized once by `gguf.quants.dequantize` (the project's
-definition of what a quantized weight is), activations and the KV cache are float32, and every
-matrix product accumulates in float32 (BLAS).
+definition of what a quantized weight is), activations and the KV cache are float32 (a q8_0 / q4_0 KV
+cache stores ggml's blocks and is read dequantized: reference_kv.py), and every matrix product
+accumulates in float32 (BLAS).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from gguf.quants import dequantize
 
 from .base import Batch, KVCacheSpec, RecurrentStateSpec
+from .reference_kv import ReferenceKVCache
 from .reference_recurrent import causal_conv1d, delta_rule_chunked, delta_rule_recurrent
 
 __all__ = ["ReferenceOps", "ReferenceKVCache", "ReferenceRecurrentState"]
@@ -41,37 +43,6 @@ class ReferenceRecurrentState:
 
     def load(self, saved) -> None:
         self.conv[...], self.ssm[...] = saved
-
-
-class ReferenceKVCache:
-    """K and V for every layer: float32 (n_layers, max_ctx, Hkv, d) each."""
-
-    def __init__(self, spec: KVCacheSpec):
-        self.spec = spec
-        shape = (spec.n_layers, spec.max_ctx, spec.n_kv_heads, spec.head_dim)
-        self.k = np.zeros(shape, np.float32)
-        self.v = np.zeros(shape, np.float32)
-
-    @property
-    def n_bytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.k[i], self.v[i]
-
-    def move(self, src_slots, dst_slots) -> None:
-        """Copy slots src -> dst in every layer (speculative decoding's commit)."""
-        self.k[:, dst_slots] = self.k[:, src_slots]
-        self.v[:, dst_slots] = self.v[:, src_slots]
-
-    def save_prefix(self, n_slots: int) -> np.ndarray:
-        """A host copy of slots [0, n_slots) of every layer, K and V: (2, n_layers, n_slots, Hkv, d)."""
-        return np.stack([self.k[:, :n_slots], self.v[:, :n_slots]])
-
-    def load_prefix(self, saved: np.ndarray, n_slots: int) -> None:
-        """Slots [0, n_slots) <- the first n_slots of a save_prefix copy."""
-        self.k[:, :n_slots] = saved[0, :, :n_slots]
-        self.v[:, :n_slots] = saved[1, :, :n_slots]
 
 
 class ReferenceOps:

@@ -21,13 +21,16 @@ def forward_of(cfg: ModelConfig) -> Callable:
     return forward
 
 
-def make_cache(ops, cfg: ModelConfig, max_ctx: int):
-    """The model's cache: the backend's KV cache (dense), or K/V + recurrent state (models.qwen35.HybridCache)."""
+def make_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None):
+    """The model's cache: the backend's KV cache (dense), or K/V + recurrent state (models.qwen35.HybridCache).
+    kv_types: the storage of K and V (backends.kv_types.KVTypes; None: f16)."""
+    from ..backends.base import KVCacheSpec
+    from ..backends.kv_types import KVTypes
+    kv_types = kv_types or KVTypes()
     if cfg.linear is not None:
         from .qwen35 import make_hybrid_cache
-        return make_hybrid_cache(ops, cfg, max_ctx)
-    from ..backends.base import KVCacheSpec
-    return ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim))
+        return make_hybrid_cache(ops, cfg, max_ctx, kv_types)
+    return ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim, kv_types))
 
 
 @dataclass(slots=True)

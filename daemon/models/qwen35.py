@@ -19,6 +19,8 @@ tokens, so it cannot be cut back to a shorter prefix (no prefix reuse, no tree v
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..backends.base import Batch, KVCacheSpec, RecurrentStateSpec
@@ -38,14 +40,15 @@ class HybridCache:
 
     reusable_prefix = False
 
-    def __init__(self, ops, cfg: ModelConfig, max_ctx: int):
+    def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None):
         lin = cfg.linear
         self._index = {}
         for j, i in enumerate(lin.attention_layers):
             self._index[i] = j
         for j, i in enumerate(lin.linear_layers):
             self._index[i] = j
-        self.kv = ops.kv_cache(KVCacheSpec(max(1, len(lin.attention_layers)), max_ctx, cfg.n_kv_heads, cfg.head_dim))
+        spec = KVCacheSpec(max(1, len(lin.attention_layers)), max_ctx, cfg.n_kv_heads, cfg.head_dim)
+        self.kv = ops.kv_cache(spec if kv_types is None else dataclasses.replace(spec, kv_types=kv_types))
         self.state = ops.recurrent_state(RecurrentStateSpec(max(1, len(lin.linear_layers)), lin.conv_kernel,
                                                             lin.conv_channels, lin.n_v_heads, lin.head_dim))
         self._recurrent = lin.recurrent
@@ -75,8 +78,8 @@ class HybridCache:
         raise NotImplementedError("speculative commit on a hybrid model needs tree-aware state (issue 15, item 4)")
 
 
-def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int) -> HybridCache:
-    return HybridCache(ops, cfg, max_ctx)
+def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None) -> HybridCache:
+    return HybridCache(ops, cfg, max_ctx, kv_types)
 
 
 def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_layer, batch: Batch):

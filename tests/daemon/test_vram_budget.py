@@ -47,10 +47,19 @@ def test_kv_cache_bytes_per_type(kv_type, row_bytes):
     assert kv_cache_bytes(28, 2, 128, 1000, kv_type) == 2 * 28 * 2 * 1000 * row_bytes
 
 
-def test_kv_cache_bytes_rounds_a_row_up_to_whole_blocks():
-    assert kv_cache_bytes(1, 1, 48, 1, "q4_0") == 2 * 2 * 18
+def test_kv_cache_bytes_refuses_a_row_of_partial_blocks():
+    # a quantized row is whole 32-value blocks: head_dim 48 cannot be stored (refused, never rounded up)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kv_cache_bytes(1, 1, 48, 1, "q4_0")
+    assert kv_cache_bytes(1, 1, 48, 1, "f16") == 2 * 2 * 48
     with pytest.raises(ValueError, match="kv_type"):
         kv_cache_bytes(1, 1, 64, 1, "q5_1")
+
+
+def test_kv_cache_bytes_k_and_v_in_their_own_types():
+    # K q8_0 (4 blocks of 34 bytes per 128-value row) and V q4_0 (4 x 18), 28 layers x 2 heads x 1000 slots
+    assert kv_cache_bytes(28, 2, 128, 1000, "q8_0", "q4_0") == 28 * 2 * 1000 * (4 * 34 + 4 * 18)
+    assert kv_cache_bytes(28, 2, 128, 1000, "f16", "q8_0") == 28 * 2 * 1000 * (256 + 4 * 34)
 
 
 def comp(role, name, phases, **parts):

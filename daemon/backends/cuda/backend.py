@@ -11,13 +11,36 @@ from .ops import CudaOps, attention_workspace_bytes
 from .runner import SCORE_CHUNK, CudaRunner
 from .tensor import Device
 
-__all__ = ["CudaBackend", "MemoryPlan", "MemoryPlanError"]
+__all__ = ["CudaBackend", "MemoryPlan", "MemoryPlanError", "KVTypeUnsupported", "check_kv_types", "CUDA_KV_TYPES"]
 
 ALIGN = 256
 # head_dim values every attention kernel is instantiated for (fd_attention_prefill: 64 and 128;
 # the split-K decode / masked kernels also take 256)
 HEAD_DIMS = (64, 128)
 SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
+# KV cache types the kernels write and read (backends/kv_types.py); a q8_0 / q4_0 cache is refused at load
+# with KV_TYPES_MISSING until every kernel that touches the cache is converted (issue 16, item 1)
+CUDA_KV_TYPES = ("f16",)
+KV_TYPES_MISSING = ("the CUDA kernels write and read only a float16 KV cache so far: fd_rope_kv_write, the fused "
+                    "decode rope + K/V write (fd_attention_decode_rope), the persistent forward's K/V write, "
+                    "split-K decode attention, masked (tree) attention, prefill attention, fd_kv_compact and the "
+                    "host prefix copies are not yet converted to q8_0 / q4_0 rows")
+
+
+class KVTypeUnsupported(ModelLoadError):
+    """A --kv-type the CUDA kernels do not cover yet. Not ModelUnsupported: --device auto must not move a
+    GPU request to the CPU behind the user's back; the user chooses --kv-type f16 or --device cpu."""
+
+
+def check_kv_types(kv_types) -> None:
+    """KVTypeUnsupported naming what is missing when K or V is stored in a type the kernels lack."""
+    if kv_types is None:
+        return
+    for name, kind in (("K", kv_types.k), ("V", kv_types.v)):
+        if kind not in CUDA_KV_TYPES:
+            raise KVTypeUnsupported(f"--kv-type {kind} ({name}) is not available on the CUDA backend yet: "
+                                    f"{KV_TYPES_MISSING}. Use --kv-type f16, or --device cpu (the reference backend "
+                                    f"stores every type)")
 
 
 class MemoryPlanError(MemoryError):
@@ -70,9 +93,12 @@ class CudaBackend(Backend):
     def info(self) -> dict:
         return self.device.info()
 
-    def plan(self, cfg: ModelConfig, weight_bytes: int, max_ctx: int, prefill_chunk: int) -> MemoryPlan:
+    def plan(self, cfg: ModelConfig, weight_bytes: int, max_ctx: int, prefill_chunk: int,
+             kv_types=None) -> MemoryPlan:
         """The model's device memory; refuses (ModelUnsupported) a shape the kernels do not cover, so such a
-        model fails at load time with a message instead of at its first forward."""
+        model fails at load time with a message instead of at its first forward, and (KVTypeUnsupported) a KV
+        type they do not write and read."""
+        check_kv_types(kv_types)
         if getattr(cfg, "linear", None) is not None:   # issue 15, item 3: no Gated DeltaNet kernels yet
             raise ModelUnsupported(f"the CUDA backend has no kernels yet for {cfg.arch}'s linear-attention (Gated DeltaNet) "
                                  "layers; run it on the CPU reference backend (--device cpu)")
@@ -97,7 +123,9 @@ class CudaBackend(Backend):
                 f"({', '.join(f'{k[:-6]} {v / 2**30:.2f}' for k, v in plan.as_dict().items() if k != 'total_bytes')}"
                 f" GiB) but {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB are free; lower --max-ctx")
 
-    def make_runner(self, cfg: ModelConfig, weights, max_ctx: int, prefill_chunk: int, plan: MemoryPlan):
+    def make_runner(self, cfg: ModelConfig, weights, max_ctx: int, prefill_chunk: int, plan: MemoryPlan,
+                    kv_types=None):
+        check_kv_types(kv_types)
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)

@@ -13,6 +13,8 @@ class CudaKVCache:
     """float16 K and V, per layer [n_kv_heads][max_ctx][head_dim], in one allocation."""
 
     def __init__(self, device: Device, spec: KVCacheSpec):
+        if spec.kv_types.quantized:      # backend.check_kv_types refuses these at load with what is missing
+            raise ValueError(f"CudaKVCache stores float16 K/V only, asked for {spec.kv_types}")
         self.spec, self.device = spec, device
         self.layer_elems = spec.n_kv_heads * spec.max_ctx * spec.head_dim
         self.storage = device.empty((2 * spec.n_layers * self.layer_elems,), np.float16)

@@ -1,0 +1,91 @@
+"""The reference backend's KV cache: float32 rows (kv type f16, the oracle's precision) or quantized rows
+(q8_0 / q4_0, ggml's block bytes, written with kv_quant.py's encoders and read dequantized).
+
+`layer(i)` gives (K, V) of one layer, each (max_ctx, Hkv, d) as the ops index it: a float32 array, or a
+QuantizedRows whose item assignment encodes and whose slicing decodes, so ReferenceOps' attention is the
+same code for every type. Prefix copies, moves and park keep the stored bytes (no re-rounding).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import KVCacheSpec
+from .kv_quant import decode_rows, encode_rows
+from .kv_types import row_bytes
+
+__all__ = ["ReferenceKVCache", "QuantizedRows"]
+
+
+class QuantizedRows:
+    """One layer's K or V in a quantized type: bytes (max_ctx, Hkv, row_bytes) uint8, seen as float32
+    (max_ctx, Hkv, head_dim). `rows[slots] = x` encodes x; `rows[slots]` decodes (a new float32 array)."""
+
+    def __init__(self, data: np.ndarray, kv_type: str, head_dim: int):
+        self.data, self.kv_type, self.head_dim = data, kv_type, head_dim
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.data.shape[0], self.data.shape[1], self.head_dim)
+
+    dtype = np.dtype(np.float32)      # what reading gives
+
+    def __len__(self) -> int:
+        return self.data.shape[0]
+
+    def __getitem__(self, slots) -> np.ndarray:
+        return decode_rows(self.data[slots], self.kv_type)
+
+    def __setitem__(self, slots, x) -> None:
+        self.data[slots] = encode_rows(np.asarray(x, np.float32), self.kv_type)
+
+
+class ReferenceKVCache:
+    """K and V for every layer: (n_layers, max_ctx, Hkv, d) float32 for f16, or (n_layers, max_ctx, Hkv,
+    row_bytes) uint8 for a quantized type; K and V have their own types (spec.kv_types)."""
+
+    def __init__(self, spec: KVCacheSpec):
+        self.spec = spec
+        self.k = self._storage(spec.kv_types.k)
+        self.v = self._storage(spec.kv_types.v)
+
+    def _storage(self, kv_type: str) -> np.ndarray:
+        s = self.spec
+        if kv_type == "f16":
+            return np.zeros((s.n_layers, s.max_ctx, s.n_kv_heads, s.head_dim), np.float32)
+        return np.zeros((s.n_layers, s.max_ctx, s.n_kv_heads, row_bytes(kv_type, s.head_dim)), np.uint8)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def _view(self, store: np.ndarray, kv_type: str, i: int):
+        return store[i] if kv_type == "f16" else QuantizedRows(store[i], kv_type, self.spec.head_dim)
+
+    def layer(self, i: int):
+        types = self.spec.kv_types
+        return self._view(self.k, types.k, i), self._view(self.v, types.v, i)
+
+    def move(self, src_slots, dst_slots) -> None:
+        """Copy slots src -> dst in every layer (speculative decoding's commit): the stored bytes."""
+        self.k[:, dst_slots] = self.k[:, src_slots]
+        self.v[:, dst_slots] = self.v[:, src_slots]
+
+    def save_prefix(self, n_slots: int) -> np.ndarray:
+        """A host copy of slots [0, n_slots) of every layer, K and V. Both f16: float32 (2, n_layers,
+        n_slots, Hkv, d); otherwise the stored bytes of K then V per (layer, slot, head): uint8 (n_layers,
+        n_slots, Hkv, K row bytes + V row bytes)."""
+        if not self.spec.kv_types.quantized:
+            return np.stack([self.k[:, :n_slots], self.v[:, :n_slots]])
+        k = self.k[:, :n_slots].view(np.uint8)
+        v = self.v[:, :n_slots].view(np.uint8)
+        return np.concatenate([k, v], axis=-1)
+
+    def load_prefix(self, saved: np.ndarray, n_slots: int) -> None:
+        """Slots [0, n_slots) <- the first n_slots of a save_prefix copy."""
+        if not self.spec.kv_types.quantized:
+            self.k[:, :n_slots] = saved[0, :, :n_slots]
+            self.v[:, :n_slots] = saved[1, :, :n_slots]
+            return
+        split = self.k.shape[-1] * self.k.itemsize
+        self.k[:, :n_slots] = saved[:, :n_slots, :, :split].view(self.k.dtype)
+        self.v[:, :n_slots] = saved[:, :n_slots, :, split:].view(self.v.dtype)
