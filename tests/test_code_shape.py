@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("daemon", "protocol", "clients", "scripts", "tests", "bench")
+PACKAGES = ("daemon", "protocol", "clients", "scripts", "tests", "bench", "train")
 NATIVE_SOURCES = ("*.cu", "*.cuh", "*.h")   # under native/
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80           # in daemon/

@@ -1,0 +1,113 @@
+"""Training on a tiny synthetic target (CPU, float32): steps lower the loss, a checkpoint resumes the same run,
+the command runs end to end (generate, train, export, resume) and its file loads as a `--draft` drafter.
+No assertion depends on wall-clock time: budgets are set so the step count, not the clock, ends training."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from click.testing import CliRunner                                  # noqa: E402
+
+from flashd.daemon.backends.reference import ReferenceOps            # noqa: E402
+from flashd.daemon.models import load_model                          # noqa: E402
+from flashd.daemon.speculative.dflash_drafter import load_dflash_drafter   # noqa: E402
+from flashd.train.command import pick_mask_token, train_command      # noqa: E402
+from flashd.train.loop import Trainer                                # noqa: E402
+from flashd.train.recipe import TrainConfig, drafter_config, loss_gamma, position_weights   # noqa: E402
+from flashd.train.target import TorchTarget                          # noqa: E402
+
+TARGET = dict(arch="qwen2", n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=320, seed=3)
+TC = dict(block_size=6, n_layers=2, n_features=2, anchors=8, batch_seqs=4, max_prompt=16, max_new=48, max_seq=64,
+          lr=3e-3, train_minutes=1e6, epochs=100.0)
+
+
+def samples(n=24, seed=0):
+    """Learnable sequences: a prompt, then a periodic answer (what a target's greedy output often is)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        prompt = rng.integers(0, 300, 8)
+        period = rng.integers(0, 300, int(rng.integers(2, 5)))
+        out.append((np.concatenate([prompt, np.tile(period, 12)[:40]]).astype(np.int32), 8))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(synthetic_model):
+    return TorchTarget(synthetic_model(**TARGET))
+
+
+def make_trainer(target, **fields):
+    tc = TrainConfig(**{**TC, **fields})
+    return Trainer(target, drafter_config(target.cfg, tc, TARGET["vocab_size"] - 1), tc, samples(), log=lambda m: None)
+
+
+def fixed_loss(trainer) -> float:
+    ids, lens, plen = trainer._tensors(trainer.train_set[:8])
+    with torch.no_grad():
+        return float(trainer._forward(ids, lens, plen, torch.Generator().manual_seed(7))[0])
+
+
+def test_recipe_position_weights():
+    assert loss_gamma(16) == 7.0 and loss_gamma(10) == 5.0 and loss_gamma(8) == 4.0
+    w = position_weights(16)
+    assert len(w) == 15 and w[0] == 1.0 and all(a > b for a, b in zip(w, w[1:]))
+
+
+def test_training_steps_lower_the_loss(target):
+    trainer = make_trainer(target)
+    before = fixed_loss(trainer)
+    for _ in range(40):
+        trainer.train_step(trainer.next_batch())
+    after = fixed_loss(trainer)
+    assert after < 0.8 * before, (before, after)
+    ev = trainer.evaluate()
+    assert len(ev["acc"]) == TC["block_size"] - 1 and 0 <= ev["accept_len"] <= TC["block_size"] - 1
+
+
+def test_checkpoint_resume_continues_the_same_run(target, tmp_path):
+    a = make_trainer(target)
+    for _ in range(3):
+        a.train_step(a.next_batch())
+    a.save(tmp_path / "ckpt.pt")
+    for _ in range(3):
+        a.train_step(a.next_batch())
+    b = make_trainer(target)
+    b.load(tmp_path / "ckpt.pt")
+    assert b.step == 3
+    for _ in range(3):
+        b.train_step(b.next_batch())
+    for (name, pa), pb in zip(a.drafter.state_dict().items(), b.drafter.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    with pytest.raises(ValueError, match="another recipe"):
+        make_trainer(target, block_size=5).load(tmp_path / "ckpt.pt")
+
+
+def test_mask_token_skips_used_and_degenerate_rows():
+    embed = torch.randn(10, 8)
+    embed[9] = 0                                     # a padded row: degenerate
+    assert pick_mask_token(embed, used={8}, stop_ids={7}) == 6
+
+
+def test_command_end_to_end_and_resume(tmp_path, synthetic_model):
+    path = synthetic_model(**TARGET)
+    out = tmp_path / "drafter.gguf"
+    args = [str(path), "--out", str(out), "--minutes", "5", "--gen-minutes", "5", "--train-minutes", "0.05",
+            "--max-tokens", "400", "--max-new", "24", "--max-prompt", "400", "--gen-batch", "8", "--layers", "1",
+            "--features", "2", "--block-size", "4", "--batch-seqs", "2", "--anchors", "4", "--device", "cpu"]
+    r = CliRunner().invoke(train_command, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "drafter.gguf.work" / "report.json").read_text())
+    assert report["bytes"] == out.stat().st_size and report["gen"]["done"]
+    r = CliRunner().invoke(train_command, args, catch_exceptions=False)
+    assert r.exit_code != 0 and "--resume" in r.output            # an earlier run is never overwritten silently
+    r = CliRunner().invoke(train_command, args + ["--resume"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    ops = ReferenceOps()
+    m = load_model(path, ops.load_weight)
+    d = load_dflash_drafter(out, ops, m.config, m.weights, 64)
+    assert d.cfg.block_size == 4 and d.cfg.model.n_layers == 1

@@ -1,0 +1,155 @@
+"""Training prompts from what exists on the machine: source files installed with the interpreter.
+
+Sources (`data_sources()`; the command prints them and writes them to the work folder):
+
+    stdlib       the interpreter's standard library, *.py       (sysconfig "stdlib")
+    site         the installed packages, *.py                   (sysconfig "purelib" and "platlib")
+    include      the interpreter's C headers, *.h               (sysconfig "include")
+
+Never used: anything inside the flashd repository (its bench/ prompt set, its tests), test folders of other
+packages excluded only by size limits, nothing downloaded. A prompt is a snippet (12..60 lines) of one file and
+one task, e.g. "Explain what this code does", "Continue this code", "Write a function like this one that ...",
+rendered through the target's chat template; a share (`raw_fraction`) are raw completions: the snippet's first
+lines, which the model continues as plain text (how bench/bench_spec.py prompts, without its prompts).
+The answers are the target's own (generate.py): self-distillation.
+"""
+from __future__ import annotations
+
+import random
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["Prompt", "Source", "data_sources", "source_files", "build_prompts", "REPO_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]     # the flashd checkout: never a data source
+
+MAX_FILE_BYTES = 400_000
+MAX_SNIPPET_CHARS = 2400
+
+PY_TASKS = (
+    "Explain what this Python code does, step by step:\n\n```python\n{code}\n```",
+    "Continue this Python code:\n\n```python\n{code}\n```",
+    "Write a function similar to the code below that solves a related problem, with a docstring:\n\n"
+    "```python\n{code}\n```",
+    "Write pytest unit tests for this code:\n\n```python\n{code}\n```",
+    "Refactor this code for readability and add type hints:\n\n```python\n{code}\n```",
+    "Find possible bugs or edge cases in this code and fix them:\n\n```python\n{code}\n```",
+    "Add docstrings and comments to this code:\n\n```python\n{code}\n```",
+    "Rewrite this Python code in C:\n\n```python\n{code}\n```",
+)
+C_TASKS = (
+    "Explain these C declarations:\n\n```c\n{code}\n```",
+    "Write a small C program that uses the declarations below:\n\n```c\n{code}\n```",
+    "Write Python ctypes bindings for these C declarations:\n\n```c\n{code}\n```",
+    "Continue this C header:\n\n```c\n{code}\n```",
+)
+
+
+@dataclass(slots=True, frozen=True)
+class Source:
+    kind: str       # stdlib | site | include
+    root: Path
+    suffix: str     # ".py" or ".h"
+
+
+@dataclass(slots=True, frozen=True)
+class Prompt:
+    task: str       # "{code}" for a raw completion, else a task with a {code} slot (a user message)
+    code: str       # the snippet
+    origin: str     # "<source kind>:<path relative to its root>:<first line>"
+
+    @property
+    def chat(self) -> bool:
+        """True: render through the chat template; False: raw completion."""
+        return self.task != "{code}"
+
+    @property
+    def text(self) -> str:
+        return self.task.format(code=self.code)
+
+    def shortened(self) -> "Prompt | None":
+        """The same task on the first half of the snippet (None below 6 lines): for prompts over the limit."""
+        lines = self.code.splitlines()
+        return None if len(lines) < 12 else Prompt(self.task, "\n".join(lines[:len(lines) // 2]) + "\n", self.origin)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def data_sources() -> list[Source]:
+    """The source folders, in order, without duplicates and without the flashd repository."""
+    paths = sysconfig.get_paths()
+    out: list[Source] = []
+    seen: set[Path] = set()
+    for kind, key, suffix in (("stdlib", "stdlib", ".py"), ("site", "purelib", ".py"), ("site", "platlib", ".py"),
+                              ("include", "include", ".h")):
+        root = Path(paths.get(key, "")).resolve()
+        if not root.is_dir() or root in seen or _inside(root, REPO_ROOT):
+            continue
+        seen.add(root)
+        out.append(Source(kind, root, suffix))
+    return out
+
+
+def source_files(source: Source) -> list[Path]:
+    """The source's files, sorted; nothing inside the flashd repository, nothing over MAX_FILE_BYTES.
+    The stdlib source skips site-packages (its own source)."""
+    files = []
+    for p in sorted(source.root.rglob(f"*{source.suffix}")):
+        if "site-packages" in p.parts and source.kind == "stdlib":
+            continue
+        try:
+            if not p.is_file() or p.stat().st_size > MAX_FILE_BYTES or _inside(p, REPO_ROOT):
+                continue
+        except OSError:
+            continue
+        files.append(p)
+    return files
+
+
+def _snippets(text: str, rng: random.Random, n: int) -> Iterator[str]:
+    """Up to n snippets of 12..60 lines starting at a non-blank, unindented-ish line."""
+    lines = text.splitlines()
+    if len(lines) < 8:
+        return
+    starts = [i for i, line in enumerate(lines) if line.strip() and len(line) - len(line.lstrip()) <= 4]
+    rng.shuffle(starts)
+    for s in starts[:n]:
+        chunk = "\n".join(lines[s:s + rng.randint(12, 60)]).strip("\n")
+        if len(chunk) > MAX_SNIPPET_CHARS:
+            chunk = chunk[:MAX_SNIPPET_CHARS].rsplit("\n", 1)[0]
+        if chunk.count("\n") >= 5:
+            yield chunk
+
+
+def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.3, per_file: int = 2) -> list[Prompt]:
+    """n prompts, deterministic for (machine's sources, seed): files shuffled over every source,
+    `per_file` snippets each, a task drawn per snippet."""
+    rng = random.Random(seed)
+    files = [(src, p) for src in data_sources() for p in source_files(src)]
+    rng.shuffle(files)
+    prompts: list[Prompt] = []
+    for src, path in files:
+        if len(prompts) >= n:
+            break
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for code in _snippets(text, rng, per_file):
+            origin = f"{src.kind}:{path.relative_to(src.root)}:{code.splitlines()[0][:60]}"
+            if rng.random() < raw_fraction:    # raw completion: the first half of the snippet
+                lines = code.splitlines()
+                prompts.append(Prompt("{code}", "\n".join(lines[:max(6, len(lines) // 2)]) + "\n", origin))
+            else:
+                prompts.append(Prompt(rng.choice(PY_TASKS if src.suffix == ".py" else C_TASKS), code, origin))
+            if len(prompts) >= n:
+                break
+    return prompts

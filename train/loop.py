@@ -1,0 +1,222 @@
+"""Training: batches, anchors, the weighted block loss, the optimiser and schedule, evaluation, checkpoints.
+
+One step (shapes: N sequences of up to T tokens, A anchors, B block size, V vocabulary):
+    target features   frozen target forward over (N, T), the outputs of target_layer_ids, concatenated
+    anchors           per sequence, A positions a drawn uniformly without replacement from the answer
+                      (prompt_len <= a <= len - 2: the anchor is a token the target produced, as the runtime's
+                      block root is; fewer when the answer is short, the rest masked out)
+    blocks            [token a, MASK x (B-1)] at a .. a+B-1, labels tokens a+1 .. a+B-1 (past the end: no label)
+    loss              sum_k w_k CE(logits_k, label_k) / sum_k w_k over labelled positions, w_k = exp(-(k-1)/gamma)
+Progress (the learning-rate schedule's clock) is max(step / planned steps, training seconds / train budget), so
+a run cut by its time budget still ends with the rate annealed. Evaluation (the acceptance proxy) on held-out
+samples: top-1 agreement with the target's token per block position k, and the mean accepted prefix length
+(leading agreements of a block, the chain acceptance without the bonus token).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import require_torch
+from .drafter import TorchDrafter
+from .recipe import TrainConfig, position_weights
+
+torch = require_torch()
+F = torch.nn.functional
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """The drafter being trained on `samples` ((ids int32, prompt_len) pairs) against a frozen TorchTarget."""
+
+    def __init__(self, target, drafter_cfg, tc: TrainConfig, samples, log: Callable[[str], None] = print):
+        self.target, self.cfg, self.tc, self.log = target, drafter_cfg, tc, log
+        self.dev = target.device
+        held = [i for i in range(len(samples)) if i % tc.eval_every == 0]
+        self.eval_set = [samples[i] for i in held]
+        self.train_set = [s for i, s in enumerate(samples) if i % tc.eval_every]
+        self.train_set = [(ids[:tc.max_seq], p) for ids, p in self.train_set if min(len(ids), tc.max_seq) - p >= 2]
+        if not self.train_set:
+            raise ValueError("no training samples with an answer of >= 2 tokens")
+        self.drafter = TorchDrafter(drafter_cfg, max_pos=tc.max_seq + tc.block_size, seed=tc.seed).to(self.dev)
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=tc.lr, betas=(0.9, 0.95),
+                                     weight_decay=tc.weight_decay)
+        self.weights = torch.tensor(position_weights(tc.block_size), device=self.dev)
+        self.gen = torch.Generator().manual_seed(tc.seed)         # anchors (CPU: the same on every device)
+        self.step, self.train_seconds = 0, 0.0
+        self.per_epoch = math.ceil(len(self.train_set) / tc.batch_seqs)
+        self.planned = max(1, int(tc.epochs * self.per_epoch))
+        self.autocast = self.dev.type == "cuda"
+        self._order: tuple[int, list] = (-1, [])
+
+    # -- data ------------------------------------------------------------------------------------
+    def _epoch_order(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's batches: shuffled, sorted by length within groups of 16 batches (less padding)."""
+        if self._order[0] == epoch:
+            return self._order[1]
+        rng = np.random.default_rng([self.tc.seed, epoch])
+        order = rng.permutation(len(self.train_set))
+        n = self.tc.batch_seqs
+        batches = []
+        for g in range(0, len(order), 16 * n):
+            group = sorted(order[g:g + 16 * n], key=lambda i: len(self.train_set[i][0]))
+            batches.extend(np.array(group[j:j + n]) for j in range(0, len(group), n))
+        rng.shuffle(batches)
+        self._order = (epoch, batches)
+        return batches
+
+    def _tensors(self, samples):
+        """ids int64 (N, T) right-padded with 0, lengths (N,), prompt lengths (N,) on the device."""
+        t = max(len(ids) for ids, _ in samples)
+        ids = np.zeros((len(samples), t), np.int64)
+        for i, (s, _) in enumerate(samples):
+            ids[i, :len(s)] = s
+        lens = torch.tensor([len(s) for s, _ in samples])
+        plen = torch.tensor([p for _, p in samples])
+        return torch.from_numpy(ids).to(self.dev), lens.to(self.dev), plen.to(self.dev)
+
+    def _anchors(self, lens, plen, t: int, gen):
+        """anchors int64 (N, A), keep bool (N, A): up to A answer positions per sequence, without replacement."""
+        a = min(self.tc.anchors, t)
+        pos = torch.arange(t)
+        ok = (pos[None] >= plen.cpu()[:, None]) & (pos[None] <= lens.cpu()[:, None] - 2)
+        score = torch.rand(len(lens), t, generator=gen).masked_fill(~ok, -1.0)
+        top, idx = score.topk(a, dim=1)
+        return idx.to(self.dev), (top >= 0).to(self.dev)
+
+    # -- the loss --------------------------------------------------------------------------------
+    def _forward(self, ids, lens, plen, gen):
+        """(loss, correct (B-1,), counted (B-1,), per-block leading agreements, blocks) for one batch."""
+        B = self.tc.block_size
+        feats, _ = self.target.forward(ids, capture=self.cfg.target_layer_ids)
+        feats = torch.cat(feats, dim=-1)                                           # (N, T, n_features * D)
+        anchors, keep = self._anchors(lens, plen, ids.shape[1], gen)
+        offs = torch.arange(B, device=self.dev)
+        where = anchors[:, :, None] + offs                                         # (N, A, B)
+        labelled = (where < lens[:, None, None]) & keep[:, :, None]
+        tok = ids.gather(1, where.clamp(max=ids.shape[1] - 1).flatten(1)).view_as(where)
+        block = torch.full_like(tok, self.cfg.mask_token_id)
+        block[:, :, 0] = tok[:, :, 0]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            h = self.drafter.blocks(self.drafter.context(feats), self.target.embed[block], anchors, keep)
+            logits = self.drafter.logits(h[:, :, 1:], self.target.lm_head)       # (N, A, B-1, V)
+        labels, mask = tok[:, :, 1:], labelled[:, :, 1:]
+        ce = F.cross_entropy(logits.float().flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
+        w = self.weights * mask
+        loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
+        hit = (logits.argmax(-1) == labels) & mask
+        lead = hit.int().cumprod(dim=-1).sum(-1)[keep]                             # leading agreements per block
+        return loss, hit.sum((0, 1)), mask.sum((0, 1)), lead
+
+    def lr_at(self, progress: float) -> float:
+        w = self.tc.warmup
+        if progress < w:
+            return self.tc.lr * (progress / w)
+        return self.tc.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - w) / (1 - w))))
+
+    def progress(self) -> float:
+        return max(self.step / self.planned, self.train_seconds / (self.tc.train_minutes * 60))
+
+    def next_batch(self) -> np.ndarray:
+        """Indices into train_set of the step's sequences (a function of seed and step: resumable)."""
+        epoch, i = divmod(self.step, self.per_epoch)
+        return self._epoch_order(epoch)[i]
+
+    def train_step(self, batch_idx) -> dict:
+        ids, lens, plen = self._tensors([self.train_set[i] for i in batch_idx])
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr_at(self.progress())
+        loss, hit, cnt, lead = self._forward(ids, lens, plen, self.gen)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.tc.grad_clip)
+        self.opt.step()
+        self.step += 1
+        return {"loss": float(loss.detach()), "hit": hit.cpu(), "cnt": cnt.cpu(), "lead": lead.float().mean().item(),
+                "tokens": int(lens.sum())}
+
+    @torch.no_grad()
+    def evaluate(self, max_samples: int = 256) -> dict:
+        """Held-out acceptance proxy: per-position top-1 agreement and the mean accepted prefix length."""
+        gen = torch.Generator().manual_seed(1234)                # the same anchors at every evaluation
+        samples = [(s[:self.tc.max_seq], p) for s, p in self.eval_set[:max_samples]
+                   if min(len(s), self.tc.max_seq) - p >= 2]
+        hit = cnt = 0
+        leads = []
+        for j in range(0, len(samples), self.tc.batch_seqs):
+            ids, lens, plen = self._tensors(samples[j:j + self.tc.batch_seqs])
+            _, h, c, lead = self._forward(ids, lens, plen, gen)
+            hit, cnt = hit + h.cpu(), cnt + c.cpu()
+            leads.append(lead.float().cpu())
+        if not leads:
+            return {}
+        acc = (hit / cnt.clamp(min=1)).tolist()
+        return {"acc": acc, "accept_len": float(torch.cat(leads).mean()), "blocks": int(sum(len(x) for x in leads))}
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, deadline: float, ckpt: Path, save_every_s: float = 120.0, log_every_s: float = 20.0) -> dict:
+        """Train until progress reaches 1 or time.monotonic() reaches `deadline`; checkpoint as it goes."""
+        last_log = last_save = time.monotonic()
+        agg = {"loss": 0.0, "n": 0, "tokens": 0, "hit": 0, "cnt": 0, "lead": 0.0, "t": 0.0}
+        while self.progress() < 1.0 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            r = self.train_step(self.next_batch())
+            if self.dev.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.monotonic() - t0
+            self.train_seconds += dt
+            for k in ("loss", "tokens", "hit", "cnt", "lead"):
+                agg[k] = agg[k] + r[k]
+            agg["n"] += 1
+            agg["t"] += dt
+            now = time.monotonic()
+            if now - last_log >= log_every_s:
+                self._log_progress(agg)
+                agg = {k: 0 for k in agg}
+                last_log = now
+            if now - last_save >= save_every_s:
+                self.save(ckpt)
+                last_save = now
+        self.save(ckpt)
+        return self.evaluate()
+
+    def _log_progress(self, agg) -> None:
+        acc = (agg["hit"] / np.maximum(agg["cnt"], 1)).tolist() if agg["n"] else []
+        shown = " ".join(f"k{k + 1}={acc[k]:.2f}" for k in (0, 1, 3, 7, 14) if k < len(acc))
+        self.log(f"step {self.step} ({self.progress():.0%}) loss {agg['loss'] / agg['n']:.3f} "
+                 f"lr {self.opt.param_groups[0]['lr']:.2e} {agg['tokens'] / max(agg['t'], 1e-9):.0f} tok/s "
+                 f"top1 {shown} accept_len {agg['lead'] / agg['n']:.2f}")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        state = {"drafter": self.drafter.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                 "train_seconds": self.train_seconds, "gen": self.gen.get_state(), "recipe": self.tc.to_dict(),
+                 "mask_token_id": self.cfg.mask_token_id, "target_layer_ids": list(self.cfg.target_layer_ids),
+                 "ffn": self.cfg.model.ffn}
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path, map_location=self.dev, weights_only=False)
+        fixed = {k: v for k, v in state["recipe"].items() if k not in TrainConfig.RESUMABLE}
+        now = {k: v for k, v in self.tc.to_dict().items() if k not in TrainConfig.RESUMABLE}
+        if fixed != now or state["mask_token_id"] != self.cfg.mask_token_id or state["ffn"] != self.cfg.model.ffn:
+            diff = sorted(k for k in fixed if fixed[k] != now.get(k))
+            raise ValueError(f"{path}: the checkpoint was trained with another recipe ({', '.join(diff) or 'mask/ffn'}"
+                             f" differ): resume with the same flags or use a new --work folder")
+        self.drafter.load_state_dict(state["drafter"])
+        self.opt.load_state_dict(state["opt"])
+        self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
+        self.gen.set_state(state["gen"])
+
+    def write_report(self, path: Path, ev: dict, extra: dict) -> None:
+        path.write_text(json.dumps({"step": self.step, "train_seconds": round(self.train_seconds, 1),
+                                    "eval": ev, **extra}, indent=1))

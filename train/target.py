@@ -1,0 +1,183 @@
+"""The target model's forward in torch, from its GGUF: what training needs of it.
+
+Weights: every tensor dequantized with the reference backend's loader (gguf.quants.dequantize -> float32) and
+moved to the device in `dtype` (bfloat16 on the GPU, float32 on the CPU for the tests). The layers are
+models/dense.py's (llama, qwen2 with q/k/v biases, qwen3 with q/k RMSNorm), the RoPE tables are the reference
+backend's own `rope_cos_sin` (plain and scaled RoPE, formed in float64, rounded to float32 once), so on the CPU in
+float32 this computes the reference backend's function (tests/train/test_target_torch.py checks logits and the
+captured layer outputs).
+
+Shapes: N sequences, T positions, D hidden, H / Hkv heads of d; layer outputs are the residual stream after
+the layer (HF hidden_states[i + 1]), which is what the daemon's feature sink captures for the drafter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flashd.daemon.backends.reference import ReferenceOps
+from flashd.daemon.models import open_model
+from flashd.daemon.models.weights import load_weights
+
+from . import require_torch
+
+torch = require_torch()
+F = torch.nn.functional
+
+__all__ = ["TorchTarget", "rmsnorm", "rope", "rope_tables", "attend"]
+
+
+def rmsnorm(x, w, eps: float):
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, in float32 (the reference's arithmetic)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def rope_tables(n_pos: int, theta: float, rope_dim: int, scaling, device):
+    """(cos, sin) float32 (n_pos, rope_dim / 2): ReferenceOps.rope_cos_sin at positions 0 .. n_pos-1."""
+    cos, sin = ReferenceOps.rope_cos_sin(np.arange(n_pos, dtype=np.int64), theta, rope_dim, scaling)
+    return torch.from_numpy(cos).to(device), torch.from_numpy(sin).to(device)
+
+
+def rope(x, positions, cos, sin, rope_dim: int, neox: bool):
+    """x (..., T, heads, d) rotated at int64 positions (..., T): NeoX pairs (i, i + half) or adjacent pairs."""
+    c = cos[positions].unsqueeze(-2).to(x.dtype)     # (..., T, 1, half)
+    s = sin[positions].unsqueeze(-2).to(x.dtype)
+    half = rope_dim // 2
+    if neox:
+        a, b = x[..., :half], x[..., half:rope_dim]
+        rot = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    else:
+        a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        rot = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    return torch.cat([rot, x[..., rope_dim:]], dim=-1) if rope_dim < x.shape[-1] else rot
+
+
+def attend(q, k, v, mask=None, causal: bool = False):
+    """Softmax attention, scale 1/sqrt(d). q (N, Tq, H, d), k/v (N, Tk, Hkv, d) (GQA: query head h reads KV head
+    h // (H / Hkv), as the reference groups them); mask bool (N, Tq, Tk) or None; -> (N, Tq, H * d)."""
+    n, tq, h, d = q.shape
+    hkv = k.shape[2]
+    group = h // hkv
+    if tq == 1 and mask is not None:    # a decode step: group the query heads instead of copying K/V per head
+        s = torch.einsum("nqkgd,ntkd->nkgqt", q.view(n, 1, hkv, group, d), k).float() * d ** -0.5
+        p = s.masked_fill(~mask[:, None, None], float("-inf")).softmax(-1).to(v.dtype)   # (N, Hkv, g, 1, Tk)
+        return torch.einsum("nkgqt,ntkd->nqkgd", p, v).reshape(n, 1, h * d)
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=None if mask is None else mask.unsqueeze(1), is_causal=causal)
+    return o.transpose(1, 2).reshape(n, tq, h * d)
+
+
+@dataclass(slots=True)
+class _Layer:
+    attn_norm: object
+    wq: object
+    wk: object
+    wv: object
+    wo: object
+    bq: object
+    bk: object
+    bv: object
+    q_norm: object
+    k_norm: object
+    ffn_norm: object
+    gate: object
+    up: object
+    down: object
+
+
+class TorchTarget:
+    """A dense target (llama / qwen2 / qwen3) in torch, frozen: no gradients, inference only."""
+
+    def __init__(self, path: str | Path, device="cpu", dtype=None, max_pos: int = 4096):
+        self.path = Path(path)
+        self.file, self.cfg = open_model(self.path)
+        if self.cfg.linear is not None:
+            raise ValueError(f"{self.path.name}: a hybrid target ({self.cfg.arch}) is not supported for training")
+        self.device = torch.device(device)
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        ref = ReferenceOps()
+
+        def load(info):
+            return torch.from_numpy(np.array(ref.load_weight(info))).to(self.device, self.dtype)   # a copy: writable
+
+        w = load_weights(self.file, self.cfg, load)
+        self.embed, self.output_norm, self.lm_head = w.token_embd, w.output_norm, w.output
+        self.layers = [_Layer(lw.attn_norm, lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.attn_q_bias,
+                              lw.attn_k_bias, lw.attn_v_bias, lw.attn_q_norm, lw.attn_k_norm, lw.ffn_norm,
+                              lw.ffn_gate, lw.ffn_up, lw.ffn_down) for lw in w.layers]
+        c = self.cfg
+        self.cos, self.sin = rope_tables(max_pos, c.rope_theta, c.rope_dim, c.rope_scaling, self.device)
+
+    # -- one layer -------------------------------------------------------------------------------
+    def _qkv(self, lw: _Layer, x, positions):
+        c = self.cfg
+        n, t = x.shape[:2]
+        q, k, v = F.linear(x, lw.wq, lw.bq), F.linear(x, lw.wk, lw.bk), F.linear(x, lw.wv, lw.bv)
+        q = q.view(n, t, c.n_heads, c.head_dim)
+        k = k.view(n, t, c.n_kv_heads, c.head_dim)
+        v = v.view(n, t, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = rmsnorm(q, lw.q_norm, c.rms_eps), rmsnorm(k, lw.k_norm, c.rms_eps)
+        q = rope(q, positions, self.cos, self.sin, c.rope_dim, c.rope_neox)
+        k = rope(k, positions, self.cos, self.sin, c.rope_dim, c.rope_neox)
+        return q, k, v
+
+    def _mlp(self, lw: _Layer, h):
+        x = rmsnorm(h, lw.ffn_norm, self.cfg.rms_eps)
+        return h + F.linear(F.silu(F.linear(x, lw.gate)) * F.linear(x, lw.up), lw.down)
+
+    def logits(self, h):
+        """lm_head(output_norm(h)) -> (..., vocab)."""
+        return F.linear(rmsnorm(h, self.output_norm, self.cfg.rms_eps), self.lm_head)
+
+    # -- full sequences (training features) -------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, ids, capture=(), logits: bool = False):
+        """Causal forward over ids int64 (N, T) at positions 0 .. T-1 (right padding is harmless: no position
+        attends a later one). Returns ([layer output (N, T, D) for each layer in `capture`], logits (N, T, V) or
+        None)."""
+        n, t = ids.shape
+        positions = torch.arange(t, device=ids.device).expand(n, t)
+        h = self.embed[ids]
+        feats = {}
+        want = set(capture)
+        last = max(want) if want and not logits else len(self.layers) - 1
+        for i, lw in enumerate(self.layers[:last + 1]):
+            q, k, v = self._qkv(lw, rmsnorm(h, lw.attn_norm, self.cfg.rms_eps), positions)
+            h = h + F.linear(attend(q, k, v, causal=True), lw.wo)
+            h = self._mlp(lw, h)
+            if i in want:
+                feats[i] = h
+        return [feats[i] for i in capture], (self.logits(h) if logits else None)
+
+    # -- decoding with a KV cache (data generation) -----------------------------------------------
+    def new_cache(self, n: int, t_max: int):
+        """K and V (n_layers, N, t_max, Hkv, d) in the model's dtype."""
+        c = self.cfg
+        shape = (c.n_layers, n, t_max, c.n_kv_heads, c.head_dim)
+        return (torch.zeros(shape, device=self.device, dtype=self.dtype),
+                torch.zeros(shape, device=self.device, dtype=self.dtype))
+
+    @torch.no_grad()
+    def step(self, ids, positions, cache, start: int, key_valid):
+        """New tokens ids (N, t) at int64 positions (N, t) into cache slots start .. start+t-1; each attends the
+        valid slots (key_valid bool (N, start + t): False for left padding) up to itself. -> last logits (N, V)."""
+        n, t = ids.shape
+        end = start + t
+        slot = torch.arange(end, device=ids.device)
+        causal = slot[None, :] <= (start + torch.arange(t, device=ids.device))[:, None]      # (t, end)
+        mask = causal[None] & key_valid[:, None, :end]
+        mask = mask | (slot[None, None, :] == (start + torch.arange(t, device=ids.device))[None, :, None])
+        h = self.embed[ids]
+        kc, vc = cache
+        for i, lw in enumerate(self.layers):
+            q, k, v = self._qkv(lw, rmsnorm(h, lw.attn_norm, self.cfg.rms_eps), positions)
+            kc[i, :, start:end], vc[i, :, start:end] = k, v
+            h = h + F.linear(attend(q, kc[i, :, :end], vc[i, :, :end], mask), lw.wo)
+            h = self._mlp(lw, h)
+        return self.logits(h[:, -1])
