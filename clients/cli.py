@@ -39,7 +39,6 @@ def _register() -> None:
     from .http.server import http_command
     from ..daemon.pflash.calibrate_command import calibrate_command
     from .resident_commands import ps_command, stop_command
-    from ..train.command import train_command       # torch is imported only when it runs
 
     main.add_command(serve_command, "serve")
     main.add_command(calibrate_command, "pflash-calibrate")
@@ -48,7 +47,9 @@ def _register() -> None:
     main.add_command(http_command, "http")
     main.add_command(bench_command, "bench")
     main.add_command(build_command(), "build")
-    main.add_command(train_command, "train-drafter")
+    with contextlib.suppress(ModuleNotFoundError):   # an install from before train/ lacks it: pip install -e .
+        from ..train.command import train_command    # torch is imported only when the command runs
+        main.add_command(train_command, "train-drafter")
 
 
 _register()

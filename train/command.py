@@ -1,7 +1,7 @@
 """`flashd train-drafter TARGET`: train a DFlash block drafter for TARGET and export the GGUF `--draft` loads.
 
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 9] [--resume] [--max-tokens N]
-                         [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 5] [--train-minutes 12]
+                         [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 4] [--train-minutes 9.5]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
 by shard), train, checkpoint, export. `--minutes` bounds this call (it stops, checkpoints and exports before);
@@ -54,9 +54,9 @@ class _Log:
 @click.option("--resume", is_flag=True, help="continue the run in the work folder (data, checkpoint)")
 @click.option("--minutes", type=click.FloatRange(min=0.5), default=9.0, show_default=True,
               help="wall-clock limit of this call; it checkpoints and exports before")
-@click.option("--gen-minutes", type=click.FloatRange(min=0.05), default=5.0, show_default=True,
+@click.option("--gen-minutes", type=click.FloatRange(min=0.05), default=4.0, show_default=True,
               help="data generation budget, summed over calls")
-@click.option("--train-minutes", type=click.FloatRange(min=0.05), default=12.0, show_default=True,
+@click.option("--train-minutes", type=click.FloatRange(min=0.05), default=9.5, show_default=True,
               help="training budget, summed over calls (the learning-rate schedule's clock)")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=4_000_000, show_default=True,
               help="answer tokens to generate at most")
@@ -145,9 +145,6 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
         trainer.load(ckpt)
         log(f"resumed at step {trainer.step} ({trainer.train_seconds / 60:.1f} min trained)")
     ev = trainer.run(deadline, ckpt)
-    if ev:
-        acc = " ".join(f"{a:.2f}" for a in ev["acc"])
-        log(f"held-out: accept_len {ev['accept_len']:.2f} over {ev['blocks']} blocks; top-1 by position: {acc}")
     export(trainer.drafter, out, outtype)
     report = {"target": target_path.name, "out": str(out), "bytes": out.stat().st_size,
               "params": matrices + norms, "gen": state, "sources": [str(s.root) for s in data_sources()],

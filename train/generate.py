@@ -32,6 +32,8 @@ torch = require_torch()
 
 __all__ = ["render_prompts", "generate", "load_samples", "gen_state"]
 
+TAIL_FRACTION = 8     # a batch stops once at most 1/8 of its sequences are still answering (after max_new / 4)
+
 
 def render_prompts(target_path: Path, tc: TrainConfig, n: int) -> list[np.ndarray]:
     """Up to n prompts as token ids (int32), chat ones through the target's chat template; a prompt over
@@ -95,7 +97,10 @@ def _answer(target, prompts: list[np.ndarray], max_new: int, stop_ids: list[int]
     out = [tok]
     done = torch.isin(tok, stops)
     for s in range(1, max_new):
-        if bool(done.all()):
+        # stop when all are done, or when a long tail of few sequences would keep a whole batch busy
+        # (those answers are kept cut short: still the target's own tokens)
+        n_active = int((~done).sum())
+        if n_active == 0 or (s >= max_new // 4 and n_active <= n // TAIL_FRACTION):
             break
         tok = target.step(tok[:, None], (plen + s - 1)[:, None], cache, width + s - 1, valid).argmax(-1)
         out.append(tok)

@@ -36,7 +36,8 @@ __all__ = ["Trainer"]
 class Trainer:
     """The drafter being trained on `samples` ((ids int32, prompt_len) pairs) against a frozen TorchTarget."""
 
-    def __init__(self, target, drafter_cfg, tc: TrainConfig, samples, log: Callable[[str], None] = print):
+    def __init__(self, target, drafter_cfg, tc: TrainConfig, samples, log: Callable[[str], None] = print,
+                 autocast: bool | None = None):
         self.target, self.cfg, self.tc, self.log = target, drafter_cfg, tc, log
         self.dev = target.device
         held = [i for i in range(len(samples)) if i % tc.eval_every == 0]
@@ -53,7 +54,8 @@ class Trainer:
         self.step, self.train_seconds = 0, 0.0
         self.per_epoch = math.ceil(len(self.train_set) / tc.batch_seqs)
         self.planned = max(1, int(tc.epochs * self.per_epoch))
-        self.autocast = self.dev.type == "cuda"
+        # bf16 autocast on the GPU (float32 master weights); the CPU tests run float32 unless asked
+        self.autocast = self.dev.type == "cuda" if autocast is None else autocast
         self._order: tuple[int, list] = (-1, [])
 
     # -- data ------------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ class Trainer:
         tok = ids.gather(1, where.clamp(max=ids.shape[1] - 1).flatten(1)).view_as(where)
         block = torch.full_like(tok, self.cfg.mask_token_id)
         block[:, :, 0] = tok[:, :, 0]
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+        with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.autocast):
             h = self.drafter.blocks(self.drafter.context(feats), self.target.embed[block], anchors, keep)
             logits = self.drafter.logits(h[:, :, 1:], self.target.lm_head)       # (N, A, B-1, V)
         labels, mask = tok[:, :, 1:], labelled[:, :, 1:]
@@ -161,9 +163,11 @@ class Trainer:
         return {"acc": acc, "accept_len": float(torch.cat(leads).mean()), "blocks": int(sum(len(x) for x in leads))}
 
     # -- the loop --------------------------------------------------------------------------------
-    def run(self, deadline: float, ckpt: Path, save_every_s: float = 120.0, log_every_s: float = 20.0) -> dict:
-        """Train until progress reaches 1 or time.monotonic() reaches `deadline`; checkpoint as it goes."""
-        last_log = last_save = time.monotonic()
+    def run(self, deadline: float, ckpt: Path, save_every_s: float = 120.0, log_every_s: float = 20.0,
+            eval_every_s: float = 180.0) -> dict:
+        """Train until progress reaches 1 or time.monotonic() reaches `deadline`; checkpoint and evaluate as it
+        goes; returns the final held-out evaluation."""
+        last_log = last_save = last_eval = time.monotonic()
         agg = {"loss": 0.0, "n": 0, "tokens": 0, "hit": 0, "cnt": 0, "lead": 0.0, "t": 0.0}
         while self.progress() < 1.0 and time.monotonic() < deadline:
             t0 = time.monotonic()
@@ -184,8 +188,19 @@ class Trainer:
             if now - last_save >= save_every_s:
                 self.save(ckpt)
                 last_save = now
+            if now - last_eval >= eval_every_s:
+                self.log_eval(self.evaluate())
+                last_eval = time.monotonic()
         self.save(ckpt)
-        return self.evaluate()
+        ev = self.evaluate()
+        self.log_eval(ev)
+        return ev
+
+    def log_eval(self, ev: dict) -> None:
+        if ev:
+            acc = " ".join(f"{a:.2f}" for a in ev["acc"])
+            self.log(f"held-out at step {self.step}: accept_len {ev['accept_len']:.2f} over {ev['blocks']} blocks; "
+                     f"top-1 agreement by block position: {acc}")
 
     def _log_progress(self, agg) -> None:
         acc = (agg["hit"] / np.maximum(agg["cnt"], 1)).tolist() if agg["n"] else []

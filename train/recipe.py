@@ -68,8 +68,8 @@ class TrainConfig:
     raw_fraction: float = 0.3     # share of raw-completion prompts (the rest go through the chat template)
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
-    gen_minutes: float = 5.0
-    train_minutes: float = 12.0
+    gen_minutes: float = 4.0
+    train_minutes: float = 9.5
 
     def __post_init__(self):
         ints = ("block_size", "n_layers", "n_features", "anchors", "batch_seqs", "max_seq", "max_tokens",
