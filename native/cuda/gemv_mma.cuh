@@ -8,10 +8,11 @@
 //
 // Status: exact (bit for bit on an H100 for every format, 2..8 rows) but slower than the one-row kernel's passes
 // (results/2026-11-26-h100-gemv-mma-passes.txt: 8 rows of ffn_down 118 vs 77 us), so every tuning-table entry
-// leaves it off. Where the time goes is not yet measured; suspects: a unit's blocks run in series on one warp
-// (a virtual lane's chain), 16 small cp.async ranges a block, the 4 threads of a quad each decoding the same
-// pieces' headers, and the round's barrier. The lab kernel (no lane chains, registers straight from global)
-// ran 8 rows at 1.15-1.3x one row.
+// leaves it off. Measured since (ncu, results/2026-11-26-h100-gemv-mma-ncu-session11.txt): latency-bound, not the
+// tensor cores -- one CTA a 16-row tile, few warps (8 x rows of x staged per CTA), each running a long dependent
+// instruction stream per block step. Smaller units (one virtual lane each) were slower still. bench/NOTES.md
+// (session 11) says what the next version needs: a parallel decode+mma phase apart from the serial float chains,
+// and x quantized once per launch instead of per CTA.
 //
 // Same bits as gemv.cuh: the integer sums of a part are exact in both kernels (dp4a or mma), and the float work is
 // row_dot_q8's, operation for operation. gemv.cuh's lane t of a row (lpr lanes a row) adds, in one fmaf chain,
