@@ -66,6 +66,8 @@ class _Log:
 @click.option("--max-mb", type=float, default=56.0, show_default=True, help="Q8_0 size cap (sets the SwiGLU width)")
 @click.option("--max-new", type=click.IntRange(min=2), default=512, show_default=True, help="answer tokens per prompt")
 @click.option("--max-prompt", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--raw-fraction", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="share of raw code-completion prompts (bench_spec.py prompts raw code); the rest are chat")
 @click.option("--batch-seqs", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--anchors", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--gen-batch", type=click.IntRange(min=1), default=256, show_default=True, help="prompts decoded together")
@@ -73,7 +75,8 @@ class _Log:
 @click.option("--device", default=None, help="torch device (default: cuda when available, else cpu)")
 @click.option("--outtype", type=click.Choice(["q8_0", "f32", "f16", "bf16"]), default="q8_0", show_default=True)
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
-                  features, max_mb, max_new, max_prompt, batch_seqs, anchors, gen_batch, seed, device, outtype):
+                  features, max_mb, max_new, max_prompt, raw_fraction, batch_seqs, anchors, gen_batch, seed, device,
+                  outtype):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation."""
     from . import TorchMissing, require_torch
     try:
@@ -85,6 +88,7 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
         tc = TrainConfig(block_size=block_size, n_layers=layers, n_features=features, max_mb=max_mb,
                          anchors=anchors, batch_seqs=batch_seqs, max_seq=max_prompt + max_new, seed=seed,
                          max_tokens=max_tokens, max_prompt=max_prompt, max_new=max_new, gen_batch=gen_batch,
+                         raw_fraction=raw_fraction,
                          gen_minutes=gen_minutes, train_minutes=train_minutes)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

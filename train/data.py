@@ -129,7 +129,7 @@ def _snippets(text: str, rng: random.Random, n: int) -> Iterator[str]:
             yield chunk
 
 
-def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.3, per_file: int = 2) -> list[Prompt]:
+def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2) -> list[Prompt]:
     """n prompts, deterministic for (machine's sources, seed): files shuffled over every source,
     `per_file` snippets each, a task drawn per snippet."""
     rng = random.Random(seed)

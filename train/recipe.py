@@ -1,6 +1,6 @@
 """The training recipe: TrainConfig (checked on construction) and the drafter's shape for a target.
 
-Where each choice comes from (facts from the published work, not its code):
+Where each choice comes from (facts from the paper and the open DFlash trainers; no code copied):
 
     block size 16            the DFlash paper (Chen, Liang, Liu: "DFlash: Block Diffusion for Flash Speculative
                              Decoding", z-lab, arXiv 2602.06036) and z-lab's released "-b16" drafters
@@ -17,7 +17,8 @@ Where each choice comes from (facts from the published work, not its code):
                              acceptance); gamma 7 for B = 16, 5 for B = 10, 4 for B = 8 (the paper's decay; the
                              values used by the open DFlash trainers), linear in B between and beyond
     optimiser                AdamW, lr 6e-4, 4% linear warm-up, no weight decay (the open DFlash training configs);
-                             the cosine decay to 0 after warm-up and the grad-norm clip at 1.0 are our choices
+                             the cosine decay to 0 after warm-up, betas (0.9, 0.95) and the grad-norm clip at 1.0
+                             are our choices
     data                     self-distillation: the target's own greedy answers (the paper regenerates its training
                              responses with the target); ours are prompts built from local sources (data.py)
     drafter depth            the paper uses 5 layers for 4B-8B targets; 3 here, with the SwiGLU width chosen so the
@@ -65,7 +66,7 @@ class TrainConfig:
     max_prompt: int = 512         # prompt tokens (longer prompts are skipped)
     max_new: int = 512            # answer tokens per prompt
     gen_batch: int = 256          # prompts decoded together
-    raw_fraction: float = 0.3     # share of raw-completion prompts (the rest go through the chat template)
+    raw_fraction: float = 0.5     # share of raw-completion prompts (the rest go through the chat template)
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
     gen_minutes: float = 4.0
