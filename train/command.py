@@ -70,7 +70,8 @@ class _Log:
               help="share of raw code-completion prompts (bench_spec.py prompts raw code); the rest are chat")
 @click.option("--batch-seqs", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--anchors", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--gen-batch", type=click.IntRange(min=1), default=256, show_default=True, help="prompts decoded together")
+@click.option("--gen-batch", type=click.IntRange(min=1), default=256, show_default=True,
+              help="prompts decoded together")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cuda when available, else cpu)")
 @click.option("--outtype", type=click.Choice(["q8_0", "f32", "f16", "bf16"]), default="q8_0", show_default=True)
