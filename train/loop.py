@@ -230,7 +230,7 @@ class Trainer:
         self.drafter.load_state_dict(state["drafter"])
         self.opt.load_state_dict(state["opt"])
         self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
-        self.gen.set_state(state["gen"])
+        self.gen.set_state(state["gen"].cpu())           # map_location moved it to the device; the generator is CPU
 
     def write_report(self, path: Path, ev: dict, extra: dict) -> None:
         path.write_text(json.dumps({"step": self.step, "train_seconds": round(self.train_seconds, 1),
