@@ -455,6 +455,7 @@ class Client:
             self._closed = True
             self._close_socket()
 
+    # The with-protocol as GenerationStream's, each closing its own thing (here the socket and every request).
     def __enter__(self) -> "Client":
         return self
 

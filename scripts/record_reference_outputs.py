@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+# File formats and names, one constant a line: a list, alike in shape only to other lists of names (the
+# GGUF keys of daemon/models/dflash_config.py).
 OUTPUT_FORMAT = "flashd-reference-outputs/1"
 PROMPTS_FORMAT = "flashd-reference-prompts/1"
 PROMPTS_FILE = "prompts.json"
@@ -54,6 +56,8 @@ REFERENCE_MODELS = (
 )
 
 
+# Settings one a line with their defaults: alike in shape to other settings records (make_synthetic_dflash.py's
+# SyntheticDFlashSpec), with nothing in common to share.
 @dataclass(frozen=True, slots=True)
 class RecordingConfig:
     """How llama.cpp is driven. Every field ends up in the output's `recorder` metadata."""

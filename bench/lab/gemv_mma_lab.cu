@@ -25,6 +25,12 @@
 // back-to-back launches over weight copies that exceed L2 (as gemv_stream_lab.cu), with PDL.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o gemv_mma_lab bench/lab/gemv_mma_lab.cu && ./gemv_mma_lab
+//
+// Repeats, on purpose: the PDL and 16-byte load helpers, the host dequant_row and random_q4k, quantize_row
+// (quantize_x for several rows), time_graph and the PDL launch are gemv_stream_lab.cu's (and its kernels
+// header's), sbyte / scale_min gemv_q4k_lab.cu's: each lab is one nvcc command and stays as it was measured
+// (bench/NOTES.md), so the labs share no header with each other or with the library. The two variant lists
+// in main (wide and narrow matrices) are tables, one launch a line.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -21,6 +21,10 @@
 // gemv.cuh keeping the library's row invariance (a row's bits independent of the rows beside it).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o gemv_stream_lab bench/lab/gemv_stream_lab.cu && ./gemv_stream_lab
+//
+// Repeats, on purpose: the host dequant_row is gemv_q4k_lab.cu's, and gemv_mma_lab.cu repeats this file's
+// time_graph, launch and host helpers: each lab is one nvcc command and stays as it was measured
+// (bench/NOTES.md), so the labs share no header. The two layer loops in main are spelled out as they ran.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -1,5 +1,8 @@
 // gemv_stream_lab_kernels.cuh -- the device side of gemv_stream_lab.cu (a lab, not the library): the
 // streaming floor kernel and the two Q4_K GEMV designs it measures; gemv_stream_lab.cu says what and why.
+// Repeats, on purpose: sbyte / scale_min are gemv_q4k_lab.cu's (and gemv_mma_lab.cu repeats them and the PDL
+// helpers), since the labs share no header; gemv_q4k_s4 repeats gemv_q4k_stream's work split, each variant
+// one self-contained kernel as measured (bench/NOTES.md).
 #pragma once
 
 #include <cuda_fp16.h>

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 
 from .anthropic_schemas import CountTokensRequest, Message, MessagesRequest
 from .errors import ApiError, anthropic_error_body
-from .generation import Finish, GenerationSettings, Step, generate, spec_settings
+from .generation import Finish, GenerationSettings, Step, collect, generate, spec_settings
 from .prompts import chat_prompt_ids
 from .sse import sse_event
 from .streaming import DisconnectWatch, stream_after_first
@@ -100,22 +99,17 @@ async def messages(body: MessagesRequest, request: Request):
     if body.stream:
         return await stream_after_first(items, watch, _MessageStream(message_id, link.model_id, len(prompt_ids)))
 
+    pieces, _, finish = await collect(items)
     content: list[dict] = []
-    finish = None
-    async with aclosing(items):
-        async for item in items:
-            if isinstance(item, Step):
-                for piece in item.pieces:
-                    if isinstance(piece, TextPiece):
-                        if content and content[-1]["type"] == "text":
-                            content[-1]["text"] += piece.text
-                        else:
-                            content.append({"type": "text", "text": piece.text})
-                    else:
-                        content.append({"type": "tool_use", "id": _new_id("toolu_"), "name": piece.name,
-                                        "input": piece.arguments})
+    for piece in pieces:
+        if isinstance(piece, TextPiece):
+            if content and content[-1]["type"] == "text":
+                content[-1]["text"] += piece.text
             else:
-                finish = item
+                content.append({"type": "text", "text": piece.text})
+        else:
+            content.append({"type": "tool_use", "id": _new_id("toolu_"), "name": piece.name,
+                            "input": piece.arguments})
     return {"id": message_id, "type": "message", "role": "assistant", "model": link.model_id,
             "content": content, "stop_reason": STOP_REASONS[finish.reason], "stop_sequence": finish.stop_sequence,
             "usage": _usage(finish)}
@@ -174,6 +168,8 @@ class _MessageStream:
                 out.append(self.event("content_block_stop", {"index": self.index}))
         return out
 
+    # The loop of openai_api.py's streams (first item, then the rest; an ApiError becomes an error event) in
+    # this dialect's events: the start, finish and error events differ, only the loop's shape is shared.
     async def __call__(self, first, rest: AsyncIterator) -> AsyncIterator[bytes]:
         yield self.event("message_start", {"message": self.message})
         yield self.event("ping", {})

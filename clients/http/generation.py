@@ -21,7 +21,8 @@ from .daemon_link import DaemonLink
 from .errors import ApiError
 from .tools import TOOL_CALL_CLOSE, TextPiece, ToolCall, ToolCallParser
 
-__all__ = ["Finish", "GenerationSettings", "Step", "TokenLogprob", "generate", "spec_settings", "UNLIKELY_LOGPROB"]
+__all__ = ["Finish", "GenerationSettings", "Step", "TokenLogprob", "collect", "generate", "spec_settings",
+           "UNLIKELY_LOGPROB"]
 
 # OpenAI reports log p = -inf as -9999.0; the daemon sends null for it.
 UNLIKELY_LOGPROB = -9999.0
@@ -246,3 +247,20 @@ async def generate(link: DaemonLink, settings: GenerationSettings,
                 yield Finish(reason, stop, int(event.get("n_prompt", len(settings.prompt_ids))),
                              int(event.get("n_gen", len(out_ids))), int(event.get("n_cached", 0)))
                 return
+
+
+async def collect(items: AsyncIterator[Step | Finish]
+                  ) -> tuple[list[TextPiece | ToolCall], list[TokenLogprob], Finish | None]:
+    """A whole generation, for a response that is not streamed: its pieces in output order, the
+    logprobs of its tokens and its Finish (`items` is closed however this ends)."""
+    pieces: list[TextPiece | ToolCall] = []
+    logprobs: list[TokenLogprob] = []
+    finish = None
+    async with aclosing(items):
+        async for item in items:
+            if isinstance(item, Step):
+                pieces.extend(item.pieces)
+                logprobs.extend(item.logprobs)
+            else:
+                finish = item
+    return pieces, logprobs, finish

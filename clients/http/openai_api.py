@@ -12,12 +12,11 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 
 from .errors import ApiError, openai_error_body
-from .generation import Finish, GenerationSettings, Step, TokenLogprob, generate, spec_settings
+from .generation import Finish, GenerationSettings, Step, TokenLogprob, collect, generate, spec_settings
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .prompts import chat_prompt_ids, completion_prompt_ids
 from .sse import sse_event
@@ -149,22 +148,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         render = _ChatStream(completion_id, created, link.model_id, include_usage, bool(body.logprobs))
         return await stream_after_first(items, watch, render)
 
-    text: list[str] = []
-    calls: list[dict] = []
-    logprobs: list[TokenLogprob] = []
-    finish = None
-    async with aclosing(items):
-        async for item in items:
-            if isinstance(item, Step):
-                logprobs.extend(item.logprobs)
-                for piece in item.pieces:
-                    if isinstance(piece, TextPiece):
-                        text.append(piece.text)
-                    else:
-                        calls.append(_tool_call_object(piece, _new_id("call_")))
-            else:
-                finish = item
-    content = "".join(text)
+    pieces, logprobs, finish = await collect(items)
+    content = "".join(p.text for p in pieces if isinstance(p, TextPiece))
+    calls = [_tool_call_object(p, _new_id("call_")) for p in pieces if not isinstance(p, TextPiece)]
     message = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
     if calls:
         message["tool_calls"] = calls
@@ -296,17 +282,9 @@ async def completions(body: CompletionRequest, request: Request):
 
         return await stream_after_first(items, watch, render)
 
-    text: list[str] = []
-    entries: list[TokenLogprob] = []
-    finish = None
-    async with aclosing(items):
-        async for item in items:
-            if isinstance(item, Step):
-                text.extend(p.text for p in item.pieces if isinstance(p, TextPiece))
-                entries.extend(item.logprobs)
-            else:
-                finish = item
-    return {**base, "choices": [{"index": 0, "text": "".join(text),
+    pieces, entries, finish = await collect(items)
+    text = "".join(p.text for p in pieces if isinstance(p, TextPiece))
+    return {**base, "choices": [{"index": 0, "text": text,
                                  "logprobs": logprob_renderer.render(entries) if want_logprobs else None,
                                  "finish_reason": FINISH_REASONS[finish.reason]}],
             "usage": _usage(finish)}

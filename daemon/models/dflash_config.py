@@ -138,6 +138,7 @@ def write_metadata(writer, cfg: DFlashConfig) -> None:
     import gguf
 
     m = cfg.model
+    # One key a line, in from_gguf's order (the writer mirrors the reader key by key, so the lines repeat).
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(m.name or "dflash drafter")
     writer.add_uint32(K_BLOCK_COUNT, m.n_layers)

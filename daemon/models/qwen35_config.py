@@ -47,6 +47,7 @@ class LinearAttentionConfig:
             raise ModelLoadError(f"ssm.time_step_rank {self.n_v_heads} is not a multiple of ssm.group_count "
                                  f"{self.n_k_heads}")
 
+    # Widths from head counts, one property each: ModelConfig's q_dim / kv_dim in shape, for these layers' heads.
     @property
     def key_dim(self) -> int:
         return self.n_k_heads * self.head_dim

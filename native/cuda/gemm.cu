@@ -293,6 +293,8 @@ __global__ void __launch_bounds__(T::n_threads, T::MIN_BLOCKS) gemm_f16_mma_kern
 
 #endif  // FD_HAS_MMA
 
+// (This guard-then-fallback layout -- the mma kernel traps where it cannot run, a SIMT kernel follows -- is
+// attention_prefill.cu's too, on purpose: each op's .cu holds its own tensor-core kernel and its fallback.)
 // ---- SIMT fallback: 16x16 output tile per block, one output per thread -----------------------
 constexpr int SIMT_TILE = 16;
 

@@ -19,6 +19,8 @@ from flashd.protocol import messages as m
 from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
 from tests.daemon.engine_client import EngineClient
 
+# This file's models (hidden 64: small enough for the engine to load and run); test_vram_sizes.py's have the
+# same shape but hidden 256 and the sizes it computes by hand, so each file keeps its own.
 TARGET = SyntheticSpec(arch="qwen2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,
                        seed=31, name="tgt")
 DRAFT = SyntheticSpec(arch="qwen2", n_layers=1, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512,

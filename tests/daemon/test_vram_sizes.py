@@ -19,6 +19,8 @@ from flashd.daemon.vram_sizes import (CudaSizes, HostSizes, _pflash_shape, descr
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
 
+# This file's models, whose sizes the checks below compute by hand; test_vram_engine.py's have the same shape
+# but smaller numbers (the engine runs them), so each file keeps its own.
 TARGET = SyntheticSpec(arch="qwen2", n_layers=2, hidden=256, n_heads=4, n_kv_heads=2, ffn=512, vocab_size=512,
                        seed=21, name="tgt")
 DRAFT = SyntheticSpec(arch="qwen2", n_layers=1, hidden=256, n_heads=4, n_kv_heads=2, ffn=512, vocab_size=512,

@@ -156,6 +156,9 @@ class EmuBlock32:   # shared by the 32-element formats: one lane per block, runs
     xrun = staticmethod(lambda run: 4 * run)
 
 
+# The 32-element formats: each class mirrors its Fmt<QT> in native/cuda/quant_q32.cuh, the same members in
+# the same order, and Q4_1 repeats Q4_0's code_word / part_shift / part_group as quant_q32.cuh does -- on
+# purpose, so each class reads side by side with its kernel block.
 class EmuQ4_0(EmuBlock32):
     qtype, BB, PARTS, ALIGN, PART_COLS, OFFSET, CODE_MASK = T.Q4_0, 18, 2, 2, 16, 8, 0xF
 

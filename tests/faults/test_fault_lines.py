@@ -32,6 +32,8 @@ def _run(faults, fault_class: str, daemon, fresh_probe, cases) -> None:
         case.probe(daemon, fresh_probe, fault_class)
 
 
+# One table of (line, error code, id) per kind of fault, each with its own test so a failure names the
+# kind: the tables have the same shape on purpose.
 MALFORMED = [
     ("garbage", "unknown_command", ASSIGNED),
     ("generate", "bad_request", ASSIGNED),

@@ -62,6 +62,8 @@ def _post_ok(gateway, path: str, body: dict) -> httpx.Response:
     return reply
 
 
+# Two tests of the same shape, one per dialect (OpenAI chat here, Anthropic messages below): kept apart so a
+# failure names its API, and their checks are each API's own fields.
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=chat_requests())
 def test_valid_chat_requests_succeed(gateway, body):

@@ -148,6 +148,8 @@ def test_arbitrary_lines_only_raise_protocol_errors(line):
 # ---------------------------------------------------------------------------- bad lines
 
 
+# A table, one bad line a row (same shape on purpose); test_protocol_wire.py has a table and an arbitrary-input
+# property of the same shape for the wire codec, kept apart so a failure names its codec.
 @pytest.mark.parametrize(
     "line, code, request_id, match",
     [
