@@ -278,6 +278,7 @@ int launch_mma_for(int n_sms, float* o, const float* q, const __half* k_cache, c
 extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache,
                                     const int32_t* n_past, int n, const fd_attention_shape_t* shape, void* stream) {
     FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && n >= 1 && fd::shape_valid(shape));
+    if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // reads float16 K/V only so far (flashd_attention.h)
     const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
     const int max_ctx = shape->max_ctx;
     const float scale = shape->scale;

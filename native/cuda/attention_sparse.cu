@@ -175,6 +175,7 @@ extern "C" int fd_attention_block_sparse(float* o, const float* q, const void* k
                                          int local_blocks, void* stream) {
     FD_CHECK_ARG(o && q && k_cache && v_cache && n >= 1 && p0 >= 0 && p0 % FD_FLASHPREFILL_BLOCK == 0);
     FD_CHECK_ARG(fd::shape_valid(shape) && isfinite(shape->scale));
+    if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // reads float16 K/V only so far (flashd_attention.h)
     const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
     const int max_ctx = shape->max_ctx;
     FD_CHECK_ARG((int64_t)p0 + n <= max_ctx && (int64_t)n * n_heads <= INT_MAX);

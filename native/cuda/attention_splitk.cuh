@@ -1,6 +1,7 @@
 // attention_splitk.cuh -- the split-K flash-attention core of attention_decode.cu (one new token)
 // and attention_masked.cu (n new tokens under a mask: speculative tree verification), over the
-// float16 KV cache [n_kv_heads][max_ctx][head_dim].
+// float16 KV cache [n_kv_heads][max_ctx][head_dim] -- or a q8_0 / q4_0 K or V (kv_quant.cuh planes),
+// dequantized to float16 as its tiles are loaded (splitk_kernel's QKV variant; no dequantized copy).
 //
 // The ops it serves, by name through every layer (ARCHITECTURE.md, "Ops"): fd_attention_decode,
 // fd_attention_decode_rope and fd_attention_masked -> CudaOps.attention_decode / attention_decode_rope /

@@ -81,6 +81,42 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
     }
 }
 
+// ---- quantized rows (QKV) -------------------------------------------------------------------
+// dims [8 piece, 8 piece + 8) of cache row `row` (kv_head * max_ctx + slot) as 8 float16 values: a float16
+// row by cp.async as always, a q8_0 / q4_0 row dequantized (d * q, rounded to float16) with plain loads
+// (codes: 8 bytes, 8-byte aligned since a row's codes are head_dim or head_dim / 2 bytes); invalid: zeros.
+template <int HD>
+__device__ __forceinline__ void load_piece(__half* dst, int kv_type, const __half* f16_cache, const kvq::Plane& pl,
+                                           size_t row, int piece, bool valid) {
+    if (kv_type == FD_KV_F16) {
+        cp_async16(dst, f16_cache + row * HD + piece * 8, valid);
+        return;
+    }
+    uint4 out = make_uint4(0u, 0u, 0u, 0u);
+    if (valid) {
+        const int b = piece >> 2, off = (piece & 3) * 8;             // block, first value in the block
+        const float d = __half2float(pl.row_scales(row)[b]);
+        float x[8];
+        if (kv_type == FD_KV_Q8_0) {
+            const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + piece * 8);
+            const int8_t* q = reinterpret_cast<const int8_t*>(&c);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = d * (float)q[i];
+        } else {                                                      // bytes 16 b + off % 16: low / high nibbles
+            const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + b * 16 + (off & 15));
+            const uint8_t* q = reinterpret_cast<const uint8_t*>(&c);
+            const int shift = off >= 16 ? 4 : 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = d * (float)(((q[i] >> shift) & 15) - 8);
+        }
+        __half2 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
+        out = *reinterpret_cast<const uint4*>(h);
+    }
+    *reinterpret_cast<uint4*>(dst) = out;
+}
+
 // ---- the block ----------------------------------------------------------------------------
 // grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
 //
@@ -96,7 +132,14 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
 //       no ordering between the global write below and any cp.async read is needed;
 //   (b) query-row tile 0 of that split writes them into the cache at slot n_past for later steps.
 // Everything else is the plain kernel's code, so o equals fd_rope_kv_write + fd_attention_decode's.
-template <int HD, bool ROPE = false>
+//
+// QKV (a q8_0 / q4_0 K or V, p.k_type / p.v_type; never with ROPE): the loader reads a quantized row's codes
+// and scale with plain loads and stores the dequantized values, rounded to float16 (__float2half_rn(d * q)),
+// into the same tile a float16 row lands in (dequant_piece); the float16 side keeps its cp.async copies. The
+// warp step is the plain kernel's, so o is the float16 path's attention over those float16 values, and decode
+// and masked attention stay bit for bit consistent. The tile slot being filled was freed by the
+// __syncthreads before load_tile (as for cp.async), and the plain stores are visible after the next one.
+template <int HD, bool ROPE = false, bool QKV = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     using C = Cfg<HD>;
     constexpr int LD = C::LD;
@@ -170,7 +213,17 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             const int v0 = load_cur.v0;
             advance(load_cur);
             __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
-            if (v0 + TILE <= direct_end) {             // keys are slots: constant offsets only
+            if constexpr (QKV) {                       // dequantizing copies (see above)
+#pragma unroll
+                for (int j = 0; j < TILE / ROW_STEP; ++j) {
+                    const int v = v0 + r0 + j * ROW_STEP;
+                    const bool valid = v < L;
+                    const int slot = !valid ? 0 : v < direct_end ? v : n_past + list[v - n_past];
+                    const size_t row = (size_t)kvh * p.max_ctx + slot;
+                    load_piece<HD>(ks + j * ROW_STEP * LD, p.k_type, p.k_cache, p.kq, row, piece, valid);
+                    load_piece<HD>(ks + TILE * LD + j * ROW_STEP * LD, p.v_type, p.v_cache, p.vq, row, piece, valid);
+                }
+            } else if (v0 + TILE <= direct_end) {      // keys are slots: constant offsets only
                 const __half* kp = k_src + (size_t)(v0 + r0) * HD;
                 const __half* vp = v_src + (size_t)(v0 + r0) * HD;
 #pragma unroll

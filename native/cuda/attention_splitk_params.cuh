@@ -6,6 +6,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "kv_quant.cuh"
 #include "rope_math.cuh"
 
 #if FD_HAS_MMA
@@ -67,6 +68,10 @@ struct Params {
     double theta;
     RopeScaling rope_scaling;  // linear / YaRN (rope_math.cuh); on = 0: none
     int rope_dim, neox;
+    // the cache's row formats (FD_KV_*); a quantized K or V is read through its planes (kv_quant.cuh) and
+    // dequantized into the float16 tile (splitk_kernel<HD, false, true>: load_tile)
+    int k_type, v_type;
+    kvq::Plane kq, vq;
 };
 
 // The number of visible keys L of `token` (all threads of the block call it; uniform result). In

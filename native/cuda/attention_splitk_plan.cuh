@@ -84,26 +84,35 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.theta = 0.0;
     p.rope_scaling = RopeScaling{};
     p.rope_dim = p.neox = 0;
+    p.k_type = shape.k_type;
+    p.v_type = shape.v_type;
+    p.kq = kvq::plane(const_cast<void*>(k_cache), shape.k_type, n_kv_heads, max_ctx, head_dim);
+    p.vq = kvq::plane(const_cast<void*>(v_cache), shape.v_type, n_kv_heads, max_ctx, head_dim);
     return p;
 }
 
-template <int HD, bool ROPE = false>
+template <int HD, bool ROPE = false, bool QKV = false>
 int launch(const Params& p, cudaStream_t stream) {
     const size_t smem = Cfg<HD>::SMEM_BYTES;
-    cudaFuncSetAttribute(splitk_kernel<HD, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    int st = launch_pdl(splitk_kernel<HD, ROPE>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles), dim3(THREADS),
-                        smem, stream, p);
+    cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int st = launch_pdl(splitk_kernel<HD, ROPE, QKV>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
+                        dim3(THREADS), smem, stream, p);
     if (st == 0 && p.n_splits > 1)
         st = launch_pdl(combine_kernel<HD>, dim3(p.n * p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
     return st;
 }
 
+// A quantized K or V (never with ROPE: fd_attention_decode_rope refuses it) runs the dequantizing loader.
 template <bool ROPE = false>
 int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
+    const bool quant = p.k_type != FD_KV_F16 || p.v_type != FD_KV_F16;
+    if constexpr (ROPE) {
+        if (quant) return FD_E_SHAPE;
+    }
     switch (head_dim) {
-        case 64: return launch<64, ROPE>(p, stream);
-        case 128: return launch<128, ROPE>(p, stream);
-        case 256: return launch<256, ROPE>(p, stream);
+        case 64: return quant ? launch<64, false, true>(p, stream) : launch<64, ROPE>(p, stream);
+        case 128: return quant ? launch<128, false, true>(p, stream) : launch<128, ROPE>(p, stream);
+        case 256: return quant ? launch<256, false, true>(p, stream) : launch<256, ROPE>(p, stream);
         default: return FD_E_SHAPE;
     }
 }

@@ -25,10 +25,16 @@ namespace fd {
 
 // fd_attention_shape_t as every attention entry point checks it (flashd_attention.h): FD_E_ARG unless true.
 // The scale is checked by the entry points that read it.
+inline bool kv_type_valid(int kv_type, int head_dim) {
+    return kv_type == FD_KV_F16 || ((kv_type == FD_KV_Q8_0 || kv_type == FD_KV_Q4_0) && head_dim % 32 == 0);
+}
 inline bool shape_valid(const fd_attention_shape_t* s) {
     return s != nullptr && s->n_heads > 0 && s->n_kv_heads > 0 && s->n_heads % s->n_kv_heads == 0 && s->head_dim > 0 &&
-           s->max_ctx > 0;
+           s->max_ctx > 0 && kv_type_valid(s->k_type, s->head_dim) && kv_type_valid(s->v_type, s->head_dim);
 }
+// Whether K and V are float16: every entry point that reads the cache needs it (FD_E_SHAPE otherwise) until
+// its kernel reads quantized rows (flashd_attention.h; fd_rope_kv_write writes every type).
+inline bool kv_f16(const fd_attention_shape_t* s) { return s->k_type == FD_KV_F16 && s->v_type == FD_KV_F16; }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -218,6 +218,7 @@ flashprefill_tail_max_kernel(float* __restrict__ acc, const float* __restrict__ 
 extern "C" int fd_flashprefill_mean_k(float* mean_k, const void* k_cache, int n_keys, const fd_attention_shape_t* shape,
                                       void* stream) {
     FD_CHECK_ARG(mean_k && k_cache && fd::shape_valid(shape) && n_keys >= 1 && n_keys <= shape->max_ctx);
+    if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // reads float16 K/V only so far (flashd_attention.h)
     const int n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim, max_ctx = shape->max_ctx;
     if (head_dim < 1 || head_dim > 256) return FD_E_SHAPE;
     const dim3 grid(fd::ceil_div(n_keys, FD_FLASHPREFILL_BLOCK), n_kv_heads);
@@ -265,6 +266,7 @@ extern "C" int fd_flashprefill_tail_max_probs(float* acc, const float* q_tail, c
                                               int n_tail, const fd_attention_shape_t* shape, float* workspace,
                                               void* stream) {
     FD_CHECK_ARG(acc && q_tail && k_cache && workspace && fd::shape_valid(shape) && isfinite(shape->scale));
+    if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // reads float16 K/V only so far (flashd_attention.h)
     const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
     const int max_ctx = shape->max_ctx;
     const float scale = shape->scale;

@@ -4,9 +4,9 @@
 // in place at positions[i]: for j < rope_dim / 2 the pair (a, b) = neox ? (x[j], x[j + rope_dim/2])
 // : (x[2j], x[2j+1]) becomes (a cos - b sin, a sin + b cos) with angle = pos * theta^(-2j/rope_dim)
 // (or, with `scaling`, linear / YaRN position scaling: rope_math.cuh); dims >= rope_dim are left alone.
-// Then k and v (n, n_kv_heads, head_dim) are stored as float16
-// (round to nearest even) into the cache, float16 [n_kv_heads][max_ctx][head_dim] per layer, at
-// slot *n_past + i. A slot outside [0, max_ctx) is not written (the device cannot report it; the
+// Then k and v (n, n_kv_heads, head_dim) are stored into the cache at slot *n_past + i: as float16
+// (round to nearest even), float16 [n_kv_heads][max_ctx][head_dim] per layer (FD_KV_F16), or as q8_0 /
+// q4_0 codes and scales (kv_quant.cuh) of the rotated float32 row, each of K and V in its own type. A slot outside [0, max_ctx) is not written (the device cannot report it; the
 // host's memory plan keeps n_past + n <= max_ctx). q may be NULL (K/V injection without queries).
 //
 // Accuracy (the arithmetic lives in rope_math.cuh, shared with fd_attention_decode_rope, which must
@@ -21,9 +21,13 @@
 //
 // Launch: one block of 128 threads per token. The block first tabulates cos/sin for its position
 // (rope_dim / 2 <= 256 entries in shared memory), then walks (head, pair) for q and k, the
-// unrotated tail of k, and v. Work per token is a few KB, so a simple mapping is enough.
+// unrotated tail of k, and v. Work per token is a few KB, so a simple mapping is enough. A quantized
+// K or V is encoded after a __syncthreads (the rotated k is read back from global memory, where this
+// block wrote it): one thread per (head, 32-value block), the block's values in order as ggml's loop.
+// The float16 path runs the instructions it always ran.
 
 #include "common.cuh"
+#include "kv_quant.cuh"
 #include "rope_math.cuh"
 
 namespace {
@@ -35,7 +39,8 @@ __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __restrict__ k_cache,
                      __half* __restrict__ v_cache, const int32_t* __restrict__ positions,
                      const int32_t* __restrict__ n_past, int n_heads, int n_kv_heads, int head_dim, int rope_dim,
-                     double theta, int neox, const fd::RopeScaling scaling, int max_ctx) {
+                     double theta, int neox, const fd::RopeScaling scaling, int max_ctx, int k_type, int v_type,
+                     const fd::kvq::Plane kq, const fd::kvq::Plane vq) {
     __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
     const int i = blockIdx.x;                 // token
     const int half = rope_dim / 2;
@@ -71,7 +76,7 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
         const int h = p / half, j = p % half;
         float ra, rb;
         rotate(ki + (size_t)h * head_dim, j, ra, rb);
-        if (store) {
+        if (store && k_type == FD_KV_F16) {
             __half* row = k_cache + ((size_t)h * max_ctx + slot) * head_dim;
             int ia, ib;
             fd::rope_pair_dims(j, rope_dim, neox, ia, ib);
@@ -81,13 +86,28 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
     }
     if (!store) return;
     const int tail = head_dim - rope_dim;     // unrotated dims of k
-    for (int e = threadIdx.x; e < n_kv_heads * tail; e += ROPE_THREADS) {
-        const int h = e / tail, d = rope_dim + e % tail;
-        k_cache[((size_t)h * max_ctx + slot) * head_dim + d] = __float2half_rn(ki[(size_t)h * head_dim + d]);
+    if (k_type == FD_KV_F16) {
+        for (int e = threadIdx.x; e < n_kv_heads * tail; e += ROPE_THREADS) {
+            const int h = e / tail, d = rope_dim + e % tail;
+            k_cache[((size_t)h * max_ctx + slot) * head_dim + d] = __float2half_rn(ki[(size_t)h * head_dim + d]);
+        }
     }
-    for (int e = threadIdx.x; e < n_kv_heads * head_dim; e += ROPE_THREADS) {
-        const int h = e / head_dim, d = e % head_dim;
-        v_cache[((size_t)h * max_ctx + slot) * head_dim + d] = __float2half_rn(vi[e]);
+    if (v_type == FD_KV_F16) {
+        for (int e = threadIdx.x; e < n_kv_heads * head_dim; e += ROPE_THREADS) {
+            const int h = e / head_dim, d = e % head_dim;
+            v_cache[((size_t)h * max_ctx + slot) * head_dim + d] = __float2half_rn(vi[e]);
+        }
+    }
+    if (k_type == FD_KV_F16 && v_type == FD_KV_F16) return;
+    __syncthreads();                          // every rotated k value of this token is in global memory
+    const int n_blocks = head_dim / fd::kvq::BLOCK;
+    for (int e = threadIdx.x; e < 2 * n_kv_heads * n_blocks; e += ROPE_THREADS) {
+        const bool is_k = e < n_kv_heads * n_blocks;
+        const int type = is_k ? k_type : v_type, hb = is_k ? e : e - n_kv_heads * n_blocks;
+        if (type == FD_KV_F16) continue;
+        const int h = hb / n_blocks, b = hb % n_blocks;
+        const float* x = (is_k ? ki : vi) + (size_t)h * head_dim + b * fd::kvq::BLOCK;
+        fd::kvq::encode_block(is_k ? kq : vq, type, (size_t)h * max_ctx + slot, b, x);
     }
 }
 
@@ -100,9 +120,18 @@ extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cach
     FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
     if (rope->rope_dim / 2 > ROPE_MAX_HALF) return FD_E_SHAPE;
     if (n == 0) return 0;
+    const int kvh = shape->n_kv_heads, ctx = shape->max_ctx, hd = shape->head_dim;
     rope_kv_write_kernel<<<n, ROPE_THREADS, 0, (cudaStream_t)stream>>>(
         q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, shape->n_heads, shape->n_kv_heads,
         shape->head_dim, rope->rope_dim, (double)rope->theta, rope->neox != 0, fd::rope_scaling_from(rope->scaling),
-        shape->max_ctx);
+        shape->max_ctx, shape->k_type, shape->v_type, fd::kvq::plane(k_cache, shape->k_type, kvh, ctx, hd),
+        fd::kvq::plane(v_cache, shape->v_type, kvh, ctx, hd));
     return FD_LAUNCH_STATUS();
+}
+
+extern "C" size_t fd_kv_plane_bytes(int kv_type, int n_kv_heads, int max_ctx, int head_dim) {
+    if (n_kv_heads <= 0 || max_ctx <= 0 || head_dim <= 0 || !fd::kv_type_valid(kv_type, head_dim)) return 0;
+    const size_t rows = (size_t)n_kv_heads * max_ctx;
+    if (kv_type == FD_KV_F16) return rows * head_dim * 2;
+    return rows * (fd::kvq::code_bytes(kv_type, head_dim) + 2 * (head_dim / fd::kvq::BLOCK));
 }

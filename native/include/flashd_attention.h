@@ -9,17 +9,40 @@
 /* --- cdef begin --- */
 
 /* ---- the shape of one layer's attention, and its rope ------------------------------------ */
+/* KV cache row formats (fd_attention_shape_t.k_type / v_type). One layer's K (or V) cache is, for
+   FD_KV_F16, float16 [n_kv_heads][max_ctx][head_dim]; for a quantized type (head_dim % 32 == 0, 32-value
+   blocks b with a float16 scale d[b] each, ggml's reference rounding) two planes, codes then scales:
+     codes  [n_kv_heads][max_ctx][code_bytes]   q8_0: int8 q, code_bytes = head_dim, value = d * q;
+                                                q4_0: code_bytes = head_dim / 2, byte 16b + j holds values
+                                                32b + j (low nibble) and 32b + j + 16 (high), value = d * (q - 8)
+     scales [n_kv_heads][max_ctx][head_dim / 32] float16
+   -- 34 (q8_0) or 18 (q4_0) bytes per 32 values, like ggml's blocks, but the codes of a row stay 16-byte
+   aligned for vector loads. fd_kv_plane_bytes gives a plane pair's size. */
+#define FD_KV_F16 0
+#define FD_KV_Q8_0 1
+#define FD_KV_Q4_0 2
+
 /* Passed by pointer to every attention entry point (read on the host during the call only). q (n, n_heads,
-   head_dim) float32, o (n, n_heads * head_dim) float32, the K and V caches float16 [n_kv_heads][max_ctx]
-   [head_dim] (one layer's); query head h reads KV head h / (n_heads / n_kv_heads). FD_E_ARG unless every
-   count is >= 1, n_heads % n_kv_heads == 0 and scale is finite and non-zero (where it is read). */
+   head_dim) float32, o (n, n_heads * head_dim) float32, the K and V caches of one layer in k_type / v_type
+   (above); query head h reads KV head h / (n_heads / n_kv_heads). FD_E_ARG unless every count is >= 1,
+   n_heads % n_kv_heads == 0, the types are FD_KV_* (a quantized one with head_dim % 32 == 0) and scale is
+   finite and non-zero (where it is read). Quantized rows so far: fd_rope_kv_write writes them,
+   fd_attention_decode and fd_attention_masked read them (dequantized into their float16 tiles: the attention
+   is the float16 path's over float16(d * q)); fd_attention_decode_rope, fd_attention_prefill and the
+   FlashPrefill entry points return FD_E_SHAPE for a type other than FD_KV_F16 (issue 16, item 1). */
 typedef struct {
     int n_heads;       /* query heads */
     int n_kv_heads;    /* KV heads (grouped-query attention) */
     int head_dim;      /* dims per head */
     int max_ctx;       /* cache slots per KV head */
     float scale;       /* softmax scale, usually 1 / sqrt(head_dim) (not read by fd_rope_kv_write) */
+    int k_type;        /* FD_KV_*: K's row format (0: float16, what a zero-filled struct gets) */
+    int v_type;        /* FD_KV_*: V's row format */
 } fd_attention_shape_t;
+
+/* Bytes of one layer's K or V cache of n_kv_heads * max_ctx rows of head_dim values in kv_type (both planes
+   of a quantized type); 0 if the arguments are invalid. */
+size_t fd_kv_plane_bytes(int kv_type, int n_kv_heads, int max_ctx, int head_dim);
 
 /* RoPE position scaling (linear / YaRN, llama.cpp's rope_yarn; NULL wherever it is taken: none).
    Pair j at position pos, e = pos * theta^(-2j/rope_dim), all in double: i = freq_scale * e; if
@@ -45,7 +68,9 @@ typedef struct {
 
 /* ---- RoPE and the K/V cache write (rope.cu) ----------------------------------------------- */
 /* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i], then stores k
-   and v (n, n_kv_heads, head_dim) as float16 into the cache slots *n_past + i. q may be NULL (K/V only). */
+   and v (n, n_kv_heads, head_dim) into the cache slots *n_past + i in shape->k_type / v_type: float16 (round
+   to nearest even), or q8_0 / q4_0 codes and scales bit for bit ggml's quantize_row_q8_0_ref /
+   quantize_row_q4_0_ref of the rotated float32 row. q may be NULL (K/V only). */
 int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache, const int32_t* positions,
                      const int32_t* n_past, int n, const fd_attention_shape_t* shape, const fd_rope_t* rope,
                      void* stream);

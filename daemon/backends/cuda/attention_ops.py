@@ -30,13 +30,19 @@ MAX_MASKED_TOKENS = 65        # masked attention's workspace: a tree of a root +
 FLASHPREFILL_BLOCK = 128      # FD_FLASHPREFILL_BLOCK: key / query block of FlashPrefill's scoring, in slots
 
 
-def attention_shape(ffi, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int, scale: float | None = None):
-    """The C ABI's `const fd_attention_shape_t*` (scale None: 1 / sqrt(head_dim)). Not checked here: the
-    wrappers check tensors against each other (AttentionOps._shape), the kernels the values (FD_E_ARG)."""
+KV_TYPE_CODES = {"f16": 0, "q8_0": 1, "q4_0": 2}     # FD_KV_F16, FD_KV_Q8_0, FD_KV_Q4_0 (flashd_attention.h)
+
+
+def attention_shape(ffi, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int, scale: float | None = None,
+                    k_type: str = "f16", v_type: str = "f16"):
+    """The C ABI's `const fd_attention_shape_t*` (scale None: 1 / sqrt(head_dim); k_type / v_type: the cache's
+    row formats, backends/kv_types.py names). Not checked here: the wrappers check tensors against each other
+    (AttentionOps._shape), the kernels the values (FD_E_ARG)."""
     if scale is None:
         scale = float(1.0 / np.sqrt(head_dim)) if head_dim > 0 else 0.0
     return ffi.new("fd_attention_shape_t*", {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
-                                             "max_ctx": max_ctx, "scale": scale})
+                                             "max_ctx": max_ctx, "scale": scale, "k_type": KV_TYPE_CODES[k_type],
+                                             "v_type": KV_TYPE_CODES[v_type]})
 
 
 def rope_struct(ffi, rope_dim: int, theta: float, neox: bool, scaling=None):

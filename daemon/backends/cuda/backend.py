@@ -21,10 +21,11 @@ SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
 # KV cache types the kernels write and read (backends/kv_types.py); a q8_0 / q4_0 cache is refused at load
 # with KV_TYPES_MISSING until every kernel that touches the cache is converted (issue 16, item 1)
 CUDA_KV_TYPES = ("f16",)
-KV_TYPES_MISSING = ("the CUDA kernels write and read only a float16 KV cache so far: fd_rope_kv_write, the fused "
-                    "decode rope + K/V write (fd_attention_decode_rope), the persistent forward's K/V write, "
-                    "split-K decode attention, masked (tree) attention, prefill attention, fd_kv_compact and the "
-                    "host prefix copies are not yet converted to q8_0 / q4_0 rows")
+KV_TYPES_MISSING = ("the CUDA kernels cover a float16 KV cache only so far: fd_rope_kv_write writes q8_0 / q4_0 rows "
+                    "and split-K decode and masked (tree) attention read them (ABI 5), but prefill attention "
+                    "(fd_attention_prefill), the fused decode rope + K/V write (fd_attention_decode_rope), the "
+                    "persistent forward, the FlashPrefill kernels, fd_kv_compact, the backend's quantized cache "
+                    "allocation and its host prefix copies are not yet converted")
 
 
 class KVTypeUnsupported(ModelLoadError):

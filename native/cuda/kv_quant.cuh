@@ -1,0 +1,85 @@
+// kv_quant.cuh -- the quantized KV cache rows (flashd_attention.h: FD_KV_Q8_0, FD_KV_Q4_0): where a row's
+// codes and scales live, and the encoders of one 32-value block, bit for bit ggml's reference rounding
+// (ggml-quants.c quantize_row_q8_0_ref / quantize_row_q4_0_ref; the numpy oracle is flashd's
+// daemon/backends/kv_quant.py).
+//
+// The library builds with --use_fast_math, which would turn x / y into an approximate division and allow
+// contractions; every operation of the encoders is therefore an explicit round-to-nearest intrinsic
+// (__fdiv_rn, __fmul_rn, __fadd_rn), so each step is the correctly rounded float32 operation of the C code.
+// One difference: -ftz flushes float32 denormals, so a block whose largest magnitude is below ~1.2e-36
+// (d = amax / 127 denormal) gets d = 0 and zero codes here, where ggml keeps the codes; its float16 scale is
+// 0 in both (fp16 cannot hold such a d), so the dequantized values agree (all 0).
+#pragma once
+
+#include "common.cuh"
+
+namespace fd {
+namespace kvq {
+
+constexpr int BLOCK = 32;                    // values per block
+
+// Bytes of a row's codes: int8 per value (q8_0), a nibble per value (q4_0).
+__host__ __device__ inline int code_bytes(int kv_type, int head_dim) {
+    return kv_type == FD_KV_Q8_0 ? head_dim : head_dim / 2;
+}
+
+// One layer's plane of a quantized type: codes [n_kv_heads][max_ctx][code_bytes], then the float16 scales
+// [n_kv_heads][max_ctx][head_dim / 32]. row = kv_head * max_ctx + slot.
+struct Plane {
+    uint8_t* codes;
+    __half* scales;
+    int code_bytes, n_blocks;
+    __device__ __forceinline__ uint8_t* row_codes(size_t row) const { return codes + row * code_bytes; }
+    __device__ __forceinline__ __half* row_scales(size_t row) const { return scales + row * n_blocks; }
+};
+
+inline Plane plane(void* base, int kv_type, int n_kv_heads, int max_ctx, int head_dim) {
+    const int cb = code_bytes(kv_type, head_dim);
+    uint8_t* codes = static_cast<uint8_t*>(base);
+    return Plane{codes, reinterpret_cast<__half*>(codes + (size_t)n_kv_heads * max_ctx * cb), cb, head_dim / BLOCK};
+}
+
+// q8_0: amax = max |x|, d = amax / 127, id = d ? 1 / d : 0, q = roundf(x * id) (half away from zero).
+__device__ __forceinline__ void encode_q8_0(const float* x, int8_t* q, __half* d_out) {
+    float amax = 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < BLOCK; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    *d_out = __float2half_rn(d);
+#pragma unroll 8
+    for (int j = 0; j < BLOCK; ++j) q[j] = (int8_t)roundf(__fmul_rn(x[j], id));
+}
+
+// q4_0: max = the first value of largest magnitude (strict <), d = max / -8, id = d ? 1 / d : 0,
+// q = min(15, (int)(x * id + 8.5f)) (truncation); byte j = q[j] | q[j + 16] << 4.
+__device__ __forceinline__ void encode_q4_0(const float* x, uint8_t* packed, __half* d_out) {
+    float amax = 0.0f, mx = 0.0f;
+    for (int j = 0; j < BLOCK; ++j) {
+        const float a = fabsf(x[j]);
+        if (amax < a) {
+            amax = a;
+            mx = x[j];
+        }
+    }
+    const float d = __fdiv_rn(mx, -8.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    *d_out = __float2half_rn(d);
+#pragma unroll 4
+    for (int j = 0; j < BLOCK / 2; ++j) {
+        const int lo = min(15, __float2int_rz(__fadd_rn(__fmul_rn(x[j], id), 8.5f)));
+        const int hi = min(15, __float2int_rz(__fadd_rn(__fmul_rn(x[j + BLOCK / 2], id), 8.5f)));
+        packed[j] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+// Block b of row `row` of a quantized plane <- the 32 float32 values x.
+__device__ __forceinline__ void encode_block(const Plane& p, int kv_type, size_t row, int b, const float* x) {
+    if (kv_type == FD_KV_Q8_0)
+        encode_q8_0(x, reinterpret_cast<int8_t*>(p.row_codes(row) + b * BLOCK), p.row_scales(row) + b);
+    else
+        encode_q4_0(x, p.row_codes(row) + b * (BLOCK / 2), p.row_scales(row) + b);
+}
+
+}  // namespace kvq
+}  // namespace fd

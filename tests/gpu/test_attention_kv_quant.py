@@ -1,0 +1,123 @@
+"""Split-K decode and masked (tree) attention over a q8_0 / q4_0 KV cache (fd_attention_decode /
+fd_attention_masked with fd_attention_shape_t.k_type / v_type), against the float64 oracle.
+
+The kernels dequantize a quantized row into their float16 tile (attention_splitk_kernel.cuh: load_piece,
+value = float16(d * q)), then run the float16 path's arithmetic; so the oracle is float64 attention over
+exactly those float16 values (kv_quant.decode_rows rounded to float16) and the tolerance is the float16
+path's (test_attention_decode.py: ATOL 3e-5, RTOL 1e-4). Unwritten slots have NaN scales: a read would
+show. Tree rows are bitwise the decode row at their position, as on the float16 path."""
+import numpy as np
+import pytest
+
+from flashd.daemon.backends.cuda.attention_ops import KV_TYPE_CODES
+from flashd.daemon.backends.cuda.ops import attention_shape
+from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
+from tests.gpu.attention_oracle import attention_oracle, tree_mask
+
+ATOL, RTOL = 3e-5, 1e-4
+CHUNK = 64
+NAN_F16 = np.array([0x7E00], np.uint16).view(np.uint8)
+
+
+def to_plane(x: np.ndarray, kind: str, n_written: int) -> tuple[np.ndarray, np.ndarray]:
+    """x (Hkv, max_ctx, d) float32 -> (the cache's bytes in `kind`, what the kernel reads: float16 values).
+    Slots >= n_written: NaN (float16 rows) or NaN scales (quantized rows)."""
+    n_kv_heads, max_ctx, d = x.shape
+    if kind == "f16":
+        c = x.astype(np.float16)
+        c[:, n_written:] = np.nan
+        return c.view(np.uint8).ravel(), c
+    blocks = encode_rows(x, kind)                                       # (Hkv, max_ctx, row_bytes) ggml blocks
+    nb, per = d // 32, (34 if kind == "q8_0" else 18)
+    b = blocks.reshape(n_kv_heads, max_ctx, nb, per).copy()
+    b[:, n_written:, :, :2] = NAN_F16
+    codes, scales = b[..., 2:].reshape(-1), b[..., :2].reshape(-1)
+    seen = decode_rows(b.reshape(n_kv_heads, max_ctx, nb * per), kind).astype(np.float16)
+    return np.concatenate([codes, scales]), seen
+
+
+def setup(native, dev, rng, n_kv_heads, max_ctx, d, n_written, types):
+    planes, seen = [], []
+    for kind, scale in zip(types, (3.0, 1.0)):
+        x = (rng.standard_normal((n_kv_heads, max_ctx, d)) * scale).astype(np.float32)
+        raw, vals = to_plane(x, kind, n_written)
+        assert raw.size == native.lib.fd_kv_plane_bytes(KV_TYPE_CODES[kind], n_kv_heads, max_ctx, d)
+        planes.append(dev.upload(raw))
+        seen.append(vals)
+    return planes, seen
+
+
+def decode(native, dev, q1, planes, shape, n_past):
+    ws = dev.empty((max(native.lib.fd_attention_decode_workspace_bytes(shape, CHUNK), 16),), np.uint8)
+    o = dev.empty((q1.size,))
+    dq, dnp = dev.upload(np.ascontiguousarray(q1, np.float32)), dev.upload(np.array([n_past], np.int32))
+    native.check(native.lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
+                                                dev.p(planes[1]), dev.p(dnp, "int32_t*"), shape, CHUNK, dev.p(ws),
+                                                dev.stream), "fd_attention_decode")
+    dev.synchronize()
+    return dev.download(o)
+
+
+def masked(native, dev, q, planes, shape, mask, n_past):
+    n = q.shape[0]
+    ws_bytes = native.lib.fd_attention_workspace_bytes(n, shape, CHUNK)
+    ws = dev.empty((max(ws_bytes, 16),), np.uint8)
+    o = dev.empty((n, q.shape[1] * q.shape[2]))
+    dq, dm, dnp = dev.upload(q), dev.upload(mask), dev.upload(np.array([n_past], np.int32))
+    native.check(native.lib.fd_attention_masked(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
+                                                dev.p(planes[1]), dev.p(dm, "uint8_t*"), dev.p(dnp, "int32_t*"), n,
+                                                shape, CHUNK, dev.p(ws), ws_bytes, dev.stream), "fd_attention_masked")
+    dev.synchronize()
+    return dev.download(o)
+
+
+TYPES = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("f16", "q8_0"), ("q4_0", "f16")]
+DECODE_CASES = [(12, 2, 128, 1000, 777), (14, 2, 64, 300, 0), (16, 16, 64, 513, 511), (8, 1, 256, 200, 130),
+                (12, 2, 128, 32768, 20000)]
+
+
+@pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,max_ctx,n_past", DECODE_CASES)
+def test_decode_over_a_quantized_cache(native, dev, rng, types, n_heads, n_kv_heads, d, max_ctx, n_past):
+    planes, (kc, vc) = setup(native, dev, rng, n_kv_heads, max_ctx, d, n_past + 1, types)
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    q = rng.standard_normal((1, n_heads, d)).astype(np.float32)
+    visible = np.zeros((1, max_ctx), bool)
+    visible[0, :n_past + 1] = True
+    expect = attention_oracle(q, kc, vc, visible, 1 / np.sqrt(d))[0]
+    np.testing.assert_allclose(decode(native, dev, q, planes, shape, n_past), expect, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("types", TYPES[:3], ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,n,n_past", [(12, 2, 128, 16, 1000), (14, 2, 64, 37, 63),
+                                                           (8, 4, 256, 9, 5)])
+def test_masked_over_a_quantized_cache_and_tree_rows_are_decode_rows(native, dev, rng, types, n_heads, n_kv_heads, d,
+                                                                     n, n_past):
+    max_ctx = n_past + n + 40
+    planes, (kc, vc) = setup(native, dev, rng, n_kv_heads, max_ctx, d, n_past + n, types)
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
+    mask = tree_mask(rng, n)
+    visible = np.zeros((n, max_ctx), bool)
+    visible[:, :n_past] = True
+    visible[:, n_past:n_past + n] = mask.astype(bool)
+    got = masked(native, dev, q, planes, shape, mask, n_past)
+    np.testing.assert_allclose(got, attention_oracle(q, kc, vc, visible, 1 / np.sqrt(d)), rtol=RTOL, atol=ATOL)
+    # a chain (every node sees all before it): node i is the decode step at slot n_past + i, bit for bit
+    chain = np.tril(np.ones((n, n), np.uint8))
+    rows = masked(native, dev, q, planes, shape, chain, n_past)
+    for i in (0, n // 2, n - 1):
+        np.testing.assert_array_equal(rows[i], decode(native, dev, q[i:i + 1], planes, shape, n_past + i))
+
+
+def test_fused_decode_rope_refuses_a_quantized_cache(native, dev):
+    """fd_attention_decode_rope writes float16 rows only: quantized caches go through fd_rope_kv_write + decode."""
+    from flashd.daemon.backends.cuda.ops import rope_struct
+    ffi, lib = native.ffi, native.lib
+    shape = attention_shape(ffi, 2, 1, 128, 64, k_type="q8_0", v_type="q8_0")
+    buf = dev.upload(np.zeros(1 << 16, np.uint8))
+    f = dev.p(buf, "float*")
+    i = dev.upload(np.zeros(1, np.int32))
+    assert lib.fd_attention_decode_rope(f, f, f, f, dev.p(buf), dev.p(buf), dev.p(i, "int32_t*"),
+                                        dev.p(i, "int32_t*"), shape, rope_struct(ffi, 128, 1e6, True), CHUNK,
+                                        dev.p(buf), dev.stream) == -3    # FD_E_SHAPE
