@@ -1,8 +1,9 @@
 """Decode attention (fd_attention_decode) at depth, plus tree-verification attention and token
-selection for context: `python bench/bench_attention_decode.py [--max-ctx 32768]`.
+selection for context: `python bench/bench_attention_decode.py [--max-ctx 32768] [--kv-types f16,q8_0,q4_0]`.
 
-Bytes per decode-attention call = the K and V rows read: 2 * n_kv_heads * (n_past + 1) * head_dim *
-2 bytes. The grid is sized for max_ctx (fixed when the decode step is captured), so shallow depths
+Bytes per decode-attention call = the K and V rows read: 2 * n_kv_heads * (n_past + 1) * row bytes (float16:
+2 * head_dim; q8_0 / q4_0: 34 / 18 per 32 values, --kv-types, the cache in the device planes of
+backends/cuda/kv_planes.py). The grid is sized for max_ctx (fixed when the decode step is captured), so shallow depths
 also show the cost of the splits that exit at once. Every call is captured once in a CUDA graph
 and replayed, as in the captured decode step. One line per case (bench/timing.py: L2 flushed before
 every repetition, median of CUDA-event times); decode cases are also timed after a read-only
@@ -15,7 +16,10 @@ import argparse
 import numpy as np
 
 from flashd.bench.timing import KernelTimer, device_line, open_gpu, report
+from flashd.daemon.backends.cuda.kv_planes import planes_from_blocks
 from flashd.daemon.backends.cuda.ops import attention_shape
+from flashd.daemon.backends.kv_quant import encode_rows
+from flashd.daemon.backends.kv_types import row_bytes
 
 MODELS = {
     # name: (n_heads, n_kv_heads, head_dim)
@@ -55,16 +59,24 @@ def read_flush(dev):
     return _READ_FLUSH["fn"]
 
 
-def bench_decode(dev, timer, max_ctx, depths, chunk_lens):
+def cache_of(cache: np.ndarray, kind: str) -> np.ndarray:
+    """The cache (Hkv, max_ctx, d) float16 as the kernels store it in `kind`: float16, or the quantized planes."""
+    return cache if kind == "f16" else planes_from_blocks(encode_rows(cache.astype(np.float32), kind), kind)
+
+
+def bench_decode(dev, timer, max_ctx, depths, chunk_lens, kv_type="f16"):
     lib, p = dev.lib, dev.p
     rng = np.random.default_rng(0)
     for name, (n_heads, n_kv_heads, head_dim) in MODELS.items():
         cache = rng.standard_normal((n_kv_heads, max_ctx, head_dim)).astype(np.float16)
-        kc, vc = dev.upload(cache), dev.upload(cache[:, ::-1].copy())
+        kc, vc = dev.upload(cache_of(cache, kv_type)), dev.upload(cache_of(cache[:, ::-1].copy(), kv_type))
         q = dev.upload(rng.standard_normal(n_heads * head_dim).astype(np.float32))
         o = dev.empty((n_heads * head_dim,))
         n_past = dev.empty((1,), np.int32)
-        shape = attention_shape(dev.ffi, n_heads, n_kv_heads, head_dim, max_ctx)     # scale 1 / sqrt(head_dim)
+        shape = attention_shape(dev.ffi, n_heads, n_kv_heads, head_dim, max_ctx, k_type=kv_type,
+                                v_type=kv_type)                                       # scale 1 / sqrt(head_dim)
+        if kv_type != "f16":
+            name = f"{name} {kv_type}"
         for chunk_len in chunk_lens:
             ws = dev.empty((lib.fd_attention_decode_workspace_bytes(shape, chunk_len),), np.uint8)
             for depth in depths:
@@ -74,7 +86,7 @@ def bench_decode(dev, timer, max_ctx, depths, chunk_lens):
                     dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc),
                                                              p(n_past, "int32_t*"), shape, chunk_len, p(ws),
                                                              dev.stream), "fd_attention_decode")
-                n_bytes = 2 * n_kv_heads * depth * head_dim * 2
+                n_bytes = 2 * n_kv_heads * depth * row_bytes(kv_type, head_dim)
                 call = graphed(dev, call)
                 for flush_name, flush in (("", timer.flush_l2), (" clean-L2", read_flush(dev))):
                     timer.flush_l2 = flush
@@ -155,12 +167,14 @@ def graph_floor_ms(dev, timer) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-ctx", type=int, default=32768)
+    ap.add_argument("--kv-types", default="f16", help="decode cases per KV cache type, e.g. f16,q8_0,q4_0")
     args = ap.parse_args()
     dev, timer = open_gpu()
     print(device_line(timer))
     print(report("floor: graph of one 1-thread kernel", graph_floor_ms(dev, timer)), flush=True)
     depths = [d for d in (256, 1024, 8192, 32768) if d <= args.max_ctx]
-    bench_decode(dev, timer, args.max_ctx, depths, chunk_lens=(64, 256))
+    for kv_type in [t.strip() for t in args.kv_types.split(",") if t.strip()]:
+        bench_decode(dev, timer, args.max_ctx, depths, chunk_lens=(64, 256), kv_type=kv_type)
     bench_masked(dev, timer, n_pasts=(1024, 8192, 32768), ns=(16, 64))
     bench_selection(dev, timer)
 

@@ -54,11 +54,13 @@ struct FlashCfg {
 
 #if FD_HAS_MMA
 
-template <class C>
+// QKV: a q8_0 / q4_0 K or V (kr / vr), dequantized into the float16 tiles (attention_tile.cuh
+// load_kv_tile_rows); the float16 kernel (QKV false) loads as it always did.
+template <class C, bool QKV = false>
 __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill_mma_kernel(
     float* __restrict__ o, const float* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int32_t* __restrict__ n_past, int n, int n_heads, int n_kv_heads,
-    int max_ctx, float scale_log2) {
+    int max_ctx, float scale_log2, const kvq::Rows kr, const kvq::Rows vr) {
 #if FD_MMA_DEVICE_OK
     using namespace fd::mma;
     constexpr int HD = C::HD, KW = C::KW, LD = flash::KV_LD<HD>;
@@ -103,8 +105,12 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     // tile j: slots 64j .. 64j+63, those at or past kv_len zero-filled; masked only where a key can
     // pass the block's first row's diagonal
     auto load_kv = [&](int tile, int stage) {
-        flash::load_kv_tile<HD, C::n_threads, false>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
-                                                     tile * FLASH_BKV, kv_len, tid);
+        if constexpr (QKV)
+            flash::load_kv_tile_rows<HD, C::n_threads, false>(k_smem, v_smem, stage, kr, vr, kvh, max_ctx,
+                                                              tile * FLASH_BKV, kv_len, tid);
+        else
+            flash::load_kv_tile<HD, C::n_threads, false>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
+                                                         tile * FLASH_BKV, kv_len, tid);
     };
     flash::kv_ring<C::STAGES>(n_tiles, load_kv, [&](int j, int stage) {
         const __half* k_tile = k_smem + stage * C::kv_tile_halves + (ks * KW) * LD;
@@ -240,16 +246,17 @@ int launch_simt(float* o, const float* q, const __half* k_cache, const __half* v
 
 #if FD_HAS_MMA
 
-template <class C>
+template <class C, bool QKV = false>
 int launch_mma(float* o, const float* q, const __half* k_cache, const __half* v_cache, const int32_t* n_past, int n,
-               int n_heads, int n_kv_heads, int max_ctx, float scale_log2, cudaStream_t stream) {
-    const auto kernel = attention_prefill_mma_kernel<C>;
+               int n_heads, int n_kv_heads, int max_ctx, float scale_log2, cudaStream_t stream, const kvq::Rows& kr,
+               const kvq::Rows& vr) {
+    const auto kernel = attention_prefill_mma_kernel<C, QKV>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem_bytes);
     if (err != cudaSuccess) return (int)err;
     const int n_rows = n * (n_heads / n_kv_heads);
     const dim3 grid(ceil_div(n_rows, C::BQ), n_kv_heads);
     kernel<<<grid, C::n_threads, C::smem_bytes, stream>>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
-                                                          max_ctx, scale_log2);
+                                                          max_ctx, scale_log2, kr, vr);
     return FD_LAUNCH_STATUS();
 }
 
@@ -258,16 +265,16 @@ int launch_mma(float* o, const float* q, const __half* k_cache, const __half* v_
 // tile and a 4-deep ring, one block per SM. Measured on an H200: 4x1 is 1.4x faster than 4x2 at
 // n = 8192, they tie at n = 512 after 8K of context, where the deeper ring gains 10% at head_dim 64;
 // 32-row blocks (2 x 4 warps) were slower everywhere.
-template <int HD>
+template <int HD, bool QKV = false>
 int launch_mma_for(int n_sms, float* o, const float* q, const __half* k_cache, const __half* v_cache,
                    const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr) {
     const int blocks_64 = ceil_div(n * (n_heads / n_kv_heads), 64) * n_kv_heads;
     if (blocks_64 >= n_sms)
-        return launch_mma<FlashCfg<HD, 4, 1, 3, 2>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                 scale_log2, stream);
-    return launch_mma<FlashCfg<HD, 4, 2, 4, 1>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                             scale_log2, stream);
+        return launch_mma<FlashCfg<HD, 4, 1, 3, 2>, QKV>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
+                                                      max_ctx, scale_log2, stream, kr, vr);
+    return launch_mma<FlashCfg<HD, 4, 2, 4, 1>, QKV>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                  scale_log2, stream, kr, vr);
 }
 
 #endif  // FD_HAS_MMA
@@ -278,7 +285,6 @@ int launch_mma_for(int n_sms, float* o, const float* q, const __half* k_cache, c
 extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache,
                                     const int32_t* n_past, int n, const fd_attention_shape_t* shape, void* stream) {
     FD_CHECK_ARG(o && q && k_cache && v_cache && n_past && n >= 1 && fd::shape_valid(shape));
-    if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // reads float16 K/V only so far (flashd_attention.h)
     const int n_heads = shape->n_heads, n_kv_heads = shape->n_kv_heads, head_dim = shape->head_dim;
     const int max_ctx = shape->max_ctx;
     const float scale = shape->scale;
@@ -295,12 +301,24 @@ extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cach
     // float2 q loads, float2 / float4 o stores, 16-byte cp.async of cache rows
     const bool aligned = fd::is_aligned(o, 16) && fd::is_aligned(q, 8) && fd::is_aligned(kc, 16) &&
                          fd::is_aligned(vc, 16);
+    const fd::kvq::Rows kr = fd::kvq::rows_of(k_cache, shape->k_type, n_kv_heads, max_ctx, head_dim);
+    const fd::kvq::Rows vr = fd::kvq::rows_of(v_cache, shape->v_type, n_kv_heads, max_ctx, head_dim);
+    if (dev.has_mma && aligned && !fd::kv_f16(shape)) {    // a quantized K or V: the dequantizing loader
+        return head_dim == 64
+                   ? fd::launch_mma_for<64, true>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                  scale_log2, s, kr, vr)
+                   : fd::launch_mma_for<128, true>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                   scale_log2, s, kr, vr);
+    }
     if (dev.has_mma && aligned) {
         return head_dim == 64
-                   ? fd::launch_mma_for<64>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s)
-                   : fd::launch_mma_for<128>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);
+                   ? fd::launch_mma_for<64>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2,
+                                            s, kr, vr)
+                   : fd::launch_mma_for<128>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                             scale_log2, s, kr, vr);
     }
 #endif
+    if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // the SIMT fallback (HIP, no tensor cores) reads float16 only
     return head_dim == 64
                ? fd::launch_simt<64>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s)
                : fd::launch_simt<128>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);

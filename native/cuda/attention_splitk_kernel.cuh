@@ -83,8 +83,8 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
 
 // ---- quantized rows (QKV) -------------------------------------------------------------------
 // dims [8 piece, 8 piece + 8) of cache row `row` (kv_head * max_ctx + slot) as 8 float16 values: a float16
-// row by cp.async as always, a q8_0 / q4_0 row dequantized (d * q, rounded to float16) with plain loads
-// (codes: 8 bytes, 8-byte aligned since a row's codes are head_dim or head_dim / 2 bytes); invalid: zeros.
+// row by cp.async as always, a q8_0 / q4_0 row dequantized with plain loads (kv_quant.cuh dequant8);
+// invalid: zeros.
 template <int HD>
 __device__ __forceinline__ void load_piece(__half* dst, int kv_type, const __half* f16_cache, const kvq::Plane& pl,
                                            size_t row, int piece, bool valid) {
@@ -92,29 +92,7 @@ __device__ __forceinline__ void load_piece(__half* dst, int kv_type, const __hal
         cp_async16(dst, f16_cache + row * HD + piece * 8, valid);
         return;
     }
-    uint4 out = make_uint4(0u, 0u, 0u, 0u);
-    if (valid) {
-        const int b = piece >> 2, off = (piece & 3) * 8;             // block, first value in the block
-        const float d = __half2float(pl.row_scales(row)[b]);
-        float x[8];
-        if (kv_type == FD_KV_Q8_0) {
-            const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + piece * 8);
-            const int8_t* q = reinterpret_cast<const int8_t*>(&c);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) x[i] = d * (float)q[i];
-        } else {                                                      // bytes 16 b + off % 16: low / high nibbles
-            const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + b * 16 + (off & 15));
-            const uint8_t* q = reinterpret_cast<const uint8_t*>(&c);
-            const int shift = off >= 16 ? 4 : 0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) x[i] = d * (float)(((q[i] >> shift) & 15) - 8);
-        }
-        __half2 h[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
-        out = *reinterpret_cast<const uint4*>(h);
-    }
-    *reinterpret_cast<uint4*>(dst) = out;
+    *reinterpret_cast<uint4*>(dst) = valid ? kvq::dequant8(pl, kv_type, row, piece) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // ---- the block ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 // tests/emulation/test_flash_tiling.py emulates the fragment and address formulas used here.
 #pragma once
 
+#include "kv_quant.cuh"
 #include "mma.cuh"
 
 namespace fd {
@@ -72,6 +73,37 @@ __device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int
         const int s_off = stage * KV_TILE_HALVES<HD> + row * KV_LD<HD> + col;
         cp_async_16(smem_u32(k_smem + s_off), ok ? k_cache + off : k_cache, ok);
         cp_async_16(smem_u32(v_smem + s_off), ok ? v_cache + off : v_cache, ok);
+    }
+}
+
+// load_kv_tile over a cache whose K or V may be quantized (kv_quant.cuh): a float16 side by cp.async as
+// above, a q8_0 / q4_0 side dequantized to float16 (dequant8) by plain loads and shared stores into the same
+// tile positions (the ring's barrier frees the slot and publishes the stores, as for cp.async).
+template <int HD, int N_THREADS, bool DROP_NEGATIVE>
+__device__ __forceinline__ void load_kv_tile_rows(__half* k_smem, __half* v_smem, int stage, const kvq::Rows& k,
+                                                  const kvq::Rows& v, int kvh, int max_ctx, int base, int kv_len,
+                                                  int tid) {
+    using namespace fd::mma;
+    constexpr int chunks = BKV * (HD / 8) / N_THREADS;
+    static_assert(BKV * (HD / 8) % N_THREADS == 0, "K/V tile must split evenly over threads");
+#pragma unroll
+    for (int i = 0; i < chunks; ++i) {
+        const int c = tid + i * N_THREADS;
+        const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        const int slot = base + row;
+        const bool ok = (!DROP_NEGATIVE || slot >= 0) && slot < kv_len;
+        const size_t cache_row = (size_t)kvh * max_ctx + slot;
+        const int s_off = stage * KV_TILE_HALVES<HD> + row * KV_LD<HD> + col;
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+            const kvq::Rows& src = kv == 0 ? k : v;
+            __half* dst = (kv == 0 ? k_smem : v_smem) + s_off;
+            if (src.type == FD_KV_F16)
+                cp_async_16(smem_u32(dst), ok ? src.f16 + cache_row * HD + col : src.f16, ok);
+            else
+                *reinterpret_cast<uint4*>(dst) = ok ? kvq::dequant8(src.q, src.type, cache_row, col / 8)
+                                                    : make_uint4(0u, 0u, 0u, 0u);
+        }
     }
 }
 

@@ -73,6 +73,44 @@ __device__ __forceinline__ void encode_q4_0(const float* x, uint8_t* packed, __h
     }
 }
 
+// One layer's K or V cache as the attention loaders read it: float16 rows, or a quantized plane.
+struct Rows {
+    const __half* f16;           // FD_KV_F16: [n_kv_heads][max_ctx][head_dim]
+    Plane q;                     // FD_KV_Q8_0 / FD_KV_Q4_0
+    int type;
+};
+
+inline Rows rows_of(const void* base, int kv_type, int n_kv_heads, int max_ctx, int head_dim) {
+    return Rows{static_cast<const __half*>(base), plane(const_cast<void*>(base), kv_type, n_kv_heads, max_ctx, head_dim),
+                kv_type};
+}
+
+// Values [8 piece, 8 piece + 8) of a quantized row, dequantized (d * q in float32, exact) and rounded to
+// float16 (round to nearest even): what the attention tiles hold. The codes are one 8-byte load (a row's
+// codes start 16-byte aligned; q4_0: bytes 16 b + off % 16 .. + 7, low nibbles for off < 16, else high).
+__device__ __forceinline__ uint4 dequant8(const Plane& pl, int kv_type, size_t row, int piece) {
+    const int b = piece >> 2, off = (piece & 3) * 8;             // block, first value in the block
+    const float d = __half2float(pl.row_scales(row)[b]);
+    float x[8];
+    if (kv_type == FD_KV_Q8_0) {
+        const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + piece * 8);
+        const int8_t* q = reinterpret_cast<const int8_t*>(&c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = d * (float)q[i];
+    } else {
+        const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + b * 16 + (off & 15));
+        const uint8_t* q = reinterpret_cast<const uint8_t*>(&c);
+        const int shift = off >= 16 ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = d * (float)(((q[i] >> shift) & 15) - 8);
+    }
+    uint4 out;
+    __half2* h = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
+    return out;
+}
+
 // Block b of row `row` of a quantized plane <- the 32 float32 values x.
 __device__ __forceinline__ void encode_block(const Plane& p, int kv_type, size_t row, int b, const float* x) {
     if (kv_type == FD_KV_Q8_0)

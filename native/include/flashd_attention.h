@@ -26,10 +26,11 @@
    head_dim) float32, o (n, n_heads * head_dim) float32, the K and V caches of one layer in k_type / v_type
    (above); query head h reads KV head h / (n_heads / n_kv_heads). FD_E_ARG unless every count is >= 1,
    n_heads % n_kv_heads == 0, the types are FD_KV_* (a quantized one with head_dim % 32 == 0) and scale is
-   finite and non-zero (where it is read). Quantized rows so far: fd_rope_kv_write writes them,
-   fd_attention_decode and fd_attention_masked read them (dequantized into their float16 tiles: the attention
-   is the float16 path's over float16(d * q)); fd_attention_decode_rope, fd_attention_prefill and the
-   FlashPrefill entry points return FD_E_SHAPE for a type other than FD_KV_F16 (issue 16, item 1). */
+   finite and non-zero (where it is read). Quantized rows so far: fd_rope_kv_write writes them;
+   fd_attention_decode, fd_attention_masked and fd_attention_prefill (its tensor-core path; the SIMT fallback
+   returns FD_E_SHAPE) read them, dequantized into their float16 tiles: the attention is the float16 path's
+   over float16(d * q). fd_attention_decode_rope and the FlashPrefill entry points return FD_E_SHAPE for a
+   type other than FD_KV_F16 (issue 16, item 1). */
 typedef struct {
     int n_heads;       /* query heads */
     int n_kv_heads;    /* KV heads (grouped-query attention) */

@@ -1,15 +1,18 @@
-"""Split-K decode and masked (tree) attention over a q8_0 / q4_0 KV cache (fd_attention_decode /
-fd_attention_masked with fd_attention_shape_t.k_type / v_type), against the float64 oracle.
+"""Split-K decode, masked (tree) and prefill attention over a q8_0 / q4_0 KV cache (fd_attention_decode /
+fd_attention_masked / fd_attention_prefill with fd_attention_shape_t.k_type / v_type), against the float64
+oracle.
 
 The kernels dequantize a quantized row into their float16 tile (attention_splitk_kernel.cuh: load_piece,
 value = float16(d * q)), then run the float16 path's arithmetic; so the oracle is float64 attention over
 exactly those float16 values (kv_quant.decode_rows rounded to float16) and the tolerance is the float16
-path's (test_attention_decode.py: ATOL 3e-5, RTOL 1e-4). Unwritten slots have NaN scales: a read would
+path's (test_attention_decode.py: ATOL 3e-5, RTOL 1e-4; prefill: test_attention_prefill.py's 2e-3 * max|v|
+with q rounded to float16 in the oracle, as that test). Unwritten slots have NaN scales: a read would
 show. Tree rows are bitwise the decode row at their position, as on the float16 path."""
 import numpy as np
 import pytest
 
 from flashd.daemon.backends.cuda.attention_ops import KV_TYPE_CODES
+from flashd.daemon.backends.cuda.kv_planes import planes_from_blocks
 from flashd.daemon.backends.cuda.ops import attention_shape
 from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
 from tests.gpu.attention_oracle import attention_oracle, tree_mask
@@ -28,12 +31,11 @@ def to_plane(x: np.ndarray, kind: str, n_written: int) -> tuple[np.ndarray, np.n
         c[:, n_written:] = np.nan
         return c.view(np.uint8).ravel(), c
     blocks = encode_rows(x, kind)                                       # (Hkv, max_ctx, row_bytes) ggml blocks
-    nb, per = d // 32, (34 if kind == "q8_0" else 18)
-    b = blocks.reshape(n_kv_heads, max_ctx, nb, per).copy()
+    per = 34 if kind == "q8_0" else 18
+    b = blocks.reshape(n_kv_heads, max_ctx, d // 32, per).copy()
     b[:, n_written:, :, :2] = NAN_F16
-    codes, scales = b[..., 2:].reshape(-1), b[..., :2].reshape(-1)
-    seen = decode_rows(b.reshape(n_kv_heads, max_ctx, nb * per), kind).astype(np.float16)
-    return np.concatenate([codes, scales]), seen
+    b = b.reshape(blocks.shape)
+    return planes_from_blocks(b, kind), decode_rows(b, kind).astype(np.float16)
 
 
 def setup(native, dev, rng, n_kv_heads, max_ctx, d, n_written, types):
@@ -108,6 +110,30 @@ def test_masked_over_a_quantized_cache_and_tree_rows_are_decode_rows(native, dev
     rows = masked(native, dev, q, planes, shape, chain, n_past)
     for i in (0, n // 2, n - 1):
         np.testing.assert_array_equal(rows[i], decode(native, dev, q[i:i + 1], planes, shape, n_past + i))
+
+
+@pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,n,p0", [(12, 2, 128, 100, 0), (14, 2, 64, 37, 1000), (16, 16, 64, 1, 7),
+                                                        (12, 2, 128, 512, 4096)])
+def test_prefill_over_a_quantized_cache(native, dev, rng, types, n_heads, n_kv_heads, d, n, p0):
+    max_ctx = p0 + n + 17
+    planes, (kc, vc) = setup(native, dev, rng, n_kv_heads, max_ctx, d, p0 + n, types)
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
+    o = dev.empty((n, n_heads * d))
+    dev.fill_bytes(o, 0xFF)                                                # NaN poison: every output written
+    dq, dnp = dev.upload(q), dev.upload(np.array([p0], np.int32))
+    native.check(native.lib.fd_attention_prefill(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
+                                                 dev.p(planes[1]), dev.p(dnp, "int32_t*"), n, shape, dev.stream),
+                 "fd_attention_prefill")
+    dev.synchronize()
+    got = dev.download(o)
+    visible = np.arange(max_ctx)[None, :] <= p0 + np.arange(n)[:, None]
+    q16 = q.astype(np.float16).astype(np.float32)                          # the kernel's q fragments
+    expect = attention_oracle(q16, kc, vc, visible, 1 / np.sqrt(d))
+    assert not np.isnan(got).any()
+    atol = 2e-3 * np.abs(vc[:, :p0 + n].astype(np.float64)).max()
+    assert np.abs(got - expect).max() <= atol
 
 
 def test_fused_decode_rope_refuses_a_quantized_cache(native, dev):

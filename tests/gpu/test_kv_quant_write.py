@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from flashd.daemon.backends.cuda.attention_ops import KV_TYPE_CODES
+from flashd.daemon.backends.cuda.kv_planes import blocks_from_planes
 from flashd.daemon.backends.cuda.ops import attention_shape, rope_struct
 from flashd.daemon.backends.kv_quant import encode_rows
 from tests.reference.test_kv_quant import awkward_rows
@@ -17,14 +18,8 @@ FD_E_SHAPE = -3
 
 
 def plane_rows(raw: np.ndarray, kv_type: str, n_kv_heads: int, max_ctx: int, head_dim: int) -> np.ndarray:
-    """A quantized plane (codes [Hkv][max_ctx][code_bytes], then float16 scales [Hkv][max_ctx][d / 32]) as
-    ggml's blocks (Hkv, max_ctx, row_bytes): per block its 2 scale bytes, then its codes."""
-    nb = head_dim // 32
-    per = 32 if kv_type == "q8_0" else 16                     # code bytes per block
-    rows = n_kv_heads * max_ctx
-    codes = raw[:rows * nb * per].reshape(rows, nb, per)
-    scales = raw[rows * nb * per:].reshape(rows, nb, 2)
-    return np.concatenate([scales, codes], axis=2).reshape(n_kv_heads, max_ctx, nb * (2 + per))
+    """A quantized plane as ggml's blocks (Hkv, max_ctx, row_bytes) (backends/cuda/kv_planes.py)."""
+    return blocks_from_planes(raw, kv_type, n_kv_heads, max_ctx, head_dim)
 
 
 def run_write(native, dev, q, k, v, types, n_past, max_ctx, rope_dim, neox):
@@ -86,15 +81,14 @@ def test_plane_bytes_and_refusals(native, dev):
     assert lib.fd_kv_plane_bytes(KV_TYPE_CODES["q4_0"], 2, 10, 80) == 0          # not whole blocks
     assert lib.fd_kv_plane_bytes(7, 2, 10, 128) == 0
     # the readers not yet converted refuse a quantized cache (FD_E_SHAPE) rather than read its bytes as float16
-    # (decode and masked attention read it: test_attention_kv_quant.py)
+    # (decode, masked and prefill attention read it: test_attention_kv_quant.py)
     ffi = native.ffi
     o, q = dev.upload(np.zeros((1, 256), np.float32)), dev.upload(np.zeros((1, 2, 128), np.float32))
     cache = dev.upload(np.zeros(int(lib.fd_kv_plane_bytes(1, 1, 64, 128)), np.uint8))
     ws = dev.upload(np.zeros(1 << 20, np.uint8))
     n_past = dev.upload(np.array([3], np.int32))
     shape = attention_shape(ffi, 2, 1, 128, 64, k_type="q8_0", v_type="q8_0")
-    assert lib.fd_attention_prefill(dev.p(o, "float*"), dev.p(q, "float*"), dev.p(cache), dev.p(cache),
-                                    dev.p(n_past, "int32_t*"), 1, shape, dev.stream) == FD_E_SHAPE
+    assert lib.fd_flashprefill_mean_k(dev.p(o, "float*"), dev.p(cache), 3, shape, dev.stream) == FD_E_SHAPE
     bad = attention_shape(ffi, 2, 1, 80, 64, k_type="q4_0")                     # head_dim % 32 != 0
     assert lib.fd_attention_decode(dev.p(o, "float*"), dev.p(q, "float*"), dev.p(cache), dev.p(cache),
                                    dev.p(n_past, "int32_t*"), bad, 64, dev.p(ws), dev.stream) == -1   # FD_E_ARG

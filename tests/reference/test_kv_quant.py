@@ -22,19 +22,21 @@ f32 = np.float32
 
 
 def awkward_rows(seed: int, n_rows: int = 64, head_dim: int = 128) -> np.ndarray:
-    """float32 (n_rows, head_dim): scales from 1e-6 to 1e4, all-zero blocks, exact .5 ties of x/d, sign ties
-    of the largest magnitude, one large outlier, values that land next to a rounding boundary."""
+    """float32 (n_rows, head_dim), head_dim % 32 == 0: scales from 1e-6 to 1e4, then (placed block by block from
+    the first, as many as fit) an all-zero block (d = 0, id = 0), exact .5 ties of x/d for q8_0, a +-127 sign tie
+    of the largest magnitude (q4_0: the first, -127, wins), a negative maximum (q4_0: d > 0), one outlier among
+    small values, values near half-way after 1/d and one ulp above them."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_rows, head_dim)) * 10.0 ** rng.uniform(-6, 4, (n_rows, 1))).astype(f32)
-    x[0] = 0                                               # whole row of zero blocks: d = 0, id = 0
-    x[1, :32] = 0
-    x[2, :32] = np.arange(32, dtype=f32) - 15.5            # q8_0: amax 16.5 -> x/d lands on .5 ties
-    x[3, :32] = np.where(np.arange(32) % 2, 127, -127).astype(f32)   # q4_0: +-127 tie, the first (-127) wins
-    x[4, 32:64] = -np.linspace(0, 8, 32, dtype=f32)        # q4_0: max negative -> d positive
-    x[5, 64:96] = 1e-3
-    x[5, 70] = 1e3                                         # one outlier
-    x[6, 96:128] = (np.arange(32, dtype=f32) + f32(0.5)) * f32(127.0 / 31.5)   # q8_0 codes near half-way
-    x[7, :32] = np.nextafter(x[6, 96:128], f32(np.inf))                        # one ulp above those
+    ramp = np.arange(32, dtype=f32)
+    near = (ramp + f32(0.5)) * f32(127.0 / 31.5)
+    outlier = np.full(32, 1e-3, f32)
+    outlier[6] = 1e3
+    special = [np.zeros(32, f32), ramp - f32(15.5), np.where(np.arange(32) % 2, 127, -127).astype(f32),
+               -np.linspace(0, 8, 32, dtype=f32), outlier, near, np.nextafter(near, f32(np.inf))]
+    blocks = x.reshape(-1, 32)                                 # a view: block i is row i // (head_dim / 32)
+    for i, block in enumerate(special[:len(blocks)]):
+        blocks[i] = block
     return x
 
 

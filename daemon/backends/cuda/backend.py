@@ -21,11 +21,10 @@ SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
 # KV cache types the kernels write and read (backends/kv_types.py); a q8_0 / q4_0 cache is refused at load
 # with KV_TYPES_MISSING until every kernel that touches the cache is converted (issue 16, item 1)
 CUDA_KV_TYPES = ("f16",)
-KV_TYPES_MISSING = ("the CUDA kernels cover a float16 KV cache only so far: fd_rope_kv_write writes q8_0 / q4_0 rows "
-                    "and split-K decode and masked (tree) attention read them (ABI 5), but prefill attention "
-                    "(fd_attention_prefill), the fused decode rope + K/V write (fd_attention_decode_rope), the "
-                    "persistent forward, the FlashPrefill kernels, fd_kv_compact, the backend's quantized cache "
-                    "allocation and its host prefix copies are not yet converted")
+KV_TYPES_MISSING = ("the CUDA backend serves a float16 KV cache only so far: its kernels write q8_0 / q4_0 rows "
+                    "(fd_rope_kv_write) and read them in decode, masked (tree) and prefill attention (ABI 5), but "
+                    "the fused decode rope + K/V write, the persistent forward, fd_kv_compact, the backend's "
+                    "quantized cache allocation and its host prefix copies are not yet converted")
 
 
 class KVTypeUnsupported(ModelLoadError):
