@@ -11,8 +11,8 @@ One weight load; per KV type (K and V both in that type, `--kv-type`) a fresh ru
 - decode: tok/s of --gen greedy tokens after a random --depth-token prompt (flashd bench's tgN@dD: median of
   --reps after a warm-up).
 
-A type the backend refuses (the CUDA backend refuses q8_0 / q4_0 until its kernels read quantized rows) gets
-a row that says why instead of numbers.
+A type the backend refuses (a head_dim that is not whole 32-value blocks, say) gets a row that says why instead
+of numbers. On CUDA a quantized cache decodes on the per-op graph path (no fused rope + write).
 """
 from __future__ import annotations
 

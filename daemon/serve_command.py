@@ -19,8 +19,8 @@ __all__ = ["serve_command", "size_option", "kv_type_options"]
 
 KV_TYPE_HELP = ("KV cache storage of K and V: f16 (the backend's unquantized cache), q8_0 (34 bytes per 32 values, "
                 "~1.9x smaller) or q4_0 (18 bytes per 32, ~3.6x smaller); ggml's block formats and rounding. "
-                "Quantized types need head_dim % 32 == 0. The CUDA backend does not write or read them yet: it "
-                "refuses them at load (the CPU reference backend stores every type).")
+                "Quantized types need head_dim % 32 == 0. On CUDA a quantized cache runs the per-op graph decode "
+                "(not --forward persistent); its kernels are new and not yet measured on a GPU.")
 
 
 def kv_type_options(command):

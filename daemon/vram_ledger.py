@@ -30,8 +30,6 @@ __all__ = ["LedgerState", "VramLedger", "sizes_for", "describe_draft"]
 
 QUANT_KV = ("q8_0", "q4_0")
 _KV_RANK = {"f32": 0, "f16": 0, "q8_0": 1, "q4_0": 2}       # larger rank: fewer bytes per value
-KV_NOT_BUILT = ("not yet available in flashd's CUDA kernels (issue 16, item 1: --kv-type q8_0 / q4_0 run on the CPU "
-                "reference backend only so far)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -222,10 +220,7 @@ class VramLedger:
         for kv in QUANT_KV:
             if _KV_RANK[kv] <= smallest or self.target.cfg.head_dim % 32:
                 continue                      # only a smaller cache than configured, of whole 32-value blocks
-            if self.sizes.kv_type == "f16":   # CUDA: refused at load until its kernels read quantized rows
-                offer(f"a {kv} KV cache, {KV_NOT_BUILT}", self.plan(state, kv_type=kv))
-            else:
-                offer(f"{restart}--kv-type {kv}", self.plan(state, kv_type=kv))
+            offer(f"{restart}--kv-type {kv}", self.plan(state, kv_type=kv))
         need = self.plan(state, budget=None).peak_bytes
         step = 64 * MiB if need > 4 * GiB else MiB
         need = -(-need // step) * step

@@ -38,7 +38,38 @@ kv_compact_kernel(uint32_t* cache, const int32_t* __restrict__ src_offsets, cons
     }
 }
 
+// fd_kv_compact_rows: the same moves over n_planes planes of [n_kv_heads][max_ctx] rows of row_bytes bytes,
+// plane p at base + p * plane_stride (a quantized cache's codes or scales of every layer), 16-bit columns.
+__global__ void __launch_bounds__(KVC_MAX_THREADS)
+kv_compact_rows_kernel(unsigned char* base, size_t plane_stride, const int32_t* __restrict__ src_offsets,
+                       const int32_t* __restrict__ n_past, int n_keep, int max_ctx, int n_cols) {
+    const int head = blockIdx.x, plane = blockIdx.y;
+    uint16_t* rows = reinterpret_cast<uint16_t*>(base + (size_t)plane * plane_stride) + (int64_t)head * max_ctx * n_cols;
+    const int start = n_past[0];
+    for (int i = 0; i < n_keep; ++i) {
+        const int src = src_offsets[i];
+        if (src == i || start + src >= max_ctx || start + i >= max_ctx) continue;
+        const uint16_t* from = rows + (int64_t)(start + src) * n_cols;
+        uint16_t* to = rows + (int64_t)(start + i) * n_cols;
+        for (int c = threadIdx.x; c < n_cols; c += blockDim.x) to[c] = from[c];
+    }
+}
+
 }  // namespace
+
+extern "C" int fd_kv_compact_rows(void* base, size_t plane_stride, int n_planes, int n_kv_heads, int max_ctx,
+                                  int row_bytes, const int32_t* src_offsets, const int32_t* n_past, int n_keep,
+                                  void* stream) {
+    FD_CHECK_ARG(base && src_offsets && n_past && n_keep >= 0 && n_planes > 0 && n_kv_heads > 0 && max_ctx > 0);
+    FD_CHECK_ARG(row_bytes > 0 && row_bytes % 2 == 0 && plane_stride % 2 == 0 && ((uintptr_t)base & 1u) == 0);
+    FD_CHECK_ARG(n_kv_heads <= 65535 && n_planes <= 65535);
+    if (n_keep == 0) return 0;
+    const int n_cols = row_bytes / 2;
+    const int threads = n_cols < KVC_MAX_THREADS ? n_cols : KVC_MAX_THREADS;
+    kv_compact_rows_kernel<<<dim3(n_kv_heads, n_planes), threads, 0, (cudaStream_t)stream>>>(
+        (unsigned char*)base, plane_stride, src_offsets, n_past, n_keep, max_ctx, n_cols);
+    return FD_LAUNCH_STATUS();
+}
 
 extern "C" int fd_kv_compact(void* cache, const int32_t* src_offsets, const int32_t* n_past, int n_keep,
                              int n_layers, int n_kv_heads, int max_ctx, int head_dim, void* stream) {

@@ -119,6 +119,11 @@ int fd_attention_masked(float* o, const float* q, const void* k_cache, const voi
    with src_offsets[i] >= i; slots past max_ctx are skipped. head_dim must be even. */
 int fd_kv_compact(void* cache, const int32_t* src_offsets, const int32_t* n_past, int n_keep,
                   int n_layers, int n_kv_heads, int max_ctx, int head_dim, void* stream);
+/* The same moves over any rows: n_planes planes, plane p at base + p * plane_stride bytes, each
+   [n_kv_heads][max_ctx] rows of row_bytes bytes (even; base and plane_stride even) -- a quantized cache's
+   codes, or its scales, of every layer (one call per such group). */
+int fd_kv_compact_rows(void* base, size_t plane_stride, int n_planes, int n_kv_heads, int max_ctx, int row_bytes,
+                       const int32_t* src_offsets, const int32_t* n_past, int n_keep, void* stream);
 
 /* --- cdef end --- */
 #endif /* FLASHD_ATTENTION_H */

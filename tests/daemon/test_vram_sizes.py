@@ -213,7 +213,7 @@ def test_ledger_refusal_at_start_names_components_and_what_would_fit(files):
         assert name in text
     fixes = text.split("What would fit: ")[1]
     assert "--max-ctx " in fixes and "without --draft drf" in fixes and "--drafter-policy park" in fixes
-    assert "a q8_0 KV cache, not yet available in flashd" in fixes            # honest: no quantized KV yet
+    assert "--kv-type q8_0" in fixes and "--kv-type q4_0" in fixes          # the target's quantized KV caches
     assert fixes.rstrip(".").endswith("MiB or more")
     ctx = int(fixes.split("--max-ctx ")[1].split()[0])
     assert led.plan(state, max_ctx=ctx).fits and not led.plan(state, max_ctx=ctx + 256).fits

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base import Batch
+from .kv_cache_quant import kv_type_of
 from .tensor import DeviceTensor
 
 __all__ = ["AttentionOps", "Roped", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS", "attention_workspace_bytes",
@@ -108,13 +109,18 @@ class AttentionOps:
         per shape (a captured graph keeps only the values it read at capture: the struct is read on the host)."""
         k_cache, v_cache = cache_layer
         n_heads, head_dim = q_shape[-2], q_shape[-1]
+        types = (kv_type_of(k_cache), kv_type_of(v_cache))      # a KVPlane (kv_cache_quant.py): q8_0 / q4_0
         if (len(k_cache.shape) != 3 or tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[2] != head_dim
-                or n_heads % k_cache.shape[0] or k_cache.dtype != np.float16):
+                or n_heads % k_cache.shape[0]
+                or any(t == "f16" and c.dtype != np.float16 for t, c in zip(types, cache_layer))):
             raise ValueError(f"{what}: q {tuple(q_shape)} does not fit caches {tuple(k_cache.shape)} "
-                             f"{k_cache.dtype} / {tuple(v_cache.shape)} (float16 [n_kv_heads][max_ctx][head_dim])")
+                             f"{k_cache.dtype} / {tuple(v_cache.shape)} ([n_kv_heads][max_ctx][head_dim], float16 "
+                             f"or a quantized plane)")
         key = (n_heads, k_cache.shape[0], head_dim, k_cache.shape[1])
+        if types != ("f16", "f16"):
+            key += types
         if key not in self._attention_shapes:
-            self._attention_shapes[key] = attention_shape(self.ffi, *key)
+            self._attention_shapes[key] = attention_shape(self.ffi, *key[:4], k_type=types[0], v_type=types[1])
         return self._attention_shapes[key]
 
     def _rope(self, r: Roped):
@@ -129,7 +135,8 @@ class AttentionOps:
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
         _roped("attention", q, k)
         n = q.x.shape[0]
-        if n == 1 and batch.mask is None and self.fuse_decode_rope:
+        if n == 1 and batch.mask is None and self.fuse_decode_rope and kv_type_of(cache_layer[0]) == "f16" \
+                and kv_type_of(cache_layer[1]) == "f16":          # the fused write stores float16 rows only
             return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)
         self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
         if batch.mask is not None:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ...models.config import ModelConfig
 from ...models.gguf_file import ModelLoadError, ModelUnsupported
+from ...vram_budget import kv_cache_bytes
 from ..base import Backend
 from .lib import load
 from .ops import CudaOps, attention_workspace_bytes
@@ -18,13 +19,11 @@ ALIGN = 256
 # the split-K decode / masked kernels also take 256)
 HEAD_DIMS = (64, 128)
 SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
-# KV cache types the kernels write and read (backends/kv_types.py); a q8_0 / q4_0 cache is refused at load
-# with KV_TYPES_MISSING until every kernel that touches the cache is converted (issue 16, item 1)
-CUDA_KV_TYPES = ("f16",)
-KV_TYPES_MISSING = ("the CUDA backend serves a float16 KV cache only so far: its kernels write q8_0 / q4_0 rows "
-                    "(fd_rope_kv_write) and read them in decode, masked (tree) and prefill attention (ABI 5), but "
-                    "the fused decode rope + K/V write, the persistent forward, fd_kv_compact, the backend's "
-                    "quantized cache allocation and its host prefix copies are not yet converted")
+# KV cache types the backend serves (backends/kv_types.py): every one since ABI 5 -- fd_rope_kv_write writes q8_0 /
+# q4_0 rows, decode, masked and prefill attention read them, fd_kv_compact_rows moves them; a quantized cache runs
+# the per-op graph forward (the fused decode rope + write and the persistent forward are float16 only).
+CUDA_KV_TYPES = ("f16", "q8_0", "q4_0")
+KV_TYPES_MISSING = "the CUDA kernels do not cover this KV type"
 
 
 class KVTypeUnsupported(ModelLoadError):
@@ -106,7 +105,8 @@ class CudaBackend(Backend):
             raise ModelUnsupported(f"the CUDA backend's attention kernels support head_dim {' and '.join(map(str, HEAD_DIMS))}"
                                  f"; this model has head_dim {cfg.head_dim} (use --device cpu)")
         lib = self.device.lib
-        kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_ctx * cfg.head_dim * 2
+        kv = kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *(
+            (kv_types.k, kv_types.v) if kv_types is not None else ("f16", "f16")))
         largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
         workspace = (attention_workspace_bytes(self.device.native, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                                max_ctx)
@@ -129,7 +129,8 @@ class CudaBackend(Backend):
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
-        return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path)
+        return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path,
+                          kv_types=kv_types)
 
     def drop_graphs(self, runners) -> None:
         for runner in runners:

@@ -30,6 +30,7 @@ from ..base import KVCacheSpec
 from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps, Roped, attention_shape,
                             attention_workspace_bytes, rope_scaling_struct, rope_struct)
 from .kv_cache import CudaKVCache
+from .kv_cache_quant import CudaQuantKVCache
 from .tensor import Arena, Device, DeviceTensor
 
 __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS",
@@ -140,8 +141,9 @@ class CudaOps(AttentionOps):
         data = self.dev.upload(host.view(np.uint8).reshape(-1))
         return QuantWeight(data=data, qtype=int(info.qtype), rows=rows, cols=cols)
 
-    def kv_cache(self, spec: KVCacheSpec) -> CudaKVCache:
-        return CudaKVCache(self.dev, spec)
+    def kv_cache(self, spec: KVCacheSpec):
+        """float16 K and V: CudaKVCache; a q8_0 / q4_0 K or V: CudaQuantKVCache (kv_cache_quant.py)."""
+        return CudaQuantKVCache(self.dev, spec) if spec.kv_types.quantized else CudaKVCache(self.dev, spec)
 
     def from_numpy(self, array: np.ndarray) -> DeviceTensor:
         return self.dev.upload(np.ascontiguousarray(array))
@@ -295,6 +297,10 @@ class CudaOps(AttentionOps):
         spec = cache.spec
         d_off = self.dev.upload(offsets)
         d_np = self.dev.upload(np.array([n_past], np.int32))
+        if isinstance(cache, CudaQuantKVCache):
+            cache.compact(d_off, d_np, len(offsets))
+            self.dev.synchronize()
+            return
         self._check(self.lib.fd_kv_compact(self.p(cache.storage), self.p(d_off), self.p(d_np), len(offsets),
                                            spec.n_layers, spec.n_kv_heads, spec.max_ctx, spec.head_dim,
                                            self.dev.stream), "fd_kv_compact")

@@ -75,8 +75,8 @@ def _uses_penalties(p: SamplingParams) -> bool:
 
 class CudaRunner(ModelRunner):
     def __init__(self, ops: CudaOps, cfg, weights, max_ctx: int, prefill_chunk: int = 512,
-                 forward_path: str = "graph", tuning: ForwardTuning | None = None):
-        super().__init__(ops, cfg, weights, max_ctx, prefill_chunk)
+                 forward_path: str = "graph", tuning: ForwardTuning | None = None, kv_types=None):
+        super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, kv_types)
         if forward_path not in FORWARD_PATHS:
             raise ValueError(f"forward_path must be one of {FORWARD_PATHS}, got {forward_path!r}")
         dev = self.dev = ops.dev
@@ -85,7 +85,10 @@ class CudaRunner(ModelRunner):
         # which ran and why.
         self.persistent: PersistentForward | None = None
         self.forward_note = "configured"
-        if forward_path == "persistent":
+        if forward_path == "persistent" and self.cache.spec.kv_types.quantized:
+            self.forward_note = (f"the persistent forward reads a float16 KV cache only (--kv-type "
+                                 f"{self.cache.spec.kv_types}): the per-op graph runs")
+        elif forward_path == "persistent":
             try:
                 self.persistent = PersistentForward(ops, cfg, weights, self.cache, tuning)
             except ForwardUnsupported as e:
@@ -307,6 +310,10 @@ class CudaRunner(ModelRunner):
                 raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
             dev, spec = self.dev, self.cache.spec
             dev.upload(np.concatenate([np.array([self.n_past], np.int32), offsets]), out=self._t_commit[:n + 1])
+            if hasattr(self.cache, "compact"):            # a quantized K or V (kv_cache_quant.py)
+                self.cache.compact(self.t_offsets, self.c_n_past, n)
+                self.n_past += n
+                return
             dev.native.check(dev.lib.fd_kv_compact(dev.p(self.cache.storage), dev.p(self.t_offsets),
                                                    dev.p(self.c_n_past), n, spec.n_layers, spec.n_kv_heads,
                                                    spec.max_ctx, spec.head_dim, dev.stream),
