@@ -40,9 +40,10 @@ def parse_test(spec: str) -> tuple[str, int, int]:
     return kind, int(rest), depth
 
 
-def decode_bytes_per_token(cfg, weight_bytes: int, embd_bytes: int, depth: int, kv_elem_bytes: int = 2) -> int:
+def decode_bytes_per_token(cfg, weight_bytes: int, embd_bytes: int, depth: int, kv_elem_bytes: float = 2) -> int:
     """Bytes a decode step reads: all weights except the embedding table (one row of it), plus K
-    and V of every layer for `depth` cached positions."""
+    and V of every layer for `depth` cached positions (kv_elem_bytes per value, K and V averaged: 2 for
+    float16, 34/32 for q8_0, 18/32 for q4_0)."""
     row = embd_bytes // cfg.vocab_size
     weights = weight_bytes - (0 if cfg.tie_embeddings else embd_bytes) + row
     return int(weights + 2 * cfg.n_layers * depth * cfg.kv_dim * kv_elem_bytes)
@@ -77,7 +78,7 @@ def _time_tg(runner, vocab: int, n: int, depth: int, rng) -> float:
 
 
 def run_bench(runner, cfg, tests: list[str], *, reps: int = 3, weight_bytes: int = 0, embd_bytes: int = 0,
-              copy_gbs: float | None = None, log=None) -> list[BenchResult]:
+              copy_gbs: float | None = None, log=None, kv_elem_bytes: float = 2) -> list[BenchResult]:
     rng = np.random.default_rng(0)
     results = []
     for spec in tests:
@@ -92,7 +93,7 @@ def run_bench(runner, cfg, tests: list[str], *, reps: int = 3, weight_bytes: int
         med = statistics.median(samples)
         pct = None
         if kind == "tg" and copy_gbs and weight_bytes:
-            roof = copy_gbs * 1e9 / decode_bytes_per_token(cfg, weight_bytes, embd_bytes, depth)
+            roof = copy_gbs * 1e9 / decode_bytes_per_token(cfg, weight_bytes, embd_bytes, depth, kv_elem_bytes)
             pct = 100.0 * med / roof
         results.append(BenchResult(spec, med, statistics.pstdev(samples), pct))
         if log:

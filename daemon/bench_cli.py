@@ -67,8 +67,11 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
         note += f"\ndecode forward: {fwd['path']}" + (f" (plan {fwd['plan']})" if "plan" in fwd else
                                                       f" ({fwd['note']})")
     note += ("\n" if note else "") + f"KV cache: {engine.config.kv_types}"
+    from .backends.kv_types import row_bytes
+    kv = engine.config.kv_types                        # the roofline's K/V bytes per value, K and V averaged
+    kv_elem = (row_bytes(kv.k, cfg.head_dim) + row_bytes(kv.v, cfg.head_dim)) / (2 * cfg.head_dim)
     results = run_bench(engine.runner, cfg, tests, reps=reps, weight_bytes=engine.model.file_weight_bytes,
-                        embd_bytes=embd, copy_gbs=copy_gbs, log=log)
+                        embd_bytes=embd, copy_gbs=copy_gbs, log=log, kv_elem_bytes=kv_elem)
     plan = engine.vram_plan()
     vram = plan.lines() if plan is not None else None
     click.echo(format_table(cfg.name or path.name, engine.backend.name, path.stat().st_size, results, vram, note))
