@@ -100,7 +100,6 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
     FD_CHECK_ARG(o && q && k && v && k_cache && v_cache && positions && n_past && workspace);
     FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
     FD_CHECK_ARG(decode_args_valid(o, k_cache, v_cache, workspace, shape, chunk_len));
-    if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // the fused write is float16 only: rope_kv_write + decode
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
     p.k_new = k;

@@ -17,9 +17,53 @@ namespace attn {
 // (unscaled, as the plain kernel loads it). If own_key: the new token's K (rotated) | V rows of KV head
 // kvh, as float16, go to kv_new[0, 2 HD) (element c = tid + i * THREADS; K dims c < HD are the dims
 // dim_i above), and if store also to the cache at slot *n_past.
+// QKV (a q8_0 / q4_0 K or V): the new token's rotated K row and V row go to `stage` (2 HD floats of shared
+// memory) first; then one thread per 32-value block encodes it (kv_quant.cuh, fd_rope_kv_write's rounding), puts
+// the dequantized values -- float16(d * q), what dequant8 gives for the stored codes -- into kv_new, and (store)
+// writes the codes and scale to the cache. A float16 side's block is rounded and stored as the plain kernel does.
 template <int HD>
+__device__ __forceinline__ void encode_new_rows(const Params& p, const float* stage, __half* kv_new, int kvh, int tid,
+                                                bool store) {
+    constexpr int NB = HD / kvq::BLOCK;              // blocks per row
+    if (tid >= 2 * NB) return;
+    const bool is_k = tid < NB;
+    const int type = is_k ? p.k_type : p.v_type, b = is_k ? tid : tid - NB;
+    const float* x = stage + tid * kvq::BLOCK;
+    __half* out = kv_new + tid * kvq::BLOCK;
+    const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
+    if (type == FD_KV_F16) {
+        __half* cache = (is_k ? p.k_store : p.v_store) + row * HD + b * kvq::BLOCK;
+        for (int j = 0; j < kvq::BLOCK; ++j) {
+            out[j] = __float2half_rn(x[j]);
+            if (store) cache[j] = out[j];
+        }
+        return;
+    }
+    const kvq::Plane& pl = is_k ? p.kq : p.vq;
+    __half d;
+    if (type == FD_KV_Q8_0) {
+        int8_t q[kvq::BLOCK];
+        kvq::encode_q8_0(x, q, &d);
+        for (int j = 0; j < kvq::BLOCK; ++j) out[j] = __float2half_rn(__half2float(d) * (float)q[j]);
+        if (store)
+            for (int j = 0; j < kvq::BLOCK; ++j) reinterpret_cast<int8_t*>(pl.row_codes(row) + b * kvq::BLOCK)[j] = q[j];
+    } else {
+        uint8_t q[kvq::BLOCK / 2];
+        kvq::encode_q4_0(x, q, &d);
+        for (int j = 0; j < kvq::BLOCK; ++j) {
+            const int code = j < kvq::BLOCK / 2 ? (q[j] & 15) : (q[j - kvq::BLOCK / 2] >> 4);
+            out[j] = __float2half_rn(__half2float(d) * (float)(code - 8));
+        }
+        if (store)
+            for (int j = 0; j < kvq::BLOCK / 2; ++j) pl.row_codes(row)[b * (kvq::BLOCK / 2) + j] = q[j];
+    }
+    if (store) pl.row_scales(row)[b] = d;
+}
+
+template <int HD, bool QKV = false>
 __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * HD / THREADS], const float* q_tok,
-                                           int row0, int kvh, int tid, bool own_key, __half* kv_new, bool store) {
+                                           int row0, int kvh, int tid, bool own_key, __half* kv_new, bool store,
+                                           float* stage) {
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
     constexpr int NU = HD > THREADS ? HD / THREADS : 1;
     static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
@@ -64,19 +108,29 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
         for (int i = 0; i < (2 * HD + THREADS - 1) / THREADS; ++i) {
             const int c = tid + i * THREADS;
             if (c >= 2 * HD) break;
-            __half h;
+            float val;
             if (c < HD) {                               // K dim c == dim_i of the table above
                 const int u = i < NU ? i : 0;
                 const float x = __ldg(kr + c);
-                h = __float2half_rn(rot[u] ? rope_rotated(x, __ldg(kr + partner[u]), cs[u], sn[u], first[u]) : x);
+                val = rot[u] ? rope_rotated(x, __ldg(kr + partner[u]), cs[u], sn[u], first[u]) : x;
             } else {
-                h = __float2half_rn(__ldg(vr + (c - HD)));
+                val = __ldg(vr + (c - HD));
             }
-            kv_new[c] = h;
-            if (store) {
-                __half* cache = c < HD ? p.k_store : p.v_store;
-                cache[((size_t)kvh * p.max_ctx + slot) * HD + (c < HD ? c : c - HD)] = h;
+            if constexpr (QKV) {
+                stage[c] = val;
+            } else {
+                const __half h = __float2half_rn(val);
+                kv_new[c] = h;
+                if (store) {
+                    __half* cache = c < HD ? p.k_store : p.v_store;
+                    cache[((size_t)kvh * p.max_ctx + slot) * HD + (c < HD ? c : c - HD)] = h;
+                }
             }
+        }
+        if constexpr (QKV) {                            // own_key is block-uniform: the barriers are too
+            __syncthreads();                            // both rows staged
+            encode_new_rows<HD>(p, stage, kv_new, kvh, tid, store);
+            __syncthreads();                            // stage (q_hi's area) free again, kv_new written
         }
     }
 }
@@ -111,12 +165,14 @@ __device__ __forceinline__ void load_piece(__half* dst, int kv_type, const __hal
 //   (b) query-row tile 0 of that split writes them into the cache at slot n_past for later steps.
 // Everything else is the plain kernel's code, so o equals fd_rope_kv_write + fd_attention_decode's.
 //
-// QKV (a q8_0 / q4_0 K or V, p.k_type / p.v_type; never with ROPE): the loader reads a quantized row's codes
+// QKV (a q8_0 / q4_0 K or V, p.k_type / p.v_type): the loader reads a quantized row's codes
 // and scale with plain loads and stores the dequantized values, rounded to float16 (__float2half_rn(d * q)),
 // into the same tile a float16 row lands in (dequant_piece); the float16 side keeps its cp.async copies. The
 // warp step is the plain kernel's, so o is the float16 path's attention over those float16 values, and decode
 // and masked attention stay bit for bit consistent. The tile slot being filled was freed by the
-// __syncthreads before load_tile (as for cp.async), and the plain stores are visible after the next one.
+// __syncthreads before load_tile (as for cp.async), and the plain stores are visible after the next one. With
+// ROPE, the new key's rows are encoded as fd_rope_kv_write encodes them and attended dequantized
+// (encode_new_rows), so o and the cache equal fd_rope_kv_write + fd_attention_decode's over the quantized cache.
 template <int HD, bool ROPE = false, bool QKV = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     using C = Cfg<HD>;
@@ -238,7 +294,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
         }
     } else {
-        rope_stage<HD>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0);
+        rope_stage<HD, QKV>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
+                            reinterpret_cast<float*>(q_hi));   // q_hi is written only after this
     }
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {

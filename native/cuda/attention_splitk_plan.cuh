@@ -102,17 +102,14 @@ int launch(const Params& p, cudaStream_t stream) {
     return st;
 }
 
-// A quantized K or V (never with ROPE: fd_attention_decode_rope refuses it) runs the dequantizing loader.
+// A quantized K or V runs the dequantizing loader (and, with ROPE, the quantizing new-row staging).
 template <bool ROPE = false>
 int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
     const bool quant = p.k_type != FD_KV_F16 || p.v_type != FD_KV_F16;
-    if constexpr (ROPE) {
-        if (quant) return FD_E_SHAPE;
-    }
     switch (head_dim) {
-        case 64: return quant ? launch<64, false, true>(p, stream) : launch<64, ROPE>(p, stream);
-        case 128: return quant ? launch<128, false, true>(p, stream) : launch<128, ROPE>(p, stream);
-        case 256: return quant ? launch<256, false, true>(p, stream) : launch<256, ROPE>(p, stream);
+        case 64: return quant ? launch<64, ROPE, true>(p, stream) : launch<64, ROPE>(p, stream);
+        case 128: return quant ? launch<128, ROPE, true>(p, stream) : launch<128, ROPE>(p, stream);
+        case 256: return quant ? launch<256, ROPE, true>(p, stream) : launch<256, ROPE>(p, stream);
         default: return FD_E_SHAPE;
     }
 }

@@ -26,11 +26,11 @@
    head_dim) float32, o (n, n_heads * head_dim) float32, the K and V caches of one layer in k_type / v_type
    (above); query head h reads KV head h / (n_heads / n_kv_heads). FD_E_ARG unless every count is >= 1,
    n_heads % n_kv_heads == 0, the types are FD_KV_* (a quantized one with head_dim % 32 == 0) and scale is
-   finite and non-zero (where it is read). Quantized rows so far: fd_rope_kv_write writes them;
-   fd_attention_decode, fd_attention_masked and fd_attention_prefill (its tensor-core path; the SIMT fallback
-   returns FD_E_SHAPE) read them, dequantized into their float16 tiles: the attention is the float16 path's
-   over float16(d * q). fd_attention_decode_rope and the FlashPrefill entry points return FD_E_SHAPE for a
-   type other than FD_KV_F16 (issue 16, item 1). */
+   finite and non-zero (where it is read). Quantized rows: fd_rope_kv_write and fd_attention_decode_rope write
+   them; fd_attention_decode(_rope), fd_attention_masked and fd_attention_prefill (its tensor-core path; the
+   SIMT fallback returns FD_E_SHAPE) read them, dequantized into their float16 tiles: the attention is the
+   float16 path's over float16(d * q). The FlashPrefill entry points return FD_E_SHAPE for a type other than
+   FD_KV_F16; fd_kv_compact moves float16 caches, fd_kv_compact_rows any. */
 typedef struct {
     int n_heads;       /* query heads */
     int n_kv_heads;    /* KV heads (grouped-query attention) */
@@ -93,7 +93,8 @@ int fd_attention_decode(float* o, const float* q, const void* k_cache, const voi
    fd_rope_kv_write + fd_attention_decode, bit for bit the same o and cache rows): q (1, n_heads, head_dim)
    and k, v (1, n_kv_heads, head_dim) float32 as projected (unrotated; not modified); positions: device
    int32, the RoPE position. Rotates q, attends slots [0, *n_past] with slot *n_past's K/V taken from k
-   (rotated) and v, and stores them as float16 into slot *n_past (if 0 <= *n_past < max_ctx). head_dim in
+   (rotated) and v, and stores them into slot *n_past (if 0 <= *n_past < max_ctx) in shape's k_type / v_type,
+   attending a quantized row as stored (bit for bit fd_rope_kv_write + fd_attention_decode). head_dim in
    {64, 128, 256}; workspace as fd_attention_decode. */
 int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
                              const int32_t* positions, const int32_t* n_past, const fd_attention_shape_t* shape,

@@ -136,14 +136,40 @@ def test_prefill_over_a_quantized_cache(native, dev, rng, types, n_heads, n_kv_h
     assert np.abs(got - expect).max() <= atol
 
 
-def test_fused_decode_rope_refuses_a_quantized_cache(native, dev):
-    """fd_attention_decode_rope writes float16 rows only: quantized caches go through fd_rope_kv_write + decode."""
+@pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,max_ctx,n_past", [(12, 2, 128, 1000, 777), (14, 2, 64, 300, 0),
+                                                                  (8, 1, 256, 200, 130)])
+def test_fused_decode_rope_is_rope_kv_write_then_decode(native, dev, rng, types, n_heads, n_kv_heads, d, max_ctx,
+                                                        n_past):
+    """fd_attention_decode_rope over a quantized cache: o and every cache byte bit for bit fd_rope_kv_write +
+    fd_attention_decode's (the new rows encoded alike and attended as stored)."""
     from flashd.daemon.backends.cuda.ops import rope_struct
     ffi, lib = native.ffi, native.lib
-    shape = attention_shape(ffi, 2, 1, 128, 64, k_type="q8_0", v_type="q8_0")
-    buf = dev.upload(np.zeros(1 << 16, np.uint8))
-    f = dev.p(buf, "float*")
-    i = dev.upload(np.zeros(1, np.int32))
-    assert lib.fd_attention_decode_rope(f, f, f, f, dev.p(buf), dev.p(buf), dev.p(i, "int32_t*"),
-                                        dev.p(i, "int32_t*"), shape, rope_struct(ffi, 128, 1e6, True), CHUNK,
-                                        dev.p(buf), dev.stream) == -3    # FD_E_SHAPE
+    shape = attention_shape(ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    rope = rope_struct(ffi, d, 1e6, True)
+    q = rng.standard_normal((1, n_heads, d)).astype(np.float32)
+    k = (rng.standard_normal((1, n_kv_heads, d)) * 3).astype(np.float32)
+    v = rng.standard_normal((1, n_kv_heads, d)).astype(np.float32)
+    pos, npast = dev.upload(np.array([n_past + 3], np.int32)), dev.upload(np.array([n_past], np.int32))
+    ws = dev.empty((max(lib.fd_attention_decode_workspace_bytes(shape, CHUNK), 16),), np.uint8)
+    results = []
+    for fused in (True, False):
+        planes, _ = setup(native, dev, np.random.default_rng(11), n_kv_heads, max_ctx, d, n_past, types)
+        o = dev.empty((n_heads * d,))
+        dq, dk, dv = dev.upload(q), dev.upload(k), dev.upload(v)
+        if fused:
+            native.check(lib.fd_attention_decode_rope(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dk, "float*"),
+                                                      dev.p(dv, "float*"), dev.p(planes[0]), dev.p(planes[1]),
+                                                      dev.p(pos, "int32_t*"), dev.p(npast, "int32_t*"), shape, rope,
+                                                      CHUNK, dev.p(ws), dev.stream), "fd_attention_decode_rope")
+        else:
+            native.check(lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"),
+                                              dev.p(planes[0]), dev.p(planes[1]), dev.p(pos, "int32_t*"),
+                                              dev.p(npast, "int32_t*"), 1, shape, rope, dev.stream), "fd_rope_kv_write")
+            native.check(lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
+                                                 dev.p(planes[1]), dev.p(npast, "int32_t*"), shape, CHUNK, dev.p(ws),
+                                                 dev.stream), "fd_attention_decode")
+        dev.synchronize()
+        results.append((dev.download(o), dev.download(planes[0]), dev.download(planes[1])))
+    for fused, plain in zip(*results):
+        np.testing.assert_array_equal(fused, plain)

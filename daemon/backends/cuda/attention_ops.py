@@ -135,8 +135,7 @@ class AttentionOps:
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
         _roped("attention", q, k)
         n = q.x.shape[0]
-        if n == 1 and batch.mask is None and self.fuse_decode_rope and kv_type_of(cache_layer[0]) == "f16" \
-                and kv_type_of(cache_layer[1]) == "f16":          # the fused write stores float16 rows only
+        if n == 1 and batch.mask is None and self.fuse_decode_rope:
             return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)
         self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
         if batch.mask is not None:

@@ -20,8 +20,8 @@ ALIGN = 256
 HEAD_DIMS = (64, 128)
 SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
 # KV cache types the backend serves (backends/kv_types.py): every one since ABI 5 -- fd_rope_kv_write writes q8_0 /
-# q4_0 rows, decode, masked and prefill attention read them, fd_kv_compact_rows moves them; a quantized cache runs
-# the per-op graph forward (the fused decode rope + write and the persistent forward are float16 only).
+# q4_0 rows (so does the fused decode rope + write), decode, masked and prefill attention read them,
+# fd_kv_compact_rows moves them; a quantized cache runs the per-op graph forward (the persistent one is float16 only).
 CUDA_KV_TYPES = ("f16", "q8_0", "q4_0")
 KV_TYPES_MISSING = "the CUDA kernels do not cover this KV type"
 
