@@ -12,6 +12,9 @@
 #   bench/gpu_host.sh ab MODEL     flashd bench tg128 under launch-tuning variants (--tuning: int8 activations, PDL, rounds, step bytes)
 #   bench/gpu_host.sh profile MODEL  nsys kernel summary of a short decode (if nsys is installed)
 #   bench/gpu_host.sh bg NAME CMD...   run CMD in the background (survives the call), log $LOGS/NAME.log
+#   bench/gpu_host.sh train TARGET [ARGS]  flashd train-drafter TARGET in the background, from a copy of the code and a
+#                  working directory outside the checkout (the next call replaces the checkout, which removed a
+#                  running trainer's working directory once); log $LOGS/train.log, drafter in $HOST_DIR/dflash/
 #   bench/gpu_host.sh logs [N]     copy $LOGS/* to $OUT and print the last N lines of each (default 15)
 #
 # Every step exports the same environment, so steps can run in separate calls while the host
@@ -111,6 +114,15 @@ bg)
     (cd "$tree" && PYTHONPATH=$pp:$PYTHONPATH setsid nohup bash -c "$cmd; echo \"exit=\$?\"" \
         > "$LOGS/$name.log" 2>&1 < /dev/null &)
     echo "started $name in $tree (log $LOGS/$name.log)"
+    ;;
+train)
+    target=$1; shift
+    rm -rf $HOST_DIR/fdsrc $HOST_DIR/fdpath && cp -r . $HOST_DIR/fdsrc && mkdir -p $HOST_DIR/fdpath $HOST_DIR/dflash
+    ln -s $HOST_DIR/fdsrc $HOST_DIR/fdpath/flashd
+    name=$(basename "$target" .gguf)
+    ( cd $HOST_DIR/dflash && PYTHONPATH=$HOST_DIR/fdpath:$PYTHONPATH setsid nohup python3 -m flashd.clients.cli \
+        train-drafter "$target" --out $HOST_DIR/dflash/$name-dflash.gguf --resume "$@" > $LOGS/train.log 2>&1 < /dev/null & )
+    echo "training $name in the background (log $LOGS/train.log); rerun with --resume to continue a run"
     ;;
 logs)
     n=${1:-15}
