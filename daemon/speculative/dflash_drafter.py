@@ -27,7 +27,7 @@ from ..models.dflash import (TargetHead, block_batch, block_mask, dflash_cache_s
 from ..models.dflash_config import DFlashConfig
 from ..models.dflash_weights import DFlashWeights, load_dflash_weights, open_dflash
 from ..models.gguf_file import ModelLoadError
-from ..sampling import log_softmax
+from .dflash_topk import topk_logprobs
 from .drafter import Drafter, DrafterLoadError, Proposal
 
 __all__ = ["DFlashDrafter", "load_dflash_drafter"]
@@ -58,6 +58,7 @@ class DFlashDrafter(Drafter):
             ops.reserve_attention(cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.head_dim, spec.max_ctx,
                                   n_tokens=cfg.block_size)
         self._mask = block_mask(ops, cfg)
+        self._device_topk = None   # (logits tensor, n_depth, k, temperature) -> (ids, lp) on the device, or None
         self.forwards = 0          # drafter forwards run (tests and stats)
         self.injected_rows = 0     # context rows ever injected: each committed position once
         self.end()
@@ -89,12 +90,13 @@ class DFlashDrafter(Drafter):
         n_depth = min(max_depth, self.max_depth)
         if n_depth <= 0:
             return Proposal.empty()
-        logits = self._draft()[:n_depth].astype(np.float64)          # (n_depth, vocab)
-        lp = np.stack([log_softmax(row / self.temperature) for row in logits])
-        k = min(top_k, lp.shape[1])
-        # best first; among equal log-probs the lower id first (stable sort of -lp)
-        top = np.argsort(-lp, axis=1, kind="stable")[:, :k]
-        return Proposal(top.astype(np.int32), np.take_along_axis(lp, top, axis=1))
+        logits = self._draft()                                       # (B-1, vocab), a backend tensor
+        # best first; among equal log-probs the lower id first (dflash_topk.py defines it)
+        if self._device_topk is not None:         # CUDA: only the K ids and log-probs per depth come back
+            ids, lp = self._device_topk(logits, n_depth, top_k, self.temperature)
+        else:
+            ids, lp = topk_logprobs(np.asarray(self.ops.to_numpy(logits))[:n_depth], top_k, self.temperature)
+        return Proposal(ids, lp)
 
     def accept(self, accepted: Sequence[int], bonus: int, rows: Sequence[int] | None = None) -> None:
         captured = self._take_captured()
@@ -147,8 +149,8 @@ class DFlashDrafter(Drafter):
         self.injected_rows += n_new
         self._pending = [p[:0] for p in self._pending]
 
-    def _draft(self) -> np.ndarray:
-        """Logits (B-1, vocab) of the block [root, MASK x (B-1)] after the committed context."""
+    def _draft(self):
+        """The backend tensor of logits (B-1, vocab) of the block [root, MASK x (B-1)] after the committed context."""
         ops, cfg = self.ops, self.cfg
         self._inject_pending()
         ids = np.full(cfg.block_size, cfg.mask_token_id, np.int32)
@@ -159,7 +161,7 @@ class DFlashDrafter(Drafter):
                             ops.from_numpy(np.array([n], np.int32)), self._mask)
         logits = draft_block(ops, cfg, self.weights, self.head, self.cache, batch)
         self.forwards += 1
-        return np.asarray(ops.to_numpy(logits))
+        return logits
 
 
 def load_dflash_drafter(path: str | Path, ops, target_cfg, target_weights, max_ctx: int, **kwargs) -> DFlashDrafter:
