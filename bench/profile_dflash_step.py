@@ -1,0 +1,189 @@
+"""Where a DFlash speculative step spends its time, phase by phase, on any backend.
+
+    python bench/profile_dflash_step.py --device cpu|cuda [--target T.gguf --dflash D.gguf]
+        [--mode chain|ddtree] [--budget 22] [--steps 24] [--prompt-len 64] [--sync]
+
+Without --target/--dflash it makes synthetic ones (scripts/make_synthetic_gguf.py and
+make_synthetic_dflash.py) in --workdir: by default tiny shapes; `--preset qwen2.5-1.5b --target-layers 6`
+gives the real hidden size (1536) and vocabulary (151936) with few target layers, so the drafter's
+host-side costs are those of the real drafter (drafter: 3 layers, block 16, 5 features as trained).
+
+It runs one SpecDecoder request (random prompt ids, greedy) and wraps the step's parts:
+
+    propose            the whole drafter step, containing
+      inject             the injection forward (context K/V of the newly committed positions)
+      block              the block's drafter layers (embed + layers)
+      lm_head            final norm + the target's lm_head over the B-1 masked rows
+      host_copy          logits to host memory (reference / fallback path)
+      topk               log_softmax + top-K (host), or the device top-K with its small read-back
+    tree               the chain / DDTree build
+    verify             the target forward over the tree + argmax, containing
+      capture            target features copied out (capture_hidden)
+    commit             the target's KV compaction
+    accept             the drafter's bookkeeping of the accepted rows
+
+Times are per step, in ms, inclusive of the nested phases. With --sync every phase boundary
+synchronises the device, so each GPU phase is charged its own work; the sum then exceeds the real
+step (the pipelining between phases is lost and every boundary costs a synchronisation). Without
+--sync a GPU phase shows only its launch cost and the work lands in whichever later phase waits.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+PHASES = ("propose", "inject", "block", "lm_head", "host_copy", "topk", "tree", "verify", "capture", "commit",
+          "accept")
+NESTED = {"inject", "block", "lm_head", "host_copy", "topk", "capture"}
+
+
+class Phases:
+    """Inclusive wall time per phase name; `sync` runs at both ends of every phase when set."""
+
+    def __init__(self, sync=None):
+        self.sync = sync
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            if self.sync:
+                self.sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.sync:
+                    self.sync()
+                self.seconds[name] += time.perf_counter() - t0
+                self.calls[name] += 1
+        return timed
+
+
+def make_synthetic(workdir: Path, preset: str | None, target_layers: int) -> tuple[Path, Path]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    target, dflash = workdir / f"target-{preset or 'tiny'}-{target_layers}.gguf", workdir / f"dflash-{preset or 'tiny'}.gguf"
+    py = [sys.executable, "-m"]
+    if not target.exists():
+        shape = (["--preset", preset, "--random-blocks"] if preset else
+                 ["--arch", "qwen2", "--hidden", "256", "--heads", "4", "--kv-heads", "2", "--ffn", "512", "--vocab", "1000"])
+        subprocess.run(py + ["flashd.scripts.make_synthetic_gguf", str(target), "--layers", str(target_layers), "-q"]
+                       + shape, check=True)
+    if not dflash.exists():
+        shape = (["--heads", "12", "--kv-heads", "2", "--head-dim", "128", "--ffn", "1536"] if preset else
+                 ["--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--ffn", "512"])
+        subprocess.run(py + ["flashd.scripts.make_synthetic_dflash", str(dflash), "--target", str(target), "--layers",
+                             "3", "--block-size", "16", "--features", str(min(5, target_layers - 1))] + shape, check=True)
+    return target, dflash
+
+
+def instrument(ph: Phases, engine, drafter, decoder, host_topk: str) -> None:
+    """Wrap the step's parts (instance attributes and the drafter module's functions)."""
+    from flashd.daemon.models import dflash as model
+    from flashd.daemon.speculative import dflash_drafter as dd
+
+    ops = drafter.ops
+
+    def draft_block(ops_, cfg, w, head, cache, batch):       # models/dflash.draft_block, split in two phases
+        def layers():
+            h = ops_.embed(head.token_embd, batch.ids)
+            for i, layer in enumerate(w.layers):
+                ops_.begin_layer(i)
+                h = model.decoder_layer(ops_, cfg.model, h, layer, cache.layer(i), batch)
+            ops_.begin_layer(len(w.layers))
+            return h
+        h = ph.wrap("block", layers)()
+        return ph.wrap("lm_head", lambda: ops_.linear(ops_.rmsnorm(h[1:], w.output_norm, cfg.model.rms_eps),
+                                                      head.output))()
+
+    dd.draft_block = draft_block
+    if host_topk == "reference":
+        from flashd.daemon.speculative.dflash_topk import topk_logprobs_reference
+        dd.topk_logprobs, drafter._device_topk = topk_logprobs_reference, None
+    dd.topk_logprobs = ph.wrap("topk", dd.topk_logprobs)
+    to_numpy = ops.to_numpy
+    ops.to_numpy = lambda t: (ph.wrap("host_copy", to_numpy)(t) if t.shape[-1] == drafter.head.output.shape[0]
+                              else to_numpy(t))
+    if drafter._device_topk is not None:
+        drafter._device_topk = ph.wrap("topk", drafter._device_topk)
+    drafter._inject_pending = ph.wrap("inject", drafter._inject_pending)
+    drafter.propose = ph.wrap("propose", drafter.propose)
+    drafter.capture_hidden = ph.wrap("capture", drafter.capture_hidden)
+    drafter.accept = ph.wrap("accept", drafter.accept)
+    decoder._tree = ph.wrap("tree", decoder._tree)
+    decoder._verify = ph.wrap("verify", decoder._verify)
+    engine.runner.commit_tree = ph.wrap("commit", engine.runner.commit_tree)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--target", type=Path)
+    p.add_argument("--dflash", type=Path)
+    p.add_argument("--preset", help="synthetic target shapes (make_synthetic_gguf --preset), e.g. qwen2.5-1.5b")
+    p.add_argument("--target-layers", type=int, default=6, help="synthetic target: decoder layers")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/flashd-profile-dflash"))
+    p.add_argument("--mode", choices=("chain", "ddtree"), default="ddtree")
+    p.add_argument("--budget", type=int, default=22)
+    p.add_argument("--steps", type=int, default=24, help="speculative steps to time (after one warm-up request)")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--sync", action="store_true", help="synchronise the device at every phase boundary")
+    p.add_argument("--host-topk", choices=("fast", "reference"), default="fast",
+                   help="reference: the full-argsort definition on the host (the cost before dflash_topk.py); "
+                        "CUDA: also turns the device top-K off")
+    args = p.parse_args(argv)
+
+    from flashd.daemon.config import EngineConfig
+    from flashd.daemon.engine import Engine
+    from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.speculative.loader import DrafterContext, load_drafter
+    from flashd.protocol.messages import SamplingParams
+
+    target, dflash = args.target, args.dflash
+    if target is None or dflash is None:
+        target, dflash = make_synthetic(args.workdir, args.preset, args.target_layers)
+    engine = Engine(EngineConfig(model=str(target), device=args.device, max_ctx=1024, prefill_chunk=256))
+    engine.load()
+    ctx = DrafterContext(backend=engine.backend, target_file=engine.model.file, target_model=engine.model,
+                         max_ctx=engine.config.max_ctx, prefill_chunk=engine.config.prefill_chunk)
+    drafter = load_drafter(str(dflash), ctx)
+    if hasattr(engine.runner, "drop_graphs"):
+        engine.runner.drop_graphs()          # the drafter may have grown the shared buffers (engine.py does this)
+    dev = getattr(engine.backend.ops, "dev", None)
+    ph = Phases(dev.synchronize if (args.sync and dev is not None) else None)
+    prompt = np.random.default_rng(0).integers(0, min(engine.model.config.vocab_size, 20000), args.prompt_len).tolist()
+    cfg = SpecConfig(args.mode, args.budget)
+    n_tokens = args.steps * 2 + 2
+    for _ in SpecDecoder(engine.runner, drafter, cfg).generate(prompt, SamplingParams(), 8):
+        pass                                 # warm-up: graphs, arenas, first-call costs
+    dec = SpecDecoder(engine.runner, drafter, cfg)
+    instrument(ph, engine, drafter, dec, args.host_topk)
+    t0 = time.perf_counter()
+    n_out = 0
+    for _ in dec.generate(prompt, SamplingParams(), n_tokens):
+        n_out += 1
+        if dec.stats.steps >= args.steps:
+            break
+    wall = time.perf_counter() - t0
+    steps = max(dec.stats.steps, 1)
+    print(f"# DFlash step profile: device {args.device}, {args.mode} budget {args.budget}, {steps} steps, "
+          f"{(dec.stats.accepted + steps) / steps:.2f} tokens/step, sync {'on' if ph.sync else 'off'}")
+    print(f"# target {target.name}, drafter {dflash.name}, top-K {'device' if drafter._device_topk else 'host'} "
+          f"({args.host_topk}); ms per step (nested phases indented, inclusive)")
+    for name in PHASES:
+        if ph.calls.get(name):
+            print(f"{'    ' if name in NESTED else ''}{name:<12} {1e3 * ph.seconds[name] / steps:10.3f}")
+    print(f"{'step (wall)':<12} {1e3 * wall / steps:10.3f}   (includes the prompt's prefill once)")
+    print(f"{'draft (stats)':<12} {1e3 * dec.stats.draft_s / steps:10.3f}   verify (stats) "
+          f"{1e3 * dec.stats.verify_s / steps:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
