@@ -5,7 +5,9 @@ last step (their target features, captured during the verify forward; the prompt
 prefill) are appended to the drafter's own KV cache, then the block [root, MASK x (B-1)] at
 positions n_ctx .. n_ctx+B-1 yields B-1 distributions at once. Depth d's candidates are the top-K
 of log_softmax(logits[d] / temperature): DFlash drafts every depth in parallel, so they are not
-conditioned on the path (DDTree builds its tree from exactly that).
+conditioned on the path (DDTree builds its tree from exactly that). dflash_topk.py defines them and
+computes them on the host (the reference backend); on CUDA fd_topk_logprobs computes them on the
+device and only K ids and log-probs per depth come back (not the (B-1) x vocab logits).
 
 State, kept consistent with the committed sequence (drafter.py): n_ctx positions [0, n_ctx) are in
 the drafter's cache; `_pending` holds the target features of committed positions n_ctx .. not yet
@@ -27,7 +29,7 @@ from ..models.dflash import (TargetHead, block_batch, block_mask, dflash_cache_s
 from ..models.dflash_config import DFlashConfig
 from ..models.dflash_weights import DFlashWeights, load_dflash_weights, open_dflash
 from ..models.gguf_file import ModelLoadError
-from .dflash_topk import topk_logprobs
+from .dflash_topk import device_topk, topk_logprobs
 from .drafter import Drafter, DrafterLoadError, Proposal
 
 __all__ = ["DFlashDrafter", "load_dflash_drafter"]
@@ -58,7 +60,8 @@ class DFlashDrafter(Drafter):
             ops.reserve_attention(cfg.model.n_heads, cfg.model.n_kv_heads, cfg.model.head_dim, spec.max_ctx,
                                   n_tokens=cfg.block_size)
         self._mask = block_mask(ops, cfg)
-        self._device_topk = None   # (logits tensor, n_depth, k, temperature) -> (ids, lp) on the device, or None
+        # (logits tensor, n_depth, k, temperature) -> (ids, lp) on the device (CUDA), or None: the host path
+        self._device_topk = device_topk(ops, self.max_depth)
         self.forwards = 0          # drafter forwards run (tests and stats)
         self.injected_rows = 0     # context rows ever injected: each committed position once
         self.end()

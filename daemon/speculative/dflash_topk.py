@@ -8,8 +8,8 @@ row on one core, which made a 15-deep draft cost ~300 ms of host time). `topk_lo
 same ids and bitwise the same log-probs without sorting the vocabulary: the K-th largest chunk
 maximum bounds the K-th largest value from below (K chunks hold a value >= it), so only the chunks
 whose maximum reaches it can hold a top-K entry, and only those few are sorted.
-The CUDA backend computes the same thing on the device (dflash_topk_device.py) and copies only the
-K ids and log-probs per depth back.
+The CUDA backend computes the same thing on the device (`device_topk`: fd_topk_logprobs through
+backends/cuda/topk_ops.py) and copies only the K ids and log-probs per depth back.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..sampling import log_softmax
 
-__all__ = ["topk_logprobs", "topk_logprobs_reference", "CHUNK"]
+__all__ = ["topk_logprobs", "topk_logprobs_reference", "device_topk", "CHUNK"]
 
 CHUNK = 64           # entries per chunk maximum (151936 = 64 x 2374: no padding for the Qwen2.5 vocab)
 
@@ -64,3 +64,16 @@ def topk_logprobs(logits: np.ndarray, k: int, temperature: float) -> tuple[np.nd
     m, log_z = _log_normalizers(x)
     lp = np.take_along_axis(x, ids, axis=1) - m - log_z
     return ids.astype(np.int32), lp
+
+
+def device_topk(ops, max_rows: int, max_k: int = 8):
+    """(logits tensor, n_rows, k, temperature) -> (ids, lp) computed on the device, for a backend whose
+    ops have `topk_to_host` (CUDA); None for the others (the host path above, the oracle)."""
+    if not hasattr(ops, "topk_to_host"):
+        return None
+    from ..backends.cuda.topk_ops import TopKBuffers
+    buffers = TopKBuffers(ops.dev, max_rows, max_k)
+
+    def run(logits, n_rows: int, k: int, temperature: float):
+        return ops.topk_to_host(logits, buffers, n_rows, k, temperature)
+    return run

@@ -25,5 +25,14 @@ int fd_sample(int32_t* out, const float* logits, int n_vocab, const int32_t* his
 int fd_decode_advance(const int32_t* token, int32_t* history, int32_t* n_history, int32_t* ring,
                       int ring_len, int32_t* step, int32_t* positions, int32_t* n_past, void* stream);
 
+/* Per-row top-K with log-probabilities (topk.cu; the DFlash drafter's per-depth candidates):
+   x = logits[r] / temperature in double, lp = x - max(x) - log(sum(exp(x - max(x)))); ids[r, 0..k)
+   the k largest logits, the lower id first among equal ones, logprobs[r, j] = lp[ids[r, j]]
+   (daemon/speculative/dflash_topk.py: the same ids, log-probs to ~1e-15). ids (n_rows, k) int32,
+   logprobs (n_rows, k) double; NaN logits are never picked (ids -1, logprobs -inf pad a short row).
+   1 <= k <= n_vocab, temperature > 0. No workspace. */
+int fd_topk_logprobs(int32_t* ids, double* logprobs, const float* logits, int n_rows, int n_vocab, int k,
+                     double temperature, void* stream);
+
 /* --- cdef end --- */
 #endif /* FLASHD_SAMPLING_H */

@@ -32,6 +32,7 @@ from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps,
 from .kv_cache import CudaKVCache
 from .kv_cache_quant import CudaQuantKVCache
 from .tensor import Arena, Device, DeviceTensor
+from .topk_ops import TopKOps
 
 __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS",
            "attention_workspace_bytes", "attention_shape", "rope_scaling_struct", "rope_struct", "gemv_groups"]
@@ -75,7 +76,7 @@ class Normed:
         return self.x.shape
 
 
-class CudaOps(AttentionOps):
+class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py)
     name = "cuda"
 
     def __init__(self, device: Device):
