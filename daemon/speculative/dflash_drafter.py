@@ -29,6 +29,7 @@ from ..models.dflash import (TargetHead, block_batch, block_mask, dflash_cache_s
 from ..models.dflash_config import DFlashConfig
 from ..models.dflash_weights import DFlashWeights, load_dflash_weights, open_dflash
 from ..models.gguf_file import ModelLoadError
+from .dflash_inputs import StagedInputs
 from .dflash_topk import device_topk, topk_logprobs
 from .drafter import Drafter, DrafterLoadError, Proposal
 
@@ -62,6 +63,7 @@ class DFlashDrafter(Drafter):
         self._mask = block_mask(ops, cfg)
         # (logits tensor, n_depth, k, temperature) -> (ids, lp) on the device (CUDA), or None: the host path
         self._device_topk = device_topk(ops, self.max_depth)
+        self._inputs = StagedInputs(ops)     # per-step inputs in kept buffers (no allocation per step on CUDA)
         self.forwards = 0          # drafter forwards run (tests and stats)
         self.injected_rows = 0     # context rows ever injected: each committed position once
         self.end()
@@ -144,10 +146,11 @@ class DFlashDrafter(Drafter):
             e = min(n_new, s + self.inject_chunk)
             start = self._n_ctx + s
             ops.begin_forward()
-            feats = [ops.from_numpy(np.ascontiguousarray(p[s:e])) for p in self._pending]
+            put = self._inputs.put
+            feats = [put(f"feature{j}", p[s:e]) for j, p in enumerate(self._pending)]
             inject_context(ops, self.cfg, self.weights, self.cache, feats,
-                           ops.from_numpy(np.arange(start, start + e - s, dtype=np.int32)),
-                           ops.from_numpy(np.array([start], np.int32)))
+                           put("inject_positions", np.arange(start, start + e - s, dtype=np.int32)),
+                           put("inject_start", np.array([start], np.int32)))
         self._n_ctx += n_new
         self.injected_rows += n_new
         self._pending = [p[:0] for p in self._pending]
@@ -160,8 +163,10 @@ class DFlashDrafter(Drafter):
         ids[0] = self._root
         n = self._n_ctx
         ops.begin_forward()
-        batch = block_batch(cfg, ops.from_numpy(ids), ops.from_numpy(np.arange(n, n + cfg.block_size, dtype=np.int32)),
-                            ops.from_numpy(np.array([n], np.int32)), self._mask)
+        put = self._inputs.put
+        batch = block_batch(cfg, put("block_ids", ids), put("block_positions", np.arange(n, n + cfg.block_size,
+                                                                                         dtype=np.int32)),
+                            put("block_n_ctx", np.array([n], np.int32)), self._mask)
         logits = draft_block(ops, cfg, self.weights, self.head, self.cache, batch)
         self.forwards += 1
         return logits

@@ -1,0 +1,32 @@
+"""StagedInputs: the DFlash drafter's small per-step inputs (ids, positions, the context start, the
+newly committed target features) in buffers it keeps.
+
+On a backend with device memory (ops.dev: CUDA) each named input lives in one persistent device
+buffer, grown to the largest input seen and filled by Device.upload(out=...): a step allocates
+nothing, where `ops.from_numpy` would cudaMalloc a block per input and cudaFree it when the
+tensor is dropped (cudaFree synchronises the whole device: ~10 per step before this). Other
+backends get `ops.from_numpy` (the reference backend: the array itself).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["StagedInputs"]
+
+
+class StagedInputs:
+    def __init__(self, ops):
+        self.ops = ops
+        self.dev = getattr(ops, "dev", None)
+        self.buffers: dict[str, object] = {}
+
+    def put(self, name: str, array: np.ndarray):
+        """`array` as a backend tensor in buffer `name` (valid until the next put of that name)."""
+        array = np.ascontiguousarray(array)
+        if self.dev is None:
+            return self.ops.from_numpy(array)
+        n = array.shape[0]
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape[0] < n or buf.shape[1:] != array.shape[1:] or buf.dtype != array.dtype:
+            buf = self.buffers[name] = self.dev.empty((max(n, 1),) + array.shape[1:], array.dtype)
+        return self.dev.upload(array, out=buf[:n])      # stream-ordered after the kernels that read it last
