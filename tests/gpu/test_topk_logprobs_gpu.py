@@ -27,11 +27,11 @@ def awkward(rng, n: int, vocab: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def ops(native):
+def ops(dev):
+    """On the `dev` fixture's Device: `poisoned` fills on its stream, so the kernel runs after the fill."""
     from flashd.daemon.backends.cuda.ops import CudaOps
-    from flashd.daemon.backends.cuda.tensor import Device
 
-    return CudaOps(Device(native))
+    return CudaOps(dev)
 
 
 @pytest.mark.parametrize("n_rows,n_vocab", [(15, 151936), (5, 1000), (4, 4099), (4, 7)])
