@@ -58,7 +58,7 @@ def run_type(backend, cfg, weights, weight_bytes: int, kind: str, ids: list[int]
     from flashd.daemon.backends.kv_types import KVTypes
     from flashd.daemon.bench import run_bench
     from flashd.daemon.models.gguf_file import ModelLoadError
-    types = KVTypes(kind, kind)
+    types = KVTypes(*kind.split("/")) if "/" in kind else KVTypes(kind, kind)   # 'K/V' or one type for both
     try:
         plan = backend.plan(cfg, weight_bytes, args.max_ctx, args.chunk, kv_types=types)
         runner = backend.make_runner(cfg, weights, args.max_ctx, args.chunk, plan, kv_types=types)
@@ -104,12 +104,14 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True, help="GGUF path or model name")
     ap.add_argument("--text", type=Path, required=True, help="text file fed teacher-forced (e.g. real code)")
     ap.add_argument("--tokens", type=int, default=8192, help="teacher-forced tokens (fewer if the text is shorter)")
-    ap.add_argument("--types", default="f16,q8_0,q4_0")
+    ap.add_argument("--types", default="f16,q8_0,q4_0", help="comma-separated; a type names K and V, K/V names each")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--depth", type=int, default=32768, help="decode speed measured after this many tokens")
     ap.add_argument("--gen", type=int, default=128, help="decode tokens timed (0: no decode timing)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--chunk", type=int, default=512, help="prefill chunk")
+    # every position's logits of a chunk (chunk x vocab float32, 39 MB at 64 x 151936) must fit the runner's
+    # activation arena: 512 rows overflowed it on the 1.5B
+    ap.add_argument("--chunk", type=int, default=64, help="prefill chunk (all-position logits must fit the arena)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
