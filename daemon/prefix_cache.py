@@ -10,6 +10,10 @@ requests: titles, summaries, sub-agents) overwrites the long prefix with every s
 first out under a byte budget, and hands back the one that shares the most chunks with a new
 prompt; restoring a copy is a host-to-device copy of its bytes, so the result stays bit for bit a
 fresh prefill's.
+
+A hybrid model's copy (models.qwen35.HybridPrefix, `whole_only`) also holds the recurrent state after its
+last token, which has no shorter prefixes: it is kept only by a prompt that keeps all of it, a copy of a
+longer prefix does not cover it, and it does not replace the copies of its own prefixes.
 """
 from __future__ import annotations
 
@@ -36,11 +40,21 @@ def reusable_tokens(cached, prompt, chunk: int) -> int:
 @dataclass(slots=True, frozen=True)
 class PrefixSnapshot:
     tokens: tuple[int, ...]       # the prompt prefix, a whole number of chunks
-    kv: np.ndarray                # the cache's save_prefix(len(tokens))
+    kv: np.ndarray                # the cache's save_prefix(len(tokens)) (a HybridPrefix for a hybrid model)
 
     @property
     def n_bytes(self) -> int:
         return int(self.kv.nbytes)
+
+    @property
+    def whole_only(self) -> bool:
+        """Only all of it can be kept (a hybrid's recurrent state exists at its end only)."""
+        return bool(getattr(self.kv, "whole_only", False))
+
+    def keepable(self, prompt, chunk: int) -> int:
+        """Tokens of this copy `prompt` may keep."""
+        n = reusable_tokens(self.tokens, prompt, chunk)
+        return 0 if self.whole_only and n != len(self.tokens) else n
 
 
 class PrefixStore:
@@ -61,7 +75,7 @@ class PrefixStore:
         """The snapshot `prompt` may keep the most chunks of, and how many tokens; None if none."""
         best, best_n = None, 0
         for snap in self._entries.values():
-            n = reusable_tokens(snap.tokens, prompt, self.chunk)
+            n = snap.keepable(prompt, self.chunk)
             if n > best_n:
                 best, best_n = snap, n
         if best is None:
@@ -70,9 +84,10 @@ class PrefixStore:
         return best, best_n
 
     def covers(self, tokens) -> bool:
-        """Whether a snapshot already holds the K/V of `tokens` (it starts with them)."""
-        n = len(tokens)
-        return any(len(key) >= n and key[:n] == tuple(tokens) for key in self._entries)
+        """Whether a snapshot already holds the K/V of `tokens` (it starts with them; a hybrid's: it is them)."""
+        n, tokens = len(tokens), tuple(tokens)
+        return any(key == tokens or (len(key) > n and key[:n] == tokens and not snap.whole_only)
+                   for key, snap in self._entries.items())
 
     def add(self, tokens, kv: np.ndarray) -> bool:
         """Keep a copy of `tokens`' K/V (what `covers` would answer True for is not added again;
@@ -84,7 +99,8 @@ class PrefixStore:
         if self.covers(snap.tokens):
             return True
         n = len(snap.tokens)
-        for key in [k for k in self._entries if len(k) <= n and snap.tokens[:len(k)] == k]:
+        for key in [k for k in self._entries if len(k) <= n and snap.tokens[:len(k)] == k
+                    and not (snap.whole_only or self._entries[k].whole_only)]:
             self._drop(key)
         while self.n_bytes + snap.n_bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))

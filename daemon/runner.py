@@ -13,6 +13,13 @@ context (tests/reference/test_prefix_reuse.py). What decoding appended is never 
 steps compute K/V by another path), and any write below the recorded prefix shortens it. With a
 `prefix_store` (prefix_cache.py) the prefix about to be overwritten is first copied to host RAM,
 and a new prompt may load a copy that shares more chunks with it than the cache does.
+
+A hybrid model (models/qwen35.py) also carries a recurrent state, which follows the tokens and
+cannot be cut back. start() keeps a copy of it at the last whole-chunk boundary of the prompt it
+prefills (where the K/V a later prompt may keep ends: the common chat turn, old prompt + answer +
+new message, keeps exactly there), and a prefix is kept only if it ends at that boundary; any other
+match prefills from slot 0. The state after decoding is not kept: decode steps run the recurrent
+form of the delta rule, a prefill the chunked one, equal only up to rounding.
 """
 from __future__ import annotations
 
@@ -52,7 +59,8 @@ class ModelRunner:
         self.cache = make_cache(ops, cfg, max_ctx, kv_types)     # kv_types: backends.kv_types.KVTypes (None: f16)
         self._model_forward = forward_of(cfg)
         self.n_past = 0   # cache slots [0, n_past) hold committed context
-        self._reuse_prefix = getattr(self.cache, "reusable_prefix", True)   # False: a hybrid's recurrent state
+        self._reuse_prefix = getattr(self.cache, "reusable_prefix", True)
+        self._state_prefix = hasattr(self.cache, "prefix_state_slots")     # a hybrid: one keepable prefix length
         self.reuse_prefix = True      # start() may keep the cached prefix of the last prompt
         self.prefix_store: PrefixStore | None = None   # host copies of earlier prompts' prefixes (the engine's)
         self.n_reused = 0             # prompt tokens the last start() kept instead of recomputing
@@ -61,7 +69,7 @@ class ModelRunner:
     # -- the reusable prompt prefix --------------------------------------------------------------
     @property
     def reuse_prefix(self) -> bool:
-        """Whether start() may keep the cached prefix (never for a cache without prefixes: a hybrid model)."""
+        """Whether start() may keep the cached prefix (never for a cache without prefixes)."""
         return self._reuse_prefix
 
     @reuse_prefix.setter
@@ -80,6 +88,8 @@ class ModelRunner:
         Every cache write goes through here (writes start at n_past, which only reset() lowers)."""
         if slot < len(self._prefix):
             del self._prefix[slot:]
+        if self._state_prefix:
+            self.cache.forget_prefix_state(slot)
 
     def _begin_prompt(self, prompt, reuse: bool = True) -> int:
         """Position the context for prefilling `prompt`: n_past = the start of the first chunk to
@@ -89,17 +99,29 @@ class ModelRunner:
         n_keep = 0
         store = self.prefix_store if self.reuse_prefix else None
         if reuse and self.reuse_prefix:
-            n_keep = reusable_tokens(self._prefix, prompt, self.prefill_chunk)
+            n_keep = self._keepable(reusable_tokens(self._prefix, prompt, self.prefill_chunk))
             hit = store.best(prompt) if store is not None else None
             if hit is not None and hit[1] > n_keep:
                 snap, n_keep = hit
                 self._save_prefix(store)
                 self.cache.load_prefix(snap.kv, n_keep)
                 self._prefix = list(snap.tokens[:n_keep])
-        if store is not None and n_keep < len(self._prefix) - len(self._prefix) % self.prefill_chunk:
+            elif n_keep and self._state_prefix:
+                self.cache.restore_prefix_state(n_keep)    # the state after the kept slots, not after decoding
+        if store is not None and n_keep < self._savable():
             self._save_prefix(store)          # the chunks past n_keep are about to be overwritten
         self.n_past = self.n_reused = n_keep
         return n_keep
+
+    def _keepable(self, n: int) -> int:
+        """n kept slots, or 0 where the cache has no recurrent state for exactly n (a hybrid)."""
+        return n if not self._state_prefix or n == self.cache.prefix_state_slots else 0
+
+    def _savable(self) -> int:
+        """Slots of the cache's reusable prefix that a host copy can hold: whole chunks (a hybrid: 0 or the
+        marked state's slots)."""
+        n = len(self._prefix) - len(self._prefix) % self.prefill_chunk
+        return self._keepable(n) if self._state_prefix else n
 
     def keep_prefix(self) -> None:
         """Copy the cache's reusable prefix to the prefix store (before the cache goes away: park)."""
@@ -108,14 +130,17 @@ class ModelRunner:
 
     def _save_prefix(self, store: PrefixStore) -> None:
         """Copy the cache's reusable prefix (its whole chunks) to the host store."""
-        n = len(self._prefix) - len(self._prefix) % self.prefill_chunk
+        n = self._savable()
         if n > 0 and not store.covers(self._prefix[:n]):
             store.add(self._prefix[:n], self.cache.save_prefix(n))
 
     @property
     def cached_prefix_tokens(self) -> int:
-        """Tokens of the last prompt whose K/V a next start() could keep (before chunk rounding)."""
-        return len(self._prefix) if self.reuse_prefix else 0
+        """Tokens of the last prompt whose K/V a next start() could keep (before chunk rounding; a hybrid:
+        those its kept state covers)."""
+        if not self.reuse_prefix:
+            return 0
+        return self._savable() if self._state_prefix else len(self._prefix)
 
     def _end_prompt(self, prompt) -> None:
         """`prompt` was prefilled in chunks from slot 0 (or kept): record it as the reusable prefix."""
@@ -128,7 +153,13 @@ class ModelRunner:
         if len(prompt) == 0:
             raise ValueError("prefill needs at least one token")
         n_keep = self._begin_prompt(prompt, reuse=hidden_sink is None)
-        logits = self.prefill(prompt[n_keep:], hidden_sink=hidden_sink)
+        mark = len(prompt) - len(prompt) % self.prefill_chunk     # the last whole-chunk boundary of prompt
+        if self._state_prefix and self.reuse_prefix and mark > n_keep:
+            # a hybrid: prefill up to the boundary (whole chunks: the chunking is unchanged), copy the state there
+            logits = self.prefill(prompt[n_keep:mark], hidden_sink=hidden_sink)
+            self.cache.mark_prefix_state(mark)
+        if self.n_past < len(prompt):
+            logits = self.prefill(prompt[self.n_past:], hidden_sink=hidden_sink)
         self._end_prompt(prompt)
         return logits
 
@@ -171,7 +202,7 @@ class ModelRunner:
     def supports_speculation(self) -> bool:
         """False for a hybrid model: verifying drafts needs a recurrent state per tree node and a rollback of the
         rejected ones (issue 15, item 4); its requests decode plainly (generation.py)."""
-        return getattr(self.cache, "reusable_prefix", True)
+        return getattr(self.cache, "tree_verify", True)
 
     def _check_speculation(self) -> None:
         if not self.supports_speculation:

@@ -15,7 +15,9 @@ over their first rope_dim dims (NeoX pairs); the attention output is multiplied 
 
 The cache (HybridCache) holds K/V for the attention layers and the recurrent state (conv + delta-rule memory)
 for the linear ones. A forward that starts at slot 0 starts from a zero state; the state then follows the
-tokens, so it cannot be cut back to a shorter prefix (no prefix reuse, no tree verification yet: issue 15).
+tokens, so it cannot be cut back to a shorter prefix. Prefix reuse therefore keeps one copy of the state at a
+prefill-chunk boundary of the last prompt (`mark_prefix_state`, the runner decides where) and may keep a prefix
+of exactly that length only (runner.py). No tree verification yet (issue 15, item 4).
 """
 from __future__ import annotations
 
@@ -30,15 +32,33 @@ from .gguf_file import ModelLoadError
 from .qwen35_weights import AttentionLayerWeights, LinearLayerWeights
 from .weights import ModelWeights
 
-__all__ = ["forward", "decoder_layer", "HybridCache", "make_hybrid_cache"]
+__all__ = ["forward", "decoder_layer", "HybridCache", "HybridPrefix", "make_hybrid_cache"]
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class HybridPrefix:
+    """A host copy of a hybrid cache's first n_slots: the attention layers' K/V (the KV cache's save_prefix) and
+    the recurrent state after exactly those slots, conv (n_linear, K - 1, C) and ssm (n_linear, Hv, S, S)."""
+
+    n_slots: int
+    kv: np.ndarray
+    conv: np.ndarray
+    ssm: np.ndarray
+    whole_only = True             # usable only at n_slots: the state has no shorter prefixes (prefix_cache.py)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.kv.nbytes + self.conv.nbytes + self.ssm.nbytes)
 
 
 class HybridCache:
     """K/V of the full-attention layers (the backend's KV cache, indexed by attention layer) and the recurrent
     state of the linear-attention layers (one sequence). `layer(i)` is model layer i's part. The recurrent state
-    is saved and restored whole (`save_state` / `load_state`: a host copy, e.g. per sequence); it has no prefixes."""
+    is saved and restored whole (`save_state` / `load_state`: a host copy, e.g. per sequence). A prefix is kept
+    only where a copy of the state was marked (`prefix_state_slots`)."""
 
-    reusable_prefix = False
+    reusable_prefix = True        # at prefix_state_slots only (runner.py)
+    tree_verify = False           # no state per tree node yet (issue 15, item 4)
 
     def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None):
         lin = cfg.linear
@@ -52,6 +72,7 @@ class HybridCache:
         self.state = ops.recurrent_state(RecurrentStateSpec(max(1, len(lin.linear_layers)), lin.conv_kernel,
                                                             lin.conv_channels, lin.n_v_heads, lin.head_dim))
         self._recurrent = lin.recurrent
+        self._marked = None       # (n_slots, state.save()): the state after slots [0, n_slots), or None
 
     @property
     def n_bytes(self) -> int:
@@ -69,10 +90,39 @@ class HybridCache:
     def load_state(self, saved) -> None:
         self.state.load(saved)
 
-    def save_prefix(self, n_slots: int):
-        raise NotImplementedError("a hybrid model's recurrent state has no prefixes to keep")
+    # -- the one reusable prefix: slots [0, prefix_state_slots) and the state after them ----------------
+    @property
+    def prefix_state_slots(self) -> int:
+        """Slots whose state copy is kept (0: none)."""
+        return 0 if self._marked is None else self._marked[0]
 
-    load_prefix = save_prefix
+    def mark_prefix_state(self, n_slots: int) -> None:
+        """The live state is the state after slots [0, n_slots) (a chunked prefill from slot 0): keep a copy."""
+        self._marked = (n_slots, self.state.save())
+
+    def forget_prefix_state(self, from_slot: int) -> None:
+        """Slots >= from_slot are being overwritten: a copy for a longer prefix no longer matches the K/V."""
+        if self._marked is not None and from_slot < self._marked[0]:
+            self._marked = None
+
+    def restore_prefix_state(self, n_slots: int) -> None:
+        """The live state <- the kept copy (the context is cut back to slots [0, n_slots))."""
+        if n_slots != self.prefix_state_slots:
+            raise ValueError(f"no recurrent state kept at slot {n_slots} (kept: {self.prefix_state_slots})")
+        self.state.load(self._marked[1])
+
+    def save_prefix(self, n_slots: int) -> HybridPrefix:
+        if n_slots != self.prefix_state_slots:
+            raise ValueError(f"no recurrent state kept at slot {n_slots} (kept: {self.prefix_state_slots})")
+        conv, ssm = self._marked[1]
+        return HybridPrefix(n_slots, self.kv.save_prefix(n_slots), conv.copy(), ssm.copy())
+
+    def load_prefix(self, saved: HybridPrefix, n_slots: int) -> None:
+        if n_slots != saved.n_slots:
+            raise ValueError(f"a hybrid prefix of {saved.n_slots} slots cannot be kept at {n_slots}")
+        self.kv.load_prefix(saved.kv, n_slots)
+        self.state.load((saved.conv, saved.ssm))
+        self._marked = (n_slots, self.state.save())
 
     def move(self, src_slots, dst_slots) -> None:
         raise NotImplementedError("speculative commit on a hybrid model needs tree-aware state (issue 15, item 4)")

@@ -1,7 +1,11 @@
 """A qwen35 (hybrid) model served by the daemon on the CPU backend: greedy generation through `flashd serve`
 equals the reference forward run one token at a time in this process (prompt fed token by token: the
 recurrent form of the delta rule only), for two prompts in turn and the first again (each request starts a
-new sequence: no state leaks from the one before, and no prefix is reused)."""
+new sequence: no state leaks from the one before; these prompts are shorter than a prefill chunk, so no prefix
+is kept). A conversation whose turns extend each other keeps the last prompt's whole chunks with their recurrent
+state, across a park/unpark of the target too, and gives a --no-prefix-cache daemon's tokens."""
+import random
+
 import numpy as np
 
 from flashd.daemon.backends.reference import ReferenceOps
@@ -9,7 +13,7 @@ from flashd.daemon.models import load_model
 from flashd.daemon.runner import ModelRunner
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.synthetic_spec import SyntheticSpec
-from tests.daemon.daemon_harness import generated
+from tests.daemon.daemon_harness import generated, write_ids
 
 SPEC = SyntheticSpec(arch="qwen35", n_layers=4, hidden=64, n_heads=2, n_kv_heads=1, head_dim=32, rope_dim=16,
                      ffn=128, ssm_state=16, ssm_k_heads=1, ssm_v_heads=2, full_attn_interval=2, weight_type="Q8_0",
@@ -53,3 +57,30 @@ def test_speculative_request_on_a_hybrid_decodes_plainly(spawn_serve, tmp_path):
                                         "spec=chain draft=ngram", "s"))
     assert ids == plain
     assert done["spec"]["unsupported"] == "hybrid target" and done["spec"]["steps"] == 0
+
+
+def test_turns_keep_the_prefix_and_its_state_across_park(spawn_serve, tmp_path):
+    """Three turns (each prompt = the last one + its answer + a new message; the daemon's prefill chunk is 512),
+    the target parked and unparked before the third: turns 2 and 3 keep 512 tokens (the third from the host
+    copy that parking made: the unparked cache is empty), and every output equals a --no-prefix-cache daemon's."""
+    model = write_synthetic_model(tmp_path / "q35.gguf", SPEC)
+    rng = random.Random(15)
+    new = [[rng.randrange(SPEC.vocab_size) for _ in range(n)] for n in (600, 40, 30)]
+    outputs = {}
+    for flag in ("--prefix-cache", "--no-prefix-cache"):
+        daemon = spawn_serve(flag, max_ctx=800, model=model)
+        prompt, runs = [], []
+        for turn in range(3):
+            prompt = prompt + (runs[-1][0] if runs else []) + new[turn]
+            if turn == 2:
+                assert daemon.ask("status id=st", "st")[-1]["prefix_cache"]["tokens"] == (
+                    512 if flag == "--prefix-cache" else 0)
+                for verb in ("park", "unpark"):
+                    assert daemon.ask(f"{verb} id={verb} what=target", verb)[-1]["event"] == "result"
+            f = write_ids(tmp_path / f"{flag}-{turn}.bin", prompt)
+            runs.append(generated(daemon.ask(f"generate id=g{turn} ids=@{f} max_tokens=8 ignore_eos=true",
+                                             f"g{turn}")))
+        outputs[flag] = [ids for ids, _, _ in runs]
+        want = [0, 512, 512] if flag == "--prefix-cache" else [0, 0, 0]
+        assert [done.get("n_cached", 0) for _, _, done in runs] == want
+    assert outputs["--prefix-cache"] == outputs["--no-prefix-cache"]
