@@ -96,6 +96,7 @@ def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
         dfl = load_drafter(str(dflash), ctx)
         configs += [(dfl.name, dfl, "chain", dfl.max_depth)]
         configs += [(dfl.name, dfl, "ddtree", b) for b in ([22] if quick else [8, 16, 22, 32, 64])]
+        configs += [(dfl.name, dfl, "auto", dfl.max_depth)]   # spec=auto must not lose to plain (issue 12, item 4)
     # loading drafter models may grow the shared scratch arena: recapture graphs (as engine.py does)
     for runner in {id(r): r for r in [engine.runner] + [getattr(d, "runner", None) for _, d, _, _ in configs]}.values():
         if hasattr(runner, "drop_graphs"):
