@@ -77,6 +77,8 @@ __device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int
 }
 
 // load_kv_tile over a cache whose K or V may be quantized (kv_quant.cuh): a float16 side by cp.async as
+// (its chunk and slot index math repeats load_kv_tile's on purpose: the float16 kernels keep that function, and
+// its instructions, unchanged)
 // above, a q8_0 / q4_0 side dequantized to float16 (dequant8) by plain loads and shared stores into the same
 // tile positions (the ring's barrier frees the slot and publishes the stores, as for cp.async).
 template <int HD, int N_THREADS, bool DROP_NEGATIVE>

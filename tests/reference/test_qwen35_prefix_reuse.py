@@ -34,6 +34,8 @@ def model(tmp_path_factory):
     return ops, load_model(write_synthetic_model(tmp_path_factory.mktemp("q35p") / "m.gguf", SPEC), ops.load_weight)
 
 
+# `make` and `tokens` have the shape of test_prefix_reuse.py's on purpose: each module builds runners over its own
+# model (dense there, hybrid here) with its own MAX_CTX / CHUNK, so a shared fixture would hide which ones apply.
 @pytest.fixture
 def make(model):
     ops, m = model
