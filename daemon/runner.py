@@ -65,6 +65,7 @@ class ModelRunner:
         self.prefix_store: PrefixStore | None = None   # host copies of earlier prompts' prefixes (the engine's)
         self.n_reused = 0             # prompt tokens the last start() kept instead of recomputing
         self._prefix: list[int] = []  # tokens whose K/V fill slots [0, len) as a chunked prefill from slot 0 wrote them
+        self._tree_features: dict[tuple[int, ...], list] = {}   # capture layers -> their buffers (tree_features)
 
     # -- the reusable prompt prefix --------------------------------------------------------------
     @property
@@ -209,21 +210,58 @@ class ModelRunner:
             raise NotImplementedError(f"speculative decoding on a hybrid ({self.cfg.arch}) model needs tree-aware "
                                       "recurrent state (issue 15, item 4)")
 
-    def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
+    def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
         """Forward the nodes of a draft tree without committing them: node i at RoPE position
         positions[i] writes K/V to slot n_past + i and attends the committed context plus the
         nodes j with mask[i, j] (bool (n, n)). Returns the logits (n, vocab) as a backend tensor,
-        valid until the next forward. n_past is unchanged; `commit_tree` keeps a path."""
+        valid until the next forward. n_past is unchanged; `commit_tree` keeps a path.
+        capture (target layer indices): row i of `tree_features(capture)[j]` becomes layer
+        capture[j]'s output at node i (i < n), written by the forward itself (the CUDA runner
+        replays a captured graph that copies them on the device; a hidden_sink runs host code per
+        layer, so a forward with one is eager)."""
         self._check_speculation()
         ids = np.asarray(ids, np.int32)
         n = len(ids)
         self._will_write(n)
         ops = self.ops
+        sink = self._capture_sink(hidden_sink, tuple(capture), n)
         ops.begin_forward()
         batch = Batch(ids=ops.from_numpy(ids), positions=ops.from_numpy(np.asarray(positions, np.int32)),
                       n_past=ops.from_numpy(np.array([self.n_past], np.int32)),
                       mask=ops.from_numpy(np.asarray(mask, bool)), n_tokens=n)
-        return self._model_forward(ops, self.cfg, self.weights, self.cache, batch, all_logits=True, hidden_sink=hidden_sink)
+        return self._model_forward(ops, self.cfg, self.weights, self.cache, batch, all_logits=True, hidden_sink=sink)
+
+    def tree_features(self, layers) -> list:
+        """The buffers `forward_tree(..., capture=layers)` writes: one backend tensor (max_tree_nodes,
+        hidden) float32 per layer of `layers`, in that order; row i is node i of the last such forward.
+        Allocated on first use and kept (a captured graph reads their addresses)."""
+        layers = tuple(int(i) for i in layers)
+        bufs = self._tree_features.get(layers)
+        if bufs is None:
+            if not layers or not all(0 <= i < self.cfg.n_layers for i in layers):
+                raise ValueError(f"capture layers {list(layers)}: need one or more in [0, {self.cfg.n_layers})")
+            bufs = self._tree_features[layers] = self._feature_rows(len(layers))
+        return bufs
+
+    def _feature_rows(self, n_layers: int) -> list:
+        """n_layers buffers (max_tree_nodes, hidden) float32 (the reference backend's device is host memory)."""
+        return [np.zeros((self.max_tree_nodes, self.cfg.hidden), np.float32) for _ in range(n_layers)]
+
+    def _capture_sink(self, hidden_sink, capture: tuple, n: int):
+        """The hidden sink of a forward of n rows: hidden_sink's calls plus, per layer in `capture`,
+        the copy of its rows into rows [0, n) of its tree_features buffer."""
+        if not capture:
+            return hidden_sink
+        bufs, index = self.tree_features(capture), {layer: j for j, layer in enumerate(capture)}
+        ops = self.ops
+
+        def sink(layer: int, h) -> None:
+            if hidden_sink is not None:
+                hidden_sink(layer, h)
+            j = index.get(layer)
+            if j is not None:
+                bufs[j][:n] = ops.to_numpy(h)
+        return sink
 
     def commit_tree(self, node_offsets) -> None:
         """Keep the nodes at slots n_past + node_offsets (ascending, node_offsets[k] >= k) as the

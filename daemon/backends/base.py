@@ -138,6 +138,11 @@ class Ops(Protocol):
     def swiglu(self, gate, up) -> Any:
         """silu(gate) * up, elementwise."""
 
+    def gather_rows(self, table, ids, out) -> None:
+        """out[i] = table[ids[i]], exact copies: table (R, C) and out (m, C) float32 tensors, ids an
+        int32 (m,) tensor of row indices in [0, R) (the DFlash drafter keeps a verify forward's
+        accepted feature rows on the device this way)."""
+
     # -- PFlash (the prefill drafter's forward; flashd.daemon.pflash) ----------------------------
     def flashprefill_attention(self, q, k, v, cache_layer, batch: Batch, step) -> Any:
         """Like `attention` (causal, batch.mask None) but FlashPrefill block-sparse: the chunk sits

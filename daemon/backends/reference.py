@@ -202,6 +202,9 @@ class ReferenceOps:
     def add(self, a, b) -> np.ndarray:
         return a + b
 
+    def gather_rows(self, table, ids, out) -> None:
+        out[...] = table[np.asarray(ids, np.int64)]
+
     # -- hybrid models (Gated DeltaNet layers and gated attention; models/qwen35.py) ------------------------
     def causal_conv1d(self, x, weight, conv_state) -> np.ndarray:
         """The short causal convolution over x (n, C) after the K - 1 inputs held in conv_state (updated)."""

@@ -215,10 +215,14 @@ class SpecDecoder:
     def _verify(self, tree: DraftTree, sink, device_argmax: bool, greedy: bool, params: SamplingParams,
                 history: list[int], draw):
         """One target forward over the tree and the acceptance walk: (path, bonus, the host logits
-        or None when the argmax ran on the device)."""
-        runner = self.runner
+        or None when the argmax ran on the device). A drafter with device_features gets the verify
+        rows' features in the runner's buffers (capture_device, drafter.py), not through the sink."""
+        runner, drafter = self.runner, self.drafter
+        capture = tuple(drafter.target_layer_ids) if sink is not None and drafter.device_features else ()
         logits_t = runner.forward_tree(tree.tokens, tree.positions(runner.n_past), tree.ancestor_mask(),
-                                       hidden_sink=sink)
+                                       hidden_sink=None if capture else sink, capture=capture)
+        if capture:
+            drafter.capture_device(runner.tree_features(capture), tree.n_nodes)
         if device_argmax:
             argmax = runner.argmax_rows(logits_t)
             path, bonus = greedy_walk(tree, lambda i: argmax[i])

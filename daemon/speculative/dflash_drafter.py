@@ -10,12 +10,21 @@ computes them on the host (the reference backend); on CUDA fd_topk_logprobs comp
 device and only K ids and log-probs per depth come back (not the (B-1) x vocab logits).
 
 State, kept consistent with the committed sequence (drafter.py): n_ctx positions [0, n_ctx) are in
-the drafter's cache; `_pending` holds the target features of committed positions n_ctx .. not yet
-injected (they are injected by the next propose, in the same forward as the block); `_captured`
-holds the rows of the target forward in flight, until begin/accept says which rows were kept.
+the drafter's cache; the target features of committed positions n_ctx .. not yet injected wait for
+the next propose's injection forward: first `_pending` (host rows: the prompt's, from prefill), then
+rows [0, _n_dev) of `_dev_pending` (device-resident rows: the verify forwards'); `_captured` holds
+the host rows of the target forward in flight, until begin/accept says which rows were kept.
 
-Target features are copied to host memory in capture_hidden (ops.to_numpy), which is exact on
-every backend; a device-resident feature ring is the CUDA fast path still to come.
+Features (device_features, drafter.py). The prompt's arrive through capture_hidden and are copied to
+host memory (ops.to_numpy). A verify forward's stay on the device: capture_device hands over the
+runner's feature buffers, and accept gathers the committed rows (Ops.gather_rows: fd_embed over a
+float32 table on CUDA, bit copies) into `_dev_pending`, one (pending_cap, hidden) buffer per target
+layer, so a step moves no feature to the host and back. The values are the same floats either way,
+so the drafts are bit for bit those of the host path (device_features = False, kept for
+bench/profile_dflash_step.py --capture host) wherever both inject the same chunks of rows. Steps
+that accept without a propose between them (a policy's plain steps) fill `_dev_pending`; when the
+next rows would not fit it is injected first (then the chunks differ: the drafts may move by
+rounding, never the output, which the target verifies).
 """
 from __future__ import annotations
 
@@ -43,6 +52,8 @@ INJECT_CHUNK = 128
 
 
 class DFlashDrafter(Drafter):
+    device_features = True
+
     def __init__(self, ops, cfg: DFlashConfig, weights: DFlashWeights, head: TargetHead, max_ctx: int, *,
                  temperature: float = 1.0, name: str = "dflash", inject_chunk: int = INJECT_CHUNK):
         if max_ctx <= 0 or inject_chunk <= 0:
@@ -64,6 +75,11 @@ class DFlashDrafter(Drafter):
         # (logits tensor, n_depth, k, temperature) -> (ids, lp) on the device (CUDA), or None: the host path
         self._device_topk = device_topk(ops, self.max_depth)
         self._inputs = StagedInputs(ops)     # per-step inputs in kept buffers (no allocation per step on CUDA)
+        # device-resident committed rows awaiting injection: one (pending_cap, hidden) float32 buffer per
+        # target layer; a step commits at most block_size rows (root + max_depth accepted)
+        self.pending_cap = max(inject_chunk, cfg.block_size)
+        self._dev_pending = [self._inputs.buffer(f"pending{j}", (self.pending_cap, cfg.model.hidden))
+                             for j in range(len(self.target_layer_ids))]
         self.forwards = 0          # drafter forwards run (tests and stats)
         self.injected_rows = 0     # context rows ever injected: each committed position once
         self.end()
@@ -80,6 +96,12 @@ class DFlashDrafter(Drafter):
         if j is not None:
             self._captured[j].append(np.array(self.ops.to_numpy(h), dtype=np.float32))
 
+    def capture_device(self, features, n: int) -> None:
+        if len(features) != len(self.target_layer_ids):
+            raise RuntimeError(f"DFlash drafter: {len(features)} feature buffers for target layers "
+                               f"{list(self.target_layer_ids)}")
+        self._verify_features = (list(features), int(n))
+
     def begin(self, prompt: Sequence[int], root: int) -> None:
         rows = self._take_captured()
         if rows[0].shape[0] != len(prompt):
@@ -87,6 +109,8 @@ class DFlashDrafter(Drafter):
                                f"{len(prompt)} tokens (the target prefill must run with the drafter's hidden sink)")
         self._n_ctx = 0
         self._pending = rows
+        self._n_dev = 0
+        self._verify_features = None
         self._root = int(root)
 
     def propose(self, max_depth: int, top_k: int) -> Proposal:
@@ -105,19 +129,31 @@ class DFlashDrafter(Drafter):
 
     def accept(self, accepted: Sequence[int], bonus: int, rows: Sequence[int] | None = None) -> None:
         captured = self._take_captured()
+        on_device, self._verify_features = self._verify_features, None
         if rows is None:
             raise RuntimeError("DFlash drafter: accept needs the committed verify rows")
         rows = np.asarray(rows, np.int64)
         if len(rows) != len(accepted) + 1:
             raise RuntimeError(f"DFlash drafter: {len(rows)} committed rows for root + {len(accepted)} accepted")
-        if len(rows) and rows.max() >= captured[0].shape[0]:
+        n_rows = on_device[1] if on_device is not None else captured[0].shape[0]
+        if len(rows) and (rows.max() >= n_rows or rows.min() < 0):
             raise RuntimeError(f"DFlash drafter: committed row {int(rows.max())} of a verify forward with "
-                               f"{captured[0].shape[0]} captured rows")
-        self._pending = [np.concatenate([p, c[rows]]) for p, c in zip(self._pending, captured)]
+                               f"{n_rows} captured rows")
+        if on_device is not None:
+            if captured[0].shape[0]:
+                raise RuntimeError("DFlash drafter: a verify forward's features came both through "
+                                   "capture_hidden and capture_device")
+            self._gather(on_device[0], rows)
+        else:
+            if self._n_dev:                 # host rows may not follow device rows (injection order)
+                self._inject_pending()
+            self._pending = [np.concatenate([p, c[rows]]) for p, c in zip(self._pending, captured)]
         self._root = int(bonus)
 
     def end(self) -> None:
         self._n_ctx = 0
+        self._n_dev = 0           # rows [0, _n_dev) of each _dev_pending buffer await injection
+        self._verify_features = None
         self._root: int | None = None
         self._captured: list[list[np.ndarray]] = [[] for _ in self.target_layer_ids]
         self._pending = [np.zeros((0, self.cfg.model.hidden), np.float32) for _ in self.target_layer_ids]
@@ -137,23 +173,43 @@ class DFlashDrafter(Drafter):
         self._captured = [[] for _ in self.target_layer_ids]
         return rows
 
+    def _gather(self, features, rows: np.ndarray) -> None:
+        """Append rows `rows` of the verify forward's feature buffers to _dev_pending, on the device."""
+        m = len(rows)
+        if m > self.pending_cap:
+            raise RuntimeError(f"DFlash drafter: {m} committed rows > the {self.pending_cap} pending rows it holds")
+        if self._n_dev + m > self.pending_cap:
+            self._inject_pending()
+        ids = self._inputs.put("accepted_rows", rows.astype(np.int32))
+        for f, buf in zip(features, self._dev_pending):
+            self.ops.gather_rows(f, ids, buf[self._n_dev:self._n_dev + m])
+        self._n_dev += m
+
     def _inject_pending(self) -> None:
-        ops = self.ops
-        n_new = self._pending[0].shape[0]
-        if self._n_ctx + n_new > self.max_ctx:
-            raise ValueError(f"DFlash drafter context overflow: {self._n_ctx} + {n_new} > max_ctx {self.max_ctx}")
-        for s in range(0, n_new, self.inject_chunk):
-            e = min(n_new, s + self.inject_chunk)
-            start = self._n_ctx + s
-            ops.begin_forward()
-            put = self._inputs.put
-            feats = [put(f"feature{j}", p[s:e]) for j, p in enumerate(self._pending)]
-            inject_context(ops, self.cfg, self.weights, self.cache, feats,
-                           put("inject_positions", np.arange(start, start + e - s, dtype=np.int32)),
-                           put("inject_start", np.array([start], np.int32)))
-        self._n_ctx += n_new
-        self.injected_rows += n_new
+        """Inject the host rows (the prompt's), then the device rows, in chunks of inject_chunk."""
+        n_host, n_dev = self._pending[0].shape[0], self._n_dev
+        if self._n_ctx + n_host + n_dev > self.max_ctx:
+            raise ValueError(f"DFlash drafter context overflow: {self._n_ctx} + {n_host + n_dev} > max_ctx {self.max_ctx}")
+        put = self._inputs.put
+        for s in range(0, n_host, self.inject_chunk):
+            e = min(n_host, s + self.inject_chunk)
+            self._inject([put(f"feature{j}", p[s:e]) for j, p in enumerate(self._pending)], e - s)
         self._pending = [p[:0] for p in self._pending]
+        for s in range(0, n_dev, self.inject_chunk):
+            e = min(n_dev, s + self.inject_chunk)
+            self._inject([p[s:e] for p in self._dev_pending], e - s)
+        self._n_dev = 0
+
+    def _inject(self, feats, m: int) -> None:
+        """One injection forward: feats (one (m, hidden) tensor per target layer) at positions n_ctx .. n_ctx + m - 1."""
+        start = self._n_ctx
+        self.ops.begin_forward()
+        put = self._inputs.put
+        inject_context(self.ops, self.cfg, self.weights, self.cache, feats,
+                       put("inject_positions", np.arange(start, start + m, dtype=np.int32)),
+                       put("inject_start", np.array([start], np.int32)))
+        self._n_ctx += m
+        self.injected_rows += m
 
     def _draft(self):
         """The backend tensor of logits (B-1, vocab) of the block [root, MASK x (B-1)] after the committed context."""

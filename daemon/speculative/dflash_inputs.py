@@ -1,5 +1,6 @@
 """StagedInputs: the DFlash drafter's small per-step inputs (ids, positions, the context start, the
-newly committed target features) in buffers it keeps.
+newly committed target features) in buffers it keeps, and its kept buffers (`buffer`: the pending
+device-resident features).
 
 On a backend with device memory (ops.dev: CUDA) each named input lives in one persistent device
 buffer, grown to the largest input seen and filled by Device.upload(out=...): a step allocates
@@ -30,3 +31,12 @@ class StagedInputs:
         if buf is None or buf.shape[0] < n or buf.shape[1:] != array.shape[1:] or buf.dtype != array.dtype:
             buf = self.buffers[name] = self.dev.empty((max(n, 1),) + array.shape[1:], array.dtype)
         return self.dev.upload(array, out=buf[:n])      # stream-ordered after the kernels that read it last
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype=np.float32):
+        """A kept backend tensor `name` of `shape` (contents undefined until written): device memory on
+        CUDA, a numpy array on the reference backend. Made once; the same tensor on every call."""
+        buf = self.buffers.get(name)
+        if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != np.dtype(dtype):
+            buf = self.dev.empty(shape, dtype) if self.dev is not None else np.zeros(shape, dtype)
+            self.buffers[name] = buf
+        return buf

@@ -7,7 +7,8 @@ Drafters: prompt-lookup n-grams (`ngram.py`), a small autoregressive draft model
     begin(prompt, root)              once, after the target prefilled `prompt`
     loop:
         proposal = propose(max_depth, top_k)
-        <target verify forward over root + tree nodes; capture_hidden(...) during it>
+        <target verify forward over root + tree nodes; capture_hidden(...) during it,
+         or capture_device(features, n) after it for a drafter with device_features>
         accept(accepted, bonus, rows)
     end()                            always (done, stop, cancel, error): drop per-request state
 
@@ -47,6 +48,18 @@ told afterwards:
     newly committed positions, in position order: rows[0] is the root (always row 0), then the
     accepted nodes. Other rows belong to rejected nodes and must be dropped.
 A drafter with no `target_layer_ids` gets no capture calls.
+
+Device-resident features (verify forwards only). A drafter with `device_features = True` gets a
+verify forward's features without a trip through host memory: the decoder runs the verify with
+`runner.forward_tree(..., capture=target_layer_ids)` and no hidden sink -- the runner writes each
+wanted layer's output rows into buffers it owns, inside the forward (on CUDA by device copies in the
+verify's captured graph, which the host sink's per-layer host code would otherwise forbid) -- and
+then calls `capture_device(features, n)` once, with `features` a list of backend tensors
+(max_tree_nodes, hidden) float32, one per layer in target_layer_ids' order (`runner.tree_features`),
+whose rows [0, n) are the verify forward's n rows. They stay valid until the next target forward;
+the drafter copies the rows that `accept(..., rows)` names (Ops.gather_rows: device to device on
+CUDA, numpy on the reference backend) before that. The prompt's features still come through
+capture_hidden during prefill (prefill runs eagerly anyway, and begin() needs them all).
 
 Ownership. The target's KV cache belongs to the target runner and the decoder (which compacts
 the accepted path into consecutive slots). A drafter that runs a model owns that model's runner
@@ -110,6 +123,8 @@ class Drafter(ABC):
     target_layer_ids: tuple[int, ...] = ()
     # the deepest proposal this drafter can make (e.g. DFlash: block size - 1)
     max_depth: int = 16
+    # True: verify forwards' features come through capture_device (device-resident), not capture_hidden
+    device_features: bool = False
 
     def check_target(self, target_cfg) -> None:
         """Raise DrafterLoadError when this drafter cannot draft for a target with ModelConfig
@@ -129,6 +144,10 @@ class Drafter(ABC):
 
     def capture_hidden(self, layer_index: int, h: Any) -> None:
         """A target layer's output rows during a forward (only for layers in target_layer_ids)."""
+
+    def capture_device(self, features: Sequence[Any], n: int) -> None:
+        """After a verify forward of n rows (device_features only): features[j] (>= n, hidden) holds
+        layer target_layer_ids[j]'s rows, valid until the next target forward."""
 
     def end(self) -> None:
         """The request is over (any reason): drop per-request state."""

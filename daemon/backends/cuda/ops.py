@@ -38,6 +38,7 @@ __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "D
            "attention_workspace_bytes", "attention_shape", "rope_scaling_struct", "rope_struct", "gemv_groups"]
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
+GGML_F32 = 0                  # the GGML type id of float32 (gguf.GGMLQuantizationType.F32)
 
 
 def gemv_groups(n: int):
@@ -273,6 +274,16 @@ class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py
         out = self.take(a.shape)
         self._check(self.lib.fd_add(self.p(out), self.p(a), self.p(b), a.size, self.dev.stream), "fd_add")
         return out
+
+    def gather_rows(self, table: DeviceTensor, ids: DeviceTensor, out: DeviceTensor) -> None:
+        """Ops.gather_rows with fd_embed over a float32 table (GGML type F32: quant_float.cuh reads each
+        value's 32 bits as the float and stores them, no arithmetic, so the rows are bit copies)."""
+        rows, cols = table.shape
+        if table.dtype != np.float32 or out.dtype != np.float32 or out.shape != (ids.shape[0], cols):
+            raise ValueError(f"gather_rows: table {table.shape} {table.dtype}, {ids.shape[0]} ids, out {out.shape} "
+                             f"{out.dtype} (float32, out (n_ids, cols))")
+        self._check(self.lib.fd_embed(self.p(out), self.p(table), GGML_F32, rows, cols, self.p(ids), ids.shape[0],
+                                      self.dev.stream), "fd_embed(gather_rows)")
 
     def argmax(self, logits: DeviceTensor, out: DeviceTensor) -> None:
         rows, vocab = logits.shape

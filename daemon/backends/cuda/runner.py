@@ -117,7 +117,7 @@ class CudaRunner(ModelRunner):
             dev.native.check(lib.fd_event_create(e, 0), "cudaEventCreate")
             self.events.append(e[0])
         self.graphs: OrderedDict[object, object] = OrderedDict()
-        self.tree_graphs: OrderedDict[int, tuple] = OrderedDict()   # n nodes -> (graph, logits)
+        self.tree_graphs: OrderedDict[tuple, tuple] = OrderedDict()   # (n nodes, capture layers) -> (graph, logits)
         # tree verification inputs, sized once for the largest tree: the captured tree graphs read
         # these addresses, so they are never reallocated. One allocation per upload: [ids | positions
         # | n_past | mask bytes] for a verify forward, [n_past | offsets] for a commit.
@@ -193,31 +193,55 @@ class CudaRunner(ModelRunner):
         return self.dev.download(self._forward_device(ids, all_logits=all_logits, hidden_sink=hidden_sink))
 
     # -- speculative decoding: tree verify and commit (daemon/speculative/decoder.py) -------------------
-    def forward_tree(self, ids, positions, mask, *, hidden_sink=None):
+    def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
+        """ModelRunner.forward_tree. Without a hidden sink the forward replays a CUDA graph captured
+        once per (n, capture); `capture`'s feature rows are device copies inside it (tree_features)."""
         ids = np.asarray(ids, np.int32)
         n = len(ids)
         if n > self.max_tree_nodes:
             raise ValueError(f"a tree of {n} nodes > the {self.max_tree_nodes} the runner is sized for")
+        capture = tuple(int(i) for i in capture)
+        if capture:
+            self.tree_features(capture)         # checks the layers; allocated here, never inside a capture
         self._will_write(n)
         dev = self.dev
         dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
         if hidden_sink is not None:             # the sink runs host code per layer: eager
-            return self._tree_body(n, hidden_sink)
-        graph, logits = self._tree_graph(n)
+            return self._tree_body(n, hidden_sink, capture)
+        graph, logits = self._tree_graph(n, capture)
         dev.native.check(dev.lib.fd_graph_launch(graph, dev.stream), "graph launch")
         return logits
 
-    def _tree_body(self, n: int, hidden_sink=None):
+    def _feature_rows(self, n_layers: int) -> list:
+        """One device allocation (n_layers * max_tree_nodes, hidden) float32, viewed per layer."""
+        n = self.max_tree_nodes
+        flat = self.dev.empty((n_layers * n, self.cfg.hidden), np.float32)
+        return [flat[j * n:(j + 1) * n] for j in range(n_layers)]
+
+    def _tree_body(self, n: int, hidden_sink=None, capture: tuple = ()):
         self.ops.begin_forward(row_invariant=True)      # every node's logits = a decode step's, bit for bit
         pf = self.persistent
+        bufs = self.tree_features(capture) if capture else []
+        index = {layer: j for j, layer in enumerate(capture)}
         # a sink that names its layers (the speculative decoder's) gets them from the persistent forward too
-        layers = getattr(hidden_sink, "layers", None) if hidden_sink is not None else frozenset()
-        if pf is not None and layers is not None:
+        sink_layers = getattr(hidden_sink, "layers", None) if hidden_sink is not None else frozenset()
+
+        def keep(layer: int, h, row0: int) -> None:
+            """Layer `layer`'s output rows row0 .. row0 + len(h) - 1: to the sink and/or the capture buffer."""
+            if hidden_sink is not None and (sink_layers is None or layer in sink_layers):
+                hidden_sink(layer, h)
+            j = index.get(layer)
+            if j is not None:                           # stream-ordered device copy: capturable in a graph
+                h = self.ops.materialize(h)
+                self.dev.copy(bufs[j][row0:row0 + h.shape[0]], h)
+
+        if pf is not None and sink_layers is not None:
+            layers = frozenset(sink_layers) | frozenset(capture)
             if n <= pf.max_rows:
                 logits = pf.forward(self.t_ids[:n], self.t_pos[:n], self.t_n_past, mask=self.t_mask, mask_n=n,
                                     capture=layers)
                 for layer in sorted(layers):
-                    hidden_sink(layer, pf.captured(layer, n))
+                    keep(layer, pf.captured(layer, n), 0)
                 return logits
             # more rows than a launch holds: consecutive groups, ancestors first (the tree is in
             # topological order), each group's K/V in the cache before the next group attends to it
@@ -228,26 +252,31 @@ class CudaRunner(ModelRunner):
                                   capture=layers)
                 self.dev.copy(logits[s:e], part)
                 for layer in sorted(layers):
-                    hidden_sink(layer, pf.captured(layer, e - s))
+                    keep(layer, pf.captured(layer, e - s), s)
             return logits
         batch = Batch(ids=self.t_ids[:n], positions=self.t_pos[:n], n_past=self.t_n_past,
                       mask=self.t_mask[:n * n].reshape(n, n), n_tokens=n)
-        return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
-                       hidden_sink=hidden_sink)
+        sink = hidden_sink
+        if capture:
+            def sink(layer: int, h) -> None:
+                if hidden_sink is not None or layer in index:
+                    keep(layer, h, 0)
+        return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True, hidden_sink=sink)
 
-    def _tree_graph(self, n: int):
-        """The verify forward of an n-node tree captured once per n (inputs are read from t_ids,
-        t_pos, t_mask, t_n_past; the arena gives the same addresses every replay). Returns
-        (graph, the logits tensor the graph writes)."""
-        hit = self.tree_graphs.get(n)
+    def _tree_graph(self, n: int, capture: tuple = ()):
+        """The verify forward of an n-node tree captured once per (n, capture) (inputs are read from
+        t_ids, t_pos, t_mask, t_n_past; the arena and the tree_features buffers give the same addresses
+        every replay). Returns (graph, the logits tensor the graph writes)."""
+        key = (n, capture)
+        hit = self.tree_graphs.get(key)
         if hit is not None:
-            self.tree_graphs.move_to_end(n)
+            self.tree_graphs.move_to_end(key)
             return hit
         dev = self.dev
-        self._tree_body(n)       # first use of this size's kernels (and their setup): outside capture
+        self._tree_body(n, None, capture)   # first use of this size's kernels (and their setup): outside capture
         dev.synchronize()
-        graph, logits = self._capture(lambda: self._tree_body(n))
-        self.tree_graphs[n] = (graph, logits)
+        graph, logits = self._capture(lambda: self._tree_body(n, None, capture))
+        self.tree_graphs[key] = (graph, logits)
         if len(self.tree_graphs) > MAX_TREE_GRAPHS:
             _, (old, _) = self.tree_graphs.popitem(last=False)
             dev.lib.fd_graph_destroy(old)
