@@ -182,14 +182,19 @@ class CudaSizes:
         max_ctx + B slots), the block mask, the per-forward inputs (dflash_inputs.StagedInputs keeps one
         injection's features, positions and start and the block's ids / positions / n_ctx; two injections are
         counted, as when each upload was its own allocation), the device top-K's read-back buffer
-        (dflash_topk.device_topk: B-1 depths x 8 candidates x 12 bytes); the arena is the target's."""
+        (dflash_topk.device_topk: B-1 depths x 8 candidates x 12 bytes), and the device-resident features:
+        its pending rows (pending_cap = max(INJECT_CHUNK, B) per target layer, float32) plus the target
+        runner's verify feature buffers it asks for (CudaRunner.tree_features: max_tree_nodes <=
+        MAX_MASKED_TOKENS rows per target layer); the arena is the target's."""
+        from .backends.cuda.ops import MAX_MASKED_TOKENS
         from .speculative.dflash_drafter import INJECT_CHUNK
         cfg = desc.cfg
         m, b = cfg.model, cfg.block_size
         inputs = 2 * (cfg.n_features * INJECT_CHUNK * m.hidden * 4 + INJECT_CHUNK * 4 + 4) + (2 * b * 4 + 4)
+        features = cfg.n_features * (max(INJECT_CHUNK, b) + MAX_MASKED_TOKENS) * m.hidden * 4
         parts = [("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(m.n_layers, m.n_kv_heads, m.head_dim, max_ctx + b, kv_type)),
-                 ("mask", b * b), ("inputs", inputs), ("topk", (b - 1) * 8 * 12)]
+                 ("mask", b * b), ("inputs", inputs), ("topk", (b - 1) * 8 * 12), ("features", features)]
         return parts, SharedNeed(attention=int(self.attention_ws(m.n_heads, m.n_kv_heads, m.head_dim, max_ctx + b, b)))
 
     def pflash(self, desc: ModelDesc, pc: PFlashConfig, n_tokens: int, kv_type: str) -> list:

@@ -115,6 +115,8 @@ def test_dflash_parts(files):
     # two injections of 128 rows of 1 feature of 256 floats (+ positions, start), and a block's ids/positions/n
     assert parts["inputs"] == 2 * (128 * 256 * 4 + 128 * 4 + 4) + (2 * 8 * 4 + 4)
     assert parts["topk"] == 7 * 8 * 12         # the device top-K's ids + log-probs for B-1 depths, K = 8
+    # device-resident features of 1 target layer: 128 pending rows + the runner's 65 verify rows, 256 floats
+    assert parts["features"] == 1 * (128 + 65) * 256 * 4
     assert need.attention == attention_ws(4, 2, 64, 1032, 8) and need.arena_half == 0
 
 
