@@ -3,7 +3,8 @@
 It is the oracle for every other backend and the CPU fallback, so each op is the textbook formula
 with no shortcuts: weights are dequantized once by `gguf.quants.dequantize` (the project's
 definition of what a quantized weight is), activations and the KV cache are float32 (a q8_0 / q4_0 KV
-cache stores ggml's blocks and is read dequantized: reference_kv.py), and every matrix product
+cache stores ggml's blocks and is read dequantized: reference_kv.py; a quantized K holds keys rotated by a
+Hadamard transform, and q is rotated alike before it meets them: kv_rotate.py), and every matrix product
 accumulates in float32 (BLAS).
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ import numpy as np
 from gguf.quants import dequantize
 
 from .base import Batch, KVCacheSpec, RecurrentStateSpec
-from .reference_kv import ReferenceKVCache
+from .kv_rotate import hadamard_rotate
+from .reference_kv import ReferenceKVCache, is_rotated
 from .reference_recurrent import causal_conv1d, delta_rule_chunked, delta_rule_recurrent
 
 __all__ = ["ReferenceOps", "ReferenceKVCache", "ReferenceRecurrentState"]
@@ -135,8 +137,15 @@ class ReferenceOps:
             angle = interp
         return (np.cos(angle) * mscale).astype(np.float32), (np.sin(angle) * mscale).astype(np.float32)
 
+    @staticmethod
+    def _rotated(k_cache, *xs):
+        """xs (q and/or k after RoPE) as the K cache needs them: Hadamard-rotated over each head if it stores
+        rotated keys (a quantized K: kv_rotate.py), else unchanged."""
+        return tuple(hadamard_rotate(x) for x in xs) if is_rotated(k_cache) else xs
+
     def attention(self, q, k, v, cache_layer, batch: Batch) -> np.ndarray:
         k_cache, v_cache = cache_layer
+        q, k = self._rotated(k_cache, q, k)
         n, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         n_past = int(batch.n_past[0])
@@ -165,6 +174,7 @@ class ReferenceOps:
         write k, v to the cache, then attend each query block's selected key blocks only."""
         from ..pflash.flashprefill import flashprefill_attention
         k_cache, v_cache = cache_layer
+        q, k = self._rotated(k_cache, q, k)
         n, _, head_dim = q.shape
         if step.p0 + n > k_cache.shape[0]:
             raise ValueError(f"KV cache overflow: {step.p0} + {n} > {k_cache.shape[0]} slots")
@@ -179,6 +189,7 @@ class ReferenceOps:
         """acc (n_tail, n_keys) = max(acc, max over heads of the dense causal attention
         probabilities of the last n_tail rows of q (slots n_keys - n_tail + t))."""
         from ..pflash.flashprefill import tail_max_probs
+        (q,) = self._rotated(cache_layer[0], q)
         probs = tail_max_probs(q[-n_tail:], cache_layer[0], n_keys, 1.0 / np.sqrt(q.shape[-1]))
         np.maximum(acc, probs.astype(np.float32), out=acc)
 
@@ -189,6 +200,7 @@ class ReferenceOps:
 
     def kv_write(self, k, v, cache_layer, start) -> None:
         k_cache, v_cache = cache_layer
+        (k,) = self._rotated(k_cache, k)
         s, n = int(start[0]), k.shape[0]
         if s < 0 or s + n > k_cache.shape[0]:
             raise ValueError(f"KV cache overflow: slots {s}..{s + n} outside {k_cache.shape[0]}")

@@ -1,5 +1,7 @@
 """The reference backend's KV cache: float32 rows (kv type f16, the oracle's precision) or quantized rows
-(q8_0 / q4_0, ggml's block bytes, written with kv_quant.py's encoders and read dequantized).
+(q8_0 / q4_0, ggml's block bytes, written with kv_quant.py's encoders and read dequantized). A quantized K holds
+keys rotated by kv_rotate.py's Hadamard transform (its `rotated` is True): ReferenceOps rotates q and k before
+they meet it, so whoever reads K rows gets rotated ones.
 
 `layer(i)` gives (K, V) of one layer, each (max_ctx, Hkv, d) as the ops index it: a float32 array, or a
 QuantizedRows whose item assignment encodes and whose slicing decodes, so ReferenceOps' attention is the
@@ -11,17 +13,24 @@ import numpy as np
 
 from .base import KVCacheSpec
 from .kv_quant import decode_rows, encode_rows
+from .kv_rotate import rotates_k
 from .kv_types import row_bytes
 
-__all__ = ["ReferenceKVCache", "QuantizedRows"]
+__all__ = ["ReferenceKVCache", "QuantizedRows", "is_rotated"]
+
+
+def is_rotated(rows) -> bool:
+    """Whether a layer's K cache (a float32 array or a QuantizedRows) holds Hadamard-rotated keys."""
+    return bool(getattr(rows, "rotated", False))
 
 
 class QuantizedRows:
     """One layer's K or V in a quantized type: bytes (max_ctx, Hkv, row_bytes) uint8, seen as float32
-    (max_ctx, Hkv, head_dim). `rows[slots] = x` encodes x; `rows[slots]` decodes (a new float32 array)."""
+    (max_ctx, Hkv, head_dim). `rows[slots] = x` encodes x; `rows[slots]` decodes (a new float32 array).
+    rotated: the rows are keys in the rotated basis (the writer rotates them; this class stores what it is given)."""
 
-    def __init__(self, data: np.ndarray, kv_type: str, head_dim: int):
-        self.data, self.kv_type, self.head_dim = data, kv_type, head_dim
+    def __init__(self, data: np.ndarray, kv_type: str, head_dim: int, rotated: bool = False):
+        self.data, self.kv_type, self.head_dim, self.rotated = data, kv_type, head_dim, rotated
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -58,12 +67,12 @@ class ReferenceKVCache:
     def n_bytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def _view(self, store: np.ndarray, kv_type: str, i: int):
-        return store[i] if kv_type == "f16" else QuantizedRows(store[i], kv_type, self.spec.head_dim)
+    def _view(self, store: np.ndarray, kv_type: str, i: int, rotated: bool = False):
+        return store[i] if kv_type == "f16" else QuantizedRows(store[i], kv_type, self.spec.head_dim, rotated)
 
     def layer(self, i: int):
         types = self.spec.kv_types
-        return self._view(self.k, types.k, i), self._view(self.v, types.v, i)
+        return self._view(self.k, types.k, i, rotates_k(types.k)), self._view(self.v, types.v, i)
 
     def move(self, src_slots, dst_slots) -> None:
         """Copy slots src -> dst in every layer (speculative decoding's commit): the stored bytes."""

@@ -2,8 +2,10 @@
 
 Attention: ReferenceOps.attention writes K/V into a quantized cache and attends the dequantized rows; the oracle
 is float64 softmax attention over decode(encode(K/V)) (kv_quant.py, itself checked bit for bit against
-gguf.quants in test_kv_quant.py). Tolerance rtol 1e-4, atol 1e-5: the reference computes in float32, the
-same bound as the float32 cache's test (test_reference_ops.py). Prefix copies, moves (kv_compact) and
+gguf.quants in test_kv_quant.py); a quantized K stores the Hadamard-rotated keys (kv_rotate.py, checked against
+float64 in test_kv_rotate.py), so there the oracle's q is rotated by the float64 matrix and its keys are
+decode(encode(rotated k)). Tolerance rtol 1e-4, atol 1e-5: the reference computes in float32, the same bound as
+the float32 cache's test (test_reference_ops.py); the float32 rotation adds a few float32 roundings per value. Prefix copies, moves (kv_compact) and
 park/unpark keep the stored bytes: exact equality.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 
 from flashd.daemon.backends.base import Batch, KVCacheSpec
 from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
+from flashd.daemon.backends.kv_rotate import hadamard_matrix, hadamard_rotate, rotates_k
 from flashd.daemon.backends.kv_types import KVTypes
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.config import EngineConfig
@@ -56,10 +59,15 @@ def test_attention_over_each_kv_type_vs_float64(types, n, n_past, heads, kv_head
     v = rng.standard_normal((n, kv_heads, d)).astype(np.float32)
     new_visible = np.tril(rng.random((n, n)) < 0.5) | np.eye(n, dtype=bool) if masked else np.tril(np.ones((n, n), bool))
     out = ops.attention(q, k, v, layer, batch(n, n_past, new_visible if masked else None))
-    keys = stored(np.concatenate([k_past, k]), types.k)
+    k_all = np.concatenate([k_past, k])
+    q_seen = q
+    if rotates_k(types.k):                            # rotated keys: q meets them rotated (float64 oracle)
+        k_all, k = hadamard_rotate(k_all), hadamard_rotate(k)
+        q_seen = q.astype(np.float64) @ hadamard_matrix(d).T
+    keys = stored(k_all, types.k)
     values = stored(np.concatenate([v_past, v]), types.v)
     visible = np.concatenate([np.ones((n, n_past), bool), new_visible], 1)
-    np.testing.assert_allclose(out, brute_attention(q, keys, values, visible), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, brute_attention(q_seen, keys, values, visible), rtol=1e-4, atol=1e-5)
     for kind, store, x in ((types.k, cache.k, k), (types.v, cache.v, v)):   # the bytes ggml would store
         want = x if kind == "f16" else encode_rows(x, kind)
         np.testing.assert_array_equal(store[0, n_past:n_past + n], want)
