@@ -2,6 +2,7 @@
 
     python bench/profile_dflash_step.py --device cpu|cuda [--target T.gguf --dflash D.gguf]
         [--mode chain|ddtree] [--budget 22] [--steps 24] [--prompt-len 64] [--sync]
+        [--capture device|host|both]
 
 Without --target/--dflash it makes synthetic ones (scripts/make_synthetic_gguf.py and
 make_synthetic_dflash.py) in --workdir: by default tiny shapes; `--preset qwen2.5-1.5b --target-layers 6`
@@ -18,9 +19,19 @@ It runs one SpecDecoder request (random prompt ids, greedy) and wraps the step's
       topk               log_softmax + top-K (host), or the device top-K with its small read-back
     tree               the chain / DDTree build
     verify             the target forward over the tree + argmax, containing
-      capture            target features copied out (capture_hidden)
+      capture            target features copied out (host: capture_hidden's downloads during an eager
+                         verify; device: capture_device's hand-over after the graph, whose copies are
+                         inside the verify itself)
     commit             the target's KV compaction
-    accept             the drafter's bookkeeping of the accepted rows
+    accept             the drafter's bookkeeping of the accepted rows, containing
+      gather             device: the accepted rows gathered into the pending device buffers
+
+--capture picks how verify forwards deliver the drafter's target features (drafter.py, "Device-resident
+features"): `device` (the default path: a CUDA graph per tree size whose device copies fill the runner's
+feature buffers, gathered on the device), `host` (the path before it: an eager verify whose hidden sink
+downloads every wanted layer, re-uploaded for injection), or `both` -- one request each on the same warm
+engine and drafter, printed side by side, so one run shows the gain. The prompt's features take the host
+path in both.
 
 Times are per step, in ms, inclusive of the nested phases. With --sync every phase boundary
 synchronises the device, so each GPU phase is charged its own work; the sum then exceeds the real
@@ -39,8 +50,8 @@ from pathlib import Path
 import numpy as np
 
 PHASES = ("propose", "inject", "block", "lm_head", "host_copy", "topk", "tree", "verify", "capture", "commit",
-          "accept")
-NESTED = {"inject", "block", "lm_head", "host_copy", "topk", "capture"}
+          "accept", "gather")
+NESTED = {"inject", "block", "lm_head", "host_copy", "topk", "capture", "gather"}
 
 
 class Phases:
@@ -48,6 +59,9 @@ class Phases:
 
     def __init__(self, sync=None):
         self.sync = sync
+        self.reset()
+
+    def reset(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
@@ -83,8 +97,9 @@ def make_synthetic(workdir: Path, preset: str | None, target_layers: int) -> tup
     return target, dflash
 
 
-def instrument(ph: Phases, engine, drafter, decoder, host_topk: str) -> None:
-    """Wrap the step's parts (instance attributes and the drafter module's functions)."""
+def instrument(ph: Phases, engine, drafter, host_topk: str) -> None:
+    """Wrap the step's parts (instance attributes and the drafter module's functions), once per process;
+    each request's decoder is wrapped by instrument_decoder."""
     from flashd.daemon.models import dflash as model
     from flashd.daemon.speculative import dflash_drafter as dd
 
@@ -115,10 +130,38 @@ def instrument(ph: Phases, engine, drafter, decoder, host_topk: str) -> None:
     drafter._inject_pending = ph.wrap("inject", drafter._inject_pending)
     drafter.propose = ph.wrap("propose", drafter.propose)
     drafter.capture_hidden = ph.wrap("capture", drafter.capture_hidden)
+    drafter.capture_device = ph.wrap("capture", drafter.capture_device)
+    drafter._gather = ph.wrap("gather", drafter._gather)
     drafter.accept = ph.wrap("accept", drafter.accept)
+    engine.runner.commit_tree = ph.wrap("commit", engine.runner.commit_tree)
+
+
+def instrument_decoder(ph: Phases, decoder) -> None:
     decoder._tree = ph.wrap("tree", decoder._tree)
     decoder._verify = ph.wrap("verify", decoder._verify)
-    engine.runner.commit_tree = ph.wrap("commit", engine.runner.commit_tree)
+
+
+def profile(ph: Phases, engine, drafter, cfg, prompt, steps: int) -> dict:
+    """One timed request after a warm-up one (graphs of this capture path, arenas, first-call costs): ms per
+    step of every phase, the step's wall time and the decoder's stats."""
+    from flashd.daemon.speculative.decoder import SpecDecoder
+    from flashd.protocol.messages import SamplingParams
+
+    for _ in SpecDecoder(engine.runner, drafter, cfg).generate(prompt, SamplingParams(), 8):
+        pass
+    dec = SpecDecoder(engine.runner, drafter, cfg)
+    instrument_decoder(ph, dec)
+    ph.reset()
+    t0 = time.perf_counter()
+    for _ in dec.generate(prompt, SamplingParams(), steps * 2 + 2):
+        if dec.stats.steps >= steps:
+            break
+    wall = time.perf_counter() - t0
+    n = max(dec.stats.steps, 1)
+    ms = {name: 1e3 * ph.seconds[name] / n for name in PHASES if ph.calls.get(name)}
+    ms.update({"step (wall)": 1e3 * wall / n, "draft (stats)": 1e3 * dec.stats.draft_s / n,
+               "verify (stats)": 1e3 * dec.stats.verify_s / n})
+    return {"ms": ms, "steps": n, "tokens_per_step": (dec.stats.accepted + n) / n}
 
 
 def main(argv=None) -> int:
@@ -137,13 +180,15 @@ def main(argv=None) -> int:
     p.add_argument("--host-topk", choices=("fast", "reference"), default="fast",
                    help="reference: the full-argsort definition on the host (the cost before dflash_topk.py); "
                         "CUDA: also turns the device top-K off")
+    p.add_argument("--capture", choices=("device", "host", "both"), default="device",
+                   help="how verify forwards deliver the drafter's features: device-resident (graph verify), "
+                        "host (eager verify, the path before), or both side by side")
     args = p.parse_args(argv)
 
     from flashd.daemon.config import EngineConfig
     from flashd.daemon.engine import Engine
-    from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.speculative.decoder import SpecConfig
     from flashd.daemon.speculative.loader import DrafterContext, load_drafter
-    from flashd.protocol.messages import SamplingParams
 
     target, dflash = args.target, args.dflash
     if target is None or dflash is None:
@@ -159,29 +204,25 @@ def main(argv=None) -> int:
     ph = Phases(dev.synchronize if (args.sync and dev is not None) else None)
     prompt = np.random.default_rng(0).integers(0, min(engine.model.config.vocab_size, 20000), args.prompt_len).tolist()
     cfg = SpecConfig(args.mode, args.budget)
-    n_tokens = args.steps * 2 + 2
-    for _ in SpecDecoder(engine.runner, drafter, cfg).generate(prompt, SamplingParams(), 8):
-        pass                                 # warm-up: graphs, arenas, first-call costs
-    dec = SpecDecoder(engine.runner, drafter, cfg)
-    instrument(ph, engine, drafter, dec, args.host_topk)
-    t0 = time.perf_counter()
-    n_out = 0
-    for _ in dec.generate(prompt, SamplingParams(), n_tokens):
-        n_out += 1
-        if dec.stats.steps >= args.steps:
-            break
-    wall = time.perf_counter() - t0
-    steps = max(dec.stats.steps, 1)
-    print(f"# DFlash step profile: device {args.device}, {args.mode} budget {args.budget}, {steps} steps, "
-          f"{(dec.stats.accepted + steps) / steps:.2f} tokens/step, sync {'on' if ph.sync else 'off'}")
+    instrument(ph, engine, drafter, args.host_topk)
+    paths = ("host", "device") if args.capture == "both" else (args.capture,)
+    results = {}
+    for path in paths:
+        drafter.device_features = path == "device"
+        results[path] = profile(ph, engine, drafter, cfg, prompt, args.steps)
+    print(f"# DFlash step profile: device {args.device}, {args.mode} budget {args.budget}, sync "
+          f"{'on' if ph.sync else 'off'}; "
+          + ", ".join(f"{p} capture: {r['steps']} steps, {r['tokens_per_step']:.2f} tokens/step"
+                      for p, r in results.items()))
     print(f"# target {target.name}, drafter {dflash.name}, top-K {'device' if drafter._device_topk else 'host'} "
-          f"({args.host_topk}); ms per step (nested phases indented, inclusive)")
-    for name in PHASES:
-        if ph.calls.get(name):
-            print(f"{'    ' if name in NESTED else ''}{name:<12} {1e3 * ph.seconds[name] / steps:10.3f}")
-    print(f"{'step (wall)':<12} {1e3 * wall / steps:10.3f}   (includes the prompt's prefill once)")
-    print(f"{'draft (stats)':<12} {1e3 * dec.stats.draft_s / steps:10.3f}   verify (stats) "
-          f"{1e3 * dec.stats.verify_s / steps:.3f}")
+          f"({args.host_topk}); ms per step (nested phases indented, inclusive); step (wall) includes the "
+          "prompt's prefill once")
+    print(f"{'phase':<16}" + "".join(f"{p + ' capture':>16}" for p in paths))
+    names = [n for n in PHASES + ("step (wall)", "draft (stats)", "verify (stats)")
+             if any(n in r["ms"] for r in results.values())]
+    for name in names:
+        label = ("    " if name in NESTED else "") + name
+        print(f"{label:<16}" + "".join(f"{results[p]['ms'].get(name, 0.0):16.3f}" for p in paths))
     return 0
 
 
