@@ -8,7 +8,9 @@ cache slots:
    (max_new_tokens - emitted - 1: a step emits accepted + 1 tokens) and never past max_ctx
    (n_past + n <= max_ctx);
 2. one target forward over the n nodes: positions n_past + depth, cache slots n_past + i, the
-   ancestor mask (committed context + ancestors + self);
+   ancestor mask (committed context + ancestors + self); a drafter that wants target features gets
+   them through the hidden sink, or (device_features) in the runner's buffers: the forward runs with
+   capture= and no sink (on CUDA a replayed graph), then capture_device (drafter.py);
 3. accept.py walks the tree (greedy, or rejection sampling at temperature > 0): path + bonus;
    a step with nothing drafted is a plain greedy step where the runner has a faster one
    (`greedy_continue`: the CUDA decode graph) and no drafter needs the target's hidden states;
