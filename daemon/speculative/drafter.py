@@ -36,8 +36,9 @@ a drafter never needs to expose a full distribution.
 Target features (for DFlash). A drafter declares `target_layer_ids` (0-based target layer
 indices whose *outputs* it wants, i.e. the hidden state after that decoder layer, residual
 included: what `models.dense.forward(..., hidden_sink=...)` passes). During every target forward
-that extends the sequence (prefill chunks and each verify forward) the decoder calls
-`capture_hidden(layer_index, h)` once per wanted layer, in increasing layer order, with `h` a
+that extends the sequence (prefill chunks, and each verify forward unless device_features: below)
+the decoder calls `capture_hidden(layer_index, h)` once per wanted layer, in increasing layer order
+(a persistent forward of several launches: once per launch, rows in order), with `h` a
 *backend tensor* (n_rows, hidden) float32 holding one row per token of that forward. `h` is only
 valid during the call (the CUDA backend recycles its scratch arena per layer): copy what you need
 (ops.to_numpy, or a device copy into a buffer you own). Which rows become committed context is
