@@ -13,7 +13,8 @@
 // constant) and on nothing else: not on n, not on the warps, CTAs, pipeline depth or rounds. The program
 // checks it: every run's x-row-0 output is compared bitwise with the first run of the same KS (column "inv").
 //
-// Kernel (gemv_rows<FMT, NT, ST, KS>): an item is (16-row tile, chunk of KS super-blocks). Each warp owns a
+// Kernel (gemv_rows<FMT, NT, ST, KS>; its body gemv_rows_body also runs in the host emulation): an item is
+// (16-row tile, chunk of KS super-blocks). Each warp owns a
 // private shared-memory ring of ST item slots, fills it with 16-byte cp.async (all ST items are issued before
 // griddepcontrol.wait, i.e. under the previous kernel), and computes item q while items q+1..q+ST-1 are in
 // flight. Bytes in flight per SM = warps x ST x item bytes; an H100 needs ~3.35 TB/s / 132 SMs x ~1 us ~ 25 KB
@@ -40,25 +41,33 @@
 // q = (nibble s/2 of ql[64h + 32(s%2) + l]) | (bits 2s..2s+1 of qh[32h + l]) << 4. Q6_K rows are only 2-byte
 // aligned: a chunk is staged from its 16-byte-aligned floor (offset kept per row) and read with 16-bit loads.
 //
-// Checks: (1) at start, on the host, a CPU emulation of both mma shapes from the PTX fragment tables (A: rows
-// g / g+8, k 4t..4t+3 and 16+4t..; B: k rows 4t.., col g; C: rows g / g+8, cols 2t, 2t+1) fed by the kernel's
-// own fragment builders, against integer dot products read straight from the ggml block layouts (--host-check
-// runs only this; it needs no GPU). (2) every (variant, n) against a float64 GEMV of the dequantized weights
-// with the pre-pass's own x codes (error relative to sum |w||x'|, tolerance 1e-5: float32 chains of <= 560
-// sub-block steps give ~1e-7; the labs before saw 1e-8..5e-8); the program exits 1 on any failure.
-// (3) row invariance, bitwise, as above.
+// Checks: (1) at start, on the host, a CPU emulation of the three mma shapes from the PTX fragment tables (A:
+// rows g / g+8, k 4t..4t+3 and 16+4t..; B: k rows 4t.., col g; C: rows g / g+8, cols 2t, 2t+1) fed by the
+// kernel's own fragment builders, against integer dot products read straight from the ggml block layouts.
+// (1b) --host-check (no GPU needed) also runs the whole kernel body on the host: one thread per GPU thread,
+// mma emulated from the same tables, __syncwarp / __syncthreads as barriers, cp.async as a copy; 48 x 768
+// matrices of each format, KS 1 (split, with and without rounds) and 3 (whole rows), 1-2 CTAs of 1-3 warps,
+// n = 1, 5, 13, 32, against the float64 oracle and bitwise across n and shapes. It passed when this was
+// written (errors 3.5e-8..5.2e-8, bits equal), and a deliberately wrong fold mapping made it fail.
+// (2) on the GPU, every (shape, n) against a float64 GEMV of the dequantized weights with the pre-pass's own
+// x codes (error relative to sum |w||x'|, tolerance 1e-5: float32 chains of <= 560 sub-block steps give
+// ~1e-7; the labs before saw 1e-8..5e-8), every output written (y is NaN-filled first); the program exits
+// 1 on any failure. (3) row invariance, bitwise, as above.
 //
 // Timing: CUDA graphs of back-to-back launches (with programmatic dependent launch) over enough weight copies
 // to defeat the 50 MB L2 (gemv_mma_lab.cu's method); us per launch, GB/s of weight bytes, % of a measured
 // device-to-device copy (read + write). The x pre-pass is timed on its own ("x pre-pass" lines) and not
 // included in the GEMV figures (in the library it would be fused into the producer of x).
 //
-// On the GPU host (one call, full run ~3-5 minutes; --quick ~1 minute):
+// On the GPU host (the build takes ~1.5 minutes on 2 cores; full run expected ~2-4 minutes, --quick ~1):
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/gemv_mma_rows_lab bench/lab/gemv_mma_rows_lab.cu && \
 //     /tmp/gemv_mma_rows_lab --quick
 //   /tmp/gemv_mma_rows_lab                       (every case, every shape, n = 1 2 4 8 16 32)
 //   /tmp/gemv_mma_rows_lab --case ffn_gate --n 1,16 --reps 20
-//   /tmp/gemv_mma_rows_lab --host-check          (fragment emulation only, no GPU needed)
+//   /tmp/gemv_mma_rows_lab --host-check          (fragment check + whole-kernel host emulation, no GPU)
+//   /tmp/gemv_mma_rows_lab --plan [--quick]      (the launch plans for an H100, no GPU)
+// What to read: per case, the n=1 line of the best shape against the dp4a library kernel's figure printed in
+// the case header (same GPU model, earlier run), and the "x" column (time / time at the first n) for n=8..32.
 //
 // Repeats, on purpose: CHECK, the PDL helpers, time_graph, the Q4_K scale_min and random_q4k follow
 // gemv_mma_lab.cu (each lab is one nvcc command and stays as it was measured; labs share no header).
@@ -70,9 +79,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
@@ -144,52 +157,106 @@ HD void scale_min_u(int j, const uint4& h, uint32_t& sc, uint32_t& m) {
     }
 }
 
-// ---- device helpers ---------------------------------------------------------------------------------------
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_go() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+// ---- what the kernel needs from the machine: DevCtx on the GPU, EmuCtx (below) in the host emulation --------
+// Arithmetic: explicitly rounded float ops (no contraction), exact int -> float for |v| < 2^22 (integer add
+// and one float subtract, both full rate, where I2F is quarter rate).
+HD int imin(int a, int b) { return a < b ? a : b; }
+HD float fmul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    volatile float r = a * b;
+    return r;
+#endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// D = A (16x32 u8, row) x B (32x8 s8, col), s32
-__device__ __forceinline__ void mma_k32_u8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%11,%12,%13};"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+HD float fadd_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    volatile float r = a + b;
+    return r;
+#endif
 }
-// D = A (16x32 s8, row) x B (32x8 s8, col), s32
-__device__ __forceinline__ void mma_k32_s8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%11,%12,%13};"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+HD float bits_f(uint32_t v) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(v);
+#else
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+#endif
 }
-// D = A (16x16 s8, row) x B (16x8 s8, col), s32
-__device__ __forceinline__ void mma_k16_s8s8(uint32_t a0, uint32_t a1, uint32_t b0, int (&d)[4]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-                 "{%7,%8,%9,%10};"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
+HD float i2f(int v) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(bits_f((uint32_t)(v + 0x4B400000)), 12582912.0f);
+#else
+    volatile float r = bits_f((uint32_t)(v + 0x4B400000)) - 12582912.0f;
+    return r;
+#endif
 }
-// exact int -> float for |v| < 2^22 (integer add and one float subtract, both full rate)
-__device__ __forceinline__ float i2f(int v) { return __fsub_rn(__int_as_float(v + 0x4B400000), 12582912.0f); }
-__device__ __forceinline__ float u2f(uint32_t v) { return __fsub_rn(__uint_as_float(v | 0x4B000000u), 8388608.0f); }
-// a 32-bit word from a 2-byte-aligned shared-memory address (Q6_K rows)
-__device__ __forceinline__ uint32_t ld32u(const uint8_t* p) {
+HD float u2f(uint32_t v) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(bits_f(v | 0x4B000000u), 8388608.0f);
+#else
+    volatile float r = bits_f(v | 0x4B000000u) - 8388608.0f;
+    return r;
+#endif
+}
+// a 32-bit word from a 2-byte-aligned shared-memory address (Q6_K rows, Q8_0 blocks)
+HD uint32_t ld32u(const uint8_t* p) {
     const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
     return (uint32_t)q[0] | ((uint32_t)q[1] << 16);
 }
 
+struct DevCtx {
+    static __device__ __forceinline__ int tid() { return threadIdx.x; }
+    static __device__ __forceinline__ int bid() { return blockIdx.x; }
+    static __device__ __forceinline__ int bdim() { return blockDim.x; }
+    static __device__ __forceinline__ int gdim() { return gridDim.x; }
+    static __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+    static __device__ __forceinline__ void pdl_go() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+    static __device__ __forceinline__ void cp16(void* dst, const void* src) {
+        const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    }
+    static __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+    template <int N>
+    static __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+    static __device__ __forceinline__ void syncwarp() { __syncwarp(); }
+    static __device__ __forceinline__ void syncthreads() { __syncthreads(); }
+    // x codes and scales: small, read by every warp of an SM (L1)
+    static __device__ __forceinline__ uint2 ldg2(const void* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+    static __device__ __forceinline__ uint32_t ldg1(const void* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
+    static __device__ __forceinline__ float4 ldg4(const void* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+    // D = A (16x32 u8, row) x B (32x8 s8, col), s32
+    static __device__ __forceinline__ void mma_k32_u8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%10,%11,%12,%13};"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+    }
+    // D = A (16x32 s8, row) x B (32x8 s8, col), s32
+    static __device__ __forceinline__ void mma_k32_s8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%10,%11,%12,%13};"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+    }
+    // D = A (16x16 s8, row) x B (16x8 s8, col), s32
+    static __device__ __forceinline__ void mma_k16_s8s8(uint32_t a0, uint32_t a1, uint32_t b0, int (&d)[4]) {
+        asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+            "{%7,%8,%9,%10};"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
+    }
+};
+
 // one item's chunk: KS super-blocks of the 16 rows staged at `slot` (row r at slot + r * RS + off[r]),
 // super-blocks sb0 .. sb0 + KS - 1 of the row; acc[nt][e]: e = 0 (row g, x row nt*8 + 2t), 1 (g, 2t + 1),
 // 2 (g + 8, 2t), 3 (g + 8, 2t + 1)
-template <int NT, int KS>
-__device__ __forceinline__ void item_q4k(const Args& a, const uint8_t* slot, int sb0, int g, int t, float (&acc)[NT][4]) {
+#pragma nv_exec_check_disable
+template <class X, int NT, int KS, bool ODD>
+HD void item_q4k(const Args& a, const uint8_t* slot, int sb0, int g, int t, float (&acc)[NT][4]) {
     constexpr int RS = rs_of(Q4K, KS);
     const uint8_t* r0 = slot + g * RS;
     const uint8_t* r1 = slot + (g + 8) * RS;
@@ -213,19 +280,20 @@ __device__ __forceinline__ void item_q4k(const Args& a, const uint8_t* slot, int
                 uint32_t sc0, m0, sc1, m1;
                 scale_min_u(j, h0, sc0, m0);
                 scale_min_u(j, h1, sc1, m1);
-                const float wa[2] = {__fmul_rn(dm0.x, u2f(sc0)), __fmul_rn(dm1.x, u2f(sc1))};
-                const float wb[2] = {-__fmul_rn(dm0.y, u2f(m0)), -__fmul_rn(dm1.y, u2f(m1))};
+                const float wa[2] = {fmul_rn(dm0.x, u2f(sc0)), fmul_rn(dm1.x, u2f(sc1))};
+                const float wb[2] = {-fmul_rn(dm0.y, u2f(m0)), -fmul_rn(dm1.y, u2f(m1))};
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const uint2 B = __ldg(reinterpret_cast<const uint2*>(xb + (size_t)nt * 8 * a.cols + col0));
-                    const float4 xs = __ldg(reinterpret_cast<const float4*>(a.xsc + (size_t)(col0 >> 5) * MAXN + nt * 8 + 2 * t));
+                    const uint2 B = X::ldg2(xb + (size_t)nt * 8 * a.cols + col0);
+                    const float4 xs = X::ldg4(a.xsc + (size_t)(col0 >> 5) * MAXN + nt * 8 + 2 * t);
                     int c[4];
-                    mma_k32_u8s8(A, B.x, B.y, c);
+                    X::mma_k32_u8s8(A, B.x, B.y, c);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
+                        if (!ODD && (e & 1)) continue;   // n == 1: x rows 2t + 1 are never written
                         const int r = e >> 1;
                         const float xd = (e & 1) ? xs.z : xs.x, xsum = (e & 1) ? xs.w : xs.y;
-                        acc[nt][e] = fmaf(wa[r], __fmul_rn(xd, i2f(c[e])), acc[nt][e]);
+                        acc[nt][e] = fmaf(wa[r], fmul_rn(xd, i2f(c[e])), acc[nt][e]);
                         acc[nt][e] = fmaf(wb[r], xsum, acc[nt][e]);
                     }
                 }
@@ -234,9 +302,9 @@ __device__ __forceinline__ void item_q4k(const Args& a, const uint8_t* slot, int
     }
 }
 
-template <int NT, int KS>
-__device__ __forceinline__ void item_q6k(const Args& a, const uint8_t* slot, int off0, int off1, int sb0, int g, int t,
-                                         float (&acc)[NT][4]) {
+#pragma nv_exec_check_disable
+template <class X, int NT, int KS, bool ODD>
+HD void item_q6k(const Args& a, const uint8_t* slot, int off0, int off1, int sb0, int g, int t, float (&acc)[NT][4]) {
     constexpr int RS = rs_of(Q6K, KS);
     const uint8_t* r0 = slot + g * RS + off0;
     const uint8_t* r1 = slot + (g + 8) * RS + off1;
@@ -258,19 +326,19 @@ __device__ __forceinline__ void item_q6k(const Args& a, const uint8_t* slot, int
                 for (int s = 0; s < 4; ++s) {
                     const uint32_t a0 = q6k_a(l00, l01, qh0, s), a1 = q6k_a(l10, l11, qh1, s);
                     const int sci = 8 * h + 2 * s + u;
-                    const float w[2] = {__fmul_rn(d0, i2f((int)(int8_t)b0[192 + sci])),
-                                        __fmul_rn(d1, i2f((int)(int8_t)b1[192 + sci]))};
+                    const float w[2] = {fmul_rn(d0, i2f((int)(int8_t)b0[192 + sci])), fmul_rn(d1, i2f((int)(int8_t)b1[192 + sci]))};
                     const int colb = (sb0 + k) * QK + 128 * h + 32 * s + 16 * u;
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        const uint32_t B = __ldg(reinterpret_cast<const uint32_t*>(xb + (size_t)nt * 8 * a.cols + colb));
-                        const float4 xs = __ldg(reinterpret_cast<const float4*>(a.xsc + (size_t)(colb >> 5) * MAXN + nt * 8 + 2 * t));
+                        const uint32_t B = X::ldg1(xb + (size_t)nt * 8 * a.cols + colb);
+                        const float4 xs = X::ldg4(a.xsc + (size_t)(colb >> 5) * MAXN + nt * 8 + 2 * t);
                         int c[4];
-                        mma_k16_s8s8(a0, a1, B, c);
+                        X::mma_k16_s8s8(a0, a1, B, c);
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
+                            if (!ODD && (e & 1)) continue;
                             const float xd = (e & 1) ? xs.z : xs.x;
-                            acc[nt][e] = fmaf(w[e >> 1], __fmul_rn(xd, i2f(c[e])), acc[nt][e]);
+                            acc[nt][e] = fmaf(w[e >> 1], fmul_rn(xd, i2f(c[e])), acc[nt][e]);
                         }
                     }
                 }
@@ -281,8 +349,9 @@ __device__ __forceinline__ void item_q6k(const Args& a, const uint8_t* slot, int
 
 // Q8_0: block b of a "super-block" at +34 b (f16 d, 32 int8 codes; 2-byte aligned), k-slots as Q4_K's
 // (thread t: codes 8t..8t+7 of the block, rows g and g + 8); acc = fmaf(d, xd * isum, acc)
-template <int NT, int KS>
-__device__ __forceinline__ void item_q80(const Args& a, const uint8_t* slot, int sb0, int g, int t, float (&acc)[NT][4]) {
+#pragma nv_exec_check_disable
+template <class X, int NT, int KS, bool ODD>
+HD void item_q80(const Args& a, const uint8_t* slot, int sb0, int g, int t, float (&acc)[NT][4]) {
     constexpr int RS = rs_of(Q80, KS);
     const uint8_t* r0 = slot + g * RS;
     const uint8_t* r1 = slot + (g + 8) * RS;
@@ -298,28 +367,33 @@ __device__ __forceinline__ void item_q80(const Args& a, const uint8_t* slot, int
             const int col0 = (sb0 + k) * QK + 32 * bl;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const uint2 B = __ldg(reinterpret_cast<const uint2*>(xb + (size_t)nt * 8 * a.cols + col0));
-                const float4 xs = __ldg(reinterpret_cast<const float4*>(a.xsc + (size_t)(col0 >> 5) * MAXN + nt * 8 + 2 * t));
+                const uint2 B = X::ldg2(xb + (size_t)nt * 8 * a.cols + col0);
+                const float4 xs = X::ldg4(a.xsc + (size_t)(col0 >> 5) * MAXN + nt * 8 + 2 * t);
                 int c[4];
-                mma_k32_s8s8(A, B.x, B.y, c);
+                X::mma_k32_s8s8(A, B.x, B.y, c);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
+                    if (!ODD && (e & 1)) continue;
                     const float xd = (e & 1) ? xs.z : xs.x;
-                    acc[nt][e] = fmaf(d[e >> 1], __fmul_rn(xd, i2f(c[e])), acc[nt][e]);
+                    acc[nt][e] = fmaf(d[e >> 1], fmul_rn(xd, i2f(c[e])), acc[nt][e]);
                 }
             }
         }
     }
 }
 
-// W warps a CTA (blockDim), ST slots a warp, KS super-blocks an item, NT N-tiles (n <= 8 NT)
-template <int FMT, int NT, int ST, int KS>
-__global__ void __launch_bounds__(512, 1) gemv_rows(Args a) {
-    extern __shared__ __align__(16) uint8_t smem[];
+// the kernel: W warps a CTA (blockDim), ST slots a warp, KS super-blocks an item, NT N-tiles (n <= 8 NT; NT = 0:
+// n == 1, one N-tile whose odd fragment columns (x rows 2t + 1) are skipped -- the same operations for x row 0);
+// smem = W x ST x 16 x RS bytes of slots, then (split) R x C x NT x 4 x 32 floats of partials
+#pragma nv_exec_check_disable
+template <class X, int FMT, int NT, int ST, int KS>
+HD void gemv_rows_body(const Args& a, uint8_t* smem) {
+    constexpr int NTT = NT == 0 ? 1 : NT;
+    constexpr bool ODD = NT != 0;
     constexpr int SBB = sb_bytes(FMT), PPR = ppr_of(FMT, KS), RS = rs_of(FMT, KS), SLOT = 16 * RS;
-    const int W = blockDim.x >> 5;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int G = gridDim.x, b = blockIdx.x;
+    const int W = X::bdim() >> 5;
+    const int lane = X::tid() & 31, warp = X::tid() >> 5, g = lane >> 2, t = lane & 3;
+    const int G = X::gdim(), b = X::bid();
     uint8_t* ring = smem + (size_t)warp * ST * SLOT;
     float* part = reinterpret_cast<float*>(smem + (size_t)W * ST * SLOT);
     const bool split = a.C > 1;
@@ -341,7 +415,7 @@ __global__ void __launch_bounds__(512, 1) gemv_rows(Args a) {
         for (int i = lane; i < 16 * PPR; i += 32) {
             const int r = i / PPR, pc = i - r * PPR;
             const long long start = (long long)(tile * 16 + r) * a.row_bytes + cbase;
-            cp_async16(dst + r * RS + 16 * pc, a.w + (start & ~15LL) + 16 * pc);
+            X::cp16(dst + r * RS + 16 * pc, a.w + (start & ~15LL) + 16 * pc);
         }
     };
     // the first ST items go out before griddepcontrol.wait: weights do not depend on the previous kernel
@@ -349,47 +423,49 @@ __global__ void __launch_bounds__(512, 1) gemv_rows(Args a) {
     for (int s = 0; s < ST; ++s) {
         const int j = first + s * stride;
         if (j < total) stage(j, s);
-        cp_async_commit();
+        X::commit();
     }
-    pdl_wait();
-    pdl_go();
+    X::pdl_wait();
+    X::pdl_go();
     const int n_rounds = split ? (n_mine + a.R - 1) / a.R : 1;
     int q = 0;
     for (int rd = 0; rd < n_rounds; ++rd) {
-        const int jend = split ? min(total, (rd + 1) * a.R * a.C) : total;
+        const int jend = split ? imin(total, (rd + 1) * a.R * a.C) : total;
         for (;; ++q) {
             const int j = first + q * stride;
             if (j >= jend) break;
-            cp_async_wait<ST - 1>();
-            __syncwarp();
+            X::template wait<ST - 1>();
+            X::syncwarp();
             int tile, chunk;
             tile_chunk(j, tile, chunk);
             const uint8_t* slot = ring + (q % ST) * SLOT;
-            float acc[NT][4];
+            float acc[NTT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NTT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-            if constexpr (FMT == Q4K) item_q4k<NT, KS>(a, slot, chunk * KS, g, t, acc);
-            else if constexpr (FMT == Q80) item_q80<NT, KS>(a, slot, chunk * KS, g, t, acc);
+            if constexpr (FMT == Q4K) item_q4k<X, NTT, KS, ODD>(a, slot, chunk * KS, g, t, acc);
+            else if constexpr (FMT == Q80) item_q80<X, NTT, KS, ODD>(a, slot, chunk * KS, g, t, acc);
             else {
                 const long long cbase = (long long)chunk * KS * SBB;
                 const int off0 = (int)(((long long)(tile * 16 + g) * a.row_bytes + cbase) & 15);
                 const int off1 = (int)(((long long)(tile * 16 + g + 8) * a.row_bytes + cbase) & 15);
-                item_q6k<NT, KS>(a, slot, off0, off1, chunk * KS, g, t, acc);
+                item_q6k<X, NTT, KS, ODD>(a, slot, off0, off1, chunk * KS, g, t, acc);
             }
-            __syncwarp();   // every lane has read the slot before it is refilled
+            X::syncwarp();   // every lane has read the slot before it is refilled
             const int jn = first + (q + ST) * stride;
             if (jn < total) stage(jn, q % ST);
-            cp_async_commit();
-            if (split) {   // partial of (round-local item, lane): NT float4
+            X::commit();
+            if (split) {   // partial of round-local item jl: [jl][nt * 4 + e][lane] (conflict-free writes and fold reads)
                 const int jl = j - rd * a.R * a.C;
-                float4* pp = reinterpret_cast<float4*>(part + ((size_t)jl * 32 + lane) * (NT * 4));
+                float* pp = part + (size_t)jl * (NTT * 4) * 32 + lane;
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) pp[nt] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+                for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pp[(nt * 4 + e) * 32] = acc[nt][e];
             } else {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                for (int nt = 0; nt < NTT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int xr = nt * 8 + 2 * t + (e & 1), row = tile * 16 + g + 8 * (e >> 1);
@@ -398,24 +474,31 @@ __global__ void __launch_bounds__(512, 1) gemv_rows(Args a) {
             }
         }
         if (split) {   // fold the round's tiles: chunks added in chunk order (the bits depend only on KS)
-            __syncthreads();
-            const int t0 = rd * a.R, nt_round = min(a.R, n_mine - t0);
-            const int n_out = nt_round * a.n * 16;
-            for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
-                const int row = o & 15, xr = (o >> 4) % a.n, tl = (o >> 4) / a.n;
-                const int ln = (row & 7) * 4 + ((xr & 7) >> 1), e = 2 * (row >> 3) + (xr & 1), ntl = xr >> 3;
-                const float* pp = part + ((size_t)tl * a.C * 32 + ln) * (NT * 4) + ntl * 4 + e;
+            X::syncthreads();
+            const int t0 = rd * a.R, nt_round = imin(a.R, n_mine - t0);
+            // one thread per (tile, fragment element k = nt * 4 + e, lane); the fragment's (row, x row) from (lane, k)
+            const int n_out = nt_round * (NTT * 4) * 32;
+            for (int o = X::tid(); o < n_out; o += X::bdim()) {
+                const int ln = o & 31, k = (o >> 5) % (NTT * 4), tl = (o >> 5) / (NTT * 4);
+                const int row = (ln >> 2) + 8 * ((k & 3) >> 1), xr = (k >> 2) * 8 + 2 * (ln & 3) + (k & 1);
+                if (xr >= a.n) continue;
+                const float* pp = part + ((size_t)tl * a.C * (NTT * 4) + k) * 32 + ln;
                 float s = pp[0];
 #pragma unroll 8
-                for (int c = 1; c < a.C; ++c) s = __fadd_rn(s, pp[(size_t)c * 32 * (NT * 4)]);
+                for (int c = 1; c < a.C; ++c) s = fadd_rn(s, pp[(size_t)c * (NTT * 4) * 32]);
                 a.y[(size_t)xr * a.rows + (size_t)(b + (t0 + tl) * G) * 16 + row] = s;
             }
-            __syncthreads();
+            X::syncthreads();
         }
     }
-    cp_async_wait<0>();
+    X::template wait<0>();
 }
 
+template <int FMT, int NT, int ST, int KS>
+__global__ void __launch_bounds__(512, 1) gemv_rows(Args a) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    gemv_rows_body<DevCtx, FMT, NT, ST, KS>(a, smem);
+}
 // x pre-pass: one warp per (x row, 32-column block), lane = column: codes q = rint(x * 127 / max|x|),
 // xd = max|x| / 127, and xd * sum q (Q4_K's min term)
 __global__ void quantize_x(const float* x, int cols, int n, int8_t* xq, float2* xsc) {
@@ -622,6 +705,179 @@ static bool host_check() {
     return ok && conv;
 }
 
+// ---- host emulation of the whole kernel (--host-check): the kernel body above run by one host thread per GPU
+// thread, with the warp-collective mma emulated from the PTX fragment tables and __syncwarp / __syncthreads as
+// barriers; cp.async is an immediate copy. Small matrices, several grids and warp counts, n = 1 .. 32: checks the
+// staging, slot offsets (Q6_K's 2-byte-aligned rows), the x indexing, the epilogue and fold mappings against the
+// float64 oracle, and that a row's bits depend only on KS.
+struct EmuBarrier {
+    std::mutex m;
+    std::condition_variable cv;
+    int n, count = 0;
+    long gen = 0;
+    explicit EmuBarrier(int n_) : n(n_) {}
+    void wait() {
+        std::unique_lock<std::mutex> l(m);
+        const long g0 = gen;
+        if (++count == n) { count = 0; ++gen; cv.notify_all(); }
+        else cv.wait(l, [&] { return gen != g0; });
+    }
+};
+struct EmuWarp { EmuBarrier bar{32}; uint32_t A[32][4]; uint32_t B[32][2]; };
+struct EmuBlock {
+    int bid = 0, bdim = 0, gdim = 0;
+    std::vector<uint8_t> smem;
+    std::unique_ptr<EmuBarrier> bar;
+    std::vector<std::unique_ptr<EmuWarp>> warps;
+};
+static thread_local EmuBlock* t_blk = nullptr;
+static thread_local int t_tid = 0;
+
+struct EmuCtx {
+    static int tid() { return t_tid; }
+    static int bid() { return t_blk->bid; }
+    static int bdim() { return t_blk->bdim; }
+    static int gdim() { return t_blk->gdim; }
+    static void pdl_wait() {}
+    static void pdl_go() {}
+    static void cp16(void* d, const void* s) { memcpy(d, s, 16); }
+    static void commit() {}
+    template <int N>
+    static void wait() {}
+    static void syncwarp() { t_blk->warps[t_tid >> 5]->bar.wait(); }
+    static void syncthreads() { t_blk->bar->wait(); }
+    static uint2 ldg2(const void* p) { uint2 v; memcpy(&v, p, 8); return v; }
+    static uint32_t ldg1(const void* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+    static float4 ldg4(const void* p) { float4 v; memcpy(&v, p, 16); return v; }
+    static void mma(int K, bool a_signed, const uint32_t* a, int na, const uint32_t* b, int nb, int (&d)[4]) {
+        EmuWarp& w = *t_blk->warps[t_tid >> 5];
+        const int lane = t_tid & 31;
+        for (int i = 0; i < 4; ++i) w.A[lane][i] = i < na ? a[i] : 0;
+        for (int i = 0; i < 2; ++i) w.B[lane][i] = i < nb ? b[i] : 0;
+        w.bar.wait();
+        int C[32][4];
+        emu_mma(K, w.A, w.B, a_signed, C);
+        for (int e = 0; e < 4; ++e) d[e] = C[lane][e];
+        w.bar.wait();
+    }
+    static void mma_k32_u8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+        const uint32_t b[2] = {b0, b1};
+        mma(32, false, a, 4, b, 2, d);
+    }
+    static void mma_k32_s8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+        const uint32_t b[2] = {b0, b1};
+        mma(32, true, a, 4, b, 2, d);
+    }
+    static void mma_k16_s8s8(uint32_t a0, uint32_t a1, uint32_t b0, int (&d)[4]) {
+        const uint32_t a[2] = {a0, a1};
+        mma(16, true, a, 2, &b0, 1, d);
+    }
+};
+
+template <int FMT, int NT, int KS>
+static void emu_launch(const Args& a, int grid, int W, size_t smem) {
+    for (int b = 0; b < grid; ++b) {
+        EmuBlock blk;
+        blk.bid = b; blk.bdim = W * 32; blk.gdim = grid;
+        blk.smem.assign(smem, 0xCD);
+        blk.bar.reset(new EmuBarrier(W * 32));
+        for (int i = 0; i < W; ++i) blk.warps.emplace_back(new EmuWarp);
+        std::vector<std::thread> th;
+        for (int i = 0; i < W * 32; ++i)
+            th.emplace_back([&blk, &a, i] { t_blk = &blk; t_tid = i; gemv_rows_body<EmuCtx, FMT, NT, 2, KS>(a, blk.smem.data()); });
+        for (auto& x : th) x.join();
+    }
+}
+template <int FMT, int KS>
+static void emu_dispatch_nt(int nt, const Args& a, int grid, int W, size_t smem) {
+    if (nt == 0) emu_launch<FMT, 0, KS>(a, grid, W, smem);
+    else if (nt == 1) emu_launch<FMT, 1, KS>(a, grid, W, smem);
+    else if (nt == 2) emu_launch<FMT, 2, KS>(a, grid, W, smem);
+    else emu_launch<FMT, 4, KS>(a, grid, W, smem);
+}
+template <int FMT>
+static void emu_dispatch(int ks, int nt, const Args& a, int grid, int W, size_t smem) {
+    if (ks == 1) emu_dispatch_nt<FMT, 1>(nt, a, grid, W, smem);
+    else emu_dispatch_nt<FMT, 3>(nt, a, grid, W, smem);
+}
+
+// the pre-pass's arithmetic on the host (for the emulation only; the GPU run's oracle reads the device's codes)
+static void host_quantize_x(const std::vector<float>& x, int cols, std::vector<int8_t>& xq, std::vector<float2>& xsc) {
+    xq.assign((size_t)MAXN * cols, 0);
+    xsc.assign((size_t)(cols / 32) * MAXN, make_float2(0.f, 0.f));
+    for (int i = 0; i < MAXN; ++i)
+        for (int b = 0; b < cols / 32; ++b) {
+            float m = 0.f;
+            for (int l = 0; l < 32; ++l) m = std::max(m, std::fabs(x[(size_t)i * cols + 32 * b + l]));
+            const float inv = m > 0.f ? 127.f / m : 0.f;
+            int s = 0;
+            for (int l = 0; l < 32; ++l) {
+                const int q = std::max(-127, std::min(127, (int)std::nearbyint(x[(size_t)i * cols + 32 * b + l] * inv)));
+                xq[(size_t)i * cols + 32 * b + l] = (int8_t)q;
+                s += q;
+            }
+            const float xd = m / 127.f;
+            xsc[(size_t)b * MAXN + i] = make_float2(xd, xd * (float)s);
+        }
+}
+
+static bool emu_check() {
+    const int rows = 48, cols = 768, nsb = 3, tiles = 3;   // 3 super-blocks a row: KS 1 (split, C = 3) and 3 (whole rows)
+    std::mt19937 rng(5);
+    std::vector<float> xf((size_t)MAXN * cols);
+    for (auto& v : xf) v = (float)((int)(rng() % 2001) - 1000) / 1000.f;
+    std::vector<int8_t> xq;
+    std::vector<float2> xsc;
+    host_quantize_x(xf, cols, xq, xsc);
+    bool ok = true;
+    struct Cfg { int ks, grid, w; };
+    // split with rounds (grid 2: CTA 0 owns 2 tiles, R = 1 -> 2 rounds), split in one round, no split
+    const Cfg cfgs[] = {{1, 2, 2}, {1, 1, 3}, {3, 2, 2}, {3, 1, 1}};
+    for (int fmt : {Q4K, Q6K, Q80}) {
+        const int SBB = sb_bytes(fmt);
+        const std::vector<uint8_t> w = random_weights(fmt, rows, cols, rng);
+        std::vector<double> ref((size_t)MAXN * rows), mag((size_t)MAXN * rows), wrow(cols);
+        for (int r = 0; r < rows; ++r) {
+            dequant_row(fmt, w.data() + (size_t)r * nsb * SBB, cols, wrow.data());
+            for (int i = 0; i < MAXN; ++i) {
+                double s = 0, m = 0;
+                for (int c = 0; c < cols; ++c) {
+                    const double v = wrow[c] * (double)xsc[(size_t)(c / 32) * MAXN + i].x * xq[(size_t)i * cols + c];
+                    s += v; m += std::fabs(v);
+                }
+                ref[(size_t)i * rows + r] = s; mag[(size_t)i * rows + r] = m;
+            }
+        }
+        double worst = 0;
+        bool inv = true;
+        std::vector<float> y((size_t)MAXN * rows), row0_ks1, row0_ks3;
+        for (const Cfg& cf : cfgs)
+            for (int n : {1, 5, 13, 32}) {
+                const int NT = n <= 8 ? 1 : (n <= 16 ? 2 : 4), C = nsb / cf.ks, NTK = n == 1 ? 0 : NT;
+                const int R = C > 1 ? (cf.grid == 2 ? 1 : tiles) : 1;
+                const size_t smem = (size_t)cf.w * 2 * 16 * rs_of(fmt, cf.ks) + (C > 1 ? (size_t)R * C * 32 * NT * 16 : 0);
+                std::fill(y.begin(), y.end(), std::nanf(""));
+                const Args a = {w.data(), (long long)nsb * SBB, rows, cols, nsb, n, xq.data(), xsc.data(), y.data(), C, tiles, R};
+                if (fmt == Q4K) emu_dispatch<Q4K>(cf.ks, NTK, a, cf.grid, cf.w, smem);
+                else if (fmt == Q6K) emu_dispatch<Q6K>(cf.ks, NTK, a, cf.grid, cf.w, smem);
+                else emu_dispatch<Q80>(cf.ks, NTK, a, cf.grid, cf.w, smem);
+                for (int i = 0; i < n; ++i)
+                    for (int r = 0; r < rows; ++r) {
+                        const double e = std::fabs(y[(size_t)i * rows + r] - ref[(size_t)i * rows + r]) / (mag[(size_t)i * rows + r] + 1e-30);
+                        worst = std::max(worst, std::isnan(e) ? 1e30 : e);
+                    }
+                std::vector<float>& r0 = cf.ks == 1 ? row0_ks1 : row0_ks3;
+                if (r0.empty()) r0.assign(y.begin(), y.begin() + rows);
+                else if (memcmp(r0.data(), y.data(), (size_t)rows * 4)) inv = false;
+            }
+        printf("# host emulation %s (48 x 768; KS 1 and 3; grids 1-2, 1-3 warps; n = 1, 5, 13, 32): err %.1e %s, "
+               "x row 0 bitwise equal across n and shapes of a KS: %s\n",
+               fmt == Q4K ? "Q4_K" : (fmt == Q6K ? "Q6_K" : "Q8_0"), worst, worst < 1e-5 ? "ok" : "WRONG", inv ? "yes" : "NO");
+        ok = ok && worst < 1e-5 && inv;
+    }
+    return ok;
+}
+
 // ---- host: timing and launches --------------------------------------------------------------------------------
 template <class F>
 static double time_graph(cudaStream_t st, int reps, F fn) {
@@ -644,10 +900,10 @@ static double time_graph(cudaStream_t st, int reps, F fn) {
 typedef void (*KernFn)(Args);
 struct Shape {   // one launch shape: KS super-blocks an item, ST slots a warp, W warps a CTA, CTAs per SM
     int ks, st, w, cps;
-    KernFn k[3];   // NT = 1, 2, 4
+    KernFn k[4];   // NT = 0 (n == 1), 1, 2, 4
 };
 template <int F, int ST, int KS>
-static Shape mk(int w, int cps) { return {KS, ST, w, cps, {gemv_rows<F, 1, ST, KS>, gemv_rows<F, 2, ST, KS>, gemv_rows<F, 4, ST, KS>}}; }
+static Shape mk(int w, int cps) { return {KS, ST, w, cps, {gemv_rows<F, 0, ST, KS>, gemv_rows<F, 1, ST, KS>, gemv_rows<F, 2, ST, KS>, gemv_rows<F, 4, ST, KS>}}; }
 
 static int g_n_sm = 132, g_smem_optin = 227 * 1024;
 
@@ -665,7 +921,8 @@ static Plan plan(int fmt, const Shape& s, int rows, int cols, int n) {
         const int n_mine = (tiles + p.grid - 1) / p.grid;
         const size_t per_tile = (size_t)C * 32 * NT * 4 * sizeof(float);
         if (ring + per_tile > budget) { snprintf(p.why, sizeof p.why, "smem %zu KB > %zu", (ring + per_tile) >> 10, budget >> 10); return p; }
-        p.R = (int)std::min<size_t>(n_mine, (budget - ring) / per_tile);
+        // R: at most 8 tiles a round (more only takes shared memory from L1, where x is read)
+        p.R = (int)std::min<size_t>(std::min(n_mine, 8), (budget - ring) / per_tile);
         p.smem = ring + (size_t)p.R * per_tile;
     } else {
         p.grid = g_n_sm * s.cps;
@@ -689,11 +946,13 @@ static void launch(KernFn k, const Plan& p, const Args& a, cudaStream_t st) {
 struct Case { const char* name; int fmt, rows, cols; bool full_only; const char* lib; };
 
 static std::vector<Shape> shapes_for(int fmt, int cols, bool quick) {
-    // (shared memory a CTA: W x ST x 16 x row stride, plus R x C x 32 x NT x 16 bytes of partials when split)
+    // (shared memory a CTA: W x ST x 16 x row stride, plus R x C x NT x 4 x 32 floats of partials when split).
+    // The first two of each list are the --quick ones (the expected best); the first of each KS is the row
+    // invariance reference.
     std::vector<Shape> v;
     const bool narrow = cols / QK == 6;   // 1536 columns: 6 super-blocks a row; else 8960: 35
     if (fmt == Q4K && narrow) {
-        v.push_back(mk<Q4K, 2, 1>(16, 1));
+        v.push_back(mk<Q4K, 2, 1>(16, 1));   // ffn_gate: 30 items a CTA, 32 slots: all in flight at once
         v.push_back(mk<Q4K, 2, 2>(16, 1));
         if (!quick) {
             v.push_back(mk<Q4K, 4, 1>(8, 2));
@@ -703,14 +962,14 @@ static std::vector<Shape> shapes_for(int fmt, int cols, bool quick) {
             v.push_back(mk<Q4K, 2, 6>(8, 1));
         }
     } else if (fmt == Q4K) {
+        v.push_back(mk<Q4K, 3, 1>(12, 1));   // 36 slots >= 35 items: a tile's whole row in flight at once
         v.push_back(mk<Q4K, 2, 1>(16, 1));
-        v.push_back(mk<Q4K, 2, 5>(8, 1));
         if (!quick) {
+            v.push_back(mk<Q4K, 2, 5>(8, 1));
             v.push_back(mk<Q4K, 4, 1>(16, 1));
             v.push_back(mk<Q4K, 4, 1>(8, 1));
             v.push_back(mk<Q4K, 2, 1>(12, 1));
             v.push_back(mk<Q4K, 2, 5>(4, 1));
-            v.push_back(mk<Q4K, 3, 1>(12, 1));   // 36 slots >= 35 items: a tile's whole row in flight at once
         }
     } else if (fmt == Q6K && narrow) {
         v.push_back(mk<Q6K, 2, 1>(16, 1));
@@ -718,23 +977,21 @@ static std::vector<Shape> shapes_for(int fmt, int cols, bool quick) {
         if (!quick) {
             v.push_back(mk<Q6K, 4, 1>(8, 1));
             v.push_back(mk<Q6K, 2, 1>(8, 2));
-            v.push_back(mk<Q6K, 4, 1>(16, 1));
         }
     } else if (fmt == Q6K) {
+        v.push_back(mk<Q6K, 3, 1>(12, 1));
         v.push_back(mk<Q6K, 2, 1>(16, 1));
-        v.push_back(mk<Q6K, 2, 5>(6, 1));
         if (!quick) {
-            v.push_back(mk<Q6K, 4, 1>(16, 1));
+            v.push_back(mk<Q6K, 2, 5>(6, 1));
             v.push_back(mk<Q6K, 2, 1>(12, 1));
             v.push_back(mk<Q6K, 2, 5>(4, 1));
-            v.push_back(mk<Q6K, 3, 1>(12, 1));
         }
     } else if (fmt == Q80 && narrow) {
         v.push_back(mk<Q80, 2, 1>(16, 1));
         v.push_back(mk<Q80, 4, 1>(8, 1));
-    } else if (fmt == Q80) {
-        v.push_back(mk<Q80, 2, 1>(16, 1));
+    } else {
         v.push_back(mk<Q80, 3, 1>(12, 1));
+        v.push_back(mk<Q80, 2, 1>(16, 1));
     }
     return v;
 }
@@ -750,28 +1007,60 @@ static std::vector<int> parse_list(const char* s) {
 }
 
 int main(int argc, char** argv) {
-    bool quick = false, only_host = false;
+    bool quick = false, only_host = false, only_plan = false;
     std::string only_case;
     std::vector<int> ns = {1, 2, 4, 8, 16, 32};
     int reps = 10;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--host-check")) only_host = true;
+        else if (!strcmp(argv[i], "--plan")) only_plan = true;
         else if (!strcmp(argv[i], "--case") && i + 1 < argc) only_case = argv[++i];
         else if (!strcmp(argv[i], "--n") && i + 1 < argc) ns = parse_list(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--host-check] [--case NAME_SUBSTRING] [--n 1,8,32] [--reps R]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--host-check] [--plan] [--case NAME_SUBSTRING] [--n 1,8,32] [--reps R]\n", argv[0]);
             return 2;
         }
     }
     if (quick && ns.size() == 6) ns = {1, 8, 16, 32};
     for (int n : ns)
         if (n < 1 || n > MAXN) { fprintf(stderr, "n must be 1..%d\n", MAXN); return 2; }
-    const bool host_ok = host_check();
+    const bool host_ok = host_check() && (!only_host || emu_check());
     if (!host_ok) { printf("FAIL: host check\n"); return 1; }
     if (only_host) return 0;
 
+    // lib: fd_gemv (the dp4a library kernel) on an H100 in session 10, n = 1 / 2 / 4 / 8 (bench/results/
+    // 2026-11-26-h100-lab-gemv-mma.txt, other run: for orientation only)
+    const Case cases[] = {
+        {"ffn_gate/up Q4_K", Q4K, 8960, 1536, false, "5.5 / 9.4 / 13.7 / 22.4 us"},
+        {"ffn_down Q4_K", Q4K, 1536, 8960, false, "11.2 / 18.1 / 30.7 / 59.5 us"},
+        {"ffn_down Q6_K", Q6K, 1536, 8960, false, nullptr},
+        {"attn_q/o Q4_K", Q4K, 1536, 1536, false, "3.6 / 5.3 / 8.9 / 15.8 us"},
+        {"attn_k/v Q4_K", Q4K, 256, 1536, false, nullptr},
+        {"attn_v Q6_K", Q6K, 256, 1536, false, nullptr},
+        {"lm_head Q6_K", Q6K, 151936, 1536, false, nullptr},
+        {"ffn_gate/up Q8_0", Q80, 8960, 1536, true, nullptr},
+        {"ffn_down Q8_0", Q80, 1536, 8960, true, nullptr},
+    };
+    if (only_plan) {   // the launch plans for an H100 (132 SMs, 227 KB a CTA), no GPU needed
+        for (const Case& cs : cases) {
+            if (!only_case.empty() && std::string(cs.name).find(only_case) == std::string::npos) continue;
+            if (quick && cs.full_only && only_case.empty()) continue;
+            for (const Shape& sh : shapes_for(cs.fmt, cs.cols, quick))
+                for (int n : ns) {
+                    const Plan p = plan(cs.fmt, sh, cs.rows, cs.cols, n);
+                    const int C = cs.cols / QK / sh.ks, tiles = cs.rows / 16;
+                    const double item_kb = 16.0 * sh.ks * sb_bytes(cs.fmt) / 1024;
+                    const int items = C > 1 ? ((tiles + p.grid - 1) / std::max(1, p.grid)) * C : tiles;
+                    printf("%-18s ks%d st%d w%-2d cps%d n=%-2d %s grid %4d block %3d R %2d smem %6.1f KB  items/CTA %d (max), "
+                           "item %.1f KB, slots a CTA %d%s%s\n", cs.name, sh.ks, sh.st, sh.w, sh.cps, n, p.ok ? "ok  " : "SKIP",
+                           p.grid, p.block, p.R, p.smem / 1024.0, C > 1 ? items : (tiles + p.grid - 1) / std::max(1, p.grid),
+                           item_kb, sh.w * sh.st, p.ok ? "" : " -- ", p.ok ? "" : p.why);
+                }
+        }
+        return 0;
+    }
     int dev = 0;
     CHECK(cudaGetDevice(&dev));
     cudaDeviceProp prop; CHECK(cudaGetDeviceProperties(&prop, dev));
@@ -791,19 +1080,6 @@ int main(int argc, char** argv) {
            "#   R = tiles a round when split), n, us a launch, GB/s of weights, %% of copy, x n=1 time of the same shape,\n"
            "#   error vs float64 (relative to sum |w||x'|, tol 1e-5), inv = x row 0 bitwise equal to the first run of this ks\n");
 
-    // lib: fd_gemv (the dp4a library kernel) on an H100 in session 10, n = 1 / 2 / 4 / 8 (bench/results/
-    // 2026-11-26-h100-lab-gemv-mma.txt, other run: for orientation only)
-    const Case cases[] = {
-        {"ffn_gate/up Q4_K", Q4K, 8960, 1536, false, "5.5 / 9.4 / 13.7 / 22.4 us"},
-        {"ffn_down Q4_K", Q4K, 1536, 8960, false, "11.2 / 18.1 / 30.7 / 59.5 us"},
-        {"ffn_down Q6_K", Q6K, 1536, 8960, false, nullptr},
-        {"attn_q/o Q4_K", Q4K, 1536, 1536, false, "3.6 / 5.3 / 8.9 / 15.8 us"},
-        {"attn_k/v Q4_K", Q4K, 256, 1536, false, nullptr},
-        {"attn_v Q6_K", Q6K, 256, 1536, false, nullptr},
-        {"lm_head Q6_K", Q6K, 151936, 1536, false, nullptr},
-        {"ffn_gate/up Q8_0", Q80, 8960, 1536, true, nullptr},
-        {"ffn_down Q8_0", Q80, 1536, 8960, true, nullptr},
-    };
     std::mt19937 rng(12);
     bool all_ok = true;
     for (const Case& cs : cases) {
@@ -872,7 +1148,7 @@ int main(int argc, char** argv) {
         for (const Shape& s : shapes) {
             double us1 = 0;
             for (int n : ns) {
-                const int nti = n <= 8 ? 0 : (n <= 16 ? 1 : 2);
+                const int nti = n == 1 ? 0 : (n <= 8 ? 1 : (n <= 16 ? 2 : 3));
                 const Plan p = plan(cs.fmt, s, cs.rows, cs.cols, n);
                 char sname[64];
                 snprintf(sname, sizeof sname, "ks%d st%d w%d cps%d R%d", s.ks, s.st, s.w, s.cps, p.R);
