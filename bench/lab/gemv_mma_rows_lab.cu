@@ -1145,9 +1145,12 @@ int main(int argc, char** argv) {
         bool case_inv = true;
         std::vector<float> hy((size_t)MAXN * cs.rows);
         const std::vector<Shape> shapes = shapes_for(cs.fmt, cs.cols, quick);
+        struct Best { double us = 1e30; std::string name; };
+        std::vector<std::vector<Best>> best_ks(8, std::vector<Best>(ns.size()));   // [ks][n index], ks <= 7
+        std::vector<Best> best_any(ns.size());
         for (const Shape& s : shapes) {
             double us1 = 0;
-            for (int n : ns) {
+            for (const int& n : ns) {   // (a reference: its index in ns is &n - &ns[0])
                 const int nti = n == 1 ? 0 : (n <= 8 ? 1 : (n <= 16 ? 2 : 3));
                 const Plan p = plan(cs.fmt, s, cs.rows, cs.cols, n);
                 char sname[64];
@@ -1186,6 +1189,11 @@ int main(int argc, char** argv) {
                     for (int i = 0; i < ncopy; ++i) { Args b = a; b.w = copies[i]; launch(s.k[nti], p, b, sm); }
                 }) / ncopy;
                 if (n == ns[0] || us1 == 0) us1 = us;
+                if (ok && inv_ok) {
+                    const size_t ni = &n - &ns[0];
+                    if (us < best_any[ni].us) best_any[ni] = {us, sname};
+                    if (s.ks < 8 && us < best_ks[s.ks][ni].us) best_ks[s.ks][ni] = {us, sname};
+                }
                 const double gbs = wbytes / (us * 1e-6) * 1e-9;
                 printf("%-18s %-22s n=%-2d %8.2f us %7.0f GB/s (%5.1f%% of copy) x%4.2f  err %.1e %s  inv %s%s\n", cs.name, sname,
                        n, us, gbs, 100.0 * gbs / copy_gbs, us / us1, worst, ok ? "ok" : "WRONG", inv,
@@ -1194,6 +1202,18 @@ int main(int argc, char** argv) {
                 if (!ok) all_ok = false;
                 if (!inv_ok) { all_ok = false; case_inv = false; }
             }
+        }
+        // summary: the best shape at each n; and, since a matrix's KS fixes its bits, the best at each n among the
+        // shapes of the KS that won the first n (what one kernel for all n would run)
+        int ks1 = 0;
+        for (int k = 1; k < 8; ++k)
+            if (best_ks[k][0].us < 1e30 && (ks1 == 0 || best_ks[k][0].us < best_ks[ks1][0].us)) ks1 = k;
+        printf("# %s summary, best shape a row (us; x = over the first n):\n", cs.name);
+        for (size_t ni = 0; ni < ns.size(); ++ni) {
+            const Best& ba = best_any[ni];
+            const Best& bk = ks1 ? best_ks[ks1][ni] : ba;
+            printf("#   n=%-2d any ks: %8.2f us x%4.2f (%s) | ks%d: %8.2f us x%4.2f (%s)\n", ns[ni], ba.us,
+                   ba.us / best_any[0].us, ba.name.c_str(), ks1, bk.us, ks1 ? bk.us / best_ks[ks1][0].us : 0.0, bk.name.c_str());
         }
         printf("# %s row invariance (x row 0 of every n and shape bitwise equal to the first run of its ks, n=%d): %s\n",
                cs.name, ns[0], case_inv ? "yes" : "NO (lines marked DIFF)");
