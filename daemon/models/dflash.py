@@ -88,8 +88,9 @@ def block_batch(cfg: DFlashConfig, ids, positions, n_ctx, mask) -> Batch:
 def draft_block(ops, cfg: DFlashConfig, w: DFlashWeights, head: TargetHead, cache, batch: Batch):
     """Logits (B-1, vocab) for the block's masked positions 1..B-1.
 
-    batch: `block_batch(...)`: ids [last_token, MASK x (B-1)], positions n_ctx .. n_ctx+B-1, and
-    n_past = n_ctx, the number of committed context positions already injected.
+    batch: `block_batch(...)`: ids [last_token, MASK x (B-1)], positions from the root's absolute
+    position on (n_ctx .. n_ctx+B-1 when the context has no gaps), and n_past = n_ctx, the number
+    of context rows already injected (cache slots).
     """
     h = ops.embed(head.token_embd, batch.ids)                           # (B, D)
     for i, layer in enumerate(w.layers):

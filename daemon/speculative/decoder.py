@@ -140,8 +140,10 @@ class SpecDecoder:
         sink = self._sink()
         greedy = params.greedy
         device_argmax = greedy and not _uses_penalties(params) and not logprobs
-        plain_step = device_argmax and sink is None     # an undrafted step may take the runner's decode path
         policy = self.policy if cfg.mode == "auto" else None
+        # an undrafted step may take the runner's decode path: always without target features; with them only
+        # under spec=auto, for a drafter that drafts over the gap those steps leave (drafter.py, "Gaps")
+        plain_step = device_argmax and (sink is None or (policy is not None and drafter.tolerates_gaps))
         history = list(prompt)                  # prompt + every emitted token (penalties)
         n_draws = 0
 
@@ -183,8 +185,8 @@ class SpecDecoder:
                         min(max_new_tokens - n_out, runner.max_ctx - runner.n_past, PLAIN_BURST_MAX))
                     tokens = runner.greedy_continue([root], burst)     # forwards root + burst - 1 tokens
                     seconds = (time.perf_counter() - t0) / burst
+                    drafter.skip(tokens)
                     for tok in tokens:
-                        drafter.accept([], tok, [0])
                         stats.add(0, 0, 0.0, seconds)
                         if policy is not None:
                             policy.observe(0, 0, seconds)

@@ -9,8 +9,8 @@ conditioned on the path (DDTree builds its tree from exactly that). dflash_topk.
 computes them on the host (the reference backend); on CUDA fd_topk_logprobs computes them on the
 device and only K ids and log-probs per depth come back (not the (B-1) x vocab logits).
 
-State, kept consistent with the committed sequence (drafter.py): n_ctx positions [0, n_ctx) are in
-the drafter's cache; the target features of committed positions n_ctx .. not yet injected wait for
+State, kept consistent with the committed sequence (drafter.py): n_ctx rows are in the drafter's
+cache (slots [0, n_ctx)), covering committed positions [0, n_pos) except the gaps below; the target features of committed positions n_pos .. not yet injected wait for
 the next propose's injection forward: first `_pending` (host rows: the prompt's, from prefill), then
 rows [0, _n_dev) of `_dev_pending` (device-resident rows: the verify forwards'); `_captured` holds
 the host rows of the target forward in flight, until begin/accept says which rows were kept.
@@ -25,6 +25,12 @@ bench/profile_dflash_step.py --capture host) wherever both inject the same chunk
 that accept without a propose between them (a policy's plain steps) fill `_dev_pending`; when the
 next rows would not fit it is injected first (then the chunks differ: the drafts may move by
 rounding, never the output, which the target verifies).
+
+Gaps (drafter.py). spec=auto's plain bursts run on the runner's decode path without features and
+call skip(): the pending rows are injected first (they precede the gap), then n_pos advances by the
+burst's committed positions while n_ctx does not. Every injected row keeps its absolute position
+(RoPE), and the block [root, MASK x (B-1)] sits at positions n_pos .. n_pos + B - 1 in slots
+n_ctx .., so it attends to the context it has, with the burst's positions absent.
 """
 from __future__ import annotations
 
@@ -53,6 +59,7 @@ INJECT_CHUNK = 128
 
 class DFlashDrafter(Drafter):
     device_features = True
+    tolerates_gaps = True       # skip(): the context keeps absolute positions (module docstring, "Gaps")
 
     def __init__(self, ops, cfg: DFlashConfig, weights: DFlashWeights, head: TargetHead, max_ctx: int, *,
                  temperature: float = 1.0, name: str = "dflash", inject_chunk: int = INJECT_CHUNK):
@@ -107,7 +114,7 @@ class DFlashDrafter(Drafter):
         if rows[0].shape[0] != len(prompt):
             raise RuntimeError(f"DFlash drafter: {rows[0].shape[0]} captured feature rows for a prompt of "
                                f"{len(prompt)} tokens (the target prefill must run with the drafter's hidden sink)")
-        self._n_ctx = 0
+        self._n_ctx = self._n_pos = 0
         self._pending = rows
         self._n_dev = 0
         self._verify_features = None
@@ -150,8 +157,19 @@ class DFlashDrafter(Drafter):
             self._pending = [np.concatenate([p, c[rows]]) for p, c in zip(self._pending, captured)]
         self._root = int(bonus)
 
+    def skip(self, tokens: Sequence[int]) -> None:
+        if self._root is None:
+            raise RuntimeError("DFlash drafter: skip before begin")
+        if not len(tokens):
+            return
+        self._take_captured()                   # a decode path forward captures nothing; drop strays
+        self._verify_features = None
+        self._inject_pending()                  # rows before the gap keep their positions
+        self._n_pos += len(tokens)              # the old root and tokens[:-1]: committed, no features
+        self._root = int(tokens[-1])
+
     def end(self) -> None:
-        self._n_ctx = 0
+        self._n_ctx = self._n_pos = 0
         self._n_dev = 0           # rows [0, _n_dev) of each _dev_pending buffer await injection
         self._verify_features = None
         self._root: int | None = None
@@ -201,14 +219,15 @@ class DFlashDrafter(Drafter):
         self._n_dev = 0
 
     def _inject(self, feats, m: int) -> None:
-        """One injection forward: feats (one (m, hidden) tensor per target layer) at positions n_ctx .. n_ctx + m - 1."""
-        start = self._n_ctx
+        """One injection forward: feats (one (m, hidden) tensor per target layer), positions n_pos .. n_pos + m - 1
+        into slots n_ctx .. n_ctx + m - 1 (the same numbers until a gap)."""
         self.ops.begin_forward()
         put = self._inputs.put
         inject_context(self.ops, self.cfg, self.weights, self.cache, feats,
-                       put("inject_positions", np.arange(start, start + m, dtype=np.int32)),
-                       put("inject_start", np.array([start], np.int32)))
+                       put("inject_positions", np.arange(self._n_pos, self._n_pos + m, dtype=np.int32)),
+                       put("inject_start", np.array([self._n_ctx], np.int32)))
         self._n_ctx += m
+        self._n_pos += m
         self.injected_rows += m
 
     def _draft(self):
@@ -217,12 +236,12 @@ class DFlashDrafter(Drafter):
         self._inject_pending()
         ids = np.full(cfg.block_size, cfg.mask_token_id, np.int32)
         ids[0] = self._root
-        n = self._n_ctx
+        p = self._n_pos                         # the root's position; its slot is n_ctx (they differ after a gap)
         ops.begin_forward()
         put = self._inputs.put
-        batch = block_batch(cfg, put("block_ids", ids), put("block_positions", np.arange(n, n + cfg.block_size,
+        batch = block_batch(cfg, put("block_ids", ids), put("block_positions", np.arange(p, p + cfg.block_size,
                                                                                          dtype=np.int32)),
-                            put("block_n_ctx", np.array([n], np.int32)), self._mask)
+                            put("block_n_ctx", np.array([self._n_ctx], np.int32)), self._mask)
         logits = draft_block(ops, cfg, self.weights, self.head, self.cache, batch)
         self.forwards += 1
         return logits

@@ -50,6 +50,14 @@ told afterwards:
     accepted nodes. Other rows belong to rejected nodes and must be dropped.
 A drafter with no `target_layer_ids` gets no capture calls.
 
+Gaps (spec=auto). When the depth policy chooses plain decoding, the decoder runs those steps as one
+burst on the runner's decode path (no verify forward, no host round trip per token) and calls
+`skip(tokens)` instead of accept: the positions it commits have no captured features. A drafter
+with target features gets such bursts only if it sets `tolerates_gaps` (DFlash: its context keeps
+each injected row's absolute position, so the missing positions are simply absent from what the
+block attends to; its drafts may get worse, never the output, which the target verifies). Otherwise
+its plain steps stay 1-row verify forwards with capture, which cost more than a decode step.
+
 Device-resident features (verify forwards only). A drafter with `device_features = True` gets a
 verify forward's features without a trip through host memory: the decoder runs the verify with
 `runner.forward_tree(..., capture=target_layer_ids)` and no hidden sink -- the runner writes each
@@ -126,6 +134,9 @@ class Drafter(ABC):
     max_depth: int = 16
     # True: verify forwards' features come through capture_device (device-resident), not capture_hidden
     device_features: bool = False
+    # True: a drafter with target features that can draft over a context with gaps, so spec=auto's plain
+    # steps may run on the runner's decode path without capturing features (skip() is told what they committed)
+    tolerates_gaps: bool = False
 
     def check_target(self, target_cfg) -> None:
         """Raise DrafterLoadError when this drafter cannot draft for a target with ModelConfig
@@ -142,6 +153,14 @@ class Drafter(ABC):
     @abstractmethod
     def accept(self, accepted: Sequence[int], bonus: int, rows: Sequence[int] | None = None) -> None:
         """The target verified `accepted` after the root and chose `bonus`, the new root."""
+
+    def skip(self, tokens: Sequence[int]) -> None:
+        """Plain decoding steps ran on the runner's decode path, not through a verify forward: the committed
+        sequence grew by the old root and tokens[:-1], and tokens[-1] is the new root. No target features
+        were captured for those positions (only drafters with tolerates_gaps, or without target features,
+        are told this way). Default: one accept([], token, [0]) per token."""
+        for tok in tokens:
+            self.accept([], int(tok), [0])
 
     def capture_hidden(self, layer_index: int, h: Any) -> None:
         """A target layer's output rows during a forward (only for layers in target_layer_ids)."""
