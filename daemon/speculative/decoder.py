@@ -27,6 +27,7 @@ backend; see tests/gpu/test_spec_gpu.py for the CUDA backend).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -141,16 +142,13 @@ class SpecDecoder:
         greedy = params.greedy
         device_argmax = greedy and not _uses_penalties(params) and not logprobs
         policy = self.policy if cfg.mode == "auto" else None
-        # an undrafted step may take the runner's decode path: always without target features; with them only
-        # under spec=auto, for a drafter that drafts over the gap those steps leave (drafter.py, "Gaps")
+        # an undrafted step may take the runner's decode path (with target features: drafter.py, "Gaps")
         plain_step = device_argmax and (sink is None or (policy is not None and drafter.tolerates_gaps))
         history = list(prompt)                  # prompt + every emitted token (penalties)
-        n_draws = 0
+        draws = itertools.count(SPEC_STEP_BASE)          # the sampling walk's uniform draws, numbered
 
         def draw() -> float:
-            nonlocal n_draws
-            n_draws += 1
-            return uniform(params.seed, SPEC_STEP_BASE + n_draws - 1)
+            return uniform(params.seed, next(draws))
 
         try:
             logits = runner.start(prompt, hidden_sink=sink)[0]      # the cached prompt prefix is kept
