@@ -6,6 +6,7 @@
 #pragma once
 
 #include "attention_splitk_warp.cuh"
+#include "kv_rotate.cuh"
 
 namespace fd {
 namespace attn {
@@ -21,6 +22,7 @@ namespace attn {
 // memory) first; then one thread per 32-value block encodes it (kv_quant.cuh, fd_rope_kv_write's rounding), puts
 // the dequantized values -- float16(d * q), what dequant8 gives for the stored codes -- into kv_new, and (store)
 // writes the codes and scale to the cache. A float16 side's block is rounded and stored as the plain kernel does.
+// A quantized K's staged row is Hadamard-rotated first (rope_stage; kv_rotate.cuh), as fd_rope_kv_write's k.
 template <int HD>
 __device__ __forceinline__ void encode_new_rows(const Params& p, const float* stage, __half* kv_new, int kvh, int tid,
                                                 bool store) {
@@ -129,10 +131,34 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
         }
         if constexpr (QKV) {                            // own_key is block-uniform: the barriers are too
             __syncthreads();                            // both rows staged
+            if (p.k_type != FD_KV_F16) {                // a quantized K holds rotated keys (kv_rotate.cuh)
+                if (tid < 32) kvq::hadamard_rotate_row<HD / 32>(stage, HD / 32, tid);
+                __syncthreads();
+            }
             encode_new_rows<HD>(p, stage, kv_new, kvh, tid, store);
             __syncthreads();                            // stage (q_hi's area) free again, kv_new written
         }
     }
+}
+
+// A quantized K (QKV, p.k_type != FD_KV_F16) holds Hadamard-rotated keys, so the RoPE'd q rows of the tile are
+// rotated too, with fd_rope_kv_write's function (kv_rotate.cuh; bit for bit its in-place q): qv (element
+// e = tid + j * THREADS = row e / HD, dim e % HD) goes through `buf` (ROWS x HD floats of shared memory: the q
+// hi / lo area, written only after this), one warp per row. Rows past the group are 0 and stay 0. Block-uniform
+// (every thread calls it).
+template <int HD>
+__device__ __forceinline__ void rotate_q_tile(float (&qv)[ROWS * HD / THREADS], float* buf, int tid) {
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    static_assert(2 * ROWS * Cfg<HD>::LD * sizeof(__half) >= ROWS * HD * sizeof(float), "buf fits the q area");
+    __syncthreads();                                    // rope_stage's use of the area (its stage) is over
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) buf[tid + j * THREADS] = qv[j];
+    __syncthreads();
+    for (int r = tid / 32; r < ROWS; r += WARPS) kvq::hadamard_rotate_row<HD / 32>(buf + r * HD, HD / 32, tid % 32);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) qv[j] = buf[tid + j * THREADS];
+    __syncthreads();                                    // the area is q_hi / q_lo next
 }
 
 // ---- quantized rows (QKV) -------------------------------------------------------------------
@@ -296,6 +322,9 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     } else {
         rope_stage<HD, QKV>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
                             reinterpret_cast<float*>(q_hi));   // q_hi is written only after this
+        if constexpr (QKV) {
+            if (p.k_type != FD_KV_F16) rotate_q_tile<HD>(qv, reinterpret_cast<float*>(q_hi), tid);
+        }
     }
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {

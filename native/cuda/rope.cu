@@ -8,6 +8,8 @@
 // (round to nearest even), float16 [n_kv_heads][max_ctx][head_dim] per layer (FD_KV_F16), or as q8_0 /
 // q4_0 codes and scales (kv_quant.cuh) of the rotated float32 row, each of K and V in its own type. A slot outside [0, max_ctx) is not written (the device cannot report it; the
 // host's memory plan keeps n_past + n <= max_ctx). q may be NULL (K/V injection without queries).
+// A quantized K stores rotated keys (kv_rotate.cuh): after RoPE, every head of q and of k is Hadamard-rotated in
+// place (whether or not the slot is stored: q must meet the rotated keys), and k is encoded in that basis.
 //
 // Accuracy (the arithmetic lives in rope_math.cuh, shared with fd_attention_decode_rope, which must
 // match this kernel bit for bit): the reference (flashd ReferenceOps.rope) forms angles in float64
@@ -24,16 +26,20 @@
 // unrotated tail of k, and v. Work per token is a few KB, so a simple mapping is enough. A quantized
 // K or V is encoded after a __syncthreads (the rotated k is read back from global memory, where this
 // block wrote it): one thread per (head, 32-value block), the block's values in order as ggml's loop.
-// The float16 path runs the instructions it always ran.
+// The float16 path runs the instructions it always ran. A quantized K adds the rotation between the two: a
+// __syncthreads (RoPE'd q and k are in global memory), then one warp per head of q and of k rotates its row
+// (kv_rotate.cuh: registers and shuffles, head_dim <= 32 * ROTATE_RMAX).
 
 #include "common.cuh"
 #include "kv_quant.cuh"
+#include "kv_rotate.cuh"
 #include "rope_math.cuh"
 
 namespace {
 
 constexpr int ROPE_THREADS = 128;
 constexpr int ROPE_MAX_HALF = 256;          // rope_dim <= 512
+constexpr int ROTATE_RMAX = 16;             // a rotated (quantized) K: head_dim <= 512, 16 values per lane
 
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __restrict__ k_cache,
@@ -84,6 +90,16 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
             row[ib] = __float2half_rn(rb);
         }
     }
+    if (k_type != FD_KV_F16) {                // rotated keys: q and k after RoPE, one warp per head
+        __syncthreads();                      // every RoPE'd value of this token is in global memory
+        const int lane = threadIdx.x % FD_WARP, n_r = head_dim / FD_WARP;
+        const int n_rows = (q != nullptr ? n_heads : 0) + n_kv_heads;
+        for (int r = threadIdx.x / FD_WARP; r < n_rows; r += ROPE_THREADS / FD_WARP) {
+            float* row = r < n_kv_heads ? ki + (size_t)r * head_dim
+                                        : q + ((size_t)i * n_heads + (r - n_kv_heads)) * head_dim;
+            fd::kvq::hadamard_rotate_row<ROTATE_RMAX>(row, n_r, lane);
+        }
+    }
     if (!store) return;
     const int tail = head_dim - rope_dim;     // unrotated dims of k
     if (k_type == FD_KV_F16) {
@@ -99,7 +115,8 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
         }
     }
     if (k_type == FD_KV_F16 && v_type == FD_KV_F16) return;
-    __syncthreads();                          // every rotated k value of this token is in global memory
+    __syncthreads();                          // every rotated k value of this token is in global memory (RoPE,
+                                              // and for a quantized K the Hadamard rotation)
     const int n_blocks = head_dim / fd::kvq::BLOCK;
     for (int e = threadIdx.x; e < 2 * n_kv_heads * n_blocks; e += ROPE_THREADS) {
         const bool is_k = e < n_kv_heads * n_blocks;
@@ -119,6 +136,7 @@ extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cach
     FD_CHECK_ARG(k && v && k_cache && v_cache && positions && n_past && n >= 0);
     FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
     if (rope->rope_dim / 2 > ROPE_MAX_HALF) return FD_E_SHAPE;
+    if (shape->k_type != FD_KV_F16 && shape->head_dim > FD_WARP * ROTATE_RMAX) return FD_E_SHAPE;
     if (n == 0) return 0;
     const int kvh = shape->n_kv_heads, ctx = shape->max_ctx, hd = shape->head_dim;
     rope_kv_write_kernel<<<n, ROPE_THREADS, 0, (cudaStream_t)stream>>>(

@@ -17,7 +17,17 @@
                                                 32b + j (low nibble) and 32b + j + 16 (high), value = d * (q - 8)
      scales [n_kv_heads][max_ctx][head_dim / 32] float16
    -- 34 (q8_0) or 18 (q4_0) bytes per 32 values, like ggml's blocks, but the codes of a row stay 16-byte
-   aligned for vector loads. fd_kv_plane_bytes gives a plane pair's size. */
+   aligned for vector loads. fd_kv_plane_bytes gives a plane pair's size.
+   Rotated keys (ABI 7): a quantized K type implies the rotation, no flag. Whenever k_type != FD_KV_F16, the
+   entry points that rotate q and k by RoPE (fd_rope_kv_write, fd_attention_decode_rope) then rotate every head's
+   q and k by R = the block-diagonal orthonormal Walsh-Hadamard transform: blocks of B values, B = the largest
+   power of two dividing head_dim (>= 32), each H_B / sqrt(B) in Sylvester order, computed as the fast transform
+   with stages h = 1, 2, ..., B / 2 in that order and float32 rounding at every step, then times float(1 /
+   sqrt(B)) (flashd's daemon/backends/kv_rotate.py is the same arithmetic). K is quantized in that basis and
+   attention reads the rotated q, so q . k is unchanged up to rounding, while a channel far larger than the rest
+   (Qwen2's K) no longer sets its block's scale alone. The readers (decode, masked, prefill attention) take q as
+   given: a caller handing them q for a quantized K must rotate it as fd_rope_kv_write does. V is not rotated;
+   an FD_KV_F16 K is not rotated (bit for bit ABI 6). */
 #define FD_KV_F16 0
 #define FD_KV_Q8_0 1
 #define FD_KV_Q4_0 2
@@ -68,10 +78,11 @@ typedef struct {
 } fd_rope_t;
 
 /* ---- RoPE and the K/V cache write (rope.cu) ----------------------------------------------- */
-/* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i], then stores k
-   and v (n, n_kv_heads, head_dim) into the cache slots *n_past + i in shape->k_type / v_type: float16 (round
-   to nearest even), or q8_0 / q4_0 codes and scales bit for bit ggml's quantize_row_q8_0_ref /
-   quantize_row_q4_0_ref of the rotated float32 row. q may be NULL (K/V only). */
+/* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i] (RoPE; then, for a
+   quantized k_type, the Hadamard rotation above, head_dim <= 512 or FD_E_SHAPE), then stores k and v (n,
+   n_kv_heads, head_dim) into the cache slots *n_past + i in shape->k_type / v_type: float16 (round to nearest
+   even), or q8_0 / q4_0 codes and scales bit for bit ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref of
+   the rotated float32 row. q may be NULL (K/V only). */
 int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache, const int32_t* positions,
                      const int32_t* n_past, int n, const fd_attention_shape_t* shape, const fd_rope_t* rope,
                      void* stream);
@@ -92,8 +103,8 @@ int fd_attention_decode(float* o, const float* q, const void* k_cache, const voi
 /* fd_attention_decode with the new token's RoPE and K/V write fused in (the one-row decode step, instead of
    fd_rope_kv_write + fd_attention_decode, bit for bit the same o and cache rows): q (1, n_heads, head_dim)
    and k, v (1, n_kv_heads, head_dim) float32 as projected (unrotated; not modified); positions: device
-   int32, the RoPE position. Rotates q, attends slots [0, *n_past] with slot *n_past's K/V taken from k
-   (rotated) and v, and stores them into slot *n_past (if 0 <= *n_past < max_ctx) in shape's k_type / v_type,
+   int32, the RoPE position. Rotates q (RoPE, and for a quantized K the Hadamard rotation, bit for bit
+   fd_rope_kv_write's), attends slots [0, *n_past] with slot *n_past's K/V taken from k (rotated alike) and v, and stores them into slot *n_past (if 0 <= *n_past < max_ctx) in shape's k_type / v_type,
    attending a quantized row as stored (bit for bit fd_rope_kv_write + fd_attention_decode). head_dim in
    {64, 128, 256}; workspace as fd_attention_decode. */
 int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache, void* v_cache,

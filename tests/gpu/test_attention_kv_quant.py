@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from flashd.daemon.backends.cuda.attention_ops import KV_TYPE_CODES
-from flashd.daemon.backends.cuda.kv_planes import planes_from_blocks
+from flashd.daemon.backends.cuda.kv_planes import blocks_from_planes, planes_from_blocks
 from flashd.daemon.backends.cuda.ops import attention_shape
 from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
+from flashd.daemon.backends.kv_rotate import hadamard_matrix, rotates_k
 from tests.gpu.attention_oracle import attention_oracle, tree_mask
 
 ATOL, RTOL = 3e-5, 1e-4
@@ -36,6 +37,13 @@ def to_plane(x: np.ndarray, kind: str, n_written: int) -> tuple[np.ndarray, np.n
     b[:, n_written:, :, :2] = NAN_F16
     b = b.reshape(blocks.shape)
     return planes_from_blocks(b, kind), decode_rows(b, kind).astype(np.float16)
+
+
+def read_back(raw: np.ndarray, kind: str, n_kv_heads: int, max_ctx: int, d: int) -> np.ndarray:
+    """A cache's bytes (as downloaded) -> the float16 values the kernels read, (Hkv, max_ctx, d)."""
+    if kind == "f16":
+        return raw.view(np.float16).reshape(n_kv_heads, max_ctx, d)
+    return decode_rows(blocks_from_planes(raw, kind, n_kv_heads, max_ctx, d), kind).astype(np.float16)
 
 
 def setup(native, dev, rng, n_kv_heads, max_ctx, d, n_written, types):
@@ -173,3 +181,63 @@ def test_fused_decode_rope_is_rope_kv_write_then_decode(native, dev, rng, types,
         results.append((dev.download(o), dev.download(planes[0]), dev.download(planes[1])))
     for fused, plain in zip(*results):
         np.testing.assert_array_equal(fused, plain)
+
+
+@pytest.mark.parametrize("types", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q4_0", "f16"), ("f16", "q4_0")],
+                         ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,n,n_past", [(12, 2, 128, 9, 777), (14, 2, 64, 5, 63),
+                                                           (8, 1, 256, 4, 130)])
+def test_tree_verify_rows_are_decode_steps_over_a_rotated_k(native, dev, rng, types, n_heads, n_kv_heads, d, n,
+                                                            n_past):
+    """Speculative decoding's invariant over a quantized (so Hadamard-rotated) K: fd_rope_kv_write of n chain
+    tokens + fd_attention_masked gives, row for row, bitwise the fused decode steps (fd_attention_decode_rope at
+    n_past + i, one after the other) -- q and k are rotated by the same function in both (kv_rotate.cuh) -- and
+    leaves the same cache bytes. Also: the output is the float64 attention of the unrotated q over the stored K
+    mapped back by R^T (R orthonormal), within the float16 path's tolerance: the rotation is invisible."""
+    from flashd.daemon.backends.cuda.ops import rope_struct
+    ffi, lib = native.ffi, native.lib
+    max_ctx = n_past + n + 20
+    shape = attention_shape(ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    rope = rope_struct(ffi, d, 1e6, True)
+    q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
+    k = (rng.standard_normal((n, n_kv_heads, d)) * 3).astype(np.float32)
+    k[..., 7] += 40.0                                                  # an outlier channel
+    v = rng.standard_normal((n, n_kv_heads, d)).astype(np.float32)
+    ws = dev.empty((max(lib.fd_attention_decode_workspace_bytes(shape, CHUNK),
+                        lib.fd_attention_workspace_bytes(n, shape, CHUNK), 16),), np.uint8)
+
+    planes, _ = setup(native, dev, np.random.default_rng(5), n_kv_heads, max_ctx, d, n_past, types)
+    dq, dk, dv = dev.upload(q), dev.upload(k), dev.upload(v)
+    pos = dev.upload(np.arange(n_past, n_past + n, dtype=np.int32))
+    npast = dev.upload(np.array([n_past], np.int32))
+    native.check(lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"), dev.p(planes[0]),
+                                      dev.p(planes[1]), dev.p(pos, "int32_t*"), dev.p(npast, "int32_t*"), n, shape,
+                                      rope, dev.stream), "fd_rope_kv_write")
+    dev.synchronize()
+    q_rot = dev.download(dq)
+    tree = masked(native, dev, q_rot, planes, shape, np.tril(np.ones((n, n), np.uint8)), n_past)
+    tree_caches = [dev.download(p) for p in planes]
+
+    planes, _ = setup(native, dev, np.random.default_rng(5), n_kv_heads, max_ctx, d, n_past, types)
+    steps = []
+    for i in range(n):
+        o = dev.empty((n_heads * d,))
+        dq, dk, dv = dev.upload(q[i:i + 1]), dev.upload(k[i:i + 1]), dev.upload(v[i:i + 1])
+        p1, np1 = dev.upload(np.array([n_past + i], np.int32)), dev.upload(np.array([n_past + i], np.int32))
+        native.check(lib.fd_attention_decode_rope(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dk, "float*"),
+                                                  dev.p(dv, "float*"), dev.p(planes[0]), dev.p(planes[1]),
+                                                  dev.p(p1, "int32_t*"), dev.p(np1, "int32_t*"), shape, rope, CHUNK,
+                                                  dev.p(ws), dev.stream), "fd_attention_decode_rope")
+        dev.synchronize()
+        steps.append(dev.download(o))
+    np.testing.assert_array_equal(tree, np.stack(steps))
+    for a, b in zip(tree_caches, (dev.download(p) for p in planes)):
+        np.testing.assert_array_equal(a, b)
+
+    # the rotation is invisible: q_rot = R q_rope and a stored key row is (about) R k, so with rows x -> x @ R
+    # (R^T x) the float64 oracle runs in the unrotated basis; the keys are the float16 values the kernel reads
+    r = hadamard_matrix(d) if rotates_k(types[0]) else np.eye(d)
+    kc, vc = (read_back(raw, kind, n_kv_heads, max_ctx, d)[:, :n_past + n] for raw, kind in zip(tree_caches, types))
+    visible = np.arange(n_past + n)[None, :] <= n_past + np.arange(n)[:, None]
+    expect = attention_oracle(q_rot.astype(np.float64) @ r, kc.astype(np.float64) @ r, vc, visible, 1 / np.sqrt(d))
+    np.testing.assert_allclose(tree, expect, rtol=RTOL, atol=ATOL)

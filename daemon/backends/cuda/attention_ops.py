@@ -151,8 +151,9 @@ class AttentionOps:
 
     # -- one method per C entry point --------------------------------------------------------------
     def rope_kv_write(self, q: Roped | None, k: Roped, v: DeviceTensor, cache_layer, n_past: DeviceTensor) -> None:
-        """fd_rope_kv_write: rotate q (n, H, d) and k (n, Hkv, d) in place at k.positions and store k, v as
-        float16 at cache slots *n_past + i. q None: k and v only."""
+        """fd_rope_kv_write: rotate q (n, H, d) and k (n, Hkv, d) in place at k.positions (RoPE; for a quantized K
+        then the Hadamard rotation, backends/kv_rotate.py) and store k, v in the cache's types at cache slots
+        *n_past + i. q None: k and v only."""
         n, n_kv_heads, head_dim = k.x.shape
         if tuple(v.shape) != tuple(k.x.shape) or (q is not None and (q.x.shape[0] != n or q.x.shape[2] != head_dim)):
             raise ValueError(f"rope_kv_write: q {None if q is None else q.x.shape}, k {k.x.shape}, v {v.shape}")
@@ -207,8 +208,9 @@ class AttentionOps:
     def attention_decode_rope(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer,
                               n_past: DeviceTensor) -> DeviceTensor:
         """One new token: RoPE of q and k at q.positions, K/V stored at cache slot *n_past, and split-K
-        attention over slots [0, *n_past], in one op (fd_attention_decode_rope). q (1, H, d), k and v
-        (1, Hkv, d) as projected; they are left unrotated. Returns o (1, H * d)."""
+        attention over slots [0, *n_past], in one op (fd_attention_decode_rope; a quantized K: q and k also
+        Hadamard-rotated, bit for bit rope_kv_write's). q (1, H, d), k and v (1, Hkv, d) as projected; they are left
+        unrotated. Returns o (1, H * d)."""
         k_cache = cache_layer[0]
         _, n_heads, head_dim = q.x.shape
         n_kv_heads = k_cache.shape[0]
