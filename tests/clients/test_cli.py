@@ -229,7 +229,9 @@ def test_models_lists_names_sizes_and_locations(tmp_path):
         assert name in listing.stdout
         assert f"{model.n_bytes / 2**20:.1f} MiB" in listing.stdout
     assert "qwen2.5-coder-0.5b" in listing.stdout.split("(default)")[0].splitlines()[-1]
-    assert listing.stdout.count("not downloaded") == len(KNOWN_MODELS)
+    shipped = [m for m in KNOWN_MODELS.values() if m.bundled]      # the drafter in drafters/: always there
+    assert listing.stdout.count("not downloaded") == len(KNOWN_MODELS) - len(shipped)
+    assert all(m.filename in listing.stdout for m in shipped)
 
     smol = KNOWN_MODELS["smollm2-135m"]
     cached = tmp_path / "models" / smol.filename
@@ -237,7 +239,7 @@ def test_models_lists_names_sizes_and_locations(tmp_path):
     with open(cached, "wb") as f:  # right size (sparse): the listing checks sizes, not md5s
         f.truncate(smol.n_bytes)
     listing = run_cli("models", env={"FLASHD_MODELS_DIR": "", "FLASHD_CACHE_DIR": str(tmp_path)})
-    assert str(cached) in listing.stdout and listing.stdout.count("not downloaded") == len(KNOWN_MODELS) - 1
+    assert str(cached) in listing.stdout and listing.stdout.count("not downloaded") == len(KNOWN_MODELS) - 1 - len(shipped)
 
 
 def test_pull_prints_the_path_of_a_present_model(tmp_path):

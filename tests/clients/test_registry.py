@@ -9,9 +9,10 @@ import pytest
 
 from flashd.clients.pull import verify_model_file
 from flashd.clients.registry import (
-    DEFAULT_MODEL, KNOWN_MODELS, FetchConfig, ModelFetchError, ModelNotFoundError, WheelSlice, flashd_cache_dir,
-    resolve_model,
+    DEFAULT_MODEL, KNOWN_MODELS, FetchConfig, ModelFetchError, ModelNotFoundError, WheelSlice, bundled_model_path,
+    flashd_cache_dir, find_model, resolve_model,
 )
+from flashd.clients.pull import pull_model
 from tests.clients.fake_model_sources import fake_known, fetch_config
 
 
@@ -114,6 +115,41 @@ def test_no_download_names_the_pull_command(tmp_path):
     known, _ = fake_known(tmp_path)
     with pytest.raises(ModelFetchError, match="flashd pull tiny"):
         resolve_model("tiny", download=False, config=fetch_config(tmp_path), known=known)
+
+
+# ----------------------------------------------------------------------------------------------
+# The drafter flashd ships (drafters/, package flashd.drafters)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_bundled_drafter_resolves_without_a_download(tmp_path):
+    """The committed DFlash drafter is found by name with no source reachable: after FLASHD_MODELS_DIR
+    and the cache, before any download; pull returns it (force: md5 checked); its bytes are the
+    registered ones, and it opens as a DFlash drafter of the 1.5B's shape."""
+    from flashd.daemon.models.dflash_weights import open_dflash
+
+    model = KNOWN_MODELS["qwen2.5-coder-1.5b-dflash"]
+    config = fetch_config(tmp_path)                     # unreachable hub and mirror
+    path = bundled_model_path(model)
+    assert path is not None and path.name == model.filename and path.parent.name == "drafters"
+    assert find_model(model, config) == path
+    assert resolve_model(model.name, config=config) == path
+    assert pull_model(model, config, progress=False, force=True) == path
+    verify_model_file(path, model)
+    _, cfg = open_dflash(path)
+    assert cfg.block_size == 16 and list(cfg.target_layer_ids) == [1, 7, 13, 19, 25]
+    # a user's own copy in FLASHD_MODELS_DIR comes first, as for every model
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / model.filename).write_bytes(path.read_bytes())
+    assert find_model(model, dataclasses.replace(config, models_dir=mine)) == mine / model.filename
+    assert bundled_model_path(KNOWN_MODELS["smollm2-135m"]) is None
+
+
+def test_bundled_model_missing_from_the_installation_is_an_error():
+    ghost = dataclasses.replace(KNOWN_MODELS["qwen2.5-coder-1.5b-dflash"], filename="not-shipped.gguf")
+    with pytest.raises(ModelFetchError, match="ships with flashd.*missing"):
+        bundled_model_path(ghost)
 
 
 # ----------------------------------------------------------------------------------------------
