@@ -1,7 +1,7 @@
 """Where a decode step's time goes: the step captured as a CUDA graph with a timing event after
 every kernel launch, replayed, and the time between consecutive events summed per op.
 
-    python bench/profile_decode.py MODEL [--depth 128] [--reps 50] [--pdl]
+    python bench/profile_decode.py MODEL [--depth 128] [--reps 50] [--pdl] [--kv-type f16|q8_0|q4_0|K/V]
 
 Event nodes serialise the graph (no programmatic dependent launch across them, so PDL is off here
 unless --pdl: the launch tuning's pdl field, flashd_tuning.h, for a like-for-like view), so per-op
@@ -16,6 +16,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from flashd.daemon.backends.kv_types import KVTypes
 from flashd.daemon.config import EngineConfig
 from flashd.daemon.engine import Engine
 from flashd.protocol.messages import SamplingParams
@@ -27,8 +28,11 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=128, help="context slots before the profiled step")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--pdl", action="store_true", help="keep programmatic dependent launch on (the tuning's default)")
+    ap.add_argument("--kv-type", default="f16", help="the KV cache's type: one for K and V, or K/V (e.g. q8_0/f16)")
     args = ap.parse_args()
-    engine = Engine(EngineConfig(model=args.model, device="cuda", max_ctx=args.depth + 256, prefix_cache=False))
+    k_type, _, v_type = args.kv_type.partition("/")
+    engine = Engine(EngineConfig(model=args.model, device="cuda", max_ctx=args.depth + 256, prefix_cache=False,
+                                 kv_types=KVTypes(k=k_type, v=v_type or k_type)))
     if not args.pdl:
         engine.backend.device.native.set_tuning(pdl=0)   # before load: the graphs are captured without it
     engine.load()
