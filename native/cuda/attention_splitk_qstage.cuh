@@ -40,17 +40,12 @@ struct QCfg {
     static_assert(HD % kvq::BLOCK == 0, "quantized rows are whole 32-value blocks");
 };
 
-// Bytes of one row of a side in the raw ring (codes + scales, or float16 values).
-__host__ __device__ inline int raw_row_bytes(int kv_type, int head_dim) {
-    return kv_type == FD_KV_F16 ? 2 * head_dim : kvq::code_bytes(kv_type, head_dim) + head_dim / kvq::BLOCK * 2;
-}
-
 // Shared memory of splitk_kernel<HD, *, true> for these K and V types.
 template <int HD>
 size_t qkv_smem_bytes(int k_type, int v_type) {
     using C = Cfg<HD>;
-    const size_t pipe = C::STAGE_BYTES + (size_t)QCfg<HD>::STAGES * TILE * (raw_row_bytes(k_type, HD) +
-                                                                          raw_row_bytes(v_type, HD));
+    const int row_bytes = kvq::staged_row_bytes(k_type, HD) + kvq::staged_row_bytes(v_type, HD);
+    const size_t pipe = C::STAGE_BYTES + (size_t)QCfg<HD>::STAGES * TILE * row_bytes;
     return C::Q_BYTES + C::LIST_BYTES + (pipe > C::MERGE_BYTES ? pipe : C::MERGE_BYTES);
 }
 
@@ -59,12 +54,12 @@ struct QSide {
     const uint8_t* codes;      // quantized: the plane's codes; float16: the cache's rows
     const uint8_t* scales;     // quantized: the plane's scales (unused for float16)
     int type;                  // FD_KV_*
-    int row_bytes;             // raw_row_bytes(type, HD): the side's bytes per tile row in a raw stage
+    int row_bytes;             // kvq::staged_row_bytes(type, HD): the side's bytes per tile row in a raw stage
 };
 
 __host__ __device__ inline QSide qside(const __half* f16, const kvq::Plane& pl, int type, int head_dim) {
     if (type == FD_KV_F16) return QSide{reinterpret_cast<const uint8_t*>(f16), nullptr, type, 2 * head_dim};
-    return QSide{pl.codes, reinterpret_cast<const uint8_t*>(pl.scales), type, raw_row_bytes(type, head_dim)};
+    return QSide{pl.codes, reinterpret_cast<const uint8_t*>(pl.scales), type, kvq::staged_row_bytes(type, head_dim)};
 }
 
 // Copies of one side of a tile into its raw stage dst: CC 16-byte chunks of a row's CC * 16 bytes, then

@@ -117,6 +117,12 @@ __device__ __forceinline__ uint4 dequant8(const Plane& pl, int kv_type, size_t r
     return dequant8_codes(pl.row_codes(row), pl.row_scales(row)[piece >> 2], kv_type, piece);
 }
 
+// Bytes of one row as the attention kernels' cp.async rings stage it (attention_splitk_qstage.cuh,
+// attention_tile.cuh): codes then float16 scales, or a float16 row's values.
+__host__ __device__ inline int staged_row_bytes(int kv_type, int head_dim) {
+    return kv_type == FD_KV_F16 ? 2 * head_dim : code_bytes(kv_type, head_dim) + head_dim / BLOCK * 2;
+}
+
 // Block b of row `row` of a quantized plane <- the 32 float32 values x.
 __device__ __forceinline__ void encode_block(const Plane& p, int kv_type, size_t row, int b, const float* x) {
     if (kv_type == FD_KV_Q8_0)

@@ -184,3 +184,119 @@ def test_shared_memory_plan(hd):
         for v in ("f16", "q8_0", "q4_0"):
             if (k, v) != ("f16", "f16"):
                 assert qkv(k, v) <= 227 * 1024
+
+
+# ---- the prefill kernel's raw ring (attention_tile.cuh: stage_raw_rows, dequant_raw_side, kv_ring_raw) ----
+
+def prefill_stage_rows(dst, plane, kind, hd, n_rows_total, head_row, base, kv_len, n_threads, written):
+    """stage_raw_rows<N_THREADS, CC, SB, Q4>: chunk c = c0 + tid (< BKV * CC) and, with scales, row r = r0 + tid."""
+    bkv, cc = 64, cc_of(kind, hd)
+    cb = cc * 16
+    for c0 in range(0, bkv * cc, n_threads):
+        for tid in range(n_threads):
+            c = c0 + tid
+            if c >= bkv * cc:
+                break
+            slot = base + c // cc
+            ok = slot < kv_len
+            s = (head_row + (slot if ok else 0)) * cb + (c % cc) * 16
+            assert s % 16 == 0 and s + 16 <= n_rows_total * cb
+            dst[16 * c:16 * c + 16] = plane[s:s + 16] if ok else (0x88 if kind == "q4_0" else 0)
+            written[16 * c:16 * c + 16] += 1
+    if kind == "f16":
+        return
+    sb = hd // 16
+    for r0 in range(0, bkv, n_threads):
+        for tid in range(n_threads):
+            r = r0 + tid
+            if r >= bkv:
+                break
+            slot = base + r
+            ok = slot < kv_len
+            d, s = bkv * cb + sb * r, n_rows_total * cb + (head_row + (slot if ok else 0)) * sb
+            assert d % sb == 0 and s % sb == 0
+            dst[d:d + sb] = plane[s:s + sb] if ok else 0
+            written[d:d + sb] += 1
+
+
+@pytest.mark.parametrize("n_threads", [128, 256])                 # FlashCfg 4x1 and 4x2
+@pytest.mark.parametrize("kinds", KINDS, ids=lambda k: f"{k[0]}-{k[1]}")
+@pytest.mark.parametrize("hd", [64, 128])
+def test_prefill_tiles_stage_and_dequantize_to_the_rows_values(n_threads, kinds, hd):
+    rng = np.random.default_rng(hd + n_threads)
+    n_kv_heads, max_ctx, kvh, kv_len = 2, 64 * 3 + 9, 1, 64 * 2 + 5
+    n_rows = n_kv_heads * max_ctx
+    planes = [make_plane(rng, k, n_kv_heads, max_ctx, hd) for k in kinds]
+    for base in (0, 64, 128):
+        for kind, (plane, vals) in zip(kinds, planes):
+            raw = np.full(64 * raw_row_bytes(kind, hd), 0xAB, np.uint8)
+            written = np.zeros(raw.size, np.int32)
+            prefill_stage_rows(raw, plane, kind, hd, n_rows, kvh * max_ctx, base, kv_len, n_threads, written)
+            assert (written == 1).all()
+            # dequant_raw_side: piece c = tid + k N_THREADS of the whole tile (64 rows x HD / 8 pieces)
+            pieces = hd // 8
+            assert 64 * pieces % n_threads == 0
+            seen = set()
+            for c in range(64 * pieces):
+                r, piece = c // pieces, c % pieces
+                seen.add((r, piece))
+            assert len(seen) == 64 * pieces
+            # the values: same reads as dequant_side's, rows 0..63 of this raw stage
+            got = {}
+            for warp in range(4):
+                for lane in range(32):
+                    got.update(dequant_side(raw, kind, hd, 64, warp, lane))
+            for r in range(64):
+                slot = base + r
+                row_vals = np.concatenate([got[(r, p)] for p in range(pieces)])
+                want = vals[kvh * max_ctx + slot] if slot < kv_len else np.zeros(hd, np.float16)
+                np.testing.assert_array_equal(row_vals.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("ring", [2, 3])
+@pytest.mark.parametrize("n_tiles", [1, 2, 3, 4, 7])
+def test_raw_ring_schedule(ring, n_tiles):
+    """kv_ring_raw's order of events, with each thread's cp.async groups completing as late as wait_group
+    allows: a raw slot is refilled only after its tile was dequantized (before an earlier barrier), dequantize
+    reads a landed tile, and attend reads the float16 buffer its tile was dequantized into, not overwritten
+    since (a barrier separates every write from the reads of the previous content)."""
+    raw = [None] * ring                      # tile whose copies target the slot
+    landed = set()
+    buf = [None, None]                       # tile held by each float16 buffer
+    committed = []                           # group -> tile or None (empty group)
+    epoch = 0                                # barrier count
+    raw_free_at = [-1] * ring                # barrier epoch after which the slot may be refilled
+    buf_free_at = [-1, -1]
+
+    def wait(pending):
+        for g, t in enumerate(committed[:max(0, len(committed) - pending)]):
+            if t is not None:
+                landed.add(t)
+
+    def load(t, slot):
+        assert raw_free_at[slot] < epoch, "raw slot refilled before a barrier followed its dequantize"
+        raw[slot] = t
+
+    def dequant(slot, b, t):
+        assert raw[slot] == t and t in landed
+        assert buf_free_at[b] < epoch, "float16 buffer rewritten before a barrier followed its last read"
+        buf[b] = t
+        raw_free_at[slot] = epoch
+
+    for st in range(ring):
+        if st < n_tiles:
+            load(st, st)
+        committed.append(st if st < n_tiles else None)
+    wait(ring - 1)
+    epoch += 1
+    dequant(0, 0, 0)
+    for j in range(n_tiles):
+        wait(ring - 2)
+        epoch += 1
+        if j + ring < n_tiles:
+            load(j + ring, j % ring)
+        committed.append(j + ring if j + ring < n_tiles else None)
+        if j + 1 < n_tiles:
+            dequant((j + 1) % ring, (j + 1) % 2, j + 1)
+        assert buf[j % 2] == j                # attend(j) reads tile j
+        buf_free_at[j % 2] = epoch
