@@ -54,8 +54,9 @@ struct FlashCfg {
 
 #if FD_HAS_MMA
 
-// QKV: a q8_0 / q4_0 K or V (kr / vr), dequantized into the float16 tiles (attention_tile.cuh
-// load_kv_tile_rows); the float16 kernel (QKV false) loads as it always did.
+// QKV: a q8_0 / q4_0 K or V (kr / vr), staged as stored through a raw ring of STAGES - 1 stages and
+// dequantized into two float16 tiles (attention_tile.cuh kv_ring_raw; shared memory qkv_smem_bytes); the float16
+// kernel (QKV false) loads as it always did.
 template <class C, bool QKV = false>
 __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill_mma_kernel(
     float* __restrict__ o, const float* __restrict__ q, const __half* __restrict__ k_cache,
@@ -65,8 +66,10 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     using namespace fd::mma;
     constexpr int HD = C::HD, KW = C::KW, LD = flash::KV_LD<HD>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    __half* k_smem = reinterpret_cast<__half*>(smem_raw);      // [STAGES][64][LD]
-    __half* v_smem = k_smem + C::STAGES * C::kv_tile_halves;   // [STAGES][64][LD]
+    constexpr int N_BUF = QKV ? 2 : C::STAGES;                 // float16 tiles (QKV: double buffer)
+    __half* k_smem = reinterpret_cast<__half*>(smem_raw);      // [N_BUF][64][LD]
+    __half* v_smem = k_smem + N_BUF * C::kv_tile_halves;       // [N_BUF][64][LD]
+    uint8_t* raw = reinterpret_cast<uint8_t*>(v_smem + N_BUF * C::kv_tile_halves);   // QKV: the raw ring
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wq = warp % C::NQW, ks = warp / C::NQW;
@@ -104,15 +107,7 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
 
     // tile j: slots 64j .. 64j+63, those at or past kv_len zero-filled; masked only where a key can
     // pass the block's first row's diagonal
-    auto load_kv = [&](int tile, int stage) {
-        if constexpr (QKV)
-            flash::load_kv_tile_rows<HD, C::n_threads, false>(k_smem, v_smem, stage, kr, vr, kvh, max_ctx,
-                                                              tile * FLASH_BKV, kv_len, tid);
-        else
-            flash::load_kv_tile<HD, C::n_threads, false>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
-                                                         tile * FLASH_BKV, kv_len, tid);
-    };
-    flash::kv_ring<C::STAGES>(n_tiles, load_kv, [&](int j, int stage) {
+    auto attend = [&](int j, int stage) {
         const __half* k_tile = k_smem + stage * C::kv_tile_halves + (ks * KW) * LD;
         const __half* v_tile = v_smem + stage * C::kv_tile_halves + (ks * KW) * LD;
         float s[KW / 8][4];
@@ -120,7 +115,30 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
         flash::scale_mask<KW, false>(s, scale_log2, j * FLASH_BKV + ks * KW,
                                      j * FLASH_BKV + FLASH_BKV - 1 > first_lim, lim, lane);
         flash::softmax_pv<HD, KW>(s, v_tile, lane, m_run, l_run, o_acc);
-    });
+    };
+    if constexpr (QKV) {
+        const int k_bytes = FLASH_BKV * kvq::staged_row_bytes(kr.type, HD);
+        const int stage_bytes = k_bytes + FLASH_BKV * kvq::staged_row_bytes(vr.type, HD);
+        const size_t head_row = (size_t)kvh * max_ctx;
+        flash::kv_ring_raw<C::STAGES - 1>(
+            n_tiles,
+            [&](int tile, int slot) {
+                uint8_t* dst = raw + (size_t)slot * stage_bytes;
+                flash::stage_raw_side<HD, C::n_threads>(dst, kr, head_row, tile * FLASH_BKV, kv_len, tid);
+                flash::stage_raw_side<HD, C::n_threads>(dst + k_bytes, vr, head_row, tile * FLASH_BKV, kv_len, tid);
+            },
+            [&](int slot, int buf) {
+                const uint8_t* src = raw + (size_t)slot * stage_bytes;
+                flash::dequant_raw_side<HD, C::n_threads>(k_smem + buf * C::kv_tile_halves, src, kr.type, tid);
+                flash::dequant_raw_side<HD, C::n_threads>(v_smem + buf * C::kv_tile_halves, src + k_bytes, vr.type, tid);
+            },
+            attend);
+    } else {
+        flash::kv_ring<C::STAGES>(n_tiles, [&](int tile, int stage) {
+            flash::load_kv_tile<HD, C::n_threads, false>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
+                                                         tile * FLASH_BKV, kv_len, tid);
+        }, attend);
+    }
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -145,7 +163,7 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
         // merge the NKS key splits of each row: m* = max m_s, o = sum_s 2^(m_s - m*) O_s / sum_s 2^(m_s - m*) l_s
         __syncthreads();   // all warps done with K/V shared memory (reused below)
         float* o_part = reinterpret_cast<float*>(smem_raw);                         // [n_warps][16][O_LD]
-        float* ml = reinterpret_cast<float*>(smem_raw + C::merge_ml_offset);        // [n_warps][16][2]
+        float* ml = reinterpret_cast<float*>(smem_raw + (QKV ? C::merge_o_bytes : C::merge_ml_offset));   // [n_warps][16][2]
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int rr = g + 8 * h;
@@ -246,16 +264,28 @@ int launch_simt(float* o, const float* q, const __half* k_cache, const __half* v
 
 #if FD_HAS_MMA
 
+// Shared memory of the QKV kernel: two float16 K | V tiles then STAGES - 1 raw stages of both sides
+// (attention_tile.cuh kv_ring_raw), or the merge area if larger (o parts [0, merge_o_bytes), then m / l). For
+// q8_0 at HD 128 that is the float16 kernel's 3 tiles in the 4x1 configuration (2 + 2 x 0.5), less in 4x2.
+template <class C>
+size_t qkv_smem_bytes(int k_type, int v_type) {
+    const size_t row_bytes = kvq::staged_row_bytes(k_type, C::HD) + kvq::staged_row_bytes(v_type, C::HD);
+    const size_t pipe = 2 * 2 * C::kv_tile_halves * sizeof(__half) + (C::STAGES - 1) * FLASH_BKV * row_bytes;
+    const size_t merge = (size_t)C::merge_o_bytes + C::merge_ml_bytes;
+    return pipe > merge ? pipe : merge;
+}
+
 template <class C, bool QKV = false>
 int launch_mma(float* o, const float* q, const __half* k_cache, const __half* v_cache, const int32_t* n_past, int n,
                int n_heads, int n_kv_heads, int max_ctx, float scale_log2, cudaStream_t stream, const kvq::Rows& kr,
                const kvq::Rows& vr) {
     const auto kernel = attention_prefill_mma_kernel<C, QKV>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem_bytes);
+    const size_t smem = QKV ? qkv_smem_bytes<C>(kr.type, vr.type) : C::smem_bytes;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return (int)err;
     const int n_rows = n * (n_heads / n_kv_heads);
     const dim3 grid(ceil_div(n_rows, C::BQ), n_kv_heads);
-    kernel<<<grid, C::n_threads, C::smem_bytes, stream>>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
+    kernel<<<grid, C::n_threads, smem, stream>>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
                                                           max_ctx, scale_log2, kr, vr);
     return FD_LAUNCH_STATUS();
 }

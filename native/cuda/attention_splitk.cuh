@@ -1,7 +1,8 @@
 // attention_splitk.cuh -- the split-K flash-attention core of attention_decode.cu (one new token)
 // and attention_masked.cu (n new tokens under a mask: speculative tree verification), over the
 // float16 KV cache [n_kv_heads][max_ctx][head_dim] -- or a q8_0 / q4_0 K or V (kv_quant.cuh planes),
-// dequantized to float16 as its tiles are loaded (splitk_kernel's QKV variant; no dequantized copy).
+// staged as stored by cp.async and dequantized to float16 tiles in shared memory (splitk_kernel's QKV variant,
+// attention_splitk_qstage.cuh; no dequantized copy in global memory).
 //
 // The ops it serves, by name through every layer (ARCHITECTURE.md, "Ops"): fd_attention_decode,
 // fd_attention_decode_rope and fd_attention_masked -> CudaOps.attention_decode / attention_decode_rope /
@@ -55,6 +56,7 @@
 //
 // Files: attention_splitk_params.cuh (block shape, shared-memory plan, Params, visible keys),
 // attention_splitk_warp.cuh (pipeline primitives, the tensor-core and SIMT warp steps),
+// attention_splitk_qstage.cuh (the cp.async staging and dequantizing of quantized rows),
 // attention_splitk_kernel.cuh (splitk_kernel, the fused-rope staging), attention_splitk_combine.cuh
 // (combine_kernel), attention_splitk_plan.cuh (host: split count, workspace, parameters, launch); this
 // file includes them all.
@@ -62,6 +64,7 @@
 
 #include "attention_splitk_params.cuh"
 #include "attention_splitk_warp.cuh"
+#include "attention_splitk_qstage.cuh"
 #include "attention_splitk_kernel.cuh"
 #include "attention_splitk_combine.cuh"
 #include "attention_splitk_plan.cuh"

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "attention_splitk_warp.cuh"
+#include "attention_splitk_qstage.cuh"
 #include "kv_rotate.cuh"
 
 namespace fd {
@@ -161,20 +162,6 @@ __device__ __forceinline__ void rotate_q_tile(float (&qv)[ROWS * HD / THREADS], 
     __syncthreads();                                    // the area is q_hi / q_lo next
 }
 
-// ---- quantized rows (QKV) -------------------------------------------------------------------
-// dims [8 piece, 8 piece + 8) of cache row `row` (kv_head * max_ctx + slot) as 8 float16 values: a float16
-// row by cp.async as always, a q8_0 / q4_0 row dequantized with plain loads (kv_quant.cuh dequant8);
-// invalid: zeros.
-template <int HD>
-__device__ __forceinline__ void load_piece(__half* dst, int kv_type, const __half* f16_cache, const kvq::Plane& pl,
-                                           size_t row, int piece, bool valid) {
-    if (kv_type == FD_KV_F16) {
-        cp_async16(dst, f16_cache + row * HD + piece * 8, valid);
-        return;
-    }
-    *reinterpret_cast<uint4*>(dst) = valid ? kvq::dequant8(pl, kv_type, row, piece) : make_uint4(0u, 0u, 0u, 0u);
-}
-
 // ---- the block ----------------------------------------------------------------------------
 // grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
 //
@@ -191,12 +178,13 @@ __device__ __forceinline__ void load_piece(__half* dst, int kv_type, const __hal
 //   (b) query-row tile 0 of that split writes them into the cache at slot n_past for later steps.
 // Everything else is the plain kernel's code, so o equals fd_rope_kv_write + fd_attention_decode's.
 //
-// QKV (a q8_0 / q4_0 K or V, p.k_type / p.v_type): the loader reads a quantized row's codes
-// and scale with plain loads and stores the dequantized values, rounded to float16 (__float2half_rn(d * q)),
-// into the same tile a float16 row lands in (dequant_piece); the float16 side keeps its cp.async copies. The
+// QKV (a q8_0 / q4_0 K or V, p.k_type / p.v_type; shared memory qkv_smem_bytes): the tiles' rows arrive as
+// stored (codes and scales; a float16 side's values) in a raw cp.async ring of QCfg<HD>::STAGES, and each warp
+// dequantizes its 16 rows of the landed tile into the one float16 K | V tile at the start of the pipeline area
+// (attention_splitk_qstage.cuh), values float16(d * q); the warp's rows of that tile are its own, so the ring's
+// __syncthreads (the slot it refills was dequantized before it) plus a __syncwarp order everything. The
 // warp step is the plain kernel's, so o is the float16 path's attention over those float16 values, and decode
-// and masked attention stay bit for bit consistent. The tile slot being filled was freed by the
-// __syncthreads before load_tile (as for cp.async), and the plain stores are visible after the next one. With
+// and masked attention stay bit for bit consistent. The ROPE override (a) goes over the dequantized row. With
 // ROPE, the new key's rows are encoded as fd_rope_kv_write encodes them and attended dequantized
 // (encode_new_rows), so o and the cache equal fd_rope_kv_write + fd_attention_decode's over the quantized cache.
 template <int HD, bool ROPE = false, bool QKV = false>
@@ -208,6 +196,11 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     __half* q_lo = q_hi + ROWS * LD;
     int* list = reinterpret_cast<int*>(q_lo + ROWS * LD);   // [MAX_NEW] visible new slots (masked mode)
     __half* pipe = reinterpret_cast<__half*>(list + MAX_NEW);   // STAGES x (K [TILE][LD], V [TILE][LD])
+    // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh)
+    constexpr int N_STAGES = QKV ? QCfg<HD>::STAGES : C::STAGES;
+    uint8_t* qring = reinterpret_cast<uint8_t*>(pipe + 2 * TILE * LD);
+    const QSide k_side = qside(p.k_cache, p.kq, p.k_type, HD), v_side = qside(p.v_cache, p.vq, p.v_type, HD);
+    const int q_stage_bytes = TILE * (k_side.row_bytes + v_side.row_bytes);
     float* m_s = reinterpret_cast<float*>(pipe);      // merge area, after the pipeline drains
     float* l_s = m_s + WARPS * ROWS;
     float* o_s = l_s + WARPS * ROWS;
@@ -273,15 +266,20 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             const int v0 = load_cur.v0;
             advance(load_cur);
             __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
-            if constexpr (QKV) {                       // dequantizing copies (see above)
-#pragma unroll
-                for (int j = 0; j < TILE / ROW_STEP; ++j) {
-                    const int v = v0 + r0 + j * ROW_STEP;
-                    const bool valid = v < L;
-                    const int slot = !valid ? 0 : v < direct_end ? v : n_past + list[v - n_past];
-                    const size_t row = (size_t)kvh * p.max_ctx + slot;
-                    load_piece<HD>(ks + j * ROW_STEP * LD, p.k_type, p.k_cache, p.kq, row, piece, valid);
-                    load_piece<HD>(ks + TILE * LD + j * ROW_STEP * LD, p.v_type, p.v_cache, p.vq, row, piece, valid);
+            if constexpr (QKV) {                       // raw rows into ring stage k % N_STAGES (see above)
+                uint8_t* dst = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
+                const size_t head_row = (size_t)kvh * p.max_ctx;
+                if (v0 + TILE <= direct_end) {         // keys are slots, all visible: no per-row checks
+                    stage_tile<HD>(dst, k_side, v_side, [&](int i, bool& valid, size_t& row) {
+                        valid = true;
+                        row = head_row + v0 + i;
+                    }, tid);
+                } else {
+                    stage_tile<HD>(dst, k_side, v_side, [&](int i, bool& valid, size_t& row) {
+                        const int v = v0 + i;
+                        valid = v < L;                 // past L: zero-filled
+                        row = head_row + (!valid ? 0 : v < direct_end ? v : n_past + list[v - n_past]);
+                    }, tid);
                 }
             } else if (v0 + TILE <= direct_end) {      // keys are slots: constant offsets only
                 const __half* kp = k_src + (size_t)(v0 + r0) * HD;
@@ -306,7 +304,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         cp_async_commit();                             // empty groups keep the count uniform
     };
 #pragma unroll 1
-    for (int s = 0; s < C::STAGES - 1; ++s) load_tile(s);   // in flight while q is staged
+    for (int s = 0; s < N_STAGES - 1; ++s) load_tile(s);    // in flight while q is staged
 
     // q rows -> shared memory, scaled into the log2 domain and split into f16 hi + lo (all loads
     // first: the shared stores would otherwise serialise one global round trip per element)
@@ -339,13 +337,19 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     st.init();
 #pragma unroll 1
     for (int k = 0; k < n_tiles; ++k) {
-        cp_async_wait<C::STAGES - 2>();
+        cp_async_wait<N_STAGES - 2>();
         __syncthreads();                               // tile k landed; tile k-1's buffer is free
-        load_tile(k + C::STAGES - 1);
+        load_tile(k + N_STAGES - 1);
         const int v0 = comp_cur.v0 + warp * WARP_SLOTS;
         advance(comp_cur);
         if (v0 < L) {
-            __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
+            __half* ks = pipe + (size_t)(QKV ? 0 : k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
+            if constexpr (QKV) {                       // this warp's rows of tile k, dequantized
+                const uint8_t* src = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
+                dequant_side<HD>(ks, src, p.k_type, warp * WARP_SLOTS, tid & 31);
+                dequant_side<HD>(ks + TILE * LD, src + TILE * k_side.row_bytes, p.v_type, warp * WARP_SLOTS, tid & 31);
+                __syncwarp();
+            }
             if constexpr (ROPE) {
                 if (new_key >= v0 && new_key < v0 + WARP_SLOTS) {    // warp-uniform: the new key is ours
                     __half* krow = ks + (new_key - v0) * LD;

@@ -14,6 +14,17 @@ namespace attn {
 // n_splits is a function of the model shape, max_ctx and chunk_len only (never of n or the mask):
 // enough blocks to fill the GPU (blocks_per_sm * the device's SM count over n_kv_heads * row tiles of ONE
 // token), capped by the number of chunks max_ctx holds (at most MAX_SPLITS).
+//
+// Quantized rows (QKV) keep the float16 plan: the same n_splits (from Cfg<HD>::SMEM_BYTES) and the caller's
+// chunk_len. A chunk's cost is its tiles (64 keys each: one barrier, one dequantize, one warp step per
+// warp), not its bytes, so smaller rows give no reason for longer or shorter chunks: chunk_len stays the
+// granularity that spreads a short context over the GPU, and at depth every split streams many chunks
+// whatever their length. What smaller rows change is the bytes a tile stage holds, which the raw ring
+// (attention_splitk_qstage.cuh) spends on depth: 4 stages (3 tiles in flight) where the float16 ring has 3,
+// in the same shared memory for q8_0 at HD 128 (1 + 4 x 0.5 float16 tiles = 3 float16 tiles) and less for
+// q4_0, so as many blocks fit an SM as blocks_per_sm assumes. (A float16 side next to a quantized one needs
+// more: 1 block per SM then at HD 128, the grid running in two waves.) Keeping n_splits also keeps decode and
+// masked attention splitting a row alike whatever the cache type, and both depend on the shape only.
 constexpr size_t SMEM_PER_SM = 228 * 1024;
 
 template <int HD>
@@ -93,7 +104,7 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
 
 template <int HD, bool ROPE = false, bool QKV = false>
 int launch(const Params& p, cudaStream_t stream) {
-    const size_t smem = Cfg<HD>::SMEM_BYTES;
+    const size_t smem = QKV ? qkv_smem_bytes<HD>(p.k_type, p.v_type) : Cfg<HD>::SMEM_BYTES;
     cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int st = launch_pdl(splitk_kernel<HD, ROPE, QKV>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
                         dim3(THREADS), smem, stream, p);

@@ -20,6 +20,21 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
     *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0u, 0u, 0u, 0u);
 #endif
 }
+// BYTES = 4, 8 or 16 bytes (a row's float16 scales, attention_splitk_qstage.cuh); src and dst aligned to BYTES.
+// .ca: cp.async.cg takes 16 bytes only.
+template <int BYTES>
+__device__ __forceinline__ void cp_async_small(void* smem, const void* gmem, bool valid) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async sizes");
+#if FD_ATTN_ASYNC
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(BYTES),
+                 "r"(valid ? BYTES : 0));
+#else
+    unsigned char* d = static_cast<unsigned char*>(smem);
+    const unsigned char* g = static_cast<const unsigned char*>(gmem);
+    for (int i = 0; i < BYTES; ++i) d[i] = valid ? g[i] : 0;
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if FD_ATTN_ASYNC
     asm volatile("cp.async.commit_group;\n" ::);

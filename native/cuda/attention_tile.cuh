@@ -6,7 +6,8 @@
 // A warp owns 16 query rows, held as m16n8k16 fragments (mma.cuh: lane = 4g + t; a thread holds
 // rows g and g + 8, index h = 0 / 1). Per 64-key tile (BKV) of which the warp takes KW keys:
 //   - K and V tiles (64 x HD f16) arrive by cp.async through a STAGES-deep ring (kv_ring,
-//     load_kv_tile); slots outside the visible range are zero-filled, never read unmasked;
+//     load_kv_tile); slots outside the visible range are zero-filled, never read unmasked; a quantized
+//     K or V arrives as stored through a raw ring and is dequantized into float16 tiles (kv_ring_raw);
 //   - S = Q K^T: Q fragments (f32 rounded to f16) stay in registers for the whole loop, K fragments
 //     by ldmatrix (K rows are the mma's "col" B operand as stored);
 //   - scale * log2(e) applied in f32; masked keys (the caller's predicate, only on tiles the caller
@@ -76,36 +77,114 @@ __device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int
     }
 }
 
-// load_kv_tile over a cache whose K or V may be quantized (kv_quant.cuh): a float16 side by cp.async as
-// (its chunk and slot index math repeats load_kv_tile's on purpose: the float16 kernels keep that function, and
-// its instructions, unchanged)
-// above, a q8_0 / q4_0 side dequantized to float16 (dequant8) by plain loads and shared stores into the same
-// tile positions (the ring's barrier frees the slot and publishes the stores, as for cp.async).
-template <int HD, int N_THREADS, bool DROP_NEGATIVE>
-__device__ __forceinline__ void load_kv_tile_rows(__half* k_smem, __half* v_smem, int stage, const kvq::Rows& k,
-                                                  const kvq::Rows& v, int kvh, int max_ctx, int base, int kv_len,
-                                                  int tid) {
+// ---- quantized rows (attention_prefill.cu's QKV kernel) ------------------------------------
+// A K or V that is q8_0 / q4_0 (kv_quant.cuh) is staged as stored into a raw ring by cp.async and
+// dequantized from shared memory into a double-buffered float16 tile (kv_ring_raw below), so the copies of
+// later tiles are in flight while a tile is attended, as on the float16 path. A raw stage is the K side, then
+// the V side; a side is codes [BKV][cb] bytes then the float16 scales [BKV][HD / 32] (q8_0: cb = HD, q4_0:
+// HD / 2), or a float16 side's rows [BKV][2 HD] bytes (kvq::staged_row_bytes each row). Every part starts
+// 16-byte aligned (cb, 2 HD and BKV * HD / 16 are multiples of 16).
+
+// One side of tile rows base .. base + BKV - 1 (cache slots of kv head row head_row = kvh * max_ctx) into dst:
+// chunk c (c < BKV * CC, c = tid + k N_THREADS) is row c / CC, 16 bytes at c % CC of the row's CC * 16 bytes,
+// to dst + 16 c; then (SB > 0) row r's SB scale bytes to dst + BKV * CC * 16 + SB r (one cp.async.ca each:
+// 4 or 8 bytes at HD 64 or 128, aligned to that in the plane). Rows at or past kv_len: zero-filled, except
+// q4_0's codes (Q4), stored as 0x88 (code 8, value +0.0; zeros would be code 0 -> -8 * 0.0 = -0.0) so the tile
+// holds +0.0 as the float16 loader's zero fill does.
+template <int N_THREADS, int CC, int SB, bool Q4>
+__device__ __forceinline__ void stage_raw_rows(uint8_t* dst, const uint8_t* codes, const uint8_t* scales,
+                                               size_t head_row, int base, int kv_len, int tid) {
     using namespace fd::mma;
-    constexpr int chunks = BKV * (HD / 8) / N_THREADS;
-    static_assert(BKV * (HD / 8) % N_THREADS == 0, "K/V tile must split evenly over threads");
+    constexpr int N_CHUNKS = BKV * CC;
 #pragma unroll
-    for (int i = 0; i < chunks; ++i) {
-        const int c = tid + i * N_THREADS;
-        const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
-        const int slot = base + row;
-        const bool ok = (!DROP_NEGATIVE || slot >= 0) && slot < kv_len;
-        const size_t cache_row = (size_t)kvh * max_ctx + slot;
-        const int s_off = stage * KV_TILE_HALVES<HD> + row * KV_LD<HD> + col;
+    for (int c0 = 0; c0 < N_CHUNKS; c0 += N_THREADS) {
+        const int c = c0 + tid;
+        if (N_CHUNKS % N_THREADS != 0 && c >= N_CHUNKS) break;
+        const int slot = base + c / CC;
+        const bool ok = slot < kv_len;
+        uint8_t* d = dst + 16 * c;
+        if (!Q4 || ok)
+            cp_async_16(smem_u32(d), codes + (head_row + (ok ? slot : 0)) * (CC * 16) + (c % CC) * 16, ok);
+        else
+            *reinterpret_cast<uint4*>(d) = make_uint4(0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u);
+    }
+    if constexpr (SB > 0) {
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {
-            const kvq::Rows& src = kv == 0 ? k : v;
-            __half* dst = (kv == 0 ? k_smem : v_smem) + s_off;
-            if (src.type == FD_KV_F16)
-                cp_async_16(smem_u32(dst), ok ? src.f16 + cache_row * HD + col : src.f16, ok);
-            else
-                *reinterpret_cast<uint4*>(dst) = ok ? kvq::dequant8(src.q, src.type, cache_row, col / 8)
-                                                    : make_uint4(0u, 0u, 0u, 0u);
+        for (int r0 = 0; r0 < BKV; r0 += N_THREADS) {
+            const int r = r0 + tid, slot = base + r;
+            if (BKV % N_THREADS != 0 && r >= BKV) break;
+            const bool ok = slot < kv_len;
+            cp_async_ca<SB>(smem_u32(dst + BKV * CC * 16 + SB * r), scales + (head_row + (ok ? slot : 0)) * SB, ok);
         }
+    }
+}
+
+template <int HD, int N_THREADS>
+__device__ __forceinline__ void stage_raw_side(uint8_t* dst, const kvq::Rows& src, size_t head_row, int base,
+                                               int kv_len, int tid) {
+    constexpr int SB = HD / kvq::BLOCK * 2;
+    const uint8_t* codes = src.type == FD_KV_F16 ? reinterpret_cast<const uint8_t*>(src.f16) : src.q.codes;
+    const uint8_t* scales = reinterpret_cast<const uint8_t*>(src.q.scales);
+    if (src.type == FD_KV_Q8_0)
+        stage_raw_rows<N_THREADS, HD / 16, SB, false>(dst, codes, scales, head_row, base, kv_len, tid);
+    else if (src.type == FD_KV_Q4_0)
+        stage_raw_rows<N_THREADS, HD / 32, SB, true>(dst, codes, scales, head_row, base, kv_len, tid);
+    else
+        stage_raw_rows<N_THREADS, HD / 8, 0, false>(dst, codes, scales, head_row, base, kv_len, tid);
+}
+
+// One side of a landed raw stage -> the float16 tile (rows KV_LD<HD> halves apart): piece c = tid + k N_THREADS
+// is row c / (HD / 8), dims [8 (c % (HD / 8)), + 8), values float16(d * q) (kvq::dequant8_codes), or the float16
+// row's 16 bytes.
+template <int HD, int N_THREADS>
+__device__ __forceinline__ void dequant_raw_side(__half* tile, const uint8_t* src, int type, int tid) {
+    constexpr int PIECES = HD / 8, NB = HD / kvq::BLOCK;
+    static_assert(BKV * PIECES % N_THREADS == 0, "pieces split evenly over the threads");
+    if (type == FD_KV_F16) {
+#pragma unroll
+        for (int k = 0; k < BKV * PIECES / N_THREADS; ++k) {
+            const int c = tid + k * N_THREADS, r = c / PIECES, piece = c % PIECES;
+            *reinterpret_cast<uint4*>(tile + r * KV_LD<HD> + piece * 8) =
+                *reinterpret_cast<const uint4*>(src + r * 2 * HD + piece * 16);
+        }
+        return;
+    }
+    const int cb = kvq::code_bytes(type, HD);
+    const __half* scales = reinterpret_cast<const __half*>(src + BKV * cb);
+#pragma unroll
+    for (int k = 0; k < BKV * PIECES / N_THREADS; ++k) {
+        const int c = tid + k * N_THREADS, r = c / PIECES, piece = c % PIECES;
+        *reinterpret_cast<uint4*>(tile + r * KV_LD<HD> + piece * 8) =
+            kvq::dequant8_codes(src + r * cb, scales[r * NB + (piece >> 2)], type, piece);
+    }
+}
+
+// The raw ring (R stages, one cp.async group per tile) in front of a double-buffered float16 tile:
+// load_raw(tile, slot) issues a tile's copies into raw slot `slot`, dequant(slot, buf) turns raw slot `slot`
+// into float16 buffer `buf`, attend(tile, buf) consumes it. Tile j + 1 is dequantized while tile j is
+// attended; tiles j + 2 .. j + R are in flight meanwhile. Per tile one __syncthreads, after which float16 tile
+// j (dequantized before it) is visible to all, raw tile j + 1 has landed, and the buffer of tile j - 1 and the
+// raw slot of tile j are free. Group count: R + j committed before iteration j's wait; R - 2 pending = tiles
+// 0 .. j + 1 landed.
+template <int R, class LoadRaw, class Dequant, class Attend>
+__device__ __forceinline__ void kv_ring_raw(int n_tiles, LoadRaw load_raw, Dequant dequant, Attend attend) {
+    using namespace fd::mma;
+    static_assert(R >= 2, "ring");
+#pragma unroll
+    for (int st = 0; st < R; ++st) {
+        if (st < n_tiles) load_raw(st, st);
+        cp_async_commit();
+    }
+    cp_async_wait<R - 1>();
+    __syncthreads();                                       // raw tile 0 visible to all
+    if (n_tiles > 0) dequant(0, 0);
+    for (int j = 0; j < n_tiles; ++j) {
+        cp_async_wait<R - 2>();
+        __syncthreads();
+        if (j + R < n_tiles) load_raw(j + R, j % R);       // (the slot tile j was dequantized from)
+        cp_async_commit();
+        if (j + 1 < n_tiles) dequant((j + 1) % R, (j + 1) % 2);
+        attend(j, j % 2);
     }
 }
 

@@ -86,19 +86,20 @@ inline Rows rows_of(const void* base, int kv_type, int n_kv_heads, int max_ctx, 
 }
 
 // Values [8 piece, 8 piece + 8) of a quantized row, dequantized (d * q in float32, exact) and rounded to
-// float16 (round to nearest even): what the attention tiles hold. The codes are one 8-byte load (a row's
-// codes start 16-byte aligned; q4_0: bytes 16 b + off % 16 .. + 7, low nibbles for off < 16, else high).
-__device__ __forceinline__ uint4 dequant8(const Plane& pl, int kv_type, size_t row, int piece) {
+// float16 (round to nearest even): what the attention tiles hold. codes: the row's codes (global or shared
+// memory, 8-byte aligned: a row's codes start at a multiple of 16 bytes); dh: the scale of block piece / 4.
+// The codes are one 8-byte load (q4_0: bytes 16 b + off % 16 .. + 7, low nibbles for off < 16, else high).
+__device__ __forceinline__ uint4 dequant8_codes(const uint8_t* codes, __half dh, int kv_type, int piece) {
     const int b = piece >> 2, off = (piece & 3) * 8;             // block, first value in the block
-    const float d = __half2float(pl.row_scales(row)[b]);
+    const float d = __half2float(dh);
     float x[8];
     if (kv_type == FD_KV_Q8_0) {
-        const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + piece * 8);
+        const uint2 c = *reinterpret_cast<const uint2*>(codes + piece * 8);
         const int8_t* q = reinterpret_cast<const int8_t*>(&c);
 #pragma unroll
         for (int i = 0; i < 8; ++i) x[i] = d * (float)q[i];
     } else {
-        const uint2 c = *reinterpret_cast<const uint2*>(pl.row_codes(row) + b * 16 + (off & 15));
+        const uint2 c = *reinterpret_cast<const uint2*>(codes + b * 16 + (off & 15));
         const uint8_t* q = reinterpret_cast<const uint8_t*>(&c);
         const int shift = off >= 16 ? 4 : 0;
 #pragma unroll
@@ -109,6 +110,17 @@ __device__ __forceinline__ uint4 dequant8(const Plane& pl, int kv_type, size_t r
 #pragma unroll
     for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
     return out;
+}
+
+// dequant8_codes of row `row` of a plane, read from global memory.
+__device__ __forceinline__ uint4 dequant8(const Plane& pl, int kv_type, size_t row, int piece) {
+    return dequant8_codes(pl.row_codes(row), pl.row_scales(row)[piece >> 2], kv_type, piece);
+}
+
+// Bytes of one row as the attention kernels' cp.async rings stage it (attention_splitk_qstage.cuh,
+// attention_tile.cuh): codes then float16 scales, or a float16 row's values.
+__host__ __device__ inline int staged_row_bytes(int kv_type, int head_dim) {
+    return kv_type == FD_KV_F16 ? 2 * head_dim : code_bytes(kv_type, head_dim) + head_dim / BLOCK * 2;
 }
 
 // Block b of row `row` of a quantized plane <- the 32 float32 values x.

@@ -45,6 +45,17 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 #endif
 }
 
+// 4-, 8- or 16-byte async copy (cp.async.ca: .cg takes 16 bytes only); dst and src aligned to BYTES;
+// when !pred the BYTES destination bytes are zero-filled and nothing is read.
+template <int BYTES>
+__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src, bool pred) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async sizes");
+#if FD_MMA_DEVICE_OK
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES),
+                 "r"(pred ? BYTES : 0));
+#endif
+}
+
 // cp.async has two more sets of wrappers, quant_stage.cuh's (the GEMV's weight staging) and
 // attention_splitk_warp.cuh's, kept apart on purpose: they differ where cp.async is missing (here: nothing,
 // below sm_80 these kernels trap; quant_stage.cuh: a byte-exact copy of a partial chunk, its HIP path;

@@ -1,7 +1,8 @@
-"""The quantized KV planes' index math on the CPU (native/cuda/kv_quant.cuh, attention_splitk_kernel.cuh's
-load_piece): a row's codes and scales as the write kernel lays them out, and the split-K loader's 16-byte
-pieces (8 values each) read back from them, give exactly kv_quant.decode_rows of ggml's blocks -- the same
-bytes, regrouped. Also the plane sizes fd_kv_plane_bytes returns."""
+"""The quantized KV planes' index math on the CPU (native/cuda/kv_quant.cuh's dequant8_codes, as the attention
+loaders apply it; test_kv_quant_stage_emulation.py emulates the cp.async staging in front of it): a row's
+codes and scales as the write kernel lays them out, and the loaders' 16-byte pieces (8 values each) read back
+from them, give exactly kv_quant.decode_rows of ggml's blocks -- the same bytes, regrouped. Also the plane
+sizes fd_kv_plane_bytes returns."""
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ def planes_of(blocks: np.ndarray, kind: str):
 
 
 def load_piece(codes_row: np.ndarray, scales_row: np.ndarray, kind: str, piece: int) -> np.ndarray:
-    """load_piece's arithmetic for one piece: 8 values at dims [8 piece, 8 piece + 8), float32 d * q."""
+    """dequant8_codes' arithmetic for one piece: 8 values at dims [8 piece, 8 piece + 8), float32 d * q."""
     b, off = piece >> 2, (piece & 3) * 8
     d = np.float32(scales_row[b])
     if kind == "q8_0":

@@ -2,8 +2,8 @@
 fd_attention_masked / fd_attention_prefill with fd_attention_shape_t.k_type / v_type), against the float64
 oracle.
 
-The kernels dequantize a quantized row into their float16 tile (attention_splitk_kernel.cuh: load_piece,
-value = float16(d * q)), then run the float16 path's arithmetic; so the oracle is float64 attention over
+The kernels dequantize a quantized row into their float16 tile (attention_splitk_qstage.cuh: dequant_side,
+value = float16(d * q), from the codes and scales staged by cp.async), then run the float16 path's arithmetic; so the oracle is float64 attention over
 exactly those float16 values (kv_quant.decode_rows rounded to float16) and the tolerance is the float16
 path's (test_attention_decode.py: ATOL 3e-5, RTOL 1e-4; prefill: test_attention_prefill.py's 2e-3 * max|v|
 with q rounded to float16 in the oracle, as that test). Unwritten slots have NaN scales: a read would
@@ -57,12 +57,12 @@ def setup(native, dev, rng, n_kv_heads, max_ctx, d, n_written, types):
     return planes, seen
 
 
-def decode(native, dev, q1, planes, shape, n_past):
-    ws = dev.empty((max(native.lib.fd_attention_decode_workspace_bytes(shape, CHUNK), 16),), np.uint8)
+def decode(native, dev, q1, planes, shape, n_past, chunk=CHUNK):
+    ws = dev.empty((max(native.lib.fd_attention_decode_workspace_bytes(shape, chunk), 16),), np.uint8)
     o = dev.empty((q1.size,))
     dq, dnp = dev.upload(np.ascontiguousarray(q1, np.float32)), dev.upload(np.array([n_past], np.int32))
     native.check(native.lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
-                                                dev.p(planes[1]), dev.p(dnp, "int32_t*"), shape, CHUNK, dev.p(ws),
+                                                dev.p(planes[1]), dev.p(dnp, "int32_t*"), shape, chunk, dev.p(ws),
                                                 dev.stream), "fd_attention_decode")
     dev.synchronize()
     return dev.download(o)
@@ -77,6 +77,18 @@ def masked(native, dev, q, planes, shape, mask, n_past):
     native.check(native.lib.fd_attention_masked(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
                                                 dev.p(planes[1]), dev.p(dm, "uint8_t*"), dev.p(dnp, "int32_t*"), n,
                                                 shape, CHUNK, dev.p(ws), ws_bytes, dev.stream), "fd_attention_masked")
+    dev.synchronize()
+    return dev.download(o)
+
+
+def prefill(native, dev, q, planes, shape, p0):
+    n = q.shape[0]
+    o = dev.empty((n, q.shape[1] * q.shape[2]))
+    dev.fill_bytes(o, 0xFF)                                                # NaN poison: every output written
+    dq, dnp = dev.upload(q), dev.upload(np.array([p0], np.int32))
+    native.check(native.lib.fd_attention_prefill(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
+                                                 dev.p(planes[1]), dev.p(dnp, "int32_t*"), n, shape, dev.stream),
+                 "fd_attention_prefill")
     dev.synchronize()
     return dev.download(o)
 
@@ -128,14 +140,7 @@ def test_prefill_over_a_quantized_cache(native, dev, rng, types, n_heads, n_kv_h
     planes, (kc, vc) = setup(native, dev, rng, n_kv_heads, max_ctx, d, p0 + n, types)
     shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
-    o = dev.empty((n, n_heads * d))
-    dev.fill_bytes(o, 0xFF)                                                # NaN poison: every output written
-    dq, dnp = dev.upload(q), dev.upload(np.array([p0], np.int32))
-    native.check(native.lib.fd_attention_prefill(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
-                                                 dev.p(planes[1]), dev.p(dnp, "int32_t*"), n, shape, dev.stream),
-                 "fd_attention_prefill")
-    dev.synchronize()
-    got = dev.download(o)
+    got = prefill(native, dev, q, planes, shape, p0)
     visible = np.arange(max_ctx)[None, :] <= p0 + np.arange(n)[:, None]
     q16 = q.astype(np.float16).astype(np.float32)                          # the kernel's q fragments
     expect = attention_oracle(q16, kc, vc, visible, 1 / np.sqrt(d))
@@ -241,3 +246,49 @@ def test_tree_verify_rows_are_decode_steps_over_a_rotated_k(native, dev, rng, ty
     visible = np.arange(n_past + n)[None, :] <= n_past + np.arange(n)[:, None]
     expect = attention_oracle(q_rot.astype(np.float64) @ r, kc.astype(np.float64) @ r, vc, visible, 1 / np.sqrt(d))
     np.testing.assert_allclose(tree, expect, rtol=RTOL, atol=ATOL)
+
+
+def f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx):
+    """The float16 cache holding the values the quantized kernels dequantize (seen), and its shape."""
+    planes = [dev.upload(np.ascontiguousarray(v).view(np.uint8).ravel()) for v in seen]
+    return planes, attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx)
+
+
+# awkward shapes for the staging pipeline: odd max_ctx (a KV head's scale rows only 2- or 4-byte aligned in
+# the plane), depths off the 64-key tile, one-tile and three-tile chunks, GQA groups 1, 7, 20 (two row tiles)
+@pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,max_ctx,chunk", [(12, 2, 128, 1001, 64), (14, 2, 64, 777, 192),
+                                                                (8, 8, 64, 321, 64), (40, 2, 128, 1500, 192),
+                                                                (24, 4, 256, 301, 64)])
+def test_quantized_decode_and_masked_are_the_float16_kernels_over_the_dequantized_values(
+        native, dev, rng, types, n_heads, n_kv_heads, d, max_ctx, chunk):
+    """Bit for bit: the quantized kernels' tiles hold float16(d * q), then run the float16 kernels' arithmetic
+    with the same split plan, so they equal the float16 kernels over a cache of those values."""
+    n_written = max_ctx - 20
+    planes, seen = setup(native, dev, rng, n_kv_heads, max_ctx, d, n_written, types)
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    twin, twin_shape = f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx)
+    q = rng.standard_normal((1, n_heads, d)).astype(np.float32)
+    for n_past in (0, 62, 63, 64, 65, 191, n_written // 2 + 1, n_written - 1):
+        got = decode(native, dev, q, planes, shape, n_past, chunk)
+        np.testing.assert_array_equal(got, decode(native, dev, q, twin, twin_shape, n_past, chunk))
+    n, n_past = 19, n_written - 19 - 3
+    qn = rng.standard_normal((n, n_heads, d)).astype(np.float32)
+    mask = tree_mask(rng, n)
+    np.testing.assert_array_equal(masked(native, dev, qn, planes, shape, mask, n_past),
+                                  masked(native, dev, qn, twin, twin_shape, mask, n_past))
+
+
+@pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,n,p0", [(12, 2, 128, 1, 7), (14, 2, 64, 37, 1001), (8, 8, 64, 65, 63),
+                                                        (12, 2, 128, 2000, 129), (12, 2, 128, 512, 4097)])
+def test_quantized_prefill_is_the_float16_kernel_over_the_dequantized_values(native, dev, rng, types, n_heads,
+                                                                             n_kv_heads, d, n, p0):
+    """As above for prefill (both block configurations: n = 2000 gives one block per SM or more, 512 fewer)."""
+    max_ctx = p0 + n + 17
+    planes, seen = setup(native, dev, rng, n_kv_heads, max_ctx, d, p0 + n, types)
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    twin, twin_shape = f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx)
+    q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
+    np.testing.assert_array_equal(prefill(native, dev, q, planes, shape, p0),
+                                  prefill(native, dev, q, twin, twin_shape, p0))
