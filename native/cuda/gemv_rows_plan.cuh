@@ -74,8 +74,10 @@ inline int rows_shape(const RowsArgs& a, bool swiglu, int n, const DeviceFacts& 
 }
 
 // The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS: one buffer per (device, stream), allocated on the first call
-// on that stream (as every first launch of a shape, outside graph capture) and kept for the process. Per stream, so
-// calls on different streams never share it; a graph replays on its captured stream's buffer.
+// on that stream and kept for the process. Per stream, so calls on different streams never share it (a graph replays
+// on its captured stream's buffer: replay it on that stream, or on none that runs GEMVs at the same time). A first
+// call inside graph capture allocates in relaxed capture mode (cudaThreadExchangeStreamCaptureMode, the documented
+// way for a library to cudaMalloc there).
 struct RowsScratch { int8_t* xq = nullptr; float2* xsc = nullptr; };
 
 inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
@@ -89,7 +91,11 @@ inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
         const size_t q_bytes = (size_t)ROWS_NX * ROWS_MAX_COLS;
         const size_t sc_bytes = (size_t)(ROWS_MAX_COLS / 32) * ROWS_NX * sizeof(float2);
         void* p = nullptr;
-        if (cudaError_t e = cudaMalloc(&p, q_bytes + sc_bytes)) return (int)e;
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        cudaThreadExchangeStreamCaptureMode(&mode);
+        const cudaError_t e = cudaMalloc(&p, q_bytes + sc_bytes);
+        cudaThreadExchangeStreamCaptureMode(&mode);   // back to the caller's mode
+        if (e != cudaSuccess) return (int)e;
         s.xq = static_cast<int8_t*>(p);
         s.xsc = reinterpret_cast<float2*>(static_cast<uint8_t*>(p) + q_bytes);
     }
