@@ -110,13 +110,14 @@ __device__ __forceinline__ void rows_wait(int pending) {   // cp.async.wait_grou
     }
 }
 
-// the matrix of launch tile `tile` (static indices only: no local-memory copy of the params)
-__device__ __forceinline__ int rows_mat_of(const RowsArgs& a, int tile) {
-    int k = 0;
+// the matrix of launch tile `tile` (static indices only: a dynamic index into the kernel parameters would copy
+// them to local memory)
+__device__ __forceinline__ RowsMat rows_mat_of(const RowsArgs& a, int tile) {
+    RowsMat m = a.mat[0];
 #pragma unroll
     for (int j = 1; j < MAX_MATS; ++j)
-        if (j < a.n_mats && tile >= a.mat[j].tile_first) k = j;
-    return k;
+        if (j < a.n_mats && tile >= a.mat[j].tile_first) m = a.mat[j];
+    return m;
 }
 
 // bytes and first byte of chunk `chunk` within a row of matrix m
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
 
     auto stage = [&](int j, int s) {
         const int tile = b + (j / a.C) * G, chunk = j % a.C;
-        const RowsMat& m = a.mat[SWIGLU ? 0 : rows_mat_of(a, tile)];
+        const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
         uint8_t* dst = ring + s * a.slot_bytes;
         rows_stage_mat(a, m, tile - m.tile_first, chunk, dst, lane);
         if (SWIGLU) rows_stage_mat(a, a.mat[1], tile, chunk, dst + a.up_off, lane);
@@ -217,8 +218,7 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
             __syncwarp();
             const int tile = b + (j / a.C) * G, chunk = j % a.C;
             const uint8_t* slot = ring + (q % a.st) * a.slot_bytes;
-            const int k = SWIGLU ? 0 : rows_mat_of(a, tile);
-            const RowsMat& m = a.mat[k];
+            const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
             float acc[NR][NTT][4];
 #pragma unroll
             for (int r = 0; r < NR; ++r)
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
             const int xr = (kk >> 2) * 8 + 2 * (ln & 3) + (kk & 1);
             if (xr >= a.n) continue;
             const int tile = b + (t0 + tl) * G;
-            const RowsMat& m = a.mat[SWIGLU ? 0 : rows_mat_of(a, tile)];
+            const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
             const int row = (tile - m.tile_first) * 16 + (ln >> 2) + 8 * ((kk & 3) >> 1);
             if (row >= m.rows) continue;
             const float* pp = part + (size_t)tl * a.C * PF + kk * 32 + ln;
