@@ -6,7 +6,14 @@
 // warp's first step of weights is fetched before pdl_wait() (programmatic dependent launch), i.e. while the
 // previous kernel finishes; then the CTA stages x (the prologue) and the warps stream their steps through
 // one or two shared-memory buffers each.
+//
+// Q4_K / Q6_K / Q8_0 calls take gemv_rows.cuh's tensor-core kernel instead, for every n_x (1..32), where the
+// tuning table's gemv_rows says so (gemv_rows_plan.cuh rows_eligible: the format, cols and the tuning, never n_x);
+// every other call keeps the kernels here (n_x <= 8).
 #include "gemv_mma.cuh"
+#if FD_HAS_MMA
+#include "gemv_rows_plan.cuh"
+#endif
 
 namespace fd {
 namespace {
@@ -91,11 +98,13 @@ struct GemvTuning {
     int stage_bytes;
     int rounds;
     int mma_rows;   // passes of at least this many x rows run gemv_mma.cuh's kernel (0: never)
+    int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
-    return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0};
+    return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
+                      FD_HAS_MMA ? t.gemv_rows : 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -200,8 +209,12 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
              float eps, const float* residual, cudaStream_t stream) {
     DeviceFacts dev;
     if (int st = device_facts(&dev)) return st;
-    GemvPlan pl;
     const GemvTuning tn = tuning();
+#if FD_HAS_MMA
+    if (rows_eligible(tn.rows, dev.cc_major, n_mats, mats, cols))
+        return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual, tn.rows, dev, stream);
+#endif
+    GemvPlan pl;
     if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x, tn.stage_bytes,
                            2 * dev.n_sms, &pl))
         return st;

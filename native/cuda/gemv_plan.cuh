@@ -14,7 +14,7 @@ namespace {
 using namespace fd::q;
 
 // ---- host side: device facts and planning (shared by gemv.cu and forward.cu) -----------------------------
-struct DeviceFacts { int n_sms = 0, max_smem = 0; };
+struct DeviceFacts { int n_sms = 0, max_smem = 0, cc_major = 0; };   // cc_major: 0 under HIP
 
 int device_facts(DeviceFacts* out) {
     static std::mutex mu;
@@ -25,12 +25,16 @@ int device_facts(DeviceFacts* out) {
     if (dev < 0 || dev >= 64) return FD_E_ARG;
     std::lock_guard<std::mutex> lock(mu);
     if (cache[dev].n_sms == 0) {
-        int n_sms = 0, max_smem = 0;
+        int n_sms = 0, max_smem = 0, cc_major = 0;
         err = cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
         if (err == cudaSuccess) err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+#if FD_HAS_MMA
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+#endif
         if (err != cudaSuccess) return (int)err;
         cache[dev].n_sms = n_sms;
         cache[dev].max_smem = max_smem;
+        cache[dev].cc_major = cc_major;
     }
     *out = cache[dev];
     return 0;

@@ -9,20 +9,25 @@
 namespace fd {
 namespace {
 
-// Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9, 10): int8 activations, 6 KB steps, 2 rounds,
-// PDL on. Tensor-core GEMV passes (gemv_mma.cuh) off: exact, but slower than the one-row kernel's passes as built
-// (results/2026-11-26-h100-gemv-mma-passes.txt); gemv_mma_rows = 2..8 turns them on for an A/B. The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB cards) carry the same values,
-// compile-checked but not yet measured on those GPUs; PDL does not exist below sm_90 (launch_pdl falls back).
+// Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9, 10, 12): int8 activations, 6 KB steps, 2 rounds,
+// PDL on. gemv_rows (gemv_rows.cuh, the all-rows tensor-core GEMV) is off: in the library it is 2.5-5x faster than
+// the dp4a kernels at n = 8..32 but 1.1-2x slower at n = 1 (x pre-pass launch, untuned shapes; bench/results/
+// 2026-11-26-h100-gemv-rows-library.txt), and a model must run one path at every n (row invariance), so plain
+// decoding would pay; gemv_rows = 1 turns it on (--tuning) for an A/B. Tensor-core GEMV passes (gemv_mma.cuh) off:
+// exact, but slower than the one-row kernel's passes as built (results/2026-11-26-h100-gemv-mma-passes.txt);
+// gemv_mma_rows = 2..8 turns them on for an A/B. The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB
+// cards) carry the same values, compile-checked but not yet measured on those GPUs; PDL does not exist below
+// sm_90 (launch_pdl falls back).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0}},    // anything older, and HIP devices (no PDL)
-    {80, {1, 6144, 2, 0, 0}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 0}},   // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0}},    // anything older, and HIP devices (no PDL, no int8 mma)
+    {80, {1, 6144, 2, 0, 0, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 6144, 2, 1, 0, 0}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -41,7 +46,19 @@ fd_tuning_t entry_for(int major, int minor) {
 bool valid(const fd_tuning_t& t) {
     return (t.gemv_int8_x == 0 || t.gemv_int8_x == 1) && t.gemv_stage_bytes >= 256 && t.gemv_stage_bytes <= 65536 &&
            (t.gemv_rounds == 0 || (t.gemv_rounds >= 2 && t.gemv_rounds <= 16)) && (t.pdl == 0 || t.pdl == 1) &&
-           (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8));
+           (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8)) &&
+           t.gemv_rows >= 0 && t.gemv_rows <= 8;
+}
+
+// gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later
+bool rows_supported(int dev) {
+#if FD_HAS_MMA
+    int major = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+#else
+    (void)dev;
+    return false;
+#endif
 }
 
 // the current device's slot, initialised from the table on first use; -1 without a device
@@ -103,6 +120,7 @@ int fd_tuning_set(const fd_tuning_t* tuning) {
     std::lock_guard<std::mutex> lock(fd::mu);
     const int s = fd::slot();
     if (s < 0) return (int)cudaErrorNoDevice;
+    if (tuning->gemv_rows != 0 && !fd::rows_supported(s)) return FD_E_ARG;
     fd::current[s] = *tuning;
     return 0;
 }

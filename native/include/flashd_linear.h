@@ -17,7 +17,8 @@ int fd_embed(float* dst, const void* table, int qtype, int64_t n_table_rows, int
              const int32_t* ids, int n_ids, void* stream);
 
 /* ---- decode projections: quantized GEMV (gemv.cu) ----------------------------------------- */
-/* For each of n_x input rows i (1 <= n_x <= 8):
+/* For each of n_x input rows i (1 <= n_x <= 8; 1 <= n_x <= 32 where the tuning's gemv_rows is on and every
+   matrix of the call is Q4_K, Q6_K or Q8_0 with cols <= 65536 -- flashd_tuning.h):
      xn = norm_w ? rmsnorm(x[i]) * norm_w : x[i]                    (x: (n_x, cols))
      y[i, r] = dot(W[r, :], xn) (+ bias[r]) (+ residual[i, r])      (y: (n_x, rows))
    y may alias residual. */

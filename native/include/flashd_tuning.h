@@ -1,8 +1,9 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl and gemv_mma_rows change only how kernels are launched,
-   never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order) and
-   gemv_int8_x its activation precision -- under any tuning a row's bits do not depend on the rows beside it.
+   never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order),
+   gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs --
+   under any tuning a row's bits do not depend on the rows beside it.
    Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
 #ifndef FLASHD_TUNING_H
 #define FLASHD_TUNING_H
@@ -21,6 +22,10 @@ typedef struct {
     int gemv_mma_rows;      /* 2 .. 8: GEMV passes of at least that many x rows (int8 activations) run on int8 tensor
                                cores where the GPU has them (sm_80 and later), bit for bit the one-row kernel's rows;
                                0: never (every table entry: not yet faster) */
+    int gemv_rows;          /* 1 .. 8: GEMVs whose matrices are all Q4_K, Q6_K or Q8_0 run one int8 tensor-core kernel
+                               for every n_x (1 .. 32; sm_80 and later, FD_E_ARG elsewhere), a row cut into chunks of
+                               that many x 256 columns (the chunk size changes the bits; n_x never does), x quantized
+                               to int8 per 32 columns; 0: gemv.cuh's kernels (n_x <= 8) */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -51,6 +51,9 @@ class HostMemoryLib:
 
     fd_memcpy_d2h = fd_memcpy_h2d
 
+    def fd_tuning_get(self, out):   # every field 0: the GEMV kernels' defaults (CudaOps reads gemv_rows)
+        return 0
+
     def fd_status_string(self, status):
         return self.ffi.new("char[]", b"host stand-in error")
 

@@ -7,7 +7,9 @@ bound. The kernel's weights are exact; its float32 sums run over <= 9000 product
 plus a shuffle tree, and the norm scale uses rsqrtf (a few ulp): both stay well under 1e-5 of
 sum |W||xn|. When every matrix of a launch is quantized, the kernel stages xn as int8 hi + lo codes
 per 32-column block (gemv_stage.cuh stage_xq): each staged x' is within max|xn over its block| / (127 * 2 * 254) of
-xn, so |y - oracle| gains at most |W| @ that (int8_x_bound).
+xn, so |y - oracle| gains at most |W| @ that (int8_x_bound). Calls on gemv_rows.cuh (tuning gemv_rows on, every
+matrix Q4_K / Q6_K / Q8_0: test_gemv_rows.py) quantize xn to one int8 code per column with a per-32-column scale:
+within max |xn over its block| / 254 of xn (int8_x_bound with rows=True).
 Outputs are poisoned with NaN bytes first (except where y aliases the residual).
 """
 import numpy as np
@@ -34,16 +36,24 @@ def normed64(x, norm_w):
 
 
 XQ_DEN = 127 * 2 * 254
+ROWS_XQ_DEN = 127 * 2          # gemv_rows.cuh: one code, rounded to nearest, step max / 127
+ROWS_QTYPES = (T.Q4_K, T.Q6_K, T.Q8_0)
 
 
-def int8_x_bound(xn, W):
+def rows_path(native, qtypes, cols) -> bool:
+    """Whether the library runs this call on gemv_rows.cuh (gemv_rows_plan.cuh rows_eligible)."""
+    return native.tuning().get("gemv_rows", 0) > 0 and cols <= 65536 and all(q in ROWS_QTYPES for q in qtypes)
+
+
+def int8_x_bound(xn, W, rows=False):
     """The int8-activation path's extra error bound: |W| @ (per column, max |xn| over its 32-column
-    block) / XQ_DEN, 2% slack for the float32 block scale. 0 when cols % 32 != 0 (float path only)."""
+    block) / XQ_DEN (ROWS_XQ_DEN on gemv_rows.cuh: rows=True), 2% slack for the float32 block scale and the
+    float32 norm. 0 when cols % 32 != 0 (float path only)."""
     cols = xn.shape[-1]
     if cols % 32:
         return 0.0
     bmax = np.abs(xn).reshape(*xn.shape[:-1], cols // 32, 32).max(-1)
-    return 1.02 * (np.repeat(bmax, 32, axis=-1) @ np.abs(W).T) / XQ_DEN
+    return 1.02 * (np.repeat(bmax, 32, axis=-1) @ np.abs(W).T) / (ROWS_XQ_DEN if rows else XQ_DEN)
 
 
 def assert_close(got, want, scale, extra=0.0, what="", bound=0.0):
@@ -85,7 +95,7 @@ def test_gemv_every_format_and_epilogue(native, dev, rng, poisoned, qtype, rows,
         xn = normed64(x, norm_w if use_norm else None)
         dot = xn @ W.T
         scale = np.abs(xn) @ np.abs(W).T
-        xb = int8_x_bound(xn, W)
+        xb = int8_x_bound(xn, W, rows_path(native, [qtype], cols))
         # plain
         y = poisoned((n_x, rows))
         call_gemv(native, dev, y, w, qtype, rows, cols, d_x, n_x, d_norm if use_norm else None, None, None)
@@ -121,7 +131,7 @@ def test_gemv_real_shapes(native, dev, rng, poisoned, qtype, rows, cols):
     call_gemv(native, dev, y, w, qtype, rows, cols, dev.upload(x), 1, dev.upload(norm_w), None, None)
     xn = normed64(x, norm_w)
     assert_close(dev.download(y), xn @ W.T, np.abs(xn) @ np.abs(W).T, what=f"{qtype.name} {rows}x{cols}",
-                 bound=int8_x_bound(xn, W))
+                 bound=int8_x_bound(xn, W, rows_path(native, [qtype], cols)))
 
 
 @pytest.mark.slow
@@ -139,7 +149,7 @@ def test_gemv_eight_rows_of_wide_input_take_several_passes(native, dev, rng, poi
     call_gemv(native, dev, d_yr, w, qtype, rows, cols, dev.upload(x), n_x, dev.upload(norm_w), None, d_yr)
     xn = normed64(x, norm_w)
     assert_close(dev.download(d_yr), xn @ W.T + residual, np.abs(xn) @ np.abs(W).T, np.abs(residual),
-                 bound=int8_x_bound(xn, W))
+                 bound=int8_x_bound(xn, W, rows_path(native, [qtype], cols)))
 
 
 @pytest.mark.slow
@@ -152,7 +162,8 @@ def test_gemv_lm_head_sized(native, dev, rng, poisoned):
     call_gemv(native, dev, y, w, T.Q6_K, rows, cols, dev.upload(x), 2, None, None, None)
     W = weights64(data, T.Q6_K, rows, cols)
     x64 = x.astype(np.float64)
-    assert_close(dev.download(y), x64 @ W.T, np.abs(x64) @ np.abs(W).T, bound=int8_x_bound(x64, W))
+    assert_close(dev.download(y), x64 @ W.T, np.abs(x64) @ np.abs(W).T,
+                 bound=int8_x_bound(x64, W, rows_path(native, [T.Q6_K], cols)))
 
 
 def run_multi(native, dev, ys, ws, qtypes, rows, biases, cols, d_x, n_x, d_norm):
@@ -198,7 +209,8 @@ def test_gemv_multi_mixed_formats(native, dev, rng, poisoned, case, n_x):
         for k, (y, W, b) in enumerate(zip(ys, Ws, bs)):
             want = xn @ W.T + (b if b is not None else 0)
             assert_close(dev.download(y), want, np.abs(xn) @ np.abs(W).T, np.abs(b) if b is not None else 0,
-                         what=f"matrix {k} ({mats[k][0].name}) norm={use_norm}", bound=int8_x_bound(xn, W))
+                         what=f"matrix {k} ({mats[k][0].name}) norm={use_norm}",
+                         bound=int8_x_bound(xn, W, rows_path(native, [m[0] for m in mats], cols)))
 
 
 @pytest.mark.parametrize("n_x", [1, 3, 8])
@@ -229,7 +241,8 @@ def test_gemv_swiglu(native, dev, rng, poisoned, qtypes, rows, cols, n_x):
         want = g * sig * u
         # error propagation: |d silu(g)/dg| <= 1.1, so dy <= 1.1 |u| dg + |silu(g)| du
         scale = 1.1 * np.abs(u) * (np.abs(xn) @ np.abs(Wg).T) + np.abs(g * sig) * (np.abs(xn) @ np.abs(Wu).T)
-        xb = 1.1 * np.abs(u) * int8_x_bound(xn, Wg) + np.abs(g * sig) * int8_x_bound(xn, Wu)
+        rp = rows_path(native, qtypes, cols)
+        xb = 1.1 * np.abs(u) * int8_x_bound(xn, Wg, rp) + np.abs(g * sig) * int8_x_bound(xn, Wu, rp)
         assert_close(dev.download(y), want, scale, what=f"swiglu norm={use_norm}", bound=xb)
 
 
@@ -296,7 +309,8 @@ def test_gemv_inside_graph_capture(native, dev, rng, poisoned):
     lib.fd_graph_destroy(graph[0])
     W = weights64(data, T.Q4_K, rows, cols)
     x64 = x.astype(np.float64)
-    assert_close(dev.download(y), x64 @ W.T, np.abs(x64) @ np.abs(W).T, bound=int8_x_bound(x64, W))
+    assert_close(dev.download(y), x64 @ W.T, np.abs(x64) @ np.abs(W).T,
+                 bound=int8_x_bound(x64, W, rows_path(native, [T.Q4_K], cols)))
 
 
 def test_bad_arguments(native, dev, rng):
@@ -310,7 +324,9 @@ def test_bad_arguments(native, dev, rng):
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 500, X, 1, N, EPS, N, N, s) == FD_E_SHAPE
     assert lib.fd_gemv(Y, W, int(T.Q2_K), 4, 512, X, 1, N, EPS, N, N, s) == FD_E_QTYPE
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 0, N, EPS, N, N, s) == FD_E_ARG
-    assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
+    # n_x: <= 8 on gemv.cuh's kernels, <= 32 on gemv_rows.cuh (test_gemv_rows.py tests its 9..32)
+    assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 33, N, EPS, N, N, s) == FD_E_ARG
+    assert lib.fd_gemv(Y, W, int(T.Q5_0), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 0, 512, X, 1, N, EPS, N, N, s) == FD_E_ARG
     assert lib.fd_gemv(N, W, int(T.Q4_K), 4, 512, X, 1, N, EPS, N, N, s) == FD_E_ARG
     assert lib.fd_gemv(Y, ffi.cast("void*", w.ptr + 4), int(T.Q4_K), 1, 256, X, 1, N, EPS, N, N, s) == FD_E_ARG

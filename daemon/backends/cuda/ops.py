@@ -18,7 +18,9 @@ fd_gemm_f16), `linear_multi` fd_gemv_multi, `linear_swiglu` fd_gemv_swiglu (or f
 Row invariance (speculative decoding is exact on the GPU): a forward begun with
 `begin_forward(row_invariant=True)` computes every row exactly as a one-row decode step would --
 projections stay on the GEMV kernels in groups of up to 8 rows (whose per-row arithmetic does not
-depend on the group size), and masked attention splits each token's keys like decode attention.
+depend on the group size; 32 rows where every weight of the call is Q4_K, Q6_K or Q8_0 and the tuning's
+gemv_rows puts the call on native/cuda/gemv_rows.cuh, whose kernel is the same for every row count), and
+masked attention splits each token's keys like decode attention.
 """
 from __future__ import annotations
 
@@ -35,15 +37,27 @@ from .tensor import Arena, Device, DeviceTensor
 from .topk_ops import TopKOps
 
 __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS",
-           "attention_workspace_bytes", "attention_shape", "rope_scaling_struct", "rope_struct", "gemv_groups"]
+           "attention_workspace_bytes", "attention_shape", "rope_scaling_struct", "rope_struct", "gemv_groups",
+           "gemv_rows_call", "GEMV_ROWS_MAX_ROWS"]
 
-GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows
+GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows (gemv.cuh's kernels) ...
+GEMV_ROWS_MAX_ROWS = 32       # ... and up to 32 where gemv_rows.cuh runs the call (flashd_linear.h)
+GEMV_ROWS_QTYPES = frozenset({8, 12, 14})   # GGML Q8_0, Q4_K, Q6_K: the formats gemv_rows.cuh runs
+GEMV_ROWS_MAX_COLS = 65536    # gemv_rows_plan.cuh ROWS_MAX_COLS
 GGML_F32 = 0                  # the GGML type id of float32 (gguf.GGMLQuantizationType.F32)
 
 
-def gemv_groups(n: int):
-    """(start, end) of the row groups the GEMV kernels take: up to GEMV_MAX_ROWS rows each."""
-    return ((s, min(n, s + GEMV_MAX_ROWS)) for s in range(0, n, GEMV_MAX_ROWS))
+def gemv_groups(n: int, size: int = GEMV_MAX_ROWS):
+    """(start, end) of the row groups the GEMV kernels take: up to `size` rows each (GEMV_MAX_ROWS, or
+    GEMV_ROWS_MAX_ROWS for a call on gemv_rows.cuh: CudaOps.gemv_group)."""
+    return ((s, min(n, s + size)) for s in range(0, n, size))
+
+
+def gemv_rows_call(gemv_rows: int, qtypes, cols: int) -> bool:
+    """Whether the library runs a GEMV call on gemv_rows.cuh (gemv_rows_plan.cuh rows_eligible): the tuning's
+    gemv_rows on (the library refuses it where the GPU lacks the kernel), every weight Q4_K / Q6_K / Q8_0,
+    cols within the x scratch."""
+    return gemv_rows > 0 and cols <= GEMV_ROWS_MAX_COLS and all(int(q) in GEMV_ROWS_QTYPES for q in qtypes)
 
 
 @dataclass(slots=True, eq=False)
@@ -94,6 +108,7 @@ class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
         self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx) -> fd_attention_shape_t* (AttentionOps._shape)
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
+        self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows, re-read by begin_forward
 
     # -- planning --------------------------------------------------------------------------------
     def reserve_arena(self, half_bytes: int) -> None:
@@ -119,6 +134,20 @@ class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py
     def begin_forward(self, row_invariant: bool = False) -> None:
         self.arena.reset()
         self.row_invariant = row_invariant
+        self._gemv_rows = self._tuned_gemv_rows()
+
+    def _tuned_gemv_rows(self) -> int:
+        t = self.ffi.new("fd_tuning_t*")
+        if self.lib.fd_tuning_get(t) != 0:
+            return 0
+        return int(getattr(t, "gemv_rows", 0))
+
+    def gemv_group(self, weights) -> int:
+        """Rows a GEMV launch of these weights takes: GEMV_ROWS_MAX_ROWS where the call runs on gemv_rows.cuh
+        (its kernel is the same for every row count, so the group size changes no result), else GEMV_MAX_ROWS."""
+        if gemv_rows_call(self._gemv_rows, (w.qtype for w in weights), weights[0].cols):
+            return GEMV_ROWS_MAX_ROWS
+        return GEMV_MAX_ROWS
 
     def begin_layer(self, index: int) -> None:
         self.arena.switch(index)
@@ -208,10 +237,10 @@ class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py
         n = x.shape[0]
         y = self.take((n, weight.rows))
         if self._on_gemv(n) or weight.rows * weight.cols > self.scratch_elems:
-            # GEMV in groups of up to 8 rows: decode, verification, and weights too large for the
+            # GEMV in groups of up to 8 (or 32) rows: decode, verification, and weights too large for the
             # dequantization scratch (the lm_head when every position's logits are wanted)
             xs, norm_w, eps = self._norm_parts(x)
-            for s, e in gemv_groups(n):
+            for s, e in gemv_groups(n, self.gemv_group([weight])):
                 self._check(self.lib.fd_gemv(self.p(y[s:e]), self.p(weight.data), weight.qtype, weight.rows,
                                              weight.cols, self.p(xs[s:e]), e - s, self.p(norm_w), eps, self.p(bias),
                                              self.p(None if residual is None else residual[s:e]),
@@ -235,7 +264,7 @@ class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py
         qt = self.ffi.new("int[]", [w.qtype for w in weights])
         rows = self.ffi.new("int[]", [w.rows for w in weights])
         bs = self.ffi.new("float*[]", [self.p(b) for b in biases])
-        for s, e in gemv_groups(n):
+        for s, e in gemv_groups(n, self.gemv_group(weights)):
             ys = self.ffi.new("float*[]", [self.p(o[s:e]) for o in outs])
             self._check(self.lib.fd_gemv_multi(k, ys, ws, qt, rows, bs, weights[0].cols, self.p(xs[s:e]), e - s,
                                                self.p(norm_w), eps, self.dev.stream), "fd_gemv_multi")
@@ -246,7 +275,7 @@ class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py
         y = self.take((n, w_gate.rows))
         if self._on_gemv(n):
             xs, norm_w, eps = self._norm_parts(x)
-            for s, e in gemv_groups(n):
+            for s, e in gemv_groups(n, self.gemv_group([w_gate, w_up])):
                 self._check(self.lib.fd_gemv_swiglu(self.p(y[s:e]), self.p(w_gate.data), w_gate.qtype,
                                                     self.p(w_up.data), w_up.qtype, w_gate.rows, w_gate.cols,
                                                     self.p(xs[s:e]), e - s, self.p(norm_w), eps,

@@ -1,0 +1,278 @@
+// gemv_rows.cuh -- the GEMV of every x-row count n = 1..32 on int8 tensor cores for Q4_K, Q6_K and Q8_0 weights
+// (gemv.cu runs it for fd_gemv, fd_gemv_multi and fd_gemv_swiglu when the tuning table's gemv_rows says so and
+// every matrix of the call has one of these formats). The design is bench/lab/gemv_mma_rows_lab.cu's (bench/NOTES.md
+// session 12); gemv_rows_item.cuh holds the per-item arithmetic, gemv_rows_plan.cuh the host side.
+//
+// y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 32 columns to int8 codes q and a float
+// scale xd (x' = xd * q) by a pre-pass (gemv_rows_quantize_x: one launch per call, shared by the matrices of a
+// multi / SwiGLU call), xn = x or rmsnorm(x) * norm_w (the norm is folded into the pre-pass: normalize, then
+// quantize). One code per 32 columns: the precision of llama.cpp's q8_1 activations, coarser than gemv.cuh's hi +
+// lo codes (the tests state the bound).
+//
+// Row invariance by construction: every output (weight row r, x row i) is one fixed float expression of W's row r
+// and x row i alone. A row is cut into C chunks of KS super-blocks (256 columns; a row's last chunk may be
+// shorter); an item is (16-row tile, chunk); its float chain per (r, i) starts at 0 (gemv_rows_item.cuh), and a
+// tile's C chunk partials are added in chunk order in shared memory, then the epilogue runs in a fixed order:
+// (+ bias[r]) (+ residual[i, r]), or silu(gate) * up. So the bits depend on KS (gemv_rows_plan.cuh: a function
+// of cols and the tuning table only) and on nothing else: not on n, the warps, CTAs, slots or rounds. The RMSNorm
+// sum uses a fixed partition (256 threads, block_sum) whatever n.
+//
+// Work: CTA b owns tiles b, b + G, ... of all matrices of the launch (tiles concatenated in matrix order; SwiGLU:
+// the gate's tiles, each staging the up matrix's same rows beside them), R at a time (a round). A round's items
+// (tile, chunk) go to its W warps round-robin; each warp keeps a private ring of ST item slots filled with 16-byte
+// cp.async (its first ST items are issued before griddepcontrol.wait, i.e. under the previous kernel), computes
+// item q while items q+1 .. q+ST-1 are in flight, and writes the item's partial (16 rows x 8 NT x rows) to shared
+// memory; after a barrier the CTA folds each tile's chunks and writes y. Staging: a row's chunk is copied from its
+// 16-byte floor (Q6_K and Q8_0 rows are 2-byte aligned), at a per-matrix row stride chosen for conflict-free reads
+// (gemv_rows_plan.cuh rows_stride); rows past a matrix's end are not staged and their outputs not written.
+#pragma once
+
+#include "gemv_args.cuh"
+#include "gemv_rows_item.cuh"
+
+namespace fd {
+namespace {
+
+constexpr int ROWS_MAX_WARPS = 16;
+constexpr int ROWS_MAX_SLOTS = 4;
+constexpr int ROWS_PREPASS_THREADS = 256;   // also the RMSNorm sum's fixed partition
+
+struct RowsMat {
+    const uint8_t* w;         // (rows, row_bytes) ggml blocks
+    float* y;                 // (n, rows); SwiGLU: the up matrix's is unused
+    const float* bias;        // (rows,) or NULL
+    long long row_bytes;
+    int fmt;                  // ROWS_Q4K / ROWS_Q6K / ROWS_Q80
+    int rows;
+    int tile_first;           // first tile of this matrix in the launch's tile order
+    int stride;               // bytes between staged rows in a slot (rows_stride)
+};
+
+struct RowsArgs {
+    RowsMat mat[MAX_MATS];    // SwiGLU: mat[0] = gate (its y is the output), mat[1] = up
+    int n_mats;
+    int n;                    // x rows, 1..32
+    int cols;
+    int ks;                   // super-blocks a chunk (changes the bits)
+    int C;                    // chunks a row: ceil(cols / (256 ks))
+    int tiles;                // tiles of the launch (SwiGLU: of the gate)
+    int R;                    // tiles a CTA folds per round
+    int st;                   // slots a warp, 1..ROWS_MAX_SLOTS
+    int slot_bytes;           // one slot: 16 rows x the largest stride (x 2 for SwiGLU: up at up_off)
+    int up_off;
+    RowsX x;                  // the pre-pass's codes and scales
+    const float* residual;    // (n, rows of mat[0]) or NULL; y may alias it
+};
+
+// ---- the x pre-pass --------------------------------------------------------------------------------------------
+// grid (ceil(cols / 256), n), ROWS_PREPASS_THREADS threads: warp w of CTA bx quantizes the 32-column block
+// 8 bx + w of x row blockIdx.y (lane = column): xn = x (* rsqrt(mean(x^2) + eps) * norm_w), codes
+// q = rint(xn * 127 / max|xn|), xd = max|xn| / 127, and xd * sum q (Q4_K's min term). With a norm every CTA sums
+// the whole row's squares in the same fixed partition (a few KB from L2).
+__global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
+    gemv_rows_quantize_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps, int cols,
+                         int8_t* __restrict__ xq, float2* __restrict__ xsc) {
+    __shared__ float red[32];
+    pdl_wait();                  // x (and norm_w's producer) are the previous kernel's
+    pdl_launch_dependents();     // the GEMV may start streaming its weights now
+    const int i = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* xr = x + (size_t)i * cols;
+    float scale = 1.0f;
+    if (norm_w) {
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < cols; c += ROWS_PREPASS_THREADS) ss = fmaf(xr[c], xr[c], ss);
+        ss = block_sum(ss, red);
+        scale = rsqrtf(ss / (float)cols + eps);
+    }
+    const int blk = blockIdx.x * (ROWS_PREPASS_THREADS / 32) + warp;
+    if (blk >= cols / 32) return;
+    const int c = 32 * blk + lane;
+    float v = xr[c];
+    if (norm_w) v = __fmul_rn(__fmul_rn(v, scale), norm_w[c]);
+    const float m = warp_max(fabsf(v));
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    const int qv = max(-127, min(127, __float2int_rn(__fmul_rn(v, inv))));
+    int s = qv;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    xq[(size_t)i * cols + c] = (int8_t)qv;
+    const float xd = m / 127.0f;
+    if (lane == 0) xsc[(size_t)blk * ROWS_NX + i] = make_float2(xd, __fmul_rn(xd, (float)s));
+}
+
+// ---- the GEMV ----------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void rows_wait(int pending) {   // cp.async.wait_group takes an immediate
+    switch (pending) {
+        case 0: q::cp_async_wait<0>(); break;
+        case 1: q::cp_async_wait<1>(); break;
+        case 2: q::cp_async_wait<2>(); break;
+        default: q::cp_async_wait<3>(); break;
+    }
+}
+
+// the matrix of launch tile `tile` (static indices only: a dynamic index into the kernel parameters would copy
+// them to local memory)
+__device__ __forceinline__ RowsMat rows_mat_of(const RowsArgs& a, int tile) {
+    RowsMat m = a.mat[0];
+#pragma unroll
+    for (int j = 1; j < MAX_MATS; ++j)
+        if (j < a.n_mats && tile >= a.mat[j].tile_first) m = a.mat[j];
+    return m;
+}
+
+// bytes and first byte of chunk `chunk` within a row of matrix m
+__device__ __forceinline__ void rows_chunk(const RowsArgs& a, const RowsMat& m, int chunk, long long& off, int& bytes,
+                                           int& u0, int& nu) {
+    if (m.fmt == ROWS_Q80) {   // units of one 32-column block
+        const int nblk = a.cols / 32;
+        u0 = chunk * 8 * a.ks;
+        nu = min(8 * a.ks, nblk - u0);
+        off = 34LL * u0;
+        bytes = 34 * nu;
+    } else {
+        const int nsb = a.cols / ROWS_QK, bb = m.fmt == ROWS_Q4K ? 144 : 210;
+        u0 = chunk * a.ks;
+        nu = min(a.ks, nsb - u0);
+        off = (long long)bb * u0;
+        bytes = bb * nu;
+    }
+}
+
+// The warp copies rows tile*16 .. +15 (those < m.rows) of one chunk of matrix m into dst (row r at r * m.stride,
+// from its 16-byte floor).
+__device__ __forceinline__ void rows_stage_mat(const RowsArgs& a, const RowsMat& m, int tile_local, int chunk,
+                                               uint8_t* dst, int lane) {
+    long long off;
+    int bytes, u0, nu;
+    rows_chunk(a, m, chunk, off, bytes, u0, nu);
+    const int pieces = (15 + bytes + 15) >> 4;   // the most any row needs (floor offset <= 14)
+    for (int i = lane; i < 16 * pieces; i += 32) {
+        const int r = i / pieces, pc = i - r * pieces;
+        const int row = tile_local * 16 + r;
+        if (row >= m.rows) continue;
+        const uint8_t* src = m.w + (long long)row * m.row_bytes + off;
+        const int head = (int)(reinterpret_cast<uintptr_t>(src) & 15);
+        const int left = head + bytes - 16 * pc;
+        if (left <= 0) continue;
+        q::cp_async16(dst + r * m.stride + 16 * pc, src - head + 16 * pc, left >= 16 ? 16 : left);
+    }
+}
+
+template <int NT, bool ODD>
+__device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsMat& m, int tile_local, int chunk,
+                                          const uint8_t* slot, int g, int t, float (&acc)[NT][4]) {
+    long long off;
+    int bytes, u0, nu;
+    rows_chunk(a, m, chunk, off, bytes, u0, nu);
+    // the staged rows keep their global alignment modulo 16 (rows past the end: any offset, outputs unused)
+    const long long rb = m.row_bytes;
+    const int h0 = (int)(reinterpret_cast<uintptr_t>(m.w + (long long)(tile_local * 16 + g) * rb + off) & 15);
+    const int h1 = (int)(reinterpret_cast<uintptr_t>(m.w + (long long)(tile_local * 16 + g + 8) * rb + off) & 15);
+    const uint8_t* r0 = slot + g * m.stride + h0;
+    const uint8_t* r1 = slot + (g + 8) * m.stride + h1;
+    if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD>(a.x, r0, r1, u0, nu, g, t, acc);
+    else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD>(a.x, r0, r1, u0, nu, g, t, acc);
+    else rows_item_q80<NT, ODD>(a.x, r0, r1, u0, nu, g, t, acc);
+}
+
+// NT N-tiles of 8 x rows (NT = 0: n == 1, one N-tile whose odd fragment columns are skipped -- the same operations
+// for x row 0). Shared memory: W x st slots, then R x C x (1 or 2) x NT x 4 x 32 floats of partials.
+template <int NT, bool SWIGLU>
+__global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const RowsArgs a) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int NTT = NT == 0 ? 1 : NT;
+    constexpr bool ODD = NT != 0;
+    constexpr int NR = SWIGLU ? 2 : 1;            // matrices an item computes
+    constexpr int PF = NR * NTT * 4 * 32;         // floats of one item's partial
+    const int W = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int G = gridDim.x, b = blockIdx.x;
+    uint8_t* ring = smem + (size_t)warp * a.st * a.slot_bytes;
+    float* part = reinterpret_cast<float*>(smem + (size_t)W * a.st * a.slot_bytes);
+    const int n_mine = b < a.tiles ? (a.tiles - 1 - b) / G + 1 : 0;
+    const int total = n_mine * a.C;   // this CTA's items: j = tile_local_cta * C + chunk, tile = b + (j / C) * G
+
+    auto stage = [&](int j, int s) {
+        const int tile = b + (j / a.C) * G, chunk = j % a.C;
+        const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
+        uint8_t* dst = ring + s * a.slot_bytes;
+        rows_stage_mat(a, m, tile - m.tile_first, chunk, dst, lane);
+        if (SWIGLU) rows_stage_mat(a, a.mat[1], tile, chunk, dst + a.up_off, lane);
+    };
+    // the first st items go out before griddepcontrol.wait: weights do not depend on the previous kernel
+    for (int s = 0; s < a.st; ++s) {
+        const int j = warp + s * W;
+        if (j < total) stage(j, s);
+        q::cp_async_commit();
+    }
+    pdl_wait();                // the pre-pass's codes, the residual
+    pdl_launch_dependents();
+    const int n_rounds = (n_mine + a.R - 1) / a.R;
+    int q = 0;
+    for (int rd = 0; rd < n_rounds; ++rd) {
+        const int jend = min(total, (rd + 1) * a.R * a.C);
+        for (;; ++q) {
+            const int j = warp + q * W;
+            if (j >= jend) break;
+            rows_wait(a.st - 1);
+            __syncwarp();
+            const int tile = b + (j / a.C) * G, chunk = j % a.C;
+            const uint8_t* slot = ring + (q % a.st) * a.slot_bytes;
+            const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
+            float acc[NR][NTT][4];
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+            rows_item<NTT, ODD>(a, m, tile - m.tile_first, chunk, slot, g, t, acc[0]);
+            if (SWIGLU) rows_item<NTT, ODD>(a, a.mat[1], tile, chunk, slot + a.up_off, g, t, acc[NR - 1]);
+            __syncwarp();      // every lane has read the slot before it is refilled
+            const int jn = warp + (q + a.st) * W;
+            if (jn < total) stage(jn, q % a.st);
+            q::cp_async_commit();
+            // partial of round-local item jl: [jl][r][nt * 4 + e][lane] (conflict-free writes and fold reads)
+            float* pp = part + (size_t)(j - rd * a.R * a.C) * PF + lane;
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pp[((r * NTT + nt) * 4 + e) * 32] = acc[r][nt][e];
+        }
+        // fold the round's tiles: chunks added in chunk order, then the epilogue; one thread per (tile, fragment
+        // element kk = nt * 4 + e, lane), the fragment's (row, x row) from (lane, kk)
+        __syncthreads();
+        const int t0 = rd * a.R, nt_round = min(a.R, n_mine - t0);
+        const int n_out = nt_round * (NTT * 4) * 32;
+        for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
+            const int ln = o & 31, kk = (o >> 5) % (NTT * 4), tl = (o >> 5) / (NTT * 4);
+            const int xr = (kk >> 2) * 8 + 2 * (ln & 3) + (kk & 1);
+            if (xr >= a.n) continue;
+            const int tile = b + (t0 + tl) * G;
+            const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
+            const int row = (tile - m.tile_first) * 16 + (ln >> 2) + 8 * ((kk & 3) >> 1);
+            if (row >= m.rows) continue;
+            const float* pp = part + (size_t)tl * a.C * PF + kk * 32 + ln;
+            float s = pp[0];
+            for (int c = 1; c < a.C; ++c) s = __fadd_rn(s, pp[(size_t)c * PF]);
+            const size_t yo = (size_t)xr * m.rows + row;
+            if (SWIGLU) {
+                const float* pu = pp + NTT * 4 * 32;
+                float su = pu[0];
+                for (int c = 1; c < a.C; ++c) su = __fadd_rn(su, pu[(size_t)c * PF]);
+                m.y[yo] = __fmul_rn(silu(s), su);
+            } else {
+                if (m.bias) s = __fadd_rn(s, m.bias[row]);
+                if (a.residual) s = __fadd_rn(s, __ldcg(a.residual + yo));   // read then written by this thread
+                m.y[yo] = s;
+            }
+        }
+        __syncthreads();
+    }
+    q::cp_async_wait<0>();
+}
+
+}  // namespace
+}  // namespace fd

@@ -1,0 +1,230 @@
+// gemv_rows_item.cuh -- what one warp of gemv_rows.cuh computes for one item: the integer dot products of 16 weight
+// rows x one chunk of columns x up to 32 x rows on int8 tensor cores, and the float chain of each (row, x row)
+// over the chunk's sub-blocks. Q4_K: mma.m16n8k32 u8 x s8 per 32-column sub-block; Q6_K: m16n8k16 s8 x s8 per 16
+// columns (Q6_K has a scale per 16 values); Q8_0: m16n8k32 s8 x s8 per 32-column block. Ported from
+// bench/lab/gemv_mma_rows_lab.cu (its --host-check emulated these fragment builders against the PTX tables and the
+// ggml layouts; its GPU run checked them against float64), with the chunk length a runtime count (a row's last
+// chunk may be shorter) and the rows' shared-memory addresses passed in.
+//
+// Fragments (PTX m16n8k32 / m16n8k16, 8-bit): thread (g = lane / 4, t = lane % 4) holds A rows g and g + 8, B
+// column (x row) g of the N-tile, C rows g, g + 8 x columns 2t, 2t + 1. acc[nt][e]: e = 0 (row g, x row nt*8 + 2t),
+// 1 (g, 2t + 1), 2 (g + 8, 2t), 3 (g + 8, 2t + 1). One decoded A fragment serves every N-tile (weights are A, x
+// rows are B), so extra x rows cost one mma and one float chain step each, no weight decoding.
+//
+// Numerics (why a row's bits depend on nothing but its own x row and the chunk): the mma's integer sums are exact
+// and column i depends only on x row i; the float work per (row, x row) is a chain of explicitly rounded operations
+// (__fmul_rn, fmaf) in sub-block order; int32 -> float by the 1.5 * 2^23 trick (exact for |v| < 2^22: |isum| <=
+// 32 * 15 * 127 or 16 * 32 * 127).
+#pragma once
+
+#include "quant_stage.cuh"
+
+#include <cuda_fp16.h>
+
+namespace fd {
+namespace {
+
+constexpr int ROWS_NX = 32;       // x rows a launch takes (4 N-tiles of 8); the x scratch holds that many
+constexpr int ROWS_QK = 256;      // columns of a "super-block": the chunk unit (Q8_0: 8 blocks of 32)
+
+// The formats this path runs, as gemv_rows.cuh numbers them (FD_Q_* -> ROWS_*).
+enum { ROWS_Q4K = 0, ROWS_Q6K = 1, ROWS_Q80 = 2 };
+inline int rows_fmt(int qtype) {
+    return qtype == FD_Q_Q4_K ? ROWS_Q4K : qtype == FD_Q_Q6_K ? ROWS_Q6K : qtype == FD_Q_Q8_0 ? ROWS_Q80 : -1;
+}
+// bytes of one chunk unit (256 columns) in each format
+__host__ __device__ constexpr int rows_unit_bytes(int f) { return f == ROWS_Q4K ? 144 : (f == ROWS_Q6K ? 210 : 272); }
+
+// ---- exact arithmetic -----------------------------------------------------------------------------------------
+__device__ __forceinline__ float rows_i2f(int v) { return __fsub_rn(__uint_as_float((uint32_t)(v + 0x4B400000)), 12582912.0f); }
+__device__ __forceinline__ float rows_u2f(uint32_t v) { return __fsub_rn(__uint_as_float(v | 0x4B000000u), 8388608.0f); }
+// a 32-bit word from a 2-byte-aligned shared-memory address (Q6_K rows, Q8_0 blocks)
+__device__ __forceinline__ uint32_t rows_ld32u(const uint8_t* p) {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+    return (uint32_t)q[0] | ((uint32_t)q[1] << 16);
+}
+
+// ---- the three mma shapes (s32 accumulate from zero) ------------------------------------------------------------
+__device__ __forceinline__ void rows_mma_k32_u8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+__device__ __forceinline__ void rows_mma_k32_s8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+__device__ __forceinline__ void rows_mma_k16_s8s8(uint32_t a0, uint32_t a1, uint32_t b0, int (&d)[4]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+// ---- fragment builders ----------------------------------------------------------------------------------------
+// Q4_K sub-block j = 2p + hh of rows g (qa) and g + 8 (qb); qa / qb = code bytes 8t..8t+7 of pair p's 32 bytes.
+// k-slot 4t+i <-> column 8t+i, slot 16+4t+i <-> column 8t+4+i (the x codes are loaded the same way).
+__device__ __forceinline__ void rows_q4k_a(uint2 qa, uint2 qb, int hh, uint32_t (&A)[4]) {
+    const int s = 4 * hh;
+    A[0] = (qa.x >> s) & 0x0F0F0F0Fu;
+    A[1] = (qb.x >> s) & 0x0F0F0F0Fu;
+    A[2] = (qa.y >> s) & 0x0F0F0F0Fu;
+    A[3] = (qb.y >> s) & 0x0F0F0F0Fu;
+}
+// Q6_K: the 4 values l = 16u + 4t .. +3 of group (h, s) of one row as int8 q - 32, from the words of
+// ql[64h + 16u + 4t] (ql0), ql[64h + 32 + 16u + 4t] (ql1) and qh[32h + 16u + 4t] (qh).
+// (q - 32) mod 256 = lo + 16 * ((hi2 + 14) mod 16); per byte hi2 + 14 <= 17 never carries into the next byte,
+// and the carry out of bit 3 lands in the next byte's low nibble, which the mask clears.
+__device__ __forceinline__ uint32_t rows_q6k_a(uint32_t ql0, uint32_t ql1, uint32_t qh, int s) {
+    const uint32_t lo = ((s & 1 ? ql1 : ql0) >> (4 * (s >> 1))) & 0x0F0F0F0Fu;
+    const uint32_t hi = ((((qh >> (2 * s)) & 0x03030303u) + 0x0E0E0E0Eu) << 4) & 0xF0F0F0F0u;
+    return lo | hi;
+}
+// Q4_K sub-block j's 6-bit (scale, min) from the header words (scale bytes 0..11 in h.y, h.z, h.w)
+__device__ __forceinline__ uint32_t rows_sbyte(const uint4& h, int i) {
+    const uint32_t word = i < 4 ? h.y : (i < 8 ? h.z : h.w);
+    return (word >> (8 * (i & 3))) & 0xFFu;
+}
+__device__ __forceinline__ void rows_scale_min(int j, const uint4& h, uint32_t& sc, uint32_t& m) {
+    if (j < 4) {
+        sc = rows_sbyte(h, j) & 63;
+        m = rows_sbyte(h, j + 4) & 63;
+    } else {
+        sc = (rows_sbyte(h, j + 4) & 0xF) | ((rows_sbyte(h, j - 4) >> 6) << 4);
+        m = (rows_sbyte(h, j + 4) >> 4) | ((rows_sbyte(h, j) >> 6) << 4);
+    }
+}
+
+// The activations of a launch (gemv_rows_quantize_x): x' = xd * q per 32 columns.
+struct RowsX {
+    const int8_t* q;      // (ROWS_NX, cols) codes; rows >= n hold stale values whose outputs are never written
+    const float2* sc;     // (cols / 32, ROWS_NX): {xd, xd * sum of the block's codes}
+    int cols;
+};
+
+// ---- items: r0 / r1 = the staged bytes of rows g and g + 8 at the chunk's first byte ---------------------------
+// Q4_K: super-blocks sb0 .. sb0 + nk - 1 of the row. Per sub-block: acc = fmaf(d*sc, xd*isum, acc);
+// acc = fmaf(-(dmin*m), xd * sum(x codes), acc).
+template <int NT, bool ODD>
+__device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                              int g, int t, float (&acc)[NT][4]) {
+    const int8_t* xb = x.q + (size_t)g * x.cols + 8 * t;
+#pragma unroll 1
+    for (int k = 0; k < nk; ++k) {
+        const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
+        const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
+        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
+        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const uint2 qa = *reinterpret_cast<const uint2*>(r0 + k * 144 + 16 + 32 * p + 8 * t);
+            const uint2 qb = *reinterpret_cast<const uint2*>(r1 + k * 144 + 16 + 32 * p + 8 * t);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int j = 2 * p + hh;
+                const int col0 = (sb0 + k) * ROWS_QK + 32 * j;
+                uint32_t A[4];
+                rows_q4k_a(qa, qb, hh, A);
+                uint32_t sc0, m0, sc1, m1;
+                rows_scale_min(j, h0, sc0, m0);
+                rows_scale_min(j, h1, sc1, m1);
+                const float wa[2] = {__fmul_rn(dm0.x, rows_u2f(sc0)), __fmul_rn(dm1.x, rows_u2f(sc1))};
+                const float wb[2] = {-__fmul_rn(dm0.y, rows_u2f(m0)), -__fmul_rn(dm1.y, rows_u2f(m1))};
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint2 B = __ldg(reinterpret_cast<const uint2*>(xb + (size_t)nt * 8 * x.cols + col0));
+                    const float4 xs = __ldg(reinterpret_cast<const float4*>(x.sc + (size_t)(col0 >> 5) * ROWS_NX + nt * 8 + 2 * t));
+                    int c[4];
+                    rows_mma_k32_u8s8(A, B.x, B.y, c);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (!ODD && (e & 1)) continue;   // n == 1: x rows 2t + 1 are never written
+                        const int r = e >> 1;
+                        const float xd = (e & 1) ? xs.z : xs.x, xsum = (e & 1) ? xs.w : xs.y;
+                        acc[nt][e] = fmaf(wa[r], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
+                        acc[nt][e] = fmaf(wb[r], xsum, acc[nt][e]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d = 210 B, only 2-byte aligned): per 16 columns
+// acc = fmaf(d*sc, xd*isum, acc), sub-blocks in the order h, u, s.
+template <int NT, bool ODD>
+__device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                              int g, int t, float (&acc)[NT][4]) {
+    const int8_t* xb = x.q + (size_t)g * x.cols + 4 * t;
+#pragma unroll 1
+    for (int k = 0; k < nk; ++k) {
+        const uint8_t* b0 = r0 + k * 210;
+        const uint8_t* b1 = r1 + k * 210;
+        const float d0 = __half2float(*reinterpret_cast<const __half*>(b0 + 208));
+        const float d1 = __half2float(*reinterpret_cast<const __half*>(b1 + 208));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const uint32_t l00 = rows_ld32u(b0 + 64 * h + 16 * u + 4 * t), l01 = rows_ld32u(b0 + 64 * h + 32 + 16 * u + 4 * t);
+                const uint32_t l10 = rows_ld32u(b1 + 64 * h + 16 * u + 4 * t), l11 = rows_ld32u(b1 + 64 * h + 32 + 16 * u + 4 * t);
+                const uint32_t qh0 = rows_ld32u(b0 + 128 + 32 * h + 16 * u + 4 * t);
+                const uint32_t qh1 = rows_ld32u(b1 + 128 + 32 * h + 16 * u + 4 * t);
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    const uint32_t a0 = rows_q6k_a(l00, l01, qh0, s), a1 = rows_q6k_a(l10, l11, qh1, s);
+                    const int sci = 8 * h + 2 * s + u;
+                    const float w[2] = {__fmul_rn(d0, rows_i2f((int)(int8_t)b0[192 + sci])),
+                                        __fmul_rn(d1, rows_i2f((int)(int8_t)b1[192 + sci]))};
+                    const int colb = (sb0 + k) * ROWS_QK + 128 * h + 32 * s + 16 * u;
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const uint32_t B = __ldg(reinterpret_cast<const uint32_t*>(xb + (size_t)nt * 8 * x.cols + colb));
+                        const float4 xs = __ldg(reinterpret_cast<const float4*>(x.sc + (size_t)(colb >> 5) * ROWS_NX + nt * 8 + 2 * t));
+                        int c[4];
+                        rows_mma_k16_s8s8(a0, a1, B, c);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            if (!ODD && (e & 1)) continue;
+                            const float xd = (e & 1) ? xs.z : xs.x;
+                            acc[nt][e] = fmaf(w[e >> 1], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned): blocks blk0 .. blk0 + nb - 1 of the row, k-slots as Q4_K's;
+// acc = fmaf(d, xd*isum, acc).
+template <int NT, bool ODD>
+__device__ __forceinline__ void rows_item_q80(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
+                                              int g, int t, float (&acc)[NT][4]) {
+    const int8_t* xb = x.q + (size_t)g * x.cols + 8 * t;
+#pragma unroll 4
+    for (int bl = 0; bl < nb; ++bl) {
+        const uint8_t* b0 = r0 + 34 * bl;
+        const uint8_t* b1 = r1 + 34 * bl;
+        const float d[2] = {__half2float(*reinterpret_cast<const __half*>(b0)), __half2float(*reinterpret_cast<const __half*>(b1))};
+        const uint32_t A[4] = {rows_ld32u(b0 + 2 + 8 * t), rows_ld32u(b1 + 2 + 8 * t), rows_ld32u(b0 + 6 + 8 * t),
+                               rows_ld32u(b1 + 6 + 8 * t)};
+        const int col0 = (blk0 + bl) * 32;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const uint2 B = __ldg(reinterpret_cast<const uint2*>(xb + (size_t)nt * 8 * x.cols + col0));
+            const float4 xs = __ldg(reinterpret_cast<const float4*>(x.sc + (size_t)(col0 >> 5) * ROWS_NX + nt * 8 + 2 * t));
+            int c[4];
+            rows_mma_k32_s8s8(A, B.x, B.y, c);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (!ODD && (e & 1)) continue;
+                const float xd = (e & 1) ? xs.z : xs.x;
+                acc[nt][e] = fmaf(d[e >> 1], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace fd

@@ -1,0 +1,175 @@
+// gemv_rows_plan.cuh -- the host side of gemv_rows.cuh: which calls take it (rows_eligible), the chunk size KS
+// (rows_ks: the only plan value that changes bits, so a function of cols and the tuning table, never of n), the
+// launch shape of a call (rows_shape: CTAs an SM, warps, slots, tiles a round -- free to depend on n and the
+// shape), the x scratch the pre-pass writes (rows_scratch), and gemv_rows_run, the whole call.
+#pragma once
+
+#include "gemv_plan.cuh"
+#include "gemv_rows.cuh"
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace fd {
+namespace {
+
+constexpr int ROWS_MAX_COLS = 65536;   // the x scratch's width (wider calls keep gemv.cuh's kernel)
+constexpr int ROWS_MAX_CHUNKS = 36;    // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
+
+// Whether a call runs here: the tuning has it on (gemv_rows > 0, an NVIDIA GPU of sm_80 or later: int8 mma.sync and
+// cp.async), every matrix is Q4_K, Q6_K or Q8_0 and cols fits the scratch. Never depends on n_x (row invariance
+// between a verify row and a decode step). Malformed shapes (cols % block) are left to gemv.cu's checks.
+inline bool rows_eligible(int gemv_rows, int cc_major, int n_mats, const MatIn* mats, int cols) {
+    if (gemv_rows <= 0 || cc_major < 8 || cols < 32 || cols > ROWS_MAX_COLS) return false;
+    for (int k = 0; k < n_mats; ++k) {
+        const int f = rows_fmt(mats[k].qtype);
+        if (f < 0 || cols % (f == ROWS_Q80 ? 32 : ROWS_QK) != 0) return false;
+    }
+    return true;
+}
+
+// Super-blocks a chunk: the table's value, raised where a row would have more than ROWS_MAX_CHUNKS chunks.
+inline int rows_ks(int cols, int gemv_rows) { return max(gemv_rows, ceil_div(ceil_div(cols, ROWS_QK), ROWS_MAX_CHUNKS)); }
+
+// Bytes between staged rows of a slot: the most 16-byte pieces a row's chunk takes (from its 16-byte floor), padded
+// for conflict-free reads -- Q4_K: 8-byte loads at row g, offset 8t (rows g..g+3 of a half-warp 8 banks apart:
+// stride = 32 mod 64 bytes); Q6_K / Q8_0: 2-byte loads at 4t / 8t (stride = 16 mod 32).
+inline int rows_stride(int fmt, int ks) {
+    int b = fmt == ROWS_Q4K ? ks * 144 : ((ks * rows_unit_bytes(fmt) + 14 + 15) / 16) * 16;
+    if (fmt == ROWS_Q4K) { while (b % 64 != 32) b += 16; }
+    else { while (b % 32 != 16) b += 16; }
+    return b;
+}
+
+struct RowsShape { int ctas, warps, st, R; size_t smem; };
+
+// The launch shape for a call of n x rows (a.tiles, a.C, a.slot_bytes set). Items a CTA = its tiles x C; warps
+// enough for them (4..16, 8 with two CTAs an SM), slots a warp to put a CTA's whole share in flight at once where
+// it fits (2..4; 2 for long persistent runs), R tiles a round (<= 8) from the shared memory left. Two CTAs an SM
+// for launches of many tiles (the lm_head), so one CTA's fold overlaps the other's streaming.
+inline int rows_shape(const RowsArgs& a, bool swiglu, int n, const DeviceFacts& dev, RowsShape* out) {
+    const int NTT = n == 1 ? 1 : (n <= 8 ? 1 : (n <= 16 ? 2 : 4));
+    const int cps = a.tiles >= 8 * dev.n_sms ? 2 : 1;
+    const int ctas = min(a.tiles, dev.n_sms * cps);
+    const int per_cta = ceil_div(a.tiles, ctas);
+    const int items = per_cta * a.C;
+    int warps = min(max((items + 3) & ~3, 4), ROWS_MAX_WARPS / cps);
+    int st = items > 4 * warps ? 2 : min(max(ceil_div(items, warps), 2), ROWS_MAX_SLOTS);
+    const int64_t budget = (int64_t)dev.max_smem / cps - 1024;
+    const int64_t per_tile = (int64_t)a.C * (swiglu ? 2 : 1) * NTT * 4 * 32 * 4;
+    for (;;) {
+        const int64_t ring = (int64_t)warps * st * a.slot_bytes;
+        if (ring + per_tile <= budget) {
+            const int R = (int)std::min<int64_t>(std::min(per_cta, 8), (budget - ring) / per_tile);
+            *out = RowsShape{ctas, warps, st, R, (size_t)(ring + (int64_t)R * per_tile)};
+            return 0;
+        }
+        if (st > 2) --st;                  // fewer slots first, then fewer warps, then a single slot
+        else if (warps > 4) warps -= 4;
+        else if (st > 1) --st;
+        else if (warps > 1) --warps;
+        else return FD_E_SHAPE;
+    }
+}
+
+// The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS: one buffer per (device, stream), allocated on the first call
+// on that stream and kept for the process. Per stream, so calls on different streams never share it (a graph replays
+// on its captured stream's buffer: replay it on that stream, or on none that runs GEMVs at the same time). A first
+// call inside graph capture allocates in relaxed capture mode (cudaThreadExchangeStreamCaptureMode, the documented
+// way for a library to cudaMalloc there).
+struct RowsScratch { int8_t* xq = nullptr; float2* xsc = nullptr; };
+
+inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
+    static std::mutex mu;
+    static std::map<std::pair<int, cudaStream_t>, RowsScratch> bufs;
+    int dev = 0;
+    if (cudaError_t e = cudaGetDevice(&dev)) return (int)e;
+    std::lock_guard<std::mutex> lock(mu);
+    RowsScratch& s = bufs[{dev, stream}];
+    if (s.xq == nullptr) {
+        const size_t q_bytes = (size_t)ROWS_NX * ROWS_MAX_COLS;
+        const size_t sc_bytes = (size_t)(ROWS_MAX_COLS / 32) * ROWS_NX * sizeof(float2);
+        void* p = nullptr;
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        cudaThreadExchangeStreamCaptureMode(&mode);
+        const cudaError_t e = cudaMalloc(&p, q_bytes + sc_bytes);
+        cudaThreadExchangeStreamCaptureMode(&mode);   // back to the caller's mode
+        if (e != cudaSuccess) return (int)e;
+        s.xq = static_cast<int8_t*>(p);
+        s.xsc = reinterpret_cast<float2*>(static_cast<uint8_t*>(p) + q_bytes);
+    }
+    *out = s;
+    return 0;
+}
+
+template <int NT, bool SWIGLU>
+int rows_launch(const RowsArgs& a, const RowsShape& sh, int max_smem, cudaStream_t stream) {
+    static std::once_flag once;
+    static cudaError_t err = cudaSuccess;
+    std::call_once(once, [&] {
+        err = cudaFuncSetAttribute(gemv_rows_kernel<NT, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+    });
+    if (err) return (int)err;
+    return launch_pdl(gemv_rows_kernel<NT, SWIGLU>, dim3(sh.ctas), dim3(sh.warps * 32), sh.smem, stream, a);
+}
+
+template <bool SWIGLU>
+int rows_launch_n(const RowsArgs& a, const RowsShape& sh, int max_smem, cudaStream_t stream) {
+    if (a.n == 1) return rows_launch<0, SWIGLU>(a, sh, max_smem, stream);
+    if (a.n <= 8) return rows_launch<1, SWIGLU>(a, sh, max_smem, stream);
+    if (a.n <= 16) return rows_launch<2, SWIGLU>(a, sh, max_smem, stream);
+    return rows_launch<4, SWIGLU>(a, sh, max_smem, stream);
+}
+
+// The whole call (validated as gemv_plan validates): the pre-pass (x -> codes, with the norm), then one GEMV
+// launch over every matrix. 1 <= n_x <= ROWS_NX.
+inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x,
+                         const float* norm_w, float eps, const float* residual, int gemv_rows, const DeviceFacts& dev,
+                         cudaStream_t stream) {
+    FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && n_x >= 1 && n_x <= ROWS_NX);
+    FD_CHECK_ARG(eps >= 0.0f && (!swiglu || (n_mats == 2 && mats[0].rows == mats[1].rows)));
+    RowsArgs a{};
+    a.n_mats = n_mats;
+    a.n = n_x;
+    a.cols = cols;
+    a.ks = rows_ks(cols, gemv_rows);
+    a.C = ceil_div(cols, ROWS_QK * a.ks);
+    a.residual = residual;
+    int stride_max = 0, tiles = 0;
+    for (int k = 0; k < n_mats; ++k) {
+        FmtInfo info;
+        if (!fmt_info(mats[k].qtype, &info)) return FD_E_QTYPE;
+        FD_CHECK_ARG(mats[k].w != nullptr && mats[k].y != nullptr && mats[k].rows >= 1);
+        FD_CHECK_ARG(reinterpret_cast<uintptr_t>(mats[k].w) % (uintptr_t)info.align == 0);
+        RowsMat& m = a.mat[k];
+        m.w = static_cast<const uint8_t*>(mats[k].w);
+        m.y = mats[k].y;
+        m.bias = mats[k].bias;
+        m.fmt = rows_fmt(mats[k].qtype);
+        m.rows = mats[k].rows;
+        m.row_bytes = row_bytes(info, cols);
+        m.stride = rows_stride(m.fmt, a.ks);
+        m.tile_first = swiglu ? 0 : tiles;
+        if (!swiglu || k == 0) tiles += ceil_div(m.rows, 16);
+        stride_max = max(stride_max, m.stride);
+    }
+    a.tiles = tiles;
+    a.up_off = 16 * stride_max;
+    a.slot_bytes = a.up_off * (swiglu ? 2 : 1);
+    RowsShape sh;
+    if (int st = rows_shape(a, swiglu, n_x, dev, &sh)) return st;
+    a.st = sh.st;
+    a.R = sh.R;
+    RowsScratch s;
+    if (int st = rows_scratch(stream, &s)) return st;
+    a.x = RowsX{s.xq, s.xsc, cols};
+    const dim3 pre_grid(ceil_div(cols, ROWS_PREPASS_THREADS), n_x);
+    if (int st = launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w, eps, cols,
+                            s.xq, s.xsc))
+        return st;
+    return swiglu ? rows_launch_n<true>(a, sh, dev.max_smem, stream) : rows_launch_n<false>(a, sh, dev.max_smem, stream);
+}
+
+}  // namespace
+}  // namespace fd

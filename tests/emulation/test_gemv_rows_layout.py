@@ -1,0 +1,250 @@
+"""CPU emulation of native/cuda/gemv_rows.cuh's index math and integer fragments (the lab's --host-check idea,
+bench/lab/gemv_mma_rows_lab.cu, at the level of one item and one launch's bookkeeping).
+
+  - fragments: the kernel's A builders (gemv_rows_item.cuh rows_q4k_a, rows_q6k_a's SWAR q - 32, Q8_0's words)
+    and B loads (8 or 4 consecutive x codes at 8t / 4t), fed through the PTX ISA's mma.m16n8k32 / m16n8k16 8-bit
+    fragment tables (written down here from the ISA, not from the kernel), against integer dot products of the codes
+    read straight from the ggml block layouts -- whose decoding is itself checked against gguf.quants.dequantize;
+  - staging (rows_stage_mat): every row's chunk lands at slot row r from its 16-byte floor, inside the row stride
+    (rows_stride), for every format, chunk size and row alignment; a row's last chunk may be short;
+  - chunks (rows_ks, rows_chunk): a function of cols and the tuning only, covering every column once, <= 36 a row;
+  - the fold's thread -> (row, x row) map: every (row, x row) of a tile's 16 x 8 NT outputs exactly once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from flashd.scripts.random_weights import random_weights
+
+LANE = np.arange(32)
+G, TQ = LANE // 4, LANE % 4                 # PTX groupID, threadID_in_group
+MASK = 0xFFFFFFFF
+
+
+def u32(b: np.ndarray, off: int) -> int:
+    """little-endian 32-bit word at byte offset off (any alignment: the kernel's rows_ld32u)"""
+    return int.from_bytes(bytes(b[off:off + 4]), "little")
+
+
+def signed_bytes(w: int) -> list[int]:
+    return [((w >> (8 * i)) & 0xFF) - (256 if (w >> (8 * i)) & 0x80 else 0) for i in range(4)]
+
+
+def unsigned_bytes(w: int) -> list[int]:
+    return [(w >> (8 * i)) & 0xFF for i in range(4)]
+
+
+def mma(K: int, A: list, B: list, a_signed: bool) -> np.ndarray:
+    """D (16 x 8) of mma.m16n8k{K} from per-lane registers (PTX ISA tables for 8-bit A row / B col):
+    A reg0 = (row g, k 4t..4t+3), reg1 = (g + 8, 4t..), reg2 = (g, 16 + 4t..), reg3 = (g + 8, 16 + 4t..);
+    B reg0 = (k 4t..4t+3, col g), reg1 = (16 + 4t.., g)."""
+    Am, Bm = np.zeros((16, K), np.int64), np.zeros((K, 8), np.int64)
+    ab = signed_bytes if a_signed else unsigned_bytes
+    for lane in range(32):
+        g, t = G[lane], TQ[lane]
+        Am[g, 4 * t:4 * t + 4] = ab(A[lane][0])
+        Am[g + 8, 4 * t:4 * t + 4] = ab(A[lane][1])
+        Bm[4 * t:4 * t + 4, g] = signed_bytes(B[lane][0])
+        if K == 32:
+            Am[g, 16 + 4 * t:20 + 4 * t] = ab(A[lane][2])
+            Am[g + 8, 16 + 4 * t:20 + 4 * t] = ab(A[lane][3])
+            Bm[16 + 4 * t:20 + 4 * t, g] = signed_bytes(B[lane][1])
+    return Am @ Bm
+
+
+# ---- the ggml layouts, spelled out (not the kernel's builders) --------------------------------------------------
+def codes_q4k(blk: np.ndarray) -> np.ndarray:
+    out = np.empty(256, np.int64)
+    for v in range(256):
+        j, l = v // 32, v % 32
+        b = int(blk[16 + 32 * (j // 2) + l])
+        out[v] = (b >> 4) if j & 1 else (b & 0xF)
+    return out
+
+
+def codes_q6k(blk: np.ndarray) -> np.ndarray:
+    out = np.empty(256, np.int64)
+    for v in range(256):
+        h, s, l = v // 128, (v % 128) // 32, v % 32
+        lo = (int(blk[64 * h + 32 * (s & 1) + l]) >> (4 * (s >> 1))) & 0xF
+        hi = (int(blk[128 + 32 * h + l]) >> (2 * s)) & 3
+        out[v] = (lo | (hi << 4)) - 32
+    return out
+
+
+def test_layout_decoders_match_gguf():
+    rng = np.random.default_rng(1)
+    for qtype in (T.Q4_K, T.Q6_K):
+        data = random_weights(rng, qtype, 1, 256)
+        blk = data.reshape(-1)
+        ref = dequantize(data, qtype).reshape(-1).astype(np.float64)
+        if qtype == T.Q6_K:
+            d = float(np.frombuffer(bytes(blk[208:210]), np.float16)[0])
+            sc = np.array([int(np.int8(blk[192 + i])) for i in range(16)])
+            got = d * sc[np.arange(256) // 16] * codes_q6k(blk)
+        else:
+            d, dmin = (float(v) for v in np.frombuffer(bytes(blk[0:4]), np.float16))
+            sk = blk[4:16].astype(np.int64)
+            sc, m = np.empty(8), np.empty(8)
+            for j in range(8):
+                if j < 4:
+                    sc[j], m[j] = sk[j] & 63, sk[j + 4] & 63
+                else:
+                    sc[j] = (sk[j + 4] & 0xF) | ((sk[j - 4] >> 6) << 4)
+                    m[j] = (sk[j + 4] >> 4) | ((sk[j] >> 6) << 4)
+            got = d * sc[np.arange(256) // 32] * codes_q4k(blk) - dmin * m[np.arange(256) // 32]
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+# ---- the kernel's fragment builders, transcribed ----------------------------------------------------------------
+def q4k_a(qa: tuple, qb: tuple, hh: int) -> list:
+    s = 4 * hh
+    return [(qa[0] >> s) & 0x0F0F0F0F, (qb[0] >> s) & 0x0F0F0F0F, (qa[1] >> s) & 0x0F0F0F0F, (qb[1] >> s) & 0x0F0F0F0F]
+
+
+def q6k_a(ql0: int, ql1: int, qh: int, s: int) -> int:
+    lo = ((ql1 if s & 1 else ql0) >> (4 * (s >> 1))) & 0x0F0F0F0F
+    hi = ((((qh >> (2 * s)) & 0x03030303) + 0x0E0E0E0E) << 4) & 0xF0F0F0F0
+    return (lo | hi) & MASK
+
+
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0"])
+def test_fragments_give_the_integer_dot_products(fmt):
+    rng = np.random.default_rng(2)
+    qtype = {"Q4_K": T.Q4_K, "Q6_K": T.Q6_K, "Q8_0": T.Q8_0}[fmt]
+    w = random_weights(rng, qtype, 16, 256).reshape(16, -1)
+    x = rng.integers(-127, 128, (8, 256)).astype(np.int8)
+    xb = x.view(np.uint8)
+    if fmt == "Q4_K":
+        codes = np.stack([codes_q4k(w[r]) for r in range(16)])
+        subs = [(32 * j, 32, j) for j in range(8)]
+    elif fmt == "Q6_K":
+        codes = np.stack([codes_q6k(w[r]) for r in range(16)])
+        subs = [(128 * h + 32 * s + 16 * u, 16, (h, u, s)) for h in range(2) for u in range(2) for s in range(4)]
+    else:
+        codes = np.stack([np.array([int(np.int8(w[r][34 * (v // 32) + 2 + v % 32])) for v in range(256)])
+                          for r in range(16)])
+        subs = [(32 * bl, 32, bl) for bl in range(8)]
+    for c0, n, key in subs:
+        A, B = [], []
+        for lane in range(32):
+            g, t = G[lane], TQ[lane]
+            r0, r1 = w[g], w[g + 8]
+            if fmt == "Q4_K":
+                p, hh = key // 2, key & 1
+                qa = (u32(r0, 16 + 32 * p + 8 * t), u32(r0, 20 + 32 * p + 8 * t))
+                qb = (u32(r1, 16 + 32 * p + 8 * t), u32(r1, 20 + 32 * p + 8 * t))
+                A.append(q4k_a(qa, qb, hh))
+                B.append((u32(xb[g], c0 + 8 * t), u32(xb[g], c0 + 8 * t + 4)))
+            elif fmt == "Q6_K":
+                h, u, s = key
+                a0 = q6k_a(u32(r0, 64 * h + 16 * u + 4 * t), u32(r0, 64 * h + 32 + 16 * u + 4 * t),
+                           u32(r0, 128 + 32 * h + 16 * u + 4 * t), s)
+                a1 = q6k_a(u32(r1, 64 * h + 16 * u + 4 * t), u32(r1, 64 * h + 32 + 16 * u + 4 * t),
+                           u32(r1, 128 + 32 * h + 16 * u + 4 * t), s)
+                A.append([a0, a1])
+                B.append((u32(xb[g], c0 + 4 * t),))
+            else:
+                bl = key
+                A.append([u32(r0, 34 * bl + 2 + 8 * t), u32(r1, 34 * bl + 2 + 8 * t), u32(r0, 34 * bl + 6 + 8 * t),
+                          u32(r1, 34 * bl + 6 + 8 * t)])
+                B.append((u32(xb[g], c0 + 8 * t), u32(xb[g], c0 + 8 * t + 4)))
+        got = mma(n, A, B, a_signed=fmt != "Q4_K")
+        want = codes[:, c0:c0 + n] @ x[:, c0:c0 + n].astype(np.int64).T
+        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} sub-block {key}")
+
+
+# ---- gemv_rows_plan.cuh / gemv_rows.cuh bookkeeping, transcribed ------------------------------------------------
+UNIT = {"Q4_K": 144, "Q6_K": 210, "Q8_0": 272}
+BLOCK = {"Q4_K": 144, "Q6_K": 210, "Q8_0": 34}        # bytes of one ggml block
+BLOCK_COLS = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32}
+
+
+def rows_ks(cols: int, gemv_rows: int) -> int:
+    return max(gemv_rows, -(-(-(-cols // 256)) // 36))
+
+
+def rows_stride(fmt: str, ks: int) -> int:
+    b = ks * 144 if fmt == "Q4_K" else ((ks * UNIT[fmt] + 14 + 15) // 16) * 16
+    while b % (64 if fmt == "Q4_K" else 32) != (32 if fmt == "Q4_K" else 16):
+        b += 16
+    return b
+
+
+def rows_chunk(fmt: str, cols: int, ks: int, chunk: int) -> tuple[int, int, int, int]:
+    """(byte offset in the row, bytes, first unit, units)"""
+    if fmt == "Q8_0":
+        nblk = cols // 32
+        u0 = chunk * 8 * ks
+        nu = min(8 * ks, nblk - u0)
+        return 34 * u0, 34 * nu, u0, nu
+    nsb = cols // 256
+    u0 = chunk * ks
+    nu = min(ks, nsb - u0)
+    return BLOCK[fmt] * u0, BLOCK[fmt] * nu, u0, nu
+
+
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("ks", [1, 2, 3, 8])
+@pytest.mark.parametrize("base", [0, 2, 6, 14])
+def test_staging_puts_each_row_chunk_inside_its_stride(fmt, ks, base):
+    if fmt != "Q8_0" and base % 16:
+        pytest.skip("K-quant weights are 16-byte aligned (flashd.h)")
+    for cols in ([256, 768, 2560, 8960] if fmt != "Q8_0" else [32, 96, 800, 1536, 8960]):
+        row_bytes = cols // BLOCK_COLS[fmt] * BLOCK[fmt]
+        C = -(-cols // (256 * ks))
+        stride = rows_stride(fmt, ks)
+        g = np.arange(2 * row_bytes * 17 + 64, dtype=np.int64) % 251   # global memory: byte values by address
+        for chunk in range(C):
+            off, nbytes, _, _ = rows_chunk(fmt, cols, ks, chunk)
+            assert nbytes > 0
+            pieces = (15 + nbytes + 15) >> 4
+            slot = np.full(16 * stride, -1, np.int64)
+            for i in range(16 * pieces):              # what the lanes of rows_stage_mat copy
+                r, pc = divmod(i, pieces)
+                src = base + r * row_bytes + off
+                head = src & 15
+                left = head + nbytes - 16 * pc
+                if left <= 0:
+                    continue
+                n = min(16, left)
+                dst = r * stride + 16 * pc
+                assert 16 * pc + n <= stride, f"{fmt} ks{ks} cols {cols}: row {r} spills into the next"
+                slot[dst:dst + n] = g[src - head + 16 * pc:src - head + 16 * pc + n]
+            for r in range(16):                        # what rows_item reads: row r's chunk at r * stride + head
+                src = base + r * row_bytes + off
+                head = src & 15
+                np.testing.assert_array_equal(slot[r * stride + head:r * stride + head + nbytes], g[src:src + nbytes])
+            if fmt == "Q4_K":
+                assert (base + off) % 16 == 0            # the uint4 header loads need it
+
+
+@pytest.mark.parametrize("cols", [32, 256, 800, 1536, 8960, 9216, 27648, 65536])
+@pytest.mark.parametrize("gemv_rows", [1, 2, 8])
+def test_chunks_cover_every_column_once(cols, gemv_rows):
+    ks = rows_ks(cols, gemv_rows)
+    C = -(-cols // (256 * ks))
+    assert C <= 36 and ks <= 8
+    for fmt in (["Q8_0"] if cols % 256 else ["Q4_K", "Q6_K", "Q8_0"]):
+        covered = []
+        for chunk in range(C):
+            _, _, u0, nu = rows_chunk(fmt, cols, ks, chunk)
+            covered += list(range(u0, u0 + nu))
+        assert covered == list(range(cols // BLOCK_COLS[fmt]))
+
+
+@pytest.mark.parametrize("ntt", [1, 2, 4])
+def test_fold_threads_cover_each_output_once(ntt):
+    seen = set()
+    for o in range(ntt * 4 * 32):
+        ln, kk = o & 31, (o >> 5) % (ntt * 4)
+        row = (ln >> 2) + 8 * ((kk & 3) >> 1)
+        xr = (kk >> 2) * 8 + 2 * (ln & 3) + (kk & 1)
+        # the fragment element this thread reads was written by lane ln as acc[nt][e], nt = kk >> 2, e = kk & 3:
+        # the C fragment's (row g + 8 (e >> 1), column 2t + (e & 1)) of N-tile nt
+        assert row == G[ln] + 8 * ((kk & 3) >> 1) and xr == 8 * (kk >> 2) + 2 * TQ[ln] + (kk & 1)
+        seen.add((row, xr))
+    assert seen == {(r, x) for r in range(16) for x in range(8 * ntt)}
