@@ -16,4 +16,4 @@ def test_reports_every_phase(tmp_path, capsys, mode, topk):
     for phase in ("propose", "inject", "block", "lm_head", "host_copy", "topk", "tree", "verify", "capture",
                   "commit", "accept", "step (wall)"):
         assert f"\n{phase}" in out or f"    {phase}" in out, phase
-    assert f"{mode} budget 8, 2 steps" in out and f"top-K host ({topk})" in out
+    assert f"{mode} budget 8," in out and "device capture: 2 steps" in out and f"top-K host ({topk})" in out
