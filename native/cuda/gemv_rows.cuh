@@ -5,9 +5,10 @@
 //
 // y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 32 columns to int8 codes q and a float
 // scale xd (x' = xd * q) by a pre-pass (gemv_rows_quantize_x: one launch per call, shared by the matrices of a
-// multi / SwiGLU call), xn = x or rmsnorm(x) * norm_w (the norm is folded into the pre-pass: normalize, then
-// quantize). One code per 32 columns: the precision of llama.cpp's q8_1 activations, coarser than gemv.cuh's hi +
-// lo codes (the tests state the bound).
+// multi / SwiGLU call) or, for n <= the tuning's gemv_rows_fuse_nx, by every GEMV CTA for itself into shared memory
+// (rows_quantize_cta: no second launch; the same definition, so the same codes), xn = x or rmsnorm(x) * norm_w (the
+// norm is folded into the quantization: normalize, then quantize). One code per 32 columns: the precision of
+// llama.cpp's q8_1 activations, coarser than gemv.cuh's hi + lo codes (the tests state the bound).
 //
 // Row invariance by construction: every output (weight row r, x row i) is one fixed float expression of W's row r
 // and x row i alone. A row is cut into C chunks of KS super-blocks (256 columns; a row's last chunk may be
@@ -209,22 +210,23 @@ __device__ __forceinline__ void rows_chunk(const RowsArgs& a, const RowsMat& m, 
 }
 
 // The warp copies rows tile*16 .. +15 (those < m.rows) of one chunk of matrix m into dst (row r at r * m.stride,
-// from its 16-byte floor).
+// from its 16-byte floor): lanes r and r + 16 take row r's even and odd 16-byte pieces (no division a piece, one
+// row address a lane; a lane pair's pieces are adjacent bytes).
 __device__ __forceinline__ void rows_stage_mat(const RowsArgs& a, const RowsMat& m, int tile_local, int chunk,
                                                uint8_t* dst, int lane) {
     long long off;
     int bytes, u0, nu;
     rows_chunk(a, m, chunk, off, bytes, u0, nu);
-    const int pieces = (15 + bytes + 15) >> 4;   // the most any row needs (floor offset <= 14)
-    for (int i = lane; i < 16 * pieces; i += 32) {
-        const int r = i / pieces, pc = i - r * pieces;
-        const int row = tile_local * 16 + r;
-        if (row >= m.rows) continue;
-        const uint8_t* src = m.w + (long long)row * m.row_bytes + off;
-        const int head = (int)(reinterpret_cast<uintptr_t>(src) & 15);
-        const int left = head + bytes - 16 * pc;
-        if (left <= 0) continue;
-        q::cp_async16(dst + r * m.stride + 16 * pc, src - head + 16 * pc, left >= 16 ? 16 : left);
+    const int r = lane & 15, row = tile_local * 16 + r;
+    if (row >= m.rows) return;
+    const uint8_t* src = m.w + (long long)row * m.row_bytes + off;
+    const int head = (int)(reinterpret_cast<uintptr_t>(src) & 15);
+    const uint8_t* s0 = src - head;
+    uint8_t* d0 = dst + r * m.stride;
+    const int total = head + bytes;   // bytes from the floor
+    for (int pc = lane >> 4; 16 * pc < total; pc += 2) {
+        const int left = total - 16 * pc;
+        q::cp_async16(d0 + 16 * pc, s0 + 16 * pc, left >= 16 ? 16 : left);
     }
 }
 

@@ -1,7 +1,8 @@
 // gemv_rows_plan.cuh -- the host side of gemv_rows.cuh: which calls take it (rows_eligible), the chunk size KS
 // (rows_ks: the only plan value that changes bits, so a function of cols and the tuning table, never of n), the
 // launch shape of a call (rows_shape: CTAs an SM, warps, slots, tiles a round -- free to depend on n and the
-// shape), the x scratch the pre-pass writes (rows_scratch), and gemv_rows_run, the whole call.
+// shape), the x scratch the pre-pass writes (rows_scratch; calls whose CTAs quantize x themselves need none), and
+// gemv_rows_run, the whole call.
 #pragma once
 
 #include "gemv_plan.cuh"

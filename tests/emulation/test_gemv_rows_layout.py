@@ -237,15 +237,18 @@ def test_staging_puts_each_row_chunk_inside_its_stride(fmt, ks, base):
         for chunk in range(C):
             off, nbytes, _, _ = rows_chunk(fmt, cols, ks, chunk)
             assert nbytes > 0
-            pieces = (15 + nbytes + 15) >> 4
             slot = np.full(16 * stride, -1, np.int64)
-            for i in range(16 * pieces):              # what the lanes of rows_stage_mat copy
-                r, pc = divmod(i, pieces)
+            copies = []                                # (row, piece) of each cp.async of rows_stage_mat's lanes
+            for lane in range(32):
+                r = lane & 15
+                total = ((base + r * row_bytes + off) & 15) + nbytes
+                copies += [(r, pc) for pc in range(lane >> 4, -(-total // 16), 2)]
+            assert len(set(copies)) == len(copies)
+            for r, pc in copies:
                 src = base + r * row_bytes + off
                 head = src & 15
                 left = head + nbytes - 16 * pc
-                if left <= 0:
-                    continue
+                assert left > 0
                 n = min(16, left)
                 dst = r * stride + 16 * pc
                 assert 16 * pc + n <= stride, f"{fmt} ks{ks} cols {cols}: row {r} spills into the next"
