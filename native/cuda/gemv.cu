@@ -99,12 +99,13 @@ struct GemvTuning {
     int rounds;
     int mma_rows;   // passes of at least this many x rows run gemv_mma.cuh's kernel (0: never)
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
+    int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
-                      FD_HAS_MMA ? t.gemv_rows : 0};
+                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -212,7 +213,8 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     const GemvTuning tn = tuning();
 #if FD_HAS_MMA
     if (rows_eligible(tn.rows, dev.cc_major, n_mats, mats, cols))
-        return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual, tn.rows, dev, stream);
+        return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual, tn.rows, tn.rows_fuse_nx, dev,
+                             stream);
 #endif
     GemvPlan pl;
     if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x, tn.stage_bytes,

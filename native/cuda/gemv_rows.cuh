@@ -5,9 +5,10 @@
 //
 // y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 32 columns to int8 codes q and a float
 // scale xd (x' = xd * q) by a pre-pass (gemv_rows_quantize_x: one launch per call, shared by the matrices of a
-// multi / SwiGLU call), xn = x or rmsnorm(x) * norm_w (the norm is folded into the pre-pass: normalize, then
-// quantize). One code per 32 columns: the precision of llama.cpp's q8_1 activations, coarser than gemv.cuh's hi +
-// lo codes (the tests state the bound).
+// multi / SwiGLU call) or, for n <= the tuning's gemv_rows_fuse_nx, by every GEMV CTA for itself into shared memory
+// (rows_quantize_cta: no second launch; the same definition, so the same codes), xn = x or rmsnorm(x) * norm_w (the
+// norm is folded into the quantization: normalize, then quantize). One code per 32 columns: the precision of
+// llama.cpp's q8_1 activations, coarser than gemv.cuh's hi + lo codes (the tests state the bound).
 //
 // Row invariance by construction: every output (weight row r, x row i) is one fixed float expression of W's row r
 // and x row i alone. A row is cut into C chunks of KS super-blocks (256 columns; a row's last chunk may be
@@ -36,6 +37,44 @@ namespace {
 constexpr int ROWS_MAX_WARPS = 16;
 constexpr int ROWS_MAX_SLOTS = 4;
 constexpr int ROWS_PREPASS_THREADS = 256;   // also the RMSNorm sum's fixed partition
+constexpr int ROWS_FX_MAX_NX = 8;           // x rows a CTA may quantize itself (one N-tile; rows_xrow's clamp)
+constexpr int ROWS_FX_SC = rows_sc_stride<true>();   // x rows a scale row holds in the CTA's copy
+
+// Shared memory of a CTA's own x copy (kernels with FX): n x cols codes (cols % 32 == 0, so 16-byte multiples),
+// cols / 32 x ROWS_FX_SC scales, 32 floats for the norm's sums.
+__host__ __device__ inline int rows_fx_bytes(int n, int cols) {
+    return n * cols + (cols / 32) * ROWS_FX_SC * 8 + 32 * 4;
+}
+
+// ---- x -> codes: one definition for the pre-pass and the CTAs' own copies (the same bits whatever n or route) --
+// The RMSNorm's sum of squares is block_sum over ROWS_PREPASS_THREADS virtual threads: virtual thread v's chain
+// over columns v, v + 256, ...; warp_sum of each virtual warp's 32; warp_sum of the 8 warp sums (lanes >= 8: 0).
+__device__ __forceinline__ float rows_norm_part(const float* xr, int cols, int v) {
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int c = v; c < cols; c += ROWS_PREPASS_THREADS) ss = fmaf(xr[c], xr[c], ss);
+    return ss;
+}
+// Divisions and the add are explicitly rounded: the library builds with --use_fast_math, and this must be one fixed
+// expression wherever it is inlined (the pre-pass, every GEMV CTA), never contracted differently by context.
+__device__ __forceinline__ float rows_norm_scale(float ss, int cols, float eps) {
+    return rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)cols), eps));
+}
+
+// Warp-wide, lane = column c of one 32-column block, v = x[c]: xn = v (* scale * norm_w[c]), the code
+// q = rint(xn * 127 / max|xn|) (returned) and {xd = max|xn| / 127, xd * sum q} (Q4_K's min term).
+__device__ __forceinline__ int rows_quant_block(float v, const float* norm_w, float scale, int c, float2& sc) {
+    if (norm_w) v = __fmul_rn(__fmul_rn(v, scale), norm_w[c]);
+    const float m = warp_max(fabsf(v));
+    const float inv = m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f;
+    const int qv = max(-127, min(127, __float2int_rn(__fmul_rn(v, inv))));
+    int s = qv;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float xd = __fdiv_rn(m, 127.0f);
+    sc = make_float2(xd, __fmul_rn(xd, (float)s));
+    return qv;
+}
 
 struct RowsMat {
     const uint8_t* w;         // (rows, row_bytes) ggml blocks
@@ -60,8 +99,13 @@ struct RowsArgs {
     int st;                   // slots a warp, 1..ROWS_MAX_SLOTS
     int slot_bytes;           // one slot: 16 rows x the largest stride (x 2 for SwiGLU: up at up_off)
     int up_off;
-    RowsX x;                  // the pre-pass's codes and scales
+    RowsX x;                  // the pre-pass's codes and scales (kernels with FX: unused)
     const float* residual;    // (n, rows of mat[0]) or NULL; y may alias it
+    // kernels with FX (n <= ROWS_FX_MAX_NX) quantize x themselves into shared memory at fx_off:
+    const float* xin;         // (n, cols) f32, the call's x
+    const float* norm_w;      // (cols,) or NULL: x is RMS-normalized first
+    float eps;
+    int fx_off;               // bytes: codes (n, cols), then scales (cols / 32, 8) float2, then 32 floats
 };
 
 // ---- the x pre-pass --------------------------------------------------------------------------------------------
@@ -78,26 +122,53 @@ __global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
     const int i = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* xr = x + (size_t)i * cols;
     float scale = 1.0f;
-    if (norm_w) {
-        float ss = 0.0f;
-        for (int c = threadIdx.x; c < cols; c += ROWS_PREPASS_THREADS) ss = fmaf(xr[c], xr[c], ss);
-        ss = block_sum(ss, red);
-        scale = rsqrtf(ss / (float)cols + eps);
-    }
+    if (norm_w) scale = rows_norm_scale(block_sum(rows_norm_part(xr, cols, threadIdx.x), red), cols, eps);
     const int blk = blockIdx.x * (ROWS_PREPASS_THREADS / 32) + warp;
     if (blk >= cols / 32) return;
     const int c = 32 * blk + lane;
-    float v = xr[c];
-    if (norm_w) v = __fmul_rn(__fmul_rn(v, scale), norm_w[c]);
-    const float m = warp_max(fabsf(v));
-    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
-    const int qv = max(-127, min(127, __float2int_rn(__fmul_rn(v, inv))));
-    int s = qv;
+    float2 sc;
+    xq[(size_t)i * cols + c] = (int8_t)rows_quant_block(xr[c], norm_w, scale, c, sc);
+    if (lane == 0) xsc[(size_t)blk * ROWS_NX + i] = sc;
+}
+
+// The same codes and scales, made by one GEMV CTA (all its threads, after pdl_wait) for its own use: x rows
+// 0 .. n - 1 (n <= ROWS_FX_MAX_NX) into shared memory (rows_fx_bytes; scales at (block, row), ROWS_FX_SC a block).
+// Every CTA reads the whole x (n x cols floats, from L2) but no pre-pass launch, scratch or its round trip is
+// needed; the bits are the pre-pass's: the norm replays block_sum's partition over this CTA's warps.
+__device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx) {
+    int8_t* xq = reinterpret_cast<int8_t*>(fx);
+    float2* xsc = reinterpret_cast<float2*>(fx + a.n * a.cols);
+    float* red = reinterpret_cast<float*>(fx + a.n * a.cols + (a.cols / 32) * ROWS_FX_SC * 8);
+    const int W = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nblk = a.cols / 32;
+    constexpr int U = 4;   // blocks a warp loads before it quantizes them (loads in flight, not one L2 trip each)
+    for (int i = 0; i < a.n; ++i) {
+        const float* xr = a.xin + (size_t)i * a.cols;
+        float scale = 1.0f;
+        if (a.norm_w) {
+            for (int vw = warp; vw < ROWS_PREPASS_THREADS / 32; vw += W) {
+                const float p = warp_sum(rows_norm_part(xr, a.cols, 32 * vw + lane));
+                if (lane == 0) red[vw] = p;
+            }
+            __syncthreads();
+            const float ss = warp_sum(lane < ROWS_PREPASS_THREADS / 32 ? red[lane] : 0.0f);
+            scale = rows_norm_scale(ss, a.cols, a.eps);
+            __syncthreads();   // every thread has read red before the next row writes it
+        }
+        for (int b0 = warp; b0 < nblk; b0 += U * W) {
+            float v[U];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    xq[(size_t)i * cols + c] = (int8_t)qv;
-    const float xd = m / 127.0f;
-    if (lane == 0) xsc[(size_t)blk * ROWS_NX + i] = make_float2(xd, __fmul_rn(xd, (float)s));
+            for (int u = 0; u < U; ++u) v[u] = b0 + u * W < nblk ? xr[32 * (b0 + u * W) + lane] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int blk = b0 + u * W;   // warp-uniform: the shuffles inside see the whole warp
+                if (blk >= nblk) break;
+                float2 sc;
+                xq[i * a.cols + 32 * blk + lane] = (int8_t)rows_quant_block(v[u], a.norm_w, scale, 32 * blk + lane, sc);
+                if (lane == 0) xsc[blk * ROWS_FX_SC + i] = sc;
+            }
+        }
+    }
+    __syncthreads();
 }
 
 // ---- the GEMV ----------------------------------------------------------------------------------------------------
@@ -139,28 +210,29 @@ __device__ __forceinline__ void rows_chunk(const RowsArgs& a, const RowsMat& m, 
 }
 
 // The warp copies rows tile*16 .. +15 (those < m.rows) of one chunk of matrix m into dst (row r at r * m.stride,
-// from its 16-byte floor).
+// from its 16-byte floor): lanes r and r + 16 take row r's even and odd 16-byte pieces (no division a piece, one
+// row address a lane; a lane pair's pieces are adjacent bytes).
 __device__ __forceinline__ void rows_stage_mat(const RowsArgs& a, const RowsMat& m, int tile_local, int chunk,
                                                uint8_t* dst, int lane) {
     long long off;
     int bytes, u0, nu;
     rows_chunk(a, m, chunk, off, bytes, u0, nu);
-    const int pieces = (15 + bytes + 15) >> 4;   // the most any row needs (floor offset <= 14)
-    for (int i = lane; i < 16 * pieces; i += 32) {
-        const int r = i / pieces, pc = i - r * pieces;
-        const int row = tile_local * 16 + r;
-        if (row >= m.rows) continue;
-        const uint8_t* src = m.w + (long long)row * m.row_bytes + off;
-        const int head = (int)(reinterpret_cast<uintptr_t>(src) & 15);
-        const int left = head + bytes - 16 * pc;
-        if (left <= 0) continue;
-        q::cp_async16(dst + r * m.stride + 16 * pc, src - head + 16 * pc, left >= 16 ? 16 : left);
+    const int r = lane & 15, row = tile_local * 16 + r;
+    if (row >= m.rows) return;
+    const uint8_t* src = m.w + (long long)row * m.row_bytes + off;
+    const int head = (int)(reinterpret_cast<uintptr_t>(src) & 15);
+    const uint8_t* s0 = src - head;
+    uint8_t* d0 = dst + r * m.stride;
+    const int total = head + bytes;   // bytes from the floor
+    for (int pc = lane >> 4; 16 * pc < total; pc += 2) {
+        const int left = total - 16 * pc;
+        q::cp_async16(d0 + 16 * pc, s0 + 16 * pc, left >= 16 ? 16 : left);
     }
 }
 
-template <int NT, bool ODD>
-__device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsMat& m, int tile_local, int chunk,
-                                          const uint8_t* slot, int g, int t, float (&acc)[NT][4]) {
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsX& x, const RowsMat& m, int tile_local,
+                                          int chunk, const uint8_t* slot, int g, int t, float (&acc)[NT][4]) {
     long long off;
     int bytes, u0, nu;
     rows_chunk(a, m, chunk, off, bytes, u0, nu);
@@ -170,15 +242,17 @@ __device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsMat& m, i
     const int h1 = (int)(reinterpret_cast<uintptr_t>(m.w + (long long)(tile_local * 16 + g + 8) * rb + off) & 15);
     const uint8_t* r0 = slot + g * m.stride + h0;
     const uint8_t* r1 = slot + (g + 8) * m.stride + h1;
-    if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD>(a.x, r0, r1, u0, nu, g, t, acc);
-    else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD>(a.x, r0, r1, u0, nu, g, t, acc);
-    else rows_item_q80<NT, ODD>(a.x, r0, r1, u0, nu, g, t, acc);
+    if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else rows_item_q80<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
 }
 
 // NT N-tiles of 8 x rows (NT = 0: n == 1, one N-tile whose odd fragment columns are skipped -- the same operations
-// for x row 0). Shared memory: W x st slots, then R x C x (1 or 2) x NT x 4 x 32 floats of partials.
-template <int NT, bool SWIGLU>
+// for x row 0). Shared memory: W x st slots, then R x C x (1 or 2) x NT x 4 x 32 floats of partials, then (FX:
+// NT <= 1, the CTA quantizes x itself) the x copy at a.fx_off.
+template <int NT, bool SWIGLU, bool FX>
 __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const RowsArgs a) {
+    static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int NTT = NT == 0 ? 1 : NT;
     constexpr bool ODD = NT != 0;
@@ -205,8 +279,14 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
         if (j < total) stage(j, s);
         q::cp_async_commit();
     }
-    pdl_wait();                // the pre-pass's codes, the residual
+    pdl_wait();                // the pre-pass's codes (FX: x itself), the residual
     pdl_launch_dependents();
+    RowsX x = a.x;
+    if (FX) {   // while the first slots stream
+        rows_quantize_cta(a, smem + a.fx_off);
+        x = RowsX{reinterpret_cast<const int8_t*>(smem + a.fx_off),
+                  reinterpret_cast<const float2*>(smem + a.fx_off + a.n * a.cols), a.cols, a.n - 1};
+    }
     const int n_rounds = (n_mine + a.R - 1) / a.R;
     int q = 0;
     for (int rd = 0; rd < n_rounds; ++rd) {
@@ -226,8 +306,8 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
                 for (int nt = 0; nt < NTT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
-            rows_item<NTT, ODD>(a, m, tile - m.tile_first, chunk, slot, g, t, acc[0]);
-            if (SWIGLU) rows_item<NTT, ODD>(a, a.mat[1], tile, chunk, slot + a.up_off, g, t, acc[NR - 1]);
+            rows_item<NTT, ODD, FX>(a, x, m, tile - m.tile_first, chunk, slot, g, t, acc[0]);
+            if (SWIGLU) rows_item<NTT, ODD, FX>(a, x, a.mat[1], tile, chunk, slot + a.up_off, g, t, acc[NR - 1]);
             __syncwarp();      // every lane has read the slot before it is refilled
             const int jn = warp + (q + a.st) * W;
             if (jn < total) stage(jn, q % a.st);

@@ -37,7 +37,6 @@ __host__ __device__ constexpr int rows_unit_bytes(int f) { return f == ROWS_Q4K 
 
 // ---- exact arithmetic -----------------------------------------------------------------------------------------
 __device__ __forceinline__ float rows_i2f(int v) { return __fsub_rn(__uint_as_float((uint32_t)(v + 0x4B400000)), 12582912.0f); }
-__device__ __forceinline__ float rows_u2f(uint32_t v) { return __fsub_rn(__uint_as_float(v | 0x4B000000u), 8388608.0f); }
 // a 32-bit word from a 2-byte-aligned shared-memory address (Q6_K rows, Q8_0 blocks)
 __device__ __forceinline__ uint32_t rows_ld32u(const uint8_t* p) {
     const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
@@ -80,41 +79,60 @@ __device__ __forceinline__ uint32_t rows_q6k_a(uint32_t ql0, uint32_t ql1, uint3
     const uint32_t hi = ((((qh >> (2 * s)) & 0x03030303u) + 0x0E0E0E0Eu) << 4) & 0xF0F0F0F0u;
     return lo | hi;
 }
-// Q4_K sub-block j's 6-bit (scale, min) from the header words (scale bytes 0..11 in h.y, h.z, h.w)
-__device__ __forceinline__ uint32_t rows_sbyte(const uint4& h, int i) {
-    const uint32_t word = i < 4 ? h.y : (i < 8 ? h.z : h.w);
-    return (word >> (8 * (i & 3))) & 0xFFu;
+// Q4_K: all 8 sub-blocks' 6-bit (scale, min) of one super-block at once from the header words (scale bytes
+// q[0..11] in h.y, h.z, h.w), one byte each: sm.x = scales 0..3, sm.y = scales 4..7, sm.z = mins 0..3, sm.w = mins
+// 4..7 -- ggml's get_scale_min_k4 (j < 4: q[j] & 63, q[j + 4] & 63; j >= 4: (q[j + 4] & 15) | (q[j - 4] >> 6) << 4,
+// (q[j + 4] >> 4) | (q[j] >> 6) << 4) in SWAR, once a super-block instead of once a sub-block.
+__device__ __forceinline__ uint4 rows_scales_mins(const uint4& h) {
+    return make_uint4(h.y & 0x3F3F3F3Fu, (h.w & 0x0F0F0F0Fu) | (((h.y >> 6) & 0x03030303u) << 4),
+                      h.z & 0x3F3F3F3Fu, ((h.w >> 4) & 0x0F0F0F0Fu) | (((h.z >> 6) & 0x03030303u) << 4));
 }
-__device__ __forceinline__ void rows_scale_min(int j, const uint4& h, uint32_t& sc, uint32_t& m) {
-    if (j < 4) {
-        sc = rows_sbyte(h, j) & 63;
-        m = rows_sbyte(h, j + 4) & 63;
-    } else {
-        sc = (rows_sbyte(h, j + 4) & 0xF) | ((rows_sbyte(h, j - 4) >> 6) << 4);
-        m = (rows_sbyte(h, j + 4) >> 4) | ((rows_sbyte(h, j) >> 6) << 4);
-    }
+// byte i (compile-time) of w as a float, exactly: 0x4B0000bb (one byte permute) is 2^23 + bb
+__device__ __forceinline__ float rows_byte2f(uint32_t w, int i) {
+    return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | (uint32_t)i)), 8388608.0f);
 }
 
-// The activations of a launch (gemv_rows_quantize_x): x' = xd * q per 32 columns.
+// The activations of a launch: x' = xd * q per 32 columns, either the pre-pass's scratch in global memory
+// (gemv_rows_quantize_x; SX = false) or the CTA's own copy in shared memory (rows_quantize_cta; SX = true), the
+// same bits either way.
 struct RowsX {
-    const int8_t* q;      // (ROWS_NX, cols) codes; rows >= n hold stale values whose outputs are never written
-    const float2* sc;     // (cols / 32, ROWS_NX): {xd, xd * sum of the block's codes}
+    const int8_t* q;      // (rows, cols) codes; rows >= n hold stale values whose outputs are never written
+    const float2* sc;     // (cols / 32, sc_stride): {xd, xd * sum of the block's codes}
     int cols;
+    int last;             // shared memory: the last row a B fragment may read (n - 1, n <= 8); scratch: unused
 };
+// x rows a scale row holds: ROWS_NX in the scratch, 8 in a CTA's copy (float4 reads of rows 2t, 2t + 1 of N-tile 0)
+template <bool SX>
+constexpr int rows_sc_stride() { return SX ? 8 : ROWS_NX; }
+
+// x loads: __ldg from the scratch, plain loads from shared memory (a .nc load of a shared address would fault)
+template <bool SX, class T>
+__device__ __forceinline__ T rows_ldx(const void* p) {
+    if constexpr (SX) return *reinterpret_cast<const T*>(p);
+    else return __ldg(reinterpret_cast<const T*>(p));
+}
+// The first code of B-fragment column g (x row g of N-tile 0) at column 0. n == 1 (!ODD): every column reads x row
+// 0 (one broadcast load instead of 8 rows' sectors; columns 1..7 of the result are never written); otherwise row g,
+// in shared memory clamped to x.last so a copy of n <= 8 rows is never read past its end (columns >= n: unused).
+template <bool ODD, bool SX>
+__device__ __forceinline__ const int8_t* rows_xrow(const RowsX& x, int g) {
+    return x.q + (size_t)(ODD ? (SX ? min(g, x.last) : g) : 0) * x.cols;
+}
 
 // ---- items: r0 / r1 = the staged bytes of rows g and g + 8 at the chunk's first byte ---------------------------
 // Q4_K: super-blocks sb0 .. sb0 + nk - 1 of the row. Per sub-block: acc = fmaf(d*sc, xd*isum, acc);
 // acc = fmaf(-(dmin*m), xd * sum(x codes), acc).
-template <int NT, bool ODD>
+template <int NT, bool ODD, bool SX>
 __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
                                               int g, int t, float (&acc)[NT][4]) {
-    const int8_t* xb = x.q + (size_t)g * x.cols + 8 * t;
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
 #pragma unroll 1
     for (int k = 0; k < nk; ++k) {
         const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
         const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
         const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
         const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+        const uint4 sm0 = rows_scales_mins(h0), sm1 = rows_scales_mins(h1);
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
             const uint2 qa = *reinterpret_cast<const uint2*>(r0 + k * 144 + 16 + 32 * p + 8 * t);
@@ -125,15 +143,17 @@ __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0,
                 const int col0 = (sb0 + k) * ROWS_QK + 32 * j;
                 uint32_t A[4];
                 rows_q4k_a(qa, qb, hh, A);
-                uint32_t sc0, m0, sc1, m1;
-                rows_scale_min(j, h0, sc0, m0);
-                rows_scale_min(j, h1, sc1, m1);
-                const float wa[2] = {__fmul_rn(dm0.x, rows_u2f(sc0)), __fmul_rn(dm1.x, rows_u2f(sc1))};
-                const float wb[2] = {-__fmul_rn(dm0.y, rows_u2f(m0)), -__fmul_rn(dm1.y, rows_u2f(m1))};
+                const uint32_t s0 = j < 4 ? sm0.x : sm0.y, s1 = j < 4 ? sm1.x : sm1.y;   // j: compile-time
+                const uint32_t m0 = j < 4 ? sm0.z : sm0.w, m1 = j < 4 ? sm1.z : sm1.w;
+                const float wa[2] = {__fmul_rn(dm0.x, rows_byte2f(s0, j & 3)),
+                                     __fmul_rn(dm1.x, rows_byte2f(s1, j & 3))};
+                const float wb[2] = {-__fmul_rn(dm0.y, rows_byte2f(m0, j & 3)),
+                                     -__fmul_rn(dm1.y, rows_byte2f(m1, j & 3))};
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const uint2 B = __ldg(reinterpret_cast<const uint2*>(xb + (size_t)nt * 8 * x.cols + col0));
-                    const float4 xs = __ldg(reinterpret_cast<const float4*>(x.sc + (size_t)(col0 >> 5) * ROWS_NX + nt * 8 + 2 * t));
+                    const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
+                    const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(col0 >> 5) * rows_sc_stride<SX>() + nt * 8
+                                                                   + 2 * t);
                     int c[4];
                     rows_mma_k32_u8s8(A, B.x, B.y, c);
 #pragma unroll
@@ -152,10 +172,10 @@ __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0,
 
 // Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d = 210 B, only 2-byte aligned): per 16 columns
 // acc = fmaf(d*sc, xd*isum, acc), sub-blocks in the order h, u, s.
-template <int NT, bool ODD>
+template <int NT, bool ODD, bool SX>
 __device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
                                               int g, int t, float (&acc)[NT][4]) {
-    const int8_t* xb = x.q + (size_t)g * x.cols + 4 * t;
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 4 * t;
 #pragma unroll 1
     for (int k = 0; k < nk; ++k) {
         const uint8_t* b0 = r0 + k * 210;
@@ -179,8 +199,9 @@ __device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0,
                     const int colb = (sb0 + k) * ROWS_QK + 128 * h + 32 * s + 16 * u;
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        const uint32_t B = __ldg(reinterpret_cast<const uint32_t*>(xb + (size_t)nt * 8 * x.cols + colb));
-                        const float4 xs = __ldg(reinterpret_cast<const float4*>(x.sc + (size_t)(colb >> 5) * ROWS_NX + nt * 8 + 2 * t));
+                        const uint32_t B = rows_ldx<SX, uint32_t>(xb + (size_t)nt * 8 * x.cols + colb);
+                        const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(colb >> 5) * rows_sc_stride<SX>()
+                                                                       + nt * 8 + 2 * t);
                         int c[4];
                         rows_mma_k16_s8s8(a0, a1, B, c);
 #pragma unroll
@@ -198,10 +219,10 @@ __device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0,
 
 // Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned): blocks blk0 .. blk0 + nb - 1 of the row, k-slots as Q4_K's;
 // acc = fmaf(d, xd*isum, acc).
-template <int NT, bool ODD>
+template <int NT, bool ODD, bool SX>
 __device__ __forceinline__ void rows_item_q80(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
                                               int g, int t, float (&acc)[NT][4]) {
-    const int8_t* xb = x.q + (size_t)g * x.cols + 8 * t;
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
 #pragma unroll 4
     for (int bl = 0; bl < nb; ++bl) {
         const uint8_t* b0 = r0 + 34 * bl;
@@ -212,8 +233,9 @@ __device__ __forceinline__ void rows_item_q80(const RowsX& x, const uint8_t* r0,
         const int col0 = (blk0 + bl) * 32;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            const uint2 B = __ldg(reinterpret_cast<const uint2*>(xb + (size_t)nt * 8 * x.cols + col0));
-            const float4 xs = __ldg(reinterpret_cast<const float4*>(x.sc + (size_t)(col0 >> 5) * ROWS_NX + nt * 8 + 2 * t));
+            const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
+            const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(col0 >> 5) * rows_sc_stride<SX>() + nt * 8
+                                                                   + 2 * t);
             int c[4];
             rows_mma_k32_s8s8(A, B.x, B.y, c);
 #pragma unroll

@@ -1,7 +1,8 @@
 // gemv_rows_plan.cuh -- the host side of gemv_rows.cuh: which calls take it (rows_eligible), the chunk size KS
 // (rows_ks: the only plan value that changes bits, so a function of cols and the tuning table, never of n), the
 // launch shape of a call (rows_shape: CTAs an SM, warps, slots, tiles a round -- free to depend on n and the
-// shape), the x scratch the pre-pass writes (rows_scratch), and gemv_rows_run, the whole call.
+// shape), the x scratch the pre-pass writes (rows_scratch; calls whose CTAs quantize x themselves need none), and
+// gemv_rows_run, the whole call.
 #pragma once
 
 #include "gemv_plan.cuh"
@@ -44,19 +45,36 @@ inline int rows_stride(int fmt, int ks) {
 
 struct RowsShape { int ctas, warps, st, R; size_t smem; };
 
-// The launch shape for a call of n x rows (a.tiles, a.C, a.slot_bytes set). Items a CTA = its tiles x C; warps
-// enough for them (4..16, 8 with two CTAs an SM), slots a warp to put a CTA's whole share in flight at once where
-// it fits (2..4; 2 for long persistent runs), R tiles a round (<= 8) from the shared memory left. Two CTAs an SM
-// for launches of many tiles (the lm_head), so one CTA's fold overlaps the other's streaming.
-inline int rows_shape(const RowsArgs& a, bool swiglu, int n, const DeviceFacts& dev, RowsShape* out) {
+// Bytes a persistent SM keeps in flight (warps x CTAs an SM x (slots - 1) x item bytes: one slot is being
+// computed): the lab's best lm_head shape (Q6_K 151936 x 1536, ks1 st2 w8 cps2 R8: 16 x 1 x 3.4 KB ~ 54 KB a SM)
+// reached 78% of copy bandwidth (bench/results/2026-11-26-h100-lab-gemv-mma-rows.txt); at st2 a Q4_K item is only
+// 2.3 KB (37 KB a SM), so Q4_K lm_heads take st3, Q6_K / Q8_0 stay at st2.
+constexpr int ROWS_INFLIGHT_BYTES = 52 * 1024;
+
+// The launch shape for a call of n x rows (a.tiles, a.C, a.slot_bytes set); fx_bytes: the CTA's own x copy (0:
+// the pre-pass). Items a CTA = its tiles x C; warps enough for them (4..16, 8 with two CTAs an SM), slots a warp
+// to put a CTA's whole share in flight at once where it fits (2..4); long persistent runs (items > 4 x warps) take
+// slots for ROWS_INFLIGHT_BYTES an SM; R tiles a round (<= 8) from the shared memory left. Two CTAs an SM for
+// launches of many tiles (the lm_head), so one CTA's fold overlaps the other's streaming. This reproduces the
+// lab's best one-row shapes (bench/results/2026-11-26-h100-lab-gemv-mma-rows.txt) at gemv_rows = 1 (ks1):
+//   ffn_gate/up 8960 x 1536 (560 tiles, C 6): 132 CTAs, 5 tiles (30 items) -> w16 st2 R5   (lab ks1: 6.8 us)
+//   ffn_down 1536 x 8960 (96 tiles, C 35): 96 CTAs, 35 items -> w16 st3 R1                 (lab w16 st2-4: 7.7 us)
+//   attn_q/o 1536 x 1536 (96 tiles, C 6), attn_k/v 256 x 1536 (16 tiles): 6 items -> w8 st2 (lab best: w8 st2)
+//   lm_head 151936 x 1536 (9496 tiles >= 8 x SMs): cps2, 264 CTAs, 36 tiles -> w8 st2 (Q6_K) / st3 (Q4_K) R8
+inline int rows_shape(const RowsArgs& a, bool swiglu, int n, int fx_bytes, const DeviceFacts& dev, RowsShape* out) {
     const int NTT = n == 1 ? 1 : (n <= 8 ? 1 : (n <= 16 ? 2 : 4));
     const int cps = a.tiles >= 8 * dev.n_sms ? 2 : 1;
     const int ctas = min(a.tiles, dev.n_sms * cps);
     const int per_cta = ceil_div(a.tiles, ctas);
     const int items = per_cta * a.C;
     int warps = min(max((items + 3) & ~3, 4), ROWS_MAX_WARPS / cps);
-    int st = items > 4 * warps ? 2 : min(max(ceil_div(items, warps), 2), ROWS_MAX_SLOTS);
-    const int64_t budget = (int64_t)dev.max_smem / cps - 1024;
+    int st = min(max(ceil_div(items, warps), 2), ROWS_MAX_SLOTS);
+    if (items > 4 * warps) {   // persistent: enough bytes in flight, not the whole share
+        const int item_bytes = a.slot_bytes;   // 16 rows x the padded stride (x 2 for SwiGLU): ~ the bytes copied
+        st = min(1 + ceil_div(ROWS_INFLIGHT_BYTES, warps * cps * item_bytes), ROWS_MAX_SLOTS);
+        st = max(st, 2);
+    }
+    const int64_t budget = (int64_t)dev.max_smem / cps - 1024 - fx_bytes;
     const int64_t per_tile = (int64_t)a.C * (swiglu ? 2 : 1) * NTT * 4 * 32 * 4;
     for (;;) {
         const int64_t ring = (int64_t)warps * st * a.slot_bytes;
@@ -103,30 +121,36 @@ inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
     return 0;
 }
 
-template <int NT, bool SWIGLU>
+template <int NT, bool SWIGLU, bool FX>
 int rows_launch(const RowsArgs& a, const RowsShape& sh, int max_smem, cudaStream_t stream) {
     static std::once_flag once;
     static cudaError_t err = cudaSuccess;
     std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_rows_kernel<NT, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+        err = cudaFuncSetAttribute(gemv_rows_kernel<NT, SWIGLU, FX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   max_smem);
     });
     if (err) return (int)err;
-    return launch_pdl(gemv_rows_kernel<NT, SWIGLU>, dim3(sh.ctas), dim3(sh.warps * 32), sh.smem, stream, a);
+    return launch_pdl(gemv_rows_kernel<NT, SWIGLU, FX>, dim3(sh.ctas), dim3(sh.warps * 32), sh.smem, stream, a);
 }
 
+// fx: the CTAs quantize x themselves (n <= ROWS_FX_MAX_NX, so NT <= 1)
 template <bool SWIGLU>
-int rows_launch_n(const RowsArgs& a, const RowsShape& sh, int max_smem, cudaStream_t stream) {
-    if (a.n == 1) return rows_launch<0, SWIGLU>(a, sh, max_smem, stream);
-    if (a.n <= 8) return rows_launch<1, SWIGLU>(a, sh, max_smem, stream);
-    if (a.n <= 16) return rows_launch<2, SWIGLU>(a, sh, max_smem, stream);
-    return rows_launch<4, SWIGLU>(a, sh, max_smem, stream);
+int rows_launch_n(const RowsArgs& a, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
+    if (fx) return a.n == 1 ? rows_launch<0, SWIGLU, true>(a, sh, max_smem, stream)
+                            : rows_launch<1, SWIGLU, true>(a, sh, max_smem, stream);
+    if (a.n == 1) return rows_launch<0, SWIGLU, false>(a, sh, max_smem, stream);
+    if (a.n <= 8) return rows_launch<1, SWIGLU, false>(a, sh, max_smem, stream);
+    if (a.n <= 16) return rows_launch<2, SWIGLU, false>(a, sh, max_smem, stream);
+    return rows_launch<4, SWIGLU, false>(a, sh, max_smem, stream);
 }
 
-// The whole call (validated as gemv_plan validates): the pre-pass (x -> codes, with the norm), then one GEMV
-// launch over every matrix. 1 <= n_x <= ROWS_NX.
+// The whole call (validated as gemv_plan validates): one GEMV launch over every matrix, after the pre-pass (x ->
+// codes, with the norm) or, for n_x <= fuse_nx (the tuning's gemv_rows_fuse_nx, <= ROWS_FX_MAX_NX), with each CTA
+// quantizing x itself (no second launch and no scratch; the same codes, so the same bits: the choice is a launch
+// shape). 1 <= n_x <= ROWS_NX.
 inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x,
-                         const float* norm_w, float eps, const float* residual, int gemv_rows, const DeviceFacts& dev,
-                         cudaStream_t stream) {
+                         const float* norm_w, float eps, const float* residual, int gemv_rows, int fuse_nx,
+                         const DeviceFacts& dev, cudaStream_t stream) {
     FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && n_x >= 1 && n_x <= ROWS_NX);
     FD_CHECK_ARG(eps >= 0.0f && (!swiglu || (n_mats == 2 && mats[0].rows == mats[1].rows)));
     RowsArgs a{};
@@ -158,17 +182,32 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     a.up_off = 16 * stride_max;
     a.slot_bytes = a.up_off * (swiglu ? 2 : 1);
     RowsShape sh;
-    if (int st = rows_shape(a, swiglu, n_x, dev, &sh)) return st;
+    // the CTAs' own x copy where asked for and it leaves room for a shape (else the pre-pass: the same bits)
+    const bool fx = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) &&
+                    rows_shape(a, swiglu, n_x, rows_fx_bytes(n_x, cols), dev, &sh) == 0 && sh.st >= 2;
+    if (fx) {
+        a.st = sh.st;
+        a.R = sh.R;
+        a.xin = x;
+        a.norm_w = norm_w;
+        a.eps = eps;
+        a.fx_off = (int)sh.smem;
+        sh.smem += (size_t)rows_fx_bytes(n_x, cols);
+        return swiglu ? rows_launch_n<true>(a, sh, true, dev.max_smem, stream)
+                      : rows_launch_n<false>(a, sh, true, dev.max_smem, stream);
+    }
+    if (int st = rows_shape(a, swiglu, n_x, 0, dev, &sh)) return st;
     a.st = sh.st;
     a.R = sh.R;
     RowsScratch s;
     if (int st = rows_scratch(stream, &s)) return st;
-    a.x = RowsX{s.xq, s.xsc, cols};
+    a.x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1};
     const dim3 pre_grid(ceil_div(cols, ROWS_PREPASS_THREADS), n_x);
     if (int st = launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w, eps, cols,
                             s.xq, s.xsc))
         return st;
-    return swiglu ? rows_launch_n<true>(a, sh, dev.max_smem, stream) : rows_launch_n<false>(a, sh, dev.max_smem, stream);
+    return swiglu ? rows_launch_n<true>(a, sh, false, dev.max_smem, stream)
+                  : rows_launch_n<false>(a, sh, false, dev.max_smem, stream);
 }
 
 }  // namespace

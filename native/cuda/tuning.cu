@@ -15,7 +15,11 @@ namespace {
 // 2026-11-26-h100-gemv-rows-library.txt), and a model must run one path at every n (row invariance), so plain
 // decoding would pay; gemv_rows = 1 turns it on (--tuning) for an A/B. Tensor-core GEMV passes (gemv_mma.cuh) off:
 // exact, but slower than the one-row kernel's passes as built (results/2026-11-26-h100-gemv-mma-passes.txt);
-// gemv_mma_rows = 2..8 turns them on for an A/B. The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB
+// gemv_mma_rows = 2..8 turns them on for an A/B. gemv_rows_fuse_nx = 1: one-row gemv_rows calls quantize x in
+// the GEMV's own CTAs (no pre-pass launch: the lab timed that pass at ~1.3 us alone, results/2026-11-26-h100-lab-
+// gemv-mma-rows.txt); each CTA then reads n x cols floats of x from L2 (35 KB a row at ffn_down's 8960 columns), which
+// grows with n while the pre-pass's cost hardly does (1.3 -> 1.6 us at n = 32), so larger n keep the pre-pass until
+// measured (an A/B: gemv_rows_fuse_nx = 2..8). The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB
 // cards) carry the same values, compile-checked but not yet measured on those GPUs; PDL does not exist below
 // sm_90 (launch_pdl falls back).
 struct TuningEntry {
@@ -23,11 +27,11 @@ struct TuningEntry {
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0}},    // anything older, and HIP devices (no PDL, no int8 mma)
-    {80, {1, 6144, 2, 0, 0, 0}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 0, 0}},   // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1}},    // anything older, and HIP devices (no PDL, no int8 mma)
+    {80, {1, 6144, 2, 0, 0, 0, 1}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 6144, 2, 1, 0, 0, 1}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -47,7 +51,7 @@ bool valid(const fd_tuning_t& t) {
     return (t.gemv_int8_x == 0 || t.gemv_int8_x == 1) && t.gemv_stage_bytes >= 256 && t.gemv_stage_bytes <= 65536 &&
            (t.gemv_rounds == 0 || (t.gemv_rounds >= 2 && t.gemv_rounds <= 16)) && (t.pdl == 0 || t.pdl == 1) &&
            (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8)) &&
-           t.gemv_rows >= 0 && t.gemv_rows <= 8;
+           t.gemv_rows >= 0 && t.gemv_rows <= 8 && t.gemv_rows_fuse_nx >= 0 && t.gemv_rows_fuse_nx <= 8;
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

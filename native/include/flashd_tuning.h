@@ -1,6 +1,6 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
-   A/B it; nothing is read from the environment). gemv_rounds, pdl and gemv_mma_rows change only how kernels are launched,
+   A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows and gemv_rows_fuse_nx change only how kernels are launched,
    never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order),
    gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs --
    under any tuning a row's bits do not depend on the rows beside it.
@@ -26,6 +26,9 @@ typedef struct {
                                for every n_x (1 .. 32; sm_80 and later, FD_E_ARG elsewhere), a row cut into chunks of
                                that many x 256 columns (the chunk size changes the bits; n_x never does), x quantized
                                to int8 per 32 columns; 0: gemv.cuh's kernels (n_x <= 8) */
+    int gemv_rows_fuse_nx;  /* 0 .. 8: gemv_rows calls of at most that many x rows quantize x inside the GEMV kernel
+                               (each CTA its own copy: no pre-pass launch); more rows, or 0: a pre-pass launch. The
+                               same codes either way, so it never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

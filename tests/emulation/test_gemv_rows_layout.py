@@ -75,6 +75,19 @@ def codes_q6k(blk: np.ndarray) -> np.ndarray:
     return out
 
 
+def scale_min_k4(sk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's get_scale_min_k4 over a Q4_K header's 12 scale bytes: the 8 sub-blocks' 6-bit (scale, min)"""
+    sk = sk.astype(np.int64)
+    sc, m = np.empty(8, np.int64), np.empty(8, np.int64)
+    for j in range(8):
+        if j < 4:
+            sc[j], m[j] = sk[j] & 63, sk[j + 4] & 63
+        else:
+            sc[j] = (sk[j + 4] & 0xF) | ((sk[j - 4] >> 6) << 4)
+            m[j] = (sk[j + 4] >> 4) | ((sk[j] >> 6) << 4)
+    return sc, m
+
+
 def test_layout_decoders_match_gguf():
     rng = np.random.default_rng(1)
     for qtype in (T.Q4_K, T.Q6_K):
@@ -87,19 +100,42 @@ def test_layout_decoders_match_gguf():
             got = d * sc[np.arange(256) // 16] * codes_q6k(blk)
         else:
             d, dmin = (float(v) for v in np.frombuffer(bytes(blk[0:4]), np.float16))
-            sk = blk[4:16].astype(np.int64)
-            sc, m = np.empty(8), np.empty(8)
-            for j in range(8):
-                if j < 4:
-                    sc[j], m[j] = sk[j] & 63, sk[j + 4] & 63
-                else:
-                    sc[j] = (sk[j + 4] & 0xF) | ((sk[j - 4] >> 6) << 4)
-                    m[j] = (sk[j + 4] >> 4) | ((sk[j] >> 6) << 4)
+            sc, m = scale_min_k4(blk[4:16])
             got = d * sc[np.arange(256) // 32] * codes_q4k(blk) - dmin * m[np.arange(256) // 32]
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
 
 
 # ---- the kernel's fragment builders, transcribed ----------------------------------------------------------------
+def rows_scales_mins(h: tuple) -> tuple:
+    """gemv_rows_item.cuh rows_scales_mins: h = the header's words (h.x = d, dmin; h.y, h.z, h.w = scale bytes)"""
+    _, y, z, w = h
+    return (y & 0x3F3F3F3F, ((w & 0x0F0F0F0F) | (((y >> 6) & 0x03030303) << 4)) & MASK,
+            z & 0x3F3F3F3F, (((w >> 4) & 0x0F0F0F0F) | (((z >> 6) & 0x03030303) << 4)) & MASK)
+
+
+def byte_perm(x: int, y: int, s: int) -> int:
+    """PTX prmt / __byte_perm (default mode): result byte i = byte (s >> 4i) & 7 of the 8 bytes x (0..3), y (4..7)"""
+    pool = x | (y << 32)
+    return sum(((pool >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+def test_q4k_scales_in_swar_are_ggmls():
+    """every sub-block's (scale, min) from rows_scales_mins + rows_byte2f's permute (0x4B0000bb = 2^23 + bb) equals
+    get_scale_min_k4, over random and extreme scale bytes"""
+    rng = np.random.default_rng(7)
+    cases = [rng.integers(0, 256, 12) for _ in range(2000)] + [np.full(12, 255), np.zeros(12, np.int64)]
+    for sk in cases:
+        words = tuple(u32(np.concatenate([np.zeros(4, np.int64), sk]).astype(np.uint8), 4 * i) for i in range(4))
+        sm = rows_scales_mins(words)
+        sc, m = scale_min_k4(sk)
+        for j in range(8):
+            ws, wm = (sm[0], sm[2]) if j < 4 else (sm[1], sm[3])
+            for word, want in ((ws, sc[j]), (wm, m[j])):
+                f = byte_perm(word, 0x4B000000, 0x7540 | (j & 3))
+                assert f == 0x4B000000 + int(want), (list(sk), j)
+                assert float(np.uint32(f).view(np.float32)) - 2.0 ** 23 == float(want)
+
+
 def q4k_a(qa: tuple, qb: tuple, hh: int) -> list:
     s = 4 * hh
     return [(qa[0] >> s) & 0x0F0F0F0F, (qb[0] >> s) & 0x0F0F0F0F, (qa[1] >> s) & 0x0F0F0F0F, (qb[1] >> s) & 0x0F0F0F0F]
@@ -201,15 +237,18 @@ def test_staging_puts_each_row_chunk_inside_its_stride(fmt, ks, base):
         for chunk in range(C):
             off, nbytes, _, _ = rows_chunk(fmt, cols, ks, chunk)
             assert nbytes > 0
-            pieces = (15 + nbytes + 15) >> 4
             slot = np.full(16 * stride, -1, np.int64)
-            for i in range(16 * pieces):              # what the lanes of rows_stage_mat copy
-                r, pc = divmod(i, pieces)
+            copies = []                                # (row, piece) of each cp.async of rows_stage_mat's lanes
+            for lane in range(32):
+                r = lane & 15
+                total = ((base + r * row_bytes + off) & 15) + nbytes
+                copies += [(r, pc) for pc in range(lane >> 4, -(-total // 16), 2)]
+            assert len(set(copies)) == len(copies)
+            for r, pc in copies:
                 src = base + r * row_bytes + off
                 head = src & 15
                 left = head + nbytes - 16 * pc
-                if left <= 0:
-                    continue
+                assert left > 0
                 n = min(16, left)
                 dst = r * stride + 16 * pc
                 assert 16 * pc + n <= stride, f"{fmt} ks{ks} cols {cols}: row {r} spills into the next"

@@ -234,3 +234,37 @@ def test_pdl_never_changes_a_result(native, dev, rng, poisoned, rows_on, qtype, 
     native.set_tuning(pdl=0)
     for b, t in zip(base, [run(1), run(17)]):
         assert np.array_equal(b, t)
+
+
+@pytest.mark.parametrize("kind", ["gemv", "multi", "swiglu"])
+@pytest.mark.parametrize("qtypes,rows,cols", [
+    ((T.Q4_K, T.Q4_K), 8960, 1536),      # ffn_gate / up: 560 tiles on 132 SMs
+    ((T.Q6_K, T.Q4_K), 1536, 8960),      # ffn_down-wide: 35 KB of x a row in every CTA
+    ((T.Q8_0, T.Q6_K), 333, 768),        # mixed formats (multi), rows % 16 != 0
+], ids=["gate", "wide", "mixed"])
+def test_the_ctas_own_x_copy_is_the_pre_pass_bit_for_bit(native, dev, rng, poisoned, rows_on, kind, qtypes, rows,
+                                                          cols):
+    """gemv_rows_fuse_nx (n_x <= it: each CTA quantizes x itself, norm included; else the pre-pass launch) never
+    changes a result: n_x = 1..8 and 9 under fuse_nx = 0 and 8, with and without the norm, bit for bit."""
+    qa, qb = qtypes
+    d_a, d_b = dev.upload(random_weights(rng, qa, rows, cols)), dev.upload(random_weights(rng, qb, rows, cols))
+    x = dev.upload((rng.standard_normal((9, cols)) * rng.uniform(0.1, 10.0, (9, 1))).astype(np.float32))
+    d_norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
+
+    def run(n_x, norm):
+        outs = [poisoned((n_x, rows)), poisoned((n_x, rows))]
+        if kind == "gemv":
+            call_gemv(native, dev, outs[0], d_a, qa, rows, cols, x, n_x, norm, None, None)
+        elif kind == "multi":
+            run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [None, None], cols, x, n_x, norm)
+        else:
+            call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, x, n_x, norm)
+        return [bits(dev.download(o)) for o in outs[:1 if kind != "multi" else 2]]
+
+    cases = [(n_x, norm) for n_x in range(1, 10) for norm in (None, d_norm)]
+    native.set_tuning(gemv_rows_fuse_nx=0)
+    pre = [run(*c) for c in cases]
+    native.set_tuning(gemv_rows_fuse_nx=8)
+    for (n_x, norm), want in zip(cases, pre):
+        for k, (got, w) in enumerate(zip(run(n_x, norm), want)):
+            assert np.array_equal(got, w), f"{kind} n_x={n_x} norm={norm is not None} matrix {k}"

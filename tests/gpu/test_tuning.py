@@ -30,12 +30,13 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     assert restore_tuning == want
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 0,
-                        "gemv_rows": 0}
+                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
                                  {"gemv_rounds": 1}, {"gemv_rounds": 17}, {"pdl": -1}, {"gemv_mma_rows": 1},
-                                 {"gemv_mma_rows": 9}, {"gemv_rows": -1}, {"gemv_rows": 9}])
+                                 {"gemv_mma_rows": 9}, {"gemv_rows": -1}, {"gemv_rows": 9},
+                                 {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
