@@ -11,7 +11,8 @@
 //          float16 path computes one per dim): the only barrier. It lives in the dequantized K | V tile at the
 //          start of the pipeline area, which the cp.async ring never writes and the main loop first writes
 //          after its first __syncthreads (so no thread can still be reading the table).
-//   new row (the block that owns the new key) warp 0 forms the RoPE'd K row in registers, rotates it and
+//   new row (the block that owns the new key) warp 0 forms the RoPE'd K row in registers, subtracts the key
+//          offset (p.k_offset, if any: flashd_attention.h), rotates it and
 //          encodes each 32-value block as a warp (kv_quant.cuh encode_block_warp: max by shuffles, a code per
 //          lane); warp WARPS - 1 does the same for the V row (no rotation; a float16 V is rounded). The values
 //          the tiles will hold (float16(d * q) or float16(x)) go to kv_new, read only after the main loop's
@@ -104,6 +105,11 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
         const float* kr = p.k_new + (size_t)kvh * HD;
 #pragma unroll
         for (int r = 0; r < NR; ++r) x[r] = rope_from_table(kr, 32 * r + lane, p.rope_dim, neox, cs, sn);
+        if (p.k_offset != nullptr) {                    // the key offset, as fd_rope_kv_write subtracts it
+            const float* c = p.k_offset + (size_t)kvh * HD;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) x[r] = __fsub_rn(x[r], __ldg(c + 32 * r + lane));
+        }
         kvq::hadamard_rotate<NR>(x, NR, block, lane);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
