@@ -11,7 +11,7 @@
 // final product is one correctly rounded float32 operation (explicit _rn intrinsics: the library builds with
 // --use_fast_math), so the result depends only on that order -- not on the thread layout -- and equals
 // kv_rotate.py's bit for bit. That is what keeps every path bitwise consistent: fd_rope_kv_write (q rotated in
-// place, k rotated before its encode) and fd_attention_decode_rope (q in registers, the new k in shared memory)
+// place, k rotated before its encode) and fd_attention_decode_rope (q and the new k in registers)
 // call this one function, so decode, masked (tree) and prefill attention see the same rotated q and the same
 // stored K bits, and a tree node's output stays bitwise the decode step's.
 //
