@@ -43,11 +43,12 @@ def bench(dev, timer, name, shape, max_ctx, depths, reps):
 
     def fused():
         dev.native.check(lib.fd_attention_decode_rope(p(o, "float*"), p(q, "float*"), p(k, "float*"), p(v, "float*"),
-                                                      p(kc), p(vc), p(pos, "int32_t*"), p(n_past, "int32_t*"), attn,
-                                                      rope, chunk, p(ws), dev.stream), "fd_attention_decode_rope")
+                                                      p(kc), p(vc), p(None), p(pos, "int32_t*"),
+                                                      p(n_past, "int32_t*"), attn, rope, chunk, p(ws), dev.stream),
+                         "fd_attention_decode_rope")
 
     def two_kernels():   # rotates q and k in place every replay: the timing does not depend on the values
-        dev.native.check(lib.fd_rope_kv_write(p(q, "float*"), p(k, "float*"), p(v, "float*"), p(kc), p(vc),
+        dev.native.check(lib.fd_rope_kv_write(p(q, "float*"), p(k, "float*"), p(v, "float*"), p(kc), p(vc), p(None),
                                               p(pos, "int32_t*"), p(n_past, "int32_t*"), 1, attn, rope, dev.stream),
                          "fd_rope_kv_write")
         dev.native.check(lib.fd_attention_decode(p(o, "float*"), p(q, "float*"), p(kc), p(vc), p(n_past, "int32_t*"),

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..protocol.messages import SamplingParams
 from .backends.base import Batch
+from .backends.kv_offset import model_key_offsets
 from .models import forward_of, make_cache
 from .models.config import ModelConfig
 from .models.weights import ModelWeights
@@ -57,6 +58,8 @@ class ModelRunner:
         self.ops, self.cfg, self.weights = ops, cfg, weights
         self.max_ctx, self.prefill_chunk = max_ctx, prefill_chunk
         self.cache = make_cache(ops, cfg, max_ctx, kv_types)     # kv_types: backends.kv_types.KVTypes (None: f16)
+        if hasattr(self.cache, "set_key_offset") and self.cache.spec.kv_types.k != "f16":
+            self.cache.set_key_offset(model_key_offsets(ops, cfg, weights))   # a quantized K's (kv_offset.py)
         self._model_forward = forward_of(cfg)
         self.n_past = 0   # cache slots [0, n_past) hold committed context
         self._reuse_prefix = getattr(self.cache, "reusable_prefix", True)

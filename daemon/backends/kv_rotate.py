@@ -8,7 +8,8 @@ the values of its block, so no block's scale is set by one channel. Rotating q a
 leaves q . k unchanged (H^T H = I), so attention is the same function up to rounding; V is not rotated.
 It spreads a large channel, it does not remove it: where K's large channels are nearly constant across tokens
 (Qwen2.5's first layers: the k bias in the slowest RoPE pairs) every rotated value still carries them, and only a
-constant per-head key offset (softmax ignores q . c) takes them out (bench/results/2026-11-26-cpu-kv-k-rotation.md).
+constant per-head key offset (softmax ignores q . c) takes them out: kv_offset.py, subtracted from k before this
+rotation (bench/results/2026-11-26-cpu-kv-k-rotation.md).
 
 Rule: K is stored rotated exactly when its type is quantized (q8_0 / q4_0): q and k are rotated after RoPE, k is
 quantized in the rotated basis and the attention reads the rotated q. An f16 K is not rotated (bit for bit as

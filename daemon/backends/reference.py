@@ -143,9 +143,23 @@ class ReferenceOps:
         rotated keys (a quantized K: kv_rotate.py), else unchanged."""
         return tuple(hadamard_rotate(x) for x in xs) if is_rotated(k_cache) else xs
 
+    @classmethod
+    def _rotated_qk(cls, k_cache, q, k):
+        """q and k (after RoPE) as the K cache needs them: (_rotated(q), _rotated_keys(k))."""
+        return cls._rotated(k_cache, q)[0], cls._rotated_keys(k_cache, k)
+
+    @classmethod
+    def _rotated_keys(cls, k_cache, k):
+        """k (after RoPE) as the K cache stores it: less the cache's key offset if it has one (a float32
+        subtraction, kv_offset.py; only a rotated K has one), then rotated as _rotated does."""
+        offset = getattr(k_cache, "offset", None)
+        if offset is not None and is_rotated(k_cache):
+            k = (k - offset).astype(np.float32, copy=False)
+        return cls._rotated(k_cache, k)[0]
+
     def attention(self, q, k, v, cache_layer, batch: Batch) -> np.ndarray:
         k_cache, v_cache = cache_layer
-        q, k = self._rotated(k_cache, q, k)
+        q, k = self._rotated_qk(k_cache, q, k)
         n, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         n_past = int(batch.n_past[0])
@@ -174,7 +188,7 @@ class ReferenceOps:
         write k, v to the cache, then attend each query block's selected key blocks only."""
         from ..pflash.flashprefill import flashprefill_attention
         k_cache, v_cache = cache_layer
-        q, k = self._rotated(k_cache, q, k)
+        q, k = self._rotated_qk(k_cache, q, k)
         n, _, head_dim = q.shape
         if step.p0 + n > k_cache.shape[0]:
             raise ValueError(f"KV cache overflow: {step.p0} + {n} > {k_cache.shape[0]} slots")
@@ -200,7 +214,7 @@ class ReferenceOps:
 
     def kv_write(self, k, v, cache_layer, start) -> None:
         k_cache, v_cache = cache_layer
-        (k,) = self._rotated(k_cache, k)
+        k = self._rotated_keys(k_cache, k)
         s, n = int(start[0]), k.shape[0]
         if s < 0 or s + n > k_cache.shape[0]:
             raise ValueError(f"KV cache overflow: slots {s}..{s + n} outside {k_cache.shape[0]}")

@@ -1,7 +1,8 @@
 """The reference backend's KV cache: float32 rows (kv type f16, the oracle's precision) or quantized rows
 (q8_0 / q4_0, ggml's block bytes, written with kv_quant.py's encoders and read dequantized). A quantized K holds
 keys rotated by kv_rotate.py's Hadamard transform (its `rotated` is True): ReferenceOps rotates q and k before
-they meet it, so whoever reads K rows gets rotated ones.
+they meet it, so whoever reads K rows gets rotated ones. Such a K may also carry a key offset per layer
+(kv_offset.py; set_key_offset): its `offset` (Hkv, d), which ReferenceOps subtracts from k before the rotation.
 
 `layer(i)` gives (K, V) of one layer, each (max_ctx, Hkv, d) as the ops index it: a float32 array, or a
 QuantizedRows whose item assignment encodes and whose slicing decodes, so ReferenceOps' attention is the
@@ -27,10 +28,12 @@ def is_rotated(rows) -> bool:
 class QuantizedRows:
     """One layer's K or V in a quantized type: bytes (max_ctx, Hkv, row_bytes) uint8, seen as float32
     (max_ctx, Hkv, head_dim). `rows[slots] = x` encodes x; `rows[slots]` decodes (a new float32 array).
-    rotated: the rows are keys in the rotated basis (the writer rotates them; this class stores what it is given)."""
+    rotated: the rows are keys in the rotated basis (the writer rotates them; this class stores what it is given).
+    offset: None or (Hkv, head_dim) float32, the key offset the writer subtracts before rotating (kv_offset.py)."""
 
-    def __init__(self, data: np.ndarray, kv_type: str, head_dim: int, rotated: bool = False):
+    def __init__(self, data: np.ndarray, kv_type: str, head_dim: int, rotated: bool = False, offset=None):
         self.data, self.kv_type, self.head_dim, self.rotated = data, kv_type, head_dim, rotated
+        self.offset = offset
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -56,6 +59,20 @@ class ReferenceKVCache:
         self.spec = spec
         self.k = self._storage(spec.kv_types.k)
         self.v = self._storage(spec.kv_types.v)
+        self.k_offset: np.ndarray | None = None     # (n_layers, Hkv, d) float32 key offsets (kv_offset.py)
+
+    def set_key_offset(self, offsets) -> None:
+        """Every layer's key offset, (n_layers, Hkv, d) float32 (kv_offset.model_key_offsets), or None. Kept only
+        for a quantized (rotated) K; set it before anything is written (every key must have the same one)."""
+        s = self.spec
+        if offsets is None or not rotates_k(s.kv_types.k):
+            self.k_offset = None
+            return
+        offsets = np.asarray(offsets)
+        if offsets.shape != (s.n_layers, s.n_kv_heads, s.head_dim) or offsets.dtype != np.float32:
+            raise ValueError(f"key offsets {offsets.shape} {offsets.dtype}, want ({s.n_layers}, {s.n_kv_heads}, "
+                             f"{s.head_dim}) float32")
+        self.k_offset = np.ascontiguousarray(offsets)
 
     def _storage(self, kv_type: str) -> np.ndarray:
         s = self.spec
@@ -67,12 +84,13 @@ class ReferenceKVCache:
     def n_bytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def _view(self, store: np.ndarray, kv_type: str, i: int, rotated: bool = False):
-        return store[i] if kv_type == "f16" else QuantizedRows(store[i], kv_type, self.spec.head_dim, rotated)
+    def _view(self, store: np.ndarray, kv_type: str, i: int, rotated: bool = False, offset=None):
+        return store[i] if kv_type == "f16" else QuantizedRows(store[i], kv_type, self.spec.head_dim, rotated, offset)
 
     def layer(self, i: int):
         types = self.spec.kv_types
-        return self._view(self.k, types.k, i, rotates_k(types.k)), self._view(self.v, types.v, i)
+        offset = None if self.k_offset is None else self.k_offset[i]
+        return self._view(self.k, types.k, i, rotates_k(types.k), offset), self._view(self.v, types.v, i)
 
     def move(self, src_slots, dst_slots) -> None:
         """Copy slots src -> dst in every layer (speculative decoding's commit): the stored bytes."""

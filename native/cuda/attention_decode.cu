@@ -49,7 +49,8 @@
 // outside [0, max_ctx), as fd_rope_kv_write). The rope arithmetic is rope_math.cuh's, shared with
 // rope.cu, and the rest is the plain kernel's code with the same n_splits, so o and the cache rows are
 // bit for bit those of fd_rope_kv_write + fd_attention_decode -- and hence of the tree verification
-// path (fd_rope_kv_write + fd_attention_masked). q, k and v are not modified (unlike fd_rope_kv_write,
+// path (fd_rope_kv_write + fd_attention_masked). A quantized K's key offset (k_offset, flashd_attention.h) is
+// subtracted from the RoPE'd new key before its rotation, as fd_rope_kv_write does. q, k and v are not modified (unlike fd_rope_kv_write,
 // the rotated q/k are not written back). Workspace: as fd_attention_decode.
 #include "attention_splitk.cuh"
 
@@ -94,7 +95,7 @@ extern "C" int fd_attention_decode(float* o, const float* q, const void* k_cache
 }
 
 extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache,
-                                        void* v_cache, const int32_t* positions, const int32_t* n_past,
+                                        void* v_cache, const float* k_offset, const int32_t* positions, const int32_t* n_past,
                                         const fd_attention_shape_t* shape, const fd_rope_t* rope, int chunk_len,
                                         void* workspace, void* stream) {
     FD_CHECK_ARG(o && q && k && v && k_cache && v_cache && positions && n_past && workspace);
@@ -103,6 +104,7 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
     p.k_new = k;
+    p.k_offset = shape->k_type != FD_KV_F16 ? k_offset : nullptr;   // read only for a quantized (rotated) K
     p.v_new = v;
     p.k_store = (__half*)k_cache;
     p.v_store = (__half*)v_cache;

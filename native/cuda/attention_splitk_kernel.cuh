@@ -2,12 +2,12 @@
 // design): splitk_kernel, one block per (split, KV head, token x query-row tile), streams its split's
 // chunks through the cp.async pipeline, merges its 4 warps' softmax states and writes the output (one
 // split) or the split's partial for combine_kernel; with ROPE (fd_attention_decode_rope) it also rotates
-// q and the new key and writes the new K/V row (rope_stage).
+// q and the new key and writes the new K/V row (rope_stage; a quantized K: attention_splitk_rope_rot.cuh).
 #pragma once
 
 #include "attention_splitk_warp.cuh"
 #include "attention_splitk_qstage.cuh"
-#include "kv_rotate.cuh"
+#include "attention_splitk_rope_rot.cuh"
 
 namespace fd {
 namespace attn {
@@ -23,7 +23,8 @@ namespace attn {
 // memory) first; then one thread per 32-value block encodes it (kv_quant.cuh, fd_rope_kv_write's rounding), puts
 // the dequantized values -- float16(d * q), what dequant8 gives for the stored codes -- into kv_new, and (store)
 // writes the codes and scale to the cache. A float16 side's block is rounded and stored as the plain kernel does.
-// A quantized K's staged row is Hadamard-rotated first (rope_stage; kv_rotate.cuh), as fd_rope_kv_write's k.
+// Only a float16 K with a quantized V comes here: a quantized K holds rotated keys and is staged by
+// rope_stage_rotated (attention_splitk_rope_rot.cuh) instead.
 template <int HD>
 __device__ __forceinline__ void encode_new_rows(const Params& p, const float* stage, __half* kv_new, int kvh, int tid,
                                                 bool store) {
@@ -132,34 +133,10 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
         }
         if constexpr (QKV) {                            // own_key is block-uniform: the barriers are too
             __syncthreads();                            // both rows staged
-            if (p.k_type != FD_KV_F16) {                // a quantized K holds rotated keys (kv_rotate.cuh)
-                if (tid < 32) kvq::hadamard_rotate_row<HD / 32>(stage, HD / 32, tid);
-                __syncthreads();
-            }
             encode_new_rows<HD>(p, stage, kv_new, kvh, tid, store);
             __syncthreads();                            // stage (q_hi's area) free again, kv_new written
         }
     }
-}
-
-// A quantized K (QKV, p.k_type != FD_KV_F16) holds Hadamard-rotated keys, so the RoPE'd q rows of the tile are
-// rotated too, with fd_rope_kv_write's function (kv_rotate.cuh; bit for bit its in-place q): qv (element
-// e = tid + j * THREADS = row e / HD, dim e % HD) goes through `buf` (ROWS x HD floats of shared memory: the q
-// hi / lo area, written only after this), one warp per row. Rows past the group are 0 and stay 0. Block-uniform
-// (every thread calls it).
-template <int HD>
-__device__ __forceinline__ void rotate_q_tile(float (&qv)[ROWS * HD / THREADS], float* buf, int tid) {
-    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
-    static_assert(2 * ROWS * Cfg<HD>::LD * sizeof(__half) >= ROWS * HD * sizeof(float), "buf fits the q area");
-    __syncthreads();                                    // rope_stage's use of the area (its stage) is over
-#pragma unroll
-    for (int j = 0; j < Q_PER_THREAD; ++j) buf[tid + j * THREADS] = qv[j];
-    __syncthreads();
-    for (int r = tid / 32; r < ROWS; r += WARPS) kvq::hadamard_rotate_row<HD / 32>(buf + r * HD, HD / 32, tid % 32);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < Q_PER_THREAD; ++j) qv[j] = buf[tid + j * THREADS];
-    __syncthreads();                                    // the area is q_hi / q_lo next
 }
 
 // ---- the block ----------------------------------------------------------------------------
@@ -187,6 +164,8 @@ __device__ __forceinline__ void rotate_q_tile(float (&qv)[ROWS * HD / THREADS], 
 // and masked attention stay bit for bit consistent. The ROPE override (a) goes over the dequantized row. With
 // ROPE, the new key's rows are encoded as fd_rope_kv_write encodes them and attended dequantized
 // (encode_new_rows), so o and the cache equal fd_rope_kv_write + fd_attention_decode's over the quantized cache.
+// A quantized K (rotated keys) is staged by rope_stage_rotated (attention_splitk_rope_rot.cuh): q in a warp-per-row
+// layout, rotated in registers; its cos / sin table sits in the dequantized tile, free until the main loop.
 template <int HD, bool ROPE = false, bool QKV = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     using C = Cfg<HD>;
@@ -317,16 +296,18 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             const int e = tid + j * THREADS, r = e / HD, d = e % HD;
             qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
         }
+    } else if (QKV && p.k_type != FD_KV_F16) {
+        rope_stage_rotated<HD>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
+                               reinterpret_cast<float*>(pipe));   // the dequantized tile: free until the main loop
     } else {
         rope_stage<HD, QKV>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
                             reinterpret_cast<float*>(q_hi));   // q_hi is written only after this
-        if constexpr (QKV) {
-            if (p.k_type != FD_KV_F16) rotate_q_tile<HD>(qv, reinterpret_cast<float*>(q_hi), tid);
-        }
     }
+    const bool rot_layout = ROPE && QKV && p.k_type != FD_KV_F16;   // qv in rope_stage_rotated's layout
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {
-        const int e = tid + j * THREADS, r = e / HD, d = e % HD;
+        int r = (tid + j * THREADS) / HD, d = (tid + j * THREADS) % HD;
+        if (rot_layout) rot_elem<HD>(j, tid, r, d);
         const float v = qv[j] * p.q_scale;
         const __half hi = __float2half_rn(v);
         q_hi[r * LD + d] = hi;

@@ -61,6 +61,7 @@ struct Params {
     // fd_attention_decode_rope only (splitk_kernel<HD, true>; n = 1, no mask): q is unrotated, and the
     // new token's K/V row comes from k_new / v_new instead of the cache (see splitk_kernel)
     const float* k_new;        // (n_kv_heads, HD) float32, unrotated
+    const float* k_offset;     // NULL or (n_kv_heads, HD) float32: a quantized K's key offset (flashd_attention.h)
     const float* v_new;        // (n_kv_heads, HD) float32
     __half* k_store;           // the caches again, written at slot *n_past
     __half* v_store;

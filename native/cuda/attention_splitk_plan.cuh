@@ -73,6 +73,7 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     const int max_ctx = shape.max_ctx;
     const float scale = shape.scale;
     Params p;
+    p.k_offset = nullptr;
     p.q = q;
     p.k_cache = (const __half*)k_cache;
     p.v_cache = (const __half*)v_cache;

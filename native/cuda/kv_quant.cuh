@@ -73,6 +73,68 @@ __device__ __forceinline__ void encode_q4_0(const float* x, uint8_t* packed, __h
     }
 }
 
+// The same two encoders for one warp holding a block in registers (lane l: value l of the block, x), bit for bit
+// the serial ones above: max and the first-largest index are exact reductions (ties go to the lower index, as the
+// strict < of the serial loop; a NaN or zero magnitude never wins, as there), and every lane rounds its own code
+// by the same intrinsics. Each returns the float16 scale (all lanes) and the lane's code: q8_0 the int8 value,
+// q4_0 the 4-bit code 0..15 (byte j of the packed row = code of lane j | code of lane j + 16 << 4).
+__device__ __forceinline__ int encode_q8_0_warp(float x, __half& d_out) {
+    float amax = fmaxf(0.0f, fabsf(x));
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, h));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    d_out = __float2half_rn(d);
+    return (int)(int8_t)roundf(__fmul_rn(x, id));
+}
+
+__device__ __forceinline__ int encode_q4_0_warp(float x, int lane, __half& d_out) {
+    const float a0 = fabsf(x);
+    float a = a0 > 0.0f ? a0 : 0.0f;                    // NaN / 0: never selected (serial: amax < a false)
+    int idx = lane;
+#pragma unroll
+    for (int h = 16; h > 0; h >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, a, h);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, h);
+        if (oa > a || (oa == a && oi < idx)) {
+            a = oa;
+            idx = oi;
+        }
+    }
+    const float xm = __shfl_sync(0xffffffffu, x, idx);
+    const float mx = a > 0.0f ? xm : 0.0f;              // nothing above 0: the serial loop's initial mx = +0
+    const float d = __fdiv_rn(mx, -8.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    d_out = __float2half_rn(d);
+    return min(15, __float2int_rz(__fadd_rn(__fmul_rn(x, id), 8.5f)));
+}
+
+// Block b of row `row` of a quantized plane (or of a float16 row: f16 != nullptr) <- one warp's 32 values x (lane l:
+// value l). Returns the lane's value as the attention tiles see it: float16(d * q) (dequant8_codes' rounding) or
+// float16(x). Writes the cache only if store.
+__device__ __forceinline__ __half encode_block_warp(const Plane& p, __half* f16, int kv_type, size_t row, int b,
+                                                    float x, int lane, bool store) {
+    if (kv_type == FD_KV_F16) {
+        const __half h = __float2half_rn(x);
+        if (store) f16[b * BLOCK + lane] = h;
+        return h;
+    }
+    __half dh;
+    float val;
+    if (kv_type == FD_KV_Q8_0) {
+        const int q = encode_q8_0_warp(x, dh);
+        if (store) reinterpret_cast<int8_t*>(p.row_codes(row) + b * BLOCK)[lane] = (int8_t)q;
+        val = __half2float(dh) * (float)q;
+    } else {
+        const int q = encode_q4_0_warp(x, lane, dh);
+        const int hi = __shfl_down_sync(0xffffffffu, q, BLOCK / 2);
+        if (store && lane < BLOCK / 2) p.row_codes(row)[b * (BLOCK / 2) + lane] = (uint8_t)(q | (hi << 4));
+        val = __half2float(dh) * (float)(q - 8);
+    }
+    if (store && lane == 0) p.row_scales(row)[b] = dh;
+    return __float2half_rn(val);
+}
+
 // One layer's K or V cache as the attention loaders read it: float16 rows, or a quantized plane.
 struct Rows {
     const __half* f16;           // FD_KV_F16: [n_kv_heads][max_ctx][head_dim]

@@ -11,7 +11,7 @@
 // final product is one correctly rounded float32 operation (explicit _rn intrinsics: the library builds with
 // --use_fast_math), so the result depends only on that order -- not on the thread layout -- and equals
 // kv_rotate.py's bit for bit. That is what keeps every path bitwise consistent: fd_rope_kv_write (q rotated in
-// place, k rotated before its encode) and fd_attention_decode_rope (q in registers, the new k in shared memory)
+// place, k rotated before its encode) and fd_attention_decode_rope (q and the new k in registers)
 // call this one function, so decode, masked (tree) and prefill attention see the same rotated q and the same
 // stored K bits, and a tree node's output stays bitwise the decode step's.
 //
@@ -68,12 +68,18 @@ __device__ __forceinline__ void hadamard_rotate(float (&x)[RMAX], int n_r, int b
         if (r < n_r) x[r] = __fmul_rn(x[r], s);
 }
 
-// One row of 32 n_r floats (global or shared memory) rotated in place by one warp (n_r <= RMAX).
+// One row of 32 n_r floats (global or shared memory) rotated in place by one warp (n_r <= RMAX). sub (NULL: none):
+// 32 n_r floats subtracted first (the key offset, flashd_attention.h: one rounded float32 subtraction per value).
 template <int RMAX>
-__device__ __forceinline__ void hadamard_rotate_row(float* row, int n_r, int lane) {
+__device__ __forceinline__ void hadamard_rotate_row(float* row, int n_r, int lane, const float* sub = nullptr) {
     float x[RMAX];
 #pragma unroll
     for (int r = 0; r < RMAX; ++r) x[r] = r < n_r ? row[32 * r + lane] : 0.0f;
+    if (sub != nullptr) {
+#pragma unroll
+        for (int r = 0; r < RMAX; ++r)
+            if (r < n_r) x[r] = __fsub_rn(x[r], sub[32 * r + lane]);
+    }
     hadamard_rotate<RMAX>(x, n_r, rotation_block(32 * n_r), lane);
 #pragma unroll
     for (int r = 0; r < RMAX; ++r)

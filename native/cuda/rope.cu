@@ -9,7 +9,9 @@
 // q4_0 codes and scales (kv_quant.cuh) of the rotated float32 row, each of K and V in its own type. A slot outside [0, max_ctx) is not written (the device cannot report it; the
 // host's memory plan keeps n_past + n <= max_ctx). q may be NULL (K/V injection without queries).
 // A quantized K stores rotated keys (kv_rotate.cuh): after RoPE, every head of q and of k is Hadamard-rotated in
-// place (whether or not the slot is stored: q must meet the rotated keys), and k is encoded in that basis.
+// place (whether or not the slot is stored: q must meet the rotated keys), and k is encoded in that basis. With a
+// key offset (k_offset, [n_kv_heads][head_dim]: flashd_attention.h), head h of k has k_offset[h] subtracted just
+// before its rotation (in the same warp, as fd_attention_decode_rope does), q is not changed.
 //
 // Accuracy (the arithmetic lives in rope_math.cuh, shared with fd_attention_decode_rope, which must
 // match this kernel bit for bit): the reference (flashd ReferenceOps.rope) forms angles in float64
@@ -46,7 +48,7 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
                      __half* __restrict__ v_cache, const int32_t* __restrict__ positions,
                      const int32_t* __restrict__ n_past, int n_heads, int n_kv_heads, int head_dim, int rope_dim,
                      double theta, int neox, const fd::RopeScaling scaling, int max_ctx, int k_type, int v_type,
-                     const fd::kvq::Plane kq, const fd::kvq::Plane vq) {
+                     const fd::kvq::Plane kq, const fd::kvq::Plane vq, const float* __restrict__ k_offset) {
     __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
     const int i = blockIdx.x;                 // token
     const int half = rope_dim / 2;
@@ -95,9 +97,10 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
         const int lane = threadIdx.x % FD_WARP, n_r = head_dim / FD_WARP;
         const int n_rows = (q != nullptr ? n_heads : 0) + n_kv_heads;
         for (int r = threadIdx.x / FD_WARP; r < n_rows; r += ROPE_THREADS / FD_WARP) {
-            float* row = r < n_kv_heads ? ki + (size_t)r * head_dim
-                                        : q + ((size_t)i * n_heads + (r - n_kv_heads)) * head_dim;
-            fd::kvq::hadamard_rotate_row<ROTATE_RMAX>(row, n_r, lane);
+            const bool is_k = r < n_kv_heads;
+            float* row = is_k ? ki + (size_t)r * head_dim : q + ((size_t)i * n_heads + (r - n_kv_heads)) * head_dim;
+            fd::kvq::hadamard_rotate_row<ROTATE_RMAX>(row, n_r, lane,
+                                                      is_k && k_offset ? k_offset + (size_t)r * head_dim : nullptr);
         }
     }
     if (!store) return;
@@ -131,7 +134,7 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
 }  // namespace
 
 extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache,
-                                const int32_t* positions, const int32_t* n_past, int n, const fd_attention_shape_t* shape,
+                                const float* k_offset, const int32_t* positions, const int32_t* n_past, int n, const fd_attention_shape_t* shape,
                                 const fd_rope_t* rope, void* stream) {
     FD_CHECK_ARG(k && v && k_cache && v_cache && positions && n_past && n >= 0);
     FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
@@ -143,7 +146,7 @@ extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cach
         q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, shape->n_heads, shape->n_kv_heads,
         shape->head_dim, rope->rope_dim, (double)rope->theta, rope->neox != 0, fd::rope_scaling_from(rope->scaling),
         shape->max_ctx, shape->k_type, shape->v_type, fd::kvq::plane(k_cache, shape->k_type, kvh, ctx, hd),
-        fd::kvq::plane(v_cache, shape->v_type, kvh, ctx, hd));
+        fd::kvq::plane(v_cache, shape->v_type, kvh, ctx, hd), shape->k_type != FD_KV_F16 ? k_offset : nullptr);
     return FD_LAUNCH_STATUS();
 }
 

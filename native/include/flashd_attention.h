@@ -27,7 +27,13 @@
    attention reads the rotated q, so q . k is unchanged up to rounding, while a channel far larger than the rest
    (Qwen2's K) no longer sets its block's scale alone. The readers (decode, masked, prefill attention) take q as
    given: a caller handing them q for a quantized K must rotate it as fd_rope_kv_write does. V is not rotated;
-   an FD_KV_F16 K is not rotated (bit for bit ABI 6). */
+   an FD_KV_F16 K is not rotated (bit for bit ABI 6).
+   Key offset (ABI 9): the same two entry points take k_offset, NULL or device float32 [n_kv_heads][head_dim] (this
+   layer's): for a quantized K every RoPE'd key of KV head h first has k_offset[h] subtracted (one float32
+   subtraction per value), then is rotated and encoded; q is not changed. Every score of a query moves by the same
+   q . k_offset[h], so the softmax is exactly the same function, while the stored range shrinks where K has channels
+   that are nearly constant across tokens (a k bias in slowly turning RoPE pairs). Every writer of one cache must
+   pass the same offset (decode, prefill and tree rows then stay bitwise consistent). Not read for an FD_KV_F16 K. */
 #define FD_KV_F16 0
 #define FD_KV_Q8_0 1
 #define FD_KV_Q4_0 2
@@ -82,9 +88,10 @@ typedef struct {
    quantized k_type, the Hadamard rotation above, head_dim <= 512 or FD_E_SHAPE), then stores k and v (n,
    n_kv_heads, head_dim) into the cache slots *n_past + i in shape->k_type / v_type: float16 (round to nearest
    even), or q8_0 / q4_0 codes and scales bit for bit ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref of
-   the rotated float32 row. q may be NULL (K/V only). */
-int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache, const int32_t* positions,
-                     const int32_t* n_past, int n, const fd_attention_shape_t* shape, const fd_rope_t* rope,
+   the rotated float32 row. q may be NULL (K/V only). k_offset (a quantized K only; NULL: none): subtracted
+   after RoPE, before the rotation (above); k is left holding the rotated k - k_offset. */
+int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_cache, const float* k_offset,
+                     const int32_t* positions, const int32_t* n_past, int n, const fd_attention_shape_t* shape, const fd_rope_t* rope,
                      void* stream);
 
 /* ---- attention over the cache (attention_decode.cu, attention_prefill.cu, attention_masked.cu) */
@@ -106,9 +113,9 @@ int fd_attention_decode(float* o, const float* q, const void* k_cache, const voi
    int32, the RoPE position. Rotates q (RoPE, and for a quantized K the Hadamard rotation, bit for bit
    fd_rope_kv_write's), attends slots [0, *n_past] with slot *n_past's K/V taken from k (rotated alike) and v, and stores them into slot *n_past (if 0 <= *n_past < max_ctx) in shape's k_type / v_type,
    attending a quantized row as stored (bit for bit fd_rope_kv_write + fd_attention_decode). head_dim in
-   {64, 128, 256}; workspace as fd_attention_decode. */
+   {64, 128, 256}; workspace as fd_attention_decode. k_offset: as fd_rope_kv_write's. */
 int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
-                             const int32_t* positions, const int32_t* n_past, const fd_attention_shape_t* shape,
+                             const float* k_offset, const int32_t* positions, const int32_t* n_past, const fd_attention_shape_t* shape,
                              const fd_rope_t* rope, int chunk_len, void* workspace, void* stream);
 /* n new tokens at slots *n_past + i, causal: token i attends slots [0, *n_past + i]. Tensor cores.
    head_dim in {64, 128}. */

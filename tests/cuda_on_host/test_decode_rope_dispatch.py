@@ -85,15 +85,15 @@ def test_decode_step_is_one_fused_call(setup):
     assert [c[0] for c in calls] == ["fd_attention_decode_rope"]
     a = calls[0][1]
     kc, vc = cache.layer(0)
-    assert [_addr(dev, x) for x in a[:8]] == [o.ptr, q.x.ptr, k.x.ptr, v.ptr, kc.ptr, vc.ptr, batch.positions.ptr,
-                                              batch.n_past.ptr]
-    shape, rope = a[8], a[9]
+    assert [_addr(dev, x) for x in a[:9]] == [o.ptr, q.x.ptr, k.x.ptr, v.ptr, kc.ptr, vc.ptr, 0, batch.positions.ptr,
+                                              batch.n_past.ptr]            # an f16 K: no key offset (NULL)
+    shape, rope = a[9], a[10]
     assert (shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.max_ctx) == (N_HEADS, N_KV, HD, MAX_CTX)
     assert shape.scale == pytest.approx(1 / np.sqrt(HD))
     assert (rope.rope_dim, rope.theta, rope.neox) == (48, pytest.approx(1e6), 1)
     assert rope.scaling == dev.ffi.NULL                  # no RoPE scaling
-    assert a[10] == DECODE_CHUNK_SLOTS
-    assert _addr(dev, a[11]) == ops.attn_workspace.ptr
+    assert a[11] == DECODE_CHUNK_SLOTS
+    assert _addr(dev, a[12]) == ops.attn_workspace.ptr
     assert o.shape == (1, N_HEADS * HD)
 
 
@@ -110,7 +110,7 @@ def test_rope_scaling_reaches_every_rope_kernel(setup, n, mask):
     k = ops.rope(ops.take((n, N_KV, HD)), batch.positions, 1e6, 48, True, YARN)
     ops.attention(q, k, v, cache.layer(0), batch)
     name, args = dev.lib.calls[0]
-    struct = args[9].scaling                             # the fd_rope_t (argument 9 of both)
+    struct = args[10].scaling                            # the fd_rope_t (argument 10 of both)
     assert name == ("fd_attention_decode_rope" if n == 1 and not mask else "fd_rope_kv_write")
     got = (struct.freq_scale, struct.ext_factor, struct.corr_low, struct.corr_high, struct.mscale)
     assert got == YARN.rope_params(48, 1e6)              # doubles: exactly the reference's numbers
@@ -165,3 +165,29 @@ def test_every_attention_path_checks_q_against_the_cache(setup, n, mask):
         with pytest.raises(ValueError, match="rope_kv_write"):
             ops.attention(q, k, ops.take((n, N_KV, q_dim)), cache.layer(0), batch)
     assert dev.lib.calls == []
+
+
+@pytest.mark.parametrize("n,mask", [(1, False), (1, True), (3, False)])
+def test_a_quantized_k_passes_its_layers_key_offset(setup, n, mask):
+    """A q8_0 K with key offsets (kv_cache_quant.py set_key_offset): every K writer (the fused decode op and
+    fd_rope_kv_write, argument 6 of both) gets layer i's (n_kv_heads, head_dim) float32 slice of the one device
+    buffer; the cache refuses offsets of the wrong shape, and an f16 K keeps none."""
+    from flashd.daemon.backends.cuda.kv_cache_quant import CudaQuantKVCache
+    from flashd.daemon.backends.kv_types import KVTypes
+    dev, ops, _ = setup
+    spec = KVCacheSpec(n_layers=2, max_ctx=MAX_CTX, n_kv_heads=N_KV, head_dim=HD, kv_types=KVTypes("q8_0", "f16"))
+    cache = CudaQuantKVCache(dev, spec)
+    with pytest.raises(ValueError, match="key offsets"):
+        cache.set_key_offset(np.zeros((2, N_KV, HD - 8), np.float32))
+    offsets = np.arange(2 * N_KV * HD, dtype=np.float32).reshape(2, N_KV, HD)
+    cache.set_key_offset(offsets)
+    q, k, v, batch = _inputs(dev, ops, n, mask)
+    ops.attention(q, k, v, cache.layer(1), batch)
+    name, args = dev.lib.calls[0]
+    assert name == ("fd_attention_decode_rope" if n == 1 and not mask else "fd_rope_kv_write")
+    at = 6 if name == "fd_attention_decode_rope" else 5
+    assert _addr(dev, args[at]) == cache.k_offset.ptr + N_KV * HD * 4
+    np.testing.assert_array_equal(dev.download(cache.layer(1)[0].offset), offsets[1])
+    f16k = CudaQuantKVCache(dev, KVCacheSpec(2, MAX_CTX, N_KV, HD, KVTypes("f16", "q8_0")))
+    f16k.set_key_offset(offsets)
+    assert f16k.k_offset is None

@@ -60,12 +60,13 @@ class Pair:
         dq, dk, dv = dev.upload(q), dev.upload(k), dev.upload(v)
         (kc, vc), ws, o = caches[0], self.ws[0], self.o[0]
         check(lib.fd_attention_decode_rope(p(o, "float*"), p(dq, "float*"), p(dk, "float*"), p(dv, "float*"), p(kc),
-                                           p(vc), p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), self.attn,
-                                           self.rope_arg, chunk_len, p(ws), dev.stream), "fd_attention_decode_rope")
+                                           p(vc), p(None), p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"),
+                                           self.attn, self.rope_arg, chunk_len, p(ws), dev.stream),
+              "fd_attention_decode_rope")
         # the two kernels (rotating copies of q, k in place)
         dq2, dk2 = dev.upload(q), dev.upload(k)
         (kc2, vc2), ws2, o2 = caches[1], self.ws[1], self.o[1]
-        check(lib.fd_rope_kv_write(p(dq2, "float*"), p(dk2, "float*"), p(dv, "float*"), p(kc2), p(vc2),
+        check(lib.fd_rope_kv_write(p(dq2, "float*"), p(dk2, "float*"), p(dv, "float*"), p(kc2), p(vc2), p(None),
                                    p(self.pos, "int32_t*"), p(self.n_past, "int32_t*"), 1, self.attn, self.rope_arg,
                                    dev.stream), "fd_rope_kv_write")
         check(lib.fd_attention_decode(p(o2, "float*"), p(dq2, "float*"), p(kc2), p(vc2), p(self.n_past, "int32_t*"),
@@ -186,7 +187,7 @@ def test_fused_rejects_bad_arguments(native, dev):
 
     def call(n_heads=12, n_kv_heads=2, head_dim=128, chunk_len=64, rope_dim=128, theta=1e6, positions=i):
         return native.lib.fd_attention_decode_rope(p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t),
-                                                   p(t), p(positions, "int32_t*"), p(i, "int32_t*"),
+                                                   p(t), p(None), p(positions, "int32_t*"), p(i, "int32_t*"),
                                                    attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, 64, 0.1),
                                                    rope_struct(native.ffi, rope_dim, theta, 1, native.ffi.NULL),
                                                    chunk_len, p(t), dev.stream)

@@ -152,10 +152,12 @@ def test_prefill_over_a_quantized_cache(native, dev, rng, types, n_heads, n_kv_h
 @pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
 @pytest.mark.parametrize("n_heads,n_kv_heads,d,max_ctx,n_past", [(12, 2, 128, 1000, 777), (14, 2, 64, 300, 0),
                                                                   (8, 1, 256, 200, 130)])
+@pytest.mark.parametrize("offset", [False, True], ids=["no_offset", "offset"])
 def test_fused_decode_rope_is_rope_kv_write_then_decode(native, dev, rng, types, n_heads, n_kv_heads, d, max_ctx,
-                                                        n_past):
+                                                        n_past, offset):
     """fd_attention_decode_rope over a quantized cache: o and every cache byte bit for bit fd_rope_kv_write +
-    fd_attention_decode's (the new rows encoded alike and attended as stored)."""
+    fd_attention_decode's (the new rows encoded alike and attended as stored), with and without a key offset
+    (k_offset: subtracted from the RoPE'd key before the rotation; not read for an f16 K)."""
     from flashd.daemon.backends.cuda.ops import rope_struct
     ffi, lib = native.ffi, native.lib
     shape = attention_shape(ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
@@ -163,6 +165,7 @@ def test_fused_decode_rope_is_rope_kv_write_then_decode(native, dev, rng, types,
     q = rng.standard_normal((1, n_heads, d)).astype(np.float32)
     k = (rng.standard_normal((1, n_kv_heads, d)) * 3).astype(np.float32)
     v = rng.standard_normal((1, n_kv_heads, d)).astype(np.float32)
+    dc = dev.upload(key_offset_like(rng, n_kv_heads, d)) if offset else None
     pos, npast = dev.upload(np.array([n_past + 3], np.int32)), dev.upload(np.array([n_past], np.int32))
     ws = dev.empty((max(lib.fd_attention_decode_workspace_bytes(shape, CHUNK), 16),), np.uint8)
     results = []
@@ -173,11 +176,12 @@ def test_fused_decode_rope_is_rope_kv_write_then_decode(native, dev, rng, types,
         if fused:
             native.check(lib.fd_attention_decode_rope(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dk, "float*"),
                                                       dev.p(dv, "float*"), dev.p(planes[0]), dev.p(planes[1]),
+                                                      dev.p(dc),
                                                       dev.p(pos, "int32_t*"), dev.p(npast, "int32_t*"), shape, rope,
                                                       CHUNK, dev.p(ws), dev.stream), "fd_attention_decode_rope")
         else:
             native.check(lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"),
-                                              dev.p(planes[0]), dev.p(planes[1]), dev.p(pos, "int32_t*"),
+                                              dev.p(planes[0]), dev.p(planes[1]), dev.p(dc), dev.p(pos, "int32_t*"),
                                               dev.p(npast, "int32_t*"), 1, shape, rope, dev.stream), "fd_rope_kv_write")
             native.check(lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(planes[0]),
                                                  dev.p(planes[1]), dev.p(npast, "int32_t*"), shape, CHUNK, dev.p(ws),
@@ -192,13 +196,16 @@ def test_fused_decode_rope_is_rope_kv_write_then_decode(native, dev, rng, types,
                          ids=lambda t: f"k={t[0]},v={t[1]}")
 @pytest.mark.parametrize("n_heads,n_kv_heads,d,n,n_past", [(12, 2, 128, 9, 777), (14, 2, 64, 5, 63),
                                                            (8, 1, 256, 4, 130)])
+@pytest.mark.parametrize("offset", [False, True], ids=["no_offset", "offset"])
 def test_tree_verify_rows_are_decode_steps_over_a_rotated_k(native, dev, rng, types, n_heads, n_kv_heads, d, n,
-                                                            n_past):
+                                                            n_past, offset):
     """Speculative decoding's invariant over a quantized (so Hadamard-rotated) K: fd_rope_kv_write of n chain
     tokens + fd_attention_masked gives, row for row, bitwise the fused decode steps (fd_attention_decode_rope at
     n_past + i, one after the other) -- q and k are rotated by the same function in both (kv_rotate.cuh) -- and
     leaves the same cache bytes. Also: the output is the float64 attention of the unrotated q over the stored K
-    mapped back by R^T (R orthonormal), within the float16 path's tolerance: the rotation is invisible."""
+    mapped back by R^T (R orthonormal), within the float16 path's tolerance: the rotation is invisible. With a key
+    offset (k_offset) both paths subtract it alike; the oracle over the stored keys still holds (softmax is blind
+    to a per-head constant key shift)."""
     from flashd.daemon.backends.cuda.ops import rope_struct
     ffi, lib = native.ffi, native.lib
     max_ctx = n_past + n + 20
@@ -208,6 +215,7 @@ def test_tree_verify_rows_are_decode_steps_over_a_rotated_k(native, dev, rng, ty
     k = (rng.standard_normal((n, n_kv_heads, d)) * 3).astype(np.float32)
     k[..., 7] += 40.0                                                  # an outlier channel
     v = rng.standard_normal((n, n_kv_heads, d)).astype(np.float32)
+    dc = dev.upload(key_offset_like(rng, n_kv_heads, d)) if offset else None
     ws = dev.empty((max(lib.fd_attention_decode_workspace_bytes(shape, CHUNK),
                         lib.fd_attention_workspace_bytes(n, shape, CHUNK), 16),), np.uint8)
 
@@ -216,8 +224,8 @@ def test_tree_verify_rows_are_decode_steps_over_a_rotated_k(native, dev, rng, ty
     pos = dev.upload(np.arange(n_past, n_past + n, dtype=np.int32))
     npast = dev.upload(np.array([n_past], np.int32))
     native.check(lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"), dev.p(planes[0]),
-                                      dev.p(planes[1]), dev.p(pos, "int32_t*"), dev.p(npast, "int32_t*"), n, shape,
-                                      rope, dev.stream), "fd_rope_kv_write")
+                                      dev.p(planes[1]), dev.p(dc), dev.p(pos, "int32_t*"), dev.p(npast, "int32_t*"), n,
+                                      shape, rope, dev.stream), "fd_rope_kv_write")
     dev.synchronize()
     q_rot = dev.download(dq)
     tree = masked(native, dev, q_rot, planes, shape, np.tril(np.ones((n, n), np.uint8)), n_past)
@@ -230,7 +238,7 @@ def test_tree_verify_rows_are_decode_steps_over_a_rotated_k(native, dev, rng, ty
         dq, dk, dv = dev.upload(q[i:i + 1]), dev.upload(k[i:i + 1]), dev.upload(v[i:i + 1])
         p1, np1 = dev.upload(np.array([n_past + i], np.int32)), dev.upload(np.array([n_past + i], np.int32))
         native.check(lib.fd_attention_decode_rope(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dk, "float*"),
-                                                  dev.p(dv, "float*"), dev.p(planes[0]), dev.p(planes[1]),
+                                                  dev.p(dv, "float*"), dev.p(planes[0]), dev.p(planes[1]), dev.p(dc),
                                                   dev.p(p1, "int32_t*"), dev.p(np1, "int32_t*"), shape, rope, CHUNK,
                                                   dev.p(ws), dev.stream), "fd_attention_decode_rope")
         dev.synchronize()
@@ -246,6 +254,13 @@ def test_tree_verify_rows_are_decode_steps_over_a_rotated_k(native, dev, rng, ty
     visible = np.arange(n_past + n)[None, :] <= n_past + np.arange(n)[:, None]
     expect = attention_oracle(q_rot.astype(np.float64) @ r, kc.astype(np.float64) @ r, vc, visible, 1 / np.sqrt(d))
     np.testing.assert_allclose(tree, expect, rtol=RTOL, atol=ATOL)
+
+
+def key_offset_like(rng, n_kv_heads: int, d: int) -> np.ndarray:
+    """A key offset (n_kv_heads, d) float32 as kv_offset.py makes them: small, with a few large channels."""
+    c = (rng.standard_normal((n_kv_heads, d)) * 2).astype(np.float32)
+    c[:, d // 2 - 3:d // 2] += 150.0                                   # the slow RoPE pairs' bias
+    return c
 
 
 def f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx):

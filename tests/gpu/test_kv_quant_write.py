@@ -40,8 +40,9 @@ def run_write(native, dev, q, k, v, types, n_past, max_ctx, rope_dim, neox, with
     dnp = dev.upload(np.array([n_past], np.int32))
     shape = attention_shape(native.ffi, q.shape[1], n_kv_heads, head_dim, max_ctx, k_type=types[0], v_type=types[1])
     native.check(lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"), dev.p(caches[0]),
-                                      dev.p(caches[1]), dev.p(dpos, "int32_t*"), dev.p(dnp, "int32_t*"), n, shape,
-                                      rope_struct(native.ffi, rope_dim, 1e6, neox), dev.stream), "fd_rope_kv_write")
+                                      dev.p(caches[1]), dev.p(None), dev.p(dpos, "int32_t*"), dev.p(dnp, "int32_t*"),
+                                      n, shape, rope_struct(native.ffi, rope_dim, 1e6, neox), dev.stream),
+                 "fd_rope_kv_write")
     dev.synchronize()
     out = (dev.download(dk), [dev.download(c) for c in caches])
     return (dev.download(dq),) + out if with_q else out
@@ -131,7 +132,7 @@ def test_plane_bytes_and_refusals(native, dev):
     kq = dev.upload(np.zeros((1, 1, 1024), np.float32))
     pos = dev.upload(np.zeros(1, np.int32))
     assert lib.fd_rope_kv_write(dev.p(kq, "float*"), dev.p(kq, "float*"), dev.p(kq, "float*"), dev.p(cache),
-                                dev.p(cache), dev.p(pos, "int32_t*"), dev.p(n_past, "int32_t*"), 1, big,
+                                dev.p(cache), dev.p(None), dev.p(pos, "int32_t*"), dev.p(n_past, "int32_t*"), 1, big,
                                 rope_struct(ffi, 64, 1e6, True), dev.stream) == FD_E_SHAPE
     bad = attention_shape(ffi, 2, 1, 80, 64, k_type="q4_0")                     # head_dim % 32 != 0
     assert lib.fd_attention_decode(dev.p(o, "float*"), dev.p(q, "float*"), dev.p(cache), dev.p(cache),

@@ -22,7 +22,7 @@ def _run_rope(native, dev, q, k, v, kc, vc, positions, n_past, n_heads, n_kv_hea
     dpos = dev.upload(positions.astype(np.int32))
     dnp = dev.upload(np.array([n_past], np.int32))
     native.check(native.lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"), dev.p(kc),
-                                             dev.p(vc), dev.p(dpos, "int32_t*"), dev.p(dnp, "int32_t*"), n,
+                                             dev.p(vc), dev.p(None), dev.p(dpos, "int32_t*"), dev.p(dnp, "int32_t*"), n,
                                              attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx),
                                              rope_struct(native.ffi, rope_dim, theta, neox, scaling),
                                              dev.stream), "fd_rope_kv_write")
@@ -103,8 +103,8 @@ def test_rope_rejects_bad_arguments(native, dev):
     t = dev.empty((64,))
     i = dev.empty((1,), np.int32)
     args = lambda head_dim, rope_dim, theta: native.lib.fd_rope_kv_write(  # noqa: E731
-        dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(i, "int32_t*"),
-        dev.p(i, "int32_t*"), 1, attention_shape(native.ffi, 1, 1, head_dim, 1),
+        dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t), dev.p(None),
+        dev.p(i, "int32_t*"), dev.p(i, "int32_t*"), 1, attention_shape(native.ffi, 1, 1, head_dim, 1),
         rope_struct(native.ffi, rope_dim, theta, 1, native.ffi.NULL), dev.stream)
     assert args(64, 3, 1e4) == native.lib.FD_E_ARG         # odd rope_dim
     assert args(64, 128, 1e4) == native.lib.FD_E_ARG       # rope_dim > head_dim

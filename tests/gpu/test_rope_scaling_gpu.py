@@ -80,7 +80,7 @@ def test_bad_scaling_refused(native, dev):
     bad = native.ffi.new("fd_rope_scaling_t*", {"freq_scale": 0.0, "ext_factor": 1.0, "corr_low": 1.0,
                                                 "corr_high": 9.0, "mscale": 1.0})
     status = native.lib.fd_rope_kv_write(dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t),
-                                         dev.p(i, "int32_t*"), dev.p(i, "int32_t*"), 1,
+                                         dev.p(None), dev.p(i, "int32_t*"), dev.p(i, "int32_t*"), 1,
                                          attention_shape(native.ffi, 1, 1, 64, 1),
                                          rope_struct(native.ffi, 64, 1e4, 1, bad), dev.stream)
     assert status == native.lib.FD_E_ARG

@@ -123,6 +123,20 @@ class AttentionOps:
             self._attention_shapes[key] = attention_shape(self.ffi, *key[:4], k_type=types[0], v_type=types[1])
         return self._attention_shapes[key]
 
+    @staticmethod
+    def _k_offset(cache_layer, what: str):
+        """The K plane's key offset (kv_cache_quant.py; a float32 (n_kv_heads, head_dim) DeviceTensor) or None
+        (NULL: none), checked against the cache before it crosses the ABI."""
+        k_cache = cache_layer[0]
+        off = getattr(k_cache, "offset", None)
+        if off is None:
+            return None
+        if kv_type_of(k_cache) == "f16" or tuple(off.shape) != (k_cache.shape[0], k_cache.shape[2]) \
+                or off.dtype != np.float32:
+            raise ValueError(f"{what}: key offset {tuple(off.shape)} {off.dtype} for a {kv_type_of(k_cache)} K "
+                             f"{tuple(k_cache.shape)} (want float32 (n_kv_heads, head_dim), quantized K only)")
+        return off
+
     def _rope(self, r: Roped):
         """The fd_rope_t* of a Roped (its scaling struct kept alive with it)."""
         key = (r.rope_dim, r.theta, r.neox, r.scaling)
@@ -161,7 +175,8 @@ class AttentionOps:
         if cache_layer[0].shape[0] != n_kv_heads:
             raise ValueError(f"rope_kv_write: k {k.x.shape} vs cache {cache_layer[0].shape}")
         self._check(self.lib.fd_rope_kv_write(self.p(None if q is None else q.x), self.p(k.x), self.p(v),
-                                              self.p(cache_layer[0]), self.p(cache_layer[1]), self.p(k.positions),
+                                              self.p(cache_layer[0]), self.p(cache_layer[1]),
+                                              self.p(self._k_offset(cache_layer, "rope_kv_write")), self.p(k.positions),
                                               self.p(n_past), n, shape, self._rope(k), self.dev.stream),
                     "fd_rope_kv_write")
 
@@ -226,7 +241,9 @@ class AttentionOps:
             raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
         o = self.take((1, n_heads * head_dim))
         self._check(self.lib.fd_attention_decode_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v), self.p(k_cache),
-                                                      self.p(cache_layer[1]), self.p(q.positions), self.p(n_past),
+                                                      self.p(cache_layer[1]),
+                                                      self.p(self._k_offset(cache_layer, "attention_decode_rope")),
+                                                      self.p(q.positions), self.p(n_past),
                                                       shape, self._rope(q), DECODE_CHUNK_SLOTS, self.p(ws),
                                                       self.dev.stream), "fd_attention_decode_rope")
         return o

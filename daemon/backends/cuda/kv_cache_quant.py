@@ -7,6 +7,10 @@ float16 scales plane [n_kv_heads][max_ctx][head_dim / 32]. A "row group" is one 
 byte size at a fixed offset in every layer, which fd_kv_compact_rows moves and the host copies slice. Each K or V
 starts on a 256-byte boundary (a q4_0 row of head_dim 64 is 36 bytes: without the padding the next plane could
 start 4-byte aligned, and the kernels load codes 8 bytes and float16 rows 16 bytes at a time).
+
+A quantized K may carry a key offset per layer (backends/kv_offset.py; set_key_offset): float32 (n_layers, Hkv, d)
+in its own device buffer, handed to the K writers (fd_rope_kv_write, fd_attention_decode_rope) as the K plane's
+`offset`, a (Hkv, d) view of its layer.
 """
 from __future__ import annotations
 
@@ -26,12 +30,14 @@ __all__ = ["CudaQuantKVCache", "KVPlane", "kv_type_of"]
 @dataclass(slots=True, frozen=True)
 class KVPlane:
     """One layer's quantized K or V as the attention ops see it: shape (n_kv_heads, max_ctx, head_dim) in values,
-    bytes at ptr in kv_type's device layout (dtype uint8: the C ABI takes it as void*)."""
+    bytes at ptr in kv_type's device layout (dtype uint8: the C ABI takes it as void*). offset: a K plane's key
+    offset, a float32 (n_kv_heads, head_dim) DeviceTensor, or None."""
 
     ptr: int
     shape: tuple[int, int, int]
     kv_type: str
     owner: object = None
+    offset: DeviceTensor | None = None
     dtype = np.dtype(np.uint8)
 
 
@@ -57,6 +63,28 @@ class CudaQuantKVCache:
             else:
                 codes = row_bytes(kind, spec.head_dim) - 2 * (spec.head_dim // QUANT_BLOCK)
                 self.groups += [(base, codes), (base + rows * codes, 2 * (spec.head_dim // QUANT_BLOCK))]
+        self.k_offset: DeviceTensor | None = None      # (n_layers, Hkv, d) float32 (set_key_offset)
+
+    def set_key_offset(self, offsets) -> None:
+        """Every layer's key offset, (n_layers, Hkv, d) float32 (kv_offset.model_key_offsets), or None: uploaded
+        once; only a quantized (rotated) K keeps one. Set it before anything is written or captured."""
+        spec = self.spec
+        if offsets is None or spec.kv_types.k == "f16":
+            self.k_offset = None
+            return
+        offsets = np.asarray(offsets)
+        if offsets.shape != (spec.n_layers, spec.n_kv_heads, spec.head_dim) or offsets.dtype != np.float32:
+            raise ValueError(f"key offsets {offsets.shape} {offsets.dtype}, want ({spec.n_layers}, "
+                             f"{spec.n_kv_heads}, {spec.head_dim}) float32")
+        self.k_offset = self.device.upload(np.ascontiguousarray(offsets))
+
+    def _layer_offset(self, i: int) -> DeviceTensor | None:
+        if self.k_offset is None:
+            return None
+        spec = self.spec
+        step = spec.n_kv_heads * spec.head_dim * 4
+        return DeviceTensor(self.k_offset.ptr + i * step, (spec.n_kv_heads, spec.head_dim), np.dtype(np.float32),
+                            self.k_offset.owner)
 
     @property
     def n_bytes(self) -> int:
@@ -69,7 +97,7 @@ class CudaQuantKVCache:
         for side, kind in enumerate((spec.kv_types.k, spec.kv_types.v)):
             ptr = base + (0 if side == 0 else self.side_bytes[0])
             out.append(DeviceTensor(ptr, shape, np.dtype(np.float16), self.storage.owner) if kind == "f16"
-                       else KVPlane(ptr, shape, kind, self.storage.owner))
+                       else KVPlane(ptr, shape, kind, self.storage.owner, self._layer_offset(i) if side == 0 else None))
         return tuple(out)
 
     def compact(self, src_offsets: DeviceTensor, n_past: DeviceTensor, n_keep: int) -> None:

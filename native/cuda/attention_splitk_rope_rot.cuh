@@ -1,0 +1,131 @@
+// attention_splitk_rope_rot.cuh -- fd_attention_decode_rope's staging when K is quantized (q8_0 / q4_0), i.e. K
+// holds Hadamard-rotated keys (kv_rotate.cuh) and q must be rotated alike. The result is bit for bit what
+// fd_rope_kv_write computes (the same rope_math.cuh arithmetic, the same rotation order, ggml's encoder rounding),
+// but laid out so that no q value crosses a warp:
+//
+//   q      warp w owns query rows w * RPW .. w * RPW + RPW - 1 of the tile (RPW = ROWS / WARPS); lane l holds
+//          dims 32 r + l (r < NR = HD / 32) of each: qv[i * NR + r] = row w * RPW + i, dim 32 r + l. That is
+//          kv_rotate.cuh's register layout, so the RoPE'd row is rotated in registers by shuffles (no shared
+//          memory round trip, no barrier per stage).
+//   cos/sin one table per block in shared memory (rope_dim / 2 pairs, one double pow + sincos per pair, as the
+//          float16 path computes one per dim): the only barrier. It lives in the dequantized K | V tile at the
+//          start of the pipeline area, which the cp.async ring never writes and the main loop first writes
+//          after its first __syncthreads (so no thread can still be reading the table).
+//   new row (the block that owns the new key) warp 0 forms the RoPE'd K row in registers, subtracts the key
+//          offset (p.k_offset, if any: flashd_attention.h), rotates it and
+//          encodes each 32-value block as a warp (kv_quant.cuh encode_block_warp: max by shuffles, a code per
+//          lane); warp WARPS - 1 does the same for the V row (no rotation; a float16 V is rounded). The values
+//          the tiles will hold (float16(d * q) or float16(x)) go to kv_new, read only after the main loop's
+//          first __syncthreads; the codes and scales (store) go to the cache at slot n_past.
+#pragma once
+
+#include "attention_splitk_params.cuh"
+#include "kv_quant.cuh"
+#include "kv_rotate.cuh"
+#include "rope_math.cuh"
+
+namespace fd {
+namespace attn {
+
+template <int HD>
+struct RotLayout {
+    static constexpr int NR = HD / 32;            // registers per row (values per lane)
+    static constexpr int RPW = ROWS / WARPS;      // query rows per warp
+    static_assert(RPW * NR == ROWS * HD / THREADS, "the rotated layout holds a thread's qv");
+};
+
+// Element j of a thread's qv in the rotated layout: tile row r, dim d.
+template <int HD>
+__device__ __forceinline__ void rot_elem(int j, int tid, int& r, int& d) {
+    r = (tid >> 5) * RotLayout<HD>::RPW + j / RotLayout<HD>::NR;
+    d = 32 * (j % RotLayout<HD>::NR) + (tid & 31);
+}
+
+// Dim d of row x (global float32) after RoPE, cos / sin from the table (cs[j], sn[j] of pair j).
+__device__ __forceinline__ float rope_from_table(const float* x, int d, int rope_dim, bool neox, const float* cs,
+                                                 const float* sn) {
+    if (d >= rope_dim) return __ldg(x + d);
+    int j, partner;
+    bool first;
+    rope_pair_of(d, rope_dim, neox, j, partner, first);
+    return rope_rotated(__ldg(x + d), __ldg(x + partner), cs[j], sn[j], first);
+}
+
+// qv <- the tile's q rows RoPE'd and rotated (rotated layout; rows past the group exactly 0); if own_key, the new
+// K | V rows are encoded into kv_new (2 HD halves) and, if store, the cache. tab: >= rope_dim floats of shared
+// memory (see above). Block-uniform: every thread calls it.
+template <int HD>
+__device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[ROWS * HD / THREADS],
+                                                   const float* q_tok, int row0, int kvh, int tid, bool own_key,
+                                                   __half* kv_new, bool store, float* tab) {
+    constexpr int NR = RotLayout<HD>::NR, RPW = RotLayout<HD>::RPW, Q_PER_THREAD = ROWS * HD / THREADS;
+    const bool neox = p.neox != 0;
+    const int half = p.rope_dim / 2, lane = tid & 31, warp = tid >> 5, block = kvq::rotation_block(HD);
+    float* cs = tab;
+    float* sn = tab + half;
+    for (int j = tid; j < half; j += THREADS)
+        rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, cs[j], sn[j]);
+    float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first (they overlap the table's barrier)
+        int r, d, pj, partner;
+        bool first;
+        rot_elem<HD>(j, tid, r, d);
+        const bool in = row0 + r < p.group, rot = d < p.rope_dim;
+        const float* row = q_tok + (size_t)(row0 + r) * HD;
+        if (rot) rope_pair_of(d, p.rope_dim, neox, pj, partner, first);
+        xv[j] = in ? __ldg(row + d) : 0.0f;
+        yv[j] = in && rot ? __ldg(row + partner) : 0.0f;
+    }
+    __syncthreads();                                    // the cos / sin table is complete
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {
+        int r, d, pj, partner;
+        bool first;
+        rot_elem<HD>(j, tid, r, d);
+        qv[j] = xv[j];
+        if (d < p.rope_dim && row0 + r < p.group) {
+            rope_pair_of(d, p.rope_dim, neox, pj, partner, first);
+            qv[j] = rope_rotated(xv[j], yv[j], cs[pj], sn[pj], first);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {                     // each row of the warp: RoPE'd -> rotated, in registers
+        float x[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) x[r] = qv[i * NR + r];
+        kvq::hadamard_rotate<NR>(x, NR, block, lane);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) qv[i * NR + r] = x[r];
+    }
+    if (!own_key || (warp != 0 && warp != WARPS - 1)) return;
+    const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
+    float x[NR];
+    if (warp == 0) {                                    // K: RoPE, rotate, encode (kv_rotate.cuh, kv_quant.cuh)
+        const float* kr = p.k_new + (size_t)kvh * HD;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) x[r] = rope_from_table(kr, 32 * r + lane, p.rope_dim, neox, cs, sn);
+        if (p.k_offset != nullptr) {                    // the key offset, as fd_rope_kv_write subtracts it
+            const float* c = p.k_offset + (size_t)kvh * HD;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) x[r] = __fsub_rn(x[r], __ldg(c + 32 * r + lane));
+        }
+        kvq::hadamard_rotate<NR>(x, NR, block, lane);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+            kv_new[32 * r + lane] = kvq::encode_block_warp(p.kq, p.k_store + row * HD, p.k_type, row, r, x[r], lane,
+                                                           store);
+    }
+    if (warp == WARPS - 1) {                            // V: as it is (float16 or q8_0 / q4_0)
+        const float* vr = p.v_new + (size_t)kvh * HD;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) x[r] = __ldg(vr + 32 * r + lane);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+            kv_new[HD + 32 * r + lane] = kvq::encode_block_warp(p.vq, p.v_store + row * HD, p.v_type, row, r, x[r],
+                                                                lane, store);
+    }
+}
+
+}  // namespace attn
+}  // namespace fd
