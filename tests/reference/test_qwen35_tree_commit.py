@@ -124,3 +124,26 @@ def test_a_mask_that_is_not_a_trees_is_refused(model):
     mask = np.ones((3, 3), bool)        # every node sees every other: no recurrent state can follow it
     with pytest.raises(ValueError, match="tree mask"):
         r.forward_tree([1, 2, 3], [r.n_past] * 3, mask)
+
+
+def test_rewind_cuts_a_hybrid_context_back(model):
+    """A hybrid draft model's cut-back (ModelRunner.checkpoint / rewind): the checkpoint's state is loaded and the
+    kept tokens after it are prefilled again, so the context is, bit for bit, one that never saw the rest."""
+    r = runner(model)
+    n0 = r.n_past
+    r.checkpoint()
+    chain = r.greedy_continue([11], 5)                  # the context: PROMPT + 11 + chain[:-1]
+    context = PROMPT + [11] + chain[:-1]
+    assert r.n_past == len(context)
+    with pytest.raises(ValueError):
+        r.rewind(len(context) + 1, context)             # past the end
+    r.rewind(n0 + 3, context)
+    assert r.n_past == n0 + 3
+    kept = runner(model)
+    kept.prefill(context[n0:n0 + 3])
+    np.testing.assert_array_equal(r.prefill([7]), kept.prefill([7]))
+    for a, b in zip(r.cache.save_state(), kept.cache.save_state()):
+        np.testing.assert_array_equal(a, b)
+    r.checkpoint()
+    with pytest.raises(ValueError, match="checkpoint"):
+        r.rewind(n0, context)                           # before the checkpoint: the state there is gone
