@@ -203,8 +203,9 @@ class ModelRunner:
     # -- speculative decoding (daemon/speculative/decoder.py) -------------------------------------------
     @property
     def max_tree_nodes(self) -> int:
-        """The largest tree `forward_tree` takes (nodes, root included)."""
-        return self.prefill_chunk
+        """The largest tree `forward_tree` takes (nodes, root included): a prefill chunk, and for a
+        hybrid at most the cache's bound (a whole recurrent state per node: models/qwen35_tree.py)."""
+        return min(self.prefill_chunk, getattr(self.cache, "max_tree_nodes", self.prefill_chunk))
 
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
         """Forward the nodes of a draft tree without committing them: node i at RoPE position

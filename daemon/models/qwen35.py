@@ -29,7 +29,7 @@ import numpy as np
 from ..backends.base import Batch, KVCacheSpec, RecurrentStateSpec
 from .config import ModelConfig
 from .dense import run_layers
-from .qwen35_tree import TreeCacheView, TreeStateLayer, path_to, tree_parents
+from .qwen35_tree import MAX_TREE_NODES, TreeCacheView, TreeStateLayer, path_to, tree_parents
 from .qwen35_weights import AttentionLayerWeights, LinearLayerWeights
 from .weights import ModelWeights
 
@@ -59,6 +59,7 @@ class HybridCache:
     only where a copy of the state was marked (`prefix_state_slots`)."""
 
     reusable_prefix = True        # at prefix_state_slots only (runner.py)
+    max_tree_nodes = MAX_TREE_NODES   # a verify forward's nodes: each one's state is kept (qwen35_tree.py)
 
     def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None):
         lin = cfg.linear

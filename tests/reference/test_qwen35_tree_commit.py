@@ -16,7 +16,7 @@ import pytest
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
-from flashd.daemon.models.qwen35_tree import path_to
+from flashd.daemon.models.qwen35_tree import MAX_TREE_NODES, path_to
 from flashd.daemon.runner import ModelRunner
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.synthetic_spec import SyntheticSpec
@@ -147,3 +147,10 @@ def test_rewind_cuts_a_hybrid_context_back(model):
     r.checkpoint()
     with pytest.raises(ValueError, match="checkpoint"):
         r.rewind(n0, context)                           # before the checkpoint: the state there is gone
+
+
+def test_a_hybrid_verify_is_bounded_in_nodes(model):
+    """Each node keeps a whole recurrent state: a hybrid's tree is at most MAX_TREE_NODES nodes whatever the chunk."""
+    ops, m = model
+    assert ModelRunner(ops, m.config, m.weights, 1024, 512).max_tree_nodes == MAX_TREE_NODES
+    assert ModelRunner(ops, m.config, m.weights, 1024, 16).max_tree_nodes == 16
