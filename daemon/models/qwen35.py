@@ -222,6 +222,8 @@ def forward(ops, cfg: ModelConfig, weights: ModelWeights, cache: HybridCache, ba
         cache.clear_state()         # a forward from slot 0 starts a new sequence
     if batch.mask is not None:
         parents = tree_parents(ops.to_numpy(batch.mask))
+        if len(parents) > cache.max_tree_nodes:
+            raise ValueError(f"a tree of {len(parents)} nodes: a hybrid verifies at most {cache.max_tree_nodes}")
         logits = run_layers(ops, cfg, weights, TreeCacheView(cache, parents), batch, decoder_layer, all_logits,
                             hidden_sink)
         cache.tree_done(parents)

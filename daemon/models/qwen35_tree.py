@@ -22,7 +22,7 @@ import numpy as np
 __all__ = ["TreeStateLayer", "TreeCacheView", "tree_parents", "path_to", "MAX_TREE_NODES"]
 
 # Nodes of one verify forward, root included (ModelRunner.max_tree_nodes for a hybrid): each node holds a whole
-# recurrent state ((K - 1) C + Hv S^2 floats per linear layer, ~19 MB at the 0.8B shape), so the node buffers are
+# recurrent state ((K - 1) C + Hv S^2 floats per linear layer, ~20 MB at the 0.8B shape), so the node buffers are
 # bounded like the GPU's masked attention (65) rather than by the prefill chunk.
 MAX_TREE_NODES = 65
 

@@ -154,3 +154,8 @@ def test_a_hybrid_verify_is_bounded_in_nodes(model):
     ops, m = model
     assert ModelRunner(ops, m.config, m.weights, 1024, 512).max_tree_nodes == MAX_TREE_NODES
     assert ModelRunner(ops, m.config, m.weights, 1024, 16).max_tree_nodes == 16
+    r = ModelRunner(ops, m.config, m.weights, 1024, 512)
+    r.start(PROMPT)
+    n = MAX_TREE_NODES + 1
+    with pytest.raises(ValueError, match="at most"):
+        r.forward_tree(list(range(n)), r.n_past + np.arange(n), np.tril(np.ones((n, n), bool)))

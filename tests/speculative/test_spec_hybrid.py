@@ -4,7 +4,9 @@ the commit keeps the accepted node's: models/qwen35_tree.py).
 
 Drafters: the n-gram drafter, a hybrid draft model (2 layers of the target's seed: its recurrent state is cut back
 through ModelRunner.checkpoint / rewind) and a dense one sharing the vocabulary, in chain, tree and auto modes;
-the oracle drafter (accept-all chain steps, off-spine tree paths) and the random one (every step rejects all).
+the oracle drafter (accept-all chain steps, off-spine tree paths) and the random one (every step rejects all); a
+synthetic DFlash drafter reading the hybrid target's layer features (its random weights get nothing accepted: it
+checks that the features' capture in the verify forward works on a hybrid and changes no token).
 Prefix reuse after speculative decoding keeps the prompt's chunk-boundary state: a chat turn's logits are a fresh
 prefill's, bit for bit.
 """
@@ -13,9 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flashd.daemon.speculative.dflash_drafter import load_dflash_drafter
 from flashd.daemon.speculative.draft_model import DraftModelDrafter
 from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.protocol.messages import SamplingParams
+from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 
 from tests.speculative.spec_drafters import OracleDrafter, RandomDrafter, plain, spec
 from tests.speculative.spec_models import DRAFT, HYBRID_DRAFT, HYBRID_TARGET
@@ -119,3 +123,16 @@ def test_a_chat_turn_after_speculative_decoding_keeps_the_prompts_state(make_run
     np.testing.assert_array_equal(logits, fresh.start(turn))
     for a, b in zip(target.cache.save_state(), fresh.cache.save_state()):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["chain", "ddtree"])
+def test_a_dflash_drafter_on_a_hybrid_target(target, tmp_path_factory, mode):
+    cfg = HYBRID_TARGET
+    dspec = spec_for_target(cfg["hidden"], cfg["n_layers"], VOCAB, n_features=2, block_size=8, n_layers=1,
+                            head_dim=16, ffn=128, seed=5)
+    path = write_synthetic_dflash(tmp_path_factory.mktemp("dflash-hybrid") / "drafter.gguf", dspec)
+    drafter = load_dflash_drafter(path, target.ops, target.cfg, target.weights, target.max_ctx)
+    for prompt in PROMPTS[:2]:
+        want = [s.token for s in plain(target, prompt, N_GEN)]
+        got, stats = spec(target, drafter, mode, 6, prompt, N_GEN)
+        assert [s.token for s in got] == want and stats.steps > 0
