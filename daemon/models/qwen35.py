@@ -56,7 +56,8 @@ class HybridCache:
     """K/V of the full-attention layers (the backend's KV cache, indexed by attention layer) and the recurrent
     state of the linear-attention layers (one sequence). `layer(i)` is model layer i's part. The recurrent state
     is saved and restored whole (`save_state` / `load_state`: a host copy, e.g. per sequence). A prefix is kept
-    only where a copy of the state was marked (`prefix_state_slots`)."""
+    only where a copy of the state was marked (`prefix_state_slots`). A draft tree's verify writes a state per
+    node beside the live one (`tree_layer`), and the commit keeps one root-to-node path's (`keep_tree_path`)."""
 
     reusable_prefix = True        # at prefix_state_slots only (runner.py)
     max_tree_nodes = MAX_TREE_NODES   # a verify forward's nodes: each one's state is kept (qwen35_tree.py)

@@ -136,3 +136,13 @@ def test_a_dflash_drafter_on_a_hybrid_target(target, tmp_path_factory, mode):
         want = [s.token for s in plain(target, prompt, N_GEN)]
         got, stats = spec(target, drafter, mode, 6, prompt, N_GEN)
         assert [s.token for s in got] == want and stats.steps > 0
+
+
+def test_sampling_on_a_hybrid_target_runs_and_is_reproducible(target, drafters):
+    """Temperature > 0 walks the same verified tree (rejection sampling: its distribution is checked on dense
+    targets by test_spec_sampling.py; the hybrid's node logits are the decode steps' by test_qwen35_tree_commit.py):
+    the same seed gives the same tokens, every one in the vocabulary."""
+    params = SamplingParams(temperature=0.8, top_k=20, seed=7)
+    runs = [[s.token for s in spec(target, drafters["hybrid-draft"](), "ddtree", 8, PROMPTS[0], N_GEN, params)[0]]
+            for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == N_GEN and all(0 <= t < VOCAB for t in runs[0])
