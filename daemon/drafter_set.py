@@ -88,8 +88,9 @@ class DrafterSet:
         deepest chain, each step's depth chosen by the drafter's DepthPolicy (kept per drafter and
         budget across requests, so what it measured carries over); spec=ddtree:
         budget = drafted tree nodes (default DEFAULT_DDTREE_BUDGET). A tree, root included, must
-        fit the runner's verify forward (runner.max_tree_nodes: prefill_chunk on the CPU, 65 on the
-        GPU, whose masked attention workspace is sized for it)."""
+        fit the runner's verify forward (runner.max_tree_nodes: prefill_chunk on the CPU -- at most 65
+        for a hybrid, whose verify keeps a recurrent state per node --, 65 on the GPU, whose masked
+        attention workspace is sized for it)."""
         if req.budget is not None:
             budget = req.budget
         else:

@@ -19,7 +19,9 @@ cannot be cut back. start() keeps a copy of it at the last whole-chunk boundary 
 prefills (where the K/V a later prompt may keep ends: the common chat turn, old prompt + answer +
 new message, keeps exactly there), and a prefix is kept only if it ends at that boundary; any other
 match prefills from slot 0. The state after decoding is not kept: decode steps run the recurrent
-form of the delta rule, a prefill the chunked one, equal only up to rounding.
+form of the delta rule, a prefill the chunked one, equal only up to rounding. Speculative decoding
+leaves that copy alone: a draft tree's verify writes node states beside the live one, and its
+commit copies the accepted node's in (models/qwen35_tree.py); both sit after the prompt.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class ModelRunner:
         self.n_past = 0   # cache slots [0, n_past) hold committed context
         self._reuse_prefix = getattr(self.cache, "reusable_prefix", True)
         self._state_prefix = hasattr(self.cache, "prefix_state_slots")     # a hybrid: one keepable prefix length
+        self._checkpoint: tuple[int, object] | None = None   # (n_past, a hybrid's state copy) for rewind()
         self.reuse_prefix = True      # start() may keep the cached prefix of the last prompt
         self.prefix_store: PrefixStore | None = None   # host copies of earlier prompts' prefixes (the engine's)
         self.n_reused = 0             # prompt tokens the last start() kept instead of recomputing
@@ -195,23 +198,14 @@ class ModelRunner:
 
     def reset(self) -> None:
         self.n_past = 0
+        self._checkpoint = None
 
     # -- speculative decoding (daemon/speculative/decoder.py) -------------------------------------------
     @property
     def max_tree_nodes(self) -> int:
-        """The largest tree `forward_tree` takes (nodes, root included)."""
-        return self.prefill_chunk
-
-    @property
-    def supports_speculation(self) -> bool:
-        """False for a hybrid model: verifying drafts needs a recurrent state per tree node and a rollback of the
-        rejected ones (issue 15, item 4); its requests decode plainly (generation.py)."""
-        return getattr(self.cache, "tree_verify", True)
-
-    def _check_speculation(self) -> None:
-        if not self.supports_speculation:
-            raise NotImplementedError(f"speculative decoding on a hybrid ({self.cfg.arch}) model needs tree-aware "
-                                      "recurrent state (issue 15, item 4)")
+        """The largest tree `forward_tree` takes (nodes, root included): a prefill chunk, and for a
+        hybrid at most the cache's bound (a whole recurrent state per node: models/qwen35_tree.py)."""
+        return min(self.prefill_chunk, getattr(self.cache, "max_tree_nodes", self.prefill_chunk))
 
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
         """Forward the nodes of a draft tree without committing them: node i at RoPE position
@@ -221,8 +215,8 @@ class ModelRunner:
         capture (target layer indices): row i of `tree_features(capture)[j]` becomes layer
         capture[j]'s output at node i (i < n), written by the forward itself (the CUDA runner
         replays a captured graph that copies them on the device; a hidden_sink runs host code per
-        layer, so a forward with one is eager)."""
-        self._check_speculation()
+        layer, so a forward with one is eager). A hybrid model also writes each node's recurrent
+        state (models/qwen35_tree.py); mask must then be a tree's ancestor mask."""
         ids = np.asarray(ids, np.int32)
         n = len(ids)
         self._will_write(n)
@@ -268,9 +262,12 @@ class ModelRunner:
 
     def commit_tree(self, node_offsets) -> None:
         """Keep the nodes at slots n_past + node_offsets (ascending, node_offsets[k] >= k) as the
-        next len(node_offsets) committed slots."""
+        next len(node_offsets) committed slots. A hybrid: they must be a root-to-node path of the
+        last forward_tree, and the live recurrent state becomes its last node's."""
         offsets = np.asarray(node_offsets, np.int32)
         self._will_write(len(offsets))
+        if self._state_prefix:
+            self.cache.keep_tree_path(offsets)
         if np.any(offsets != np.arange(len(offsets))):
             self.ops.kv_compact(self.cache, self.n_past, offsets)
         self.n_past += len(offsets)
@@ -281,12 +278,34 @@ class ModelRunner:
         chain). The CUDA runner replays its captured decode graph here."""
         if n_new < 1 or len(feed) == 0:
             raise ValueError("greedy_continue needs a non-empty feed and n_new >= 1")
-        self._check_speculation()     # a drafter's context is rolled back after rejections
         logits = self.prefill(list(feed))[0]
         out = [int(np.argmax(logits))]
         while len(out) < n_new:
             out.append(int(np.argmax(self._forward([out[-1]], all_logits=False)[0])))
         return out
+
+    def checkpoint(self) -> None:
+        """Remember the context's length (a hybrid: and a copy of its recurrent state) for rewind()."""
+        self._checkpoint = (self.n_past, self.cache.save_state() if self._state_prefix else None)
+
+    def rewind(self, n: int, tokens) -> None:
+        """Cut the context back to its first n slots (a draft model after rejections). `tokens`: the
+        context's tokens, at least its first n. A dense cache keeps its K/V: n_past = n. A hybrid's
+        recurrent state cannot be cut back: the checkpoint's state (taken at n_past <= n) is loaded
+        and slots [checkpoint, n) are prefilled again (the chunked form: a drafter's state, not kept
+        for prefix reuse, so its rounding matters to nobody's output)."""
+        if not 0 <= n <= self.n_past:
+            raise ValueError(f"rewind to {n}: the context holds {self.n_past} slots")
+        if not self._state_prefix or n == self.n_past:
+            self.n_past = n
+            return
+        if self._checkpoint is None or self._checkpoint[0] > n:
+            raise ValueError(f"rewind to {n}: no recurrent state checkpoint at or before it")
+        start, state = self._checkpoint
+        self.cache.load_state(state)
+        self.n_past = start
+        if n > start:
+            self.prefill([int(t) for t in tokens[start:n]])
 
     def logits_to_host(self, logits) -> np.ndarray:
         return np.asarray(self.ops.to_numpy(logits))

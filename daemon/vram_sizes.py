@@ -109,12 +109,15 @@ class HostSizes:
                      ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type)))],
                     SharedNeed())
         # a hybrid (models/qwen35.py HybridCache): K/V of the attention layers, and the linear layers' float32
-        # recurrent state (ReferenceRecurrentState: conv (K - 1, C) and delta-rule memory (Hv, S, S) per layer)
+        # recurrent state (ReferenceRecurrentState: conv (K - 1, C) and delta-rule memory (Hv, S, S) per layer),
+        # plus one such state per node of the largest draft tree a verify takes (its node buffers, grown on use)
+        from .models.qwen35_tree import MAX_TREE_NODES
         n_attn, n_lin = max(1, len(lin.attention_layers)), max(1, len(lin.linear_layers))
         state = 4 * n_lin * ((lin.conv_kernel - 1) * lin.conv_channels + lin.n_v_heads * lin.head_dim ** 2)
         return ([("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
-                 ("recurrent_state", state)], SharedNeed())
+                 ("recurrent_state", state), ("tree_states", min(prefill_chunk, MAX_TREE_NODES) * state)],
+                SharedNeed())
 
     def dflash(self, desc: DFlashDesc, max_ctx: int, kv_type: str) -> tuple[list, SharedNeed]:
         m, b = desc.cfg.model, desc.cfg.block_size

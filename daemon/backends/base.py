@@ -158,7 +158,8 @@ class Ops(Protocol):
     # -- hybrid models (models/qwen35.py; the reference backend only so far) ---------------------------
     def recurrent_state(self, spec: RecurrentStateSpec) -> Any:
         """One sequence's conv and delta-rule state of every linear-attention layer: `layer(j)` is passed to
-        the ops below, `save()` returns a host copy, `load(copy)` puts one back, `clear()` zeroes it."""
+        the ops below, `save()` returns a host copy, `load(copy)` puts one back, `clear()` zeroes it;
+        `tree_layer(j, n)` adds the node buffers of a draft tree's verify and `keep_node(i)` commits node i."""
 
     def causal_conv1d(self, x, weight, conv_state) -> Any:
         """x (n, C), weight (C, K): y[t] = sum_k u[t + k] * weight[:, k] over u = (the K - 1 inputs in
@@ -167,6 +168,16 @@ class Ops(Protocol):
     def gated_delta_rule(self, q, k, v, g, beta, state) -> Any:
         """q, k (n, Hk, S) L2-normed, v (n, Hv, S), g (log decay), beta (n, Hv), state (Hv, S, S) updated:
         the gated delta rule (backends/reference_recurrent.py) -> (n, Hv, S)."""
+
+    def causal_conv1d_tree(self, x, weight, conv_state, parents, node_conv) -> Any:
+        """A draft tree's nodes (x (n, C), parents (n,): parent index < i, -1 for the committed context): node i's
+        output is the one-token causal_conv1d of x_i after its parent's window; conv_state is read only and
+        node_conv (n, K - 1, C) gets each node's window (backends/reference_recurrent_tree.py)."""
+
+    def gated_delta_rule_tree(self, q, k, v, g, beta, state, parents, node_state) -> Any:
+        """A draft tree's nodes: node i's output is the recurrent (one-token) form's from its parent's memory,
+        bit for bit a decode step along its root-to-node path; state is read only and node_state (n, Hv, S, S)
+        gets each node's memory (backends/reference_recurrent_tree.py)."""
 
     def l2_norm(self, x, eps: float) -> Any: ...
 

@@ -16,25 +16,47 @@ from .base import Batch, KVCacheSpec, RecurrentStateSpec
 from .kv_rotate import hadamard_rotate
 from .reference_kv import ReferenceKVCache, is_rotated
 from .reference_recurrent import causal_conv1d, delta_rule_chunked, delta_rule_recurrent
+from .reference_recurrent_tree import causal_conv1d_tree, delta_rule_tree
 
 __all__ = ["ReferenceOps", "ReferenceKVCache", "ReferenceRecurrentState"]
 
 
 class ReferenceRecurrentState:
     """One sequence's state of every linear-attention layer: float32 conv (n_layers, K - 1, C) and delta-rule
-    memory (n_layers, Hv, S, S). `save()` is a host copy, `load(copy)` puts one back, `clear()` zeroes both."""
+    memory (n_layers, Hv, S, S). `save()` is a host copy, `load(copy)` puts one back, `clear()` zeroes both.
+
+    A draft tree's verify forward writes a state per node into node buffers (`tree_layer`), conv (n_layers,
+    nodes, K - 1, C) and memory (n_layers, nodes, Hv, S, S), grown to the largest tree verified so far and kept;
+    `keep_node(i)` makes node i's the live state (the commit)."""
 
     def __init__(self, spec: RecurrentStateSpec):
         self.spec = spec
         self.conv = np.zeros((spec.n_layers, spec.conv_kernel - 1, spec.conv_channels), np.float32)
         self.ssm = np.zeros((spec.n_layers, spec.n_v_heads, spec.head_dim, spec.head_dim), np.float32)
+        self.node_conv = np.zeros((spec.n_layers, 0) + self.conv.shape[1:], np.float32)
+        self.node_ssm = np.zeros((spec.n_layers, 0) + self.ssm.shape[1:], np.float32)
 
     @property
     def n_bytes(self) -> int:
+        """The live state's bytes (the node buffers are not counted: they follow the trees verified)."""
         return self.conv.nbytes + self.ssm.nbytes
 
     def layer(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         return self.conv[j], self.ssm[j]
+
+    def tree_layer(self, j: int, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Layer j's (conv, memory, node conv (n_nodes, K - 1, C), node memory (n_nodes, Hv, S, S)) for a tree of
+        n_nodes: the live state (read by the tree ops, not written) and the node buffers they write."""
+        if self.node_conv.shape[1] < n_nodes:
+            self.node_conv = np.zeros((self.spec.n_layers, n_nodes) + self.conv.shape[1:], np.float32)
+            self.node_ssm = np.zeros((self.spec.n_layers, n_nodes) + self.ssm.shape[1:], np.float32)
+        return self.conv[j], self.ssm[j], self.node_conv[j, :n_nodes], self.node_ssm[j, :n_nodes]
+
+    def keep_node(self, node: int) -> None:
+        """The live state <- the state after tree node `node` of the last tree forward, every layer (a copy, no
+        recomputation)."""
+        self.conv[...] = self.node_conv[:, node]
+        self.ssm[...] = self.node_ssm[:, node]
 
     def clear(self) -> None:
         self.conv.fill(0)
@@ -240,6 +262,16 @@ class ReferenceOps:
         """One token: the recurrent form; more: the chunked form (reference_recurrent.py). state updated."""
         rule = delta_rule_recurrent if q.shape[0] == 1 else delta_rule_chunked
         return rule(q, k, v, g, beta, state)
+
+    def causal_conv1d_tree(self, x, weight, conv_state, parents, node_conv) -> np.ndarray:
+        """The conv over the nodes of a draft tree, each after its parent's window (reference_recurrent_tree.py):
+        conv_state read only, node i's window written to node_conv[i]."""
+        return causal_conv1d_tree(x, weight, conv_state, parents, node_conv)
+
+    def gated_delta_rule_tree(self, q, k, v, g, beta, state, parents, node_state) -> np.ndarray:
+        """The recurrent form over the nodes of a draft tree, each from its parent's memory
+        (reference_recurrent_tree.py): state read only, node i's memory written to node_state[i]."""
+        return delta_rule_tree(q, k, v, g, beta, state, parents, node_state)
 
     def silu(self, x) -> np.ndarray:
         return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))

@@ -17,7 +17,8 @@ The cache (HybridCache) holds K/V for the attention layers and the recurrent sta
 for the linear ones. A forward that starts at slot 0 starts from a zero state; the state then follows the
 tokens, so it cannot be cut back to a shorter prefix. Prefix reuse therefore keeps one copy of the state at a
 prefill-chunk boundary of the last prompt (`mark_prefix_state`, the runner decides where) and may keep a prefix
-of exactly that length only (runner.py). No tree verification yet (issue 15, item 4).
+of exactly that length only (runner.py). A draft tree's verify forward (batch.mask set) gives the linear layers a
+state per tree node and keeps the accepted node's at the commit (qwen35_tree.py).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import numpy as np
 from ..backends.base import Batch, KVCacheSpec, RecurrentStateSpec
 from .config import ModelConfig
 from .dense import run_layers
-from .gguf_file import ModelLoadError
+from .qwen35_tree import MAX_TREE_NODES, TreeCacheView, TreeStateLayer, path_to, tree_parents
 from .qwen35_weights import AttentionLayerWeights, LinearLayerWeights
 from .weights import ModelWeights
 
@@ -55,10 +56,11 @@ class HybridCache:
     """K/V of the full-attention layers (the backend's KV cache, indexed by attention layer) and the recurrent
     state of the linear-attention layers (one sequence). `layer(i)` is model layer i's part. The recurrent state
     is saved and restored whole (`save_state` / `load_state`: a host copy, e.g. per sequence). A prefix is kept
-    only where a copy of the state was marked (`prefix_state_slots`)."""
+    only where a copy of the state was marked (`prefix_state_slots`). A draft tree's verify writes a state per
+    node beside the live one (`tree_layer`), and the commit keeps one root-to-node path's (`keep_tree_path`)."""
 
     reusable_prefix = True        # at prefix_state_slots only (runner.py)
-    tree_verify = False           # no state per tree node yet (issue 15, item 4)
+    max_tree_nodes = MAX_TREE_NODES   # a verify forward's nodes: each one's state is kept (qwen35_tree.py)
 
     def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None):
         lin = cfg.linear
@@ -73,6 +75,7 @@ class HybridCache:
                                                             lin.conv_channels, lin.n_v_heads, lin.head_dim))
         self._recurrent = lin.recurrent
         self._marked = None       # (n_slots, state.save()): the state after slots [0, n_slots), or None
+        self._tree = None         # parents (n,) of the last tree forward while its node states are valid, or None
 
     @property
     def n_bytes(self) -> int:
@@ -89,6 +92,7 @@ class HybridCache:
 
     def load_state(self, saved) -> None:
         self.state.load(saved)
+        self.end_tree()
 
     # -- the one reusable prefix: slots [0, prefix_state_slots) and the state after them ----------------
     @property
@@ -110,6 +114,7 @@ class HybridCache:
         if n_slots != self.prefix_state_slots:
             raise ValueError(f"no recurrent state kept at slot {n_slots} (kept: {self.prefix_state_slots})")
         self.state.load(self._marked[1])
+        self.end_tree()
 
     def save_prefix(self, n_slots: int) -> HybridPrefix:
         if n_slots != self.prefix_state_slots:
@@ -122,10 +127,39 @@ class HybridCache:
             raise ValueError(f"a hybrid prefix of {saved.n_slots} slots cannot be kept at {n_slots}")
         self.kv.load_prefix(saved.kv, n_slots)
         self.state.load((saved.conv, saved.ssm))
+        self.end_tree()
         self._marked = (n_slots, self.state.save())
 
+    # -- a draft tree's verify and commit (qwen35_tree.py) ------------------------------------------------
+    def tree_layer(self, i: int, parents: np.ndarray):
+        """Model layer i's part of a tree forward over len(parents) nodes: K/V, or a TreeStateLayer."""
+        if not self._recurrent[i]:
+            return self.kv.layer(self._index[i])
+        return TreeStateLayer(*self.state.tree_layer(self._index[i], len(parents)), parents)
+
+    def tree_done(self, parents: np.ndarray) -> None:
+        """A tree forward over len(parents) nodes wrote their states: keep_tree_path may commit one path."""
+        self._tree = parents
+
+    def end_tree(self) -> None:
+        """The node states are stale (a forward that is not a tree's, or a commit)."""
+        self._tree = None
+
+    def keep_tree_path(self, nodes) -> None:
+        """Commit: the live state <- the state after nodes[-1] of the last tree forward, whose root-to-node path
+        `nodes` must be (the K/V move is the caller's, Ops.kv_compact -> move)."""
+        nodes = [int(i) for i in nodes]
+        if self._tree is None:
+            raise ValueError("no tree forward to commit: the node states are gone")
+        if not nodes or nodes != path_to(self._tree, nodes[-1]):
+            raise ValueError(f"nodes {nodes} are not a root-to-node path of the verified tree: a recurrent state "
+                             "can only keep a path")
+        self.state.keep_node(nodes[-1])
+        self._tree = None
+
     def move(self, src_slots, dst_slots) -> None:
-        raise NotImplementedError("speculative commit on a hybrid model needs tree-aware state (issue 15, item 4)")
+        """K/V of the attention layers (Ops.kv_compact); the recurrent state is kept by keep_tree_path."""
+        self.kv.move(src_slots, dst_slots)
 
 
 def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None) -> HybridCache:
@@ -147,16 +181,25 @@ def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_la
 
 
 def gated_delta_net(ops, cfg: ModelConfig, x, w: LinearLayerWeights, state_layer, batch: Batch):
+    """state_layer: (conv, memory), updated; or a draft tree's TreeStateLayer (qwen35_tree.py), a state per node."""
     lin, n = cfg.linear, batch.n_tokens
-    conv_state, memory = state_layer
+    tree = state_layer if isinstance(state_layer, TreeStateLayer) else None
     S, kd = lin.head_dim, lin.key_dim
-    qkv = ops.silu(ops.causal_conv1d(ops.linear(x, w.attn_qkv), w.ssm_conv1d, conv_state))
+    conv_in = ops.linear(x, w.attn_qkv)
+    if tree is None:
+        conv_state, memory = state_layer
+        qkv = ops.silu(ops.causal_conv1d(conv_in, w.ssm_conv1d, conv_state))
+    else:
+        qkv = ops.silu(ops.causal_conv1d_tree(conv_in, w.ssm_conv1d, tree.conv, tree.parents, tree.node_conv))
     q = ops.l2_norm(qkv[:, :kd].reshape(n, lin.n_k_heads, S), cfg.rms_eps)
     k = ops.l2_norm(qkv[:, kd:2 * kd].reshape(n, lin.n_k_heads, S), cfg.rms_eps)
     v = qkv[:, 2 * kd:].reshape(n, lin.n_v_heads, S)
     g = ops.delta_decay(ops.linear(x, w.ssm_alpha), w.ssm_dt, w.ssm_a)
     beta = ops.sigmoid(ops.linear(x, w.ssm_beta))
-    o = ops.gated_delta_rule(q, k, v, g, beta, memory)              # (n, Hv, S)
+    if tree is None:
+        o = ops.gated_delta_rule(q, k, v, g, beta, memory)          # (n, Hv, S)
+    else:
+        o = ops.gated_delta_rule_tree(q, k, v, g, beta, tree.ssm, tree.parents, tree.node_ssm)
     z = ops.linear(x, w.attn_gate).reshape(n, lin.n_v_heads, S)
     o = ops.mul(ops.rmsnorm(o, w.ssm_norm, cfg.rms_eps), ops.silu(z))
     return ops.linear(o.reshape(n, lin.value_dim), w.ssm_out)
@@ -172,10 +215,18 @@ def decoder_layer(ops, cfg: ModelConfig, h, w, cache_layer, batch: Batch):
 
 def forward(ops, cfg: ModelConfig, weights: ModelWeights, cache: HybridCache, batch: Batch, *,
             all_logits: bool = False, hidden_sink=None):
-    """Logits (n, vocab) for every new token, or (1, vocab) for the last one only (as models.dense.forward)."""
-    if batch.mask is not None:
-        raise ModelLoadError("tree verification on a hybrid (qwen35) model is not supported yet: its recurrent "
-                             "state needs a state per tree node (issue 15, item 4)")
+    """Logits (n, vocab) for every new token, or (1, vocab) for the last one only (as models.dense.forward).
+    With batch.mask (a draft tree's ancestor mask) the linear layers run a state per node (qwen35_tree.py) and the
+    live state is left as it was; HybridCache.keep_tree_path commits one path."""
+    cache.end_tree()
     if int(np.asarray(ops.to_numpy(batch.n_past))[0]) == 0:
         cache.clear_state()         # a forward from slot 0 starts a new sequence
+    if batch.mask is not None:
+        parents = tree_parents(ops.to_numpy(batch.mask))
+        if len(parents) > cache.max_tree_nodes:
+            raise ValueError(f"a tree of {len(parents)} nodes: a hybrid verifies at most {cache.max_tree_nodes}")
+        logits = run_layers(ops, cfg, weights, TreeCacheView(cache, parents), batch, decoder_layer, all_logits,
+                            hidden_sink)
+        cache.tree_done(parents)
+        return logits
     return run_layers(ops, cfg, weights, cache, batch, decoder_layer, all_logits, hidden_sink)

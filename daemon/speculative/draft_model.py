@@ -12,6 +12,10 @@ candidates at depth d are conditioned on the top-1 chain (path-independent, as D
 After it the draft cache holds committed + root + chain[:-1]. accept() keeps the longest prefix
 of the cache that matches the new committed sequence and queues the rest as pending.
 
+Cutting the draft cache back goes through `ModelRunner.checkpoint` / `rewind`: a dense draft
+model just lowers n_past; a hybrid one (qwen35) reloads the recurrent state checkpointed before
+the proposal and prefills the kept tokens after it again.
+
 The draft model must share the target's vocabulary: a different vocabulary size or different
 token strings is a load error (DrafterLoadError).
 """
@@ -91,6 +95,7 @@ class DraftModelDrafter(Drafter):
             return Proposal.empty()
         feed = self._pending + [self._root]
         n0 = runner.n_past
+        runner.checkpoint()                               # accept() may cut back to n0 + len(feed) or later
         chain = runner.greedy_continue(feed, max_depth)   # cache: + feed + chain[:-1]
         self._cached += feed + chain[:-1]
         self._pending = []
@@ -98,7 +103,7 @@ class DraftModelDrafter(Drafter):
             return Proposal.chain(chain)
         # candidates per depth: one batched forward over the same tokens gives the logits that
         # chose each chain token (depth d conditioned on root + chain[:d])
-        runner.n_past = n0
+        runner.rewind(n0, self._cached)
         logits = runner.prefill(feed + chain[:-1], all_logits=True)[len(feed) - 1:]
         rows_t, rows_lp = [], []
         for row in logits:
@@ -120,8 +125,8 @@ class DraftModelDrafter(Drafter):
             keep = 0
             while keep < min(len(step), len(new)) and step[keep] == new[keep]:
                 keep += 1
+            self.runner.rewind(n_old + keep, self._cached)
             self._cached = self._cached[:n_old + keep]
-            self.runner.n_past = len(self._cached)
             self._pending += new[keep:]
         else:
             self._pending += new

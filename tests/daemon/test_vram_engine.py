@@ -6,6 +6,7 @@ after as before). Also the command line: the size parser's errors and a refused 
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -232,7 +233,8 @@ def test_park_policy_opens_the_drafter_file_once_per_compression(models, start, 
 
 
 def test_a_hybrid_target_plans_its_attention_kv_and_recurrent_state(tmp_path):
-    """qwen35 (CPU only): K/V for the full-attention layers, the linear layers' recurrent state."""
+    """qwen35 (CPU only): K/V for the full-attention layers, the linear layers' recurrent state, and that state
+    once per node of the largest draft tree (the node buffers after a verify of max_tree_nodes nodes)."""
     from flashd.scripts.synthetic_spec import SyntheticSpec as Spec
     spec = Spec(arch="qwen35", n_layers=4, hidden=64, n_heads=2, n_kv_heads=1, head_dim=32, rope_dim=16, ffn=128,
                 ssm_state=16, ssm_k_heads=1, ssm_v_heads=2, full_attn_interval=2, weight_type="Q8_0", seed=7,
@@ -244,4 +246,9 @@ def test_a_hybrid_target_plans_its_attention_kv_and_recurrent_state(tmp_path):
     parts = dict(target.parts)
     cache = engine.runner.cache
     assert parts["kv_cache"] == cache.kv.n_bytes and parts["recurrent_state"] == cache.state.n_bytes
+    runner = engine.runner
+    n = runner.max_tree_nodes
+    runner.start([1, 2, 3])
+    runner.forward_tree(list(range(n)), runner.n_past + np.arange(n), np.tril(np.ones((n, n), bool)))
+    assert parts["tree_states"] == cache.state.node_conv.nbytes + cache.state.node_ssm.nbytes == n * cache.state.n_bytes
     assert parts["weights"] == engine._weight_bytes()

@@ -2,9 +2,8 @@
 decoding (daemon/speculative/decoder.py), on the reference backend with tiny synthetic models.
 
 Drafters: the n-gram drafter, a 1-layer synthetic draft model sharing the target's vocabulary,
-and two test drafters that stress the commit: `OracleDrafter` knows the target's greedy output
-and hides it at a random rank among random tokens (long accepts, off-spine paths, so
-kv_compact really moves rows), `RandomDrafter` proposes noise (nothing accepted).
+and two test drafters that stress the commit (spec_drafters.py): `OracleDrafter` (long accepts,
+off-spine paths, so kv_compact really moves rows) and `RandomDrafter` (nothing accepted).
 """
 from __future__ import annotations
 
@@ -13,14 +12,13 @@ import pytest
 
 from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
 from flashd.daemon.speculative.draft_model import DraftModelDrafter
-from flashd.daemon.speculative.drafter import Drafter, Proposal
 from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.daemon.speculative.policy import DepthPolicy, PolicyConfig
 from flashd.protocol.messages import SamplingParams
 
+from tests.speculative.spec_drafters import GREEDY, OracleDrafter, RandomDrafter, plain, spec
 from tests.speculative.spec_models import DRAFT, TARGET
 
-GREEDY = SamplingParams()
 PENALISED = SamplingParams(repeat_penalty=1.3, repeat_last_n=16, presence_penalty=0.2)
 PROMPTS = [
     [5, 9, 77, 12, 5, 9, 77, 12, 100, 200],          # repetitive: n-grams find matches
@@ -28,62 +26,6 @@ PROMPTS = [
     [42],                                             # a one-token prompt
     list(range(260, 300)),
 ]
-
-
-class OracleDrafter(Drafter):
-    """Knows the full greedy continuation `truth` (after the prompt); puts the true token at a
-    random rank among K per depth, with its log-prob tied or worse than decoys half the time."""
-
-    name = "oracle"
-
-    def __init__(self, truth: list[int], vocab: int, seed: int, max_depth: int = 12):
-        self.truth, self.vocab, self.max_depth = truth, vocab, max_depth
-        self.rng = np.random.default_rng(seed)
-        self.n_done = 0
-
-    def begin(self, prompt, root):
-        self.n_done = 1                              # root = truth[0]
-
-    def propose(self, max_depth, top_k):
-        rows_t, rows_lp = [], []
-        for d in range(min(max_depth, self.max_depth, len(self.truth) - self.n_done)):
-            true = self.truth[self.n_done + d]
-            decoys = [t for t in self.rng.choice(self.vocab, top_k + 1, replace=False) if t != true][:top_k - 1]
-            row = decoys[:]
-            row.insert(int(self.rng.integers(0, top_k)), true)
-            rows_t.append(row)
-            rows_lp.append(-np.sort(self.rng.uniform(0, 1, top_k)))
-        return Proposal(np.array(rows_t).reshape(-1, top_k), np.array(rows_lp).reshape(-1, top_k))
-
-    def accept(self, accepted, bonus, rows=None):
-        assert [self.truth[self.n_done + i] for i in range(len(accepted))] == list(accepted)
-        self.n_done += len(accepted) + 1
-
-
-class RandomDrafter(Drafter):
-    name = "random"
-
-    def __init__(self, vocab: int, seed: int):
-        self.vocab, self.rng = vocab, np.random.default_rng(seed)
-
-    def begin(self, prompt, root):
-        pass
-
-    def propose(self, max_depth, top_k):
-        return Proposal(self.rng.integers(0, self.vocab, (max_depth, top_k)), -self.rng.uniform(0, 2, (max_depth, top_k)))
-
-    def accept(self, accepted, bonus, rows=None):
-        pass
-
-
-def plain(runner, prompt, n, params=GREEDY, logprobs=0):
-    return list(runner.generate(prompt, params, n, logprobs))
-
-
-def spec(runner, drafter, mode, budget, prompt, n, params=GREEDY, logprobs=0):
-    dec = SpecDecoder(runner, drafter, SpecConfig(mode, budget))
-    out = list(dec.generate(prompt, params, n, logprobs))
-    return out, dec.stats
 
 
 @pytest.fixture(scope="module")
