@@ -100,12 +100,13 @@ struct GemvTuning {
     int mma_rows;   // passes of at least this many x rows run gemv_mma.cuh's kernel (0: never)
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
+    bool evict_first;   // weights with the L2 evict-first hint
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
-                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx};
+                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -213,13 +214,14 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     const GemvTuning tn = tuning();
 #if FD_HAS_MMA
     if (rows_eligible(tn.rows, dev.cc_major, n_mats, mats, cols))
-        return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual, tn.rows, tn.rows_fuse_nx, dev,
-                             stream);
+        return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual, tn.rows, tn.rows_fuse_nx,
+                             tn.evict_first, dev, stream);
 #endif
     GemvPlan pl;
     if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x, tn.stage_bytes,
                            2 * dev.n_sms, &pl))
         return st;
+    pl.a.evict_first = tn.evict_first ? 1 : 0;
     const GemvArgs& a = pl.a;
     const int steps = a.n_steps;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;

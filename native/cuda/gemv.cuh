@@ -84,10 +84,10 @@ __device__ __forceinline__ void issue_step(const GemvArgs& a, int s, uint8_t* bu
     const int G = 32 / m.lpr;
     const int r0 = (s - m.first_step) * G;
     const int n_rows = min(G, m.rows - r0);
-    warp_stage(buf, m.w + r0 * m.row_bytes, n_rows * m.row_bytes, lane);
+    warp_stage(buf, m.w + r0 * m.row_bytes, n_rows * m.row_bytes, lane, a.evict_first != 0);
     if (SWIGLU) {
         const GemvMat u = a.mat[1];
-        warp_stage(buf + a.range_bytes, u.w + r0 * u.row_bytes, n_rows * u.row_bytes, lane);
+        warp_stage(buf + a.range_bytes, u.w + r0 * u.row_bytes, n_rows * u.row_bytes, lane, a.evict_first != 0);
     }
 }
 

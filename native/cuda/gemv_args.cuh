@@ -55,6 +55,7 @@ struct GemvArgs {
     // per row of the 32-column block scales; xsum16 / xsum32 then hold sums of the quantized values
     int x8_off[XL_COUNT], x8_row[XL_COUNT];   // per activation layout (-1: unused)
     int xsc_off, xsc_row;
+    int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).

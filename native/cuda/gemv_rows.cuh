@@ -61,10 +61,11 @@ __device__ __forceinline__ float rows_norm_scale(float ss, int cols, float eps) 
     return rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)cols), eps));
 }
 
-// Warp-wide, lane = column c of one 32-column block, v = x[c]: xn = v (* scale * norm_w[c]), the code
-// q = rint(xn * 127 / max|xn|) (returned) and {xd = max|xn| / 127, xd * sum q} (Q4_K's min term).
-__device__ __forceinline__ int rows_quant_block(float v, const float* norm_w, float scale, int c, float2& sc) {
-    if (norm_w) v = __fmul_rn(__fmul_rn(v, scale), norm_w[c]);
+// Warp-wide, lane = column c of one 32-column block, v = x[c], w = norm_w[c] (loaded by the caller, batched with
+// x): xn = v (* scale * w if norm), the code q = rint(xn * 127 / max|xn|) (returned) and {xd = max|xn| / 127,
+// xd * sum q} (Q4_K's min term).
+__device__ __forceinline__ int rows_quant_block(float v, bool norm, float w, float scale, float2& sc) {
+    if (norm) v = __fmul_rn(__fmul_rn(v, scale), w);
     const float m = warp_max(fabsf(v));
     const float inv = m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f;
     const int qv = max(-127, min(127, __float2int_rn(__fmul_rn(v, inv))));
@@ -106,6 +107,7 @@ struct RowsArgs {
     const float* norm_w;      // (cols,) or NULL: x is RMS-normalized first
     float eps;
     int fx_off;               // bytes: codes (n, cols), then scales (cols / 32, 8) float2, then 32 floats
+    int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
 };
 
 // ---- the x pre-pass --------------------------------------------------------------------------------------------
@@ -127,7 +129,8 @@ __global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
     if (blk >= cols / 32) return;
     const int c = 32 * blk + lane;
     float2 sc;
-    xq[(size_t)i * cols + c] = (int8_t)rows_quant_block(xr[c], norm_w, scale, c, sc);
+    xq[(size_t)i * cols + c] = (int8_t)rows_quant_block(xr[c], norm_w != nullptr, norm_w ? norm_w[c] : 1.0f, scale,
+                                                         sc);
     if (lane == 0) xsc[(size_t)blk * ROWS_NX + i] = sc;
 }
 
@@ -155,15 +158,19 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
             __syncthreads();   // every thread has read red before the next row writes it
         }
         for (int b0 = warp; b0 < nblk; b0 += U * W) {
-            float v[U];
+            float v[U], w[U];   // x and norm_w loaded together: one L2 round trip for the batch, not one a block
 #pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = b0 + u * W < nblk ? xr[32 * (b0 + u * W) + lane] : 0.0f;
+            for (int u = 0; u < U; ++u) {
+                const bool in = b0 + u * W < nblk;
+                v[u] = in ? xr[32 * (b0 + u * W) + lane] : 0.0f;
+                w[u] = in && a.norm_w ? __ldg(a.norm_w + 32 * (b0 + u * W) + lane) : 1.0f;
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int blk = b0 + u * W;   // warp-uniform: the shuffles inside see the whole warp
                 if (blk >= nblk) break;
                 float2 sc;
-                xq[i * a.cols + 32 * blk + lane] = (int8_t)rows_quant_block(v[u], a.norm_w, scale, 32 * blk + lane, sc);
+                xq[i * a.cols + 32 * blk + lane] = (int8_t)rows_quant_block(v[u], a.norm_w != nullptr, w[u], scale, sc);
                 if (lane == 0) xsc[blk * ROWS_FX_SC + i] = sc;
             }
         }
@@ -184,6 +191,7 @@ __device__ __forceinline__ void rows_wait(int pending) {   // cp.async.wait_grou
 // the matrix of launch tile `tile` (static indices only: a dynamic index into the kernel parameters would copy
 // them to local memory)
 __device__ __forceinline__ RowsMat rows_mat_of(const RowsArgs& a, int tile) {
+    if (a.n_mats == 1) return a.mat[0];   // most calls: no select chain over the other matrices' parameters
     RowsMat m = a.mat[0];
 #pragma unroll
     for (int j = 1; j < MAX_MATS; ++j)
@@ -224,6 +232,14 @@ __device__ __forceinline__ void rows_stage_mat(const RowsArgs& a, const RowsMat&
     const uint8_t* s0 = src - head;
     uint8_t* d0 = dst + r * m.stride;
     const int total = head + bytes;   // bytes from the floor
+    if (a.evict_first) {
+        const uint64_t pol = q::l2_evict_first_policy();
+        for (int pc = lane >> 4; 16 * pc < total; pc += 2) {
+            const int left = total - 16 * pc;
+            q::cp_async16_hint(d0 + 16 * pc, s0 + 16 * pc, left >= 16 ? 16 : left, pol);
+        }
+        return;
+    }
     for (int pc = lane >> 4; 16 * pc < total; pc += 2) {
         const int left = total - 16 * pc;
         q::cp_async16(d0 + 16 * pc, s0 + 16 * pc, left >= 16 ? 16 : left);

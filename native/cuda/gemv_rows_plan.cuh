@@ -150,7 +150,7 @@ int rows_launch_n(const RowsArgs& a, const RowsShape& sh, bool fx, int max_smem,
 // shape). 1 <= n_x <= ROWS_NX.
 inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x,
                          const float* norm_w, float eps, const float* residual, int gemv_rows, int fuse_nx,
-                         const DeviceFacts& dev, cudaStream_t stream) {
+                         bool evict_first, const DeviceFacts& dev, cudaStream_t stream) {
     FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && n_x >= 1 && n_x <= ROWS_NX);
     FD_CHECK_ARG(eps >= 0.0f && (!swiglu || (n_mats == 2 && mats[0].rows == mats[1].rows)));
     RowsArgs a{};
@@ -160,6 +160,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     a.ks = rows_ks(cols, gemv_rows);
     a.C = ceil_div(cols, ROWS_QK * a.ks);
     a.residual = residual;
+    a.evict_first = evict_first ? 1 : 0;
     int stride_max = 0, tiles = 0;
     for (int k = 0; k < n_mats; ++k) {
         FmtInfo info;

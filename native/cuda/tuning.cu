@@ -21,17 +21,19 @@ namespace {
 // grows with n while the pre-pass's cost hardly does (1.3 -> 1.6 us at n = 32), so larger n keep the pre-pass until
 // measured (an A/B: gemv_rows_fuse_nx = 2..8). The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB
 // cards) carry the same values, compile-checked but not yet measured on those GPUs; PDL does not exist below
-// sm_90 (launch_pdl falls back).
+// sm_90 (launch_pdl falls back). weights_evict_first = 0 everywhere until an A/B on the GPU says otherwise
+// (session 13: the fused decode step's stalls were mostly instruction fetches, i.e. code evicted from L2 by the
+// weight stream).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1}},    // anything older, and HIP devices (no PDL, no int8 mma)
-    {80, {1, 6144, 2, 0, 0, 0, 1}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 0, 0, 1}},   // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0}},    // anything older, and HIP devices (no PDL, no int8 mma)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 6144, 2, 1, 0, 0, 1, 0}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -51,7 +53,8 @@ bool valid(const fd_tuning_t& t) {
     return (t.gemv_int8_x == 0 || t.gemv_int8_x == 1) && t.gemv_stage_bytes >= 256 && t.gemv_stage_bytes <= 65536 &&
            (t.gemv_rounds == 0 || (t.gemv_rounds >= 2 && t.gemv_rounds <= 16)) && (t.pdl == 0 || t.pdl == 1) &&
            (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8)) &&
-           t.gemv_rows >= 0 && t.gemv_rows <= 8 && t.gemv_rows_fuse_nx >= 0 && t.gemv_rows_fuse_nx <= 8;
+           t.gemv_rows >= 0 && t.gemv_rows <= 8 && t.gemv_rows_fuse_nx >= 0 && t.gemv_rows_fuse_nx <= 8 &&
+           (t.weights_evict_first == 0 || t.weights_evict_first == 1);
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

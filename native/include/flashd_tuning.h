@@ -1,6 +1,7 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
-   A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows and gemv_rows_fuse_nx change only how kernels are launched,
+   A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx and
+   weights_evict_first change only how kernels are launched or cached,
    never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order),
    gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs --
    under any tuning a row's bits do not depend on the rows beside it.
@@ -29,6 +30,9 @@ typedef struct {
     int gemv_rows_fuse_nx;  /* 0 .. 8: gemv_rows calls of at most that many x rows quantize x inside the GEMV kernel
                                (each CTA its own copy: no pre-pass launch); more rows, or 0: a pre-pass launch. The
                                same codes either way, so it never changes a result */
+    int weights_evict_first; /* 1: the decode GEMVs (gemv.cuh, gemv_rows.cuh) stream their weights with an L2
+                               evict-first hint (sm_80 and later), so the ~1 GB a step reads does not push the
+                               activations, the KV cache and the kernels' code out of L2; 0: default caching */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -1,5 +1,6 @@
 """The launch tuning (flashd_tuning.h, tuning.cu): the device starts from its architecture's table entry, bad
-values are refused without changing anything, rounds, PDL and the tensor-core passes never change a result -- a GEMV's rows under
+values are refused without changing anything, rounds, PDL, the tensor-core passes and the weights' L2 evict-first
+hint never change a result -- a GEMV's rows under
 them are the default tuning's bits (the launch's shape is not its arithmetic) -- and under another step
 buffer size, which may choose other lanes per row and so another summation order, rows are still the same
 bits whatever the batch (row invariance, which exact speculative decoding needs).
@@ -30,13 +31,14 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     assert restore_tuning == want
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 0,
-                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1}
+                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 0}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
                                  {"gemv_rounds": 1}, {"gemv_rounds": 17}, {"pdl": -1}, {"gemv_mma_rows": 1},
                                  {"gemv_mma_rows": 9}, {"gemv_rows": -1}, {"gemv_rows": 9},
-                                 {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9}])
+                                 {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9},
+                                 {"weights_evict_first": -1}, {"weights_evict_first": 2}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -61,7 +63,7 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
 
 
 @pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 2},
-                                    {"gemv_mma_rows": 4}])
+                                    {"gemv_mma_rows": 4}, {"weights_evict_first": 1}])
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
@@ -70,6 +72,18 @@ def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restor
     tuned = [run(1), run(3)]
     for b, t in zip(base, tuned):
         assert np.array_equal(b, t), f"{change}: {np.count_nonzero(b != t)} of {b.size} outputs differ"
+
+
+@pytest.mark.parametrize("qtype,rows,cols", SHAPES[:2])
+def test_the_evict_first_hint_never_changes_a_gemv_rows_result(native, dev, rng, poisoned, restore_tuning, qtype, rows,
+                                                               cols):
+    """weights_evict_first on the all-rows tensor-core path (gemv_rows.cuh's own staging): the same bits."""
+    native.set_tuning(gemv_rows=1)
+    run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
+    base = [run(1), run(3)]
+    native.set_tuning(weights_evict_first=1)
+    for b, t in zip(base, [run(1), run(3)]):
+        assert np.array_equal(b, t), f"{np.count_nonzero(b != t)} of {b.size} outputs differ"
 
 
 @pytest.mark.parametrize("stage_bytes", [2048, 12288])
