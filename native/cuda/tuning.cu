@@ -21,9 +21,9 @@ namespace {
 // grows with n while the pre-pass's cost hardly does (1.3 -> 1.6 us at n = 32), so larger n keep the pre-pass until
 // measured (an A/B: gemv_rows_fuse_nx = 2..8). The sm_80 / sm_86 / sm_89 entries (A100, RTX 30xx / 40xx: 24 GB
 // cards) carry the same values, compile-checked but not yet measured on those GPUs; PDL does not exist below
-// sm_90 (launch_pdl falls back). weights_evict_first = 0 everywhere until an A/B on the GPU says otherwise
-// (session 13: the fused decode step's stalls were mostly instruction fetches, i.e. code evicted from L2 by the
-// weight stream).
+// sm_90 (launch_pdl falls back). weights_evict_first = 1 on sm_90: the ~1 GB of weights a step streams no longer
+// evicts the activations, norm weights, KV rows and kernel code from L2 (H100, 1.5B clone: tg128 +2.9%, also at
+// depth 8192; bench/NOTES.md session 13); the other entries keep 0 until measured on those cards (6-72 MB of L2).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
@@ -33,7 +33,7 @@ constexpr TuningEntry TABLE[] = {
     {80, {1, 6144, 2, 0, 0, 0, 1, 0}},   // sm_80 A100
     {86, {1, 6144, 2, 0, 0, 0, 1, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
     {89, {1, 6144, 2, 0, 0, 0, 1, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 0, 0, 1, 0}},   // sm_90 H100 / H200
+    {90, {1, 6144, 2, 1, 0, 0, 1, 1}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 

@@ -31,7 +31,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     assert restore_tuning == want
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 0,
-                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 0}
+                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -63,7 +63,7 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
 
 
 @pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 2},
-                                    {"gemv_mma_rows": 4}, {"weights_evict_first": 1}])
+                                    {"gemv_mma_rows": 4}, {"weights_evict_first": 0}])
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
@@ -78,7 +78,7 @@ def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restor
 def test_the_evict_first_hint_never_changes_a_gemv_rows_result(native, dev, rng, poisoned, restore_tuning, qtype, rows,
                                                                cols):
     """weights_evict_first on the all-rows tensor-core path (gemv_rows.cuh's own staging): the same bits."""
-    native.set_tuning(gemv_rows=1)
+    native.set_tuning(gemv_rows=1, weights_evict_first=0)
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
     base = [run(1), run(3)]
     native.set_tuning(weights_evict_first=1)
