@@ -27,11 +27,11 @@ namespace attn {
 // rope_stage_rotated (attention_splitk_rope_rot.cuh) instead.
 template <int HD>
 __device__ __forceinline__ void encode_new_rows(const Params& p, const float* stage, __half* kv_new, int kvh, int tid,
-                                                bool store) {
+                                                bool store, int k_type, int v_type) {
     constexpr int NB = HD / kvq::BLOCK;              // blocks per row
     if (tid >= 2 * NB) return;
     const bool is_k = tid < NB;
-    const int type = is_k ? p.k_type : p.v_type, b = is_k ? tid : tid - NB;
+    const int type = is_k ? k_type : v_type, b = is_k ? tid : tid - NB;
     const float* x = stage + tid * kvq::BLOCK;
     __half* out = kv_new + tid * kvq::BLOCK;
     const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
@@ -67,7 +67,7 @@ __device__ __forceinline__ void encode_new_rows(const Params& p, const float* st
 template <int HD, bool QKV = false>
 __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * HD / THREADS], const float* q_tok,
                                            int row0, int kvh, int tid, bool own_key, __half* kv_new, bool store,
-                                           float* stage) {
+                                           float* stage, int k_type, int v_type) {
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
     constexpr int NU = HD > THREADS ? HD / THREADS : 1;
     static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
@@ -133,7 +133,7 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
         }
         if constexpr (QKV) {                            // own_key is block-uniform: the barriers are too
             __syncthreads();                            // both rows staged
-            encode_new_rows<HD>(p, stage, kv_new, kvh, tid, store);
+            encode_new_rows<HD>(p, stage, kv_new, kvh, tid, store, k_type, v_type);
             __syncthreads();                            // stage (q_hi's area) free again, kv_new written
         }
     }
@@ -166,8 +166,15 @@ __device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * H
 // (encode_new_rows), so o and the cache equal fd_rope_kv_write + fd_attention_decode's over the quantized cache.
 // A quantized K (rotated keys) is staged by rope_stage_rotated (attention_splitk_rope_rot.cuh): q in a warp-per-row
 // layout, rotated in registers; its cos / sin table sits in the dequantized tile, free until the main loop.
-template <int HD, bool ROPE = false, bool QKV = false>
+//
+// KVT (QKV kernels): the K and V types as k_type * 4 + v_type, compile-time, so that each instantiation holds only
+// its own types' loaders, dequantizers and encoders (p.k_type / p.v_type must agree: the launcher picks it). One
+// kernel for every type pair was 187 KB of SASS at HD 128 with ROPE (the float16 one 54 KB), and a decode step runs
+// it once per CTA: at short depth its time was instruction fetch (bench/NOTES.md, session 13).
+template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
+    static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");
+    constexpr int k_type = KVT >> 2, v_type = KVT & 3;
     using C = Cfg<HD>;
     constexpr int LD = C::LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -178,7 +185,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh)
     constexpr int N_STAGES = QKV ? QCfg<HD>::STAGES : C::STAGES;
     uint8_t* qring = reinterpret_cast<uint8_t*>(pipe + 2 * TILE * LD);
-    const QSide k_side = qside(p.k_cache, p.kq, p.k_type, HD), v_side = qside(p.v_cache, p.vq, p.v_type, HD);
+    const QSide k_side = qside(p.k_cache, p.kq, k_type, HD), v_side = qside(p.v_cache, p.vq, v_type, HD);
     const int q_stage_bytes = TILE * (k_side.row_bytes + v_side.row_bytes);
     float* m_s = reinterpret_cast<float*>(pipe);      // merge area, after the pipeline drains
     float* l_s = m_s + WARPS * ROWS;
@@ -296,14 +303,14 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             const int e = tid + j * THREADS, r = e / HD, d = e % HD;
             qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
         }
-    } else if (QKV && p.k_type != FD_KV_F16) {
+    } else if (QKV && k_type != FD_KV_F16) {
         rope_stage_rotated<HD>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
-                               reinterpret_cast<float*>(pipe));   // the dequantized tile: free until the main loop
+                               reinterpret_cast<float*>(pipe), k_type, v_type);   // the dequantized tile: free until the main loop
     } else {
         rope_stage<HD, QKV>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
-                            reinterpret_cast<float*>(q_hi));   // q_hi is written only after this
+                            reinterpret_cast<float*>(q_hi), k_type, v_type);   // q_hi is written only after this
     }
-    const bool rot_layout = ROPE && QKV && p.k_type != FD_KV_F16;   // qv in rope_stage_rotated's layout
+    const bool rot_layout = ROPE && QKV && k_type != FD_KV_F16;   // qv in rope_stage_rotated's layout
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {
         int r = (tid + j * THREADS) / HD, d = (tid + j * THREADS) % HD;
@@ -327,8 +334,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             __half* ks = pipe + (size_t)(QKV ? 0 : k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
             if constexpr (QKV) {                       // this warp's rows of tile k, dequantized
                 const uint8_t* src = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
-                dequant_side<HD>(ks, src, p.k_type, warp * WARP_SLOTS, tid & 31);
-                dequant_side<HD>(ks + TILE * LD, src + TILE * k_side.row_bytes, p.v_type, warp * WARP_SLOTS, tid & 31);
+                dequant_side<HD>(ks, src, k_type, warp * WARP_SLOTS, tid & 31);
+                dequant_side<HD>(ks + TILE * LD, src + TILE * k_side.row_bytes, v_type, warp * WARP_SLOTS, tid & 31);
                 __syncwarp();
             }
             if constexpr (ROPE) {

@@ -103,25 +103,42 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     return p;
 }
 
-template <int HD, bool ROPE = false, bool QKV = false>
+template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0>
 int launch(const Params& p, cudaStream_t stream) {
     const size_t smem = QKV ? qkv_smem_bytes<HD>(p.k_type, p.v_type) : Cfg<HD>::SMEM_BYTES;
-    cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    int st = launch_pdl(splitk_kernel<HD, ROPE, QKV>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
+    cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int st = launch_pdl(splitk_kernel<HD, ROPE, QKV, KVT>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
                         dim3(THREADS), smem, stream, p);
     if (st == 0 && p.n_splits > 1)
         st = launch_pdl(combine_kernel<HD>, dim3(p.n * p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
     return st;
 }
 
-// A quantized K or V runs the dequantizing loader (and, with ROPE, the quantizing new-row staging).
+// A quantized K or V runs the dequantizing loader (and, with ROPE, the quantizing new-row staging), one kernel per
+// (K type, V type) pair: KVT = k_type * 4 + v_type (splitk_kernel says why).
+template <int HD, bool ROPE>
+int launch_quant(const Params& p, cudaStream_t stream) {
+    constexpr int F = FD_KV_F16, Q8 = FD_KV_Q8_0, Q4 = FD_KV_Q4_0;
+    switch (p.k_type * 4 + p.v_type) {
+        case F * 4 + Q8: return launch<HD, ROPE, true, F * 4 + Q8>(p, stream);
+        case F * 4 + Q4: return launch<HD, ROPE, true, F * 4 + Q4>(p, stream);
+        case Q8 * 4 + F: return launch<HD, ROPE, true, Q8 * 4 + F>(p, stream);
+        case Q8 * 4 + Q8: return launch<HD, ROPE, true, Q8 * 4 + Q8>(p, stream);
+        case Q8 * 4 + Q4: return launch<HD, ROPE, true, Q8 * 4 + Q4>(p, stream);
+        case Q4 * 4 + F: return launch<HD, ROPE, true, Q4 * 4 + F>(p, stream);
+        case Q4 * 4 + Q8: return launch<HD, ROPE, true, Q4 * 4 + Q8>(p, stream);
+        case Q4 * 4 + Q4: return launch<HD, ROPE, true, Q4 * 4 + Q4>(p, stream);
+        default: return FD_E_ARG;
+    }
+}
+
 template <bool ROPE = false>
 int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
     const bool quant = p.k_type != FD_KV_F16 || p.v_type != FD_KV_F16;
     switch (head_dim) {
-        case 64: return quant ? launch<64, ROPE, true>(p, stream) : launch<64, ROPE>(p, stream);
-        case 128: return quant ? launch<128, ROPE, true>(p, stream) : launch<128, ROPE>(p, stream);
-        case 256: return quant ? launch<256, ROPE, true>(p, stream) : launch<256, ROPE>(p, stream);
+        case 64: return quant ? launch_quant<64, ROPE>(p, stream) : launch<64, ROPE>(p, stream);
+        case 128: return quant ? launch_quant<128, ROPE>(p, stream) : launch<128, ROPE>(p, stream);
+        case 256: return quant ? launch_quant<256, ROPE>(p, stream) : launch<256, ROPE>(p, stream);
         default: return FD_E_SHAPE;
     }
 }

@@ -57,7 +57,7 @@ __device__ __forceinline__ float rope_from_table(const float* x, int d, int rope
 template <int HD>
 __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[ROWS * HD / THREADS],
                                                    const float* q_tok, int row0, int kvh, int tid, bool own_key,
-                                                   __half* kv_new, bool store, float* tab) {
+                                                   __half* kv_new, bool store, float* tab, int k_type, int v_type) {
     constexpr int NR = RotLayout<HD>::NR, RPW = RotLayout<HD>::RPW, Q_PER_THREAD = ROWS * HD / THREADS;
     const bool neox = p.neox != 0;
     const int half = p.rope_dim / 2, lane = tid & 31, warp = tid >> 5, block = kvq::rotation_block(HD);
@@ -113,7 +113,7 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
         kvq::hadamard_rotate<NR>(x, NR, block, lane);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
-            kv_new[32 * r + lane] = kvq::encode_block_warp(p.kq, p.k_store + row * HD, p.k_type, row, r, x[r], lane,
+            kv_new[32 * r + lane] = kvq::encode_block_warp(p.kq, p.k_store + row * HD, k_type, row, r, x[r], lane,
                                                            store);
     }
     if (warp == WARPS - 1) {                            // V: as it is (float16 or q8_0 / q4_0)
@@ -122,7 +122,7 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
         for (int r = 0; r < NR; ++r) x[r] = __ldg(vr + 32 * r + lane);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
-            kv_new[HD + 32 * r + lane] = kvq::encode_block_warp(p.vq, p.v_store + row * HD, p.v_type, row, r, x[r],
+            kv_new[HD + 32 * r + lane] = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r, x[r],
                                                                 lane, store);
     }
 }
