@@ -27,7 +27,8 @@
 // barrier is needed between writing node_state[p] and reading it. Each node's memory is stored to
 // node_state[i].
 //
-// exp is __expf under --use_fast_math (~2 ulp for the g <= 0 of a decay); numpy uses a correctly rounded exp.
+// The decay exp(g) is computed once per token in double and rounded to float (numpy's float32 exp is within an
+// ulp of that; --use_fast_math would make expf the ~2-ulp __expf); everything else is float32.
 #include "common.cuh"
 
 namespace {
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(DR_THREADS) gated_delta_rule_kernel(DeltaArgs 
             sq[threadIdx.x] = cur.q;
         }
         if (threadIdx.x == 0) {
-            sgb[0] = __expf(cur.g);
+            sgb[0] = (float)exp((double)cur.g);   // once per token: numpy's float32 exp, not __expf's ~2 ulp
             sgb[1] = cur.beta;
         }
         if (t + 1 < a.n) next = load_token(a, t + 1, h, j);   // in flight while this token computes
