@@ -93,7 +93,7 @@ class Normed:
         return self.x.shape
 
 
-class CudaOps(AttentionOps, TopKOps, RecurrentOps):   # fd_topk_logprobs (topk_ops.py); conv1d, delta rule (recurrent_ops.py)
+class CudaOps(AttentionOps, TopKOps, RecurrentOps):   # topk_ops.py: fd_topk_logprobs; recurrent_ops.py: hybrids
     name = "cuda"
 
     def __init__(self, device: Device):
