@@ -155,7 +155,8 @@ class Ops(Protocol):
 
     def add(self, a, b) -> Any: ...
 
-    # -- hybrid models (models/qwen35.py; the reference backend only so far) ---------------------------
+    # -- hybrid models (models/qwen35.py; a forward on the reference backend only so far: CudaOps has the conv and
+    #    delta-rule kernels, cuda/recurrent_ops.py, but no recurrent_state / l2_norm / delta_decay yet) ------------
     def recurrent_state(self, spec: RecurrentStateSpec) -> Any:
         """One sequence's conv and delta-rule state of every linear-attention layer: `layer(j)` is passed to
         the ops below, `save()` returns a host copy, `load(copy)` puts one back, `clear()` zeroes it;

@@ -9,6 +9,8 @@
  *   flashd_flashprefill.h  PFlash's block scoring and block-sparse attention   (flashprefill.cu, attention_sparse.cu)
  *   flashd_sampling.h      argmax, sampling, the decode loop's bookkeeping     (sampling.cu)
  *   flashd_forward.h       the persistent forward                              (forward.cu)
+ *   flashd_recurrent.h     hybrid models' recurrent layers: causal conv1d, gated delta rule
+ *                                                                              (causal_conv1d.cu, gated_delta_rule.cu)
  *
  * Conventions
  *   - Every function returns an int status: 0 ok, > 0 a cudaError_t (hipError_t) value,
@@ -40,7 +42,7 @@
 extern "C" {
 #endif
 /* --- cdef begin --- */
-#define FD_ABI_VERSION 11   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
+#define FD_ABI_VERSION 12   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
                               fd_event_query and fd_not_ready_status removed; 3: fd_tuning_t (flashd_tuning.h);
                               4: fd_tuning_t.gemv_mma_rows; 5: fd_attention_shape_t.k_type / v_type (FD_KV_*),
                               fd_kv_plane_bytes, fd_kv_compact_rows; 6: fd_topk_logprobs; 7: a q8_0 / q4_0 K
@@ -48,7 +50,8 @@ extern "C" {
                               fd_tuning_t.gemv_rows (fd_gemv* take n_x up to 32 where it applies); 9:
                               fd_tuning_t.gemv_rows_fuse_nx; 10: a key offset (k_offset) for a quantized K in
                               fd_rope_kv_write and fd_attention_decode_rope; 11:
-                              fd_tuning_t.weights_evict_first */
+                              fd_tuning_t.weights_evict_first; 12: flashd_recurrent.h (fd_causal_conv1d*,
+                              fd_gated_delta_rule_*) */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */
@@ -75,6 +78,7 @@ extern "C" {
 #include "flashd_flashprefill.h"
 #include "flashd_sampling.h"
 #include "flashd_forward.h"
+#include "flashd_recurrent.h"
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,8 @@ from tests.native.test_native_abi import declared_arity, native_calls
 from flashd.daemon.pflash import flashprefill as fp
 
 ROOT = Path(__file__).resolve().parents[2]
-OP_BENCHMARKS = ["bench_sampling", "bench_flashprefill", "bench_flashprefill_sparse_attention", "bench_gemv_multi"]
+OP_BENCHMARKS = ["bench_sampling", "bench_flashprefill", "bench_flashprefill_sparse_attention", "bench_gemv_multi",
+                 "bench_recurrent"]
 
 
 # ------------------------------------------------------------------------------ import, --help, ABI

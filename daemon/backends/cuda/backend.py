@@ -98,9 +98,9 @@ class CudaBackend(Backend):
         model fails at load time with a message instead of at its first forward, and (KVTypeUnsupported) a KV
         type they do not write and read."""
         check_kv_types(kv_types)
-        if getattr(cfg, "linear", None) is not None:   # issue 15, item 3: no Gated DeltaNet kernels yet
-            raise ModelUnsupported(f"the CUDA backend has no kernels yet for {cfg.arch}'s linear-attention (Gated DeltaNet) "
-                                 "layers; run it on the CPU reference backend (--device cpu)")
+        if getattr(cfg, "linear", None) is not None:   # issue 15, item 3: kernels (recurrent_ops.py), no forward yet
+            raise ModelUnsupported(f"the CUDA backend does not run {cfg.arch}'s linear-attention (Gated DeltaNet) "
+                                 "layers in a forward yet; run it on the CPU reference backend (--device cpu)")
         if cfg.head_dim not in HEAD_DIMS:
             raise ModelUnsupported(f"the CUDA backend's attention kernels support head_dim {' and '.join(map(str, HEAD_DIMS))}"
                                  f"; this model has head_dim {cfg.head_dim} (use --device cpu)")

@@ -13,7 +13,8 @@ dequantize each weight to float16 into a scratch buffer and run the tensor-core 
 
 One name per op: a method named after its C entry point's op runs it -- `linear` fd_gemv (or
 fd_gemm_f16), `linear_multi` fd_gemv_multi, `linear_swiglu` fd_gemv_swiglu (or fd_gemm_swiglu_f16),
-`argmax` fd_argmax, `sample` fd_sample, `attention_decode` fd_attention_decode, and so on.
+`argmax` fd_argmax, `sample` fd_sample, `attention_decode` fd_attention_decode, and so on (a hybrid model's
+`causal_conv1d` fd_causal_conv1d, `gated_delta_rule_decode` fd_gated_delta_rule_decode, ...: recurrent_ops.py).
 
 Row invariance (speculative decoding is exact on the GPU): a forward begun with
 `begin_forward(row_invariant=True)` computes every row exactly as a one-row decode step would --
@@ -33,6 +34,7 @@ from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps,
                             attention_workspace_bytes, rope_scaling_struct, rope_struct)
 from .kv_cache import CudaKVCache
 from .kv_cache_quant import CudaQuantKVCache
+from .recurrent_ops import RecurrentOps
 from .tensor import Arena, Device, DeviceTensor
 from .topk_ops import TopKOps
 
@@ -91,7 +93,7 @@ class Normed:
         return self.x.shape
 
 
-class CudaOps(AttentionOps, TopKOps):   # TopKOps: fd_topk_logprobs (topk_ops.py)
+class CudaOps(AttentionOps, TopKOps, RecurrentOps):   # topk_ops.py: fd_topk_logprobs; recurrent_ops.py: hybrids
     name = "cuda"
 
     def __init__(self, device: Device):
