@@ -4,6 +4,8 @@ random tokens (long accepts, off-spine paths, so the commit really moves rows), 
 (nothing accepted)."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
@@ -67,3 +69,21 @@ def spec(runner, drafter, mode, budget, prompt, n, params=GREEDY, logprobs=0):
     dec = SpecDecoder(runner, drafter, SpecConfig(mode, budget))
     out = list(dec.generate(prompt, params, n, logprobs))
     return out, dec.stats
+
+
+@contextlib.contextmanager
+def recording_kv_compact(target):
+    """Within the block, every `target.ops.kv_compact` call's offsets are appended to the yielded list (an instance
+    attribute wraps the real op: this block only), so a test can see that a commit really moved K/V rows."""
+    moved: list[list[int]] = []
+    real = target.ops.kv_compact
+
+    def spy(cache, n_past, offsets):
+        moved.append(list(offsets))
+        real(cache, n_past, offsets)
+
+    target.ops.kv_compact = spy
+    try:
+        yield moved
+    finally:
+        del target.ops.kv_compact

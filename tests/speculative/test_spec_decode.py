@@ -16,7 +16,7 @@ from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.daemon.speculative.policy import DepthPolicy, PolicyConfig
 from flashd.protocol.messages import SamplingParams
 
-from tests.speculative.spec_drafters import GREEDY, OracleDrafter, RandomDrafter, plain, spec
+from tests.speculative.spec_drafters import GREEDY, OracleDrafter, RandomDrafter, plain, recording_kv_compact, spec
 from tests.speculative.spec_models import DRAFT, TARGET
 
 PENALISED = SamplingParams(repeat_penalty=1.3, repeat_last_n=16, presence_penalty=0.2)
@@ -56,18 +56,8 @@ def test_spec_equals_plain_greedy(target, draft_runner, kind, mode, budget):
 
 @pytest.mark.parametrize("mode,budget", [("chain", 6), ("ddtree", 8), ("ddtree", 30)])
 def test_oracle_drafter_long_accepts_and_off_spine_commits(target, mode, budget):
-    moved = []
-    real_compact = target.ops.kv_compact
-
-    def spy(cache, n_past, offsets):
-        moved.append(list(offsets))
-        real_compact(cache, n_past, offsets)
-
-    target.ops.kv_compact = spy                    # instance attribute: this test only
-    try:
+    with recording_kv_compact(target) as moved:
         run_oracle(target, mode, budget)
-    finally:
-        del target.ops.kv_compact
     if mode == "ddtree":
         assert moved, "no off-spine path was committed: kv_compact never moved a row"
 

@@ -21,7 +21,7 @@ from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.protocol.messages import SamplingParams
 from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
 
-from tests.speculative.spec_drafters import OracleDrafter, RandomDrafter, plain, spec
+from tests.speculative.spec_drafters import OracleDrafter, RandomDrafter, plain, recording_kv_compact, spec
 from tests.speculative.spec_models import DRAFT, HYBRID_DRAFT, HYBRID_TARGET
 
 VOCAB = HYBRID_TARGET["vocab_size"]
@@ -72,21 +72,11 @@ def test_accept_all_chain_steps(target):
 def test_off_spine_paths(target):
     """The oracle hides the truth at a random rank: accepted paths leave the spine, kv_compact moves their K/V
     and the state kept is an off-spine node's."""
-    moved = []
-    real = target.ops.kv_compact
-
-    def spy(cache, n_past, offsets):
-        moved.append(list(offsets))
-        real(cache, n_past, offsets)
-
-    target.ops.kv_compact = spy                    # instance attribute: this test only
-    try:
+    with recording_kv_compact(target) as moved:
         for i, prompt in enumerate(PROMPTS):
             want = [s.token for s in plain(target, prompt, N_GEN)]
             got, stats = spec(target, OracleDrafter(want, VOCAB, seed=i), "ddtree", 16, prompt, N_GEN)
             assert [s.token for s in got] == want and stats.accepted > 0
-    finally:
-        del target.ops.kv_compact
     assert moved, "no off-spine path was committed"
 
 
