@@ -150,13 +150,22 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="90", help="CMAKE_CUDA_ARCHITECTURES for the llama-bench build")
     ap.add_argument("--llama-reps", type=int, default=2)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--rope-scaling", default=None, choices=("none", "linear", "yarn"),
+                    help="as `flashd serve --rope-scaling` (e.g. yarn with --rope-factor 4 for 128K on Qwen2.5)")
+    ap.add_argument("--rope-factor", type=float, default=None)
+    ap.add_argument("--rope-orig-ctx", type=int, default=None)
+    ap.add_argument("--vram-budget", default=None, help="as `flashd serve --vram-budget` (e.g. 24GiB): the load "
+                    "refuses what the plan says would not fit, so a run that loads fits")
+    ap.add_argument("--kv-type", default=None, help="the target's KV cache type (f16, q8_0, q4_0; or K/V)")
     ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
     args = ap.parse_args(argv)
 
     from flashd.clients.chat_template import ChatTemplate
     from flashd.daemon.config import EngineConfig
     from flashd.daemon.engine import Engine
+    from flashd.daemon.backends.kv_types import parse_kv_types
     from flashd.daemon.pflash.config import PFlashConfig
+    from flashd.daemon.vram_budget import parse_size
 
     lengths = [int(x) for x in args.lengths.split(",") if x]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or ["single"]
@@ -166,7 +175,12 @@ def main(argv=None) -> int:
     windows = [parse_window(x) for x in args.sweep_layers.split(",") if x] or [headline]
     sweep_cases = args.sweep_cases or args.cases
     max_ctx = max(lengths) + args.max_tokens
-    engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max_ctx,
+    rope = None if args.rope_scaling is None else (args.rope_scaling, args.rope_factor, args.rope_orig_ctx)
+    kv_k, _, kv_v = (args.kv_type or "").partition("/")
+    extra = dict(rope_override=rope, kv_types=parse_kv_types(kv_k or None, None, kv_v or None))
+    if args.vram_budget:
+        extra["vram_budget"] = parse_size(args.vram_budget)
+    engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max_ctx, **extra,
                                  prefill_drafter=str(args.drafter), prefill_chunk=512,
                                  prefix_cache=False,     # every TTFT a cold prefill (cases may share a prefix)
                                  pflash=PFlashConfig(keep=args.keep, alpha=args.alpha,
@@ -177,6 +191,7 @@ def main(argv=None) -> int:
     template = ChatTemplate.from_gguf(args.target)
     tok = engine.tokenizer
     results: dict = {"device": engine.backend.info(), "target": str(args.target), "drafter": str(args.drafter),
+                     "rope_scaling": rope, "vram_budget": args.vram_budget, "kv_type": args.kv_type or "f16",
                      "keep": args.keep, "alpha": args.alpha, "layers": window_label(*headline), "last_chunks": args.last_chunks, "cases": args.cases,
                      "lengths": {}}
     try:
