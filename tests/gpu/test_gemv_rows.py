@@ -239,8 +239,8 @@ def test_pdl_never_changes_a_result(native, dev, rng, poisoned, rows_on, qtype, 
 @pytest.mark.parametrize("kind", ["gemv", "multi", "swiglu"])
 @pytest.mark.parametrize("qtypes,rows,cols", [
     ((T.Q4_K, T.Q4_K), 8960, 1536),      # ffn_gate / up: 560 tiles on 132 SMs
-    ((T.Q6_K, T.Q4_K), 1536, 8960),      # ffn_down-wide: 35 KB of x a row in every CTA
-    ((T.Q8_0, T.Q6_K), 333, 768),        # mixed formats (multi), rows % 16 != 0
+    ((T.Q6_K, T.Q4_K), 4608, 8960),      # wide with > 2 tiles an SM: 35 KB of x a row in every CTA
+    ((T.Q8_0, T.Q6_K), 333, 768),        # mixed formats (multi), rows % 16 != 0 (few tiles: the pre-pass both ways)
 ], ids=["gate", "wide", "mixed"])
 def test_the_ctas_own_x_copy_is_the_pre_pass_bit_for_bit(native, dev, rng, poisoned, rows_on, kind, qtypes, rows,
                                                           cols):
