@@ -273,6 +273,10 @@ class ReferenceOps:
         (reference_recurrent_tree.py): state read only, node i's memory written to node_state[i]."""
         return delta_rule_tree(q, k, v, g, beta, state, parents, node_state)
 
+    def split(self, x, sizes) -> tuple:
+        """x (..., sum(sizes)) -> its consecutive parts (..., sizes[i]) along the last axis (views)."""
+        return tuple(np.split(x, np.cumsum(sizes)[:-1], axis=-1))
+
     def silu(self, x) -> np.ndarray:
         return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
 
