@@ -54,6 +54,7 @@ class Silu:
 
 class HybridOps:
     def _hybrid_init(self) -> None:
+        """Empty caches of device constants (CudaOps.__init__; CudaOps.release drops them with the arena)."""
         self._split_ids: dict = {}     # (rows, pieces per row, first piece, pieces) -> int32 ids on the device
         self._ones: DeviceTensor | None = None
         self._l2_weights: dict = {}    # S -> (S,) float32 of float32(1 / sqrt(S))

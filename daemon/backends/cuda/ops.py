@@ -300,6 +300,7 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps):   # topk_ops.py: 
         self.arena = None
         self.scratch, self.scratch_elems = [], 0
         self.attn_workspace = None
+        self._hybrid_init()                      # hybrid_ops.py's ones, split ids, l2 weights: made again on use
 
     def swiglu(self, gate, up) -> DeviceTensor:
         out = self.take(gate.shape)
