@@ -91,9 +91,6 @@ class DrafterSet:
         fit the runner's verify forward (runner.max_tree_nodes: prefill_chunk on the CPU -- at most 65
         for a hybrid, whose verify keeps a recurrent state per node --, 65 on the GPU, whose masked
         attention workspace is sized for it)."""
-        note = getattr(runner, "tree_unsupported", None)     # a runner that cannot verify trees (a CUDA hybrid)
-        if note:
-            raise ProtocolError("bad_request", note)
         if req.budget is not None:
             budget = req.budget
         else:

@@ -8,8 +8,9 @@ greedy_continue (a drafter's chain) is ModelRunner's too. Prefill, scoring, pref
 are CudaRunner's / ModelRunner's unchanged: they already run the model's own forward eagerly.
 
 Draft tree verification (forward_tree / commit_tree) is refused (recurrent_state.TREE_UNSUPPORTED): the node
-states are not on the device yet. `tree_unsupported` carries the message, which the speculative request path
-(drafter_set.spec_decoder) answers with before any forward.
+states are not on the device yet. `tree_unsupported` says so in short: a speculative request on such a runner is
+decoded plainly (daemon/generation.py; the same tokens, its done.spec says "unsupported": that reason), as the
+reference backend did with hybrids before it verified trees.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ EAGER_NOTE = ("a hybrid (qwen35) model runs eagerly on the CUDA backend: its for
 
 
 class CudaHybridRunner(CudaRunner):
-    tree_unsupported = TREE_UNSUPPORTED     # drafter_set.spec_decoder refuses a speculative request with it
+    tree_unsupported = "hybrid target on the CUDA backend"   # generation.py: decode plainly, done.spec says why
 
     def __init__(self, ops, cfg, weights, max_ctx: int, prefill_chunk: int = 512, kv_types=None):
         super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, forward_path="graph", kv_types=kv_types)
