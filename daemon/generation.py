@@ -46,9 +46,8 @@ def generate(engine: Engine, req: m.Generate, job: Job) -> None:
         raise ProtocolError("ctx_overflow", f"prompt {len(prompt)} + max_tokens {req.max_tokens} "
                                             f"> max_ctx {engine.config.max_ctx}")
     t_start = time.perf_counter()
-    plain_only = getattr(runner, "tree_unsupported", None)    # why a runner verifies no trees: decoded plainly
     spec = (engine.drafters.spec_decoder(req, runner, drafter)
-            if req.spec != "off" and not isinstance(drafter, ParkedDrafter) and not plain_only else None)
+            if req.spec != "off" and not isinstance(drafter, ParkedDrafter) else None)
     tokens = (spec or runner).generate(prompt, req.sampling, req.max_tokens, logprobs=req.logprobs)
     out = _decode(job, req, tokens, engine.tokenizer)
     t_end = time.perf_counter()
@@ -61,8 +60,6 @@ def generate(engine: Engine, req: m.Generate, job: Job) -> None:
         done["spec"] = spec.stats.as_dict(spec.config.mode, spec.config.budget, drafter.name)
     elif isinstance(drafter, ParkedDrafter):      # decoded plainly: same tokens, no drafting
         done["spec"] = {**SpecStats().as_dict(req.spec, req.budget, drafter.name), "parked": True}
-    elif plain_only and drafter is not None:      # same tokens as asked, no drafting (a hybrid on the CUDA backend)
-        done["spec"] = {**SpecStats().as_dict(req.spec, req.budget, drafter.name), "unsupported": plain_only}
     if not req.stream:
         done["ids"] = out.ids
         done["text"] = "".join(out.text)

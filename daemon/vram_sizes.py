@@ -183,17 +183,19 @@ class CudaSizes:
         return parts, need
 
     def _hybrid(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
-        """A hybrid (qwen35) on CudaHybridRunner: K/V of the attention layers, the device recurrent state and
-        hybrid_ops.py's buffers (backends/cuda/hybrid_plan.py); no persistent forward, no tree node states."""
+        """A hybrid (qwen35) on CudaHybridRunner: K/V of the attention layers, the device recurrent state, a state
+        per node of the largest draft tree and hybrid_ops.py's buffers (backends/cuda/hybrid_plan.py); no
+        persistent forward."""
         from .backends.cuda.backend import _arena_half_bytes
         from .backends.cuda.hybrid_plan import (hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes,
-                                                hybrid_workspace_bytes)
+                                                hybrid_tree_nodes, hybrid_workspace_bytes)
         from .backends.cuda.ops import MAX_MASKED_TOKENS
         cfg = desc.cfg
         n_attn = max(1, len(cfg.linear.attention_layers))
         parts = [("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
                  ("recurrent_state", hybrid_state_bytes(cfg)),
+                 ("tree_states", hybrid_tree_nodes(prefill_chunk) * hybrid_state_bytes(cfg)),
                  ("hybrid_buffers", hybrid_workspace_bytes(cfg, prefill_chunk)),
                  ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk))]
         half = max(_arena_half_bytes(cfg, prefill_chunk), hybrid_layer_bytes(cfg, prefill_chunk) + (1 << 20))

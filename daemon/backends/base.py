@@ -160,7 +160,8 @@ class Ops(Protocol):
     def recurrent_state(self, spec: RecurrentStateSpec) -> Any:
         """One sequence's conv and delta-rule state of every linear-attention layer: `layer(j)` is passed to
         the ops below, `save()` returns a host copy, `load(copy)` puts one back, `clear()` zeroes it;
-        `tree_layer(j, n)` adds the node buffers of a draft tree's verify and `keep_node(i)` commits node i."""
+        `tree_layer(j, n)` adds the node buffers of a draft tree's verify, `node_parents(parents)` gives a tree's
+        parents (host int32) as the tree ops take them, and `keep_node(i)` commits node i."""
 
     def causal_conv1d(self, x, weight, conv_state) -> Any:
         """x (n, C), weight (C, K): y[t] = sum_k u[t + k] * weight[:, k] over u = (the K - 1 inputs in

@@ -52,6 +52,10 @@ class ReferenceRecurrentState:
             self.node_ssm = np.zeros((self.spec.n_layers, n_nodes) + self.ssm.shape[1:], np.float32)
         return self.conv[j], self.ssm[j], self.node_conv[j, :n_nodes], self.node_ssm[j, :n_nodes]
 
+    def node_parents(self, parents: np.ndarray) -> np.ndarray:
+        """The parents in the form the tree ops take: the host array itself."""
+        return parents
+
     def keep_node(self, node: int) -> None:
         """The live state <- the state after tree node `node` of the last tree forward, every layer (a copy, no
         recomputation)."""

@@ -135,7 +135,7 @@ class HybridCache:
         """Model layer i's part of a tree forward over len(parents) nodes: K/V, or a TreeStateLayer."""
         if not self._recurrent[i]:
             return self.kv.layer(self._index[i])
-        return TreeStateLayer(*self.state.tree_layer(self._index[i], len(parents)), parents)
+        return TreeStateLayer(*self.state.tree_layer(self._index[i], len(parents)), self.state.node_parents(parents))
 
     def tree_done(self, parents: np.ndarray) -> None:
         """A tree forward over len(parents) nodes wrote their states: keep_tree_path may commit one path."""

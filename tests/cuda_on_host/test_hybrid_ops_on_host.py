@@ -139,8 +139,34 @@ def test_recurrent_state_views_clear_save_and_load(ops):
     np.testing.assert_array_equal(ops.to_numpy(s1), saved[1][1])
     st.clear()
     assert not any(a.any() for a in st.save())
-    with pytest.raises(NotImplementedError, match="not supported on the CUDA backend"):
-        st.tree_layer(0, 4)
+
+
+def test_tree_node_buffers_parents_and_keep_node(ops):
+    spec = RecurrentStateSpec(n_layers=2, conv_kernel=3, conv_channels=6, n_v_heads=2, head_dim=4)
+    st = ops.recurrent_state(spec)
+    conv, ssm, node_conv, node_ssm = st.tree_layer(1, 3)
+    assert node_conv.shape == (3, 2, 6) and node_ssm.shape == (3, 2, 4, 4) and ssm.shape == (2, 4, 4)
+    assert not ops.to_numpy(node_ssm).any()
+    rng = np.random.default_rng(5)
+    nodes = [(rng.standard_normal((3, 2, 6)).astype(np.float32), rng.standard_normal((3, 2, 4, 4)).astype(np.float32))
+             for _ in range(2)]
+    for j in range(2):                    # a 5-node tree regrows the buffers; layer j's views are its own rows
+        _, _, nc, ns = st.tree_layer(j, 5)
+        full_c, full_s = np.zeros((5, 2, 6), np.float32), np.zeros((5, 2, 4, 4), np.float32)
+        full_c[:3], full_s[:3] = nodes[j]
+        ops.dev.upload(full_c, out=nc)
+        ops.dev.upload(full_s, out=ns)
+    st.keep_node(2)
+    conv, ssm = st.save()
+    for j in range(2):
+        np.testing.assert_array_equal(conv[j], nodes[j][0][2])
+        np.testing.assert_array_equal(ssm[j], nodes[j][1][2])
+    parents = np.array([-1, 0, 0, 1, 3], np.int32)
+    dev_parents = st.node_parents(parents)
+    assert dev_parents is st.node_parents(parents)            # one upload per tree
+    np.testing.assert_array_equal(ops.to_numpy(dev_parents), parents)
+    with pytest.raises(ValueError):
+        st.keep_node(5)
 
 
 SPEC = SyntheticSpec(arch="qwen35", n_layers=4, hidden=64, n_heads=2, n_kv_heads=1, head_dim=64, rope_dim=16,

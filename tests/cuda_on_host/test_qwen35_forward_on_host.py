@@ -4,8 +4,8 @@ C ABI's Python side, the recurrent state is a CudaRecurrentState), except RoPE a
 ops subclass computes by the reference on host copies (their kernels are GPU-tested: tests/gpu/test_attention_*,
 test_rope.py). Against the reference backend, driven by ModelRunner on both: scoring over prefill chunks, decode
 steps after a prefill, and prefix reuse, whose state copy is saved from and loaded back into the device state,
-giving tokens and logprobs equal to a runner that reuses nothing. What is left for the GPU run: the kernels
-themselves and CudaHybridRunner (tests/gpu/test_cuda_qwen35.py)."""
+giving tokens and logprobs equal to a runner that reuses nothing; a draft tree's verify and commit. What is left
+for the GPU run: the kernels themselves and CudaHybridRunner (tests/gpu/test_cuda_qwen35.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -70,8 +70,12 @@ class HostAttentionOps(CudaOps):
 
     def attention(self, q, k, v, cache_layer, batch):
         host = Batch(ids=self.to_numpy(batch.ids), positions=self.to_numpy(batch.positions),
-                     n_past=self.to_numpy(batch.n_past), n_tokens=batch.n_tokens)
+                     n_past=self.to_numpy(batch.n_past), n_tokens=batch.n_tokens,
+                     mask=None if batch.mask is None else self.to_numpy(batch.mask).astype(bool))
         return self._on_host(REF.attention(self._roped(q), self._roped(k), self.to_numpy(v), cache_layer, host))
+
+    def kv_compact(self, cache, n_past, src_offsets):
+        REF.kv_compact(cache, n_past, src_offsets)
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +125,25 @@ def test_prefix_reuse_reloads_the_device_state_bit_for_bit(path):
     run(host, a)
     assert run(host, b) == run(fresh, b)
     assert host.n_reused == 32 and fresh.n_reused == 0
+
+
+def test_a_draft_tree_verify_and_commit_match_the_reference(path):
+    """A tree's verify (a state per node on the device: the tree kernels, node buffers, parents uploaded), the
+    commit of one root-to-node path (keep_node copies its last node's state in) and decode after it."""
+    ref, host = runners(path)
+    prompt = np.random.default_rng(3).integers(0, SPEC.vocab_size, 20).tolist()
+    close(host.prefill(prompt), ref.prefill(prompt))
+    ids, parents = [7, 8, 9, 10, 11, 12], [-1, 0, 0, 1, 3, 2]       # root 0; path 0 -> 1 -> 3 -> 4
+    mask = np.eye(6, dtype=bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    depth = mask.sum(1) - 1
+    positions = (len(prompt) + depth).astype(np.int32)
+    close(host.logits_to_host(host.forward_tree(ids, positions, mask)),
+          ref.logits_to_host(ref.forward_tree(ids, positions, mask)))
+    host.commit_tree([0, 1, 3, 4])
+    ref.commit_tree([0, 1, 3, 4])
+    assert host.n_past == ref.n_past == len(prompt) + 4
+    for t in (5, 6):
+        close(host.prefill([t]), ref.prefill([t]))

@@ -10,15 +10,18 @@ cache to float16 and runs the delta rule's prefill in its recurrent form (the re
 rounding-level differences that the recurrent state carries from token to token.
 
 The CUDA runner runs a hybrid eagerly (backends/cuda/hybrid_runner.py: host steps for sigmoid / softplus /
-product, no graph capture) and refuses draft tree verification."""
+product, no graph capture), draft tree verification included; speculative decoding must give exactly this
+runner's plain greedy tokens (every op of a verify computes each row as a decode step does)."""
 import numpy as np
 import pytest
 from tests.gpu.logits_check import assert_logits_close, greedy_prefix_agrees
+from tests.speculative.spec_drafters import OracleDrafter, plain, spec
 
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model, open_model
 from flashd.daemon.models.weights import total_weight_bytes
 from flashd.daemon.runner import ModelRunner
+from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.protocol.messages import SamplingParams
 
 VOCAB = 1000
@@ -132,18 +135,33 @@ def test_prefix_reuse_keeps_the_device_state_bit_for_bit(cuda_backend, synthetic
     assert cuda.n_reused > 0 and fresh.n_reused == 0
 
 
-def test_tree_verification_is_refused(cuda_backend, synthetic_model):
-    from flashd.daemon.backends.cuda.recurrent_state import TreeVerifyUnsupported
+def test_a_drafters_chain_with_checkpoint_and_rewind(cuda_backend, synthetic_model):
+    """A hybrid as a draft model (greedy_continue, checkpoint / rewind): after a rewind to the chain's root the
+    same one-token forwards from the same (reloaded) state choose the same tokens."""
     _, cuda = make_runners(cuda_backend, model(synthetic_model, "mha_full_rope"))
-    assert cuda.tree_unsupported and cuda.max_tree_nodes == 1
     cuda.prefill([1, 2, 3])
-    with pytest.raises(TreeVerifyUnsupported, match="not supported on the CUDA backend"):
-        cuda.forward_tree([4, 5], [3, 4], np.tril(np.ones((2, 2), bool)))
-    # a drafter's chain on a hybrid draft model (greedy_continue, checkpoint / rewind) runs eagerly: after a
-    # rewind to the chain's root the same one-token forwards from the same state choose the same tokens
     cuda.checkpoint()
     chain = cuda.greedy_continue([4], 3)
     assert len(chain) == 3 and cuda.n_past == 6
     cuda.rewind(4, [1, 2, 3, 4])
     assert cuda.n_past == 4
     assert cuda.greedy_continue([chain[0]], 1) == chain[1:2]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("mode, budget", [("chain", 4), ("ddtree", 8), ("ddtree", 30)])
+def test_speculative_decoding_equals_plain_greedy(cuda_backend, synthetic_model, shape, mode, budget):
+    """Draft trees verified with a state per node (the _tree kernels, row-invariant projections, masked attention
+    split like decode's) and committed (the accepted node's state, the path's K/V moved): token for token this
+    runner's plain greedy output, with the n-gram drafter and with OracleDrafter (long accepts, off-spine paths)."""
+    _, cuda = make_runners(cuda_backend, model(synthetic_model, shape))
+    prompts = [[5, 9, 77, 12, 5, 9, 77, 12, 100, 200], ids_of(70, seed=6)]    # the second spans a whole chunk
+    accepted = 0
+    for i, prompt in enumerate(prompts):
+        want = [s.token for s in plain(cuda, prompt, 32)]
+        for drafter in (NgramDrafter(NgramConfig(min_ngram=1)), OracleDrafter(want, VOCAB, seed=i)):
+            got, stats = spec(cuda, drafter, mode, budget, prompt, 32)
+            assert [s.token for s in got] == want, (prompt, type(drafter).__name__, stats)
+            assert stats.accepted + stats.steps + 1 == len(want)
+            accepted += stats.accepted if isinstance(drafter, OracleDrafter) else 0
+    assert accepted > 0, "the oracle never got a token accepted"

@@ -7,8 +7,8 @@ from ...models.config import ModelConfig
 from ...models.gguf_file import ModelLoadError, ModelUnsupported
 from ...vram_budget import kv_cache_bytes
 from ..base import Backend
-from .hybrid_plan import check_hybrid, hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes, \
-    hybrid_workspace_bytes
+from .hybrid_plan import (check_hybrid, hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes,
+                          hybrid_tree_nodes, hybrid_workspace_bytes)
 from .hybrid_runner import CudaHybridRunner
 from .lib import load
 from .ops import CudaOps, attention_workspace_bytes
@@ -116,8 +116,8 @@ class CudaBackend(Backend):
                                                max_ctx)
                      + int(lib.fd_sample_workspace_bytes(cfg.vocab_size)) + 8 * (max_ctx + 2 * prefill_chunk))
         half = _arena_half_bytes(cfg, prefill_chunk)
-        if hybrid:          # kv_bytes: the attention layers' K/V plus the recurrent state
-            kv += hybrid_state_bytes(cfg)
+        if hybrid:          # kv_bytes: the attention layers' K/V, the recurrent state and the tree node states
+            kv += (1 + hybrid_tree_nodes(prefill_chunk)) * hybrid_state_bytes(cfg)
             largest = max(largest, hybrid_largest_weight(cfg))
             workspace += hybrid_workspace_bytes(cfg, prefill_chunk)
             half = max(half, hybrid_layer_bytes(cfg, prefill_chunk) + (1 << 20))
@@ -138,7 +138,7 @@ class CudaBackend(Backend):
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
-        if getattr(cfg, "linear", None) is not None:     # eager, no tree verification: hybrid_runner.py
+        if getattr(cfg, "linear", None) is not None:     # eager: hybrid_runner.py
             return CudaHybridRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types=kv_types)
         return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path,
                           kv_types=kv_types)

@@ -1,5 +1,6 @@
 """The CUDA backend's memory plan and load-time checks for a hybrid (qwen35) model: what its Gated DeltaNet layers
-add to a dense model's plan (backend.py) -- the recurrent state beside the K/V of the attention layers, a larger
+add to a dense model's plan (backend.py) -- the recurrent state beside the K/V of the attention layers and a
+state per node of the largest draft tree a verify takes (recurrent_state.py's node buffers), a larger
 layer in the activation arena, larger weights in the dequantization scratch, and the constant buffers of
 hybrid_ops.py -- and the shapes the recurrent kernels refuse (flashd_recurrent.h), so such a model fails at load
 with a message instead of at its first forward."""
@@ -9,7 +10,7 @@ from ...models.config import ModelConfig
 from ...models.gguf_file import ModelUnsupported
 from .recurrent_ops import CONV_MAX_K, DELTA_MAX_DK
 
-__all__ = ["check_hybrid", "hybrid_state_bytes", "hybrid_layer_bytes", "hybrid_largest_weight",
+__all__ = ["check_hybrid", "hybrid_state_bytes", "hybrid_tree_nodes", "hybrid_layer_bytes", "hybrid_largest_weight",
            "hybrid_workspace_bytes"]
 
 F32 = 4
@@ -36,6 +37,13 @@ def hybrid_state_bytes(cfg: ModelConfig) -> int:
     lin = cfg.linear
     per_layer = (lin.conv_kernel - 1) * lin.conv_channels + lin.n_v_heads * lin.head_dim * lin.head_dim
     return len(lin.linear_layers) * per_layer * F32
+
+
+def hybrid_tree_nodes(prefill_chunk: int) -> int:
+    """Nodes of the largest draft tree a verify takes (CudaHybridRunner.max_tree_nodes): a state each."""
+    from ...models.qwen35_tree import MAX_TREE_NODES
+    from .ops import MAX_MASKED_TOKENS
+    return min(prefill_chunk, MAX_MASKED_TOKENS, MAX_TREE_NODES)
 
 
 def hybrid_layer_bytes(cfg: ModelConfig, chunk: int) -> int:

@@ -261,7 +261,8 @@ class CudaRunner(ModelRunner):
             def sink(layer: int, h) -> None:
                 if hidden_sink is not None or layer in index:
                     keep(layer, h, 0)
-        return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True, hidden_sink=sink)
+        return self._model_forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
+                                   hidden_sink=sink)
 
     def _tree_graph(self, n: int, capture: tuple = ()):
         """The verify forward of an n-node tree captured once per (n, capture) (inputs are read from
