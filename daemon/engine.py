@@ -206,7 +206,7 @@ class Engine:
 
     def _plan_target(self, f, cfg):
         """The target's memory plan on this backend. With --device auto, a model the CUDA kernels do not cover
-        (ModelUnsupported: hybrid linear attention, an unsupported head_dim) runs on the CPU reference backend
+        (ModelUnsupported: an unsupported head_dim -- e.g. a real qwen35's 256 --, a hybrid's conv / delta head size) runs on the CPU reference backend
         instead -- said in the log, and status reports the backend; --device cuda keeps the refusal."""
         def plan():
             return self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx, self.config.prefill_chunk,

@@ -169,6 +169,8 @@ class CudaSizes:
         from .backends.cuda.backend import _arena_half_bytes
         from .backends.cuda.ops import MAX_MASKED_TOKENS
         cfg = desc.cfg
+        if getattr(cfg, "linear", None) is not None:
+            return self._hybrid(desc, max_ctx, prefill_chunk, kv_type)
         parts = [("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
                  ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk))]
@@ -176,6 +178,28 @@ class CudaSizes:
             parts.append(("persistent_forward", persistent_forward_bytes(cfg, max_ctx, self.tuning_rows, self.n_sms,
                                                                          self.attn_splits)))
         need = SharedNeed(arena_half=_arena_half_bytes(cfg, prefill_chunk), scratch_elems=_largest_weight(cfg),
+                          attention=int(self.attention_ws(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx,
+                                                          MAX_MASKED_TOKENS)))
+        return parts, need
+
+    def _hybrid(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
+        """A hybrid (qwen35) on CudaHybridRunner: K/V of the attention layers, the device recurrent state, a state
+        per node of the largest draft tree and hybrid_ops.py's buffers (backends/cuda/hybrid_plan.py); no
+        persistent forward."""
+        from .backends.cuda.backend import _arena_half_bytes
+        from .backends.cuda.hybrid_plan import (hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes,
+                                                hybrid_tree_nodes, hybrid_workspace_bytes)
+        from .backends.cuda.ops import MAX_MASKED_TOKENS
+        cfg = desc.cfg
+        n_attn = max(1, len(cfg.linear.attention_layers))
+        parts = [("weights", self.weights(desc.tensors)),
+                 ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
+                 ("recurrent_state", hybrid_state_bytes(cfg)),
+                 ("tree_states", hybrid_tree_nodes(prefill_chunk) * hybrid_state_bytes(cfg)),
+                 ("hybrid_buffers", hybrid_workspace_bytes(cfg, prefill_chunk)),
+                 ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk))]
+        half = max(_arena_half_bytes(cfg, prefill_chunk), hybrid_layer_bytes(cfg, prefill_chunk) + (1 << 20))
+        need = SharedNeed(arena_half=half, scratch_elems=max(_largest_weight(cfg), hybrid_largest_weight(cfg)),
                           attention=int(self.attention_ws(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx,
                                                           MAX_MASKED_TOKENS)))
         return parts, need

@@ -155,12 +155,13 @@ class Ops(Protocol):
 
     def add(self, a, b) -> Any: ...
 
-    # -- hybrid models (models/qwen35.py; a forward on the reference backend only so far: CudaOps has the conv and
-    #    delta-rule kernels, cuda/recurrent_ops.py, but no recurrent_state / l2_norm / delta_decay yet) ------------
+    # -- hybrid models (models/qwen35.py; CudaOps: cuda/recurrent_ops.py and cuda/hybrid_ops.py, which says which
+    #    elementwise ops still run on the host) -----------------------------------------------------------------
     def recurrent_state(self, spec: RecurrentStateSpec) -> Any:
         """One sequence's conv and delta-rule state of every linear-attention layer: `layer(j)` is passed to
         the ops below, `save()` returns a host copy, `load(copy)` puts one back, `clear()` zeroes it;
-        `tree_layer(j, n)` adds the node buffers of a draft tree's verify and `keep_node(i)` commits node i."""
+        `tree_layer(j, n)` adds the node buffers of a draft tree's verify, `node_parents(parents)` gives a tree's
+        parents (host int32) as the tree ops take them, and `keep_node(i)` commits node i."""
 
     def causal_conv1d(self, x, weight, conv_state) -> Any:
         """x (n, C), weight (C, K): y[t] = sum_k u[t + k] * weight[:, k] over u = (the K - 1 inputs in
@@ -179,6 +180,10 @@ class Ops(Protocol):
         """A draft tree's nodes: node i's output is the recurrent (one-token) form's from its parent's memory,
         bit for bit a decode step along its root-to-node path; state is read only and node_state (n, Hv, S, S)
         gets each node's memory (backends/reference_recurrent_tree.py)."""
+
+    def split(self, x, sizes) -> tuple:
+        """x (..., sum(sizes)) -> its consecutive parts (..., sizes[i]) along the last axis, exact copies or
+        views (a projection's per-head [query | gate], the conv output's q | k | v)."""
 
     def l2_norm(self, x, eps: float) -> Any: ...
 

@@ -52,6 +52,10 @@ class ReferenceRecurrentState:
             self.node_ssm = np.zeros((self.spec.n_layers, n_nodes) + self.ssm.shape[1:], np.float32)
         return self.conv[j], self.ssm[j], self.node_conv[j, :n_nodes], self.node_ssm[j, :n_nodes]
 
+    def node_parents(self, parents: np.ndarray) -> np.ndarray:
+        """The parents in the form the tree ops take: the host array itself."""
+        return parents
+
     def keep_node(self, node: int) -> None:
         """The live state <- the state after tree node `node` of the last tree forward, every layer (a copy, no
         recomputation)."""
@@ -272,6 +276,10 @@ class ReferenceOps:
         """The recurrent form over the nodes of a draft tree, each from its parent's memory
         (reference_recurrent_tree.py): state read only, node i's memory written to node_state[i]."""
         return delta_rule_tree(q, k, v, g, beta, state, parents, node_state)
+
+    def split(self, x, sizes) -> tuple:
+        """x (..., sum(sizes)) -> its consecutive parts (..., sizes[i]) along the last axis (views)."""
+        return tuple(np.split(x, np.cumsum(sizes)[:-1], axis=-1))
 
     def silu(self, x) -> np.ndarray:
         return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))

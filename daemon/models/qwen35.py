@@ -135,7 +135,7 @@ class HybridCache:
         """Model layer i's part of a tree forward over len(parents) nodes: K/V, or a TreeStateLayer."""
         if not self._recurrent[i]:
             return self.kv.layer(self._index[i])
-        return TreeStateLayer(*self.state.tree_layer(self._index[i], len(parents)), parents)
+        return TreeStateLayer(*self.state.tree_layer(self._index[i], len(parents)), self.state.node_parents(parents))
 
     def tree_done(self, parents: np.ndarray) -> None:
         """A tree forward over len(parents) nodes wrote their states: keep_tree_path may commit one path."""
@@ -169,7 +169,7 @@ def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None) -> Hyb
 def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_layer, batch: Batch):
     n, H, d = batch.n_tokens, cfg.n_heads, cfg.head_dim
     q_gate = ops.linear(x, w.attn_q).reshape(n, H, 2 * d)          # per head [query | output gate]
-    q, gate = q_gate[:, :, :d], q_gate[:, :, d:]
+    q, gate = ops.split(q_gate, (d, d))                             # (n, H, d) each
     k = ops.linear(x, w.attn_k).reshape(n, cfg.n_kv_heads, d)
     v = ops.linear(x, w.attn_v).reshape(n, cfg.n_kv_heads, d)
     q = ops.rope(ops.rmsnorm(q, w.attn_q_norm, cfg.rms_eps), batch.positions, cfg.rope_theta, cfg.rope_dim,
@@ -191,9 +191,10 @@ def gated_delta_net(ops, cfg: ModelConfig, x, w: LinearLayerWeights, state_layer
         qkv = ops.silu(ops.causal_conv1d(conv_in, w.ssm_conv1d, conv_state))
     else:
         qkv = ops.silu(ops.causal_conv1d_tree(conv_in, w.ssm_conv1d, tree.conv, tree.parents, tree.node_conv))
-    q = ops.l2_norm(qkv[:, :kd].reshape(n, lin.n_k_heads, S), cfg.rms_eps)
-    k = ops.l2_norm(qkv[:, kd:2 * kd].reshape(n, lin.n_k_heads, S), cfg.rms_eps)
-    v = qkv[:, 2 * kd:].reshape(n, lin.n_v_heads, S)
+    q, k, v = ops.split(qkv, (kd, kd, lin.value_dim))              # (n, kd), (n, kd), (n, Hv S)
+    q = ops.l2_norm(q.reshape(n, lin.n_k_heads, S), cfg.rms_eps)
+    k = ops.l2_norm(k.reshape(n, lin.n_k_heads, S), cfg.rms_eps)
+    v = v.reshape(n, lin.n_v_heads, S)
     g = ops.delta_decay(ops.linear(x, w.ssm_alpha), w.ssm_dt, w.ssm_a)
     beta = ops.sigmoid(ops.linear(x, w.ssm_beta))
     if tree is None:

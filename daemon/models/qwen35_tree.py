@@ -35,7 +35,7 @@ class TreeStateLayer:
     ssm: object           # (Hv, S, S): the committed delta-rule memory
     node_conv: object     # (n, K - 1, C): written, node i's conv window after it
     node_ssm: object      # (n, Hv, S, S): written, node i's memory after it
-    parents: np.ndarray   # int32 (n,): node i's parent, -1 for the root
+    parents: object       # int32 (n,): node i's parent, -1 for the root (the state's node_parents: host or device)
 
 
 class TreeCacheView:

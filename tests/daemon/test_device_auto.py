@@ -1,7 +1,8 @@
-"""--device auto and a model the CUDA kernels do not cover (a qwen35 hybrid: no Gated DeltaNet kernels yet, issue 15):
-the engine falls back to the CPU reference backend for it and serves (greedy output equal to an engine started with
---device cpu), while --device cuda keeps the refusal. The CUDA backend is stood in for by a backend that refuses
-the way CudaBackend.plan does (ModelUnsupported), so this runs without a GPU."""
+"""--device auto and a model the CUDA kernels do not cover (a qwen35 hybrid whose shape CudaBackend.plan refuses:
+this one's attention head_dim 32, as a real Qwen3.5's 256, has no prefill attention kernel): the engine falls back
+to the CPU reference backend for it and serves (greedy output equal to an engine started with --device cpu), while
+--device cuda keeps the refusal. The CUDA backend is stood in for by a backend that refuses such a model the way
+CudaBackend.plan does (ModelUnsupported), so this runs without a GPU."""
 import pytest
 
 import flashd.daemon.engine as engine_module
@@ -19,7 +20,8 @@ SPEC = SyntheticSpec(arch="qwen35", n_layers=4, hidden=64, n_heads=2, n_kv_heads
 
 
 class NoLinearAttention(ReferenceBackend):
-    """Stands in for CudaBackend: refuses linear-attention models at plan time, as CudaBackend.plan does."""
+    """Stands in for CudaBackend: refuses this linear-attention model at plan time, as CudaBackend.plan does (its
+    head_dim; the message names the layers so that the tests below can tell the refusal apart)."""
     name = "cuda"
 
     def plan(self, cfg, *args, **kwargs):

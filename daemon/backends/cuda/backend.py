@@ -7,6 +7,9 @@ from ...models.config import ModelConfig
 from ...models.gguf_file import ModelLoadError, ModelUnsupported
 from ...vram_budget import kv_cache_bytes
 from ..base import Backend
+from .hybrid_plan import (check_hybrid, hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes,
+                          hybrid_tree_nodes, hybrid_workspace_bytes)
+from .hybrid_runner import CudaHybridRunner
 from .lib import load
 from .ops import CudaOps, attention_workspace_bytes
 from .runner import SCORE_CHUNK, CudaRunner
@@ -98,21 +101,27 @@ class CudaBackend(Backend):
         model fails at load time with a message instead of at its first forward, and (KVTypeUnsupported) a KV
         type they do not write and read."""
         check_kv_types(kv_types)
-        if getattr(cfg, "linear", None) is not None:   # issue 15, item 3: kernels (recurrent_ops.py), no forward yet
-            raise ModelUnsupported(f"the CUDA backend does not run {cfg.arch}'s linear-attention (Gated DeltaNet) "
-                                 "layers in a forward yet; run it on the CPU reference backend (--device cpu)")
+        hybrid = getattr(cfg, "linear", None) is not None
+        if hybrid:                                      # a Gated DeltaNet hybrid: hybrid_plan.py
+            check_hybrid(cfg)
         if cfg.head_dim not in HEAD_DIMS:
             raise ModelUnsupported(f"the CUDA backend's attention kernels support head_dim {' and '.join(map(str, HEAD_DIMS))}"
                                  f"; this model has head_dim {cfg.head_dim} (use --device cpu)")
         lib = self.device.lib
-        kv = kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *(
+        n_kv_layers = max(1, len(cfg.linear.attention_layers)) if hybrid else cfg.n_layers
+        kv = kv_cache_bytes(n_kv_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *(
             (kv_types.k, kv_types.v) if kv_types is not None else ("f16", "f16")))
         largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
         workspace = (attention_workspace_bytes(self.device.native, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                                max_ctx)
                      + int(lib.fd_sample_workspace_bytes(cfg.vocab_size)) + 8 * (max_ctx + 2 * prefill_chunk))
-        return MemoryPlan(weights_bytes=weight_bytes, kv_bytes=kv,
-                          arena_bytes=2 * _arena_half_bytes(cfg, prefill_chunk),
+        half = _arena_half_bytes(cfg, prefill_chunk)
+        if hybrid:          # kv_bytes: the attention layers' K/V, the recurrent state and the tree node states
+            kv += (1 + hybrid_tree_nodes(prefill_chunk)) * hybrid_state_bytes(cfg)
+            largest = max(largest, hybrid_largest_weight(cfg))
+            workspace += hybrid_workspace_bytes(cfg, prefill_chunk)
+            half = max(half, hybrid_layer_bytes(cfg, prefill_chunk) + (1 << 20))
+        return MemoryPlan(weights_bytes=weight_bytes, kv_bytes=kv, arena_bytes=2 * half,
                           scratch_bytes=2 * largest * 2, workspace_bytes=workspace)
 
     def check_fits(self, plan: MemoryPlan) -> None:
@@ -129,6 +138,8 @@ class CudaBackend(Backend):
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
+        if getattr(cfg, "linear", None) is not None:     # eager: hybrid_runner.py
+            return CudaHybridRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types=kv_types)
         return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path,
                           kv_types=kv_types)
 

@@ -34,6 +34,7 @@ from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps,
                             attention_workspace_bytes, rope_scaling_struct, rope_struct)
 from .kv_cache import CudaKVCache
 from .kv_cache_quant import CudaQuantKVCache
+from .hybrid_ops import HybridOps, Silu
 from .recurrent_ops import RecurrentOps
 from .tensor import Arena, Device, DeviceTensor
 from .topk_ops import TopKOps
@@ -93,7 +94,8 @@ class Normed:
         return self.x.shape
 
 
-class CudaOps(AttentionOps, TopKOps, RecurrentOps):   # topk_ops.py: fd_topk_logprobs; recurrent_ops.py: hybrids
+class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps):   # topk_ops.py: fd_topk_logprobs; recurrent_ops.py,
+    # hybrid_ops.py: a hybrid (qwen35) model's conv / delta-rule kernels and the rest of its forward
     name = "cuda"
 
     def __init__(self, device: Device):
@@ -111,6 +113,7 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps):   # topk_ops.py: fd_topk_log
         self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx) -> fd_attention_shape_t* (AttentionOps._shape)
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
         self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows, re-read by begin_forward
+        self._hybrid_init()                      # hybrid_ops.py's constant buffers
 
     # -- planning --------------------------------------------------------------------------------
     def reserve_arena(self, half_bytes: int) -> None:
@@ -202,6 +205,8 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps):   # topk_ops.py: fd_topk_log
             return out
         if isinstance(t, Roped):
             raise TypeError("a RoPE'd tensor can only be consumed by attention")
+        if isinstance(t, Silu):
+            return self._silu_now(t)
         return t
 
     @staticmethod
@@ -295,6 +300,7 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps):   # topk_ops.py: fd_topk_log
         self.arena = None
         self.scratch, self.scratch_elems = [], 0
         self.attn_workspace = None
+        self._hybrid_init()                      # hybrid_ops.py's ones, split ids, l2 weights: made again on use
 
     def swiglu(self, gate, up) -> DeviceTensor:
         out = self.take(gate.shape)

@@ -17,7 +17,7 @@ copy back; the kernels give NaN for a node with an invalid parent.
 The GPU prefill is the recurrent form run token by token (gated_delta_rule.cu says why), so a prefilled state
 equals the reference's chunked form only up to rounding, and equals GPU decode steps bit for bit.
 
-CudaBackend does not load qwen35 models yet: these ops are not wired into a forward.
+A qwen35 forward on CudaOps uses them with hybrid_ops.py (the rest of its ops) and recurrent_state.py (the state).
 """
 from __future__ import annotations
 

@@ -184,8 +184,8 @@ class CudaRunner(ModelRunner):
         dev.upload(np.array([self.n_past], np.int32), out=self.p_n_past)
         self.ops.begin_forward()
         batch = Batch(ids=self.p_ids[:n], positions=self.p_pos[:n], n_past=self.p_n_past, n_tokens=n)
-        logits = forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits,
-                         hidden_sink=hidden_sink)
+        logits = self._model_forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=all_logits,
+                                     hidden_sink=hidden_sink)      # models.dense.forward, or a hybrid's
         self.n_past += n
         return logits
 
@@ -261,7 +261,8 @@ class CudaRunner(ModelRunner):
             def sink(layer: int, h) -> None:
                 if hidden_sink is not None or layer in index:
                     keep(layer, h, 0)
-        return forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True, hidden_sink=sink)
+        return self._model_forward(self.ops, self.cfg, self.weights, self.cache, batch, all_logits=True,
+                                   hidden_sink=sink)
 
     def _tree_graph(self, n: int, capture: tuple = ()):
         """The verify forward of an n-node tree captured once per (n, capture) (inputs are read from

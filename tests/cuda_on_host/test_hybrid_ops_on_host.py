@@ -1,0 +1,198 @@
+"""CudaOps' hybrid-model ops (cuda/hybrid_ops.py, cuda/recurrent_state.py) without a GPU, on the stand-in library
+of test_recurrent_on_host.py (host memory; each fd_* call runs its numpy definition on the buffers it is
+handed) grown by the few kernels the composition uses (fd_embed over float32, fd_swiglu, fd_rmsnorm, fd_memset,
+fd_gemv / fd_dequant_f16 / fd_gemm_f16 over float32 weights). Checked against the reference backend: split is
+exact; silu, mul, sigmoid, delta_decay, l2_norm agree to float32 rounding; the recurrent state's layer views,
+clear, save and load; and a whole Gated DeltaNet layer of a synthetic qwen35 model (models.qwen35.gated_delta_net
+on both backends) through a prefill chunk on the GEMM path and decode steps on the GEMV path, the state carried
+on the device. The kernels and the gated attention layer on a GPU: tests/gpu/test_cuda_qwen35.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashd.daemon.backends.base import Batch, RecurrentStateSpec
+from flashd.daemon.backends.cuda.ops import CudaOps
+from flashd.daemon.backends.cuda.tensor import Device
+from flashd.daemon.backends.reference import ReferenceOps
+from flashd.daemon.models import load_model
+from flashd.daemon.models.qwen35 import gated_delta_net
+from flashd.scripts.make_synthetic_gguf import write_synthetic_model
+from flashd.scripts.synthetic_spec import SyntheticSpec
+from tests.cuda_on_host.test_recurrent_on_host import RecurrentLib, RecurrentNative
+
+REF = ReferenceOps()
+F32 = 0
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(np.square(x), -1, keepdims=True, dtype=np.float32) + np.float32(eps)) * w
+
+
+class HybridLib(RecurrentLib):
+    def _null(self, p) -> bool:
+        return self._addr(p) == 0
+
+    def fd_embed(self, dst, table, qtype, n_rows, cols, ids, n_ids, stream):
+        assert qtype == F32
+        self._a(dst, (n_ids, cols))[...] = self._a(table, (n_rows, cols))[self._a(ids, (n_ids,), np.int32)]
+        return 0
+
+    def fd_swiglu(self, y, gate, up, n, stream):
+        g = self._a(gate, (n,))
+        self._a(y, (n,))[...] = g / (1 + np.exp(-g)) * self._a(up, (n,))
+        return 0
+
+    def fd_rmsnorm(self, y, x, w, rows, cols, eps, stream):
+        self._a(y, (rows, cols))[...] = _rms(self._a(x, (rows, cols)), self._a(w, (cols,)), eps)
+        return 0
+
+    def fd_memset(self, dst, byte, n_bytes, stream):
+        self._a(dst, (n_bytes,), np.uint8)[...] = byte
+        return 0
+
+    def fd_memcpy_d2d(self, dst, src, n_bytes, stream):
+        self.ffi.memmove(self.ffi.cast("char*", dst), self.ffi.cast("char*", src), n_bytes)
+        return 0
+
+    def _out(self, y, x_rows, w, rows, bias, residual, n):
+        out = x_rows @ w.T
+        if not self._null(bias):
+            out = out + self._a(bias, (rows,))
+        if not self._null(residual):
+            out = out + self._a(residual, (n, rows))
+        self._a(y, (n, rows))[...] = out
+        return 0
+
+    def fd_gemv(self, y, w, qtype, rows, cols, x, n_x, norm_w, eps, bias, residual, stream):
+        assert qtype == F32
+        xs = self._a(x, (n_x, cols))
+        if not self._null(norm_w):
+            xs = _rms(xs, self._a(norm_w, (cols,)), eps)
+        return self._out(y, xs, self._a(w, (rows, cols)), rows, bias, residual, n_x)
+
+    def fd_dequant_f16(self, dst, w, qtype, rows, cols, stream):
+        assert qtype == F32
+        self._a(dst, (rows, cols), np.float16)[...] = self._a(w, (rows, cols))
+        return 0
+
+    def fd_gemm_f16(self, y, x, w16, m, n, k, bias, residual, stream):
+        w = self._a(w16, (n, k), np.float16).astype(np.float32)
+        return self._out(y, self._a(x, (m, k)), w, n, bias, residual, m)
+
+
+class HybridNative(RecurrentNative):
+    def __init__(self):
+        super().__init__()
+        self.lib = HybridLib(self.ffi)
+
+
+@pytest.fixture
+def ops():
+    o = CudaOps(Device(HybridNative()))
+    o.reserve_arena(4 << 20)
+    o.begin_forward()
+    return o
+
+
+def test_split_is_an_exact_copy_of_each_part(ops):
+    x = np.random.default_rng(0).standard_normal((5, 3, 24)).astype(np.float32)
+    for sizes in [(12, 12), (8, 8, 8), (4, 8, 12), (6, 18)]:
+        got = ops.split(ops.dev.upload(x), sizes)
+        for g, want in zip(got, REF.split(x, sizes)):
+            assert g.shape == want.shape
+            np.testing.assert_array_equal(ops.to_numpy(g), want)
+    with pytest.raises(ValueError):
+        ops.split(ops.dev.upload(x), (8, 8))
+
+
+def test_elementwise_ops_match_the_reference(ops):
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((7, 3, 16)).astype(np.float32) * 4 for _ in range(2))
+    da, db = ops.dev.upload(a), ops.dev.upload(b)
+    close = dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(ops.to_numpy(ops.silu(da)), REF.silu(a), **close)
+    np.testing.assert_allclose(ops.to_numpy(ops.mul(da, ops.silu(db))), REF.mul(a, REF.silu(b)), **close)
+    np.testing.assert_allclose(ops.to_numpy(ops.mul(ops.silu(db), da)), REF.mul(a, REF.silu(b)), **close)
+    np.testing.assert_array_equal(ops.to_numpy(ops.mul(da, ops.sigmoid(db))), REF.mul(a, REF.sigmoid(b)))
+    np.testing.assert_allclose(ops.to_numpy(ops.l2_norm(da, 1e-6)), REF.l2_norm(a, 1e-6), **close)
+    alpha = rng.standard_normal((7, 4)).astype(np.float32) * 30          # past softplus's z > 20 branch too
+    dt, A = rng.standard_normal(4).astype(np.float32), -rng.uniform(0.1, 2, 4).astype(np.float32)
+    got = ops.delta_decay(*(ops.dev.upload(t) for t in (alpha, dt, A)))
+    np.testing.assert_array_equal(ops.to_numpy(got), REF.delta_decay(alpha, dt, A))
+    with pytest.raises(ValueError):
+        ops.mul(da, ops.dev.upload(b[:, :2]))
+
+
+def test_recurrent_state_views_clear_save_and_load(ops):
+    spec = RecurrentStateSpec(n_layers=3, conv_kernel=4, conv_channels=10, n_v_heads=2, head_dim=8)
+    st = ops.recurrent_state(spec)
+    assert st.n_bytes == 4 * 3 * (3 * 10 + 2 * 64)
+    conv, ssm = st.save()
+    assert conv.shape == (3, 3, 10) and ssm.shape == (3, 2, 8, 8) and not conv.any() and not ssm.any()
+    rng = np.random.default_rng(2)
+    saved = (rng.standard_normal((3, 3, 10)).astype(np.float32), rng.standard_normal((3, 2, 8, 8)).astype(np.float32))
+    st.load(saved)
+    c1, s1 = st.layer(1)
+    assert c1.shape == (3, 10) and s1.shape == (2, 8, 8)
+    np.testing.assert_array_equal(ops.to_numpy(c1), saved[0][1])
+    np.testing.assert_array_equal(ops.to_numpy(s1), saved[1][1])
+    st.clear()
+    assert not any(a.any() for a in st.save())
+
+
+def test_tree_node_buffers_parents_and_keep_node(ops):
+    spec = RecurrentStateSpec(n_layers=2, conv_kernel=3, conv_channels=6, n_v_heads=2, head_dim=4)
+    st = ops.recurrent_state(spec)
+    conv, ssm, node_conv, node_ssm = st.tree_layer(1, 3)
+    assert node_conv.shape == (3, 2, 6) and node_ssm.shape == (3, 2, 4, 4) and ssm.shape == (2, 4, 4)
+    assert not ops.to_numpy(node_ssm).any()
+    rng = np.random.default_rng(5)
+    nodes = [(rng.standard_normal((3, 2, 6)).astype(np.float32), rng.standard_normal((3, 2, 4, 4)).astype(np.float32))
+             for _ in range(2)]
+    for j in range(2):                    # a 5-node tree regrows the buffers; layer j's views are its own rows
+        _, _, nc, ns = st.tree_layer(j, 5)
+        full_c, full_s = np.zeros((5, 2, 6), np.float32), np.zeros((5, 2, 4, 4), np.float32)
+        full_c[:3], full_s[:3] = nodes[j]
+        ops.dev.upload(full_c, out=nc)
+        ops.dev.upload(full_s, out=ns)
+    st.keep_node(2)
+    conv, ssm = st.save()
+    for j in range(2):
+        np.testing.assert_array_equal(conv[j], nodes[j][0][2])
+        np.testing.assert_array_equal(ssm[j], nodes[j][1][2])
+    parents = np.array([-1, 0, 0, 1, 3], np.int32)
+    dev_parents = st.node_parents(parents)
+    assert dev_parents is st.node_parents(parents)            # one upload per tree
+    np.testing.assert_array_equal(ops.to_numpy(dev_parents), parents)
+    with pytest.raises(ValueError):
+        st.keep_node(5)
+
+
+SPEC = SyntheticSpec(arch="qwen35", n_layers=4, hidden=64, n_heads=2, n_kv_heads=1, head_dim=64, rope_dim=16,
+                     ffn=128, vocab_size=300, weight_type="F32", ssm_state=16, ssm_k_heads=2, ssm_v_heads=4,
+                     ssm_conv_kernel=4)
+
+
+def test_a_gated_delta_net_layer_matches_the_reference_prefill_then_decode(ops, tmp_path):
+    path = write_synthetic_model(tmp_path / "q35.gguf", SPEC)
+    ref_lm, lm = load_model(path, REF.load_weight), load_model(path, ops.load_weight)
+    cfg, lin = lm.config, lm.config.linear
+    ops.reserve_scratch(4 * cfg.ffn * cfg.hidden)
+    spec = RecurrentStateSpec(len(lin.linear_layers), lin.conv_kernel, lin.conv_channels, lin.n_v_heads,
+                              lin.head_dim)
+    ref_state, state = REF.recurrent_state(spec), ops.recurrent_state(spec)
+    rng = np.random.default_rng(3)
+    for n in (12, 1, 1, 3):                       # a chunk on the GEMM path, then GEMV rows
+        x = rng.standard_normal((n, cfg.hidden)).astype(np.float32)
+        batch = Batch(ids=np.zeros(n, np.int32), positions=np.zeros(n, np.int32), n_past=np.zeros(1, np.int32))
+        ops.begin_forward()
+        want = gated_delta_net(REF, cfg, REF.rmsnorm(x, ref_lm.weights.layers[0].attn_norm, cfg.rms_eps),
+                               ref_lm.weights.layers[0], ref_state.layer(0), batch)
+        got = gated_delta_net(ops, cfg, ops.rmsnorm(ops.dev.upload(x), lm.weights.layers[0].attn_norm, cfg.rms_eps),
+                              lm.weights.layers[0], state.layer(0), batch)
+        # the GEMM path rounds weights to float16 (the reference does not), and the state carries that on
+        tol = 3e-3
+        np.testing.assert_allclose(ops.to_numpy(got), want, rtol=tol, atol=tol * float(np.abs(want).max()))
+        for a, b in zip(state.save(), ref_state.save()):
+            np.testing.assert_allclose(a[0], b[0], rtol=tol, atol=tol * float(np.abs(b[0]).max()))
