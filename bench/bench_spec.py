@@ -53,14 +53,18 @@ class Row:
 
 # ---------------------------------------------------------------------------------------- flashd
 
-def load_flashd(target: str, max_ctx: int, device: str):
+def load_flashd(target: str, max_ctx: int, device: str, tuning: str = ""):
+    """The engine, loaded, and the CUDA launch tuning in effect (set before the load: graphs are captured with it;
+    None on another backend)."""
     from flashd.clients.registry import resolve_model
+    from flashd.daemon.bench_cli import apply_tuning, parse_tuning
     from flashd.daemon.config import EngineConfig
     from flashd.daemon.engine import Engine
 
     engine = Engine(EngineConfig(model=str(resolve_model(target)), device=device, max_ctx=max_ctx))
+    in_effect = apply_tuning(engine.backend, parse_tuning(tuning))
     engine.load()
-    return engine
+    return engine, in_effect
 
 
 def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
@@ -270,6 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-draft-max", type=int, default=16, help="llama.cpp --draft-max")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
+    ap.add_argument("--tuning", default="", metavar="FIELD=N,...",
+                    help="CUDA launch tuning overrides (flashd_tuning.h), e.g. gemv_rows=1: set before the load, so every "
+                         "graph is captured with it; the table's title prints the tuning in effect")
     args = ap.parse_args(argv)
 
     bin_dir = args.llama_bin
@@ -284,7 +291,7 @@ def main(argv=None) -> int:
     records = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     n = args.n_prompts or (8 if args.quick else len(records))
     texts = [r["text"] for r in records[:n]]
-    engine = load_flashd(args.target, args.max_ctx, args.device)
+    engine, tuning = load_flashd(args.target, args.max_ctx, args.device, args.tuning)
     prompts = [engine.tokenizer.encode(t) for t in texts]
     configs = make_drafters(engine, args.draft or None, args.dflash, args.quick)
     rows = run_flashd(engine, prompts, args.max_tokens, configs, args.warmup)
@@ -297,7 +304,8 @@ def main(argv=None) -> int:
     device = engine.backend.info() if hasattr(engine.backend, "info") else {}
     title = (f"### Speculative decoding: {Path(engine.model.path).name}, {len(prompts)} prompts x {args.max_tokens} "
              f"tokens, greedy; {device.get('name', args.device) if isinstance(device, dict) else device}; "
-             f"flashd {commit}, {datetime.date.today()}")
+             f"flashd {commit}, {datetime.date.today()}"
+             + (f"; tuning {', '.join(f'{k}={v}' for k, v in tuning.items())}" if tuning else ""))
     text = table(rows, title)
     print(text)
     if args.out:
