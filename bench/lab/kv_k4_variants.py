@@ -39,6 +39,8 @@ def _begin_layer(self, index):
 
 
 def _attention(self, q, k, v, cache_layer, batch):
+    if STATE.get("capture") is not None:
+        STATE["capture"].setdefault(STATE["layer"], []).append((q, k, v))
     hook = STATE["hook"]
     if hook is not None:
         q, k = hook(STATE["layer"], int(batch.n_past[0]), q, k)
@@ -52,6 +54,10 @@ def fake_quant(x: np.ndarray, kind: str) -> np.ndarray:
     """What a kind cache row reads back: x (n, Hkv, d) float32 -> decode(encode(x))."""
     if kind == "q4_mse":
         return q4_mse(x)
+    if kind == "q4_search":                                 # the daemon's encoder (kv_quant_search.py)
+        from flashd.daemon.backends.kv_quant import dequantize_q4_0
+        from flashd.daemon.backends.kv_quant_search import quantize_q4_0_searched
+        return dequantize_q4_0(quantize_q4_0_searched(x)).reshape(x.shape)
     return x if kind == "f16" else decode_rows(encode_rows(x, kind), kind)
 
 
@@ -120,6 +126,22 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     x = x - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+class SinkAbsorb(Variant):
+    """The slot-0 key absorbed into the offset: when slot 0 is written, c_eff = c + R (u - Q(u)), u = R (k_0 - c)
+    (R the Hadamard rotation, its own inverse), so R (k_0 - c_eff) = Q(u) up to float32 rounding and the sink key
+    reads back (nearly) exactly; every later key of the cache uses the same c_eff (a constant: softmax-exact)."""
+
+    def __init__(self, name, n_layers, c, **kw):
+        super().__init__(name, n_layers, c, **kw)
+        self.c_model, self.c = c, c.copy()
+
+    def __call__(self, layer, n_past, q, k):
+        if n_past == 0:
+            u = hadamard_rotate(k[:1] - self.c_model[layer])
+            self.c[layer] = self.c_model[layer] + hadamard_rotate(u - fake_quant(u, self.types[layer]))[0]
+        return super().__call__(layer, n_past, q, k)
 
 
 def argmax_run(runner, ids, hook, ref_logp=None):
@@ -204,6 +226,35 @@ def weight_scale(lm, cfg, alpha=0.25, pow2=False):
     return balance_scale(q2, k2, alpha, pow2)
 
 
+def _causal_attention(q, k, v):
+    """q (n, H, d), k and v (n, Hkv, d) -> (n, H, d) float64, causal softmax(q k / sqrt(d)) v."""
+    n, h, d = q.shape
+    g = h // k.shape[1]
+    qg = q.astype(np.float64).reshape(n, k.shape[1], g, d)
+    s = np.einsum("nkgd,tkd->kgnt", qg, k.astype(np.float64)) / np.sqrt(d)
+    s = np.where(np.tril(np.ones((n, n), bool))[None, None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("kgnt,tkd->nkgd", p, v.astype(np.float64)).reshape(n, h, d)
+
+
+def layer_errors(runner, ids, variants):
+    """Per layer and variant: |attn(q4 K) - attn(f16 K)| / |attn(f16 K)| (Frobenius) over ids from slot 0, each
+    layer on the f16 forward's own q, k, v (no propagation): where a q4_0 K hurts locally."""
+    STATE["capture"] = {}
+    argmax_run(runner, ids, None)
+    cap, STATE["capture"] = STATE["capture"], None
+    out = {}
+    for layer in sorted(cap):
+        q, k, v = (np.concatenate([c[j] for c in cap[layer]]) for j in range(3))
+        ref_o = _causal_attention(q, k, v)
+        for var in variants:
+            qv, kv = var(layer, 0, q, k)
+            err = np.linalg.norm(_causal_attention(qv, kv, v) - ref_o) / np.linalg.norm(ref_o)
+            out.setdefault(var.name, []).append(float(err))
+    return out
+
+
 def load(args):
     from flashd.clients.tokenizer import Tokenizer
     from flashd.daemon.backends import select_backend
@@ -239,8 +290,13 @@ def make_variants(names, lm, cfg, c, q2, k2, km):
         "dcal2off2": lambda: Variant("dcal2off2", L, c, D=balance_scale(q2, k2, pow2=True), o2=o2),
         "q8dcal2": lambda: Variant("q8dcal2", L, c, D=balance_scale(q2, k2, pow2=True), types=["q8_0"] * L),
         "mse": lambda: Variant("mse", L, c, types=["q4_mse"] * L),
+        "search": lambda: Variant("search", L, c, types=["q4_search"] * L),
+        "searchdcal": lambda: Variant("searchdcal", L, c, D=balance_scale(q2, k2), types=["q4_search"] * L),
+        "msedcal": lambda: Variant("msedcal", L, c, D=balance_scale(q2, k2), types=["q4_mse"] * L),
+        "msedcalh": lambda: Variant("msedcalh", L, c, D=balance_scale(q2, k2, alpha=0.125), types=["q4_mse"] * L),
         "signs": lambda: Variant("signs", L, c, D=random_signs(L, cfg.n_kv_heads, cfg.head_dim)),
         "sink4": lambda: Variant("sink4", L, c, sink=4),
+        "sinkabs": lambda: SinkAbsorb("sinkabs", L, c),
         "sink4f16": lambda: Variant("sink4f16", L, c, sink=4, sink_type="f16"),
         "sink1f16": lambda: Variant("sink1f16", L, c, sink=1, sink_type="f16"),
         "l01q8": lambda: Variant("l01q8", L, c, types=["q8_0"] * 2 + ["q4_0"] * (L - 2)),
@@ -268,6 +324,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--variants", default="base,dcal2")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--layer-errors", action="store_true", help="per-layer local attention error on the calib text")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     lm, cfg, runner, ids, cal, c = load(args)
@@ -275,6 +332,13 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     q2, k2, km = calibrate(runner, cal, c, cfg.rope_neox)
     log(f"calibrated in {time.perf_counter() - t0:.0f} s")
+    if args.layer_errors:
+        errs = layer_errors(runner, cal, make_variants(args.variants.split(","), lm, cfg, c, q2, k2, km))
+        for name, e in errs.items():
+            log(f"{name}: per-layer relative attention error " + " ".join(f"{x:.4f}" for x in e))
+        if args.out:
+            json.dump(errs, open(args.out, "w"), indent=1)
+        return 0
     t0 = time.perf_counter()
     f16, ref_logp = argmax_run(runner, ids, None)
     log(f"f16 in {time.perf_counter() - t0:.0f} s")
