@@ -5,7 +5,7 @@ Why: ggml's q4_0 sets d = max / -8 from the block's largest value, which is the 
 that value is far from the rest. After the Hadamard rotation (kv_rotate.py) a K block is close to Gaussian, and a
 slightly smaller or larger step fits the other 31 values better. Trying SCALE_FACTORS and keeping the d with the
 least squared error lowered the read-back error ~10% on Gaussian blocks and the mean KL(f16 || q4_0 K) of
-Qwen2.5-Coder-1.5B by 17% over 1024 tokens of code (bench/lab/kv_k4_variants.py, 2026-11-26 session 13). It is
+Qwen2.5-Coder-1.5B by 17% over 1024 tokens of code with 34 candidates (bench/lab/kv_k4_variants.py, 2026-11-26 session 13). It is
 not enough on its own for issue 16's q4_0 bar (see bench/NOTES.md, session 13).
 
 The arithmetic (float32, one rounding per operation, so a CUDA warp can repeat it bit for bit): per block x (32
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kv_types import QUANT_BLOCK
+from .kv_quant import encode_rows
+from .kv_types import QUANT_BLOCK, row_bytes
 
-__all__ = ["SCALE_FACTORS", "scale_multipliers", "quantize_q4_0_searched", "butterfly_sum"]
+__all__ = ["SCALE_FACTORS", "scale_multipliers", "quantize_q4_0_searched", "butterfly_sum", "encode_k_rows"]
 
 # F: step factors tried, in this order (a greedy choice on Gaussian blocks: each adds the most to the ones before)
 SCALE_FACTORS = (1.0, 0.95, 1.1, 0.925, 1.025, 0.975, 1.15, 0.9)
@@ -71,3 +72,11 @@ def quantize_q4_0_searched(x: np.ndarray) -> np.ndarray:
     q = best_q.astype(np.uint8)
     packed = q[:, :QUANT_BLOCK // 2] | (q[:, QUANT_BLOCK // 2:] << np.uint8(4))
     return np.concatenate([best_d.view(np.uint8).reshape(-1, 2), packed], axis=1)
+
+
+def encode_k_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
+    """A K cache's encoder: x (..., head_dim) float32 -> (..., row_bytes) uint8; q4_0 with the searched scale, q8_0
+    ggml's (kv_quant.encode_rows). The CUDA K writers do the same (native/cuda/kv_quant_search.cuh)."""
+    if kv_type != "q4_0":
+        return encode_rows(x, kv_type)
+    return quantize_q4_0_searched(x).reshape(*x.shape[:-1], row_bytes(kv_type, x.shape[-1]))
