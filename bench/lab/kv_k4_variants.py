@@ -12,6 +12,17 @@ cache's rows read back (kv_quant.py), so `base` is today's K q4_0 path number fo
 keeping the first tokens' keys in q8_0 are a per-row choice of the encoder.
 
 Shapes: q (n, H, d), k (n, Hkv, d) float32 after RoPE; D, c, o2 (n_layers, Hkv, d).
+
+Variants (--variants, comma-separated; make_variants): base (today: offset c + rotation, ggml's q4_0; its number
+is the daemon's before kv_quant_search.py), q8base, norot; dcal / dcal2 / dcalh (D = (E q^2 / E k^2)^(1/4) from the
+calibration text, dcal2 rounded to powers of two, dcalh ^(1/8)), dw / dw2 (D from W_q, W_k row norms), off2 (second
+offset: calibrated mean of k - c), dcal2off2; sink4 / sinkN (first N slots' K in q8_0), sink1f16 / sink4f16 (in
+f16), sinkabs (slot 0's q4_0 error folded into c); l01q8, q8:a.b.c (those layers' K q8_0), only:a-b (q4_0 K in
+layers a..b only, f16 elsewhere); mse (34 step factors, least squared error), search (the daemon's 8-factor
+encoder, kv_quant_search.py), signs (random +-1 D: a randomized Hadamard), msedcal / msedcalh / searchdcal.
+Each run prints argmax agreement and the mean KL(f16 || variant) in nats, a smoother figure: at 1024 tokens the
+argmax count moves by 5-10 tokens between variants whose KL differs by under 5%. --layer-errors instead prints
+each layer's local attention error on the calibration text.
 """
 from __future__ import annotations
 
