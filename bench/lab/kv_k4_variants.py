@@ -19,7 +19,7 @@ calibration text, dcal2 rounded to powers of two, dcalh ^(1/8)), dw / dw2 (D fro
 offset: calibrated mean of k - c), dcal2off2; sink4 / sinkN (first N slots' K in q8_0), sink1f16 / sink4f16 (in
 f16), sinkabs (slot 0's q4_0 error folded into c); l01q8, q8:a.b.c (those layers' K q8_0), only:a-b (q4_0 K in
 layers a..b only, f16 elsewhere); mse (34 step factors, least squared error), search (the daemon's 8-factor
-encoder, kv_quant_search.py), signs (random +-1 D: a randomized Hadamard), msedcal / msedcalh / searchdcal.
+encoder, daemon/backends/kv_quant_search.py: only with bench/lab/kv_q4_searched_scale.patch applied), signs (random +-1 D: a randomized Hadamard), msedcal / msedcalh / searchdcal.
 Each run prints argmax agreement and the mean KL(f16 || variant) in nats, a smoother figure: at 1024 tokens the
 argmax count moves by 5-10 tokens between variants whose KL differs by under 5%. --layer-errors instead prints
 each layer's local attention error on the calibration text.
@@ -65,7 +65,7 @@ def fake_quant(x: np.ndarray, kind: str) -> np.ndarray:
     """What a kind cache row reads back: x (n, Hkv, d) float32 -> decode(encode(x))."""
     if kind == "q4_mse":
         return q4_mse(x)
-    if kind == "q4_search":                                 # the daemon's encoder (kv_quant_search.py)
+    if kind == "q4_search":           # the patch's encoder (bench/lab/kv_q4_searched_scale.patch applied)
         from flashd.daemon.backends.kv_quant import dequantize_q4_0
         from flashd.daemon.backends.kv_quant_search import quantize_q4_0_searched
         return dequantize_q4_0(quantize_q4_0_searched(x)).reshape(x.shape)

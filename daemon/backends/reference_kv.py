@@ -1,6 +1,5 @@
 """The reference backend's KV cache: float32 rows (kv type f16, the oracle's precision) or quantized rows
-(q8_0 / q4_0, ggml's block bytes, written with kv_quant.py's encoders -- a q4_0 K with kv_quant_search.py's
-searched scale -- and read dequantized). A quantized K holds
+(q8_0 / q4_0, ggml's block bytes, written with kv_quant.py's encoders and read dequantized). A quantized K holds
 keys rotated by kv_rotate.py's Hadamard transform (its `rotated` is True): ReferenceOps rotates q and k before
 they meet it, so whoever reads K rows gets rotated ones. Such a K may also carry a key offset per layer
 (kv_offset.py; set_key_offset): its `offset` (Hkv, d), which ReferenceOps subtracts from k before the rotation.
@@ -15,7 +14,6 @@ import numpy as np
 
 from .base import KVCacheSpec
 from .kv_quant import decode_rows, encode_rows
-from .kv_quant_search import encode_k_rows
 from .kv_rotate import rotates_k
 from .kv_types import row_bytes
 
@@ -50,8 +48,7 @@ class QuantizedRows:
         return decode_rows(self.data[slots], self.kv_type)
 
     def __setitem__(self, slots, x) -> None:
-        encode = encode_k_rows if self.rotated else encode_rows   # a K (rotated): q4_0 with the searched scale
-        self.data[slots] = encode(np.asarray(x, np.float32), self.kv_type)
+        self.data[slots] = encode_rows(np.asarray(x, np.float32), self.kv_type)
 
 
 class ReferenceKVCache:

@@ -21,7 +21,6 @@
 
 #include "attention_splitk_params.cuh"
 #include "kv_quant.cuh"
-#include "kv_quant_search.cuh"
 #include "kv_rotate.cuh"
 #include "rope_math.cuh"
 
@@ -114,8 +113,8 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
         kvq::hadamard_rotate<NR>(x, NR, block, lane);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
-            kv_new[32 * r + lane] = kvq::encode_k_block_warp(p.kq, p.k_store + row * HD, p.k_type, row, r, x[r],
-                                                             lane, store);   // q4_0: kv_quant_search.cuh
+            kv_new[32 * r + lane] = kvq::encode_block_warp(p.kq, p.k_store + row * HD, p.k_type, row, r, x[r], lane,
+                                                           store);
     }
     if (warp == WARPS - 1) {                            // V: as it is (float16 or q8_0 / q4_0)
         const float* vr = p.v_new + (size_t)kvh * HD;

@@ -6,8 +6,7 @@
 // (or, with `scaling`, linear / YaRN position scaling: rope_math.cuh); dims >= rope_dim are left alone.
 // Then k and v (n, n_kv_heads, head_dim) are stored into the cache at slot *n_past + i: as float16
 // (round to nearest even), float16 [n_kv_heads][max_ctx][head_dim] per layer (FD_KV_F16), or as q8_0 /
-// q4_0 codes and scales (kv_quant.cuh) of the rotated float32 row, each of K and V in its own type (a q4_0 K with
-// the searched scale of kv_quant_search.cuh, ABI 11). A slot outside [0, max_ctx) is not written (the device cannot report it; the
+// q4_0 codes and scales (kv_quant.cuh) of the rotated float32 row, each of K and V in its own type. A slot outside [0, max_ctx) is not written (the device cannot report it; the
 // host's memory plan keeps n_past + n <= max_ctx). q may be NULL (K/V injection without queries).
 // A quantized K stores rotated keys (kv_rotate.cuh): after RoPE, every head of q and of k is Hadamard-rotated in
 // place (whether or not the slot is stored: q must meet the rotated keys), and k is encoded in that basis. With a
@@ -35,7 +34,6 @@
 
 #include "common.cuh"
 #include "kv_quant.cuh"
-#include "kv_quant_search.cuh"
 #include "kv_rotate.cuh"
 #include "rope_math.cuh"
 
@@ -129,10 +127,7 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
         if (type == FD_KV_F16) continue;
         const int h = hb / n_blocks, b = hb % n_blocks;
         const float* x = (is_k ? ki : vi) + (size_t)h * head_dim + b * fd::kvq::BLOCK;
-        if (is_k)                             // a q4_0 K: the searched scale (kv_quant_search.cuh)
-            fd::kvq::encode_k_block(kq, type, (size_t)h * max_ctx + slot, b, x);
-        else
-            fd::kvq::encode_block(vq, type, (size_t)h * max_ctx + slot, b, x);
+        fd::kvq::encode_block(is_k ? kq : vq, type, (size_t)h * max_ctx + slot, b, x);
     }
 }
 

@@ -40,15 +40,14 @@
 extern "C" {
 #endif
 /* --- cdef begin --- */
-#define FD_ABI_VERSION 11   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
+#define FD_ABI_VERSION 10   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
                               fd_event_query and fd_not_ready_status removed; 3: fd_tuning_t (flashd_tuning.h);
                               4: fd_tuning_t.gemv_mma_rows; 5: fd_attention_shape_t.k_type / v_type (FD_KV_*),
                               fd_kv_plane_bytes, fd_kv_compact_rows; 6: fd_topk_logprobs; 7: a q8_0 / q4_0 K
                               cache holds Hadamard-rotated keys, q rotated alike (flashd_attention.h); 8:
                               fd_tuning_t.gemv_rows (fd_gemv* take n_x up to 32 where it applies); 9:
                               fd_tuning_t.gemv_rows_fuse_nx; 10: a key offset (k_offset) for a quantized K in
-                              fd_rope_kv_write and fd_attention_decode_rope; 11: a q4_0 K is encoded with a
-                              searched scale (same block format, other codes: flashd_attention.h) */
+                              fd_rope_kv_write and fd_attention_decode_rope */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */

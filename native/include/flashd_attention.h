@@ -33,10 +33,7 @@
    subtraction per value), then is rotated and encoded; q is not changed. Every score of a query moves by the same
    q . k_offset[h], so the softmax is exactly the same function, while the stored range shrinks where K has channels
    that are nearly constant across tokens (a k bias in slowly turning RoPE pairs). Every writer of one cache must
-   pass the same offset (decode, prefill and tree rows then stay bitwise consistent). Not read for an FD_KV_F16 K.
-   Searched q4_0 K scale (ABI 11): an FD_KV_Q4_0 K row is written in ggml's q4_0 block format, but each block's
-   scale is the best of 8 step factors (least squared read-back error; candidate 0 is ggml's max / -8), bit for bit
-   flashd's daemon/backends/kv_quant_search.py; readers are unchanged. V and q8_0 keep ggml's encoders. */
+   pass the same offset (decode, prefill and tree rows then stay bitwise consistent). Not read for an FD_KV_F16 K. */
 #define FD_KV_F16 0
 #define FD_KV_Q8_0 1
 #define FD_KV_Q4_0 2

@@ -1,8 +1,7 @@
 """fd_rope_kv_write into a quantized KV cache (flashd_attention.h: FD_KV_Q8_0 / FD_KV_Q4_0): the codes and
-float16 scales it stores are bit for bit the reference encoders' applied to the rotated float32 k the kernel leaves
-in place (daemon/backends/kv_quant_search.py's encode_k_rows: a q4_0 K with the searched scale, ABI 11) and to v
-(daemon/backends/kv_quant.py, itself bit for bit gguf.quants / ggml's quantize_row_*_ref:
-tests/reference/test_kv_quant.py). Tolerance: none. For a quantized K that k (and q) is RoPE then the
+float16 scales it stores are bit for bit the reference encoder's (daemon/backends/kv_quant.py, itself bit for
+bit gguf.quants / ggml's quantize_row_*_ref: tests/reference/test_kv_quant.py) applied to the rotated float32
+k the kernel leaves in place and to v. Tolerance: none. For a quantized K that k (and q) is RoPE then the
 Hadamard rotation (kv_rotate.cuh), bit for bit daemon/backends/kv_rotate.py's hadamard_rotate of what the
 kernel leaves with a float16 K (RoPE alone; q rotated even where the slot is outside the cache); a float16 K is
 not rotated. Slots outside the write stay untouched; a float16 K or V beside a quantized one is written as
@@ -14,7 +13,6 @@ from flashd.daemon.backends.cuda.attention_ops import KV_TYPE_CODES
 from flashd.daemon.backends.cuda.kv_planes import blocks_from_planes
 from flashd.daemon.backends.cuda.ops import attention_shape, rope_struct
 from flashd.daemon.backends.kv_quant import encode_rows
-from flashd.daemon.backends.kv_quant_search import encode_k_rows
 from flashd.daemon.backends.kv_rotate import hadamard_rotate, rotates_k
 from tests.reference.test_kv_quant import awkward_rows
 
@@ -68,7 +66,7 @@ def test_quantized_write_is_the_reference_encoder_bit_for_bit(native, dev, rng, 
     v = awkward_rows(int(rng.integers(1 << 30)), n_rows=n * n_kv_heads, head_dim=head_dim).reshape(k.shape)
     n_past, max_ctx = 5, n + 9
     k_rot, planes = run_write(native, dev, q, k, v, types, n_past, max_ctx, rope_dim, neox)
-    for kind, raw, x, encode in ((types[0], planes[0], k_rot, encode_k_rows), (types[1], planes[1], v, encode_rows)):
+    for kind, raw, x in ((types[0], planes[0], k_rot), (types[1], planes[1], v)):
         rows = x.transpose(1, 0, 2)                                    # (Hkv, n, d), the cache's order
         if kind == "f16":
             cache = raw.view(np.float16).reshape(n_kv_heads, max_ctx, head_dim)
@@ -78,24 +76,8 @@ def test_quantized_write_is_the_reference_encoder_bit_for_bit(native, dev, rng, 
             assert (cache.view(np.uint8).reshape(n_kv_heads, max_ctx, -1)[~written] == POISON).all()
             continue
         got = plane_rows(raw, kind, n_kv_heads, max_ctx, head_dim)
-        np.testing.assert_array_equal(got[:, n_past:n_past + n], encode(rows, kind))
+        np.testing.assert_array_equal(got[:, n_past:n_past + n], encode_rows(rows, kind))
         assert (got[:, :n_past] == POISON).all() and (got[:, n_past + n:] == POISON).all()
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_q4_0_k_searched_scale_on_awkward_rows(native, dev, seed):
-    """A q4_0 K's searched scale (kv_quant_search.cuh) on keys of 1e-6 to 1e4 and special blocks (zeros, ties,
-    one outlier): bit for bit encode_k_rows of the rotated k; V (q4_0) keeps ggml's encoder bit for bit."""
-    n, n_kv_heads, head_dim = 8, 2, 128
-    k = awkward_rows(seed, n_rows=n * n_kv_heads, head_dim=head_dim).reshape(n, n_kv_heads, head_dim)
-    v = awkward_rows(seed + 7, n_rows=n * n_kv_heads, head_dim=head_dim).reshape(n, n_kv_heads, head_dim)
-    q = np.zeros((n, 4, head_dim), np.float32)
-    max_ctx = n + 3
-    k_rot, planes = run_write(native, dev, q, k, v, ("q4_0", "q4_0"), 1, max_ctx, 32, True)
-    got_k = plane_rows(planes[0], "q4_0", n_kv_heads, max_ctx, head_dim)[:, 1:1 + n]
-    got_v = plane_rows(planes[1], "q4_0", n_kv_heads, max_ctx, head_dim)[:, 1:1 + n]
-    np.testing.assert_array_equal(got_k, encode_k_rows(k_rot.transpose(1, 0, 2), "q4_0"))
-    np.testing.assert_array_equal(got_v, encode_rows(v.transpose(1, 0, 2), "q4_0"))
 
 
 ROTATE_SHAPES = [(1, 12, 2, 128, 128, True), (37, 14, 2, 64, 64, True), (3, 8, 4, 256, 64, True),
@@ -124,7 +106,7 @@ def test_rotation_of_q_and_k_is_the_reference_bit_for_bit(native, dev, rng, type
     if rotated:
         got = plane_rows(planes[0], types[0], n_kv_heads, max_ctx, head_dim)
         if inside:
-            np.testing.assert_array_equal(got[:, n_past:n_past + n], encode_k_rows(k_out.transpose(1, 0, 2), types[0]))
+            np.testing.assert_array_equal(got[:, n_past:n_past + n], encode_rows(k_out.transpose(1, 0, 2), types[0]))
         else:
             assert (got == POISON).all()
 

@@ -8,8 +8,7 @@ import pytest
 
 from flashd.daemon.backends.base import Batch, KVCacheSpec
 from flashd.daemon.backends.kv_offset import key_offset, model_key_offsets
-from flashd.daemon.backends.kv_quant import decode_rows
-from flashd.daemon.backends.kv_quant_search import encode_k_rows
+from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
 from flashd.daemon.backends.kv_rotate import hadamard_rotate
 from flashd.daemon.backends.kv_types import KVTypes
 from flashd.daemon.backends.reference import ReferenceOps
@@ -88,7 +87,7 @@ def test_stored_keys_are_the_rotated_keys_less_the_offset_and_attention_is_uncha
         cache = _cache(k_type, offsets)
         out[name] = ops.attention(q, k, v, cache.layer(1), batch)
         if offsets is not None:
-            want = decode_rows(encode_k_rows(hadamard_rotate(k - c[1]), "q4_0"), "q4_0")
+            want = decode_rows(encode_rows(hadamard_rotate(k - c[1]), "q4_0"), "q4_0")
             np.testing.assert_array_equal(cache.layer(1)[0][:20], want)
     err = {name: np.abs(out[name] - out["f16"]).max() for name in ("q4_0", "q4_0+c")}
     assert err["q4_0+c"] < err["q4_0"] / 4, err

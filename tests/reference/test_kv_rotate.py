@@ -15,7 +15,6 @@ import pytest
 
 from flashd.daemon.backends.base import Batch, KVCacheSpec
 from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
-from flashd.daemon.backends.kv_quant_search import encode_k_rows
 from flashd.daemon.backends.kv_rotate import (hadamard_matrix, hadamard_rotate, rotates_k, rotation_block,
                                               rotation_scale)
 from flashd.daemon.backends.kv_types import KVTypes
@@ -108,8 +107,8 @@ def test_reference_attention_over_rotated_quantized_k(k_type):
     k, v = outlier_keys(rng, n, kv_heads, d), rng.standard_normal((n, kv_heads, d)).astype(np.float32)
     batch = Batch(ids=np.zeros(n, np.int32), positions=np.arange(n, dtype=np.int32), n_past=np.array([0], np.int32))
     out = ops.attention(q, k, v, layer, batch)
-    blocks = encode_k_rows(hadamard_rotate(k), k_type)
-    np.testing.assert_array_equal(cache.k[0, :n], blocks)                 # rotated keys, the K encoder
+    blocks = encode_rows(hadamard_rotate(k), k_type)
+    np.testing.assert_array_equal(cache.k[0, :n], blocks)                 # rotated keys, ggml's rounding
     visible = np.tril(np.ones((n, n), bool))
     r = hadamard_matrix(d)
     oracle = brute_attention(q.astype(np.float64) @ r.T, decode_rows(blocks, k_type), v, visible)
@@ -136,7 +135,7 @@ def test_kv_write_tail_probs_and_an_f16_k_are_consistent():
     for k_type in ("f16", "q8_0"):
         cache = ops.kv_cache(KVCacheSpec(1, 8, 2, 64, KVTypes(k_type, "q4_0")))
         ops.kv_write(k, v, cache.layer(0), np.array([0], np.int32))
-        want = k if k_type == "f16" else encode_k_rows(hadamard_rotate(k), k_type)
+        want = k if k_type == "f16" else encode_rows(hadamard_rotate(k), k_type)
         np.testing.assert_array_equal(cache.k[0], want)
         q = rng.standard_normal((8, 4, 64)).astype(np.float32) * 0.05
         acc = np.zeros((4, 8), np.float32)

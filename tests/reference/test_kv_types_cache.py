@@ -15,7 +15,6 @@ import pytest
 
 from flashd.daemon.backends.base import Batch, KVCacheSpec
 from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
-from flashd.daemon.backends.kv_quant_search import encode_k_rows
 from flashd.daemon.backends.kv_rotate import hadamard_matrix, hadamard_rotate, rotates_k
 from flashd.daemon.backends.kv_types import KVTypes
 from flashd.daemon.backends.reference import ReferenceOps
@@ -33,10 +32,9 @@ TYPES = [KVTypes("f16", "f16"), KVTypes("q8_0", "q8_0"), KVTypes("q4_0", "q4_0")
          KVTypes("f16", "q4_0")]
 
 
-def stored(x: np.ndarray, kv_type: str, encode=encode_rows) -> np.ndarray:
-    """What a cache of kv_type gives back for rows x: float32 x itself for f16, else the decoded blocks (a K's:
-    encode=encode_k_rows, q4_0 with the searched scale)."""
-    return x if kv_type == "f16" else decode_rows(encode(x, kv_type), kv_type)
+def stored(x: np.ndarray, kv_type: str) -> np.ndarray:
+    """What a cache of kv_type gives back for rows x: float32 x itself for f16, else the decoded blocks."""
+    return x if kv_type == "f16" else decode_rows(encode_rows(x, kv_type), kv_type)
 
 
 def batch(n: int, n_past: int, mask=None) -> Batch:
@@ -66,12 +64,12 @@ def test_attention_over_each_kv_type_vs_float64(types, n, n_past, heads, kv_head
     if rotates_k(types.k):                            # rotated keys: q meets them rotated (float64 oracle)
         k_all, k = hadamard_rotate(k_all), hadamard_rotate(k)
         q_seen = q.astype(np.float64) @ hadamard_matrix(d).T
-    keys = stored(k_all, types.k, encode_k_rows)
+    keys = stored(k_all, types.k)
     values = stored(np.concatenate([v_past, v]), types.v)
     visible = np.concatenate([np.ones((n, n_past), bool), new_visible], 1)
     np.testing.assert_allclose(out, brute_attention(q_seen, keys, values, visible), rtol=1e-4, atol=1e-5)
-    for kind, store, x, enc in ((types.k, cache.k, k, encode_k_rows), (types.v, cache.v, v, encode_rows)):
-        want = x if kind == "f16" else enc(x, kind)                          # the bytes stored
+    for kind, store, x in ((types.k, cache.k, k), (types.v, cache.v, v)):   # the bytes ggml would store
+        want = x if kind == "f16" else encode_rows(x, kind)
         np.testing.assert_array_equal(store[0, n_past:n_past + n], want)
 
 
