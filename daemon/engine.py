@@ -89,7 +89,7 @@ class Engine:
         self._opened = (f, cfg)
         self._load_weights(progress)
         self.compressor = PrefillCompressor(self.backend, self.config.pflash, self.config.prefill_drafter,
-                                            self.tokenizer)
+                                            self.tokenizer, rope_override=self.config.rope_override)
         self.compressor.admit = self._admit_prefill_drafter
         if self.config.prefill_drafter is not None and self.config.pflash.drafter_policy == "resident":
             try:

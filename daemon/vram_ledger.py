@@ -85,12 +85,14 @@ def describe_draft(spec: str):
 
 class VramLedger:
     def __init__(self, sizes, target: ModelDesc, drafters: dict, *, max_ctx: int, prefill_chunk: int, pflash,
-                 budget: int | None, margin: int, default_pflash: str | None = None, kv_types=None):
+                 budget: int | None, margin: int, default_pflash: str | None = None, kv_types=None,
+                 rope_override: tuple | None = None):
         self.sizes, self.target, self.drafters = sizes, target, dict(drafters)
         self.kv_types = kv_types          # the target's --kv-type (backends.kv_types.KVTypes; None: f16)
         self.max_ctx, self.prefill_chunk, self.pflash_config = max_ctx, prefill_chunk, pflash
         self.budget, self.margin = budget, margin
         self.default_pflash = default_pflash
+        self.rope_override = rope_override  # --rope-scaling: the PFlash drafter is opened with it (as PrefillCompressor)
         self._pflash: dict[str, ModelDesc] = {}       # realpath -> descriptor
 
     @classmethod
@@ -103,7 +105,7 @@ class VramLedger:
         ledger = cls(sizes_for(backend, config.forward), target, drafters, max_ctx=config.max_ctx,
                      prefill_chunk=config.prefill_chunk, pflash=config.pflash, budget=config.vram_budget,
                      margin=config.vram_margin, default_pflash=config.prefill_drafter,
-                     kv_types=config.kv_types)
+                     kv_types=config.kv_types, rope_override=config.rope_override)
         if config.prefill_drafter is not None:
             try:
                 ledger.describe_pflash(config.prefill_drafter)
@@ -117,7 +119,7 @@ class VramLedger:
         if key not in self._pflash:
             if opened is None:
                 from .models import open_model
-                opened = open_model(path)
+                opened = open_model(path, self.rope_override)
             f, cfg = opened
             self._pflash[key] = describe_model(cfg.name or f.path.stem, f, cfg)
         return self._pflash[key]

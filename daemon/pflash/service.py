@@ -42,8 +42,13 @@ class Compressed:
 
 
 class PrefillCompressor:
-    def __init__(self, backend, config: PFlashConfig, default_path: str | None, target_tokenizer):
+    def __init__(self, backend, config: PFlashConfig, default_path: str | None, target_tokenizer,
+                 rope_override: tuple | None = None):
         self.backend, self.config = backend, config
+        # --rope-scaling (EngineConfig.rope_override) reaches the drafter too: it scores the target's prompt, so it
+        # must see the same positions (Qwen2.5-Coder 0.5B / 1.5B: YaRN x4 for 128K on both; orig_ctx defaults to
+        # the drafter's own trained context)
+        self.rope_override = rope_override
         self.default_path = default_path
         self.target_tokenizer = target_tokenizer
         self.drafter: Drafter | None = None
@@ -79,7 +84,7 @@ class PrefillCompressor:
             f, cfg = kept[1:]
         else:
             try:
-                f, cfg = open_model(path)
+                f, cfg = open_model(path, self.rope_override)
             except ModelLoadError as exc:
                 raise ProtocolError("bad_request", f"drafter: {exc}") from None
         if self.admit is not None:
@@ -179,7 +184,8 @@ class PrefillCompressor:
         trained = drafter_token_limit(drafter.model.config)
         if len(d_ids) > trained:          # RoPE past the trained length scores garbage
             raise ProtocolError("ctx_overflow", f"compress: {len(d_ids)} drafter tokens > the drafter's trained "
-                                                f"context {trained}")
+                                                f"context {trained} (a model card's YaRN setting, --rope-scaling, "
+                                                f"extends the drafter with the target)")
         probs = drafter.tail_probs(d_ids, alpha, layers, first_layer)
         pc = self.config
         kept = kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks, pc.last_chunks)
@@ -192,9 +198,10 @@ class PrefillCompressor:
 
 
 def drafter_token_limit(cfg) -> int:
-    """The longest prompt (in drafter tokens) a drafter scores: its trained context. The VRAM plan sizes the
-    drafter's per-compression memory for it (vram_sizes.py)."""
-    return cfg.context_length
+    """The longest prompt (in drafter tokens) a drafter scores: the positions it is meant to see (its trained
+    context, or orig_ctx * factor under --rope-scaling: ModelConfig.max_context). The VRAM plan sizes the drafter's
+    per-compression memory for it (vram_sizes.py)."""
+    return cfg.max_context
 
 
 def compressed_fields(c: Compressed) -> dict:

@@ -200,6 +200,32 @@ def test_prompt_longer_than_the_drafter_was_trained_for(served):
     assert c.ask(m.Compress, ids=prompt(64), keep=0.5)["event"] == "result"
 
 
+def test_rope_scaling_extends_the_drafter_with_the_target(pflash_models):
+    """--rope-scaling reaches the PFlash drafter (it scores the target's prompt positions): under YaRN x2 the
+    drafter's limit is twice its trained context, the VRAM plan sizes it so, and a prompt past the trained length
+    compresses instead of answering ctx_overflow."""
+    cfg = EngineConfig(model=str(pflash_models["target"]), device="cpu", max_ctx=1024,
+                       prefill_drafter=str(pflash_models["drafter"]), pflash=PFlashConfig(forward_chunk=256),
+                       rope_override=("yarn", 2.0, None))
+    engine = Engine(cfg)
+    engine.load()
+    engine.start()
+    try:
+        c = Client(engine)
+        dcfg = engine.compressor.drafter.model.config
+        trained = dcfg.context_length
+        assert dcfg.rope_scaling is not None and dcfg.max_context == 2 * trained
+        from flashd.daemon.models import open_model
+        from flashd.daemon.vram_ledger import LedgerState, VramLedger
+        ledger = VramLedger.for_engine(engine.backend, cfg, *open_model(cfg.model, cfg.rope_override))
+        settings = dict(ledger.plan(LedgerState(pflash=cfg.prefill_drafter)).settings)
+        assert settings["prefill_drafter_tokens"] == 2 * trained
+        r = c.ask(m.Compress, ids=prompt(trained + 1), keep=0.1)
+        assert r["event"] == "result" and r["n_in"] == trained + 1
+    finally:
+        engine.stop(10)
+
+
 def test_scoring_with_the_first_layers_equals_a_truncated_drafter(served):
     """layers=1 of the 2-layer drafter scores exactly as a 1-layer model with the same weights (the
     max over layers needs no later layer; the last layer run skips its output projection and MLP,
