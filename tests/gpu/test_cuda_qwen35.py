@@ -15,12 +15,9 @@ runner's plain greedy tokens (every op of a verify computes each row as a decode
 import numpy as np
 import pytest
 from tests.gpu.logits_check import assert_logits_close, greedy_prefix_agrees
+from tests.gpu.test_cuda_model import make_runners   # the reference runner and the CUDA one, for the same file
 from tests.speculative.spec_drafters import OracleDrafter, plain, spec
 
-from flashd.daemon.backends.reference import ReferenceOps
-from flashd.daemon.models import load_model, open_model
-from flashd.daemon.models.weights import total_weight_bytes
-from flashd.daemon.runner import ModelRunner
 from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.protocol.messages import SamplingParams
 
@@ -48,18 +45,6 @@ def cuda_backend(native):
 
 def model(synthetic_model, shape: str, fmt: str = "Q8_0"):
     return synthetic_model(arch="qwen35", weight_type=fmt, vocab_size=VOCAB, **SHAPES[shape])
-
-
-def make_runners(backend, path, max_ctx=256, chunk=64):
-    ref_ops = ReferenceOps()
-    lm_ref = load_model(path, ref_ops.load_weight)
-    ref = ModelRunner(ref_ops, lm_ref.config, lm_ref.weights, max_ctx, chunk)
-    f, cfg = open_model(path)
-    plan = backend.plan(cfg, total_weight_bytes(f, cfg), max_ctx, chunk)
-    backend.check_fits(plan)
-    lm = load_model((f, cfg), backend.ops.load_weight)
-    cuda = backend.make_runner(cfg, lm.weights, max_ctx, chunk, plan)
-    return ref, cuda
 
 
 def ids_of(n: int, seed: int = 0) -> list[int]:

@@ -21,7 +21,7 @@ import numpy as np
 from ....protocol.messages import SamplingParams
 from ...runner import ModelRunner, Sampled
 from .ops import MAX_MASKED_TOKENS
-from .runner import CudaRunner, pack_tree_inputs
+from .runner import CudaRunner
 
 __all__ = ["CudaHybridRunner"]
 
@@ -57,15 +57,7 @@ class CudaHybridRunner(CudaRunner):
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
         """ModelRunner.forward_tree, eager: CudaRunner's verify body (row invariant; capture's feature rows copied
         on the device) over the inputs uploaded in one copy; logits (n, vocab) on the device."""
-        ids = np.asarray(ids, np.int32)
-        n = len(ids)
-        if n > self.max_tree_nodes:
-            raise ValueError(f"a tree of {n} nodes > the {self.max_tree_nodes} the runner is sized for")
-        capture = tuple(int(i) for i in capture)
-        if capture:
-            self.tree_features(capture)         # checks the layers; allocated before the forward
-        self._will_write(n)
-        self.dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
+        n, capture = self._upload_tree(ids, positions, mask, capture)
         return self._tree_body(n, hidden_sink, capture)
 
     def commit_tree(self, node_offsets) -> None:

@@ -196,21 +196,27 @@ class CudaRunner(ModelRunner):
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
         """ModelRunner.forward_tree. Without a hidden sink the forward replays a CUDA graph captured
         once per (n, capture); `capture`'s feature rows are device copies inside it (tree_features)."""
+        n, capture = self._upload_tree(ids, positions, mask, capture)
+        dev = self.dev
+        if hidden_sink is not None:             # the sink runs host code per layer: eager
+            return self._tree_body(n, hidden_sink, capture)
+        graph, logits = self._tree_graph(n, capture)
+        dev.native.check(dev.lib.fd_graph_launch(graph, dev.stream), "graph launch")
+        return logits
+
+    def _upload_tree(self, ids, positions, mask, capture) -> tuple[int, tuple]:
+        """forward_tree's inputs checked (at most max_tree_nodes nodes; capture's layers, whose feature buffers are
+        allocated here, never inside a capture) and uploaded in one copy; returns (n, capture as ints)."""
         ids = np.asarray(ids, np.int32)
         n = len(ids)
         if n > self.max_tree_nodes:
             raise ValueError(f"a tree of {n} nodes > the {self.max_tree_nodes} the runner is sized for")
         capture = tuple(int(i) for i in capture)
         if capture:
-            self.tree_features(capture)         # checks the layers; allocated here, never inside a capture
+            self.tree_features(capture)
         self._will_write(n)
-        dev = self.dev
-        dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
-        if hidden_sink is not None:             # the sink runs host code per layer: eager
-            return self._tree_body(n, hidden_sink, capture)
-        graph, logits = self._tree_graph(n, capture)
-        dev.native.check(dev.lib.fd_graph_launch(graph, dev.stream), "graph launch")
-        return logits
+        self.dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
+        return n, capture
 
     def _feature_rows(self, n_layers: int) -> list:
         """One device allocation (n_layers * max_tree_nodes, hidden) float32, viewed per layer."""
