@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["OFFSET_POSITIONS", "key_offset", "model_key_offsets"]
+__all__ = ["OFFSET_POSITIONS", "cache_key_offsets", "key_offset", "model_key_offsets"]
 
 OFFSET_POSITIONS = 4096       # positions averaged over (the measured prototype's)
 
@@ -51,3 +51,17 @@ def model_key_offsets(ops, cfg, weights) -> np.ndarray | None:
         return None
     return np.stack([key_offset(np.asarray(ops.to_numpy(w.attn_k_bias), np.float32), cfg.n_kv_heads, cfg.head_dim,
                                 cfg.rope_theta, cfg.rope_dim, cfg.rope_neox, cfg.rope_scaling) for w in layers])
+
+
+def cache_key_offsets(spec, offsets) -> np.ndarray | None:
+    """What a KV cache (reference or CUDA) keeps of `offsets`, every layer's key offset (n_layers, Hkv, d) float32
+    (model_key_offsets) or None: None unless the K cache is quantized (only a rotated K keeps one), else the checked,
+    contiguous array. ValueError on another shape or dtype."""
+    from .kv_rotate import rotates_k
+    if offsets is None or not rotates_k(spec.kv_types.k):
+        return None
+    offsets = np.asarray(offsets)
+    want = (spec.n_layers, spec.n_kv_heads, spec.head_dim)
+    if offsets.shape != want or offsets.dtype != np.float32:
+        raise ValueError(f"key offsets {offsets.shape} {offsets.dtype}, want {want} float32")
+    return np.ascontiguousarray(offsets)

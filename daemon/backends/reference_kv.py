@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import KVCacheSpec
+from .kv_offset import cache_key_offsets
 from .kv_quant import decode_rows, encode_rows
 from .kv_rotate import rotates_k
 from .kv_types import row_bytes
@@ -64,15 +65,7 @@ class ReferenceKVCache:
     def set_key_offset(self, offsets) -> None:
         """Every layer's key offset, (n_layers, Hkv, d) float32 (kv_offset.model_key_offsets), or None. Kept only
         for a quantized (rotated) K; set it before anything is written (every key must have the same one)."""
-        s = self.spec
-        if offsets is None or not rotates_k(s.kv_types.k):
-            self.k_offset = None
-            return
-        offsets = np.asarray(offsets)
-        if offsets.shape != (s.n_layers, s.n_kv_heads, s.head_dim) or offsets.dtype != np.float32:
-            raise ValueError(f"key offsets {offsets.shape} {offsets.dtype}, want ({s.n_layers}, {s.n_kv_heads}, "
-                             f"{s.head_dim}) float32")
-        self.k_offset = np.ascontiguousarray(offsets)
+        self.k_offset = cache_key_offsets(self.spec, offsets)
 
     def _storage(self, kv_type: str) -> np.ndarray:
         s = self.spec

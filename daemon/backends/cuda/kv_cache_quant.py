@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base import KVCacheSpec
+from ..kv_offset import cache_key_offsets
 from ..kv_types import QUANT_BLOCK, row_bytes
 from .tensor import Device, DeviceTensor
 
@@ -68,15 +69,8 @@ class CudaQuantKVCache:
     def set_key_offset(self, offsets) -> None:
         """Every layer's key offset, (n_layers, Hkv, d) float32 (kv_offset.model_key_offsets), or None: uploaded
         once; only a quantized (rotated) K keeps one. Set it before anything is written or captured."""
-        spec = self.spec
-        if offsets is None or spec.kv_types.k == "f16":
-            self.k_offset = None
-            return
-        offsets = np.asarray(offsets)
-        if offsets.shape != (spec.n_layers, spec.n_kv_heads, spec.head_dim) or offsets.dtype != np.float32:
-            raise ValueError(f"key offsets {offsets.shape} {offsets.dtype}, want ({spec.n_layers}, "
-                             f"{spec.n_kv_heads}, {spec.head_dim}) float32")
-        self.k_offset = self.device.upload(np.ascontiguousarray(offsets))
+        kept = cache_key_offsets(self.spec, offsets)
+        self.k_offset = None if kept is None else self.device.upload(kept)
 
     def _layer_offset(self, i: int) -> DeviceTensor | None:
         if self.k_offset is None:
