@@ -34,7 +34,9 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
     pdl_wait();                  // the partials of the split kernel
     pdl_launch_dependents();     // the next projection may start fetching its weights
     const int L = visible_keys(p, (int)(qrow / p.n_heads), nullptr);
-    const int n_active = min(p.n_splits, (L + p.chunk_len - 1) / p.chunk_len);
+    const int n_row_chunks = (L + p.chunk_len - 1) / p.chunk_len;
+    if (n_row_chunks <= p.single_chunks || n_row_chunks == 0) return;   // split 0 wrote the row (splitk_kernel)
+    const int n_active = min(p.n_splits, n_row_chunks);
     float m = -INFINITY, l = 0.0f, a[PER_LANE];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) a[j] = 0.0f;

@@ -64,32 +64,48 @@ __device__ __forceinline__ void encode_new_rows(const Params& p, const float* st
     if (store) pl.row_scales(row)[b] = d;
 }
 
-template <int HD, bool QKV = false>
-__device__ __forceinline__ void rope_stage(const Params& p, float (&qv)[ROWS * HD / THREADS], const float* q_tok,
-                                           int row0, int kvh, int tid, bool own_key, __half* kv_new, bool store,
-                                           float* stage, int k_type, int v_type) {
-    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
-    constexpr int NU = HD > THREADS ? HD / THREADS : 1;
-    static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
-    const bool neox = p.neox != 0;
-    const int pos = p.positions[0];
+// Thread tid's rope coefficients: for each of its NU distinct dims, cos / sin at the new token's position (double
+// pow + sincos: computed before pdl_wait, see splitk_kernel), the pair partner and the pair side.
+template <int HD>
+struct RopeCoefs {
+    static constexpr int NU = HD > THREADS ? HD / THREADS : 1;
     float cs[NU], sn[NU];
     int partner[NU];
     bool first[NU], rot[NU];
+};
+
+template <int HD>
+__device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<HD>& rc) {
+    static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
+    const bool neox = p.neox != 0;
+    const int pos = p.positions[0];
 #pragma unroll
-    for (int u = 0; u < NU; ++u) {
+    for (int u = 0; u < RopeCoefs<HD>::NU; ++u) {
         const int d = (tid + u * THREADS) % HD;
         int j = 0;
-        rot[u] = d < p.rope_dim;
-        partner[u] = d;
-        first[u] = true;
-        cs[u] = 1.0f;
-        sn[u] = 0.0f;
-        if (rot[u]) {
-            rope_pair_of(d, p.rope_dim, neox, j, partner[u], first[u]);
-            rope_cos_sin(pos, j, p.rope_dim, p.theta, p.rope_scaling, cs[u], sn[u]);
+        rc.rot[u] = d < p.rope_dim;
+        rc.partner[u] = d;
+        rc.first[u] = true;
+        rc.cs[u] = 1.0f;
+        rc.sn[u] = 0.0f;
+        if (rc.rot[u]) {
+            rope_pair_of(d, p.rope_dim, neox, j, rc.partner[u], rc.first[u]);
+            rope_cos_sin(pos, j, p.rope_dim, p.theta, p.rope_scaling, rc.cs[u], rc.sn[u]);
         }
     }
+}
+
+template <int HD, bool QKV = false>
+__device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>& rc, float (&qv)[ROWS * HD / THREADS],
+                                           const float* q_tok, int row0, int kvh, int tid, bool own_key,
+                                           __half* kv_new, bool store, float* stage, int k_type, int v_type) {
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    constexpr int NU = RopeCoefs<HD>::NU;
+    const float* cs = rc.cs;
+    const float* sn = rc.sn;
+    const int* partner = rc.partner;
+    const bool* first = rc.first;
+    const bool* rot = rc.rot;
     float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first
@@ -194,26 +210,40 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     const int split = blockIdx.x, kvh = blockIdx.y;
     const int token = blockIdx.z / p.row_tiles, row0 = (blockIdx.z % p.row_tiles) * ROWS;   // row = head in group
     const int tid = threadIdx.x, warp = tid >> 5;
-    pdl_wait();                  // q, the new K/V and n_past come from earlier kernels
-    pdl_launch_dependents();     // the combine kernel may start waiting on us now
+    // ROPE (one decode token): everything but q and the new K/V row was written two or more launches back -- the
+    // cache rows below slot n_past, n_past and the position by earlier steps; every kernel of this library triggers
+    // its dependents only after its own pdl_wait, so the kernel before the previous one has completed when this one
+    // starts -- so the plan, the first tiles' copies and the rope's cos / sin run before pdl_wait, under the QKV
+    // projection's tail. (The copy of the stale row at slot n_past is overwritten in shared memory by (a) below.)
+    // Otherwise the cache or the mask may be the previous kernel's: everything after pdl_wait.
+    if constexpr (!ROPE) {
+        pdl_wait();              // q, the cache rows, the mask and n_past come from earlier kernels
+        pdl_launch_dependents(); // the combine kernel may start waiting on us now
+    }
     const int n_past = max(p.n_past[0], 0);
     const int L = visible_keys(p, token, list);       // virtual keys [0, L)
     const int n_chunks = (L + p.chunk_len - 1) / p.chunk_len;
-    if (split >= n_chunks) {                          // this split has no key at this depth
-        if (n_chunks == 0 && p.n_splits == 1)          // no key at all (masked, n_past 0, empty row): NaN
+    if (n_chunks == 0) {                              // no key at all (masked, n_past 0, empty row): NaN
+        if (split == 0)                                // (the combine skips the row)
             for (int e = tid; e < ROWS * HD; e += THREADS)
                 if (row0 + e / HD < p.group)
                     p.o[((size_t)token * p.n_heads + kvh * p.group + row0 + e / HD) * HD + e % HD] =
                         __int_as_float(0x7fffffff);
-        return;                                        // (with splits, the combine writes the NaN)
+        return;
     }
+    // A row of at most p.single_chunks chunks is attended by split 0 alone, over all its chunks in order (ns = 1:
+    // no partials, the output written here, the combine skips the row); a function of the row's key count only,
+    // so decode and masked rows agree.
+    const bool single = n_chunks <= p.single_chunks;
+    const int ns = single ? 1 : p.n_splits;
+    if (split >= (single ? 1 : n_chunks)) return;    // this split has no key at this depth
     // ROPE: slot of the new key if this split owns it and it is inside the cache, else -1 (no key has
     // that number); its float16 K | V rows in the list area
     __half* kv_new = reinterpret_cast<__half*>(list);
     int new_key = -1;
     if constexpr (ROPE) {
         const int raw = p.n_past[0];
-        if (raw >= 0 && raw < p.max_ctx && (raw / p.chunk_len) % p.n_splits == split) new_key = raw;
+        if (raw >= 0 && raw < p.max_ctx && (raw / p.chunk_len) % ns == split) new_key = raw;
     }
     __syncthreads();                                  // list written
     // keys below this are slots of their own number (decode: all of them; masked: the committed ones)
@@ -221,8 +251,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
 
     // this split's tiles: chunks split, split + n_splits, ...; all full but the global last one
     const int tiles_per_chunk = p.chunk_len / TILE;
-    const int n_my_chunks = (n_chunks - split + p.n_splits - 1) / p.n_splits;
-    const int last_chunk = split + (n_my_chunks - 1) * p.n_splits;
+    const int n_my_chunks = (n_chunks - split + ns - 1) / ns;
+    const int last_chunk = split + (n_my_chunks - 1) * ns;
     const int last_tiles = min(tiles_per_chunk, (L - last_chunk * p.chunk_len + TILE - 1) / TILE);
     const int n_tiles = (n_my_chunks - 1) * tiles_per_chunk + last_tiles;
     // tile k of this split starts at key (split + (k / tpc) * n_splits) * chunk_len + (k % tpc) * TILE;
@@ -230,7 +260,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     struct Cursor {
         int v0, t, chunk0;
     };
-    const int chunk_step = p.n_splits * p.chunk_len;
+    const int chunk_step = ns * p.chunk_len;
     auto advance = [&](Cursor& c) {
         c.v0 += TILE;
         if (++c.t == tiles_per_chunk) {
@@ -291,6 +321,13 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     };
 #pragma unroll 1
     for (int s = 0; s < N_STAGES - 1; ++s) load_tile(s);    // in flight while q is staged
+    constexpr bool ROT_K = ROPE && QKV && k_type != FD_KV_F16;   // a quantized K: rope_stage_rotated's own coefficients
+    RopeCoefs<HD> rc;
+    if constexpr (ROPE && !ROT_K) rope_coefs<HD>(p, tid, rc);
+    if constexpr (ROPE) {
+        pdl_wait();              // q and the new K/V row are the QKV projection's
+        pdl_launch_dependents();
+    }
 
     // q rows -> shared memory, scaled into the log2 domain and split into f16 hi + lo (all loads
     // first: the shared stores would otherwise serialise one global round trip per element)
@@ -303,14 +340,14 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             const int e = tid + j * THREADS, r = e / HD, d = e % HD;
             qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
         }
-    } else if (QKV && k_type != FD_KV_F16) {
+    } else if constexpr (ROT_K) {
         rope_stage_rotated<HD>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
                                reinterpret_cast<float*>(pipe), k_type, v_type);   // the dequantized tile: free until the main loop
     } else {
-        rope_stage<HD, QKV>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
+        rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
                             reinterpret_cast<float*>(q_hi), k_type, v_type);   // q_hi is written only after this
     }
-    const bool rot_layout = ROPE && QKV && k_type != FD_KV_F16;   // qv in rope_stage_rotated's layout
+    constexpr bool rot_layout = ROT_K;                // qv in rope_stage_rotated's layout
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {
         int r = (tid + j * THREADS) / HD, d = (tid + j * THREADS) % HD;
@@ -390,7 +427,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         }
         const float l = row_l[r];
         const size_t qrow = (size_t)token * p.n_heads + kvh * p.group + row0 + r;   // query row in (n, n_heads)
-        if (p.n_splits == 1) {
+        if (ns == 1) {
             const float inv = l > 0.0f ? 1.0f / l : __int_as_float(0x7fffffff);
             *reinterpret_cast<float4*>(p.o + qrow * HD + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv,
                                                                           acc.w * inv);

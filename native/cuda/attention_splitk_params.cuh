@@ -57,6 +57,7 @@ struct Params {
     float* ws_m;               // [n * n_heads][n_splits] running max (log2 domain)
     float* ws_l;               // [n * n_heads][n_splits] softmax denominator
     int n, n_heads, n_kv_heads, group, row_tiles, max_ctx, chunk_len, n_splits;
+    int single_chunks;         // rows of at most this many chunks: split 0 alone (fd_tuning_t.attn_single_chunks)
     float q_scale;             // scale * log2(e)
     // fd_attention_decode_rope only (splitk_kernel<HD, true>; n = 1, no mask): q is unrotated, and the
     // new token's K/V row comes from k_new / v_new instead of the cache (see splitk_kernel)

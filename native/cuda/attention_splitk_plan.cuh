@@ -89,6 +89,7 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.max_ctx = max_ctx;
     p.chunk_len = chunk_len;
     p.n_splits = splits_for_head_dim(head_dim, n_kv_heads, p.group, max_ctx, chunk_len);
+    p.single_chunks = tuning_now().attn_single_chunks;
     p.q_scale = scale * LOG2E;
     p.k_new = p.v_new = nullptr;
     p.k_store = p.v_store = nullptr;
@@ -109,7 +110,8 @@ int launch(const Params& p, cudaStream_t stream) {
     cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int st = launch_pdl(splitk_kernel<HD, ROPE, QKV, KVT>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
                         dim3(THREADS), smem, stream, p);
-    if (st == 0 && p.n_splits > 1)
+    // no combine where every row is short enough for split 0 alone (the row's keys never exceed max_ctx)
+    if (st == 0 && p.n_splits > 1 && n_chunks_for(p.max_ctx, p.chunk_len) > p.single_chunks)
         st = launch_pdl(combine_kernel<HD>, dim3(p.n * p.n_heads), dim3(COMBINE_THREADS), 0, stream, p);
     return st;
 }

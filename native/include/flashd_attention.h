@@ -100,7 +100,8 @@ int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cache, void* v_
    fd_attention_decode_workspace_bytes: enough for a one-token launch whatever the split count (an upper
    bound over the device and its tuning); fd_attention_workspace_bytes: the exact need of a launch over
    n_tokens new tokens on this device (decode: 1; masked: n). 0 if none is needed or an argument is
-   invalid. */
+   invalid. A row whose keys span at most fd_tuning_t.attn_single_chunks chunks is not split (one block per KV
+   head attends it whole, in key order): decode and masked rows alike, so the bitwise agreements below hold. */
 size_t fd_attention_decode_workspace_bytes(const fd_attention_shape_t* shape, int chunk_len);
 size_t fd_attention_workspace_bytes(int n_tokens, const fd_attention_shape_t* shape, int chunk_len);
 /* One new token (q (1, n_heads, head_dim), rotated): attends slots [0, *n_past] (its K/V already stored at
@@ -113,7 +114,10 @@ int fd_attention_decode(float* o, const float* q, const void* k_cache, const voi
    int32, the RoPE position. Rotates q (RoPE, and for a quantized K the Hadamard rotation, bit for bit
    fd_rope_kv_write's), attends slots [0, *n_past] with slot *n_past's K/V taken from k (rotated alike) and v, and stores them into slot *n_past (if 0 <= *n_past < max_ctx) in shape's k_type / v_type,
    attending a quantized row as stored (bit for bit fd_rope_kv_write + fd_attention_decode). head_dim in
-   {64, 128, 256}; workspace as fd_attention_decode. k_offset: as fd_rope_kv_write's. */
+   {64, 128, 256}; workspace as fd_attention_decode. k_offset: as fd_rope_kv_write's. Ordering (PDL): the cache
+   rows before slot *n_past, *n_past and *positions are read before the previous kernel on the stream has
+   finished, so that kernel must not write them (the decode step's previous kernel is the QKV projection; on
+   a GPU without PDL, or after a copy, a memset or an event wait, nothing overlaps); q, k and v may be its. */
 int fd_attention_decode_rope(float* o, const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
                              const float* k_offset, const int32_t* positions, const int32_t* n_past, const fd_attention_shape_t* shape,
                              const fd_rope_t* rope, int chunk_len, void* workspace, void* stream);

@@ -1,9 +1,10 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
-   A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx and
-   weights_evict_first change only how kernels are launched or cached,
+   A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
+   weights_evict_first and weights_prefetch_next change only how kernels are launched or cached,
    never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order),
-   gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs --
+   gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs and
+   attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
    Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
 #ifndef FLASHD_TUNING_H
@@ -34,6 +35,15 @@ typedef struct {
     int weights_evict_first; /* 1: the decode GEMVs (gemv.cuh, gemv_rows.cuh) stream their weights with an L2
                                evict-first hint (sm_80 and later), so the ~1 GB a step reads does not push the
                                activations, the KV cache and the kernels' code out of L2; 0: default caching */
+    int attn_single_chunks; /* 0 .. 64: a decode or masked attention row whose keys span at most this many chunks
+                               (chunk_len keys each) is attended by one CTA per (KV head, row tile) over all its
+                               keys: no split partials and no combine (no combine launch at all where max_ctx holds
+                               that few chunks); 0: every row is split. It changes those rows' summation order (their
+                               bits), the same way for decode and masked rows, so a tree row still equals its
+                               one-row step */
+    int weights_prefetch_next; /* 1: a decode GEMV launch with an fd_gemv_prefetch_set entry asks the L2 for the next
+                               projection's weights once the previous kernel has finished (sm_90 and later: a bulk
+                               prefetch); 0: no prefetch. Never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -35,11 +35,18 @@ def n_splits_for(n_kv_heads, group, head_dim, max_ctx, chunk_len):
     return max(1, min(target, cap))
 
 
-def split_warp_slots(split, n_splits, chunk_len, L):
+def effective_splits(n_splits, chunk_len, L, single_chunks=0):
+    """splitk_kernel's ns: 1 for a row of at most single_chunks chunks (fd_tuning_t.attn_single_chunks: split 0
+    takes every chunk, the combine skips the row), else the launch's split count."""
+    return 1 if -(-L // chunk_len) <= single_chunks else n_splits
+
+
+def split_warp_slots(split, n_splits, chunk_len, L, single_chunks=0):
     """The slot ranges the split's warps process, in order: [(warp, first slot), ...] or None when
     the split has no chunk at this depth (the block exits)."""
     n_chunks = -(-L // chunk_len)
-    if split >= n_chunks:
+    n_splits = effective_splits(n_splits, chunk_len, L, single_chunks)
+    if split >= min(n_splits, n_chunks):
         return None
     tiles_per_chunk = chunk_len // TILE
     n_my_chunks = (n_chunks - split + n_splits - 1) // n_splits
@@ -55,11 +62,12 @@ def split_warp_slots(split, n_splits, chunk_len, L):
     return out
 
 
+@pytest.mark.parametrize("single_chunks", [0, 4])
 @pytest.mark.parametrize("max_ctx,chunk_len,n_kv_heads,group,head_dim", [
     (32768, 256, 2, 6, 128), (32768, 64, 2, 7, 64), (1000, 64, 8, 1, 64), (300, 192, 2, 20, 128),
     (4096, 512, 4, 6, 256), (64, 64, 1, 16, 128),
 ])
-def test_schedule_covers_every_visible_slot_once(max_ctx, chunk_len, n_kv_heads, group, head_dim):
+def test_schedule_covers_every_visible_slot_once(max_ctx, chunk_len, n_kv_heads, group, head_dim, single_chunks):
     n_splits = n_splits_for(n_kv_heads, group, head_dim, max_ctx, chunk_len)
     assert 1 <= n_splits <= MAX_SPLITS
     rng = np.random.default_rng(max_ctx + chunk_len)
@@ -67,7 +75,7 @@ def test_schedule_covers_every_visible_slot_once(max_ctx, chunk_len, n_kv_heads,
         seen = np.zeros(max_ctx + TILE, int)
         n_active = 0
         for split in range(n_splits):
-            steps = split_warp_slots(split, n_splits, chunk_len, L)
+            steps = split_warp_slots(split, n_splits, chunk_len, L, single_chunks)
             if steps is None:
                 continue
             n_active += 1
@@ -75,7 +83,11 @@ def test_schedule_covers_every_visible_slot_once(max_ctx, chunk_len, n_kv_heads,
                 seen[slot0:slot0 + WARP_SLOTS] += 1
         assert (seen[:L] == 1).all(), f"L={L}: every visible slot exactly once"
         # slots >= L inside a warp's last 16 are masked out by the kernel; none past a tile is read
-        assert n_active == min(n_splits, -(-L // chunk_len)), "the combine's n_active"
+        single = -(-L // chunk_len) <= single_chunks
+        assert n_active == (1 if single else min(n_splits, -(-L // chunk_len))), "the combine's n_active"
+        if single:
+            assert [s for _, s in split_warp_slots(0, n_splits, chunk_len, L, single_chunks)] == \
+                list(range(0, L, WARP_SLOTS)), "a single row: split 0 walks the keys in order"
 
 
 def split_hi_lo(x):
@@ -129,10 +141,12 @@ def oracle(q, kc, vc, visible, scale):
     return p @ vc.astype(np.float64)
 
 
+@pytest.mark.parametrize("single_chunks", [0, 4])
 @pytest.mark.parametrize("group,head_dim,max_ctx,chunk_len,n_past", [
     (6, 128, 4096, 256, 4095), (7, 64, 2000, 64, 1234), (6, 128, 4096, 64, 100), (1, 64, 300, 128, 0),
+    (6, 128, 32768, 64, 200),
 ])
-def test_split_k_decode_matches_float64(group, head_dim, max_ctx, chunk_len, n_past):
+def test_split_k_decode_matches_float64(group, head_dim, max_ctx, chunk_len, n_past, single_chunks):
     """One KV head's group of query heads through splits, warps and the combine."""
     rng = np.random.default_rng(group * 1000 + n_past)
     kc = rng.standard_normal((max_ctx, head_dim)).astype(np.float16)
@@ -147,9 +161,11 @@ def test_split_k_decode_matches_float64(group, head_dim, max_ctx, chunk_len, n_p
     n_splits = n_splits_for(2, group, head_dim, max_ctx, chunk_len)
     partial = []
     for split in range(n_splits):
-        steps = split_warp_slots(split, n_splits, chunk_len, L)
+        steps = split_warp_slots(split, n_splits, chunk_len, L, single_chunks)
         if steps is not None:
             partial.append(emulate_block(q_rows, kc, vc, steps, visible))
+    # a single row: split 0's block is the whole row (normalised in the split kernel; the combine of one
+    # partial below is the same normalisation)
     # combine_kernel: weights exp2(m_s - max m) over the active splits
     ms = np.stack([m for m, _, _ in partial])[:, :group]
     ls = np.stack([l for _, l, _ in partial])[:, :group]

@@ -11,21 +11,24 @@ The GPU tests (tests/gpu/test_attention_decode_rope.py) check the kernels themse
 """
 import numpy as np
 import pytest
-from tests.emulation.test_decode_attention_emulation import MAX_SPLITS, WARP_SLOTS, n_splits_for, split_warp_slots
+from tests.emulation.test_decode_attention_emulation import (MAX_SPLITS, WARP_SLOTS, effective_splits, n_splits_for,
+                                                             split_warp_slots)
 
 from flashd.daemon.backends.reference import ReferenceOps
 
 
-def owner_split(n_past, chunk_len, n_splits):
-    """splitk_kernel<HD, true>: new_key = n_past in the block of this split (if 0 <= n_past < max_ctx)."""
-    return (n_past // chunk_len) % n_splits
+def owner_split(n_past, chunk_len, n_splits, single_chunks=0):
+    """splitk_kernel<HD, true>: new_key = n_past in the block of this split (if 0 <= n_past < max_ctx); ns is 1
+    for a row short enough for split 0 alone."""
+    return (n_past // chunk_len) % effective_splits(n_splits, chunk_len, n_past + 1, single_chunks)
 
 
 @pytest.mark.parametrize("max_ctx,chunk_len,n_kv_heads,group,head_dim", [
     (32768, 64, 2, 6, 128), (4096, 256, 2, 7, 64), (1000, 64, 8, 1, 64), (1500, 192, 2, 20, 128),
     (1200, 128, 4, 6, 256), (64, 64, 1, 16, 128), (256, 64, 2, 6, 128),
 ])
-def test_exactly_one_warp_step_overrides_the_new_key(max_ctx, chunk_len, n_kv_heads, group, head_dim):
+@pytest.mark.parametrize("single_chunks", [0, 4])
+def test_exactly_one_warp_step_overrides_the_new_key(max_ctx, chunk_len, n_kv_heads, group, head_dim, single_chunks):
     n_splits = n_splits_for(n_kv_heads, group, head_dim, max_ctx, chunk_len)
     assert 1 <= n_splits <= MAX_SPLITS
     edges = {0, 1, max_ctx - 1}
@@ -35,11 +38,12 @@ def test_exactly_one_warp_step_overrides_the_new_key(max_ctx, chunk_len, n_kv_he
         L = min(n_past + 1, max_ctx)                  # decode: keys [0, n_past]
         hits = []
         for split in range(n_splits):
-            steps = split_warp_slots(split, n_splits, chunk_len, L)
+            steps = split_warp_slots(split, n_splits, chunk_len, L, single_chunks)
+            owner = owner_split(n_past, chunk_len, n_splits, single_chunks)
             if steps is None:
-                assert split != owner_split(n_past, chunk_len, n_splits), "the owner split exits early"
+                assert split != owner, "the owner split exits early"
                 continue
-            new_key = n_past if split == owner_split(n_past, chunk_len, n_splits) else -1
+            new_key = n_past if split == owner else -1
             for i, (warp, v0) in enumerate(steps):
                 if new_key >= v0 and new_key < v0 + WARP_SLOTS:     # the kernel's test
                     hits.append((split, i, len(steps), warp, new_key - v0))

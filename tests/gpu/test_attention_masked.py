@@ -108,11 +108,23 @@ def test_causal_mask_matches_decode_kernel(native, dev, rng):
     (8, 8, 64, 40, 0, 300),           # no committed context
     (24, 4, 256, 5, 3000, 3100),
 ])
+@pytest.mark.parametrize("single_chunks", [None, 0, 64])
 def test_tree_rows_equal_decode_at_their_positions(native, dev, rng, n_heads, n_kv_heads, head_dim, n, n_past,
-                                                   max_ctx):
+                                                   max_ctx, single_chunks):
     """Batch invariance, bit for bit: tree node i's output equals a decode step at its position
     once its root-to-node path is compacted into consecutive slots (what speculative decoding's
-    commit does), so verification reproduces plain decoding exactly."""
+    commit does), so verification reproduces plain decoding exactly. Under the table's attn_single_chunks
+    (None), with every row split (0) and with every row on one block (64 chunks)."""
+    before = native.tuning()
+    if single_chunks is not None:
+        native.set_tuning(attn_single_chunks=single_chunks)
+    try:
+        _tree_rows_equal_decode(native, dev, rng, n_heads, n_kv_heads, head_dim, n, n_past, max_ctx)
+    finally:
+        native.set_tuning(**before)
+
+
+def _tree_rows_equal_decode(native, dev, rng, n_heads, n_kv_heads, head_dim, n, n_past, max_ctx):
     kc, vc = random_cache(rng, n_kv_heads, max_ctx, head_dim, n_past + n)
     q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
     mask = tree_mask(rng, n)

@@ -34,13 +34,14 @@ def test_every_declared_function_is_defined_once():
         assert len(defs) == 1, f"{name}: {len(defs)} definitions in native/cuda/*.cu"
 
 
-ABI_VERSION = 12   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
+ABI_VERSION = 13   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
 
 
 def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
     """A change to the C ABI bumps FD_ABI_VERSION (NativeLib refuses a library of another version) and this pin;
     11 added fd_tuning_t.weights_evict_first; 12 added flashd_recurrent.h (the hybrid models' conv1d and gated delta
-    rule)."""
+    rule); 13 added fd_tuning_t.attn_single_chunks and
+    weights_prefetch_next and fd_gemv_prefetch_set."""
     ffi = cffi.FFI()
     ffi.cdef(cdef_source())
     lib = ffi.dlopen(None)          # integer constants only: no symbol is looked up
