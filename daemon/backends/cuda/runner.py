@@ -389,9 +389,13 @@ class CudaRunner(ModelRunner):
                 self._select(logits, params)
         else:
             batch = Batch(ids=self.tok, positions=self.pos, n_past=self.n_past_dev, n_tokens=1)
-            logits = forward(self.ops, self.cfg, self.weights, self.cache, batch)
-            self._select(logits, params)
+            self._select(self._step_forward(batch), params)
         self._advance()
+
+    def _step_forward(self, batch: Batch):
+        """The per-op decode step's forward of `tok` at `pos` (the graph's body: nothing here may read device
+        memory on the host). models.dense.forward; CudaHybridRunner runs models.qwen35's."""
+        return forward(self.ops, self.cfg, self.weights, self.cache, batch)
 
     def _set_state(self, n_past: int, n_history: int, tok: int = 0) -> None:
         state = dict(tok=tok, pos=n_past, n_past=n_past, step=0, n_history=n_history)
