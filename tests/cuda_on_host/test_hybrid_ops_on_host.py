@@ -4,8 +4,8 @@ handed) grown by the kernels the composition uses (fd_copy_cols, fd_swiglu, fd_s
 fd_mul, fd_delta_decay, fd_rmsnorm, fd_memset, fd_gemv / fd_dequant_f16 / fd_gemm_f16 over float32 weights). Checked
 against the reference backend: split is exact; silu, mul, sigmoid, delta_decay, l2_norm agree to float32 rounding
 (the stand-ins of fd_sigmoid* and fd_delta_decay are the reference's formulas: the kernels' own ulps are
-tests/gpu/test_hybrid_gates.py's); which entry point each op and pending combination reaches; the recurrent state's layer views,
-clear, save and load; and a whole Gated DeltaNet layer of a synthetic qwen35 model (models.qwen35.gated_delta_net
+tests/gpu/test_hybrid_gates.py's); which entry point each op and pending combination reaches; the recurrent
+state's layer views, clear, save and load; and a whole Gated DeltaNet layer of a synthetic qwen35 model (models.qwen35.gated_delta_net
 on both backends) through a prefill chunk on the GEMM path and decode steps on the GEMV path, the state carried
 on the device. The kernels and the gated attention layer on a GPU: tests/gpu/test_cuda_qwen35.py."""
 from __future__ import annotations

@@ -38,8 +38,8 @@ def _out(poisoned, n, offset):
     return poisoned((n + offset,))[offset:]
 
 
-def _run(native, dev, name, *args):
-    native.check(getattr(native.lib, name)(*args, dev.stream), name)
+def _ok(native, dev, status):
+    native.check(status, "a gate kernel")
     dev.synchronize()
 
 
@@ -64,7 +64,7 @@ def test_sigmoid_matches_float64_and_the_reference(native, dev, rng, poisoned, n
     x = _gates(rng, n)
     (dx,) = _views(dev, [x], offset)
     y = _out(poisoned, n, offset)
-    _run(native, dev, "fd_sigmoid", dev.p(y, F), dev.p(dx, F), n)
+    _ok(native, dev, native.lib.fd_sigmoid(dev.p(y, F), dev.p(dx, F), n, dev.stream))
     got = dev.download(y)
     assert np.all(np.abs(got - _sigmoid64(x)) <= EPS), "sigmoid beyond its absolute bound"
     assert np.all(np.abs(got.astype(np.float64) - REF.sigmoid(x)) <= 2 * EPS), "sigmoid beyond 2^-23 of the reference"
@@ -76,9 +76,9 @@ def test_sigmoid_mul_is_sigmoid_then_mul_bit_for_bit(native, dev, rng, poisoned,
     gate = _gates(rng, n)
     dx, dg = _views(dev, [x, gate], offset)
     y, s, ym = (_out(poisoned, n, offset) for _ in range(3))
-    _run(native, dev, "fd_sigmoid_mul", dev.p(y, F), dev.p(dx, F), dev.p(dg, F), n)
-    _run(native, dev, "fd_sigmoid", dev.p(s, F), dev.p(dg, F), n)
-    _run(native, dev, "fd_mul", dev.p(ym, F), dev.p(dx, F), dev.p(s, F), n)
+    _ok(native, dev, native.lib.fd_sigmoid_mul(dev.p(y, F), dev.p(dx, F), dev.p(dg, F), n, dev.stream))
+    _ok(native, dev, native.lib.fd_sigmoid(dev.p(s, F), dev.p(dg, F), n, dev.stream))
+    _ok(native, dev, native.lib.fd_mul(dev.p(ym, F), dev.p(dx, F), dev.p(s, F), n, dev.stream))
     got = dev.download(y)
     np.testing.assert_array_equal(got.view(np.uint32), dev.download(ym).view(np.uint32))
     want = x.astype(np.float64) * _sigmoid64(gate)
@@ -90,14 +90,14 @@ def test_mul_is_numpys_float32_product(native, dev, rng, poisoned, n, offset):
     a, b = ((rng.standard_normal(n) * 5).astype(np.float32) for _ in range(2))
     da, db = _views(dev, [a, b], offset)
     y = _out(poisoned, n, offset)
-    _run(native, dev, "fd_mul", dev.p(y, F), dev.p(da, F), dev.p(db, F), n)
+    _ok(native, dev, native.lib.fd_mul(dev.p(y, F), dev.p(da, F), dev.p(db, F), n, dev.stream))
     np.testing.assert_array_equal(dev.download(y), a * b)
 
 
 def test_mul_in_place(native, dev, rng):
     a, b = (rng.standard_normal(1003).astype(np.float32) for _ in range(2))
     da, db = dev.upload(a), dev.upload(b)
-    _run(native, dev, "fd_mul", dev.p(da, F), dev.p(da, F), dev.p(db, F), 1003)
+    _ok(native, dev, native.lib.fd_mul(dev.p(da, F), dev.p(da, F), dev.p(db, F), 1003, dev.stream))
     np.testing.assert_array_equal(dev.download(da), a * b)
 
 
@@ -106,8 +106,8 @@ def test_silu_is_swiglu_with_ones(native, dev, rng, poisoned, n, offset):
     x = _gates(rng, n)
     dx, ones = _views(dev, [x, np.ones(n, np.float32)], offset)
     y, ys = _out(poisoned, n, offset), _out(poisoned, n, offset)
-    _run(native, dev, "fd_silu", dev.p(y, F), dev.p(dx, F), n)
-    _run(native, dev, "fd_swiglu", dev.p(ys, F), dev.p(dx, F), dev.p(ones, F), n)
+    _ok(native, dev, native.lib.fd_silu(dev.p(y, F), dev.p(dx, F), n, dev.stream))
+    _ok(native, dev, native.lib.fd_swiglu(dev.p(ys, F), dev.p(dx, F), dev.p(ones, F), n, dev.stream))
     got = dev.download(y)
     np.testing.assert_array_equal(got.view(np.uint32), dev.download(ys).view(np.uint32))
     x64 = x.astype(np.float64)
@@ -125,7 +125,7 @@ def test_copy_cols_is_a_bit_copy(native, dev, rng, poisoned, rows, x_cols, col0,
     x = rng.standard_normal((rows, x_cols)).astype(np.float32)
     dx = dev.upload(x)
     y = poisoned((max(rows * cols, 1),))[:rows * cols]
-    _run(native, dev, "fd_copy_cols", dev.p(y, F), dev.p(dx, F), rows, x_cols, col0, cols)
+    _ok(native, dev, native.lib.fd_copy_cols(dev.p(y, F), dev.p(dx, F), rows, x_cols, col0, cols, dev.stream))
     got = dev.download(y).reshape(rows, cols)
     np.testing.assert_array_equal(got.view(np.uint32), x[:, col0:col0 + cols].view(np.uint32))
 
@@ -157,7 +157,8 @@ def test_delta_decay_matches_float64_and_the_reference(native, dev, rng, poisone
     alpha, dt, a = _decay_inputs(rng, n, hv)
     da, ddt, dA = dev.upload(alpha), dev.upload(dt), dev.upload(a)
     g = poisoned((max(n * hv, 1),))[:n * hv]
-    _run(native, dev, "fd_delta_decay", dev.p(g, F), dev.p(da, F), dev.p(ddt, F), dev.p(dA, F), n, hv)
+    _ok(native, dev, native.lib.fd_delta_decay(dev.p(g, F), dev.p(da, F), dev.p(ddt, F), dev.p(dA, F), n, hv,
+                                               dev.stream))
     got = dev.download(g).reshape(n, hv).astype(np.float64)
     z = alpha.astype(np.float64) + dt.astype(np.float64)
     sp = _softplus64(z)
@@ -175,7 +176,8 @@ def test_delta_decay_in_place_and_nan(native, dev, rng):
     alpha, dt, a = _decay_inputs(rng, 9, 4)
     alpha[3, 1] = np.nan
     da, ddt, dA = dev.upload(alpha), dev.upload(dt), dev.upload(a)
-    _run(native, dev, "fd_delta_decay", dev.p(da, F), dev.p(da, F), dev.p(ddt, F), dev.p(dA, F), 9, 4)
+    _ok(native, dev, native.lib.fd_delta_decay(dev.p(da, F), dev.p(da, F), dev.p(ddt, F), dev.p(dA, F), 9, 4,
+                                               dev.stream))
     got = dev.download(da)
     assert np.isnan(got[3, 1]) and np.isnan(REF.delta_decay(alpha, dt, a)[3, 1])
     ok = ~np.isnan(alpha)
