@@ -163,6 +163,11 @@ def test_prefix_reuse_keeps_the_device_state_bit_for_bit(cuda_backend, synthetic
     run(cuda, a)
     assert run(cuda, b) == run(fresh, b)
     assert cuda.n_reused > 0 and fresh.n_reused == 0
+    # the graph path (CudaRunner.generate's _prefill_prompt) marks the state at the boundary as start() does
+    greedy = lambda runner, prompt: [s.token for s in runner.generate(prompt, SamplingParams(), 12)]   # noqa: E731
+    greedy(cuda, a)
+    assert greedy(cuda, b) == greedy(fresh, b)
+    assert cuda.n_reused > 0
 
 
 def test_a_drafters_chain_with_checkpoint_and_rewind(cuda_backend, synthetic_model):

@@ -445,6 +445,21 @@ class CudaRunner(ModelRunner):
         return out[0], result
 
     # -- generation ------------------------------------------------------------------------------
+    def _prefill_prompt(self, prompt):
+        """ModelRunner.start with the logits left on the device: the cached prefix's chunks kept, the rest prefilled
+        in chunks from there, and (a hybrid) a copy of the recurrent state taken at the prompt's last whole-chunk
+        boundary, as start() takes it. Returns the last chunk's logits (1, vocab)."""
+        n_keep = self._begin_prompt(prompt)
+        n_prompt = len(prompt)
+        mark = n_prompt - n_prompt % self.prefill_chunk
+        logits = None
+        for start in range(n_keep, n_prompt, self.prefill_chunk):
+            logits = self._forward_device(prompt[start:start + self.prefill_chunk], all_logits=False)
+            if self._state_prefix and self.reuse_prefix and self.n_past == mark:
+                self.cache.mark_prefix_state(mark)
+        self._end_prompt(prompt)
+        return logits
+
     def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
                  logprobs: int = 0) -> Iterator[Sampled]:
         greedy = params.greedy or params.temperature < TINY_TEMPERATURE
@@ -457,11 +472,7 @@ class CudaRunner(ModelRunner):
         n_prompt = len(prompt)
         dev.upload(np.asarray(prompt, np.int32), out=self.history[:n_prompt])
         self._set_state(n_prompt - 1, n_prompt)     # advance() moves pos/n_past to the new token's slot
-        n_keep = self._begin_prompt(prompt)         # chunks of the cached prefix kept (ModelRunner.start)
-        logits = None
-        for start in range(n_keep, n_prompt, self.prefill_chunk):
-            logits = self._forward_device(prompt[start:start + self.prefill_chunk], all_logits=False)
-        self._end_prompt(prompt)
+        logits = self._prefill_prompt(prompt)
         self._select(logits, sel)
         self._advance()
         dev.native.check(lib.fd_event_record(self.events[0], dev.stream), "event record")
