@@ -173,6 +173,7 @@ def test_each_op_reaches_its_entry_point_and_nothing_synchronizes(ops, monkeypat
              (lambda: ops.mul(a, ops.silu(b)), ["fd_swiglu"]),
              (lambda: ops.mul(ops.sigmoid(b), a), ["fd_sigmoid_mul"]),
              (lambda: ops.mul(a, b), ["fd_mul"]),
+             (lambda: ops.mul(ops.silu(a), ops.sigmoid(b)), ["fd_sigmoid", "fd_swiglu"]),
              (lambda: ops.materialize(ops.silu(a)), ["fd_silu"]),
              (lambda: ops.materialize(ops.sigmoid(a)), ["fd_sigmoid"]),
              (lambda: ops.delta_decay(alpha, vec, vec), ["fd_delta_decay"]),

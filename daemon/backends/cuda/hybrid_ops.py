@@ -128,20 +128,22 @@ class HybridOps:
         return out
 
     def mul(self, a, b):
-        """a * b, same shapes: fd_swiglu with a pending silu on either side, fd_sigmoid_mul with a pending sigmoid
-        (the silu wins where both are pending), else fd_mul."""
-        for pending, entry in ((Silu, "fd_swiglu"), (Sigmoid, "fd_sigmoid_mul")):
-            if isinstance(a, pending):
-                a, b = b, a
-            if isinstance(b, pending):
-                a = self.materialize(a)
-                _same_shape(a, b, "mul")
-                _f32("mul", a)
-                out = self.take(b.x.shape)
-                fn = getattr(self.lib, entry)      # (y, x, gate, n): silu(gate) * x, or x * sigmoid(gate)
-                args = (b.x, a) if pending is Silu else (a, b.x)
-                self._check(fn(self.p(out), self.p(args[0]), self.p(args[1]), a.size, self.dev.stream), f"{entry}(mul)")
-                return out
+        """a * b, same shapes: fd_swiglu with a pending silu on either side (silu(z) * a), fd_sigmoid_mul with a
+        pending sigmoid (a * sigmoid(gate)), else fd_mul. Where both are pending the silu is fused."""
+        if isinstance(a, (Silu, Sigmoid)) and not isinstance(b, Silu):
+            a, b = b, a                                  # the pending factor second
+        if isinstance(b, (Silu, Sigmoid)):
+            a = self.materialize(a)
+            _same_shape(a, b, "mul")
+            _f32("mul", a)
+            out = self.take(b.x.shape)
+            if isinstance(b, Silu):
+                self._check(self.lib.fd_swiglu(self.p(out), self.p(b.x), self.p(a), a.size, self.dev.stream),
+                            "fd_swiglu(mul)")
+            else:
+                self._check(self.lib.fd_sigmoid_mul(self.p(out), self.p(a), self.p(b.x), a.size, self.dev.stream),
+                            "fd_sigmoid_mul")
+            return out
         a, b = self.materialize(a), self.materialize(b)
         _same_shape(a, b, "mul")
         _f32("mul", a, b)
