@@ -16,7 +16,8 @@ import numpy as np
 
 from ..protocol.messages import SamplingParams
 
-__all__ = ["BenchResult", "run_bench", "parse_test", "format_table", "decode_bytes_per_token"]
+__all__ = ["BenchResult", "run_bench", "parse_test", "format_table", "decode_bytes_per_token",
+           "recurrent_state_bytes"]
 
 
 # A plain record, one field a line: alike in shape only to other modules' records (models/weights.py).
@@ -42,11 +43,23 @@ def parse_test(spec: str) -> tuple[str, int, int]:
 
 def decode_bytes_per_token(cfg, weight_bytes: int, embd_bytes: int, depth: int, kv_elem_bytes: float = 2) -> int:
     """Bytes a decode step reads: all weights except the embedding table (one row of it), plus K
-    and V of every layer for `depth` cached positions (kv_elem_bytes per value, K and V averaged: 2 for
-    float16, 34/32 for q8_0, 18/32 for q4_0)."""
+    and V of every attention layer for `depth` cached positions (kv_elem_bytes per value, K and V averaged: 2 for
+    float16, 34/32 for q8_0, 18/32 for q4_0). A hybrid (cfg.linear: qwen35) has K/V in its full-attention layers
+    only, and each step also reads and writes its recurrent state (recurrent_state_bytes), counted twice."""
     row = embd_bytes // cfg.vocab_size
     weights = weight_bytes - (0 if cfg.tie_embeddings else embd_bytes) + row
-    return int(weights + 2 * cfg.n_layers * depth * cfg.kv_dim * kv_elem_bytes)
+    lin = getattr(cfg, "linear", None)
+    kv_layers = cfg.n_layers if lin is None else len(lin.attention_layers)
+    state = 0 if lin is None else 2 * recurrent_state_bytes(cfg)
+    return int(weights + 2 * kv_layers * depth * cfg.kv_dim * kv_elem_bytes + state)
+
+
+def recurrent_state_bytes(cfg) -> int:
+    """A hybrid's recurrent state, float32: the conv window (K - 1, C) and the delta-rule memory (Hv, S, S) of every
+    Gated DeltaNet layer (backends/cuda/hybrid_plan.py hybrid_state_bytes, the device copy's size)."""
+    lin = cfg.linear
+    per_layer = (lin.conv_kernel - 1) * lin.conv_channels + lin.n_v_heads * lin.head_dim * lin.head_dim
+    return 4 * len(lin.linear_layers) * per_layer
 
 
 def _sync(runner):

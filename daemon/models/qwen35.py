@@ -215,12 +215,18 @@ def decoder_layer(ops, cfg: ModelConfig, h, w, cache_layer, batch: Batch):
 
 
 def forward(ops, cfg: ModelConfig, weights: ModelWeights, cache: HybridCache, batch: Batch, *,
-            all_logits: bool = False, hidden_sink=None):
+            all_logits: bool = False, hidden_sink=None, new_sequence: bool | None = None):
     """Logits (n, vocab) for every new token, or (1, vocab) for the last one only (as models.dense.forward).
     With batch.mask (a draft tree's ancestor mask) the linear layers run a state per node (qwen35_tree.py) and the
-    live state is left as it was; HybridCache.keep_tree_path commits one path."""
+    live state is left as it was; HybridCache.keep_tree_path commits one path.
+
+    new_sequence: whether the forward starts a sequence (the state is cleared first); None reads batch.n_past
+    back (0: it does). A caller that knows passes it: a forward captured in a CUDA graph must not read device
+    memory on the host (CudaHybridRunner's decode step passes False and clears the state itself)."""
     cache.end_tree()
-    if int(np.asarray(ops.to_numpy(batch.n_past))[0]) == 0:
+    if new_sequence is None:
+        new_sequence = int(np.asarray(ops.to_numpy(batch.n_past))[0]) == 0
+    if new_sequence:
         cache.clear_state()         # a forward from slot 0 starts a new sequence
     if batch.mask is not None:
         parents = tree_parents(ops.to_numpy(batch.mask))

@@ -9,8 +9,8 @@
  *   flashd_flashprefill.h  PFlash's block scoring and block-sparse attention   (flashprefill.cu, attention_sparse.cu)
  *   flashd_sampling.h      argmax, sampling, the decode loop's bookkeeping     (sampling.cu)
  *   flashd_forward.h       the persistent forward                              (forward.cu)
- *   flashd_recurrent.h     hybrid models' recurrent layers: causal conv1d, gated delta rule
- *                                                                              (causal_conv1d.cu, gated_delta_rule.cu)
+ *   flashd_recurrent.h     hybrid models' recurrent layers: causal conv1d, gated delta rule and its decay
+ *                                                      (causal_conv1d.cu, gated_delta_rule.cu, delta_decay.cu)
  *
  * Conventions
  *   - Every function returns an int status: 0 ok, > 0 a cudaError_t (hipError_t) value,
@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 /* --- cdef begin --- */
-#define FD_ABI_VERSION 13   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
+#define FD_ABI_VERSION 14   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
                               fd_event_query and fd_not_ready_status removed; 3: fd_tuning_t (flashd_tuning.h);
                               4: fd_tuning_t.gemv_mma_rows; 5: fd_attention_shape_t.k_type / v_type (FD_KV_*),
                               fd_kv_plane_bytes, fd_kv_compact_rows; 6: fd_topk_logprobs; 7: a q8_0 / q4_0 K
@@ -52,7 +52,9 @@ extern "C" {
                               fd_rope_kv_write and fd_attention_decode_rope; 11:
                               fd_tuning_t.weights_evict_first; 12: flashd_recurrent.h (fd_causal_conv1d*,
                               fd_gated_delta_rule_*); 13: fd_tuning_t.attn_single_chunks
-                              and .weights_prefetch_next, fd_gemv_prefetch_set */
+                              and .weights_prefetch_next, fd_gemv_prefetch_set; 14: a hybrid's gates on the device:
+                              fd_mul, fd_silu, fd_sigmoid, fd_sigmoid_mul, fd_copy_cols (flashd_linear.h),
+                              fd_delta_decay (flashd_recurrent.h) */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */

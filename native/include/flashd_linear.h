@@ -55,6 +55,18 @@ int fd_gemm_swiglu_f16(float* y, const float* x, const void* wg_f16, const void*
 int fd_rmsnorm(float* y, const float* x, const float* w, int rows, int cols, float eps, void* stream);
 int fd_add(float* y, const float* a, const float* b, int64_t n, void* stream);
 int fd_swiglu(float* y, const float* gate, const float* up, int64_t n, void* stream);
+/* ABI 13 (a hybrid model's gates, elementwise.cu; n elements, y may alias an input):
+     fd_mul          y = a * b
+     fd_silu         y = silu(x), the bits of fd_swiglu(y, x, ones)
+     fd_sigmoid      y = 0.5 (1 + tanh(x / 2)), the reference backend's float32 steps (tanh rounded once)
+     fd_sigmoid_mul  y = x * sigmoid(gate): the bits of fd_sigmoid then fd_mul, one launch */
+int fd_mul(float* y, const float* a, const float* b, int64_t n, void* stream);
+int fd_silu(float* y, const float* x, int64_t n, void* stream);
+int fd_sigmoid(float* y, const float* x, int64_t n, void* stream);
+int fd_sigmoid_mul(float* y, const float* x, const float* gate, int64_t n, void* stream);
+/* y (rows, cols) = x[:, col0 : col0 + cols] of x (rows, x_cols): bit copies (a tensor's split along its last
+   axis). 0 <= col0, col0 + cols <= x_cols (FD_E_ARG); y must not overlap x. */
+int fd_copy_cols(float* y, const float* x, int64_t rows, int64_t x_cols, int64_t col0, int64_t cols, void* stream);
 
 /* --- cdef end --- */
 #endif /* FLASHD_LINEAR_H */

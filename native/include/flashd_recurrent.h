@@ -1,6 +1,6 @@
 /* flashd_recurrent.h -- a hybrid model's recurrent layers (Gated DeltaNet, qwen35): the short causal convolution
    with its state, and the gated delta rule -- decode (one token), prefill (n tokens, sequential), and a draft
-   tree's nodes (a state per node from its parent's).
+   tree's nodes (a state per node from its parent's) -- and the rule's decay (fd_delta_decay).
    Part of the C ABI: include flashd.h (its conventions hold here), not this file.
 
    The numpy definitions are daemon/backends/reference_recurrent.py (decode and prefill) and
@@ -54,6 +54,13 @@ int fd_gated_delta_rule_prefill(float* out, const float* q, const float* k, cons
 int fd_gated_delta_rule_tree(float* out, const float* q, const float* k, const float* v, const float* g,
                              const float* beta, const float* state, const int32_t* parents, float* node_state,
                              int n_nodes, int n_k_heads, int n_v_heads, int d_k, int d_v, float scale, void* stream);
+
+/* ---- the decay of the gated delta rule (delta_decay.cu, ABI 13) ------------------------------ */
+/* g (n, Hv) = softplus(alpha + dt_bias) * a, alpha (n, Hv), dt_bias and a (Hv,): the log decay fd_gated_delta_rule_*
+   take. softplus(z) = z for z > 20, else log1p(exp(z)); the reference backend's float32 steps (exp and log1p each
+   rounded once). g may alias alpha. */
+int fd_delta_decay(float* g, const float* alpha, const float* dt_bias, const float* a, int n_tokens, int n_v_heads,
+                   void* stream);
 
 /* --- cdef end --- */
 #endif /* FLASHD_RECURRENT_H */

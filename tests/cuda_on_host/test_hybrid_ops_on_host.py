@@ -1,9 +1,11 @@
 """CudaOps' hybrid-model ops (cuda/hybrid_ops.py, cuda/recurrent_state.py) without a GPU, on the stand-in library
 of test_recurrent_on_host.py (host memory; each fd_* call runs its numpy definition on the buffers it is
-handed) grown by the few kernels the composition uses (fd_embed over float32, fd_swiglu, fd_rmsnorm, fd_memset,
-fd_gemv / fd_dequant_f16 / fd_gemm_f16 over float32 weights). Checked against the reference backend: split is
-exact; silu, mul, sigmoid, delta_decay, l2_norm agree to float32 rounding; the recurrent state's layer views,
-clear, save and load; and a whole Gated DeltaNet layer of a synthetic qwen35 model (models.qwen35.gated_delta_net
+handed) grown by the kernels the composition uses (fd_copy_cols, fd_swiglu, fd_silu, fd_sigmoid, fd_sigmoid_mul,
+fd_mul, fd_delta_decay, fd_rmsnorm, fd_memset, fd_gemv / fd_dequant_f16 / fd_gemm_f16 over float32 weights). Checked
+against the reference backend: split is exact; silu, mul, sigmoid, delta_decay, l2_norm agree to float32 rounding
+(the stand-ins of fd_sigmoid* and fd_delta_decay are the reference's formulas: the kernels' own ulps are
+tests/gpu/test_hybrid_gates.py's); which entry point each op and pending combination reaches; the recurrent
+state's layer views, clear, save and load; and a whole Gated DeltaNet layer of a synthetic qwen35 model (models.qwen35.gated_delta_net
 on both backends) through a prefill chunk on the GEMM path and decode steps on the GEMV path, the state carried
 on the device. The kernels and the gated attention layer on a GPU: tests/gpu/test_cuda_qwen35.py."""
 from __future__ import annotations
@@ -38,9 +40,34 @@ class HybridLib(RecurrentLib):
         self._a(dst, (n_ids, cols))[...] = self._a(table, (n_rows, cols))[self._a(ids, (n_ids,), np.int32)]
         return 0
 
+    def fd_copy_cols(self, y, x, rows, x_cols, col0, cols, stream):
+        self._a(y, (rows, cols))[...] = self._a(x, (rows, x_cols))[:, col0:col0 + cols]
+        return 0
+
     def fd_swiglu(self, y, gate, up, n, stream):
         g = self._a(gate, (n,))
         self._a(y, (n,))[...] = g / (1 + np.exp(-g)) * self._a(up, (n,))
+        return 0
+
+    def fd_silu(self, y, x, n, stream):
+        g = self._a(x, (n,))
+        self._a(y, (n,))[...] = g / (1 + np.exp(-g))
+        return 0
+
+    def fd_sigmoid(self, y, x, n, stream):
+        self._a(y, (n,))[...] = REF.sigmoid(self._a(x, (n,)))
+        return 0
+
+    def fd_sigmoid_mul(self, y, x, gate, n, stream):
+        self._a(y, (n,))[...] = self._a(x, (n,)) * REF.sigmoid(self._a(gate, (n,)))
+        return 0
+
+    def fd_mul(self, y, a, b, n, stream):
+        self._a(y, (n,))[...] = self._a(a, (n,)) * self._a(b, (n,))
+        return 0
+
+    def fd_delta_decay(self, g, alpha, dt_bias, a, n, hv, stream):
+        self._a(g, (n, hv))[...] = REF.delta_decay(self._a(alpha, (n, hv)), self._a(dt_bias, (hv,)), self._a(a, (hv,)))
         return 0
 
     def fd_rmsnorm(self, y, x, w, rows, cols, eps, stream):
@@ -120,8 +147,41 @@ def test_elementwise_ops_match_the_reference(ops):
     dt, A = rng.standard_normal(4).astype(np.float32), -rng.uniform(0.1, 2, 4).astype(np.float32)
     got = ops.delta_decay(*(ops.dev.upload(t) for t in (alpha, dt, A)))
     np.testing.assert_array_equal(ops.to_numpy(got), REF.delta_decay(alpha, dt, A))
+    np.testing.assert_array_equal(ops.to_numpy(ops.mul(da, db)), a * b)
+    np.testing.assert_array_equal(ops.to_numpy(ops.sigmoid(db)), REF.sigmoid(b))
     with pytest.raises(ValueError):
         ops.mul(da, ops.dev.upload(b[:, :2]))
+    with pytest.raises(ValueError):
+        ops.delta_decay(*(ops.dev.upload(t) for t in (alpha, dt[:3], A)))
+
+
+def test_each_op_reaches_its_entry_point_and_nothing_synchronizes(ops, monkeypatch):
+    """One C entry per op (ABI 13), pending silu / sigmoid fused into the product, and no download or upload
+    (what a captured decode step may not do)."""
+    rng = np.random.default_rng(7)
+    a, b = (ops.dev.upload(rng.standard_normal((3, 8)).astype(np.float32)) for _ in range(2))
+    alpha, vec = ops.dev.upload(rng.standard_normal((3, 4)).astype(np.float32)), ops.dev.upload(np.ones(4, np.float32))
+    ops.l2_norm(a, 1e-6)                                   # its weight is made once, before the calls counted
+    called = []
+    for name in ("fd_copy_cols", "fd_swiglu", "fd_silu", "fd_sigmoid", "fd_sigmoid_mul", "fd_mul", "fd_delta_decay",
+                 "fd_rmsnorm"):
+        fn = getattr(ops.lib, name)
+        monkeypatch.setattr(ops.lib, name, lambda *args, _fn=fn, _name=name: called.append(_name) or _fn(*args))
+    for name in ("upload", "download", "synchronize"):
+        monkeypatch.setattr(ops.dev, name, lambda *args, _name=name, **kw: pytest.fail(f"{_name} in a forward op"))
+    cases = [(lambda: ops.split(a, (2, 6)), ["fd_copy_cols"] * 2),
+             (lambda: ops.mul(a, ops.silu(b)), ["fd_swiglu"]),
+             (lambda: ops.mul(ops.sigmoid(b), a), ["fd_sigmoid_mul"]),
+             (lambda: ops.mul(a, b), ["fd_mul"]),
+             (lambda: ops.mul(ops.silu(a), ops.sigmoid(b)), ["fd_sigmoid", "fd_swiglu"]),
+             (lambda: ops.materialize(ops.silu(a)), ["fd_silu"]),
+             (lambda: ops.materialize(ops.sigmoid(a)), ["fd_sigmoid"]),
+             (lambda: ops.delta_decay(alpha, vec, vec), ["fd_delta_decay"]),
+             (lambda: ops.l2_norm(a, 1e-6), ["fd_rmsnorm"])]
+    for run, want in cases:
+        called.clear()
+        run()
+        assert called == want
 
 
 def test_recurrent_state_views_clear_save_and_load(ops):

@@ -72,7 +72,9 @@ class HostAttentionOps(CudaOps):
         host = Batch(ids=self.to_numpy(batch.ids), positions=self.to_numpy(batch.positions),
                      n_past=self.to_numpy(batch.n_past), n_tokens=batch.n_tokens,
                      mask=None if batch.mask is None else self.to_numpy(batch.mask).astype(bool))
-        return self._on_host(REF.attention(self._roped(q), self._roped(k), self.to_numpy(v), cache_layer, host))
+        out = np.ascontiguousarray(REF.attention(self._roped(q), self._roped(k), self.to_numpy(v), cache_layer, host),
+                                   np.float32)
+        return self.dev.upload(out, out=self.take(out.shape))
 
     def kv_compact(self, cache, n_past, src_offsets):
         REF.kv_compact(cache, n_past, src_offsets)

@@ -9,8 +9,10 @@ reference's up to the first near-tie. The CUDA path rounds prefill GEMM weights 
 cache to float16 and runs the delta rule's prefill in its recurrent form (the reference: the chunked form),
 rounding-level differences that the recurrent state carries from token to token.
 
-The CUDA runner runs a hybrid eagerly (backends/cuda/hybrid_runner.py: host steps for sigmoid / softplus /
-product, no graph capture), draft tree verification included; speculative decoding must give exactly this
+The CUDA runner decodes a hybrid on CudaRunner's captured decode graph (backends/cuda/hybrid_runner.py; ABI 13's
+gate kernels leave no host step in the forward): the graph's greedy tokens equal the eager forward's (the
+logprobs path: a forward per token, selection on the host) token for token, bit-identical kernels, and the
+reference's up to a near-tie. Draft trees are verified eagerly; speculative decoding must give exactly this
 runner's plain greedy tokens (every op of a verify computes each row as a decode step does)."""
 import numpy as np
 import pytest
@@ -54,7 +56,7 @@ def ids_of(n: int, seed: int = 0) -> list[int]:
 @pytest.mark.parametrize("shape, fmt", FORMATS)
 def test_prefill_and_decode_logits_match_reference(cuda_backend, synthetic_model, shape, fmt):
     ref, cuda = make_runners(cuda_backend, model(synthetic_model, shape, fmt))
-    assert type(cuda).__name__ == "CudaHybridRunner" and cuda.forward_path == "eager"
+    assert type(cuda).__name__ == "CudaHybridRunner" and cuda.forward_path == "graph"
     ids = ids_of(77)            # 77: two chunks of 64 + 13 (the state crosses a chunk), a partial GEMM tile
     assert_logits_close(cuda.score(ids), ref.score(ids))
     # decode path (GEMV, one-token conv and delta-rule kernels, fused rope + decode attention), from slot 0
@@ -100,6 +102,49 @@ def test_greedy_decode_matches_reference(cuda_backend, synthetic_model, shape):
     assert again == got
 
 
+@pytest.mark.parametrize("shape, fmt", FORMATS)
+def test_graph_decode_equals_eager_and_reference(cuda_backend, synthetic_model, shape, fmt):
+    """The captured decode step (one graph launch per token, the token chosen on the device) against the eager
+    forward per token (logprobs: host selection) -- the same kernels on the same inputs, so the same tokens -- and
+    the reference's greedy tokens up to a near-tie; twice, the second a new sequence (state cleared by the prefill)."""
+    ref, cuda = make_runners(cuda_backend, model(synthetic_model, shape, fmt))
+    assert cuda.graphs, "the decode graph was not captured at construction"
+    prompt = ids_of(13, seed=8)
+    graph = [s.token for s in cuda.generate(prompt, SamplingParams(), 40)]
+    eager = [s.token for s in cuda.generate(prompt, SamplingParams(), 40, logprobs=1)]
+    assert graph == eager, "graph replay differs from eager execution"
+    ok, where = greedy_prefix_agrees(ref, prompt, graph)
+    assert ok, f"greedy diverges from the reference at token {where} without a near-tie"
+    assert [s.token for s in cuda.generate(prompt, SamplingParams(), 40)] == graph
+
+
+def test_greedy_continue_from_an_empty_context_starts_a_new_sequence(cuda_backend, synthetic_model):
+    """greedy_continue from slot 0 feeds its tokens through the decode graph, whose forward does not read n_past
+    back: the runner clears the recurrent state first (a dirty state from the last request would change every
+    token). Against the reference's greedy tokens, and against the same call on a fresh runner, exactly."""
+    path = model(synthetic_model, "gqa_partial_rope")
+    ref, cuda = make_runners(cuda_backend, path)
+    _, fresh = make_runners(cuda_backend, path)
+    [s.token for s in cuda.generate(ids_of(30, seed=9), SamplingParams(), 10)]        # leaves a state behind
+    cuda.reset()
+    feed = ids_of(6, seed=10)
+    chain = cuda.greedy_continue(feed, 12)
+    assert chain == fresh.greedy_continue(feed, 12)
+    ok, where = greedy_prefix_agrees(ref, feed, chain)
+    assert ok, f"greedy_continue diverges from the reference at token {where} without a near-tie"
+
+
+def test_a_graph_recaptured_after_the_constants_are_dropped(cuda_backend, synthetic_model):
+    """After ops.release() (parking) hybrid_ops' constants are gone and the engine drops the graphs; the next
+    capture makes l2_norm's weight before it begins (an upload inside a capture fails): same tokens as before."""
+    _, cuda = make_runners(cuda_backend, model(synthetic_model, "hd128_conv3"))
+    prompt = ids_of(9, seed=11)
+    before = [s.token for s in cuda.generate(prompt, SamplingParams(), 20)]
+    cuda.drop_graphs()
+    cuda.ops._hybrid_init()            # what release() does to hybrid_ops' constants (the arena stays)
+    assert [s.token for s in cuda.generate(prompt, SamplingParams(), 20)] == before
+
+
 def test_prefix_reuse_keeps_the_device_state_bit_for_bit(cuda_backend, synthetic_model):
     """A hybrid keeps one prefix: the K/V and a host copy of the recurrent state at the last prompt's last
     whole-chunk boundary (models/qwen35.py HybridCache). A second prompt sharing it continues from that copy,
@@ -118,6 +163,11 @@ def test_prefix_reuse_keeps_the_device_state_bit_for_bit(cuda_backend, synthetic
     run(cuda, a)
     assert run(cuda, b) == run(fresh, b)
     assert cuda.n_reused > 0 and fresh.n_reused == 0
+    # the graph path (CudaRunner.generate's _prefill_prompt) marks the state at the boundary as start() does
+    greedy = lambda runner, prompt: [s.token for s in runner.generate(prompt, SamplingParams(), 12)]   # noqa: E731
+    greedy(cuda, a)
+    assert greedy(cuda, b) == greedy(fresh, b)
+    assert cuda.n_reused > 0
 
 
 def test_a_drafters_chain_with_checkpoint_and_rewind(cuda_backend, synthetic_model):

@@ -138,7 +138,7 @@ class CudaBackend(Backend):
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
-        if getattr(cfg, "linear", None) is not None:     # eager: hybrid_runner.py
+        if getattr(cfg, "linear", None) is not None:     # graph decode, eager verify: hybrid_runner.py
             return CudaHybridRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types=kv_types)
         return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path,
                           kv_types=kv_types)

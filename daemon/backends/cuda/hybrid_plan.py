@@ -1,7 +1,7 @@
 """The CUDA backend's memory plan and load-time checks for a hybrid (qwen35) model: what its Gated DeltaNet layers
 add to a dense model's plan (backend.py) -- the recurrent state beside the K/V of the attention layers and a
 state per node of the largest draft tree a verify takes (recurrent_state.py's node buffers), a larger
-layer in the activation arena, larger weights in the dequantization scratch, and the constant buffers of
+layer in the activation arena, larger weights in the dequantization scratch, and the constant buffer of
 hybrid_ops.py -- and the shapes the recurrent kernels refuse (flashd_recurrent.h), so such a model fails at load
 with a message instead of at its first forward."""
 from __future__ import annotations
@@ -71,8 +71,6 @@ def hybrid_largest_weight(cfg: ModelConfig) -> int:
 
 
 def hybrid_workspace_bytes(cfg: ModelConfig, chunk: int) -> int:
-    """hybrid_ops.py's buffers outside the arena: the ones of silu (a power of two >= the widest silu) and the
-    int32 ids of the splits (a few shapes' worth)."""
-    lin = cfg.linear
-    widest = chunk * max(lin.conv_channels, lin.value_dim)
-    return 2 * widest * F32 + 8 * chunk * (lin.conv_channels + 2 * cfg.q_dim) * F32
+    """hybrid_ops.py's buffers outside the arena: l2_norm's weight, S floats (every other op takes from the arena;
+    chunk changes nothing since ABI 13's fd_silu and fd_copy_cols replaced the ones and the split ids)."""
+    return _up(cfg.linear.head_dim)

@@ -1,59 +1,68 @@
-"""CudaHybridRunner: a hybrid (qwen35) model on the GPU, every forward eager (per op, nothing captured).
+"""CudaHybridRunner: a hybrid (qwen35) model on the GPU. Decode steps replay CudaRunner's captured decode graph;
+prefill, scoring and draft-tree verification run the model's forward eagerly.
 
-Why eager: the forward runs a few elementwise ops on the host (hybrid_ops.HOST_OPS: no sigmoid / softplus /
-product kernel in the C ABI yet) and models.qwen35.forward reads n_past back to decide whether a sequence starts;
-both synchronize the stream, which a CUDA-graph capture forbids. So the decode loop is ModelRunner's (a forward
-per token, the token chosen on the host from the downloaded logits) instead of CudaRunner's graph replays, and
-greedy_continue (a drafter's chain) is ModelRunner's too. Prefill, scoring, prefix reuse, checkpoint / rewind
-are CudaRunner's / ModelRunner's unchanged: they already run the model's own forward eagerly.
+The decode step is CudaRunner's own machinery (_decode_body, _graph, _capture; generate and greedy_continue replay
+the graph with PIPELINE_DEPTH steps in flight): only the step's forward differs, models.qwen35.forward with
+new_sequence=False (`_step_forward`). Everything it launches is device-side with static addresses -- the ops of
+hybrid_ops.py (ABI 13: no host step), the conv and delta-rule kernels on the device state (recurrent_state.py), the
+arena -- and the per-step scalars (tok, pos, n_past) are CudaRunner's device words. What the eager forward decides
+on the host, the runner does before it replays: the forward reads n_past back to clear the state of a sequence
+that starts at slot 0 (greedy_continue from an empty context clears it here; generate's prompt is prefilled
+eagerly, which clears it), and it marks the tree node states stale (end_tree, called here). The one constant the
+body reads outside the arena (l2_norm's weight) is made before every capture (HybridOps.prepare_capture), so a
+capture after ops.release() (parking) uploads nothing. No persistent forward: it has no Gated DeltaNet stage.
 
-Draft trees are verified eagerly too (forward_tree: CudaRunner's verify body, row invariant, without a graph;
-commit_tree: the recurrent state of the accepted path's last node, then the K/V move): the linear layers run the
-causal_conv1d_tree / gated_delta_rule_tree kernels from a state per node (recurrent_state.py), whose outputs are
-bitwise decode steps along each node's path, so speculative decoding gives this runner's plain greedy tokens.
+Draft trees are verified eagerly (forward_tree: CudaRunner's verify body, row invariant, without a graph -- the
+forward reads the tree's parents off the mask on the host and uploads them; commit_tree: the recurrent state of
+the accepted path's last node, then the K/V move): the linear layers run the causal_conv1d_tree /
+gated_delta_rule_tree kernels from a state per node (recurrent_state.py), whose outputs are bitwise decode steps
+along each node's path, and the decode graph launches the same kernels as an eager one-row forward, so
+speculative decoding gives this runner's plain greedy tokens.
 """
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 
-from ....protocol.messages import SamplingParams
-from ...runner import ModelRunner, Sampled
+from ...models.qwen35 import forward as qwen35_forward
+from ..base import Batch
 from .ops import MAX_MASKED_TOKENS
 from .runner import CudaRunner
 
-__all__ = ["CudaHybridRunner"]
+__all__ = ["CudaHybridRunner", "HYBRID_NOTE"]
 
-EAGER_NOTE = ("a hybrid (qwen35) model runs eagerly on the CUDA backend: its forward has host steps "
-              "(cuda/hybrid_ops.py HOST_OPS), which a CUDA graph cannot capture")
+HYBRID_NOTE = ("a hybrid (qwen35) model decodes on the per-op CUDA graph (the persistent forward has no Gated "
+               "DeltaNet stage); draft trees are verified eagerly")
 
 
 class CudaHybridRunner(CudaRunner):
     def __init__(self, ops, cfg, weights, max_ctx: int, prefill_chunk: int = 512, kv_types=None):
         super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, forward_path="graph", kv_types=kv_types)
-        self.forward_path = "eager"
-        self.forward_note = EAGER_NOTE
+        self.forward_note = HYBRID_NOTE
 
     @property
     def max_tree_nodes(self) -> int:
         """CudaRunner's bound (masked attention, the prefill chunk) and the hybrid cache's (a state per node)."""
         return min(self.prefill_chunk, MAX_MASKED_TOKENS, self.cache.max_tree_nodes)
 
-    def _warm_up(self) -> None:
-        """Nothing to capture (CudaRunner warms up and captures its decode graph here)."""
+    # -- the decode graph ------------------------------------------------------------------------------------
+    def _step_forward(self, batch: Batch):
+        """The decode step's forward (captured): the state continues (the runner clears it where a sequence
+        starts, greedy_continue), nothing is read back."""
+        return qwen35_forward(self.ops, self.cfg, self.weights, self.cache, batch, new_sequence=False)
 
-    def _graph(self, params):
-        raise RuntimeError(EAGER_NOTE)      # never reached: generate / greedy_continue below do not replay
-
-    def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
-                 logprobs: int = 0) -> Iterator[Sampled]:
-        """ModelRunner.generate: a forward per token, selection on the host (sampling.sample)."""
-        yield from ModelRunner.generate(self, prompt, params, max_new_tokens, logprobs)
+    def _capture(self, body):
+        self.ops.prepare_capture(self.cfg)      # l2_norm's weight: an upload, illegal inside the capture
+        return super()._capture(body)
 
     def greedy_continue(self, feed, n_new: int) -> list[int]:
-        return ModelRunner.greedy_continue(self, feed, n_new)
+        """CudaRunner.greedy_continue (graph replays), with what the eager forward would decide on the host done
+        first: the node states are stale, and a chain from an empty context starts a new sequence."""
+        self.cache.end_tree()
+        if self.n_past == 0:
+            self.cache.clear_state()
+        return super().greedy_continue(feed, n_new)
 
+    # -- draft trees: eager ----------------------------------------------------------------------------------
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
         """ModelRunner.forward_tree, eager: CudaRunner's verify body (row invariant; capture's feature rows copied
         on the device) over the inputs uploaded in one copy; logits (n, vocab) on the device."""

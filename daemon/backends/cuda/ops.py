@@ -34,7 +34,7 @@ from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps,
                             attention_workspace_bytes, rope_scaling_struct, rope_struct)
 from .kv_cache import CudaKVCache
 from .kv_cache_quant import CudaQuantKVCache
-from .hybrid_ops import HybridOps, Silu
+from .hybrid_ops import HybridOps, Sigmoid, Silu
 from .recurrent_ops import RecurrentOps
 from .tensor import Arena, Device, DeviceTensor
 from .topk_ops import TopKOps
@@ -207,6 +207,8 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps):   # topk_ops.py: 
             raise TypeError("a RoPE'd tensor can only be consumed by attention")
         if isinstance(t, Silu):
             return self._silu_now(t)
+        if isinstance(t, Sigmoid):
+            return self._sigmoid_now(t)
         return t
 
     @staticmethod

@@ -53,7 +53,7 @@ def _parents(parents, n: int) -> None:
 
 
 class RecurrentOps:
-    """Mixed into CudaOps: needs self.dev, self.lib, self.take and self._check."""
+    """Mixed into CudaOps: needs self.dev, self.lib, self.take, self._check and self.materialize."""
 
     # -- causal conv1d ---------------------------------------------------------------------------------------
     def _conv_weight(self, weight, channels: int):
@@ -103,7 +103,8 @@ class RecurrentOps:
 
     # -- gated delta rule ------------------------------------------------------------------------------------
     def _delta_shapes(self, q, k, v, g, beta, state) -> tuple[int, int, int, int, int]:
-        """(n, Hk, Hv, d_k, d_v), or ValueError / TypeError naming what does not fit flashd_recurrent.h."""
+        """(n, Hk, Hv, d_k, d_v), or ValueError / TypeError naming what does not fit flashd_recurrent.h. The inputs
+        are materialized tensors (the callers' _delta_inputs: beta may come as hybrid_ops' pending Sigmoid)."""
         _float32(q=q, k=k, v=v, g=g, beta=beta, state=state)
         _need(q.ndim == 3 and v.ndim == 3, f"gated_delta_rule: q (n, Hk, d_k) and v (n, Hv, d_v) expected, got "
                                            f"{tuple(q.shape)} and {tuple(v.shape)}")
@@ -120,6 +121,9 @@ class RecurrentOps:
         _need(dv >= 1, "gated_delta_rule: d_v must be positive")
         return n, hk, hv, dk, dv
 
+    def _delta_inputs(self, *tensors):
+        return tuple(self.materialize(t) for t in tensors)
+
     def gated_delta_rule(self, q, k, v, g, beta, state, scale: float | None = None):
         """Ops.gated_delta_rule: one token -> gated_delta_rule_decode, more -> gated_delta_rule_prefill."""
         if q.shape[0] == 1:
@@ -129,6 +133,7 @@ class RecurrentOps:
     def gated_delta_rule_decode(self, q, k, v, g, beta, state, scale: float | None = None):
         """fd_gated_delta_rule_decode: one token, q, k (1, Hk, d_k), v (1, Hv, d_v), g, beta (1, Hv); state
         (Hv, d_k, d_v) updated; returns out (1, Hv, d_v). scale defaults to float32(1 / sqrt(d_v))."""
+        q, k, v, g, beta = self._delta_inputs(q, k, v, g, beta)
         n, hk, hv, dk, dv = self._delta_shapes(q, k, v, g, beta, state)
         _need(n == 1, f"gated_delta_rule_decode: one token, got {n} (gated_delta_rule_prefill takes more)")
         out = self.take((1, hv, dv))
@@ -139,6 +144,7 @@ class RecurrentOps:
 
     def gated_delta_rule_prefill(self, q, k, v, g, beta, state, scale: float | None = None):
         """fd_gated_delta_rule_prefill: n tokens in order (shapes as decode with n rows); state updated."""
+        q, k, v, g, beta = self._delta_inputs(q, k, v, g, beta)
         n, hk, hv, dk, dv = self._delta_shapes(q, k, v, g, beta, state)
         out = self.take((n, hv, dv))
         self._check(self.lib.fd_gated_delta_rule_prefill(
@@ -149,6 +155,7 @@ class RecurrentOps:
     def gated_delta_rule_tree(self, q, k, v, g, beta, state, parents, node_state, scale: float | None = None):
         """fd_gated_delta_rule_tree: node i from its parent's memory; state (Hv, d_k, d_v) read only, node_state
         (>= n, Hv, d_k, d_v) gets each node's memory; returns out (n, Hv, d_v)."""
+        q, k, v, g, beta = self._delta_inputs(q, k, v, g, beta)
         n, hk, hv, dk, dv = self._delta_shapes(q, k, v, g, beta, state)
         _parents(parents, n)
         _float32(node_state=node_state)

@@ -395,9 +395,13 @@ class CudaRunner(ModelRunner):
                 self._select(logits, params)
         else:
             batch = Batch(ids=self.tok, positions=self.pos, n_past=self.n_past_dev, n_tokens=1)
-            logits = forward(self.ops, self.cfg, self.weights, self.cache, batch)
-            self._select(logits, params)
+            self._select(self._step_forward(batch), params)
         self._advance()
+
+    def _step_forward(self, batch: Batch):
+        """The per-op decode step's forward of `tok` at `pos` (the graph's body: nothing here may read device
+        memory on the host). models.dense.forward; CudaHybridRunner runs models.qwen35's."""
+        return forward(self.ops, self.cfg, self.weights, self.cache, batch)
 
     def _set_state(self, n_past: int, n_history: int, tok: int = 0) -> None:
         state = dict(tok=tok, pos=n_past, n_past=n_past, step=0, n_history=n_history)
@@ -447,6 +451,21 @@ class CudaRunner(ModelRunner):
         return out[0], result
 
     # -- generation ------------------------------------------------------------------------------
+    def _prefill_prompt(self, prompt):
+        """ModelRunner.start with the logits left on the device: the cached prefix's chunks kept, the rest prefilled
+        in chunks from there, and (a hybrid) a copy of the recurrent state taken at the prompt's last whole-chunk
+        boundary, as start() takes it. Returns the last chunk's logits (1, vocab)."""
+        n_keep = self._begin_prompt(prompt)
+        n_prompt = len(prompt)
+        mark = n_prompt - n_prompt % self.prefill_chunk
+        logits = None
+        for start in range(n_keep, n_prompt, self.prefill_chunk):
+            logits = self._forward_device(prompt[start:start + self.prefill_chunk], all_logits=False)
+            if self._state_prefix and self.reuse_prefix and self.n_past == mark:
+                self.cache.mark_prefix_state(mark)
+        self._end_prompt(prompt)
+        return logits
+
     def generate(self, prompt: list[int], params: SamplingParams, max_new_tokens: int,
                  logprobs: int = 0) -> Iterator[Sampled]:
         greedy = params.greedy or params.temperature < TINY_TEMPERATURE
@@ -459,11 +478,7 @@ class CudaRunner(ModelRunner):
         n_prompt = len(prompt)
         dev.upload(np.asarray(prompt, np.int32), out=self.history[:n_prompt])
         self._set_state(n_prompt - 1, n_prompt)     # advance() moves pos/n_past to the new token's slot
-        n_keep = self._begin_prompt(prompt)         # chunks of the cached prefix kept (ModelRunner.start)
-        logits = None
-        for start in range(n_keep, n_prompt, self.prefill_chunk):
-            logits = self._forward_device(prompt[start:start + self.prefill_chunk], all_logits=False)
-        self._end_prompt(prompt)
+        logits = self._prefill_prompt(prompt)
         self._select(logits, sel)
         self._advance()
         dev.native.check(lib.fd_event_record(self.events[0], dev.stream), "event record")
