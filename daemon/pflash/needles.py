@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 
 __all__ = ["NiahCase", "make_case", "filler_sentence", "needle_positions", "fact_positions", "answer_values", "case_seed",
-           "KINDS"]
+           "KINDS", "ANSWER_VALUES"]
 
 _SUBJECTS = ["The baker", "A fisherman", "The old librarian", "Her neighbour", "The mayor", "A young teacher",
              "The ferry captain", "My grandmother", "The carpenter", "A travelling musician", "The gardener",
@@ -54,6 +54,7 @@ _TEAMS = ["north", "harbour", "granite", "silver", "evening", "lantern", "river"
 KINDS = ("single", "multi", "multi-all", "two-hop")
 N_MULTI = 4          # needles of a multi case (one asked for, three distractors)
 N_ALL = 4            # needles of a multi-all case, every one asked for
+ANSWER_VALUES = {"single": 1, "multi": 1, "multi-all": N_ALL, "two-hop": 1}   # values an answer holds, by kind
 
 
 @dataclass(slots=True, frozen=True)
