@@ -113,13 +113,13 @@ def size_option(ctx, param, value):
 @click.option("--compress-threshold", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Prompt tokens above which compress=auto compresses.")
 @click.option("--compress-keep", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
-              help="Default kept fraction of the prompt's 32-token chunks (default: the drafter's calibration, "
-                   "`flashd pflash-calibrate`, else 0.05).")
+              help="Default kept fraction of the prompt's 32-token chunks (default: the drafter's calibration for the "
+                   "prompt's length, `flashd pflash-calibrate`, else 0.05).")
 @click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.7, show_default=True,
               help="FlashPrefill block threshold of the drafter's sparse attention (0 = dense).")
 @click.option("--compress-layers", type=click.IntRange(min=0), default=None,
               help="Drafter layers run to score tokens: the first N (0 = all; fewer is faster). Default: the "
-                   "drafter's calibration (`flashd pflash-calibrate`), else 0.")
+                   "drafter's calibration for the prompt's length (`flashd pflash-calibrate`), else 0.")
 @click.option("--compress-first-layer", type=click.IntRange(min=0), default=None,
               help="First drafter layer whose attention scores (below --compress-layers; earlier layers run "
                    "but do not count). Default: the drafter's calibration, else 0.")

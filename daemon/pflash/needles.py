@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import random
 from dataclasses import dataclass
 
@@ -160,20 +161,11 @@ def _needles(rng: random.Random, kind: str) -> _Drawn:
     raise ValueError(f"unknown case kind {kind!r}; known: {', '.join(KINDS)}")
 
 
-def _estimate(template, tokenizer, pool, needles, question, full: int, n_tokens: int) -> int:
-    """A sentence count near the largest that fits: the tokens left after the prompt without filler over the
-    full pool's mean tokens per sentence."""
-    bare = len(_render(template, tokenizer, [], needles, question))
-    per_sentence = max((full - bare) / len(pool), 1e-9)
-    return min(max(int((n_tokens - bare) / per_sentence), 0), len(pool))
-
-
-def _largest_fit(fits, n: int, guess: int) -> int:
+def _largest_fit(fits, n: int, guess: int, step: int = 8) -> int:
     """The largest k in [0, n] with fits(k) (fits is monotone: a longer prefix of the filler is a longer prompt; k = 0
     is taken to fit, make_case checks it), searched from `guess`: gallop to a bracket, then bisect. One fits() is a
     tokenization of the whole prompt, so a good guess saves most of a plain bisection's ~log2(n) calls; the answer
-    is the same."""
-    step = 8
+    is the same. step: the first gallop's stride (how far off the guess may be)."""
     if guess == 0 or fits(guess):
         lo = guess                                   # fits
         probe = lo + step
@@ -204,13 +196,25 @@ def make_case(tokenizer, template, n_tokens: int, seed: int, kind: str = "single
     rng = random.Random(seed)
     drawn = _needles(rng, kind)
     needles, question = drawn.needles, drawn.question
+    renders: dict[int, list[int]] = {}          # sentence count -> prompt ids (the pool only grows at its end)
+
+    def render(k: int) -> list[int]:
+        if k not in renders:
+            renders[k] = _render(template, tokenizer, pool[:k], needles, question)
+        return renders[k]
+
     # sentences are ~12 tokens: start a little over, then find the largest count that fits
     pool = [filler_sentence(rng) for _ in range(max(n_tokens // 9, 8))]
-    while (full := len(_render(template, tokenizer, pool, needles, question))) < n_tokens:
+    while len(render(len(pool))) < n_tokens:
         pool += [filler_sentence(rng) for _ in range(len(pool) // 2 + 1)]
-    lo = _largest_fit(lambda k: len(_render(template, tokenizer, pool[:k], needles, question)) <= n_tokens,
-                      len(pool), _estimate(template, tokenizer, pool, needles, question, full, n_tokens))
-    ids = _render(template, tokenizer, pool[:lo], needles, question)
+    # a guess from the mean tokens per sentence, corrected once by the guess's own length (one tokenization of the
+    # whole prompt each: at 128K tokens the search is most of a case's time)
+    bare = len(render(0))
+    per_sentence = max((len(render(len(pool))) - bare) / len(pool), 1e-9)
+    guess = min(max(int((n_tokens - bare) / per_sentence), 0), len(pool))
+    guess = min(max(guess + math.floor((n_tokens - len(render(guess))) / per_sentence), 0), len(pool))
+    lo = _largest_fit(lambda k: len(render(k)) <= n_tokens, len(pool), guess, step=2)
+    ids = render(lo)
     if len(ids) > n_tokens:
         raise ValueError(f"n_tokens {n_tokens} is too small for the {kind} case's needles and question "
                          f"({len(ids)} tokens without filler)")
