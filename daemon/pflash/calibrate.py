@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .calibration_store import CalibratedBand, Calibration, file_identity, rope_tag
-from .selection import kept_positions
+from .selection import chunk_positions, chunk_scores, importance, select_chunks, smooth
 
 __all__ = ["CalibrationFailed", "layer_maxima", "choose_setting", "calibrate", "merge"]
 
@@ -66,6 +66,14 @@ def layer_maxima(drafter, ids, alpha: float) -> np.ndarray:
     return stacked
 
 
+def _all_kept(wanted: np.ndarray, kept: np.ndarray) -> bool:
+    """Every wanted position is in `kept` (ascending positions, as the selection returns them)."""
+    if len(kept) == 0:
+        return len(wanted) == 0
+    at = np.minimum(np.searchsorted(kept, wanted), len(kept) - 1)
+    return bool(np.all(kept[at] == wanted))
+
+
 def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Sequence[float],
                    select: Callable[[np.ndarray, float], np.ndarray]) -> tuple[int, int, float, bool] | None:
     """cases: (layer maxima (N, T, S), fact positions). select(probs, keep) -> kept positions.
@@ -83,8 +91,13 @@ def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Seq
         for lo in range(hi - 1, -1, -1):
             for c, (maxima, _) in enumerate(cases):
                 running[c] = maxima[lo] if running[c] is None else np.maximum(running[c], maxima[lo])
+            alive = keeps                          # the keeps no case has failed yet at [lo, hi)
+            for r, w in zip(running, wanted):      # case by case, every keep of one case together
+                alive = [keep for keep in alive if _all_kept(w, select(r, keep))]
+                if not alive:
+                    break
             for keep in keeps:
-                passed[(lo, keep)] = all(np.isin(w, select(r, keep)).all() for r, w in zip(running, wanted))
+                passed[(lo, keep)] = keep in alive
         best = None
         for (lo, keep), ok in passed.items():
             if not ok:
@@ -108,8 +121,13 @@ def calibrate(drafter, tokenizer, template, drafter_path: str | Path, *, lengths
 
     pc = drafter.config
 
+    last: list = [None, None]                  # (probs, its chunk scores): choose_setting asks every keep in a row
+
     def select(probs, keep):
-        return kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks, pc.last_chunks)
+        if last[0] is not probs:
+            last[:] = [probs, chunk_scores(smooth(importance(probs), pc.smooth_tokens), pc.chunk_tokens)]
+        return chunk_positions(select_chunks(last[1], keep, pc.first_chunks, pc.last_chunks), pc.chunk_tokens,
+                               probs.shape[1])
 
     bands, failed, n_layers = [], [], drafter.model.config.n_layers
     for n_tokens in sorted(set(lengths)):

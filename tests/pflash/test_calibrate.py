@@ -63,6 +63,35 @@ def _run(*args, env):
                           timeout=TIMEOUT_S, env=env)
 
 
+def _brute_force(cases, keeps, select):
+    """The rule stated plainly: every window and keep, then the rank (hi, keep, no margin, lo)."""
+    keeps = sorted(set(keeps))
+    n = cases[0][0].shape[0]
+    passed = {(lo, hi, k): all(np.isin(w, select(m[lo:hi].max(axis=0), k)).all() for m, w in cases)
+              for hi in range(1, n + 1) for lo in range(hi) for k in keeps}
+    ranked = sorted((hi, k, not (keeps.index(k) > 0 and passed[(lo, hi, keeps[keeps.index(k) - 1])]), lo)
+                    for (lo, hi, k), ok in passed.items() if ok)
+    return None if not ranked else (ranked[0][3], ranked[0][0], ranked[0][1], not ranked[0][2])
+
+
+def test_the_search_finds_what_trying_every_window_finds():
+    """choose_setting stops at the first passing layer count and grows each window's max one layer at a time: on
+    random maxima it returns what the plain rule over every window returns."""
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n_layers, n_tokens = int(rng.integers(2, 6)), 60
+        cases = []
+        for _ in range(int(rng.integers(1, 4))):
+            m = rng.random((n_layers, 2, n_tokens)).astype(np.float32) ** 4
+            where = sorted(rng.choice(n_tokens, int(rng.integers(1, 4)), replace=False).tolist())
+            for layer in range(n_layers):          # some layers find the facts, more or less strongly
+                if rng.random() < 0.5:
+                    m[layer][:, where] += rng.random()
+            cases.append((m, where))
+        keeps = [0.05, 0.1, 0.2, 0.4, 0.7]
+        assert choose_setting(cases, keeps, _select_top) == _brute_force(cases, keeps, _select_top), trial
+
+
 def _calibrate(cache, *args) -> tuple[int, str]:
     """The command in this process (CliRunner): (exit code, stdout + stderr)."""
     result = CliRunner().invoke(calibrate_command, list(args), env={"FLASHD_CACHE_DIR": str(cache)})
