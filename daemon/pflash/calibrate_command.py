@@ -61,7 +61,8 @@ def _kinds(text: str) -> list[str]:
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0), default=0.7, show_default=True,
               help="FlashPrefill block threshold used while scoring (as --compress-alpha).")
 @click.option("--forward-chunk", type=click.IntRange(128), default=1024, show_default=True,
-              help="Drafter tokens per forward (a multiple of 128; 4096 on a GPU). The scores do not depend on it.")
+              help="Drafter tokens per forward (a multiple of 128; 4096 on a GPU). The scores depend on it only "
+                   "through float rounding (sums in another order).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @rope_options
 @click.option("--merge", is_flag=True,
