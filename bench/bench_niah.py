@@ -5,20 +5,28 @@ prefill vs llama.cpp's dense prefill, on one GPU in one run.
         --drafter qwen2.5-coder-0.5b-instruct-q8_0.gguf --llama-bench /tmp/llama-cpp-build/build/bin/llama-bench \
         --cases 20 --lengths 4096,8192,16384,32768 --out bench/results/
 
-For every length, `--cases` cases from flashd.daemon.pflash.needles (needle at a random depth in generated
-filler, the question at the end, sized with the target's tokenizer to at most that many tokens):
+    python bench/bench_niah.py --target ... --drafter ... --auto --kinds single,multi-all,two-hop \
+        --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 32768 --lengths 8192,32768,65536,131072 ...
 
-- flashd dense: `generate` of the whole prompt (greedy, --max-tokens); TTFT = wall time from the
-  request to its first token event; pass = the needle's value appears in the output text.
+For every length and case kind (--kinds: needles.KINDS -- single, multi, multi-all, two-hop), `--cases` cases from
+flashd.daemon.pflash.needles (needles at seeded depths in generated filler, the question at the end, sized with the
+target's tokenizer to at most the length less the answer's tokens):
+
+- flashd dense: `generate` of the whole prompt (greedy, --max-tokens per asked value); TTFT = wall time from the
+  request to its first token event; pass = every value the question asks for appears in the output text.
 - PFlash: `compress` (drafter resident, --keep, --alpha, --layers) then `generate` of the kept ids; TTFT =
   wall time from the compress request to the generate's first token (both requests included).
+  With --auto instead: `generate compress=auto` with the drafter's stored calibration (`flashd pflash-calibrate`
+  under the same --rope-* options; its band for each prompt's length) and --threshold; TTFT = that request to its
+  first token (the compression inside it).
 - llama.cpp: llama-bench -p LENGTH -n 0 -fa 1 -ngl 99 on the same target GGUF; TTFT = LENGTH /
   its prefill tok/s (a prefill time: llama-bench runs no NIAH, so no pass rate).
-- Sweep: PFlash pass rate and TTFT for every (--sweep-keeps x --sweep-alphas x --sweep-layers), at
-  every length.
+- Sweep (not with --auto): PFlash pass rate and TTFT for every (--sweep-keeps x --sweep-alphas x --sweep-layers),
+  at every length, on the first kind's cases.
 
-Each mode runs one warm-up case first (graph capture, arena growth; not counted). Output: a
-markdown table (stdout, and --out/<date>-niah.md plus .json).
+Each length runs one warm-up case first (graph capture, arena growth; not counted). Output: markdown tables
+(niah_report.py; stdout, and --out/<date>-niah.md plus .json): the first kind's headline, the sweep, and every kind's
+pass rate by length.
 """
 from __future__ import annotations
 
@@ -31,8 +39,9 @@ import threading
 import time
 from pathlib import Path
 
+from flashd.bench.niah_report import format_markdown
 from flashd.bench.out_files import write_md_json
-from flashd.daemon.pflash.needles import make_case
+from flashd.daemon.pflash.needles import ANSWER_VALUES, KINDS, case_seed, make_case
 
 
 def log(msg: str) -> None:
@@ -66,13 +75,15 @@ class InProcess:
         return f"b{self.n}"
 
 
-def generate_ttft(client: InProcess, ids, max_tokens: int, t_start: float | None = None) -> tuple[float, str]:
-    """(seconds from t_start (default: now) to the first token, output text)."""
+def generate_ttft(client: InProcess, ids, max_tokens: int, t_start: float | None = None,
+                  **fields) -> tuple[float, str, dict]:
+    """(seconds from t_start (default: now) to the first token, output text, the done event); fields: more Generate
+    fields (compress=...)."""
     from flashd.protocol import messages as m
 
     first: list[float] = []
     t0 = time.perf_counter() if t_start is None else t_start
-    req = m.Generate(client.next_id(), ids=list(ids), max_tokens=max_tokens, stream=True)
+    req = m.Generate(client.next_id(), ids=list(ids), max_tokens=max_tokens, stream=True, **fields)
     texts: list[str] = []
     done_events = []
     done = threading.Event()
@@ -90,7 +101,7 @@ def generate_ttft(client: InProcess, ids, max_tokens: int, t_start: float | None
     done.wait()
     if done_events[-1]["event"] == "error":
         raise RuntimeError(str(done_events[-1]))
-    return first[0] - t0, "".join(texts)
+    return first[0] - t0, "".join(texts), done_events[-1]
 
 
 def parse_window(text: str) -> tuple[int, int]:
@@ -104,15 +115,30 @@ def window_label(first: int, layers: int) -> str:
     return f"{first}:{layers or 'all'}" if first else str(layers or "all")
 
 
+def setting_label(compressed: dict | None) -> str:
+    """What a compression ran with (a result / done `compress` map: keep, first_layer, layers), or "dense"."""
+    if compressed is None:
+        return "dense"
+    return f"keep {compressed['keep']:g} layers [{compressed['first_layer']}, {compressed['layers']})"
+
+
 def pflash_ttft(client: InProcess, ids, max_tokens: int, keep: float, alpha: float,
-                window: tuple[int, int] = (0, 0)) -> tuple[float, str, int]:
+                window: tuple[int, int] = (0, 0)) -> tuple[float, str, int, str]:
+    """compress then generate of the kept ids: (TTFT s, answer, kept tokens, setting_label)."""
     from flashd.protocol import messages as m
 
     t0 = time.perf_counter()
     res = client.run(m.Compress(client.next_id(), ids=list(ids), keep=keep, alpha=alpha, first_layer=window[0],
                                 layers=window[1]))
-    ttft, text = generate_ttft(client, res["ids"], max_tokens, t_start=t0)
-    return ttft, text, res["n_out"]
+    ttft, text, _ = generate_ttft(client, res["ids"], max_tokens, t_start=t0)
+    return ttft, text, res["n_out"], setting_label(res)
+
+
+def auto_ttft(client: InProcess, ids, max_tokens: int) -> tuple[float, str, int, str]:
+    """generate compress=auto (the daemon's calibrated bands and threshold): (TTFT s, answer, prompt tokens the
+    target prefilled, setting_label)."""
+    ttft, text, done = generate_ttft(client, ids, max_tokens, compress="auto")
+    return ttft, text, done["n_prompt"], setting_label(done.get("compress"))
 
 
 def summarise(rows: list[tuple[float, bool]]) -> dict:
@@ -121,14 +147,41 @@ def summarise(rows: list[tuple[float, bool]]) -> dict:
             "ttft_min_s": min(times), "ttft_max_s": max(times)}
 
 
-def main(argv=None) -> int:
+def pflash_rows(run, cases, budget: int) -> dict:
+    """run(ids, max_tokens) -> (TTFT, answer, kept tokens, setting) over the cases: summarise() + the median kept
+    tokens and the settings that ran."""
+    rows, kept, settings = [], [], []
+    for c in cases:
+        t, text, n_kept, setting = run(c.ids, budget)
+        rows.append((t, c.passed(text)))
+        kept.append(n_kept)
+        if setting not in settings:
+            settings.append(setting)
+    return {**summarise(rows), "kept_tokens": statistics.median(kept), "settings": settings}
+
+
+def dense_rows(client: InProcess, cases, budget: int) -> dict:
+    rows = []
+    for c in cases:
+        t, text, _ = generate_ttft(client, c.ids, budget)
+        rows.append((t, c.passed(text)))
+    return summarise(rows)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, required=True, help="target GGUF (e.g. Qwen2.5-Coder-1.5B-Instruct)")
     ap.add_argument("--drafter", type=Path, required=True, help="PFlash drafter GGUF (e.g. Qwen2.5-Coder-0.5B)")
-    ap.add_argument("--cases", type=int, default=20, help="cases per length")
+    ap.add_argument("--cases", type=int, default=20, help="cases per length and kind")
     ap.add_argument("--lengths", default="4096,8192,16384,32768", help="prompt tokens (at most), comma separated")
+    ap.add_argument("--kinds", default="single", help="case kinds, comma separated (needles.KINDS: "
+                    f"{', '.join(KINDS)}); the headline table and the sweep use the first")
+    ap.add_argument("--auto", action="store_true", help="PFlash rows: generate compress=auto with the drafter's "
+                    "stored calibration (flashd pflash-calibrate with the same --rope-* options), not --keep/--layers")
+    ap.add_argument("--threshold", type=int, default=None, help="--auto: compress prompts above this many tokens "
+                    "(default: flashd serve's --compress-threshold default)")
     ap.add_argument("--keep", type=float, default=0.05, help="headline PFlash keep ratio")
-    ap.add_argument("--alpha", type=float, default=0.7, help="headline FlashPrefill alpha")
+    ap.add_argument("--alpha", type=float, default=0.7, help="FlashPrefill alpha (headline, and --auto's)")
     ap.add_argument("--layers", default="0", help="headline drafter scoring layers: L (the first L, 0 = all) or F:L")
     ap.add_argument("--forward-chunk", type=int, default=4096, help="drafter tokens per forward (multiple of 128)")
     ap.add_argument("--sweep-keeps", default="0.02,0.05,0.1", help="keep ratios of the sweep ('' = no sweep)")
@@ -138,9 +191,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-cases", type=int, default=None, help="cases per sweep point (default --cases)")
     ap.add_argument("--last-chunks", type=int, default=1,
                     help="32-token chunks always kept at the prompt's end (PFlash's rule: 1; the question sits there)")
-    ap.add_argument("--kinds", default="single", help="case kinds, comma separated (needles.KINDS: single, multi, "
-                    "two-hop); the headline and the sweep use the first, the others get dense + headline PFlash rows")
-    ap.add_argument("--max-tokens", type=int, default=24, help="generated tokens per case")
+    ap.add_argument("--max-tokens", type=int, default=24, help="generated tokens per asked value")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-llama", action="store_true", help="no llama.cpp column")
     ap.add_argument("--skip-dense", action="store_true", help="no flashd dense column")
@@ -159,100 +210,136 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-type", default=None, help="the target's KV cache type (f16, q8_0, q4_0; or K/V)")
     ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
     args = ap.parse_args(argv)
+    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or ["single"]
+    unknown = [k for k in args.kinds if k not in KINDS]
+    if unknown or len(set(args.kinds)) != len(args.kinds):
+        ap.error(f"--kinds: each of {', '.join(KINDS)} at most once, got {','.join(args.kinds)}")
+    try:
+        args.lengths = [int(x) for x in args.lengths.split(",") if x]
+    except ValueError:
+        ap.error(f"--lengths: comma-separated token counts, got {args.lengths!r}")
+    if not args.lengths or min(args.lengths) <= args.max_tokens * max(ANSWER_VALUES[k] for k in args.kinds):
+        ap.error("--lengths: every length must exceed the answer's tokens (--max-tokens per asked value)")
+    if args.cases < 1 or args.max_tokens < 1:
+        ap.error("--cases and --max-tokens must be >= 1")
+    if args.threshold is not None and not args.auto:
+        ap.error("--threshold is --auto's")
+    if args.rope_scaling is None and (args.rope_factor is not None or args.rope_orig_ctx is not None):
+        ap.error("--rope-factor / --rope-orig-ctx need --rope-scaling")
+    return args
 
+
+def pflash_config(args, rope):
+    """The engine's PFlashConfig: the headline's, or under --auto the drafter's stored calibration (its bands) and
+    --threshold; (config, the calibration's record or None). SystemExit when --auto finds no calibration."""
+    from flashd.daemon.models import open_model
+    from flashd.daemon.pflash.calibration_store import calibrated_pflash, load_calibration, rope_tag
+    from flashd.daemon.pflash.config import PFlashConfig
+
+    base = PFlashConfig(keep=args.keep, alpha=args.alpha, last_chunks=args.last_chunks,
+                        forward_chunk=args.forward_chunk,
+                        **({"threshold": args.threshold} if args.threshold is not None else {}))
+    if not args.auto:
+        return base, None
+    tag = rope_tag(open_model(args.drafter, rope)[1].rope_scaling)
+    calibration = load_calibration(args.drafter, tag)
+    if calibration is None:
+        raise SystemExit(f"--auto: no calibration stored for {args.drafter.name}{' under ' + tag if tag else ''}; run "
+                         f"`flashd pflash-calibrate --drafter {args.drafter}` with the same --rope-* options first")
+    return calibrated_pflash(base, calibration), calibration.as_dict()
+
+
+def make_cases(tok, template, length: int, kind: str, args, n: int, first: int = 0) -> list:
+    """n cases of `kind` (case_seed's bench stream from index `first`), sized to leave the answer's tokens."""
+    size = length - args.max_tokens * ANSWER_VALUES[kind]
+    return [make_case(tok, template, size, case_seed("bench", args.seed, length, kind, first + i), kind=kind)
+            for i in range(n)]
+
+
+def measure_length(client: InProcess, tok, template, length: int, args, headline, sweep_points) -> dict:
+    """Every kind's dense and PFlash rows at one length; the first kind's sweep."""
+    sweep_cases = args.sweep_cases or args.cases
+    first = args.kinds[0]
+    log(f"length {length}: making {args.cases} cases of {', '.join(args.kinds)}")
+    cases = make_cases(tok, template, length, first, args, max(args.cases, sweep_cases) + 1)
+    warm, cases = cases[0], cases[1:]              # case 0 of the first kind: the warm-up (not counted)
+    generate_ttft(client, warm.ids, 2)                                  # the dense path
+    if args.auto:
+        generate_ttft(client, warm.ids, 2, compress="always")           # the drafter at this length's band
+    else:
+        pflash_ttft(client, warm.ids, 2, args.keep, args.alpha, headline)
+    row: dict = {"prompt_tokens": statistics.median(c.n_tokens for c in cases), "kinds": {}}
+    for kind in args.kinds:
+        kind_cases = cases[:args.cases] if kind == first else make_cases(tok, template, length, kind, args, args.cases)
+        budget = args.max_tokens * ANSWER_VALUES[kind]
+        r: dict = {"prompt_tokens": statistics.median(c.n_tokens for c in kind_cases)}
+        if not args.skip_dense:
+            r["dense"] = dense_rows(client, kind_cases, budget)
+            log(f"  {kind} dense: {r['dense']}")
+        if args.auto:
+            r["pflash"] = pflash_rows(lambda ids, n: auto_ttft(client, ids, n), kind_cases, budget)
+        else:
+            r["pflash"] = pflash_rows(lambda ids, n: pflash_ttft(client, ids, n, args.keep, args.alpha, headline),
+                                      kind_cases, budget)
+        log(f"  {kind} pflash{' auto' if args.auto else ''}: {r['pflash']}")
+        row["kinds"][kind] = r
+    row["dense"], row["pflash"] = row["kinds"][first].get("dense"), row["kinds"][first]["pflash"]
+    row["sweep"] = []
+    for keep, alpha, window in sweep_points:
+        point = {"keep": keep, "alpha": alpha, "layers": window_label(*window)}
+        if (keep, alpha, window) == (args.keep, args.alpha, headline) and sweep_cases <= args.cases:
+            row["sweep"].append({**point, **row["pflash"]})
+            continue
+        budget = args.max_tokens * ANSWER_VALUES[first]
+        row["sweep"].append({**point, **pflash_rows(
+            lambda ids, n: pflash_ttft(client, ids, n, keep, alpha, window), cases[:sweep_cases], budget)})
+        log(f"  sweep keep={keep} alpha={alpha} layers={point['layers']}: {row['sweep'][-1]}")
+    return row
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     from flashd.clients.chat_template import ChatTemplate
+    from flashd.daemon.backends.kv_types import parse_kv_types
     from flashd.daemon.config import EngineConfig
     from flashd.daemon.engine import Engine
-    from flashd.daemon.backends.kv_types import parse_kv_types
-    from flashd.daemon.pflash.config import PFlashConfig
+    from flashd.daemon.pflash.calibration_store import describe_bands
     from flashd.daemon.vram_budget import parse_size
 
-    lengths = [int(x) for x in args.lengths.split(",") if x]
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or ["single"]
-    keeps = [float(x) for x in args.sweep_keeps.split(",") if x]
-    alphas = [float(x) for x in args.sweep_alphas.split(",") if x]
     headline = parse_window(args.layers)
     windows = [parse_window(x) for x in args.sweep_layers.split(",") if x] or [headline]
-    sweep_cases = args.sweep_cases or args.cases
-    max_ctx = max(lengths) + args.max_tokens
+    keeps = [float(x) for x in args.sweep_keeps.split(",") if x]
+    alphas = [float(x) for x in args.sweep_alphas.split(",") if x]
+    sweep_points = [] if args.auto else list(itertools.product(keeps, alphas, windows))
     rope = None if args.rope_scaling is None else (args.rope_scaling, args.rope_factor, args.rope_orig_ctx)
+    pflash, calibration = pflash_config(args, rope)
     kv_k, _, kv_v = (args.kv_type or "").partition("/")
     extra = dict(rope_override=rope, kv_types=parse_kv_types(kv_k or None, None, kv_v or None))
     if args.vram_budget:
         extra["vram_budget"] = parse_size(args.vram_budget)
-    engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max_ctx, **extra,
-                                 prefill_drafter=str(args.drafter), prefill_chunk=512,
+    engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max(args.lengths) + args.max_tokens,
+                                 **extra, prefill_drafter=str(args.drafter), prefill_chunk=512,
                                  prefix_cache=False,     # every TTFT a cold prefill (cases may share a prefix)
-                                 pflash=PFlashConfig(keep=args.keep, alpha=args.alpha,
-                                                     last_chunks=args.last_chunks, forward_chunk=args.forward_chunk)))
+                                 pflash=pflash))
     engine.load()
     engine.start()
     client = InProcess(engine)
     template = ChatTemplate.from_gguf(args.target)
-    tok = engine.tokenizer
     results: dict = {"device": engine.backend.info(), "target": str(args.target), "drafter": str(args.drafter),
                      "rope_scaling": rope, "vram_budget": args.vram_budget, "kv_type": args.kv_type or "f16",
-                     "keep": args.keep, "alpha": args.alpha, "layers": window_label(*headline), "last_chunks": args.last_chunks, "cases": args.cases,
-                     "lengths": {}}
+                     "mode": "auto" if args.auto else "explicit", "kinds": args.kinds, "keep": args.keep,
+                     "alpha": args.alpha, "layers": window_label(*headline), "last_chunks": args.last_chunks,
+                     "cases": args.cases, "max_tokens_per_value": args.max_tokens, "threshold": pflash.threshold,
+                     "calibration": calibration, "bands_text": describe_bands(pflash.bands), "lengths": {}}
     try:
-        for length in lengths:
-            log(f"length {length}: making {args.cases} cases")
-            cases = [make_case(tok, template, length - args.max_tokens, args.seed * 1_000_003 + length * 101 + i,
-                               kind=kinds[0]) for i in range(max(args.cases, sweep_cases) + 1)]
-            warm, cases = cases[0], cases[1:]
-            row: dict = {"prompt_tokens": statistics.median(c.n_tokens for c in cases)}
-            generate_ttft(client, warm.ids, 2)                              # warm-up (dense path)
-            pflash_ttft(client, warm.ids, 2, args.keep, args.alpha, headline)      # warm-up (drafter)
-            if not args.skip_dense:
-                rows = []
-                for c in cases[:args.cases]:
-                    t, text = generate_ttft(client, c.ids, args.max_tokens)
-                    rows.append((t, c.value in text))
-                row["dense"] = summarise(rows)
-                log(f"  dense: {row['dense']}")
-            rows, kept = [], []
-            for c in cases[:args.cases]:
-                t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha, headline)
-                rows.append((t, c.value in text))
-                kept.append(n_out)
-            row["pflash"] = {**summarise(rows), "kept_tokens": statistics.median(kept)}
-            log(f"  pflash: {row['pflash']}")
-            row["sweep"] = []
-            for keep, alpha, window in itertools.product(keeps, alphas, windows):
-                point = {"keep": keep, "alpha": alpha, "layers": window_label(*window)}
-                if (keep, alpha, window) == (args.keep, args.alpha, headline) and sweep_cases <= args.cases:
-                    row["sweep"].append({**point, **row["pflash"]})
-                    continue
-                rows, kept = [], []
-                for c in cases[:sweep_cases]:
-                    t, text, n_out = pflash_ttft(client, c.ids, args.max_tokens, keep, alpha, window)
-                    rows.append((t, c.value in text))
-                    kept.append(n_out)
-                row["sweep"].append({**point, **summarise(rows), "kept_tokens": statistics.median(kept)})
-                log(f"  sweep keep={keep} alpha={alpha} layers={point['layers']}: {row['sweep'][-1]}")
-            row["kinds"] = {kinds[0]: {"dense": row.get("dense"), "pflash": row["pflash"]}}
-            for kind in kinds[1:]:
-                row["kinds"][kind] = harder_rows(client, tok, template, length, kind, args, headline)
-                log(f"  {kind}: {row['kinds'][kind]}")
-            results["lengths"][length] = row
+        for length in args.lengths:
+            results["lengths"][length] = measure_length(client, engine.tokenizer, template, length, args, headline,
+                                                        sweep_points)
     finally:
         engine.stop(10)
-
     if not args.skip_llama:
-        from flashd.bench.compare_llama_cpp import build_llama_bench, run_llama_bench
-        exe = args.llama_bench
-        if exe is None:
-            if args.sdist is None:
-                raise SystemExit("--llama-bench or --sdist is needed for the llama.cpp column (or --skip-llama)")
-            import os
-            exe = build_llama_bench(args.sdist, args.build_dir, args.arch, os.cpu_count() or 4)
-        for length, row in results["lengths"].items():
-            n = int(row["prompt_tokens"])
-            tps = run_llama_bench(exe, args.target, str(n), "0", "0", args.llama_reps)[f"pp{n}"]
-            row["llama"] = {"prompt_tokens": n, "pp_tok_s": tps, "ttft_s": n / tps}
-            log(f"llama.cpp pp{n}: {tps:.0f} tok/s -> {n / tps:.3f} s")
-
-    md = format_markdown(results, args)
+        llama_column(results, args)
+    md = format_markdown(results)
     print(md)
     if args.out is not None:
         stem = write_md_json(args.out, f"{datetime.date.today().isoformat()}-niah", md, results, indent=1, default=str)
@@ -260,62 +347,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def harder_rows(client, tok, template, length: int, kind: str, args, headline) -> dict:
-    """Dense (unless --skip-dense) and headline-PFlash pass rates and TTFTs over args.cases cases of `kind`."""
-    cases = [make_case(tok, template, length - args.max_tokens, args.seed * 1_000_003 + length * 101 + 500_000 + i,
-                       kind=kind) for i in range(args.cases)]
-    out = {}
-    if not args.skip_dense:
-        rows = []
-        for c in cases:
-            t, text = generate_ttft(client, c.ids, args.max_tokens)
-            rows.append((t, c.value in text))
-        out["dense"] = summarise(rows)
-    rows = []
-    for c in cases:
-        t, text, _ = pflash_ttft(client, c.ids, args.max_tokens, args.keep, args.alpha, headline)
-        rows.append((t, c.value in text))
-    out["pflash"] = summarise(rows)
-    return out
-
-
-def format_markdown(results: dict, args) -> str:
-    dev = results["device"]
-    lines = [f"# PFlash NIAH: {Path(results['target']).name} + drafter {Path(results['drafter']).name}", "",
-             f"Device: {dev.get('name', dev)}. {results['cases']} cases per length; headline keep={results['keep']}, "
-             f"alpha={results['alpha']}, drafter scoring layers={results['layers']}, last {results['last_chunks']} chunk(s) always kept; TTFT = median seconds from request to first token (PFlash: compress + "
-             f"generate of the kept ids; llama.cpp: prompt tokens / llama-bench pp tok/s, -fa 1).", "",
-             "| tokens | flashd dense pass | flashd dense TTFT s | llama.cpp TTFT s | PFlash pass | PFlash TTFT s "
-             "| kept tokens | vs llama.cpp | vs flashd dense |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for length, row in results["lengths"].items():
-        dense, pf, ll = row.get("dense"), row["pflash"], row.get("llama")
-        cells = [str(int(row["prompt_tokens"])),
-                 f"{dense['pass']}/{dense['n']}" if dense else "-",
-                 f"{dense['ttft_s']:.3f}" if dense else "-",
-                 f"{ll['ttft_s']:.3f}" if ll else "-",
-                 f"{pf['pass']}/{pf['n']}", f"{pf['ttft_s']:.3f}", str(int(pf["kept_tokens"])),
-                 f"{ll['ttft_s'] / pf['ttft_s']:.1f}x" if ll else "-",
-                 f"{dense['ttft_s'] / pf['ttft_s']:.1f}x" if dense else "-"]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Sweep (PFlash pass rate, median TTFT s, kept tokens)", "",
-              "| tokens | keep | alpha | drafter layers | pass | TTFT s | kept tokens |", "|---|---|---|---|---|---|---|"]
-    for length, row in results["lengths"].items():
-        for s in row["sweep"]:
-            lines.append(f"| {int(row['prompt_tokens'])} | {s['keep']} | {s['alpha']} | {s.get('layers', 'all')} | "
-                         f"{s['pass']}/{s['n']} | "
-                         f"{s['ttft_s']:.3f} | {int(s['kept_tokens'])} |")
-    kinds = {k for row in results["lengths"].values() for k in row.get("kinds", {})}
-    if len(kinds) > 1:
-        lines += ["", "## Case kinds (pass: dense / headline PFlash; needles.py says what each kind is)", "",
-                  "| tokens | kind | dense pass | PFlash pass | PFlash TTFT s |", "|---|---|---|---|---|"]
-        for row in results["lengths"].values():
-            for kind, r in row["kinds"].items():
-                d, pf = r.get("dense"), r["pflash"]
-                dense_cell = f"{d['pass']}/{d['n']}" if d else "-"
-                lines.append(f"| {int(row['prompt_tokens'])} | {kind} | {dense_cell} | {pf['pass']}/{pf['n']} | "
-                             f"{pf['ttft_s']:.3f} |")
-    return "\n".join(lines) + "\n"
+def llama_column(results: dict, args) -> None:
+    """llama.cpp's dense prefill at each length's median prompt (llama-bench pp, -fa 1): TTFT = tokens / tok/s."""
+    from flashd.bench.compare_llama_cpp import build_llama_bench, run_llama_bench
+    exe = args.llama_bench
+    if exe is None:
+        if args.sdist is None:
+            raise SystemExit("--llama-bench or --sdist is needed for the llama.cpp column (or --skip-llama)")
+        import os
+        exe = build_llama_bench(args.sdist, args.build_dir, args.arch, os.cpu_count() or 4)
+    for row in results["lengths"].values():
+        n = int(row["prompt_tokens"])
+        tps = run_llama_bench(exe, args.target, str(n), "0", "0", args.llama_reps)[f"pp{n}"]
+        row["llama"] = {"prompt_tokens": n, "pp_tok_s": tps, "ttft_s": n / tps}
+        log(f"llama.cpp pp{n}: {tps:.0f} tok/s -> {n / tps:.3f} s")
 
 
 if __name__ == "__main__":

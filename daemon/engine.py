@@ -335,7 +335,7 @@ class Engine:
         return self.check_ids(req.ids)
 
     # -- PFlash and parking (the engine thread) --------------------------------------------------
-    def compress(self, prompt: list[int], keep: float, drafter: str | None = None, alpha: float | None = None,
+    def compress(self, prompt: list[int], keep: float | None, drafter: str | None = None, alpha: float | None = None,
                  layers: int | None = None, first_layer: int | None = None):
         """PFlash; with the `park` drafter policy, the 24 GB choreography around it: park the
         target, load the drafter, compress, free the drafter, unpark the target."""

@@ -75,7 +75,7 @@ def _prompt(engine: Engine, req: m.Generate):
     mode = req.compress if req.compress is not None else engine.config.pflash.mode
     if not engine.compressor.wants(mode, len(prompt), req.threshold):
         return prompt, None
-    compressed = engine.compress(prompt, req.keep if req.keep is not None else engine.config.pflash.keep)
+    compressed = engine.compress(prompt, req.keep)       # keep None: the prompt length's band (PFlashConfig.setting)
     return compressed.ids, compressed
 
 

@@ -15,7 +15,7 @@ from .process import LOG_LEVELS
 from .server import ServeConfig, serve
 from .vram_budget import DEFAULT_MARGIN, SIZE_HELP, parse_size
 
-__all__ = ["serve_command", "size_option", "kv_type_options"]
+__all__ = ["serve_command", "size_option", "kv_type_options", "rope_options", "rope_override"]
 
 KV_TYPE_HELP = ("KV cache storage of K and V: f16 (the backend's unquantized cache), q8_0 (34 bytes per 32 values, "
                 "~1.9x smaller) or q4_0 (18 bytes per 32, ~3.6x smaller); ggml's block formats and rounding. "
@@ -31,6 +31,29 @@ def kv_type_options(command):
                            help="K's storage (default: --kv-type).")(command)
     return click.option("--kv-type", type=click.Choice(KV_CACHE_TYPES), default=None,
                         help=KV_TYPE_HELP + " Default: f16.")(command)
+
+
+def rope_options(command):
+    """--rope-scaling, --rope-factor, --rope-orig-ctx: shared by `flashd serve` and `flashd pflash-calibrate`
+    (rope_override() turns them into EngineConfig.rope_override)."""
+    command = click.option("--rope-orig-ctx", type=click.IntRange(1, 1 << 30), default=None,
+                           help="The context the model was trained at, for --rope-scaling (default: the GGUF's "
+                                "original context, else its context_length). The positions it is meant to see grow "
+                                "to orig_ctx * factor.")(command)
+    command = click.option("--rope-factor", type=click.FloatRange(1.0, 1024.0), default=None,
+                           help="Context extension factor for --rope-scaling (default: the GGUF's).")(command)
+    return click.option("--rope-scaling", type=click.Choice(("none", "linear", "yarn")), default=None,
+                        help="RoPE position scaling over what the GGUF says (e.g. Qwen2.5's model card: yarn with "
+                             "factor 4 over its 32K context runs 128K). Default: the GGUF's rope.scaling "
+                             "metadata.")(command)
+
+
+def rope_override(rope_scaling: str | None, rope_factor: float | None, rope_orig_ctx: int | None) -> tuple | None:
+    """The rope options as EngineConfig.rope_override ((kind, factor, orig_ctx) or None); a factor or original
+    context without --rope-scaling is a usage error."""
+    if rope_scaling is None and (rope_factor is not None or rope_orig_ctx is not None):
+        raise click.UsageError("--rope-factor / --rope-orig-ctx need --rope-scaling linear|yarn")
+    return None if rope_scaling is None else (rope_scaling, rope_factor, rope_orig_ctx)
 
 
 def size_option(ctx, param, value):
@@ -90,24 +113,17 @@ def size_option(ctx, param, value):
 @click.option("--compress-threshold", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Prompt tokens above which compress=auto compresses.")
 @click.option("--compress-keep", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
-              help="Default kept fraction of the prompt's 32-token chunks (default: the drafter's calibration, "
-                   "`flashd pflash-calibrate`, else 0.05).")
+              help="Default kept fraction of the prompt's 32-token chunks (default: the drafter's calibration for the "
+                   "prompt's length, `flashd pflash-calibrate`, else 0.05).")
 @click.option("--compress-alpha", type=click.FloatRange(0.0, 1.0), default=0.7, show_default=True,
               help="FlashPrefill block threshold of the drafter's sparse attention (0 = dense).")
 @click.option("--compress-layers", type=click.IntRange(min=0), default=None,
               help="Drafter layers run to score tokens: the first N (0 = all; fewer is faster). Default: the "
-                   "drafter's calibration (`flashd pflash-calibrate`), else 0.")
+                   "drafter's calibration for the prompt's length (`flashd pflash-calibrate`), else 0.")
 @click.option("--compress-first-layer", type=click.IntRange(min=0), default=None,
               help="First drafter layer whose attention scores (below --compress-layers; earlier layers run "
                    "but do not count). Default: the drafter's calibration, else 0.")
-@click.option("--rope-scaling", type=click.Choice(("none", "linear", "yarn")), default=None,
-              help="RoPE position scaling over what the GGUF says (e.g. Qwen2.5's model card: yarn with factor 4 over "
-                   "its 32K context runs 128K). Default: the GGUF's rope.scaling metadata.")
-@click.option("--rope-factor", type=click.FloatRange(1.0, 1024.0), default=None,
-              help="Context extension factor for --rope-scaling (default: the GGUF's).")
-@click.option("--rope-orig-ctx", type=click.IntRange(1, 1 << 30), default=None,
-              help="The context the model was trained at, for --rope-scaling (default: the GGUF's original context, "
-                   "else its context_length). The positions it is meant to see grow to orig_ctx * factor.")
+@rope_options
 @click.option("--drafter-policy", type=click.Choice(DRAFTER_POLICIES), default="resident", show_default=True,
               help="resident: the prefill drafter stays loaded; park: each compression parks the target, loads "
                    "the drafter, frees it and unparks the target (for GPUs that cannot hold both).")
@@ -129,9 +145,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                   rope_scaling, rope_factor, rope_orig_ctx, drafter_policy, vram_budget, vram_margin,
                   kv_type, kv_type_k, kv_type_v):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
-    if rope_scaling is None and (rope_factor is not None or rope_orig_ctx is not None):
-        raise click.UsageError("--rope-factor / --rope-orig-ctx need --rope-scaling linear|yarn")
-    rope_override = None if rope_scaling is None else (rope_scaling, rope_factor, rope_orig_ctx)
+    rope = rope_override(rope_scaling, rope_factor, rope_orig_ctx)
     given = {name: value for name, value in (("keep", compress_keep), ("score_layers", compress_layers),
                                              ("score_from", compress_first_layer)) if value is not None}
     try:
@@ -140,7 +154,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              stdin=not no_stdin, max_queue=max_queue, max_request_bytes=max_request_bytes,
                              allow_files=tuple(allow_files) or None, allow_models=tuple(allow_models),
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
-                             forward=forward, log_level=log_level, rope_override=rope_override,
+                             forward=forward, log_level=log_level, rope_override=rope,
                              vram_budget=vram_budget, vram_margin=vram_margin,
                              kv_types=parse_kv_types(kv_type, kv_type_k, kv_type_v),
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,

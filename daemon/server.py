@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO
 
 from ..protocol import lines, wire
@@ -256,24 +257,27 @@ def _resolve_drafts(config: ServeConfig) -> tuple[tuple[str, ...], str | None]:
 
 
 def _calibrated(config: ServeConfig, prefill: str | None) -> tuple[PFlashConfig, dict | None]:
-    """config.pflash with the prefill drafter's stored calibration for what the command line left
-    unset (the layer window only as a whole: a given --compress-layers or --compress-first-layer
-    keeps the built-in default for the other)."""
-    from .pflash.calibrate import load_calibration
+    """config.pflash with the prefill drafter's stored calibration (under the drafter's RoPE scaling: --rope-scaling
+    reaches it) for what the command line left unset, by prompt length (pflash/calibration_store.py)."""
+    from .models import ModelLoadError, open_model
+    from .pflash.calibration_store import calibrated_pflash, describe_bands, load_calibration, rope_tag
 
     if prefill is None:
         return config.pflash, None
-    calibration = load_calibration(prefill)
+    try:
+        rope = rope_tag(open_model(prefill, config.rope_override)[1].rope_scaling)
+    except (ModelLoadError, OSError):
+        return config.pflash, None          # the engine's load says what is wrong with the file
+    calibration = load_calibration(prefill, rope)
     if calibration is None:
+        log.info("no PFlash calibration stored for %s%s (`flashd pflash-calibrate --drafter ...`%s)",
+                 Path(prefill).name, f" under {rope}" if rope else "", " with the same --rope-* options" if rope else "")
         return config.pflash, None
-    fill = {}
-    if not config.pflash_given & {"score_layers", "score_from"}:
-        fill.update(score_layers=calibration.score_layers, score_from=calibration.score_from)
-    if "keep" not in config.pflash_given:
-        fill["keep"] = calibration.keep
-    if fill:
-        log.info("PFlash settings from %s's calibration (%s): %s", calibration.drafter, calibration.date, fill)
-    return dataclasses.replace(config.pflash, **fill), calibration.as_dict()
+    pflash = calibrated_pflash(config.pflash, calibration, config.pflash_given)
+    if pflash.bands:
+        log.info("PFlash settings from %s's calibration (%s) by prompt length: %s", calibration.drafter,
+                 calibration.date, describe_bands(pflash.bands))
+    return pflash, calibration.as_dict()
 
 
 def _file_access(config: ServeConfig, model, drafts: tuple[str, ...], prefill: str | None) -> FileAccess:
@@ -295,7 +299,8 @@ def _ready_event(engine, config: ServeConfig, endpoint: str | None, drafts: tupl
     return ready_event(**{**engine.ready_info(), "zmq": endpoint, "stdin": config.stdin,
                           "drafts": list(drafts), "prefill_drafter": prefill,
                           "pflash": {"keep": pflash.keep, "score_layers": pflash.score_layers,
-                                     "score_from": pflash.score_from, "calibration": calibration},
+                                     "score_from": pflash.score_from, "calibration": calibration,
+                                     "bands": [dataclasses.asdict(b) for b in pflash.bands]},
                           "keep_alive_s": config.keep_alive_s})
 
 

@@ -1,77 +1,45 @@
-"""PFlash calibration: the cheapest drafter-layer window and keep fraction that keep the needle.
+"""PFlash calibration: per prompt length, the cheapest drafter-layer window and keep fraction that keep the facts.
 
 PFlash's cost is mostly the drafter's forward, and scoring with fewer drafter layers is cheaper --
 but which layers locate what matters depends on the drafter (for Qwen2.5-Coder-0.5B the first layers'
-attention is local and sink-heavy and, in a max, hides a needle that layers 10-11 find). So the
-setting is measured per drafter, not guessed:
+attention is local and sink-heavy and, in a max, hides a needle that layers 10-11 find), and what keep
+fraction suffices depends on the prompt's length (2% of a 4K prompt is 3 chunks, two of them forced).
+So the setting is measured per drafter and length, not guessed:
 
-  1. generate needle-in-a-haystack cases (needles.py) at each length, with the drafter's tokenizer
-     and chat template;
+  1. at each length, generate needle-in-a-haystack cases of each kind (needles.py: single, multi, multi-all,
+     two-hop) with the drafter's tokenizer and chat template, from a seed stream disjoint from bench_niah's
+     (needles.case_seed);
   2. for each case, one drafter forward records every layer's own tail attention maxima
      (`layer_maxima`: attention of layer l does not depend on later layers, so a forward truncated
      after layer hi gives the same maxima for l < hi);
   3. every window [lo, hi) and keep fraction runs the chunk selection; a setting passes when every
-     case's needle value survives it;
+     case's facts (needles.fact_positions: the value of a single needle, the whole sentences of the others)
+     survive it;
   4. the chosen setting runs the fewest layers (hi), then keeps the least (the target's prefill is the
      rest of the time), then scores the most layers (lo smallest: the widest view); among equals the
      one with a margin (it also passes at the next smaller keep) wins.
 
-The result is stored per drafter file in the cache (`<cache>/pflash/<name>-<identity>.json`, the
-identity a digest of the file's size and first 4 MiB, so a replaced file is not matched) and used by
+The result, one band per length, is stored with the drafter (calibration_store.py) and used by
 `flashd serve --prefill-drafter D` for whatever of --compress-layers, --compress-first-layer and
---compress-keep the command line does not set.
+--compress-keep the command line does not set, by the prompt's length.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import json
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .selection import kept_positions
+from .calibration_store import CalibratedBand, Calibration, file_identity, rope_tag
+from .selection import chunk_positions, chunk_scores, importance, select_chunks, smooth
 
-__all__ = ["Calibration", "CalibrationFailed", "layer_maxima", "choose_setting", "calibrate", "calibration_path",
-           "load_calibration", "save_calibration"]
-
-IDENTITY_BYTES = 4 << 20
+__all__ = ["CalibrationFailed", "layer_maxima", "choose_setting", "calibrate", "merge"]
 
 
 class CalibrationFailed(RuntimeError):
-    """No window and keep fraction kept every needle."""
-
-
-@dataclass(slots=True, frozen=True)
-class Calibration:
-    score_from: int         # first scoring layer (lo)
-    score_layers: int       # layers run (hi)
-    keep: float
-    n_layers: int           # the drafter's layers (hi == n_layers: the whole forward)
-    lengths: tuple[int, ...]
-    cases: int              # per length
-    alpha: float
-    drafter: str            # file name
-    identity: str
-    date: str
-    margin: bool            # also passed at the next smaller keep tried
-
-    def __post_init__(self):
-        if not 0 <= self.score_from < self.score_layers <= self.n_layers:
-            raise ValueError(f"bad window [{self.score_from}, {self.score_layers}) of {self.n_layers} layers")
-        if not 0.0 < self.keep <= 1.0:
-            raise ValueError(f"keep must be in (0, 1], got {self.keep}")
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "lengths": list(self.lengths)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
-        return cls(**{**d, "lengths": tuple(d["lengths"])})
+    """No window and keep fraction kept every case's facts at some length."""
 
 
 def layer_maxima(drafter, ids, alpha: float) -> np.ndarray:
@@ -98,97 +66,106 @@ def layer_maxima(drafter, ids, alpha: float) -> np.ndarray:
     return stacked
 
 
-def _windows(n_layers: int) -> list[tuple[int, int]]:
-    return [(lo, hi) for hi in range(1, n_layers + 1) for lo in range(hi)]
+def _all_kept(wanted: np.ndarray, kept: np.ndarray) -> bool:
+    """Every wanted position is in `kept` (ascending positions, as the selection returns them)."""
+    if len(kept) == 0:
+        return len(wanted) == 0
+    at = np.minimum(np.searchsorted(kept, wanted), len(kept) - 1)
+    return bool(np.all(kept[at] == wanted))
 
 
 def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Sequence[float],
                    select: Callable[[np.ndarray, float], np.ndarray]) -> tuple[int, int, float, bool] | None:
-    """cases: (layer maxima (N, T, S), needle positions). select(probs, keep) -> kept positions.
+    """cases: (layer maxima (N, T, S), fact positions). select(probs, keep) -> kept positions.
     The passing (lo, hi, keep) that runs the fewest layers, then keeps least, then scores most
     layers, preferring one that also passes at the next smaller keep; (lo, hi, keep, margin) or
-    None when nothing passes."""
+    None when nothing passes. Windows are tried by hi ascending and the search stops after the first hi
+    with a pass (the rank's first key); for one hi, the max over [lo, hi) grows one layer at a time as lo
+    falls, so each window costs one elementwise max per case, not hi - lo."""
     n_layers = cases[0][0].shape[0]
     keeps = sorted(set(keeps))
-    passed: dict[tuple[int, int, float], bool] = {}
-    for lo, hi in _windows(n_layers):
-        for keep in keeps:
-            ok = True
-            for maxima, where in cases:
-                probs = maxima[lo:hi].max(axis=0)
-                if not np.isin(where, select(probs, keep)).all():
-                    ok = False
+    wanted = [np.asarray(where) for _, where in cases]
+    for hi in range(1, n_layers + 1):
+        passed: dict[tuple[int, float], bool] = {}
+        running = [None] * len(cases)
+        for lo in range(hi - 1, -1, -1):
+            for c, (maxima, _) in enumerate(cases):
+                running[c] = maxima[lo] if running[c] is None else np.maximum(running[c], maxima[lo])
+            alive = keeps                          # the keeps no case has failed yet at [lo, hi)
+            for r, w in zip(running, wanted):      # case by case, every keep of one case together
+                alive = [keep for keep in alive if _all_kept(w, select(r, keep))]
+                if not alive:
                     break
-            passed[(lo, hi, keep)] = ok
-    best = None
-    for (lo, hi, keep), ok in passed.items():
-        if not ok:
-            continue
-        i = keeps.index(keep)
-        margin = i > 0 and passed[(lo, hi, keeps[i - 1])]
-        rank = (hi, keep, not margin, lo)
-        if best is None or rank < best[0]:
-            best = (rank, (lo, hi, keep, margin))
-    return None if best is None else best[1]
-
-
-def file_identity(path: str | Path) -> str:
-    path = Path(path)
-    h = hashlib.sha256(str(path.stat().st_size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(IDENTITY_BYTES))
-    return h.hexdigest()[:16]
-
-
-def calibration_path(drafter_path: str | Path, identity: str | None = None) -> Path:
-    identity = identity or file_identity(drafter_path)
-    from ..backends.cuda.build import cache_dir     # the user cache (pure Python, no CUDA needed)
-
-    return cache_dir() / "pflash" / f"{Path(drafter_path).name}-{identity}.json"
-
-
-def save_calibration(calibration: Calibration, drafter_path: str | Path) -> Path:
-    path = calibration_path(drafter_path, calibration.identity)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(calibration.as_dict(), indent=1))
-    os.replace(temporary, path)
-    return path
-
-
-def load_calibration(drafter_path: str | Path) -> Calibration | None:
-    """The stored calibration of this exact drafter file, or None (none stored, or unreadable)."""
-    try:
-        path = calibration_path(drafter_path)
-        return Calibration.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+            for keep in keeps:
+                passed[(lo, keep)] = keep in alive
+        best = None
+        for (lo, keep), ok in passed.items():
+            if not ok:
+                continue
+            i = keeps.index(keep)
+            margin = i > 0 and passed[(lo, keeps[i - 1])]
+            rank = (keep, not margin, lo)
+            if best is None or rank < best[0]:
+                best = (rank, (lo, hi, keep, margin))
+        if best is not None:
+            return best[1]
+    return None
 
 
 def calibrate(drafter, tokenizer, template, drafter_path: str | Path, *, lengths: Sequence[int], cases: int,
-              keeps: Sequence[float], alpha: float, seed: int = 0,
+              keeps: Sequence[float], alpha: float, kinds: Sequence[str] = ("single",), seed: int = 0,
               log: Callable[[str], None] = lambda msg: None) -> Calibration:
-    """Measure (steps 1-4 above) and return the setting; CalibrationFailed if nothing kept every needle."""
-    from .needles import make_case, needle_positions
+    """Measure (steps 1-4 above), one band per length; CalibrationFailed, naming the lengths, if at some length
+    nothing kept every case's facts (after measuring all of them: the log has every band found)."""
+    from .needles import case_seed, fact_positions, make_case
 
     pc = drafter.config
-    measured = []
-    for n_tokens in lengths:
-        for i in range(cases):
-            case = make_case(tokenizer, template, n_tokens, seed * 1_000_003 + n_tokens * 101 + i)
-            where = needle_positions(tokenizer, case)
-            measured.append((layer_maxima(drafter, case.ids, alpha), where))
-            log(f"{n_tokens} tokens, case {i + 1}/{cases}: needle at token {where[0]} of {case.n_tokens}")
+
+    last: list = [None, None]                  # (probs, its chunk scores): choose_setting asks every keep in a row
 
     def select(probs, keep):
-        return kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks, pc.last_chunks)
+        if last[0] is not probs:
+            last[:] = [probs, chunk_scores(smooth(importance(probs), pc.smooth_tokens), pc.chunk_tokens)]
+        return chunk_positions(select_chunks(last[1], keep, pc.first_chunks, pc.last_chunks), pc.chunk_tokens,
+                               probs.shape[1])
 
-    chosen = choose_setting(measured, keeps, select)
-    if chosen is None:
-        raise CalibrationFailed(f"no drafter-layer window kept every needle at keep <= {max(keeps)} "
-                                f"({len(measured)} cases); try larger --keeps or another drafter")
-    lo, hi, keep, margin = chosen
-    n_layers = measured[0][0].shape[0]
-    return Calibration(score_from=lo, score_layers=hi, keep=keep, n_layers=n_layers, lengths=tuple(lengths),
-                       cases=cases, alpha=alpha, drafter=Path(drafter_path).name,
-                       identity=file_identity(drafter_path), date=datetime.date.today().isoformat(), margin=margin)
+    bands, failed, n_layers = [], [], drafter.model.config.n_layers
+    for n_tokens in sorted(set(lengths)):
+        measured = []                  # (layers, T, n_tokens) float32 per case: ~100 MB a case at 128K, 24 layers
+        for kind in kinds:
+            for i in range(cases):
+                case = make_case(tokenizer, template, n_tokens, case_seed("calibrate", seed, n_tokens, kind, i), kind)
+                where = fact_positions(tokenizer, case)
+                measured.append((layer_maxima(drafter, case.ids, alpha), where))
+                log(f"{n_tokens} tokens, {kind} case {i + 1}/{cases}: facts at tokens {where[0]}-{where[-1]} "
+                    f"of {case.n_tokens}")
+        chosen = choose_setting(measured, keeps, select)
+        del measured
+        if chosen is None:
+            failed.append(n_tokens)
+            log(f"{n_tokens} tokens: no window kept every case's facts at keep <= {max(keeps)}")
+            continue
+        lo, hi, keep, margin = chosen
+        bands.append(CalibratedBand(length=n_tokens, score_from=lo, score_layers=hi, keep=keep, margin=margin))
+        log(f"{n_tokens} tokens: layers [{lo}, {hi}) of {n_layers}, keep {keep:g}{' (margin)' if margin else ''}")
+    if failed:
+        raise CalibrationFailed(f"at {', '.join(map(str, failed))} tokens no drafter-layer window kept every case's "
+                                f"facts at keep <= {max(keeps)} ({len(kinds) * cases} cases a length); try larger "
+                                f"--keeps or another drafter")
+    return Calibration(bands=tuple(bands), n_layers=n_layers, cases=cases, kinds=tuple(kinds), alpha=alpha,
+                       drafter=Path(drafter_path).name, identity=file_identity(drafter_path),
+                       rope=rope_tag(drafter.model.config.rope_scaling), date=datetime.date.today().isoformat(),
+                       seed=seed)
+
+
+def merge(stored: Calibration, new: Calibration) -> Calibration:
+    """`new`'s bands added to `stored`'s (a band of the same length replaced): a calibration measured a few lengths
+    at a time. Both must be of the same drafter file, scaling, kinds, cases per kind, alpha and seed (ValueError
+    naming what differs)."""
+    differ = [name for name in ("drafter", "identity", "rope", "n_layers", "kinds", "cases", "alpha", "seed")
+              if getattr(stored, name) != getattr(new, name)]
+    if differ:
+        raise ValueError("the stored calibration differs in " + ", ".join(
+            f"{name} ({getattr(stored, name)!r} stored, {getattr(new, name)!r} now)" for name in differ))
+    by_length = {b.length: b for b in stored.bands} | {b.length: b for b in new.bands}
+    return dataclasses.replace(new, bands=tuple(by_length[n] for n in sorted(by_length)))

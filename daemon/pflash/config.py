@@ -3,12 +3,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PFlashConfig", "COMPRESS_MODES", "DRAFTER_POLICIES"]
+__all__ = ["PFlashConfig", "PFlashBand", "COMPRESS_MODES", "DRAFTER_POLICIES"]
 
 COMPRESS_MODES = ("off", "auto", "always")
 # resident: the drafter stays loaded next to the target. park: the 24 GB choreography -- park the
 # target, load the drafter, compress, free the drafter, unpark the target.
 DRAFTER_POLICIES = ("resident", "park")
+
+
+@dataclass(slots=True, frozen=True)
+class PFlashBand:
+    """The compress setting of prompts from `from_tokens` tokens up to the next band's from_tokens (a drafter's
+    calibration by prompt length, `flashd pflash-calibrate`; calibration_store.pflash_bands)."""
+
+    from_tokens: int            # the band's first prompt length (target tokens); the first band's is 0
+    keep: float                 # as PFlashConfig.keep
+    score_layers: int           # as PFlashConfig.score_layers (0 = all)
+    score_from: int             # as PFlashConfig.score_from
+
+    def __post_init__(self):
+        if self.from_tokens < 0:
+            raise ValueError(f"band from_tokens must be >= 0, got {self.from_tokens}")
+        if not 0.0 < self.keep <= 1.0:
+            raise ValueError(f"band keep must be in (0, 1], got {self.keep}")
+        if self.score_layers < 0:
+            raise ValueError(f"band score_layers must be >= 0 (0 = every layer), got {self.score_layers}")
+        if self.score_from < 0 or (self.score_layers and self.score_from >= self.score_layers):
+            raise ValueError(f"band score_from must be >= 0 and below score_layers, got {self.score_from} "
+                             f"(score_layers {self.score_layers})")
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,6 +57,8 @@ class PFlashConfig:
     mode: str = "off"           # the generate default: off | auto | always
     threshold: int = 32000      # auto: compress prompts longer than this many tokens
     drafter_policy: str = "resident"
+    bands: tuple[PFlashBand, ...] = ()   # by prompt length, what a compression the request does not set uses (keep,
+                                         # scoring window); empty: keep / score_layers / score_from at every length
 
     def __post_init__(self):
         if self.block != 128:
@@ -67,3 +91,22 @@ class PFlashConfig:
             raise ValueError(f"threshold must be >= 1, got {self.threshold}")
         if self.drafter_policy not in DRAFTER_POLICIES:
             raise ValueError(f"drafter_policy must be one of {', '.join(DRAFTER_POLICIES)}")
+        if not isinstance(self.bands, tuple) or not all(isinstance(b, PFlashBand) for b in self.bands):
+            raise ValueError("bands must be a tuple of PFlashBand")
+        if self.bands and self.bands[0].from_tokens != 0:
+            raise ValueError(f"the first band must start at 0 tokens (every length has a band), got "
+                             f"{self.bands[0].from_tokens}")
+        starts = [b.from_tokens for b in self.bands]
+        if any(a >= b for a, b in zip(starts, starts[1:])):
+            raise ValueError(f"bands must start at increasing prompt lengths, got {starts}")
+
+    def setting(self, n_tokens: int) -> PFlashBand:
+        """The band a prompt of n_tokens target tokens compresses with: the last band starting at or below it (with
+        no bands, this config's keep and scoring window)."""
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        chosen = PFlashBand(0, self.keep, self.score_layers, self.score_from)
+        for band in self.bands:
+            if band.from_tokens <= n_tokens:
+                chosen = band
+        return chosen

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-__all__ = ["importance", "smooth", "chunk_scores", "select_chunks", "kept_positions"]
+__all__ = ["importance", "smooth", "chunk_scores", "select_chunks", "kept_positions", "chunk_positions"]
 
 
 def importance(tail_probs: np.ndarray) -> np.ndarray:
@@ -67,9 +67,12 @@ def select_chunks(scores: np.ndarray, keep: float, first: int = 1, last: int = 1
 def kept_positions(tail_probs: np.ndarray, keep: float, chunk: int, smooth_tokens: int, first: int = 1,
                    last: int = 1) -> np.ndarray:
     """Prompt positions to keep, ascending: the whole selection from the (T, S) tail maxima."""
-    n_tokens = tail_probs.shape[1]
     scores = chunk_scores(smooth(importance(tail_probs), smooth_tokens), chunk)
-    chunks = select_chunks(scores, keep, first, last)
+    return chunk_positions(select_chunks(scores, keep, first, last), chunk, tail_probs.shape[1])
+
+
+def chunk_positions(chunks: np.ndarray, chunk: int, n_tokens: int) -> np.ndarray:
+    """The ascending prompt positions of the (ascending) chunk indices."""
     if len(chunks) == 0:
         return np.zeros(0, np.int64)
     return np.concatenate([np.arange(c * chunk, min(n_tokens, c * chunk + chunk)) for c in chunks])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ...protocol.errors import ProtocolError
 from ..models import ModelLoadError, load_model, open_model
 from ..models.weights import total_weight_bytes
-from .config import PFlashConfig
+from .config import PFlashBand, PFlashConfig
 from .drafter import Drafter
 from .selection import kept_positions
 
@@ -39,6 +39,9 @@ class Compressed:
     drafter_tokens: int       # tokens the drafter scored
     ms: float                 # wall time of the whole compression (load excluded)
     load_ms: float            # drafter load time (0 when it was resident)
+    keep: float               # the setting it ran with (the request's, else the length band's: PFlashConfig.setting)
+    first_layer: int          # scoring layers [first_layer, layers) of the drafter
+    layers: int
 
 
 class PrefillCompressor:
@@ -160,14 +163,31 @@ class PrefillCompressor:
             return True
         return mode == "auto" and n_prompt > (threshold if threshold is not None else self.config.threshold)
 
-    def compress(self, ids: list[int], keep: float, drafter_path: str | None = None,
+    def setting(self, n_prompt: int, drafter_path: str | None = None) -> PFlashBand:
+        """What a compression of n_prompt target tokens uses where the request does not say: the configured
+        drafter's length band (PFlashConfig.setting: its calibration's bands); a drafter the request names runs
+        with the config's own keep and window (the bands were measured on the configured one)."""
+        c = self.config
+        if drafter_path is not None and (self.default_path is None
+                                         or os.path.realpath(drafter_path) != os.path.realpath(self.default_path)):
+            return PFlashBand(0, c.keep, c.score_layers, c.score_from)
+        return c.setting(n_prompt)
+
+    def compress(self, ids: list[int], keep: float | None = None, drafter_path: str | None = None,
                  alpha: float | None = None, layers: int | None = None,
                  first_layer: int | None = None) -> Compressed:
+        """keep None: the length band's (setting()); layers and first_layer both None: the band's scoring window,
+        else the one given with the config's default for the other (Drafter.score_window)."""
+        band = self.setting(len(ids), drafter_path)
+        if keep is None:
+            keep = band.keep
+        if layers is None and first_layer is None:
+            layers, first_layer = band.score_layers, band.score_from
         if not 0.0 < keep <= 1.0:
             raise ProtocolError("bad_request", f"keep: must be in (0, 1], got {keep}")
         drafter, load_ms = self.load(drafter_path)
         try:
-            drafter.score_window(layers, first_layer)
+            first_layer, end = drafter.score_window(layers, first_layer)
         except ValueError as exc:
             raise ProtocolError("bad_request", f"layers/first_layer: {exc}") from None
         t0 = time.perf_counter()
@@ -186,7 +206,7 @@ class PrefillCompressor:
             raise ProtocolError("ctx_overflow", f"compress: {len(d_ids)} drafter tokens > the drafter's trained "
                                                 f"context {trained} (a model card's YaRN setting, --rope-scaling, "
                                                 f"extends the drafter with the target)")
-        probs = drafter.tail_probs(d_ids, alpha, layers, first_layer)
+        probs = drafter.tail_probs(d_ids, alpha, end, first_layer)
         pc = self.config
         kept = kept_positions(probs, keep, pc.chunk_tokens, pc.smooth_tokens, pc.first_chunks, pc.last_chunks)
         kept_ids = [int(d_ids[i]) for i in kept]
@@ -194,7 +214,7 @@ class PrefillCompressor:
             kept_ids = self.target_tokenizer.encode(drafter.tokenizer.decode(kept_ids))
         ms = (time.perf_counter() - t0) * 1e3
         return Compressed(ids=kept_ids, n_in=len(ids), n_out=len(kept_ids), drafter_tokens=len(d_ids),
-                          ms=round(ms, 3), load_ms=round(load_ms, 3))
+                          ms=round(ms, 3), load_ms=round(load_ms, 3), keep=keep, first_layer=first_layer, layers=end)
 
 
 def drafter_token_limit(cfg) -> int:
@@ -207,6 +227,6 @@ def drafter_token_limit(cfg) -> int:
 def compressed_fields(c: Compressed) -> dict:
     """The result/done-event fields describing a compression."""
     return {"n_in": c.n_in, "n_out": c.n_out, "ms": c.ms, "load_ms": c.load_ms,
-            "drafter_tokens": c.drafter_tokens}
+            "drafter_tokens": c.drafter_tokens, "keep": c.keep, "first_layer": c.first_layer, "layers": c.layers}
 
 

@@ -1,6 +1,8 @@
 """PFlash calibration (daemon/pflash/calibrate.py, `flashd pflash-calibrate`): the choice rule on
-made-up layer maxima, the stored file and its identity, the command end to end on the tiny drafter,
-and `flashd serve --prefill-drafter` taking the calibrated settings for what its command line omits."""
+made-up layer maxima, the command end to end on the tiny drafter (bands per length, case kinds, --merge,
+--rope-scaling), its argument errors, and `flashd serve --prefill-drafter` taking the calibrated bands for
+what its command line omits. The stored record itself: test_calibration_store.py."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -9,9 +11,13 @@ import sys
 import numpy as np
 import pytest
 
-from flashd.daemon.pflash.calibrate import (
-    Calibration, calibration_path, choose_setting, file_identity, load_calibration, save_calibration,
-)
+from click.testing import CliRunner
+from tests.pflash.conftest import DRAFTER_SPEC
+
+from flashd.scripts.make_synthetic_gguf import write_synthetic_model
+
+from flashd.daemon.pflash.calibrate import choose_setting
+from flashd.daemon.pflash.calibrate_command import calibrate_command
 
 TIMEOUT_S = 300
 
@@ -52,36 +58,65 @@ def test_a_margin_breaks_ties_and_nothing_passing_is_none():
     assert choose_setting(never, [0.02], _select_top) is None
 
 
-def test_stored_calibration_is_found_only_for_the_same_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLASHD_CACHE_DIR", str(tmp_path / "cache"))
-    drafter = tmp_path / "d.gguf"
-    drafter.write_bytes(b"GGUF" + bytes(range(256)) * 10)
-    assert load_calibration(drafter) is None
-    c = Calibration(score_from=4, score_layers=12, keep=0.03, n_layers=24, lengths=(4096,), cases=4, alpha=0.7,
-                    drafter=drafter.name, identity=file_identity(drafter), date="2026-11-25", margin=True)
-    path = save_calibration(c, drafter)
-    assert path == calibration_path(drafter) and load_calibration(drafter) == c
-    drafter.write_bytes(drafter.read_bytes() + b"x")             # another file under the same name
-    assert load_calibration(drafter) is None
-    with pytest.raises(ValueError):
-        Calibration(**{**c.as_dict(), "lengths": (1,), "score_from": 12})
-
-
 def _run(*args, env):
     return subprocess.run([sys.executable, "-m", "flashd.clients.cli", *args], capture_output=True, text=True,
                           timeout=TIMEOUT_S, env=env)
 
 
-def test_the_command_measures_stores_and_serve_uses_it(pflash_models, tmp_path):
-    env = {**os.environ, "FLASHD_CACHE_DIR": str(tmp_path / "cache")}
+def _brute_force(cases, keeps, select):
+    """The rule stated plainly: every window and keep, then the rank (hi, keep, no margin, lo)."""
+    keeps = sorted(set(keeps))
+    n = cases[0][0].shape[0]
+    passed = {(lo, hi, k): all(np.isin(w, select(m[lo:hi].max(axis=0), k)).all() for m, w in cases)
+              for hi in range(1, n + 1) for lo in range(hi) for k in keeps}
+    ranked = sorted((hi, k, not (keeps.index(k) > 0 and passed[(lo, hi, keeps[keeps.index(k) - 1])]), lo)
+                    for (lo, hi, k), ok in passed.items() if ok)
+    return None if not ranked else (ranked[0][3], ranked[0][0], ranked[0][1], not ranked[0][2])
+
+
+def test_the_search_finds_what_trying_every_window_finds():
+    """choose_setting stops at the first passing layer count and grows each window's max one layer at a time: on
+    random maxima it returns what the plain rule over every window returns."""
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n_layers, n_tokens = int(rng.integers(2, 6)), 60
+        cases = []
+        for _ in range(int(rng.integers(1, 4))):
+            m = rng.random((n_layers, 2, n_tokens)).astype(np.float32) ** 4
+            where = sorted(rng.choice(n_tokens, int(rng.integers(1, 4)), replace=False).tolist())
+            for layer in range(n_layers):          # some layers find the facts, more or less strongly
+                if rng.random() < 0.5:
+                    m[layer][:, where] += rng.random()
+            cases.append((m, where))
+        keeps = [0.05, 0.1, 0.2, 0.4, 0.7]
+        assert choose_setting(cases, keeps, _select_top) == _brute_force(cases, keeps, _select_top), trial
+
+
+def _calibrate(cache, *args) -> tuple[int, str]:
+    """The command in this process (CliRunner): (exit code, stdout + stderr)."""
+    result = CliRunner().invoke(calibrate_command, list(args), env={"FLASHD_CACHE_DIR": str(cache)})
+    return result.exit_code, result.output
+
+
+def _stored(cache) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((cache / "pflash").glob("*.json"))]
+
+
+def test_the_command_measures_bands_per_length_and_serve_uses_them(pflash_models, tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "FLASHD_CACHE_DIR": str(cache)}
     drafter = pflash_models["drafter"]
-    # keep 1.0 keeps every chunk, so every window passes: the cheapest, one layer from layer 0, wins
-    result = _run("pflash-calibrate", "--drafter", str(drafter), "--device", "cpu", "--lengths", "300",
-                  "--cases", "2", "--keeps", "1.0", env=env)
+    # keep 1.0 keeps every chunk, so every window passes: the cheapest, one layer from layer 0, wins at each length
+    result = _run("pflash-calibrate", "--drafter", str(drafter), "--device", "cpu", "--lengths", "800,400",
+                  "--kinds", "single,two-hop", "--cases", "1", "--keeps", "1.0", env=env)
     assert result.returncode == 0, result.stderr
-    assert "layers [0, 1) of 2" in result.stdout and "stored in" in result.stdout
-    stored = json.loads(next((tmp_path / "cache" / "pflash").glob("drafter.gguf-*.json")).read_text())
-    assert (stored["score_from"], stored["score_layers"], stored["keep"], stored["cases"]) == (0, 1, 1.0, 2)
+    assert "at 400 tokens: score with layers [0, 1) of 2" in result.stdout and "stored in" in result.stdout
+    assert "at 800 tokens" in result.stdout and "two-hop case 1/1" in result.stderr
+    (stored,) = _stored(cache)
+    assert stored["format"] == 2 and stored["kinds"] == ["single", "two-hop"] and stored["cases"] == 1
+    assert stored["rope"] is None and stored["seed"] == 0
+    assert [(b["length"], b["score_from"], b["score_layers"], b["keep"]) for b in stored["bands"]] == [
+        (400, 0, 1, 1.0), (800, 0, 1, 1.0)]
 
     def ready(*extra):
         out = subprocess.run([sys.executable, "-m", "flashd.daemon", "--model", str(pflash_models["target"]),
@@ -93,15 +128,57 @@ def test_the_command_measures_stores_and_serve_uses_it(pflash_models, tmp_path):
     calibrated = ready()
     assert (calibrated["score_layers"], calibrated["score_from"], calibrated["keep"]) == (1, 0, 1.0)
     assert calibrated["calibration"]["identity"] == stored["identity"]
+    # the boundary between the bands of 400 and 800 tokens: their geometric mean
+    assert [(b["from_tokens"], b["keep"], b["score_layers"]) for b in calibrated["bands"]] == [(0, 1.0, 1),
+                                                                                            (566, 1.0, 1)]
+    keep_given = ready("--compress-keep", "0.2")
+    assert [(b["keep"], b["score_layers"]) for b in keep_given["bands"]] == [(0.2, 1), (0.2, 1)]
     explicit = ready("--compress-keep", "0.2", "--compress-layers", "2")
     assert (explicit["score_layers"], explicit["score_from"], explicit["keep"]) == (2, 0, 0.2)
+    assert explicit["bands"] == []
+    # under another RoPE scaling the drafter attends differently: this calibration is not used
+    assert ready("--rope-scaling", "yarn", "--rope-factor", "2")["calibration"] is None
+
+
+def test_merge_adds_bands_and_refuses_another_setup(pflash_models, tmp_path):
+    cache, drafter = tmp_path / "cache", str(pflash_models["drafter"])
+    common = ["--drafter", drafter, "--device", "cpu", "--cases", "1", "--keeps", "1.0", "--kinds", "single"]
+    assert _calibrate(cache, *common, "--lengths", "300")[0] == 0
+    code, out = _calibrate(cache, *common, "--lengths", "400", "--merge")
+    assert code == 0, out
+    (stored,) = _stored(cache)
+    assert [b["length"] for b in stored["bands"]] == [300, 400]
+    code, out = _calibrate(cache, *common[:-1], "two-hop", "--lengths", "350", "--merge")
+    assert code == 1 and "--merge: the stored calibration differs in kinds" in out, out
+    assert [b["length"] for b in _stored(cache)[0]["bands"]] == [300, 400]        # unchanged
+    code, out = _calibrate(cache, *common, "--lengths", "400")                    # without --merge: replaced
+    assert code == 0 and [b["length"] for b in _stored(cache)[0]["bands"]] == [400]
+
+
+def test_rope_scaling_reaches_the_drafter_and_names_the_file(tmp_path):
+    """Under yarn x2 a drafter trained at 512 tokens scores 700-token cases, and the calibration is stored under the
+    scaling's tag; without it 700 tokens is past the drafter's context."""
+    cache = tmp_path / "cache"
+    drafter = str(write_synthetic_model(tmp_path / "short.gguf", dataclasses.replace(DRAFTER_SPEC, context_length=512)))
+    common = ["--drafter", drafter, "--device", "cpu", "--cases", "1", "--keeps", "1.0", "--kinds", "single",
+              "--lengths", "700"]
+    code, out = _calibrate(cache, *common)
+    assert code == 2 and "past the drafter's 512" in out and "--rope-scaling" in out, out
+    code, out = _calibrate(cache, *common, "--rope-scaling", "yarn", "--rope-factor", "2")
+    assert code == 0, out
+    (path,) = (cache / "pflash").glob("*.json")
+    assert path.name.endswith("-yarn2x512.json") and json.loads(path.read_text())["rope"] == "yarn2x512"
 
 
 def test_bad_options_are_usage_errors(pflash_models, tmp_path):
-    env = {**os.environ, "FLASHD_CACHE_DIR": str(tmp_path / "cache")}
+    cache, drafter = tmp_path / "cache", str(pflash_models["drafter"])
     for args, needle in ((["--keeps", "0"], "fractions must be in (0, 1]"), (["--lengths", "10"], "lengths must be"),
-                         (["--keeps", "x"], "comma-separated")):
-        result = _run("pflash-calibrate", "--drafter", str(pflash_models["drafter"]), *args, env=env)
-        assert result.returncode == 2 and needle in result.stderr, result.stderr
-    missing = _run("pflash-calibrate", "--drafter", str(tmp_path / "nope.gguf"), env=env)
-    assert missing.returncode == 1 and "no such file" in missing.stderr
+                         (["--keeps", "x"], "comma-separated"), (["--lengths", "400,400"], "must not repeat"),
+                         (["--kinds", "single,three-hop"], "unknown case kind(s) three-hop"),
+                         (["--kinds", ","], "(none given)"), (["--forward-chunk", "1000"], "multiple of 128"),
+                         (["--rope-factor", "4"], "need --rope-scaling")):
+        code, out = _calibrate(cache, "--drafter", drafter, "--device", "cpu", *args)
+        assert code == 2 and needle in out, (args, out)
+    code, out = _calibrate(cache, "--drafter", str(tmp_path / "nope.gguf"))
+    assert code == 1 and "no such file" in out
+    assert not (cache / "pflash").exists()
