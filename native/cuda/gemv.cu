@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     // all prefetched at once and slowed the one on the critical path (1.5B tg128: 729 tok/s with PDL
     // vs 747 without; triggered here: 784 vs 769).
     pdl_launch_dependents();
-    l2_prefetch(a.prefetch);   // the next projection's weights: DRAM streams them while this launch computes
+    l2_prefetch(a.prefetch, a.prefetch_mode);   // the next projection's weights: DRAM streams them meanwhile
     if constexpr (XQ) stage_xq<NX>(a, smem, smf);
     else stage_x<NX>(a, smf);
 
@@ -102,14 +102,14 @@ struct GemvTuning {
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     bool evict_first;   // weights with the L2 evict-first hint
-    bool prefetch_next; // the next projection's weights asked of L2 (gemv_prefetch.cuh)
+    int prefetch_next;  // the next projection's weights asked of L2 (gemv_prefetch.cuh): 0 no, 1 lines, 2 bulk
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0,
-                      t.weights_prefetch_next != 0};
+                      t.weights_prefetch_next};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -226,6 +226,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         return st;
     pl.a.evict_first = tn.evict_first ? 1 : 0;
     pl.a.prefetch.n = 0;
+    pl.a.prefetch_mode = tn.prefetch_next;
     if (tn.prefetch_next) gemv_prefetch_lookup(mats[0].w, &pl.a.prefetch);
     const GemvArgs& a = pl.a;
     const int steps = a.n_steps;

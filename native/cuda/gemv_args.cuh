@@ -58,6 +58,7 @@ struct GemvArgs {
     int xsc_off, xsc_row;
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
     PrefetchRanges prefetch;  // the next projection's weights, asked of L2 after pdl_wait (gemv_prefetch.cuh; n = 0: none)
+    int prefetch_mode;        // fd_tuning_t.weights_prefetch_next: 1 line prefetches, 2 bulk prefetches
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).

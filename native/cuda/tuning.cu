@@ -37,7 +37,7 @@ constexpr TuningEntry TABLE[] = {
     {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0}},   // sm_80 A100
     {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
     {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 0, 0, 1, 1, 4, 1}},   // sm_90 H100 / H200
+    {90, {1, 6144, 2, 1, 0, 0, 1, 1, 4, 0}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -59,7 +59,7 @@ bool valid(const fd_tuning_t& t) {
            (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8)) &&
            t.gemv_rows >= 0 && t.gemv_rows <= 8 && t.gemv_rows_fuse_nx >= 0 && t.gemv_rows_fuse_nx <= 8 &&
            (t.weights_evict_first == 0 || t.weights_evict_first == 1) && t.attn_single_chunks >= 0 &&
-           t.attn_single_chunks <= 64 && (t.weights_prefetch_next == 0 || t.weights_prefetch_next == 1);
+           t.attn_single_chunks <= 64 && t.weights_prefetch_next >= 0 && t.weights_prefetch_next <= 2;
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

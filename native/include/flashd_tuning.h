@@ -41,9 +41,10 @@ typedef struct {
                                that few chunks); 0: every row is split. It changes those rows' summation order (their
                                bits), the same way for decode and masked rows, so a tree row still equals its
                                one-row step */
-    int weights_prefetch_next; /* 1: a decode GEMV launch with an fd_gemv_prefetch_set entry asks the L2 for the next
-                               projection's weights once the previous kernel has finished (sm_90 and later: a bulk
-                               prefetch); 0: no prefetch. Never changes a result */
+    int weights_prefetch_next; /* a decode GEMV launch with an fd_gemv_prefetch_set entry asks the L2 for the next
+                               projection's weights once the previous kernel has finished: 1 with a prefetch per
+                               128-byte line, 2 with bulk prefetches (sm_90 and later); 0: no prefetch. Never
+                               changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -32,7 +32,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 0,
                         "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
-                        "weights_prefetch_next": 1}
+                        "weights_prefetch_next": 0}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -41,7 +41,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9},
                                  {"weights_evict_first": -1}, {"weights_evict_first": 2},
                                  {"attn_single_chunks": -1}, {"attn_single_chunks": 65},
-                                 {"weights_prefetch_next": -1}, {"weights_prefetch_next": 2}])
+                                 {"weights_prefetch_next": -1}, {"weights_prefetch_next": 3}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -99,8 +99,9 @@ def test_other_step_sizes_keep_rows_invariant(native, dev, rng, poisoned, restor
     assert np.array_equal(one[0], batch[0]), f"row 0 of a 3-row launch differs from the 1-row launch ({stage_bytes} B)"
 
 
+@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
-def test_the_l2_prefetch_never_changes_a_result(native, dev, rng, poisoned, restore_tuning, qtype, rows, cols):
+def test_the_l2_prefetch_never_changes_a_result(native, dev, rng, poisoned, restore_tuning, qtype, rows, cols, mode):
     """weights_prefetch_next with a plan entry for the launch's matrix (fd_gemv_prefetch_set): the launch asks the L2
     for other ranges -- one of an odd size at an odd offset, trimmed to 16-byte boundaries, and its own weights --
     and its rows are the bits of a launch without the prefetch."""
@@ -121,7 +122,7 @@ def test_the_l2_prefetch_never_changes_a_result(native, dev, rng, poisoned, rest
     sizes = ffi.new("size_t[]", [other.nbytes - 3, w.nbytes])
     native.check(native.lib.fd_gemv_prefetch_set(ffi.cast("void*", w.ptr), 2, ptrs, sizes), "fd_gemv_prefetch_set")
     try:
-        native.set_tuning(weights_prefetch_next=1)
+        native.set_tuning(weights_prefetch_next=mode)
         for b, t in zip(base, [run(1), run(3)]):
             assert np.array_equal(b, t), f"{np.count_nonzero(b != t)} of {b.size} outputs differ"
     finally:
