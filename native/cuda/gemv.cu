@@ -33,7 +33,6 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     // all prefetched at once and slowed the one on the critical path (1.5B tg128: 729 tok/s with PDL
     // vs 747 without; triggered here: 784 vs 769).
     pdl_launch_dependents();
-    l2_prefetch(a.prefetch, a.prefetch_mode);   // the next projection's weights: DRAM streams them meanwhile
     if constexpr (XQ) stage_xq<NX>(a, smem, smf);
     else stage_x<NX>(a, smf);
 
@@ -102,14 +101,12 @@ struct GemvTuning {
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     bool evict_first;   // weights with the L2 evict-first hint
-    int prefetch_next;  // the next projection's weights asked of L2 (gemv_prefetch.cuh): 0 no, 1 lines, 2 bulk
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
-                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0,
-                      t.weights_prefetch_next};
+                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -225,9 +222,6 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
                            2 * dev.n_sms, &pl))
         return st;
     pl.a.evict_first = tn.evict_first ? 1 : 0;
-    pl.a.prefetch.n = 0;
-    pl.a.prefetch_mode = tn.prefetch_next;
-    if (tn.prefetch_next) gemv_prefetch_lookup(mats[0].w, &pl.a.prefetch);
     const GemvArgs& a = pl.a;
     const int steps = a.n_steps;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;
@@ -247,7 +241,6 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     for (int i0 = 0; i0 < n_x; i0 += nx_pass) {
         const int nx = min(nx_pass, n_x - i0);
         GemvArgs p = a;
-        if (i0 > 0) p.prefetch.n = 0;   // the first pass asked already
         p.x = x + (int64_t)i0 * cols;
         p.residual = residual ? residual + (int64_t)i0 * a.mat[0].rows : nullptr;
         for (int k = 0; k < n_mats; ++k) p.mat[k].y = a.mat[k].y + (int64_t)i0 * a.mat[k].rows;

@@ -5,7 +5,6 @@
 // gemv_plan() fills it on the host; gemv_stage.cuh and gemv_dot.cuh read it on the device.
 #pragma once
 
-#include "gemv_prefetch.cuh"
 #include "quant.cuh"
 
 namespace fd {
@@ -57,8 +56,6 @@ struct GemvArgs {
     int x8_off[XL_COUNT], x8_row[XL_COUNT];   // per activation layout (-1: unused)
     int xsc_off, xsc_row;
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
-    PrefetchRanges prefetch;  // the next projection's weights, asked of L2 after pdl_wait (gemv_prefetch.cuh; n = 0: none)
-    int prefetch_mode;        // fd_tuning_t.weights_prefetch_next: 1 line prefetches, 2 bulk prefetches
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).

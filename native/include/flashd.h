@@ -51,8 +51,8 @@ extern "C" {
                               fd_tuning_t.gemv_rows_fuse_nx; 10: a key offset (k_offset) for a quantized K in
                               fd_rope_kv_write and fd_attention_decode_rope; 11:
                               fd_tuning_t.weights_evict_first; 12: flashd_recurrent.h (fd_causal_conv1d*,
-                              fd_gated_delta_rule_*); 13: fd_tuning_t.attn_single_chunks
-                              and .weights_prefetch_next, fd_gemv_prefetch_set; 14: a hybrid's gates on the device:
+                              fd_gated_delta_rule_*); 13: fd_tuning_t.attn_single_chunks;
+                              14: a hybrid's gates on the device:
                               fd_mul, fd_silu, fd_sigmoid, fd_sigmoid_mul, fd_copy_cols (flashd_linear.h),
                               fd_delta_decay (flashd_recurrent.h) */
 

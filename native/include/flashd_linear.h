@@ -33,13 +33,6 @@ int fd_gemv_multi(int n_mats, float* const* y, const void* const* w, const int* 
 int fd_gemv_swiglu(float* y, const void* w_gate, int qtype_gate, const void* w_up, int qtype_up,
                    int rows, int cols, const float* x, int n_x, const float* norm_w, float eps,
                    void* stream);
-/* The decode GEMVs' L2 prefetch plan (a hint: never changes a result). Where fd_tuning_t.weights_prefetch_next is
-   1, a launch of the three above whose first matrix (w, w[0], w_gate) is `key` asks the L2 for these n <= 4 device
-   ranges (ptrs[i], bytes[i]: the next projection's weights) as soon as the previous kernel has finished, so DRAM
-   streams them while this launch computes; the next launch then finds them in L2. n = 0 removes key's entry. The
-   ranges must stay allocated while the entry exists (remove it before freeing them). Process-wide table of at
-   most 4096 entries (FD_E_ARG beyond, for a NULL key or pointer, or n outside 0..4). */
-int fd_gemv_prefetch_set(const void* key, int n, const void* const* ptrs, const size_t* bytes);
 
 /* ---- prefill projections: tensor-core GEMM (gemm.cu) -------------------------------------- */
 /* y (m, n) = x (m, k) float32 @ w (n, k) float16 ^T (+ bias[n]) (+ residual (m, n)); f32 accumulate.

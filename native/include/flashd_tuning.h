@@ -1,7 +1,7 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
-   A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
-   weights_evict_first and weights_prefetch_next change only how kernels are launched or cached,
+   A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx and
+   weights_evict_first change only how kernels are launched or cached,
    never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order),
    gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
@@ -41,10 +41,6 @@ typedef struct {
                                that few chunks); 0: every row is split. It changes those rows' summation order (their
                                bits), the same way for decode and masked rows, so a tree row still equals its
                                one-row step */
-    int weights_prefetch_next; /* a decode GEMV launch with an fd_gemv_prefetch_set entry asks the L2 for the next
-                               projection's weights once the previous kernel has finished: 1 with a prefetch per
-                               128-byte line, 2 with bulk prefetches (sm_90 and later); 0: no prefetch. Never
-                               changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

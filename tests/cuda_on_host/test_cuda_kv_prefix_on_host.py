@@ -54,14 +54,6 @@ class HostMemoryLib:
     def fd_tuning_get(self, out):   # every field 0: the GEMV kernels' defaults (CudaOps reads gemv_rows)
         return 0
 
-    def fd_gemv_prefetch_set(self, key, n, ptrs, sizes):   # the L2 prefetch plan: recorded, key -> ranges
-        table = self.__dict__.setdefault("prefetch", {})
-        if n == 0:
-            table.pop(self._addr(key), None)
-        else:
-            table[self._addr(key)] = [(self._addr(ptrs[i]), int(sizes[i])) for i in range(n)]
-        return 0
-
     def fd_status_string(self, status):
         return self.ffi.new("char[]", b"host stand-in error")
 

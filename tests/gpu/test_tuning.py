@@ -31,8 +31,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     assert restore_tuning == want
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 0,
-                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
-                        "weights_prefetch_next": 0}
+                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -40,8 +39,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_mma_rows": 9}, {"gemv_rows": -1}, {"gemv_rows": 9},
                                  {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9},
                                  {"weights_evict_first": -1}, {"weights_evict_first": 2},
-                                 {"attn_single_chunks": -1}, {"attn_single_chunks": 65},
-                                 {"weights_prefetch_next": -1}, {"weights_prefetch_next": 3}])
+                                 {"attn_single_chunks": -1}, {"attn_single_chunks": 65}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -97,45 +95,3 @@ def test_other_step_sizes_keep_rows_invariant(native, dev, rng, poisoned, restor
     native.set_tuning(gemv_stage_bytes=stage_bytes)
     one, batch = run(1), run(3)
     assert np.array_equal(one[0], batch[0]), f"row 0 of a 3-row launch differs from the 1-row launch ({stage_bytes} B)"
-
-
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("qtype,rows,cols", SHAPES)
-def test_the_l2_prefetch_never_changes_a_result(native, dev, rng, poisoned, restore_tuning, qtype, rows, cols, mode):
-    """weights_prefetch_next with a plan entry for the launch's matrix (fd_gemv_prefetch_set): the launch asks the L2
-    for other ranges -- one of an odd size at an odd offset, trimmed to 16-byte boundaries, and its own weights --
-    and its rows are the bits of a launch without the prefetch."""
-    ffi = native.ffi
-    w_host = random_weights(rng, qtype, rows, cols)
-    w = dev.upload(w_host)
-    other = dev.upload(rng.integers(0, 255, (3 << 20) + 5, dtype=np.uint8))
-    x = dev.upload(rng.standard_normal((3, cols)).astype(np.float32))
-    norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
-
-    def run(n_x):
-        y = poisoned((n_x, rows))
-        call_gemv(native, dev, y, w, qtype, rows, cols, x, n_x, norm, None, None)
-        return dev.download(y).view(np.uint32)
-    native.set_tuning(weights_prefetch_next=0)
-    base = [run(1), run(3)]
-    ptrs = ffi.new("void*[]", [ffi.cast("void*", other.ptr + 3), ffi.cast("void*", w.ptr)])
-    sizes = ffi.new("size_t[]", [other.nbytes - 3, w.nbytes])
-    native.check(native.lib.fd_gemv_prefetch_set(ffi.cast("void*", w.ptr), 2, ptrs, sizes), "fd_gemv_prefetch_set")
-    try:
-        native.set_tuning(weights_prefetch_next=mode)
-        for b, t in zip(base, [run(1), run(3)]):
-            assert np.array_equal(b, t), f"{np.count_nonzero(b != t)} of {b.size} outputs differ"
-    finally:
-        native.lib.fd_gemv_prefetch_set(ffi.cast("void*", w.ptr), 0, ffi.NULL, ffi.NULL)
-
-
-def test_the_prefetch_plan_refuses_bad_entries(native):
-    ffi = native.ffi
-    one = ffi.new("void*[]", [ffi.cast("void*", 4096)])
-    size = ffi.new("size_t[]", [4096])
-    assert native.lib.fd_gemv_prefetch_set(ffi.NULL, 1, one, size) == FD_E_ARG               # no key
-    assert native.lib.fd_gemv_prefetch_set(ffi.cast("void*", 16), 5, one, size) == FD_E_ARG   # > 4 ranges
-    assert native.lib.fd_gemv_prefetch_set(ffi.cast("void*", 16), 1, ffi.NULL, size) == FD_E_ARG
-    nul = ffi.new("void*[]", [ffi.NULL])
-    assert native.lib.fd_gemv_prefetch_set(ffi.cast("void*", 16), 1, nul, size) == FD_E_ARG
-    assert native.lib.fd_gemv_prefetch_set(ffi.cast("void*", 16), 0, ffi.NULL, ffi.NULL) == 0    # removing: fine

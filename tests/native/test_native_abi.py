@@ -40,7 +40,7 @@ ABI_VERSION = 14   # flashd.h FD_ABI_VERSION; bump both together, with the heade
 def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
     """A change to the C ABI bumps FD_ABI_VERSION (NativeLib refuses a library of another version) and this pin;
     11 added fd_tuning_t.weights_evict_first; 12 added flashd_recurrent.h (the hybrid models' conv1d and gated delta
-    rule); 13 added fd_tuning_t.attn_single_chunks and weights_prefetch_next and fd_gemv_prefetch_set; 14 the
+    rule); 13 added fd_tuning_t.attn_single_chunks; 14 the
     hybrid's gates (fd_mul, fd_silu, fd_sigmoid, fd_sigmoid_mul, fd_copy_cols, fd_delta_decay)."""
     ffi = cffi.FFI()
     ffi.cdef(cdef_source())

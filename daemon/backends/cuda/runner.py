@@ -28,7 +28,6 @@ from ..base import Batch
 from ...models.dense import forward
 from .ops import MAX_MASKED_TOKENS, CudaOps
 from .persistent import FORWARD_PATHS, ForwardTuning, ForwardUnsupported, PersistentForward
-from .prefetch_plan import PrefetchPlan
 from .tensor import DeviceTensor
 
 __all__ = ["CudaRunner"]
@@ -95,8 +94,6 @@ class CudaRunner(ModelRunner):
             except ForwardUnsupported as e:
                 self.forward_note = str(e)
         self.forward_path = "persistent" if self.persistent is not None else "graph"
-        # the decode GEMVs' L2 prefetch plan (dense models: their projection order; a hint, never a result)
-        self.prefetch_plan = PrefetchPlan(dev.native, weights) if cfg.linear is None else None
         ffi, lib = dev.ffi, dev.lib
         i32 = np.int32
         # prefill inputs (host-written per chunk)
@@ -154,9 +151,6 @@ class CudaRunner(ModelRunner):
         self.dev.synchronize()
         if self.persistent is not None:
             self.persistent.close()
-        if getattr(self, "prefetch_plan", None) is not None:
-            self.prefetch_plan.close()
-            self.prefetch_plan = None
         for g in self.graphs.values():
             lib.fd_graph_destroy(g)
         self.graphs.clear()
