@@ -22,6 +22,9 @@
 //   splits      the virtual sequence is cut into chunks of chunk_len; split s takes chunks s, s +
 //               n_splits, ...; n_splits depends only on the model shape and max_ctx (never on n or
 //               on the mask), so every (token, head) row is reduced in the same order as decode's.
+//               A row of at most fd_tuning_t.attn_single_chunks chunks is not split: split 0 takes all
+//               its chunks in order and writes the output, the other splits and the combine skip it
+//               (a function of the row's key count, so decode and masked rows still agree).
 //   tiles       a split's chunks are streamed in tiles of TILE = 64 keys through a STAGES-deep
 //               cp.async pipeline of shared memory (K and V rows padded to HD + 8 halves so the
 //               ldmatrix row reads of 8 consecutive rows hit distinct banks).
@@ -33,7 +36,8 @@
 //
 // Fused rope (splitk_kernel<HD, true>, fd_attention_decode_rope): the decode kernel with the new
 // token's RoPE of q and k and its K/V cache write folded in (rope_stage and the new-key override in
-// splitk_kernel); bit for bit fd_rope_kv_write followed by the plain kernel.
+// splitk_kernel); bit for bit fd_rope_kv_write followed by the plain kernel. Its plan, first tile
+// copies and cos / sin run before pdl_wait (their inputs are earlier steps'; splitk_kernel says why).
 //
 // Batch invariance: a row's arithmetic depends only on its q, its key sequence, chunk_len and
 // n_splits. Speculative verification therefore reproduces plain decoding bit for bit (given
@@ -48,7 +52,8 @@
 // step with the same inputs and merge layout is used.
 //
 // Launch latency: both kernels here are launched with programmatic dependent launch on sm_90
-// (launch_pdl): pdl_wait() at the top of each kernel orders it after the previous kernel's writes.
+// (launch_pdl): pdl_wait() orders each kernel after the previous kernel's writes (at the top, except
+// in the fused rope kernel, which first does the work that needs none of them).
 //
 // Numerical contract: o = softmax(q k^T * scale) v over the visible keys, with the f16 cache
 // values as given; a row that sees no key at all (masked mode, n_past = 0 and an empty mask row)
