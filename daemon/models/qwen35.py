@@ -166,26 +166,31 @@ def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None) -> Hyb
     return HybridCache(ops, cfg, max_ctx, kv_types)
 
 
-def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_layer, batch: Batch):
+def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_layer, batch: Batch,
+                    residual=None):
+    """The gated attention's output, plus residual if given (the output projection's epilogue adds it)."""
     n, H, d = batch.n_tokens, cfg.n_heads, cfg.head_dim
-    q_gate = ops.linear(x, w.attn_q).reshape(n, H, 2 * d)          # per head [query | output gate]
-    q, gate = ops.split(q_gate, (d, d))                             # (n, H, d) each
-    k = ops.linear(x, w.attn_k).reshape(n, cfg.n_kv_heads, d)
-    v = ops.linear(x, w.attn_v).reshape(n, cfg.n_kv_heads, d)
+    q_gate, k, v = ops.linear_multi(x, (w.attn_q, w.attn_k, w.attn_v), (None, None, None))   # one launch
+    q, gate = ops.split(q_gate.reshape(n, H, 2 * d), (d, d))      # per head [query | output gate]: (n, H, d) each
+    k = k.reshape(n, cfg.n_kv_heads, d)
+    v = v.reshape(n, cfg.n_kv_heads, d)
     q = ops.rope(ops.rmsnorm(q, w.attn_q_norm, cfg.rms_eps), batch.positions, cfg.rope_theta, cfg.rope_dim,
                  True, cfg.rope_scaling)
     k = ops.rope(ops.rmsnorm(k, w.attn_k_norm, cfg.rms_eps), batch.positions, cfg.rope_theta, cfg.rope_dim,
                  True, cfg.rope_scaling)
     o = ops.attention(q, k, v, cache_layer, batch)                  # (n, H d)
-    return ops.linear(ops.mul(o, ops.sigmoid(gate.reshape(n, H * d))), w.attn_output)
+    return ops.linear(ops.mul(o, ops.sigmoid(gate.reshape(n, H * d))), w.attn_output, residual=residual)
 
 
-def gated_delta_net(ops, cfg: ModelConfig, x, w: LinearLayerWeights, state_layer, batch: Batch):
-    """state_layer: (conv, memory), updated; or a draft tree's TreeStateLayer (qwen35_tree.py), a state per node."""
+def gated_delta_net(ops, cfg: ModelConfig, x, w: LinearLayerWeights, state_layer, batch: Batch, residual=None):
+    """The Gated DeltaNet's output, plus residual if given (its output projection adds it). state_layer: (conv,
+    memory), updated; or a draft tree's TreeStateLayer (qwen35_tree.py), a state per node. The four projections of x
+    are one launch (ops.linear_multi)."""
     lin, n = cfg.linear, batch.n_tokens
     tree = state_layer if isinstance(state_layer, TreeStateLayer) else None
     S, kd = lin.head_dim, lin.key_dim
-    conv_in = ops.linear(x, w.attn_qkv)
+    conv_in, alpha, beta_in, z = ops.linear_multi(x, (w.attn_qkv, w.ssm_alpha, w.ssm_beta, w.attn_gate),
+                                                  (None, None, None, None))
     if tree is None:
         conv_state, memory = state_layer
         qkv = ops.silu(ops.causal_conv1d(conv_in, w.ssm_conv1d, conv_state))
@@ -195,21 +200,21 @@ def gated_delta_net(ops, cfg: ModelConfig, x, w: LinearLayerWeights, state_layer
     q = ops.l2_norm(q.reshape(n, lin.n_k_heads, S), cfg.rms_eps)
     k = ops.l2_norm(k.reshape(n, lin.n_k_heads, S), cfg.rms_eps)
     v = v.reshape(n, lin.n_v_heads, S)
-    g = ops.delta_decay(ops.linear(x, w.ssm_alpha), w.ssm_dt, w.ssm_a)
-    beta = ops.sigmoid(ops.linear(x, w.ssm_beta))
+    g = ops.delta_decay(alpha, w.ssm_dt, w.ssm_a)
+    beta = ops.sigmoid(beta_in)
     if tree is None:
         o = ops.gated_delta_rule(q, k, v, g, beta, memory)          # (n, Hv, S)
     else:
         o = ops.gated_delta_rule_tree(q, k, v, g, beta, tree.ssm, tree.parents, tree.node_ssm)
-    z = ops.linear(x, w.attn_gate).reshape(n, lin.n_v_heads, S)
+    z = z.reshape(n, lin.n_v_heads, S)
     o = ops.mul(ops.rmsnorm(o, w.ssm_norm, cfg.rms_eps), ops.silu(z))
-    return ops.linear(o.reshape(n, lin.value_dim), w.ssm_out)
+    return ops.linear(o.reshape(n, lin.value_dim), w.ssm_out, residual=residual)
 
 
 def decoder_layer(ops, cfg: ModelConfig, h, w, cache_layer, batch: Batch):
     x = ops.rmsnorm(h, w.attn_norm, cfg.rms_eps)
     mixer = gated_delta_net if isinstance(w, LinearLayerWeights) else gated_attention
-    h = ops.add(h, mixer(ops, cfg, x, w, cache_layer, batch))
+    h = mixer(ops, cfg, x, w, cache_layer, batch, h)
     x = ops.rmsnorm(h, w.post_attention_norm, cfg.rms_eps)
     return ops.linear(ops.linear_swiglu(x, w.ffn_gate, w.ffn_up), w.ffn_down, residual=h)
 

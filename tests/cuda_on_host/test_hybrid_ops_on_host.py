@@ -98,6 +98,14 @@ class HybridLib(RecurrentLib):
             xs = _rms(xs, self._a(norm_w, (cols,)), eps)
         return self._out(y, xs, self._a(w, (rows, cols)), rows, bias, residual, n_x)
 
+    def fd_gemv_multi(self, n_mats, y, w, qtype, rows, bias, cols, x, n_x, norm_w, eps, stream):
+        for k in range(n_mats):    # one launch of n_mats matrices: each as fd_gemv computes it
+            status = self.fd_gemv(y[k], w[k], qtype[k], rows[k], cols, x, n_x, norm_w, eps, bias[k], self.ffi.NULL,
+                                  stream)
+            if status:
+                return status
+        return 0
+
     def fd_dequant_f16(self, dst, w, qtype, rows, cols, stream):
         assert qtype == F32
         self._a(dst, (rows, cols), np.float16)[...] = self._a(w, (rows, cols))
@@ -122,8 +130,9 @@ def ops():
     return o
 
 
-def test_split_is_an_exact_copy_of_each_part(ops):
-    x = np.random.default_rng(0).standard_normal((5, 3, 24)).astype(np.float32)
+@pytest.mark.parametrize("lead", [(5, 3), (1, 1), (1,)])
+def test_split_is_an_exact_copy_of_each_part(ops, lead):
+    x = np.random.default_rng(0).standard_normal((*lead, 24)).astype(np.float32)
     for sizes in [(12, 12), (8, 8, 8), (4, 8, 12), (6, 18)]:
         got = ops.split(ops.dev.upload(x), sizes)
         for g, want in zip(got, REF.split(x, sizes)):
@@ -131,6 +140,18 @@ def test_split_is_an_exact_copy_of_each_part(ops):
             np.testing.assert_array_equal(ops.to_numpy(g), want)
     with pytest.raises(ValueError):
         ops.split(ops.dev.upload(x), (8, 8))
+
+
+def test_one_row_splits_into_views_when_its_parts_are_aligned(ops):
+    """The decode step's split: views of x (no launch, the same bytes) where every part starts on a 16-byte
+    boundary; a part at another offset, or several rows, take fd_copy_cols."""
+    x = ops.dev.upload(np.arange(24, dtype=np.float32).reshape(1, 24))
+    q, k, v = ops.split(x, (8, 4, 12))
+    assert [t.ptr - x.ptr for t in (q, k, v)] == [0, 32, 48] and all(t.owner is x.owner for t in (q, k, v))
+    assert [t.shape for t in (q, k, v)] == [(1, 8), (1, 4), (1, 12)]
+    a, b = ops.split(x, (6, 18))                            # 6 floats: b would start 24 bytes in
+    assert a.ptr != x.ptr and b.ptr != x.ptr + 24
+    np.testing.assert_array_equal(ops.to_numpy(b), np.arange(6, 24, dtype=np.float32).reshape(1, 18))
 
 
 def test_elementwise_ops_match_the_reference(ops):
@@ -170,6 +191,7 @@ def test_each_op_reaches_its_entry_point_and_nothing_synchronizes(ops, monkeypat
     for name in ("upload", "download", "synchronize"):
         monkeypatch.setattr(ops.dev, name, lambda *args, _name=name, **kw: pytest.fail(f"{_name} in a forward op"))
     cases = [(lambda: ops.split(a, (2, 6)), ["fd_copy_cols"] * 2),
+             (lambda: ops.split(a[:1], (4, 4)), []),             # one aligned row: views
              (lambda: ops.mul(a, ops.silu(b)), ["fd_swiglu"]),
              (lambda: ops.mul(ops.sigmoid(b), a), ["fd_sigmoid_mul"]),
              (lambda: ops.mul(a, b), ["fd_mul"]),

@@ -3,7 +3,8 @@ kernels (recurrent_ops.py): the recurrent state, column splits, silu, sigmoid, t
 norm and the delta rule's decay. One C entry point per op (ABI 13), all on the device:
 
     recurrent_state  CudaRecurrentState (recurrent_state.py): device buffers, zeroed with fd_memset
-    split            fd_copy_cols, one launch per part: bit copies of x[..., a:b]
+    split            one row (the decode step): views of x's contiguous column ranges, no launch; several rows:
+                     fd_copy_cols, one launch per part: bit copies of x[..., a:b]
     silu             pending (`Silu`): mul(a, silu(z)) is fd_swiglu(z, a) in one launch; materialized alone it
                      is fd_silu (the same bits as fd_swiglu(x, ones))
     sigmoid          pending (`Sigmoid`): mul(x, sigmoid(gate)) -- the gated attention's output gate -- is
@@ -91,7 +92,9 @@ class HybridOps:
 
     # -- split ---------------------------------------------------------------------------------------------
     def split(self, x, sizes) -> tuple:
-        """x (..., sum(sizes)) -> contiguous parts (..., sizes[i]) of its last axis: fd_copy_cols, bit copies."""
+        """x (..., sum(sizes)) -> contiguous parts (..., sizes[i]) of its last axis. One row whose parts start on
+        16-byte boundaries (the vector kernels' loads): views into x (a decode step's 3 copy launches a linear layer
+        cost ~4 us; bench/NOTES.md session 14); otherwise fd_copy_cols, bit copies."""
         x = self.materialize(x)
         _f32("split", x)
         sizes = [int(s) for s in sizes]
@@ -99,6 +102,10 @@ class HybridOps:
         if sum(sizes) != width or min(sizes) < 1:
             raise ValueError(f"split of width {width} into {sizes}")
         rows = x.size // width
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        if rows == 1 and all(c % 4 == 0 for c in starts):
+            flat = x.reshape(width)
+            return tuple(flat[c:c + s].reshape(*x.shape[:-1], s) for c, s in zip(starts, sizes))
         parts, col0 = [], 0
         for s in sizes:
             y = self.take((rows, s))

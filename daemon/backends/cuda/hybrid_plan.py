@@ -48,8 +48,9 @@ def hybrid_tree_nodes(prefill_chunk: int) -> int:
 
 def hybrid_layer_bytes(cfg: ModelConfig, chunk: int) -> int:
     """Bytes one layer of a chunk of `chunk` tokens takes from the arena (the larger of a Gated DeltaNet layer and
-    a gated attention layer), counting every take of models/qwen35.py on CudaOps with room to spare: the input
-    norm is materialized once per projection on the GEMM path (4 times in a linear layer, 3 in attention)."""
+    a gated attention layer), counting every take of models/qwen35.py on CudaOps with room to spare (an upper bound:
+    the input norm is counted once per projection, as before the projections of one x became one linear_multi,
+    which materializes it once, and the residual add is now the output projection's epilogue)."""
     lin, c = cfg.linear, chunk
     mlp = _up(c * cfg.hidden) * 4 + _up(c * cfg.ffn)                     # add, post-norm, swiglu, down
     linear = (_up(c * cfg.hidden) * 5                                    # materialized norms, ssm_out

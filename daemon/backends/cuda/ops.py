@@ -48,6 +48,7 @@ GEMV_ROWS_MAX_ROWS = 32       # ... and up to 32 where gemv_rows.cuh runs the ca
 GEMV_ROWS_QTYPES = frozenset({8, 12, 14})   # GGML Q8_0, Q4_K, Q6_K: the formats gemv_rows.cuh runs
 GEMV_ROWS_MAX_COLS = 65536    # gemv_rows_plan.cuh ROWS_MAX_COLS
 GGML_F32 = 0                  # the GGML type id of float32 (gguf.GGMLQuantizationType.F32)
+FLOAT_QTYPES = frozenset({0, 1, 30})   # F32, F16, BF16: GEMV launches with one of these stage x as floats
 
 
 def gemv_groups(n: int, size: int = GEMV_MAX_ROWS):
@@ -266,6 +267,16 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps):   # topk_ops.py: 
         if not self._on_gemv(n):
             xm = self.materialize(x)
             return tuple(self.linear(xm, w, b) for w, b in zip(weights, biases))
+        floats = [w.qtype in FLOAT_QTYPES for w in weights]
+        if any(floats) and not all(floats):
+            # a launch stages x as int8 codes only where all its matrices are quantized: one launch per kind, so
+            # each matrix gets the bits (and speed) it gets alone
+            out = [None] * len(weights)
+            for kind in (False, True):
+                idx = [i for i, f in enumerate(floats) if f == kind]
+                for i, y in zip(idx, self.linear_multi(x, [weights[i] for i in idx], [biases[i] for i in idx])):
+                    out[i] = y
+            return tuple(out)
         outs = [self.take((n, w.rows)) for w in weights]
         xs, norm_w, eps = self._norm_parts(x)
         k = len(weights)
