@@ -11,7 +11,7 @@ issued), t_wait (pdl_wait returned: the previous kernel has completed), t_pro (x
 earliest / latest time a warp's first step had landed, the earliest / latest time a warp finished its steps.
 Printed per launch shape (median over the launches of that shape in the replayed steps), relative to the launch's
 earliest t_wait (~ when its predecessor completed): when the prologue ended, when the first weights were usable,
-when CTAs finished (median and last) -- the last is what the launch adds to the step after its predecessor.
+when CTAs finished (mean and last) -- the last is what the launch adds to the step after its predecessor.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def launches(recs: list[dict], gap_ns: int) -> list[list[dict]]:
 
 
 def summarize(groups: list[list[dict]]) -> None:
-    med = statistics.median
+    med = statistics.fmean       # %globaltimer ticks in ~1 us steps on H100/H200: means over CTAs and launches
     per_shape = defaultdict(list)
     prev_end = None
     for g in groups:
@@ -93,7 +93,7 @@ def summarize(groups: list[list[dict]]) -> None:
         prev_end = ends[-1]
     print(f"{'rows x cols':>16} {'mats':>4} {'sw':>2} {'n':>5} {'grid':>4} {'warps':>5} {'steps':>6} "
           f"{'pre-wait':>8} {'w.spread':>8} {'prologue':>8} {'pro.max':>8} {'1st w.':>7} {'end med':>8} {'end max':>8} "
-          f"{'gap':>6}   (us after the launch's first wait returned; medians over launches)")
+          f"{'gap':>6}   (us after the launch's first wait returned; means over CTAs and launches)")
     for key, ls in sorted(per_shape.items(), key=lambda kv: -med(x["end_max"] for x in kv[1]) * len(kv[1])):
         def m(f):
             vals = [x[f] for x in ls if x[f] is not None]
