@@ -10,7 +10,6 @@
 // Q4_K / Q6_K / Q8_0 calls take gemv_rows.cuh's tensor-core kernel instead, for every n_x (1..32), where the
 // tuning table's gemv_rows says so (gemv_rows_plan.cuh rows_eligible: the format, cols and the tuning, never n_x);
 // every other call keeps the kernels here (n_x <= 8).
-#include "bulk_copy.cuh"
 #include "gemv_mma.cuh"
 #if FD_HAS_MMA
 #include "gemv_rows_plan.cuh"
@@ -29,40 +28,13 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
 
     if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // weights: in flight during the prologue ...
     cp_async_commit();
-    // ... and, with early_steps == 2, the second buffer's step too (the loop's first prefetch, moved up)
-    const bool early2 = a.n_bufs == 2 && a.early_steps == 2;
-    if (early2) {
-        if (s0 + stride < a.n_steps) issue_step<SWIGLU>(a, s0 + stride, stage + a.stage_bytes, lane);
-        cp_async_commit();
-    }
-    // Bulk x (a.bulk_bar_off >= 0): the copy engine brings norm_w (a weight: now) and x (after the wait) into shared
-    // memory, one round trip for the whole row instead of the prologue's batches of loads.
-    uint64_t* bar = a.bulk_bar_off >= 0 ? reinterpret_cast<uint64_t*>(smem + a.bulk_bar_off) : nullptr;
-    if (bar) {
-        if (threadIdx.x == 0) {
-            bar_init(bar);
-            bar_expect(bar, 4u * (uint32_t)a.cols * ((a.nwraw_off >= 0 ? 1u : 0u) + (uint32_t)a.n_x));
-            if (a.nwraw_off >= 0) bulk_g2s(smem + a.nwraw_off, a.norm_w, 4u * a.cols, bar);
-        }
-        __syncthreads();       // the barrier is initialised before any thread waits on it
-    }
     pdl_wait();                // ... and while the previous kernel finishes writing x (and the residual)
     // Only now may the next kernel start prefetching: triggered at our start instead, a chain of GEMVs
     // all prefetched at once and slowed the one on the critical path (1.5B tg128: 729 tok/s with PDL
     // vs 747 without; triggered here: 784 vs 769).
     pdl_launch_dependents();
-    if (bar) {
-        if (threadIdx.x == 0) {
-            fence_proxy_async();   // the previous kernel's x, visible to this thread, before the copy engine reads it
-            bulk_g2s(smem + a.xraw_off, a.x, 4u * (uint32_t)a.n_x * a.cols, bar);
-        }
-        bar_wait(bar);
-        if constexpr (XQ) stage_xq<NX, true>(a, smem, smf);
-        else stage_x<NX, true>(a, smf);
-    } else {
-        if constexpr (XQ) stage_xq<NX>(a, smem, smf);
-        else stage_x<NX>(a, smf);
-    }
+    if constexpr (XQ) stage_xq<NX>(a, smem, smf);
+    else stage_x<NX>(a, smf);
 
     const XViews xv = x_views(a, smf);
     int it = 0;
@@ -70,10 +42,8 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
         const int cur = (it & 1) & (a.n_bufs - 1);
         if (a.n_bufs == 2) {   // prefetch step s + stride into the other buffer
             const int next = s + stride;
-            if (!(early2 && it == 0)) {   // (early2: step s0 + stride is already in flight)
-                if (next < a.n_steps) issue_step<SWIGLU>(a, next, stage + (cur ^ 1) * a.stage_bytes, lane);
-                cp_async_commit();
-            }
+            if (next < a.n_steps) issue_step<SWIGLU>(a, next, stage + (cur ^ 1) * a.stage_bytes, lane);
+            cp_async_commit();
             cp_async_wait<1>();   // this lane's copies of step s are done ...
         } else {               // one buffer: the launcher gives each warp one step (more would serialize)
             if (s != s0) {
@@ -131,15 +101,12 @@ struct GemvTuning {
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     bool evict_first;   // weights with the L2 evict-first hint
-    bool x_bulk;        // x and norm_w bulk-copied into shared memory (sm_90: the device's cc_major decides too)
-    int early_steps;    // weight steps a warp issues before pdl_wait (1, or 2 with two buffers)
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
-                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0, t.gemv_x_bulk != 0,
-                      t.gemv_early_steps};
+                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -255,7 +222,6 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
                            2 * dev.n_sms, &pl))
         return st;
     pl.a.evict_first = tn.evict_first ? 1 : 0;
-    pl.a.early_steps = tn.early_steps;
     const GemvArgs& a = pl.a;
     const int steps = a.n_steps;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;
@@ -289,13 +255,6 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
             return st;
         const int ctas = shape.ctas, w = shape.warps;
         p.n_bufs = shape.n_bufs;
-        // Bulk x where the device has the copy engine (sm_90) and its room leaves the launch shape as it is.
-        if (tn.x_bulk && dev.cc_major >= 9) {
-            GemvArgs q = p;
-            if (gemv_bulk_layout(&q, nx) &&
-                q.stage_off_bytes + (int64_t)w * p.n_bufs * a.stage_bytes <= (int64_t)dev.max_smem)
-                p = q;
-        }
         const size_t smem = (size_t)p.stage_off_bytes + (size_t)w * p.n_bufs * a.stage_bytes;
         const bool xq = pl.xq;
         const int st = swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)

@@ -56,11 +56,6 @@ struct GemvArgs {
     int x8_off[XL_COUNT], x8_row[XL_COUNT];   // per activation layout (-1: unused)
     int xsc_off, xsc_row;
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
-    // x rows and norm_w bulk-copied into shared memory before the prologue (gemv.cu, fd_tuning_t.gemv_x_bulk):
-    // byte offsets of the mbarrier (8 bytes), of norm_w (cols floats) and of the pass's x rows (n_x x cols
-    // floats); -1: not copied (the prologue reads global memory)
-    int bulk_bar_off, nwraw_off, xraw_off;
-    int early_steps;          // weight steps a warp issues before pdl_wait: 1, or 2 (both buffers; n_bufs == 2)
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).

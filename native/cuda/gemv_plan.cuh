@@ -100,8 +100,6 @@ inline int gemv_plan(int n_mats, const MatIn* mats, bool swiglu, int cols, const
     a.cols = cols;
     a.eps = eps;
     a.norm_w = norm_w;
-    a.bulk_bar_off = a.nwraw_off = a.xraw_off = -1;   // gemv_bulk_layout places them where a launch copies x in bulk
-    a.early_steps = 1;
     // per-matrix step geometry
     int64_t range_bytes = 0;
     int steps = 0;
@@ -189,25 +187,6 @@ inline int gemv_layout(const GemvPlan& pl, int nx, GemvArgs* p) {
     }
     p->stage_off_bytes = off_bytes;
     return off_bytes;
-}
-
-// Bulk-copied x (gemv.cu, fd_tuning_t.gemv_x_bulk): after gemv_layout, room for the mbarrier, norm_w (if any) and
-// the pass's nx x rows as floats between the staged activations and the stage buffers, which move up. Needs 16-byte
-// aligned x and norm_w and cols % 4 == 0 (the copy engine moves multiples of 16 bytes); returns false (p unchanged)
-// where they are not. The stage offset grows by 16 + 4 cols (norm) + 4 nx cols bytes.
-inline bool gemv_bulk_layout(GemvArgs* p, int nx) {
-    if (p->cols % 4 != 0 || reinterpret_cast<uintptr_t>(p->x) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(p->norm_w) % 16 != 0)
-        return false;
-    int off = p->stage_off_bytes;          // 16-aligned
-    p->bulk_bar_off = off;
-    off += 16;
-    p->nwraw_off = p->norm_w ? off : -1;
-    if (p->norm_w) off += 4 * p->cols;
-    p->xraw_off = off;
-    off += 4 * nx * p->cols;
-    p->stage_off_bytes = off;             // cols % 4 == 0: still 16-aligned
-    return true;
 }
 
 // ---- the launch shape: CTAs, warps a CTA, buffers a warp -------------------------------------------------

@@ -21,25 +21,13 @@ __device__ __forceinline__ float load_act(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ float4 load_act4(const float4* p) { return __ldcg(p); }
 constexpr int X_BATCH = 8;   // x loads in flight per thread in the prologue
 
-// v[u] = row[c0 + u * stride] (0 past n): X_BATCH independent loads in flight per thread. SX: row is in shared
-// memory (the launch copied x there in bulk, gemv_bulk_layout), else in global memory (read through L2).
-template <bool SX = false>
+// v[u] = row[c0 + u * stride] (0 past n): X_BATCH independent loads in flight per thread.
 __device__ __forceinline__ void load_x_batch(const float* row, int c0, int stride, int n, float (&v)[X_BATCH]) {
 #pragma unroll
     for (int u = 0; u < X_BATCH; ++u) {
         const int c = c0 + u * stride;
-        v[u] = c < n ? (SX ? row[c] : load_act(row + c)) : 0.0f;
+        v[u] = c < n ? load_act(row + c) : 0.0f;
     }
-}
-
-// Where the prologue reads x row i and norm_w: the bulk-copied rows in shared memory (SX: a.xraw_off >= 0) or
-// global memory; norm_w from shared memory wherever the launch copied it there (a.nwraw_off >= 0).
-template <bool SX>
-__device__ __forceinline__ const float* x_row_src(const GemvArgs& a, const float* smf, int i) {
-    return SX ? smf + a.xraw_off / 4 + (int64_t)i * a.cols : a.x + (int64_t)i * a.cols;
-}
-__device__ __forceinline__ float norm_w_at(const GemvArgs& a, const float* smf, int c) {
-    return a.nwraw_off >= 0 ? smf[a.nwraw_off / 4 + c] : __ldg(a.norm_w + c);
 }
 
 // The second half of norm_scales: warp i % n_warps adds row i's NORM_LANES partials (in smf, written before a
@@ -66,7 +54,7 @@ __device__ __forceinline__ void norm_total(const GemvArgs& a, float* smf, float 
 // columns v, v + NORM_LANES, ... in order; a thread takes partials tid, tid + n_threads, ...) that
 // warp i % n_warps adds in a fixed order. Loads are issued X_BATCH at a time (latency-bound).
 // smf: scratch_bytes_for(n_x) bytes.
-template <int NX, bool SX = false>
+template <int NX>
 __device__ __forceinline__ void norm_scales(const GemvArgs& a, float* smf, float (&scale)[NX]) {
     const int tid = threadIdx.x, n_threads = blockDim.x;
     const int cols = a.cols, n_x = a.n_x;
@@ -82,7 +70,7 @@ __device__ __forceinline__ void norm_scales(const GemvArgs& a, float* smf, float
             for (int i = 0; i < NX; ++i) {
                 if (i >= n_x) break;
                 float x[X_BATCH];
-                load_x_batch<SX>(x_row_src<SX>(a, smf, i), c0, NORM_LANES, cols, x);
+                load_x_batch(a.x + (int64_t)i * cols, c0, NORM_LANES, cols, x);
 #pragma unroll
                 for (int u = 0; u < X_BATCH; ++u) ss[i] = fmaf(x[u], x[u], ss[i]);
             }
@@ -97,13 +85,13 @@ __device__ __forceinline__ void norm_scales(const GemvArgs& a, float* smf, float
 
 // xn (scaled by 2^X_SCALE_LOG2) into each used layout, zero-padded; sums of xn per 16 and 32
 // columns.
-template <int NX, bool SX = false>
+template <int NX>
 __device__ void stage_x(const GemvArgs& a, float* smf) {
     const int tid = threadIdx.x, n_threads = blockDim.x;
     const int cols = a.cols, n_x = a.n_x;
     const int cols_pad = (cols + 63) & ~63;
     float scale[NX];
-    norm_scales<NX, SX>(a, smf, scale);
+    norm_scales<NX>(a, smf, scale);
     const float up = exp2i(X_SCALE_LOG2);
     // A second pass over x, batched as norm_scales' (which must finish the row's sum of squares first),
     // with this thread's columns instead of its norm partials.
@@ -114,13 +102,13 @@ __device__ void stage_x(const GemvArgs& a, float* smf) {
 #pragma unroll
         for (int u = 0; u < X_BATCH; ++u) {
             const int c = c0 + u * n_threads;
-            nw[u] = c < cols ? (a.norm_w ? norm_w_at(a, smf, c) : 1.0f) : 0.0f;
+            nw[u] = c < cols ? (a.norm_w ? __ldg(a.norm_w + c) : 1.0f) : 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < NX; ++i) {
             if (i >= n_x) break;
             float v[X_BATCH];
-            load_x_batch<SX>(x_row_src<SX>(a, smf, i), c0, n_threads, cols, v);
+            load_x_batch(a.x + (int64_t)i * cols, c0, n_threads, cols, v);
 #pragma unroll
             for (int u = 0; u < X_BATCH; ++u) {
                 const int c = c0 + u * n_threads;
@@ -173,21 +161,20 @@ __device__ __forceinline__ uint32_t pack_s8(const int (&v)[4]) {
 // XQ_BATCH float4 loads of x (and of norm_w) in flight per thread: 4 x 768 threads cover 12288 columns
 // per round at 32 registers.
 constexpr int XQ_BATCH = 4;
-template <int NX, bool SX = false>
+template <int NX>
 __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
     const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid & 31;
     const int n_groups = a.cols >> 2, n_x = a.n_x;
     float scale[NX];
-    norm_scales<NX, SX>(a, smf, scale);
-    const float4* x4 = reinterpret_cast<const float4*>(x_row_src<SX>(a, smf, 0));
-    const float4* nw4 = reinterpret_cast<const float4*>(a.nwraw_off >= 0 ? smf + a.nwraw_off / 4 : a.norm_w);
-    const bool nw_smem = a.nwraw_off >= 0;
+    norm_scales<NX>(a, smf, scale);
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    const float4* nw4 = reinterpret_cast<const float4*>(a.norm_w);
     for (int g0 = tid; g0 - lane < n_groups; g0 += XQ_BATCH * n_threads) {
         float4 nw[XQ_BATCH];
 #pragma unroll
         for (int u = 0; u < XQ_BATCH; ++u) {
             const int g = g0 + u * n_threads;
-            nw[u] = (nw4 && g < n_groups) ? (nw_smem ? nw4[g] : __ldg(nw4 + g)) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            nw[u] = (nw4 && g < n_groups) ? __ldg(nw4 + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
         }
 #pragma unroll
         for (int i = 0; i < NX; ++i) {
@@ -196,8 +183,7 @@ __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
 #pragma unroll
             for (int u = 0; u < XQ_BATCH; ++u) {
                 const int g = g0 + u * n_threads;
-                v[u] = g < n_groups ? (SX ? x4[(int64_t)i * n_groups + g] : load_act4(x4 + (int64_t)i * n_groups + g))
-                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                v[u] = g < n_groups ? load_act4(x4 + (int64_t)i * n_groups + g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
             for (int u = 0; u < XQ_BATCH; ++u) {

@@ -25,20 +25,17 @@ namespace {
 // evicts the activations, norm weights, KV rows and kernel code from L2 (H100, 1.5B clone: tg128 +2.9%, also at
 // depth 8192; bench/NOTES.md session 13); the other entries keep 0 until measured on those cards (6-72 MB of L2).
 // attn_single_chunks = 4 on sm_90: attention rows of at most 4 chunks (256 keys) run on one CTA per KV head, without
-// the split partials and the combine launch (bench/NOTES.md session 14); 0 elsewhere until measured. gemv_x_bulk = 1 on
-// sm_90: the one-row GEMVs' x arrives in shared memory by one bulk copy instead of the prologue's batched loads (the
-// ffn_down prologue took ~4.9 us of a ~10.7 us launch, per-CTA stamps, bench/NOTES.md session 15); the copy engine
-// exists from sm_90 only.
+// the split partials and the combine launch (bench/NOTES.md session 14); 0 elsewhere until measured.
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},    // anything older, and HIP devices (no PDL, no int8 mma)
-    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 0, 0, 1, 1, 4, 1, 1}},   // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},    // anything older, and HIP devices (no PDL, no int8 mma)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 6144, 2, 1, 0, 0, 1, 1, 4}},   // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -60,8 +57,7 @@ bool valid(const fd_tuning_t& t) {
            (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8)) &&
            t.gemv_rows >= 0 && t.gemv_rows <= 8 && t.gemv_rows_fuse_nx >= 0 && t.gemv_rows_fuse_nx <= 8 &&
            (t.weights_evict_first == 0 || t.weights_evict_first == 1) && t.attn_single_chunks >= 0 &&
-           t.attn_single_chunks <= 64 && (t.gemv_x_bulk == 0 || t.gemv_x_bulk == 1) &&
-           (t.gemv_early_steps == 1 || t.gemv_early_steps == 2);
+           t.attn_single_chunks <= 64;
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later
@@ -69,17 +65,6 @@ bool rows_supported(int dev) {
 #if FD_HAS_MMA
     int major = 0;
     return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
-#else
-    (void)dev;
-    return false;
-#endif
-}
-
-// gemv_x_bulk needs the copy engine's cp.async.bulk: an NVIDIA GPU of sm_90 or later
-bool bulk_supported(int dev) {
-#if FD_HAS_MMA
-    int major = 0;
-    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
 #else
     (void)dev;
     return false;
@@ -146,7 +131,6 @@ int fd_tuning_set(const fd_tuning_t* tuning) {
     const int s = fd::slot();
     if (s < 0) return (int)cudaErrorNoDevice;
     if (tuning->gemv_rows != 0 && !fd::rows_supported(s)) return FD_E_ARG;
-    if (tuning->gemv_x_bulk != 0 && !fd::bulk_supported(s)) return FD_E_ARG;
     fd::current[s] = *tuning;
     return 0;
 }

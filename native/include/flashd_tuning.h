@@ -41,12 +41,6 @@ typedef struct {
                                that few chunks); 0: every row is split. It changes those rows' summation order (their
                                bits), the same way for decode and masked rows, so a tree row still equals its
                                one-row step */
-    int gemv_x_bulk;        /* 1: one-row-kernel GEMV launches (gemv.cu) bring x and the norm weights into shared
-                               memory with the copy engine (cp.async.bulk: one round trip, issued by one thread)
-                               where the room leaves the launch shape as it is; 0: the prologue loads them in
-                               batches. Never changes a result. sm_90 and later only (FD_E_ARG elsewhere) */
-    int gemv_early_steps;   /* 1 .. 2: weight steps each warp of a one-row-kernel GEMV issues before waiting for the
-                               previous kernel (2: both of a double-buffered warp's buffers). Never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

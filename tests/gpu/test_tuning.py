@@ -1,6 +1,6 @@
 """The launch tuning (flashd_tuning.h, tuning.cu): the device starts from its architecture's table entry, bad
-values are refused without changing anything, rounds, PDL, the tensor-core passes, the weights' L2 evict-first
-hint and the bulk copy of x never change a result -- a GEMV's rows under
+values are refused without changing anything, rounds, PDL, the tensor-core passes and the weights' L2 evict-first
+hint never change a result -- a GEMV's rows under
 them are the default tuning's bits (the launch's shape is not its arithmetic) -- and under another step
 buffer size, which may choose other lanes per row and so another summation order, rows are still the same
 bits whatever the batch (row invariance, which exact speculative decoding needs).
@@ -12,7 +12,6 @@ from gguf import GGMLQuantizationType as T
 from flashd.scripts.random_weights import random_weights
 
 from tests.gpu.test_gemv import call_gemv
-from tests.gpu.test_gemv_rows import call_swiglu
 
 FD_E_ARG = -1
 
@@ -32,8 +31,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     assert restore_tuning == want
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 6144, "gemv_rounds": 2, "pdl": 1, "gemv_mma_rows": 0,
-                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
-                        "gemv_x_bulk": 1, "gemv_early_steps": 1}
+                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -41,9 +39,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_mma_rows": 9}, {"gemv_rows": -1}, {"gemv_rows": 9},
                                  {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9},
                                  {"weights_evict_first": -1}, {"weights_evict_first": 2},
-                                 {"attn_single_chunks": -1}, {"attn_single_chunks": 65},
-                                 {"gemv_x_bulk": -1}, {"gemv_x_bulk": 2}, {"gemv_early_steps": 0},
-                                 {"gemv_early_steps": 3}])
+                                 {"attn_single_chunks": -1}, {"attn_single_chunks": 65}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -68,8 +64,7 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
 
 
 @pytest.mark.parametrize("change", [{"gemv_rounds": 0}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 2},
-                                    {"gemv_mma_rows": 4}, {"weights_evict_first": 0}, {"gemv_x_bulk": 0},
-                                    {"gemv_early_steps": 2}])
+                                    {"gemv_mma_rows": 4}, {"weights_evict_first": 0}])
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
@@ -100,49 +95,3 @@ def test_other_step_sizes_keep_rows_invariant(native, dev, rng, poisoned, restor
     native.set_tuning(gemv_stage_bytes=stage_bytes)
     one, batch = run(1), run(3)
     assert np.array_equal(one[0], batch[0]), f"row 0 of a 3-row launch differs from the 1-row launch ({stage_bytes} B)"
-
-
-# Bulk x (gemv_x_bulk): x and norm_w reach shared memory by the copy engine instead of batched loads -- where the
-# prologue reads them from, not what it computes. Every activation path: int8 (quantized formats) and float (F16,
-# BF16, F32), with and without the RMSNorm, 1 and 3 rows, wide rows (ffn_down's 8960 columns), cols % 4 != 0 (no
-# bulk copy: the old path), the SwiGLU pair.
-BULK_CASES = [(T.Q6_K, 1536, 8960, False), (T.Q4_K, 8960, 1536, True), (T.Q8_0, 200, 96, True),
-              (T.F16, 300, 1536, True), (T.BF16, 257, 1024, False), (T.F32, 33, 37, True)]
-
-
-@pytest.mark.parametrize("qtype,rows,cols,use_norm", BULK_CASES, ids=lambda v: getattr(v, "name", str(v)))
-def test_bulk_x_never_changes_a_result(native, dev, rng, poisoned, restore_tuning, qtype, rows, cols, use_norm):
-    if restore_tuning["gemv_x_bulk"] == 0:
-        pytest.skip("gemv_x_bulk is off on this architecture (fd_tuning_set refuses it below sm_90)")
-    w = dev.upload(random_weights(rng, qtype, rows, cols))
-    x = dev.upload(rng.standard_normal((3, cols)).astype(np.float32))
-    norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)) if use_norm else None
-
-    def run(n_x):
-        y = poisoned((n_x, rows))
-        call_gemv(native, dev, y, w, qtype, rows, cols, x, n_x, norm, None, None)
-        return dev.download(y).view(np.uint32)
-    bulk = [run(1), run(3)]
-    native.set_tuning(gemv_x_bulk=0)
-    loads = [run(1), run(3)]
-    for b, t in zip(bulk, loads):
-        assert np.array_equal(b, t), f"{np.count_nonzero(b != t)} of {b.size} outputs differ"
-
-
-def test_bulk_x_never_changes_a_swiglu_result(native, dev, rng, poisoned, restore_tuning):
-    if restore_tuning["gemv_x_bulk"] == 0:
-        pytest.skip("gemv_x_bulk is off on this architecture")
-    rows, cols = 8960, 1536
-    dg = dev.upload(random_weights(rng, T.Q4_K, rows, cols))
-    du = dev.upload(random_weights(rng, T.Q4_K, rows, cols))
-    x = dev.upload(rng.standard_normal((3, cols)).astype(np.float32))
-    norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
-
-    def run(n_x):
-        y = poisoned((n_x, rows))
-        call_swiglu(native, dev, y, dg, T.Q4_K, du, T.Q4_K, rows, cols, x, n_x, norm)
-        return dev.download(y).view(np.uint32)
-    bulk = [run(1), run(3)]
-    native.set_tuning(gemv_x_bulk=0)
-    for b, t in zip(bulk, [run(1), run(3)]):
-        assert np.array_equal(b, t), f"{np.count_nonzero(b != t)} of {b.size} outputs differ"
