@@ -24,8 +24,7 @@
 // Configurations (launcher): NQW x NKS = 4 x 1 (4 warps, 3 stages; many blocks) and 4 x 2 (8 warps,
 // 4 stages; fewer blocks than SMs, e.g. a 512-token chunk after a long context) at head_dim 64 and 128.
 // head_dim 256 (launch_mma_for says which shape where): Q in shared memory rather than in registers (o_acc
-// alone is 128 floats a lane; sm_90, -Xptxas -v: 248 registers and no spills at 8 warps), 2-stage rings, and
-// 32-key tiles where a block's shared memory is short (sm_80 / sm_86 / sm_89) or the K/V are quantized.
+// alone is 128 floats a lane), 32-key tiles split over 2 warps, 8 or 4 warps a block.
 //
 // SIMT fallback (HIP, pre-sm_80 devices, or misaligned pointers): one warp per (token, head),
 // online softmax over the visible slots one key at a time, q rounded to f16 as in the mma path.
@@ -325,32 +324,30 @@ int launch_mma(int smem_optin, float* o, const float* q, const __half* k_cache, 
 // n = 8192, they tie at n = 512 after 8K of context, where the deeper ring gains 10% at head_dim 64;
 // 32-row blocks (2 x 4 warps) were slower everywhere.
 //
-// head_dim 256: o_acc is 128 floats a lane and the register Q fragments 64 more, so Q is read from shared
-// memory (QS) and the blocks are smaller. 64 keys x 264 halves x {K, V} is 66 KB a stage:
-//   float16, 8 warps (4 row groups x 2 key halves, 32 keys each), 2-stage ring of 64-key tiles + the 64-row Q
-//     tile = 165 KB, one block per SM: devices that let a block take it (sm_90's 227 KB);
-//   float16 elsewhere: 4 warps (2 x 2) over 32-row blocks and 32-key tiles (16 keys a warp), 83 KB (sm_80's
-//     163 KB, sm_86 / sm_89's 99 KB);
-//   QKV: the 32-key tiles again with a 2-deep raw ring (STAGES 3): 117 KB (q8_0 / q8_0) to 132 KB (float16 next to
-//     q8_0), so sm_80 and sm_90; FD_E_SHAPE where it does not fit (launch_mma).
+// head_dim 256: o_acc is 128 floats a lane and the register Q fragments would be 64 more, so Q is read from
+// shared memory (QS). A 64-key K | V stage is 66 KB here, so every head_dim-256 shape takes 32-key tiles with
+// 2 warps per row group (16 keys each: NKS 2, KW 16). One key split for all of them means each row's arithmetic
+// is the same in every shape, float16 or quantized -- the quantized kernel is bit for bit the float16 one over
+// the dequantized values, as at 64 / 128 (tests/gpu/test_attention_kv_quant.py):
+//   wide   8 warps over 64-row blocks, 3-stage ring: 132 KB float16 (sm_80's 163 KB, sm_90's 227 KB), 133-148 KB
+//          quantized (2-deep raw ring), where 64-row blocks are at least as many as SMs;
+//   narrow 4 warps over 32-row blocks (twice the blocks for short chunks), 2-stage ring: 83 KB float16 (sm_86 /
+//          sm_89's 99 KB take only this one), 101-132 KB quantized; also where the wide one does not fit.
+// FD_E_SHAPE where neither fits (launch_mma). Neither shape is timed against the other yet.
 template <int HD, bool QKV = false>
 int launch_mma_for(const MmaDevice& dev, float* o, const float* q, const __half* k_cache, const __half* v_cache,
                    const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
                    cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr) {
+    const int blocks_64 = ceil_div(n * (n_heads / n_kv_heads), 64) * n_kv_heads;
     if constexpr (HD == 256) {
-        using Big = FlashCfg<256, 4, 2, 2, 1, 64, true>;
-        using Small = FlashCfg<256, 2, 2, 2, 1, 32, true>;
-        using Quant = FlashCfg<256, 2, 2, 3, 1, 32, true>;
-        if constexpr (QKV)
-            return launch_mma<Quant, true>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
-                                           max_ctx, scale_log2, stream, kr, vr);
-        if ((size_t)Big::smem_bytes <= (size_t)dev.smem_optin)
-            return launch_mma<Big>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                   scale_log2, stream, kr, vr);
-        return launch_mma<Small>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                 scale_log2, stream, kr, vr);
+        using Wide = FlashCfg<256, 4, 2, 3, 1, 32, true>;
+        using Narrow = FlashCfg<256, 2, 2, QKV ? 3 : 2, 1, 32, true>;   // QKV: STAGES - 1 = 2 raw stages
+        if (smem_bytes_for<Wide, QKV>(kr, vr) <= (size_t)dev.smem_optin && blocks_64 >= dev.n_sms)
+            return launch_mma<Wide, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
+                                         max_ctx, scale_log2, stream, kr, vr);
+        return launch_mma<Narrow, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
+                                       max_ctx, scale_log2, stream, kr, vr);
     } else {
-        const int blocks_64 = ceil_div(n * (n_heads / n_kv_heads), 64) * n_kv_heads;
         if (blocks_64 >= dev.n_sms)
             return launch_mma<FlashCfg<HD, 4, 1, 3, 2>, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n,
                                                               n_heads, n_kv_heads, max_ctx, scale_log2, stream, kr, vr);
