@@ -49,7 +49,8 @@ def read_stamps(lab) -> list[dict]:
                 t0=int(r[0]), tw=int(r[1]), tp=int(r[2]), fmin=int(r[3]), fmax=int(r[4]), emin=int(r[5]),
                 emax=int(r[6]), rows=rows, cols=cols, steps=misc & 0xFFFFFFFF, mats=(misc >> 32) & 0xFF,
                 swiglu=(misc >> 40) & 1, nx=(misc >> 41) & 0xF, xq=(misc >> 45) & 1, warps=(misc >> 46) & 0x3F,
-                sm=misc >> 52, grid=int(r[9]) >> 32, cta=int(r[9]) & 0xFFFFFFFF))
+                sm=misc >> 52, grid=int(r[9]) >> 32, cta=int(r[9]) & 0xFFFFFFFF,
+                tp2=int(r[10])))        # a variant's second prologue (pad[0]), 0 if not recorded
     return recs
 
 
@@ -87,20 +88,21 @@ def summarize(groups: list[list[dict]]) -> None:
             start=w0 - min(r["t0"] for r in g),                      # entry before the wait returned
             wait_spread=max(r["tw"] for r in g) - w0,
             pro=med(r["tp"] for r in g) - w0, pro_max=max(r["tp"] for r in g) - w0,
+            pro2=med(r["tp2"] - r["tp"] for r in g) if all(r["tp2"] for r in g) else None,
             first=med(r["fmax"] for r in g if r["fmax"]) - w0,
             end_med=med(ends) - w0, end_max=ends[-1] - w0,
             gap=(w0 - prev_end) if prev_end is not None and 0 <= w0 - prev_end < 50_000 else None))
         prev_end = ends[-1]
     print(f"{'rows x cols':>16} {'mats':>4} {'sw':>2} {'n':>5} {'grid':>4} {'warps':>5} {'steps':>6} "
           f"{'pre-wait':>8} {'w.spread':>8} {'prologue':>8} {'pro.max':>8} {'1st w.':>7} {'end med':>8} {'end max':>8} "
-          f"{'gap':>6}   (us after the launch's first wait returned; means over CTAs and launches)")
+          f"{'gap':>6} {'pro2':>6}   (us after the launch's first wait returned; means over CTAs and launches)")
     for key, ls in sorted(per_shape.items(), key=lambda kv: -med(x["end_max"] for x in kv[1]) * len(kv[1])):
         def m(f):
             vals = [x[f] for x in ls if x[f] is not None]
             return med(vals) / 1e3 if vals else float("nan")
         print(f"{key[0]:>7} x {key[1]:<6} {key[2]:>4} {key[3]:>2} {len(ls):>5} {ls[0]['grid']:>4} {ls[0]['warps']:>5} "
               f"{ls[0]['steps']:>6} {m('start'):8.2f} {m('wait_spread'):8.2f} {m('pro'):8.2f} {m('pro_max'):8.2f} "
-              f"{m('first'):7.2f} {m('end_med'):8.2f} {m('end_max'):8.2f} {m('gap'):6.2f}")
+              f"{m('first'):7.2f} {m('end_med'):8.2f} {m('end_max'):8.2f} {m('gap'):6.2f} {m('pro2'):6.2f}")
 
 
 def main() -> None:
