@@ -1,7 +1,7 @@
 """Inside one GEMV launch: per-CTA globaltimer stamps of the one-row decode GEMVs (bench/lab; not a test).
 
 Needs a library built with bench/lab/gemv_stamps.patch applied (it adds the stamps to gemv.cu's kernel and an
-`fd_lab_gemv_stamps` entry point; never part of the library), loaded through FLASHD_NATIVE_LIB:
+`lab_gemv_stamps` entry point; never part of the library), loaded through FLASHD_NATIVE_LIB:
 
     git apply bench/lab/gemv_stamps.patch && <build> && FLASHD_NATIVE_LIB=lib.so \
         python bench/lab/gemv_stamps.py MODEL [--depth 128] [--reps 24]
@@ -34,9 +34,9 @@ MAX_CTAS, RING, FIELDS = 264, 4096, 16
 def read_stamps(lab) -> list[dict]:
     buf = np.zeros((RING, MAX_CTAS, FIELDS), dtype=np.uint64)
     counts = np.zeros(MAX_CTAS, dtype=np.uint32)
-    st = lab.fd_lab_gemv_stamps(buf.ctypes.data_as(ctypes.c_void_p), counts.ctypes.data_as(ctypes.c_void_p), 0)
+    st = lab.lab_gemv_stamps(buf.ctypes.data_as(ctypes.c_void_p), counts.ctypes.data_as(ctypes.c_void_p), 0)
     if st:
-        raise SystemExit(f"fd_lab_gemv_stamps: {st}")
+        raise SystemExit(f"lab_gemv_stamps: {st}")
     recs = []
     for b in range(MAX_CTAS):
         for slot in range(min(int(counts[b]), RING)):
@@ -124,7 +124,7 @@ def main() -> None:
     runner = engine.runner
     dev, lib = runner.dev, runner.dev.lib
     lab = ctypes.CDLL(path)
-    lab.fd_lab_gemv_stamps.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lab.lab_gemv_stamps.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     prompt = list(np.random.default_rng(0).integers(0, 1000, args.depth))
     for _ in runner.generate(prompt, SamplingParams(), 2):
         pass
@@ -133,7 +133,7 @@ def main() -> None:
         runner._set_state(args.depth, args.depth)
         lib.fd_graph_launch(graph, dev.stream)
     dev.synchronize()
-    lab.fd_lab_gemv_stamps(None, None, 1)
+    lab.lab_gemv_stamps(None, None, 1)
     t0 = time.perf_counter()
     for _ in range(args.reps):
         runner._set_state(args.depth, args.depth)
