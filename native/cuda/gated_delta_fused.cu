@@ -16,7 +16,7 @@
 // within a tile the state is held exactly as gated_delta_rule.cu holds it (lane = column, warp w of the tile holds
 // rows i = w, w + 8, ... in registers, RPT = ceil(d_k / 8) <= 16 of them) and the column dot products are per-warp
 // fmaf chains added over the tile's 8 warps in warp order: the delta rule's arithmetic is gated_delta_rule.cu's.
-// Every reduction here (the two L2 sums over d_k, the norm's sum over d_v) is a fixed butterfly within a warp and
+// Every reduction here (the two L2 sums over d_k, the norm's sum over d_v) is fd::warp_sum's fixed butterfly and
 // the warps' partials added in ascending order, independent of n and of the form, so decode (n = 1), prefill (n
 // tokens in order, the state on chip) and the tree (a state per node) give the same bits for the same row and
 // state: a tree verify row equals the decode step at its position, and a prefilled state equals the decode steps'.
@@ -78,13 +78,6 @@ __device__ __forceinline__ FusedIn load_fused(const FusedArgs& a, int t, int h, 
     in.alpha = a.alpha[(size_t)t * a.n_v_heads + h];
     in.beta = a.beta[(size_t)t * a.n_v_heads + h];
     return in;
-}
-
-// A fixed butterfly over the warp's 32 lanes: the same order in every launch.
-__device__ __forceinline__ float lanes_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 // delta_decay.cu's float32 steps: exp(softplus(alpha + dt_bias) * a), exp and log1p in double, rounded once.
@@ -162,7 +155,7 @@ gated_delta_fused_kernel(FusedArgs a) {
         const FusedIn cur = next;
         __syncthreads();                           // the previous token's reads of shared memory are done
         if (warp < qk_warps) {                     // the L2 sums: threads >= d_k hold 0
-            const float sq_sum = lanes_sum(cur.q * cur.q), sk_sum = lanes_sum(cur.k * cur.k);
+            const float sq_sum = fd::warp_sum(cur.q * cur.q), sk_sum = fd::warp_sum(cur.k * cur.k);
             if (lane == 0) {
                 red_q[warp] = sq_sum;
                 red_k[warp] = sk_sum;
@@ -209,7 +202,7 @@ gated_delta_fused_kernel(FusedArgs a) {
         const float o = tile_sum(oq, part, tile, w, lane) * a.scale;
         // the gated output norm over the head's d_v columns: tiles' sums in tile order
         if (w == 0) {
-            const float oo = lanes_sum(j < a.d_v ? o * o : 0.0f);
+            const float oo = fd::warp_sum(j < a.d_v ? o * o : 0.0f);
             if (lane == 0) red_o[tile] = oo;
         }
         __syncthreads();
