@@ -1,0 +1,168 @@
+"""CudaOps' fused hybrid ops (cuda/fused_ops.py) without a GPU, on the host stand-in library of
+test_hybrid_ops_on_host.py (its fd_*_fused / _silu / fd_gated_qk_norm run the reference's composition on the
+buffers they are handed). Checked: each op reaches its one entry point and nothing else (no split copies, no
+separate norms or gates), with no upload, download or synchronization; the arguments arrive in the header's order
+(Hv != Hk, q | k | v read as strided views of one row: a swapped pointer or stride gives another result than the
+reference's); shapes past the fused kernel's limit (S > 128) run the composition's primitive entry points; bad
+shapes are refused before any fd_* call. The kernels themselves: tests/gpu/test_hybrid_fused.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashd.daemon.backends.cuda.fused_ops import DELTA_FUSED_MAX_DK
+from flashd.daemon.backends.cuda.recurrent_ops import delta_scale
+from tests.cuda_on_host.test_hybrid_ops_on_host import REF, ops  # noqa: F401  (the fixture)
+
+EPS = 1e-6
+
+
+def _inputs(rng, n, hk, hv, S):
+    """Host arrays of one fused delta rule call: qkv (n, (2 hk + hv) S), alpha, beta (n, hv), z (n, hv S), dt_bias,
+    a (hv,), norm weight (S,), state (hv, S, S)."""
+    f = np.float32
+    return dict(qkv=rng.standard_normal((n, (2 * hk + hv) * S)).astype(f),
+                alpha=rng.standard_normal((n, hv)).astype(f), beta=rng.standard_normal((n, hv)).astype(f),
+                z=rng.standard_normal((n, hv * S)).astype(f), dt_bias=rng.standard_normal(hv).astype(f),
+                a=-np.exp(rng.standard_normal(hv)).astype(f), norm=(1 + 0.1 * rng.standard_normal(S)).astype(f),
+                state=(0.1 * rng.standard_normal((hv, S, S))).astype(f))
+
+
+def _spy(ops, monkeypatch):
+    called = []
+    for name in [n for n in dir(type(ops.lib)) if n.startswith("fd_")]:
+        fn = getattr(ops.lib, name)
+        monkeypatch.setattr(ops.lib, name, lambda *args, _fn=fn, _name=name: called.append(_name) or _fn(*args))
+    for name in ("upload", "download", "synchronize"):
+        monkeypatch.setattr(ops.dev, name, lambda *args, _name=name, **kw: pytest.fail(f"{_name} in a forward op"))
+    return called
+
+
+def _close(got, want, tol=2e-5):
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("n", [1, 5])
+@pytest.mark.parametrize("hk,hv", [(2, 2), (2, 6)])
+def test_fused_delta_rule_is_the_composition_in_one_entry(ops, monkeypatch, n, hk, hv):
+    S = 16
+    host = _inputs(np.random.default_rng(n * 10 + hv), n, hk, hv, S)
+    dev = {k: ops.dev.upload(v) for k, v in host.items()}
+    ref_state = host["state"].copy()
+    want = REF.gated_delta_rule_fused(host["qkv"], host["alpha"], host["beta"], host["z"], host["dt_bias"],
+                                      host["a"], host["norm"], ref_state, hk, S, EPS)
+    called = _spy(ops, monkeypatch)
+    got = ops.gated_delta_rule_fused(dev["qkv"], dev["alpha"], dev["beta"], dev["z"], dev["dt_bias"], dev["a"],
+                                     dev["norm"], dev["state"], hk, S, EPS)
+    assert called == ["fd_gated_delta_rule_fused"]
+    monkeypatch.undo()
+    name, args = ops.lib.calls[-1]
+    assert (name, args) == ("fd_gated_delta_rule_fused",
+                            ((2 * hk + hv) * S, n, hk, hv, S, S, delta_scale(S), pytest.approx(EPS),
+                             pytest.approx(EPS)))
+    # the reference's prefill is the chunked form, the kernel's the recurrent one: equal up to rounding
+    _close(ops.to_numpy(got), want, 1e-4)
+    _close(ops.to_numpy(dev["state"]), ref_state, 1e-4)
+
+
+def test_fused_tree_rows_are_decode_steps(ops, monkeypatch):
+    hk, hv, S, n = 1, 3, 8, 5
+    parents = np.array([-1, 0, 1, 0, 3], np.int32)
+    host = _inputs(np.random.default_rng(1), n, hk, hv, S)
+    dev = {k: ops.dev.upload(v) for k, v in host.items()}
+    node_state = ops.dev.upload(np.zeros((n, hv, S, S), np.float32))
+    dev_parents = ops.dev.upload(parents)
+    called = _spy(ops, monkeypatch)
+    got = ops.gated_delta_rule_fused_tree(dev["qkv"], dev["alpha"], dev["beta"], dev["z"], dev["dt_bias"], dev["a"],
+                                          dev["norm"], dev["state"], dev_parents, node_state, hk, S, EPS)
+    assert called == ["fd_gated_delta_rule_fused_tree"]
+    monkeypatch.undo()
+    got = ops.to_numpy(got)
+    for i in range(n):                               # node i = a one-token decode along its path, by the reference
+        path = [i]
+        while parents[path[0]] >= 0:
+            path.insert(0, int(parents[path[0]]))
+        memory = host["state"].copy()
+        for j in path:
+            row = REF.gated_delta_rule_fused(*(host[k][j:j + 1] for k in ("qkv", "alpha", "beta", "z")),
+                                             host["dt_bias"], host["a"], host["norm"], memory, hk, S, EPS)
+        _close(got[i], row[0])
+        _close(ops.to_numpy(node_state)[i], memory)
+    np.testing.assert_array_equal(ops.to_numpy(dev["state"]), host["state"])     # read only
+
+
+def test_conv_silu_and_its_tree_are_one_entry_each(ops, monkeypatch):
+    rng = np.random.default_rng(2)
+    n, C, K = 4, 12, 4
+    x, w = rng.standard_normal((n, C)).astype(np.float32), rng.standard_normal((C, K)).astype(np.float32)
+    st = rng.standard_normal((K - 1, C)).astype(np.float32)
+    ref_st = st.copy()
+    want = REF.causal_conv1d_silu(x, w, ref_st)
+    dx, dw, dst = ops.dev.upload(x), ops.dev.upload(w), ops.dev.upload(st)
+    parents = ops.dev.upload(np.array([-1, 0, 1, 2], np.int32))
+    node_conv = ops.dev.upload(np.zeros((n, K - 1, C), np.float32))
+    called = _spy(ops, monkeypatch)
+    got = ops.causal_conv1d_silu(dx, dw, dst)
+    assert called == ["fd_causal_conv1d_silu"]
+    monkeypatch.undo()
+    _close(ops.to_numpy(got), want)
+    _close(ops.to_numpy(dst), ref_st)
+    fresh = ops.dev.upload(st)
+    called = _spy(ops, monkeypatch)
+    tree = ops.causal_conv1d_silu_tree(dx, dw, fresh, parents, node_conv)
+    assert called == ["fd_causal_conv1d_silu_tree"]
+    monkeypatch.undo()
+    _close(ops.to_numpy(tree), want)                 # a chain tree is the sequence
+
+
+def test_gated_qk_norm_is_one_entry(ops, monkeypatch):
+    rng = np.random.default_rng(3)
+    n, H, hkv, d = 3, 4, 2, 8
+    qg, k = rng.standard_normal((n, H, 2 * d)).astype(np.float32), rng.standard_normal((n, hkv, d)).astype(np.float32)
+    wq, wk = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+    want = REF.gated_qk_norm(qg, k, wq, wk, EPS)
+    args = [ops.dev.upload(t) for t in (qg, k, wq, wk)]
+    called = _spy(ops, monkeypatch)
+    got = ops.gated_qk_norm(*args, EPS)
+    assert called == ["fd_gated_qk_norm"]
+    monkeypatch.undo()
+    for g, w in zip(got, want):
+        _close(ops.to_numpy(g), w)
+    np.testing.assert_array_equal(ops.to_numpy(got[1]), qg[..., d:])     # the gate: bit copies
+
+
+def test_past_the_fused_limit_the_composition_runs(ops, monkeypatch):
+    hk, hv, S, n = 1, 1, DELTA_FUSED_MAX_DK + 8, 1
+    host = _inputs(np.random.default_rng(4), n, hk, hv, S)
+    dev = {k: ops.dev.upload(v) for k, v in host.items()}
+    ops.prepare_capture(type("Cfg", (), {"linear": type("Lin", (), {"head_dim": S})})())    # l2_norm's weight
+    want = REF.gated_delta_rule_fused(host["qkv"], host["alpha"], host["beta"], host["z"], host["dt_bias"],
+                                      host["a"], host["norm"], host["state"].copy(), hk, S, EPS)
+    called = _spy(ops, monkeypatch)
+    got = ops.gated_delta_rule_fused(dev["qkv"], dev["alpha"], dev["beta"], dev["z"], dev["dt_bias"], dev["a"],
+                                     dev["norm"], dev["state"], hk, S, EPS)
+    assert "fd_gated_delta_rule_fused" not in called and "fd_gated_delta_rule_decode" in called
+    monkeypatch.undo()
+    _close(ops.to_numpy(got), want, 1e-4)
+
+
+@pytest.mark.parametrize("bad", ["width", "alpha", "z", "norm", "state", "heads"])
+def test_bad_shapes_are_refused_before_the_abi(ops, monkeypatch, bad):
+    hk, hv, S, n = 2, 4, 8, 2
+    host = _inputs(np.random.default_rng(5), n, hk, hv, S)
+    if bad == "width":
+        host["qkv"] = host["qkv"][:, :-1].copy()
+    elif bad == "alpha":
+        host["alpha"] = host["alpha"][:, :-1].copy()
+    elif bad == "z":
+        host["z"] = host["z"][:, :-1].copy()
+    elif bad == "norm":
+        host["norm"] = host["norm"][:-1].copy()
+    elif bad == "state":
+        host["state"] = host["state"][:-1].copy()
+    dev = {k: ops.dev.upload(v) for k, v in host.items()}
+    called = _spy(ops, monkeypatch)
+    with pytest.raises(ValueError):
+        ops.gated_delta_rule_fused(dev["qkv"], dev["alpha"], dev["beta"], dev["z"], dev["dt_bias"], dev["a"],
+                                   dev["norm"], dev["state"], 3 if bad == "heads" else hk, S, EPS)
+    assert called == []
