@@ -33,6 +33,11 @@ def _rms(x, w, eps):
     return x / np.sqrt(np.mean(np.square(x), -1, keepdims=True, dtype=np.float32) + np.float32(eps)) * w
 
 
+def _fd_silu(g):
+    """The stand-in's silu (fd_silu, and the conv's fused SiLU: the same bits on the GPU)."""
+    return g / (1 + np.exp(-g))
+
+
 class HybridLib(RecurrentLib):
     def _null(self, p) -> bool:
         return self._addr(p) == 0
@@ -52,8 +57,7 @@ class HybridLib(RecurrentLib):
         return 0
 
     def fd_silu(self, y, x, n, stream):
-        g = self._a(x, (n,))
-        self._a(y, (n,))[...] = g / (1 + np.exp(-g))
+        self._a(y, (n,))[...] = _fd_silu(self._a(x, (n,)))
         return 0
 
     def fd_sigmoid(self, y, x, n, stream):
@@ -121,12 +125,12 @@ class HybridLib(RecurrentLib):
     def fd_causal_conv1d_silu(self, y, x, weight, state, n, c, k, stream):
         self.calls.append(("fd_causal_conv1d_silu", (n, c, k)))
         st = self._a(state, (k - 1, c))
-        self._a(y, (n, c))[...] = REF.silu(causal_conv1d(self._a(x, (n, c)).copy(), self._a(weight, (c, k)), st))
+        self._a(y, (n, c))[...] = _fd_silu(causal_conv1d(self._a(x, (n, c)).copy(), self._a(weight, (c, k)), st))
         return 0
 
     def fd_causal_conv1d_silu_tree(self, y, x, weight, state, parents, node_conv, n, c, k, stream):
         self.calls.append(("fd_causal_conv1d_silu_tree", (n, c, k)))
-        self._a(y, (n, c))[...] = REF.silu(causal_conv1d_tree(self._a(x, (n, c)), self._a(weight, (c, k)),
+        self._a(y, (n, c))[...] = _fd_silu(causal_conv1d_tree(self._a(x, (n, c)), self._a(weight, (c, k)),
                                                               self._a(state, (k - 1, c)),
                                                               self._a(parents, (n,), np.int32),
                                                               self._a(node_conv, (n, k - 1, c))))
