@@ -32,11 +32,16 @@ SHAPES = {
                              ssm_state=32, ssm_k_heads=1, ssm_v_heads=4, ssm_conv_kernel=4, full_attn_interval=2),
     "hd128_conv3": dict(n_layers=6, hidden=256, n_heads=2, n_kv_heads=1, head_dim=128, rope_dim=32, ffn=512,
                         ssm_state=128, ssm_k_heads=2, ssm_v_heads=2, ssm_conv_kernel=3, full_attn_interval=3),
+    # Qwen3.5's own head shapes: attention heads of 256 with a quarter roped, 3 value heads per key head (the 27B
+    # has 48 on 16) of 128 -- the fused delta rule's whole-head block at its limit (fused_ops.py)
+    "qwen35_heads": dict(n_layers=4, hidden=256, n_heads=4, n_kv_heads=1, head_dim=256, rope_dim=64, ffn=512,
+                         ssm_state=128, ssm_k_heads=2, ssm_v_heads=6, ssm_conv_kernel=4, full_attn_interval=4),
 }
 # weight formats per shape: every 2-D matrix in it (ssm_conv1d stays F32); Q4_K needs 256-wide rows, which
 # gqa_partial_rope's ssm_out (Hv S = 128 columns) lacks
 FORMATS = [("mha_full_rope", "F32"), ("mha_full_rope", "Q8_0"), ("mha_full_rope", "Q4_K"),
-           ("gqa_partial_rope", "Q8_0"), ("gqa_partial_rope", "F16"), ("hd128_conv3", "Q8_0")]
+           ("gqa_partial_rope", "Q8_0"), ("gqa_partial_rope", "F16"), ("hd128_conv3", "Q8_0"),
+           ("qwen35_heads", "Q8_0")]
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +141,8 @@ def test_greedy_continue_from_an_empty_context_starts_a_new_sequence(cuda_backen
 
 def test_a_graph_recaptured_after_the_constants_are_dropped(cuda_backend, synthetic_model):
     """After ops.release() (parking) hybrid_ops' constants are gone and the engine drops the graphs; the next
-    capture makes l2_norm's weight before it begins (an upload inside a capture fails): same tokens as before."""
+    capture makes l2_norm's weight before it begins (an upload inside a capture fails; only the composition past
+    the fused delta rule's limit reads it): same tokens as before."""
     _, cuda = make_runners(cuda_backend, model(synthetic_model, "hd128_conv3"))
     prompt = ids_of(9, seed=11)
     before = [s.token for s in cuda.generate(prompt, SamplingParams(), 20)]
