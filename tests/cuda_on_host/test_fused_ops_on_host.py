@@ -166,3 +166,38 @@ def test_bad_shapes_are_refused_before_the_abi(ops, monkeypatch, bad):
         ops.gated_delta_rule_fused(dev["qkv"], dev["alpha"], dev["beta"], dev["z"], dev["dt_bias"], dev["a"],
                                    dev["norm"], dev["state"], 3 if bad == "heads" else hk, S, EPS)
     assert called == []
+
+
+def test_a_decode_step_runs_the_fused_entries_and_no_small_ops(tmp_path, monkeypatch):
+    """One eager decode step of a qwen35 model (2 Gated DeltaNet + 2 gated attention layers) on CudaOps: per linear
+    layer the conv + SiLU and the fused delta rule, per attention layer the q/k norm and the gate's fd_sigmoid_mul;
+    none of the small ops they replace (split copies, norms, silu, sigmoid, decay, products) is launched."""
+    from collections import Counter
+
+    from flashd.daemon.backends.cuda.tensor import Device
+    from flashd.daemon.models import load_model
+    from flashd.daemon.runner import ModelRunner
+    from flashd.scripts.make_synthetic_gguf import write_synthetic_model
+    from tests.cuda_on_host.test_qwen35_forward_on_host import SPEC, HostAttentionOps, ModelNative
+
+    ops = HostAttentionOps(Device(ModelNative()))
+    ops.reserve_arena(8 << 20)
+    ops.reserve_scratch(2 * SPEC.hidden * max(SPEC.ffn, SPEC.vocab_size))
+    lm = load_model(write_synthetic_model(tmp_path / "m.gguf", SPEC), ops.load_weight)
+    run = ModelRunner(ops, lm.config, lm.weights, 64, 16)
+    run.prefill([1, 2, 3])
+    called = []
+    for name in [n for n in dir(type(ops.lib)) if n.startswith("fd_")]:
+        fn = getattr(ops.lib, name)
+        monkeypatch.setattr(ops.lib, name, lambda *args, _fn=fn, _name=name: called.append(_name) or _fn(*args))
+    run.prefill([4])
+    count = Counter(called)
+    n_linear = sum(lm.config.linear.recurrent)
+    n_attention = lm.config.n_layers - n_linear
+    assert (n_linear, n_attention) == (2, 2)
+    for name, want in (("fd_causal_conv1d_silu", n_linear), ("fd_gated_delta_rule_fused", n_linear),
+                       ("fd_gated_qk_norm", n_attention), ("fd_sigmoid_mul", n_attention)):
+        assert count[name] == want, (name, count)
+    replaced = ("fd_copy_cols", "fd_rmsnorm", "fd_silu", "fd_sigmoid", "fd_delta_decay", "fd_swiglu", "fd_mul",
+                "fd_causal_conv1d", "fd_gated_delta_rule_decode")
+    assert not [n for n in replaced if count[n]], count
