@@ -201,3 +201,31 @@ def test_a_decode_step_runs_the_fused_entries_and_no_small_ops(tmp_path, monkeyp
     replaced = ("fd_copy_cols", "fd_rmsnorm", "fd_silu", "fd_sigmoid", "fd_delta_decay", "fd_swiglu", "fd_mul",
                 "fd_causal_conv1d", "fd_gated_delta_rule_decode")
     assert not [n for n in replaced if count[n]], count
+
+
+@pytest.mark.parametrize("fuse_hybrid,fused_prefill,n,want", [
+    (True, True, 3, "fd_gated_delta_rule_fused"), (True, False, 3, "fd_gated_delta_rule_prefill"),
+    (True, False, 1, "fd_gated_delta_rule_fused"), (False, True, 1, "fd_gated_delta_rule_decode"),
+    (False, True, 3, "fd_gated_delta_rule_prefill")])
+def test_the_switches_pick_the_fused_kernel_or_the_composition(ops, monkeypatch, fuse_hybrid, fused_prefill, n,
+                                                                want):
+    """fuse_hybrid off: the composition everywhere (the unfused launches); fused_delta_prefill off: a prefill of the
+    delta rule composed, a decode step still fused. Either way the reference's result."""
+    hk, hv, S = 1, 2, 8
+    host = _inputs(np.random.default_rng(6), n, hk, hv, S)
+    dev = {k: ops.dev.upload(v) for k, v in host.items()}
+    ops.prepare_capture(type("Cfg", (), {"linear": type("Lin", (), {"head_dim": S})})())
+    ops.fuse_hybrid, ops.fused_delta_prefill = fuse_hybrid, fused_prefill
+    want_out = REF.gated_delta_rule_fused(host["qkv"], host["alpha"], host["beta"], host["z"], host["dt_bias"],
+                                          host["a"], host["norm"], host["state"].copy(), hk, S, EPS)
+    called = _spy(ops, monkeypatch)
+    got = ops.materialize(ops.gated_delta_rule_fused(dev["qkv"], dev["alpha"], dev["beta"], dev["z"], dev["dt_bias"],
+                                                     dev["a"], dev["norm"], dev["state"], hk, S, EPS))
+    assert want in called, called
+    monkeypatch.undo()
+    _close(ops.to_numpy(got), want_out, 1e-4)
+    if not fuse_hybrid:
+        qg, kk, w = (ops.dev.upload(np.ones(s, np.float32)) for s in ((n, 2, 8), (n, 1, 4), (4,)))
+        called = _spy(ops, monkeypatch)
+        ops.gated_qk_norm(qg, kk, w, w, EPS)
+        assert "fd_gated_qk_norm" not in called and "fd_rmsnorm" in called

@@ -17,6 +17,12 @@ before: silu, l2_norm x 2, delta_decay, sigmoid, rmsnorm and the gated product n
 attention layer linear_multi -> gated_qk_norm -> attention (RoPE inside) -> sigmoid_mul -> output (5, 8 before:
 the split's two copies and the two norms are one launch).
 
+Two switches (attributes, as CudaOps.fuse_decode_rope; a captured graph keeps what it was captured with: drop the
+runner's graphs after changing them): `fuse_hybrid` False runs every op as the composition (the unfused launches, for
+an A/B of the decode step); `fused_delta_prefill` False runs a prefill (n > 1, no tree) of the delta rule as the
+composition, whose fd_gated_delta_rule_prefill spreads over Hv * d_v / 32 blocks instead of Hv (its outputs are then
+within rounding of the decode steps', not bitwise; a tree and a decode step stay fused and bitwise alike).
+
 Shapes beyond the fused kernel's limits (d_k or d_v over FD_DELTA_FUSED_MAX_DK / _DV = 128: a block holds a whole
 value head) run the composition (HybridFusedDefaults) instead. Every method checks shapes and dtypes here, before
 the C ABI. No method synchronizes, uploads or downloads: a decode step stays capturable (hybrid_runner.py).
@@ -38,9 +44,14 @@ DELTA_FUSED_MAX_DV = 128     # flashd_recurrent.h FD_DELTA_FUSED_MAX_DV
 
 
 class FusedOps(HybridFusedDefaults):
+    fuse_hybrid = True              # False: every op below runs HybridFusedDefaults' composition
+    fused_delta_prefill = True      # False: n > 1 rows of gated_delta_rule_fused run the composition
+
     # -- conv + SiLU -----------------------------------------------------------------------------------------
     def causal_conv1d_silu(self, x, weight, conv_state):
         """fd_causal_conv1d_silu: silu of the conv of x (n, C) after conv_state's K - 1 inputs; conv_state updated."""
+        if not self.fuse_hybrid:
+            return super().causal_conv1d_silu(x, weight, conv_state)
         x = self.materialize(x)
         n, channels, taps, w_ptr = self._conv_shapes(x, weight, conv_state)
         y = self.take((n, channels))
@@ -50,6 +61,8 @@ class FusedOps(HybridFusedDefaults):
 
     def causal_conv1d_silu_tree(self, x, weight, conv_state, parents, node_conv):
         """fd_causal_conv1d_silu_tree: the tree conv (causal_conv1d_tree) with the SiLU on its outputs."""
+        if not self.fuse_hybrid:
+            return super().causal_conv1d_silu_tree(x, weight, conv_state, parents, node_conv)
         x = self.materialize(x)
         n, channels, taps, w_ptr = self._conv_shapes(x, weight, conv_state)
         _parents(parents, n)
@@ -97,9 +110,10 @@ class FusedOps(HybridFusedDefaults):
                                head_dim: int, eps: float):
         """fd_gated_delta_rule_fused (HybridFusedDefaults.gated_delta_rule_fused): state (Hv, S, S) updated;
         returns (n, Hv, S). One token is the decode step, more run in order (the same arithmetic per token)."""
-        args = self._fused_args(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads, head_dim,
-                                "gated_delta_rule_fused")
-        if args is None:
+        fused = self.fuse_hybrid and (self.fused_delta_prefill or qkv.shape[0] == 1)
+        args = fused and self._fused_args(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads, head_dim,
+                                          "gated_delta_rule_fused")
+        if not args:
             return super().gated_delta_rule_fused(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads,
                                                   head_dim, eps)
         (qp, kp, vp), stride, tensors, n, hk, hv, S = args
@@ -113,9 +127,9 @@ class FusedOps(HybridFusedDefaults):
                                     n_k_heads: int, head_dim: int, eps: float):
         """fd_gated_delta_rule_fused_tree: node i from its parent's memory, bit for bit the one-token
         gated_delta_rule_fused from that memory; state read only, node_state (>= n, Hv, S, S) written."""
-        args = self._fused_args(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads, head_dim,
-                                "gated_delta_rule_fused_tree")
-        if args is None:
+        args = self.fuse_hybrid and self._fused_args(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads,
+                                                     head_dim, "gated_delta_rule_fused_tree")
+        if not args:
             return super().gated_delta_rule_fused_tree(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, parents,
                                                        node_state, n_k_heads, head_dim, eps)
         (qp, kp, vp), stride, tensors, n, hk, hv, S = args
@@ -135,6 +149,8 @@ class FusedOps(HybridFusedDefaults):
     def gated_qk_norm(self, q_gate, k, q_norm, k_norm, eps: float) -> tuple:
         """fd_gated_qk_norm: q_gate (n, H, 2d), k (n, Hkv, d), q_norm and k_norm (d,) -> (q (n, H, d) normed,
         gate (n, H, d), k (n, Hkv, d) normed), one launch."""
+        if not self.fuse_hybrid:
+            return super().gated_qk_norm(q_gate, k, q_norm, k_norm, eps)
         q_gate, k, q_norm, k_norm = (self.materialize(t) for t in (q_gate, k, q_norm, k_norm))
         _float32(q_gate=q_gate, k=k, q_norm=q_norm, k_norm=k_norm)
         _need(q_gate.ndim == 3 and k.ndim == 3 and q_gate.shape[-1] % 2 == 0,
