@@ -1,6 +1,6 @@
 """A hybrid (qwen35) model's recurrent-layer kernels: fd_gated_delta_rule_decode / _prefill / _tree
 (native/cuda/gated_delta_rule.cu), fd_causal_conv1d (native/cuda/causal_conv1d.cu) and the fused
-fd_gated_delta_rule_fused (native/cuda/gated_delta_fused.cu: L2 norms, decay, sigmoid, delta rule and the gated
+fd_gated_delta_rule_fused (native/cuda/gated_delta_rule_fused.cu: L2 norms, decay, sigmoid, delta rule and the gated
 output norm in one launch; compare its decode time with fd_gated_delta_rule_decode's plus the ~6 small launches it
 replaces), each checked against its numpy definition (daemon/backends/reference_recurrent.py,
 reference_recurrent_tree.py, in float64; the fused one: backends/base.py HybridFusedDefaults' composition in float64)

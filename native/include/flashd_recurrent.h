@@ -64,7 +64,7 @@ int fd_gated_delta_rule_tree(float* out, const float* q, const float* k, const f
                              const float* beta, const float* state, const int32_t* parents, float* node_state,
                              int n_nodes, int n_k_heads, int n_v_heads, int d_k, int d_v, float scale, void* stream);
 
-/* ---- the fused gated delta rule (gated_delta_fused.cu, ABI 15) ------------------------------ */
+/* ---- the fused gated delta rule (gated_delta_rule_fused.cu, ABI 15) ------------------------------ */
 /* A Gated DeltaNet layer's core from the raw projections, one launch: per token t and value head h (key head
    h % Hk), q and k L2-normed (x / sqrt(sum(x^2) + l2_eps)), g = softplus(alpha + dt_bias) * a (fd_delta_decay's
    steps), beta = sigmoid(beta_raw) (fd_sigmoid's steps), the delta rule step as fd_gated_delta_rule_decode states

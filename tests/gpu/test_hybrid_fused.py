@@ -1,6 +1,6 @@
 """The hybrid's fused kernels (ABI 15, through CudaOps' fused_ops.py): fd_gated_delta_rule_fused / _fused_tree
-(native/cuda/gated_delta_fused.cu), fd_causal_conv1d_silu / _silu_tree (causal_conv1d.cu), fd_gated_qk_norm
-(qk_norm.cu), against float64 oracles of what backends/base.py HybridFusedDefaults composes, and GPU against GPU.
+(native/cuda/gated_delta_rule_fused.cu), fd_causal_conv1d_silu / _silu_tree (causal_conv1d.cu), fd_gated_qk_norm
+(gated_qk_norm.cu), against float64 oracles of what backends/base.py HybridFusedDefaults composes, and GPU against GPU.
 
 Tolerances, and why:
   - the fused delta rule: the delta rule's arithmetic is gated_delta_rule.cu's (tests/gpu/test_gated_delta_rule.py:

@@ -3,9 +3,9 @@ flashd_linear.h, ABI 15). One name per op, kernel to C entry point to method:
 
     causal_conv1d_silu           fd_causal_conv1d_silu           (causal_conv1d.cu)
     causal_conv1d_silu_tree      fd_causal_conv1d_silu_tree      (causal_conv1d.cu)
-    gated_delta_rule_fused       fd_gated_delta_rule_fused       (gated_delta_fused.cu)
-    gated_delta_rule_fused_tree  fd_gated_delta_rule_fused_tree  (gated_delta_fused.cu)
-    gated_qk_norm                fd_gated_qk_norm                (qk_norm.cu)
+    gated_delta_rule_fused       fd_gated_delta_rule_fused       (gated_delta_rule_fused.cu)
+    gated_delta_rule_fused_tree  fd_gated_delta_rule_fused_tree  (gated_delta_rule_fused.cu)
+    gated_qk_norm                fd_gated_qk_norm                (gated_qk_norm.cu)
 
 What each computes is backends/base.py HybridFusedDefaults (the reference backend runs that composition of the
 primitive ops, and is the oracle). The conv's SiLU is fd_silu's bits; the fused delta rule and the q/k norm have

@@ -1,6 +1,6 @@
-// qk_norm.cu -- a gated attention layer's q/k head norms and its output gate's split in one launch (flashd_linear.h,
-// ABI 15: fd_gated_qk_norm; numpy: daemon/backends/base.py HybridFusedDefaults.gated_qk_norm, the reference's
-// split + rmsnorm + rmsnorm).
+// gated_qk_norm.cu -- a gated attention layer's q/k head norms and its output gate's split in one launch
+// (flashd_linear.h, ABI 15: fd_gated_qk_norm; numpy: daemon/backends/base.py HybridFusedDefaults.gated_qk_norm,
+// the reference's split + rmsnorm + rmsnorm).
 //
 //   q_gate (n, H, 2d) is each head's [query | output gate] (the Wq projection of a qwen35 attention layer):
 //   q_out[t, h]    = rmsnorm(q_gate[t, h, :d]) * wq           (n, H, d)

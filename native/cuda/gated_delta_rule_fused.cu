@@ -1,4 +1,4 @@
-// gated_delta_fused.cu -- a Gated DeltaNet layer's core in one launch (flashd_recurrent.h, ABI 15:
+// gated_delta_rule_fused.cu -- a Gated DeltaNet layer's core in one launch (flashd_recurrent.h, ABI 15:
 // fd_gated_delta_rule_fused, fd_gated_delta_rule_fused_tree; numpy: daemon/backends/base.py
 // HybridFusedDefaults.gated_delta_rule_fused, which composes the reference's primitive ops).
 //
@@ -127,7 +127,7 @@ __device__ __forceinline__ float tile_sum(float partial, float (*part)[FZ_WARPS]
 // grid (Hv), TILES * 256 threads. TREE: a.parents / a.node_state; else a.state updated in place.
 template <int RPT, bool TREE>
 __global__ void __launch_bounds__(FZ_MAX_THREADS)
-gated_delta_fused_kernel(FusedArgs a) {
+gated_delta_rule_fused_kernel(FusedArgs a) {
     __shared__ float sk[FD_DELTA_FUSED_MAX_DK], sq[FD_DELTA_FUSED_MAX_DK];
     __shared__ float red_q[FD_DELTA_FUSED_MAX_DK / FD_WARP], red_k[FD_DELTA_FUSED_MAX_DK / FD_WARP];
     __shared__ float red_o[FZ_MAX_TILES];
@@ -223,10 +223,10 @@ int launch_fused(const FusedArgs& a, cudaStream_t s) {
     const dim3 grid(a.n_v_heads);
     const int threads = fd::ceil_div(a.d_v, FZ_COLS) * FZ_TILE_THREADS;
     const int rows = fd::ceil_div(a.d_k, FZ_WARPS);        // registers of state per thread
-    if (rows <= 2) gated_delta_fused_kernel<2, TREE><<<grid, threads, 0, s>>>(a);
-    else if (rows <= 4) gated_delta_fused_kernel<4, TREE><<<grid, threads, 0, s>>>(a);
-    else if (rows <= 8) gated_delta_fused_kernel<8, TREE><<<grid, threads, 0, s>>>(a);
-    else gated_delta_fused_kernel<16, TREE><<<grid, threads, 0, s>>>(a);
+    if (rows <= 2) gated_delta_rule_fused_kernel<2, TREE><<<grid, threads, 0, s>>>(a);
+    else if (rows <= 4) gated_delta_rule_fused_kernel<4, TREE><<<grid, threads, 0, s>>>(a);
+    else if (rows <= 8) gated_delta_rule_fused_kernel<8, TREE><<<grid, threads, 0, s>>>(a);
+    else gated_delta_rule_fused_kernel<16, TREE><<<grid, threads, 0, s>>>(a);
     return FD_LAUNCH_STATUS();
 }
 
