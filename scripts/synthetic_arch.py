@@ -80,7 +80,7 @@ def _write_head_dim_keys(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
 def _llama_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
     # The llama converter also writes these two keys.
     writer.add_vocab_size(spec.vocab_size)
-    writer.add_rope_dimension_count(spec.head_dim_resolved)
+    writer.add_rope_dimension_count(spec.rope_dim_resolved)
     if spec.head_dim_resolved * spec.n_heads != spec.hidden:
         _write_head_dim_keys(writer, spec)
 

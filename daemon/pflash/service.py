@@ -90,6 +90,12 @@ class PrefillCompressor:
                 f, cfg = open_model(path, self.rope_override)
             except ModelLoadError as exc:
                 raise ProtocolError("bad_request", f"drafter: {exc}") from None
+        check_head_dim = getattr(self.backend, "check_pflash_drafter", None)   # CudaBackend: PFlash's kernels' shapes
+        if check_head_dim is not None:
+            try:
+                check_head_dim(cfg)
+            except ModelLoadError as exc:
+                raise ProtocolError("bad_request", f"drafter: {exc}") from None
         if self.admit is not None:
             self.admit(path, f, cfg)
         if keep_open:

@@ -22,7 +22,9 @@
 // diagonal are never visited).
 //
 // Configurations (launcher): NQW x NKS = 4 x 1 (4 warps, 3 stages; many blocks) and 4 x 2 (8 warps,
-// 4 stages; fewer blocks than SMs, e.g. a 512-token chunk after a long context). head_dim 64, 128.
+// 4 stages; fewer blocks than SMs, e.g. a 512-token chunk after a long context) at head_dim 64 and 128.
+// head_dim 256 (launch_mma_for says which shape where): Q in shared memory rather than in registers (o_acc
+// alone is 128 floats a lane), 32-key tiles split over 2 warps, 8 or 4 warps a block.
 //
 // SIMT fallback (HIP, pre-sm_80 devices, or misaligned pointers): one warp per (token, head),
 // online softmax over the visible slots one key at a time, q rounded to f16 as in the mma path.
@@ -35,20 +37,26 @@ namespace {
 
 constexpr int FLASH_BKV = flash::BKV;   // keys per tile
 
-template <int HD_, int NQW_, int NKS_, int STAGES_, int MIN_BLOCKS_>
+// Shared memory (bytes): [Q tile, QS only: BQ rows x KV_LD halves] [K ring] [V ring] (QKV: then the raw ring);
+// after the tile loop the merge area (NKS > 1) reuses it from offset 0: o parts [0, merge_o_bytes), then m / l.
+template <int HD_, int NQW_, int NKS_, int STAGES_, int MIN_BLOCKS_, int BK_ = FLASH_BKV, bool QS_ = false>
 struct FlashCfg {
     static constexpr int HD = HD_, NQW = NQW_, NKS = NKS_, MIN_BLOCKS = MIN_BLOCKS_;
     static constexpr int STAGES = STAGES_;                 // K/V ring depth (STAGES - 1 tiles in flight)
+    static constexpr int BK = BK_;                         // keys per tile (a multiple of 16 * NKS)
+    static constexpr bool QS = QS_;                        // Q fragments read from shared memory, not registers
     static constexpr int n_warps = NQW * NKS;
     static constexpr int n_threads = 32 * n_warps;
     static constexpr int BQ = 16 * NQW;                    // flattened rows per block
-    static constexpr int KW = FLASH_BKV / NKS;             // keys per warp per tile
-    static constexpr int kv_tile_halves = flash::KV_TILE_HALVES<HD>;
+    static constexpr int KW = BK / NKS;                    // keys per warp per tile
+    static_assert(KW % 16 == 0 && FLASH_BKV % BK == 0, "tile shape");
+    static constexpr int kv_tile_halves = BK * flash::KV_LD<HD>;
+    static constexpr int q_bytes = QS ? BQ * flash::KV_LD<HD> * 2 : 0;   // f16 Q tile
     static constexpr int kv_bytes = 2 * STAGES * kv_tile_halves * 2;  // {K, V} x STAGES, f16
     static constexpr int O_LD = HD + 8;                    // floats per row of a partial O (merge)
     static constexpr int merge_o_bytes = NKS > 1 ? n_warps * 16 * O_LD * 4 : 0;
     static constexpr int merge_ml_bytes = NKS > 1 ? n_warps * 16 * 2 * 4 : 0;
-    static constexpr int merge_ml_offset = kv_bytes > merge_o_bytes ? kv_bytes : merge_o_bytes;
+    static constexpr int merge_ml_offset = q_bytes + kv_bytes > merge_o_bytes ? q_bytes + kv_bytes : merge_o_bytes;
     static constexpr int smem_bytes = merge_ml_offset + merge_ml_bytes;
 };
 
@@ -64,11 +72,12 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     int max_ctx, float scale_log2, const kvq::Rows kr, const kvq::Rows vr) {
 #if FD_MMA_DEVICE_OK
     using namespace fd::mma;
-    constexpr int HD = C::HD, KW = C::KW, LD = flash::KV_LD<HD>;
+    constexpr int HD = C::HD, KW = C::KW, BK = C::BK, LD = flash::KV_LD<HD>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int N_BUF = QKV ? 2 : C::STAGES;                 // float16 tiles (QKV: double buffer)
-    __half* k_smem = reinterpret_cast<__half*>(smem_raw);      // [N_BUF][64][LD]
-    __half* v_smem = k_smem + N_BUF * C::kv_tile_halves;       // [N_BUF][64][LD]
+    __half* q_smem = reinterpret_cast<__half*>(smem_raw);      // QS: [BQ][LD]
+    __half* k_smem = reinterpret_cast<__half*>(smem_raw + C::q_bytes);   // [N_BUF][BK][LD]
+    __half* v_smem = k_smem + N_BUF * C::kv_tile_halves;       // [N_BUF][BK][LD]
     uint8_t* raw = reinterpret_cast<uint8_t*>(v_smem + N_BUF * C::kv_tile_halves);   // QKV: the raw ring
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -84,17 +93,26 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     auto last_slot = [&](int token) { return min(p0 + token, max_ctx - 1); };
     const int first_lim = last_slot(row0 / group);
     const int kv_len = last_slot(min(row0 + C::BQ - 1, n_rows - 1) / group) + 1;   // slots [0, kv_len) read
-    const int n_tiles = ceil_div(kv_len, FLASH_BKV);
+    const int n_tiles = ceil_div(kv_len, BK);
 
     // ---- Q fragments of this warp's 16 rows (A operand, f16) and their visible limits ---------
-    uint32_t qf[HD / 16][4];
+    // (QS: the block's BQ rows into q_smem, warp w rows w, w + n_warps, ...; the tile loop's first
+    // __syncthreads, before any attend, makes them visible)
+    uint32_t qf[C::QS ? 1 : HD / 16][4];
     int lim[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = min(row0 + wq * 16 + g + 8 * h, n_rows - 1);   // padding rows repeat the last row
         const int token = r / group, head = kvh * group + r % group;
         lim[h] = last_slot(token);
-        flash::load_q_row<HD>(qf, q + ((size_t)token * n_heads + head) * HD, h, t);
+        if constexpr (!C::QS) flash::load_q_row<HD>(qf, q + ((size_t)token * n_heads + head) * HD, h, t);
+    }
+    if constexpr (C::QS) {
+        for (int rb = warp; rb < C::BQ; rb += C::n_warps) {
+            const int r = min(row0 + rb, n_rows - 1);
+            const int token = r / group, head = kvh * group + r % group;
+            flash::store_q_row<HD, 32>(q_smem + rb * LD, q + ((size_t)token * n_heads + head) * HD, lane);
+        }
     }
 
     float o_acc[HD / 8][4];
@@ -111,32 +129,35 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
         const __half* k_tile = k_smem + stage * C::kv_tile_halves + (ks * KW) * LD;
         const __half* v_tile = v_smem + stage * C::kv_tile_halves + (ks * KW) * LD;
         float s[KW / 8][4];
-        flash::qk_tile<HD, KW>(s, qf, k_tile, lane);
-        flash::scale_mask<KW, false>(s, scale_log2, j * FLASH_BKV + ks * KW,
-                                     j * FLASH_BKV + FLASH_BKV - 1 > first_lim, lim, lane);
+        if constexpr (C::QS)
+            flash::qk_tile_smem<HD, KW>(s, q_smem + wq * 16 * LD, k_tile, lane);
+        else
+            flash::qk_tile<HD, KW>(s, qf, k_tile, lane);
+        flash::scale_mask<KW, false>(s, scale_log2, j * BK + ks * KW, j * BK + BK - 1 > first_lim, lim, lane);
         flash::softmax_pv<HD, KW>(s, v_tile, lane, m_run, l_run, o_acc);
     };
     if constexpr (QKV) {
-        const int k_bytes = FLASH_BKV * kvq::staged_row_bytes(kr.type, HD);
-        const int stage_bytes = k_bytes + FLASH_BKV * kvq::staged_row_bytes(vr.type, HD);
+        const int k_bytes = BK * kvq::staged_row_bytes(kr.type, HD);
+        const int stage_bytes = k_bytes + BK * kvq::staged_row_bytes(vr.type, HD);
         const size_t head_row = (size_t)kvh * max_ctx;
         flash::kv_ring_raw<C::STAGES - 1>(
             n_tiles,
             [&](int tile, int slot) {
                 uint8_t* dst = raw + (size_t)slot * stage_bytes;
-                flash::stage_raw_side<HD, C::n_threads>(dst, kr, head_row, tile * FLASH_BKV, kv_len, tid);
-                flash::stage_raw_side<HD, C::n_threads>(dst + k_bytes, vr, head_row, tile * FLASH_BKV, kv_len, tid);
+                flash::stage_raw_side<HD, C::n_threads, BK>(dst, kr, head_row, tile * BK, kv_len, tid);
+                flash::stage_raw_side<HD, C::n_threads, BK>(dst + k_bytes, vr, head_row, tile * BK, kv_len, tid);
             },
             [&](int slot, int buf) {
                 const uint8_t* src = raw + (size_t)slot * stage_bytes;
-                flash::dequant_raw_side<HD, C::n_threads>(k_smem + buf * C::kv_tile_halves, src, kr.type, tid);
-                flash::dequant_raw_side<HD, C::n_threads>(v_smem + buf * C::kv_tile_halves, src + k_bytes, vr.type, tid);
+                flash::dequant_raw_side<HD, C::n_threads, BK>(k_smem + buf * C::kv_tile_halves, src, kr.type, tid);
+                flash::dequant_raw_side<HD, C::n_threads, BK>(v_smem + buf * C::kv_tile_halves, src + k_bytes, vr.type,
+                                                              tid);
             },
             attend);
     } else {
         flash::kv_ring<C::STAGES>(n_tiles, [&](int tile, int stage) {
-            flash::load_kv_tile<HD, C::n_threads, false>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
-                                                         tile * FLASH_BKV, kv_len, tid);
+            flash::load_kv_tile<HD, C::n_threads, false, BK>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
+                                                             tile * BK, kv_len, tid);
         }, attend);
     }
 
@@ -270,17 +291,24 @@ int launch_simt(float* o, const float* q, const __half* k_cache, const __half* v
 template <class C>
 size_t qkv_smem_bytes(int k_type, int v_type) {
     const size_t row_bytes = kvq::staged_row_bytes(k_type, C::HD) + kvq::staged_row_bytes(v_type, C::HD);
-    const size_t pipe = 2 * 2 * C::kv_tile_halves * sizeof(__half) + (C::STAGES - 1) * FLASH_BKV * row_bytes;
+    const size_t pipe = C::q_bytes + 2 * 2 * C::kv_tile_halves * sizeof(__half) + (C::STAGES - 1) * C::BK * row_bytes;
     const size_t merge = (size_t)C::merge_o_bytes + C::merge_ml_bytes;
     return pipe > merge ? pipe : merge;
 }
 
 template <class C, bool QKV = false>
-int launch_mma(float* o, const float* q, const __half* k_cache, const __half* v_cache, const int32_t* n_past, int n,
-               int n_heads, int n_kv_heads, int max_ctx, float scale_log2, cudaStream_t stream, const kvq::Rows& kr,
-               const kvq::Rows& vr) {
+size_t smem_bytes_for(const kvq::Rows& kr, const kvq::Rows& vr) {
+    return QKV ? qkv_smem_bytes<C>(kr.type, vr.type) : (size_t)C::smem_bytes;
+}
+
+// FD_E_SHAPE where the device's per-block shared memory (smem_optin) cannot hold the configuration
+template <class C, bool QKV = false>
+int launch_mma(int smem_optin, float* o, const float* q, const __half* k_cache, const __half* v_cache,
+               const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
+               cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr) {
     const auto kernel = attention_prefill_mma_kernel<C, QKV>;
-    const size_t smem = QKV ? qkv_smem_bytes<C>(kr.type, vr.type) : C::smem_bytes;
+    const size_t smem = smem_bytes_for<C, QKV>(kr, vr);
+    if (smem > (size_t)smem_optin) return FD_E_SHAPE;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return (int)err;
     const int n_rows = n * (n_heads / n_kv_heads);
@@ -295,16 +323,37 @@ int launch_mma(float* o, const float* q, const __half* k_cache, const __half* v_
 // tile and a 4-deep ring, one block per SM. Measured on an H200: 4x1 is 1.4x faster than 4x2 at
 // n = 8192, they tie at n = 512 after 8K of context, where the deeper ring gains 10% at head_dim 64;
 // 32-row blocks (2 x 4 warps) were slower everywhere.
+//
+// head_dim 256: o_acc is 128 floats a lane and the register Q fragments would be 64 more, so Q is read from
+// shared memory (QS). A 64-key K | V stage is 66 KB here, so every head_dim-256 shape takes 32-key tiles with
+// 2 warps per row group (16 keys each: NKS 2, KW 16). One key split for all of them means each row's arithmetic
+// is the same in every shape, float16 or quantized -- the quantized kernel is bit for bit the float16 one over
+// the dequantized values, as at 64 / 128 (tests/gpu/test_attention_kv_quant.py):
+//   wide   8 warps over 64-row blocks, 3-stage ring: 132 KB float16 (sm_80's 163 KB, sm_90's 227 KB), 133-148 KB
+//          quantized (2-deep raw ring), where 64-row blocks are at least as many as SMs;
+//   narrow 4 warps over 32-row blocks (twice the blocks for short chunks), 2-stage ring: 83 KB float16 (sm_86 /
+//          sm_89's 99 KB take only this one), 101-132 KB quantized; also where the wide one does not fit.
+// FD_E_SHAPE where neither fits (launch_mma). Neither shape is timed against the other yet.
 template <int HD, bool QKV = false>
-int launch_mma_for(int n_sms, float* o, const float* q, const __half* k_cache, const __half* v_cache,
+int launch_mma_for(const MmaDevice& dev, float* o, const float* q, const __half* k_cache, const __half* v_cache,
                    const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
                    cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr) {
     const int blocks_64 = ceil_div(n * (n_heads / n_kv_heads), 64) * n_kv_heads;
-    if (blocks_64 >= n_sms)
-        return launch_mma<FlashCfg<HD, 4, 1, 3, 2>, QKV>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
-                                                      max_ctx, scale_log2, stream, kr, vr);
-    return launch_mma<FlashCfg<HD, 4, 2, 4, 1>, QKV>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                  scale_log2, stream, kr, vr);
+    if constexpr (HD == 256) {
+        using Wide = FlashCfg<256, 4, 2, 3, 1, 32, true>;
+        using Narrow = FlashCfg<256, 2, 2, QKV ? 3 : 2, 1, 32, true>;   // QKV: STAGES - 1 = 2 raw stages
+        if (smem_bytes_for<Wide, QKV>(kr, vr) <= (size_t)dev.smem_optin && blocks_64 >= dev.n_sms)
+            return launch_mma<Wide, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
+                                         max_ctx, scale_log2, stream, kr, vr);
+        return launch_mma<Narrow, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
+                                       max_ctx, scale_log2, stream, kr, vr);
+    } else {
+        if (blocks_64 >= dev.n_sms)
+            return launch_mma<FlashCfg<HD, 4, 1, 3, 2>, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n,
+                                                              n_heads, n_kv_heads, max_ctx, scale_log2, stream, kr, vr);
+        return launch_mma<FlashCfg<HD, 4, 2, 4, 1>, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads,
+                                                          n_kv_heads, max_ctx, scale_log2, stream, kr, vr);
+    }
 }
 
 #endif  // FD_HAS_MMA
@@ -319,7 +368,7 @@ extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cach
     const int max_ctx = shape->max_ctx;
     const float scale = shape->scale;
     FD_CHECK_ARG((int64_t)n * n_heads <= INT_MAX && isfinite(scale));
-    if (head_dim != 64 && head_dim != 128) return FD_E_SHAPE;
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256) return FD_E_SHAPE;
     const __half* kc = static_cast<const __half*>(k_cache);
     const __half* vc = static_cast<const __half*>(v_cache);
     const float scale_log2 = scale * fd::flash::LOG2E;
@@ -333,23 +382,31 @@ extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cach
                          fd::is_aligned(vc, 16);
     const fd::kvq::Rows kr = fd::kvq::rows_of(k_cache, shape->k_type, n_kv_heads, max_ctx, head_dim);
     const fd::kvq::Rows vr = fd::kvq::rows_of(v_cache, shape->v_type, n_kv_heads, max_ctx, head_dim);
-    if (dev.has_mma && aligned && !fd::kv_f16(shape)) {    // a quantized K or V: the dequantizing loader
-        return head_dim == 64
-                   ? fd::launch_mma_for<64, true>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                  scale_log2, s, kr, vr)
-                   : fd::launch_mma_for<128, true>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                   scale_log2, s, kr, vr);
-    }
-    if (dev.has_mma && aligned) {
-        return head_dim == 64
-                   ? fd::launch_mma_for<64>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2,
-                                            s, kr, vr)
-                   : fd::launch_mma_for<128>(dev.n_sms, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                             scale_log2, s, kr, vr);
+    if (dev.has_mma && aligned) {   // tensor cores; a quantized K or V: the dequantizing loader (QKV)
+        const bool quant = !fd::kv_f16(shape);
+        switch (head_dim) {
+            case 64:
+                return quant ? fd::launch_mma_for<64, true>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                            scale_log2, s, kr, vr)
+                             : fd::launch_mma_for<64>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                      scale_log2, s, kr, vr);
+            case 128:
+                return quant ? fd::launch_mma_for<128, true>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                             scale_log2, s, kr, vr)
+                             : fd::launch_mma_for<128>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                       scale_log2, s, kr, vr);
+            default:
+                return quant ? fd::launch_mma_for<256, true>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                             scale_log2, s, kr, vr)
+                             : fd::launch_mma_for<256>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
+                                                       scale_log2, s, kr, vr);
+        }
     }
 #endif
     if (!fd::kv_f16(shape)) return FD_E_SHAPE;   // the SIMT fallback (HIP, no tensor cores) reads float16 only
-    return head_dim == 64
-               ? fd::launch_simt<64>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s)
-               : fd::launch_simt<128>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);
+    switch (head_dim) {
+        case 64: return fd::launch_simt<64>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);
+        case 128: return fd::launch_simt<128>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);
+        default: return fd::launch_simt<256>(o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx, scale_log2, s);
+    }
 }

@@ -104,10 +104,17 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     return p;
 }
 
+// FD_E_SHAPE where the device cannot give a block the kernel's shared memory (cudaFuncSetAttribute refuses it):
+// head_dim 256 takes ~150 KB (float16; Cfg<256>), more than sm_86 / sm_89's 99 KB and HIP's 64 KB of LDS; the
+// refusal is cleared from the runtime's last error so no later launch reports it.
 template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0>
 int launch(const Params& p, cudaStream_t stream) {
     const size_t smem = QKV ? qkv_smem_bytes<HD>(p.k_type, p.v_type) : Cfg<HD>::SMEM_BYTES;
-    cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return FD_E_SHAPE;
+    }
     int st = launch_pdl(splitk_kernel<HD, ROPE, QKV, KVT>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
                         dim3(THREADS), smem, stream, p);
     // no combine where every row is short enough for split 0 alone (the row's keys never exceed max_ctx)

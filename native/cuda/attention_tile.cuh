@@ -54,16 +54,32 @@ __device__ __forceinline__ void load_q_row(uint32_t (&qf)[HD / 16][4], const flo
     }
 }
 
-// Stage one K/V tile into ring slot `stage`: tile row r is cache slot base + r of kv head kvh; a row
-// whose slot is at or past kv_len (or, with DROP_NEGATIVE, below 0) is zero-filled without reading
-// the cache.
-template <int HD, int N_THREADS, bool DROP_NEGATIVE>
+// Q in shared memory instead of registers (attention_prefill.cu at HD 256, where the HD / 16 x 4 fragment
+// registers next to o_acc's HD / 8 x 4 floats would spill): row r of q_tile (KV_LD<HD> halves apart) holds the
+// f32 row rounded to f16 exactly as load_q_row rounds it, so qk_tile_smem's A fragments -- ldmatrix.x4 of rows
+// 0-7 | 8-15 x cols 0-7 | 8-15 of the 16-column slice -- are load_q_row's bit for bit: r[h] = row g + 8h cols
+// 2t, 2t+1; r[2 + h] = the same row, cols 2t + 8, 2t + 9. Thread c of n_threads writes columns pairs
+// c, c + n_threads, ... of the row (float2 loads).
+template <int HD, int N_THREADS>
+__device__ __forceinline__ void store_q_row(__half* q_tile_row, const float* q_row, int tid_in_row) {
+    using namespace fd::mma;
+#pragma unroll
+    for (int c = tid_in_row; c < HD / 2; c += N_THREADS) {
+        const float2 v = *reinterpret_cast<const float2*>(q_row + 2 * c);
+        *reinterpret_cast<uint32_t*>(q_tile_row + 2 * c) = pack_half2(v.x, v.y);
+    }
+}
+
+// Stage one K/V tile of BK keys into ring slot `stage` (slots BK * KV_LD<HD> halves apart): tile row r is
+// cache slot base + r of kv head kvh; a row whose slot is at or past kv_len (or, with DROP_NEGATIVE, below 0)
+// is zero-filled without reading the cache.
+template <int HD, int N_THREADS, bool DROP_NEGATIVE, int BK = BKV>
 __device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int stage,
                                              const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,
                                              int kvh, int max_ctx, int base, int kv_len, int tid) {
     using namespace fd::mma;
-    constexpr int chunks = BKV * (HD / 8) / N_THREADS;   // 16 B chunks per thread per tile
-    static_assert(BKV * (HD / 8) % N_THREADS == 0, "K/V tile must split evenly over threads");
+    constexpr int chunks = BK * (HD / 8) / N_THREADS;    // 16 B chunks per thread per tile
+    static_assert(BK * (HD / 8) % N_THREADS == 0, "K/V tile must split evenly over threads");
 #pragma unroll
     for (int i = 0; i < chunks; ++i) {
         const int c = tid + i * N_THREADS;
@@ -71,7 +87,7 @@ __device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int
         const int slot = base + row;
         const bool ok = (!DROP_NEGATIVE || slot >= 0) && slot < kv_len;
         const size_t off = ((size_t)kvh * max_ctx + slot) * HD + col;
-        const int s_off = stage * KV_TILE_HALVES<HD> + row * KV_LD<HD> + col;
+        const int s_off = stage * BK * KV_LD<HD> + row * KV_LD<HD> + col;
         cp_async_16(smem_u32(k_smem + s_off), ok ? k_cache + off : k_cache, ok);
         cp_async_16(smem_u32(v_smem + s_off), ok ? v_cache + off : v_cache, ok);
     }
@@ -81,21 +97,22 @@ __device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int
 // A K or V that is q8_0 / q4_0 (kv_quant.cuh) is staged as stored into a raw ring by cp.async and
 // dequantized from shared memory into a double-buffered float16 tile (kv_ring_raw below), so the copies of
 // later tiles are in flight while a tile is attended, as on the float16 path. A raw stage is the K side, then
-// the V side; a side is codes [BKV][cb] bytes then the float16 scales [BKV][HD / 32] (q8_0: cb = HD, q4_0:
-// HD / 2), or a float16 side's rows [BKV][2 HD] bytes (kvq::staged_row_bytes each row). Every part starts
-// 16-byte aligned (cb, 2 HD and BKV * HD / 16 are multiples of 16).
+// the V side; a side is codes [BK][cb] bytes then the float16 scales [BK][HD / 32] (q8_0: cb = HD, q4_0:
+// HD / 2), or a float16 side's rows [BK][2 HD] bytes (kvq::staged_row_bytes each row), BK keys a tile (BKV
+// unless the caller says; attention_prefill.cu takes 32 at HD 256 where shared memory is short). Every part
+// starts 16-byte aligned (cb, 2 HD and BK * HD / 16 are multiples of 16).
 
-// One side of tile rows base .. base + BKV - 1 (cache slots of kv head row head_row = kvh * max_ctx) into dst:
-// chunk c (c < BKV * CC, c = tid + k N_THREADS) is row c / CC, 16 bytes at c % CC of the row's CC * 16 bytes,
-// to dst + 16 c; then (SB > 0) row r's SB scale bytes to dst + BKV * CC * 16 + SB r (one cp.async.ca each:
-// 4 or 8 bytes at HD 64 or 128, aligned to that in the plane). Rows at or past kv_len: zero-filled, except
+// One side of tile rows base .. base + BK - 1 (cache slots of kv head row head_row = kvh * max_ctx) into dst:
+// chunk c (c < BK * CC, c = tid + k N_THREADS) is row c / CC, 16 bytes at c % CC of the row's CC * 16 bytes,
+// to dst + 16 c; then (SB > 0) row r's SB scale bytes to dst + BK * CC * 16 + SB r (one cp.async.ca each:
+// 4, 8 or 16 bytes at HD 64, 128 or 256, aligned to that in the plane). Rows at or past kv_len: zero-filled, except
 // q4_0's codes (Q4), stored as 0x88 (code 8, value +0.0; zeros would be code 0 -> -8 * 0.0 = -0.0) so the tile
 // holds +0.0 as the float16 loader's zero fill does.
-template <int N_THREADS, int CC, int SB, bool Q4>
+template <int N_THREADS, int CC, int SB, bool Q4, int BK = BKV>
 __device__ __forceinline__ void stage_raw_rows(uint8_t* dst, const uint8_t* codes, const uint8_t* scales,
                                                size_t head_row, int base, int kv_len, int tid) {
     using namespace fd::mma;
-    constexpr int N_CHUNKS = BKV * CC;
+    constexpr int N_CHUNKS = BK * CC;
 #pragma unroll
     for (int c0 = 0; c0 < N_CHUNKS; c0 += N_THREADS) {
         const int c = c0 + tid;
@@ -110,39 +127,39 @@ __device__ __forceinline__ void stage_raw_rows(uint8_t* dst, const uint8_t* code
     }
     if constexpr (SB > 0) {
 #pragma unroll
-        for (int r0 = 0; r0 < BKV; r0 += N_THREADS) {
+        for (int r0 = 0; r0 < BK; r0 += N_THREADS) {
             const int r = r0 + tid, slot = base + r;
-            if (BKV % N_THREADS != 0 && r >= BKV) break;
+            if (BK % N_THREADS != 0 && r >= BK) break;
             const bool ok = slot < kv_len;
-            cp_async_ca<SB>(smem_u32(dst + BKV * CC * 16 + SB * r), scales + (head_row + (ok ? slot : 0)) * SB, ok);
+            cp_async_ca<SB>(smem_u32(dst + BK * CC * 16 + SB * r), scales + (head_row + (ok ? slot : 0)) * SB, ok);
         }
     }
 }
 
-template <int HD, int N_THREADS>
+template <int HD, int N_THREADS, int BK = BKV>
 __device__ __forceinline__ void stage_raw_side(uint8_t* dst, const kvq::Rows& src, size_t head_row, int base,
                                                int kv_len, int tid) {
     constexpr int SB = HD / kvq::BLOCK * 2;
     const uint8_t* codes = src.type == FD_KV_F16 ? reinterpret_cast<const uint8_t*>(src.f16) : src.q.codes;
     const uint8_t* scales = reinterpret_cast<const uint8_t*>(src.q.scales);
     if (src.type == FD_KV_Q8_0)
-        stage_raw_rows<N_THREADS, HD / 16, SB, false>(dst, codes, scales, head_row, base, kv_len, tid);
+        stage_raw_rows<N_THREADS, HD / 16, SB, false, BK>(dst, codes, scales, head_row, base, kv_len, tid);
     else if (src.type == FD_KV_Q4_0)
-        stage_raw_rows<N_THREADS, HD / 32, SB, true>(dst, codes, scales, head_row, base, kv_len, tid);
+        stage_raw_rows<N_THREADS, HD / 32, SB, true, BK>(dst, codes, scales, head_row, base, kv_len, tid);
     else
-        stage_raw_rows<N_THREADS, HD / 8, 0, false>(dst, codes, scales, head_row, base, kv_len, tid);
+        stage_raw_rows<N_THREADS, HD / 8, 0, false, BK>(dst, codes, scales, head_row, base, kv_len, tid);
 }
 
 // One side of a landed raw stage -> the float16 tile (rows KV_LD<HD> halves apart): piece c = tid + k N_THREADS
 // is row c / (HD / 8), dims [8 (c % (HD / 8)), + 8), values float16(d * q) (kvq::dequant8_codes), or the float16
 // row's 16 bytes.
-template <int HD, int N_THREADS>
+template <int HD, int N_THREADS, int BK = BKV>
 __device__ __forceinline__ void dequant_raw_side(__half* tile, const uint8_t* src, int type, int tid) {
     constexpr int PIECES = HD / 8, NB = HD / kvq::BLOCK;
-    static_assert(BKV * PIECES % N_THREADS == 0, "pieces split evenly over the threads");
+    static_assert(BK * PIECES % N_THREADS == 0, "pieces split evenly over the threads");
     if (type == FD_KV_F16) {
 #pragma unroll
-        for (int k = 0; k < BKV * PIECES / N_THREADS; ++k) {
+        for (int k = 0; k < BK * PIECES / N_THREADS; ++k) {
             const int c = tid + k * N_THREADS, r = c / PIECES, piece = c % PIECES;
             *reinterpret_cast<uint4*>(tile + r * KV_LD<HD> + piece * 8) =
                 *reinterpret_cast<const uint4*>(src + r * 2 * HD + piece * 16);
@@ -150,9 +167,9 @@ __device__ __forceinline__ void dequant_raw_side(__half* tile, const uint8_t* sr
         return;
     }
     const int cb = kvq::code_bytes(type, HD);
-    const __half* scales = reinterpret_cast<const __half*>(src + BKV * cb);
+    const __half* scales = reinterpret_cast<const __half*>(src + BK * cb);
 #pragma unroll
-    for (int k = 0; k < BKV * PIECES / N_THREADS; ++k) {
+    for (int k = 0; k < BK * PIECES / N_THREADS; ++k) {
         const int c = tid + k * N_THREADS, r = c / PIECES, piece = c % PIECES;
         *reinterpret_cast<uint4*>(tile + r * KV_LD<HD> + piece * 8) =
             kvq::dequant8_codes(src + r * cb, scales[r * NB + (piece >> 2)], type, piece);
@@ -236,6 +253,34 @@ __device__ __forceinline__ void qk_tile(float (&s)[KW / 8][4], const uint32_t (&
             mma_16816(s[2 * np], qf[kk], r[0], r[1]);
             mma_16816(s[2 * np + 1], qf[kk], r[2], r[3]);
         }
+}
+
+// qk_tile with the warp's 16 q rows in shared memory (q_tile: its first row; store_q_row wrote them): the
+// A fragment of each 16-column slice by one ldmatrix.x4, the same products in the same order as qk_tile.
+template <int HD, int KW>
+__device__ __forceinline__ void qk_tile_smem(float (&s)[KW / 8][4], const __half* q_tile, const __half* k_tile,
+                                             int lane) {
+    using namespace fd::mma;
+    static_assert(HD % 16 == 0 && KW % 16 == 0, "mma tiles");
+    constexpr int LD = KV_LD<HD>;
+#pragma unroll
+    for (int ni = 0; ni < KW / 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[ni][e] = 0.f;
+    const uint32_t q_addr = smem_u32(q_tile + (lane % 16) * LD + (lane / 16) * 8);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_addr + kk * 16 * sizeof(__half));
+#pragma unroll
+        for (int np = 0; np < KW / 16; ++np) {
+            uint32_t r[4];
+            ldmatrix_x4(r, smem_u32(k_tile + (np * 16 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
+                                    ((lane / 8) % 2) * 8));
+            mma_16816(s[2 * np], a, r[0], r[1]);
+            mma_16816(s[2 * np + 1], a, r[2], r[3]);
+        }
+    }
 }
 
 // s[ni][2h + e] is row g + 8h, key ni*8 + 2t + e of this warp's keys

@@ -118,13 +118,18 @@ struct MmaDevice {
     int n_sms;
     bool has_mma;        // compute capability >= 8.0: mma.sync m16n8k16, ldmatrix, cp.async
     bool has_cluster;    // compute capability >= 9.0: thread-block clusters, distributed shared memory
+    int smem_optin;      // bytes of dynamic shared memory one block may opt into (sm_90 227 KB, sm_80 163 KB,
+                         // sm_86 / sm_89 99 KB)
 };
 
 inline cudaError_t query_mma_device(MmaDevice* out) {
-    int device = 0, major = 0, n_sms = 0;
+    int device = 0, major = 0, n_sms = 0, smem_optin = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    out->smem_optin = smem_optin;
     out->n_sms = n_sms > 0 ? n_sms : 1;
     out->has_mma = major >= 8;
     out->has_cluster = major >= 9;

@@ -122,7 +122,8 @@ int fd_attention_decode_rope(float* o, const float* q, const float* k, const flo
                              const float* k_offset, const int32_t* positions, const int32_t* n_past, const fd_attention_shape_t* shape,
                              const fd_rope_t* rope, int chunk_len, void* workspace, void* stream);
 /* n new tokens at slots *n_past + i, causal: token i attends slots [0, *n_past + i]. Tensor cores.
-   head_dim in {64, 128}. */
+   head_dim in {64, 128, 256}; FD_E_SHAPE where the device's per-block shared memory cannot hold the head_dim's
+   tiles (head_dim 256 with a quantized K or V needs 101-148 KB: sm_80 or sm_90). */
 int fd_attention_prefill(float* o, const float* q, const void* k_cache, const void* v_cache, const int32_t* n_past,
                          int n, const fd_attention_shape_t* shape, void* stream);
 /* n new tokens (n <= 256) at slots *n_past + i with an explicit mask over the new tokens: token i

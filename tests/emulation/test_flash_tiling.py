@@ -32,18 +32,22 @@ class FlashCfg:
     nqw: int
     nks: int
     stages: int
+    bk: int = FLASH_BKV          # keys per tile (BK)
+    qs: bool = False             # Q fragments by ldmatrix from a shared f16 Q tile (QS: head_dim 256)
 
     n_warps = property(lambda s: s.nqw * s.nks)
     n_threads = property(lambda s: 32 * s.n_warps)
     bq = property(lambda s: 16 * s.nqw)
-    kw = property(lambda s: FLASH_BKV // s.nks)
+    kw = property(lambda s: s.bk // s.nks)
     ld = property(lambda s: s.hd + 8)
-    kv_tile_halves = property(lambda s: FLASH_BKV * s.ld)
-    chunks = property(lambda s: FLASH_BKV * (s.hd // 8) // s.n_threads)
+    kv_tile_halves = property(lambda s: s.bk * s.ld)
+    chunks = property(lambda s: s.bk * (s.hd // 8) // s.n_threads)
 
 
 # launch_mma_for's NQW x NKS x STAGES choices, a 4-way key split, and a double buffer
 KERNEL_CONFIGS = [(4, 1, 3), (4, 2, 4), (2, 4, 2)]
+# head_dim 256's (launch_mma_for: wide, narrow float16 and narrow quantized ring depths), Q in shared memory
+HD256_CONFIGS = [FlashCfg(256, 4, 2, 3, 32, True), FlashCfg(256, 2, 2, 2, 32, True), FlashCfg(256, 2, 2, 3, 32, True)]
 
 
 def oracle(q16, k16, v16, p0, n_kv):
@@ -87,7 +91,7 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
 
     first_lim = last_slot(row0 // group)
     kv_len = int(last_slot(min(row0 + cfg.bq - 1, n_rows - 1) // group)) + 1
-    n_tiles = -(-kv_len // FLASH_BKV)
+    n_tiles = -(-kv_len // cfg.bk)
     tid = np.arange(cfg.n_threads)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     ld, kw = cfg.ld, cfg.kw
@@ -105,6 +109,17 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
                 cols = kk * 16 + 2 * TIG[:, None] + np.arange(2)
                 qf[warp, kk, :, h] = f16(q[token[:, None], head[:, None], cols])
                 qf[warp, kk, :, 2 + h] = f16(q[token[:, None], head[:, None], cols + 8])
+    if cfg.qs:      # store_q_row's tile, read back by qk_tile_smem's ldmatrix: must be load_q_row's fragments
+        q_smem = np.full(cfg.bq * ld, np.nan)
+        for rb in range(cfg.bq):
+            r = min(row0 + rb, n_rows - 1)
+            q_smem[rb * ld:rb * ld + hd] = f16(q[r // group, kvh * group + r % group])
+        for warp in range(cfg.n_warps):
+            wq = warp % cfg.nqw
+            for kk in range(hd // 16):
+                a = ldmatrix_x4(q_smem, wq * 16 * ld + (LANE % 16) * ld + (LANE // 16) * 8 + kk * 16)
+                np.testing.assert_array_equal(a, qf[warp, kk])
+                qf[warp, kk] = a
 
     k_smem = np.full(cfg.stages * cfg.kv_tile_halves, np.nan)
     v_smem = np.full(cfg.stages * cfg.kv_tile_halves, np.nan)
@@ -114,7 +129,7 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
         for i in range(cfg.chunks):
             c = tid + i * cfg.n_threads
             row, col = c // (hd // 8), (c % (hd // 8)) * 8
-            slot = tile * FLASH_BKV + row
+            slot = tile * cfg.bk + row
             ok = slot < kv_len
             off = (kvh * max_ctx + slot) * hd + col
             s_off = stage * cfg.kv_tile_halves + row * ld + col
@@ -139,7 +154,7 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
         if j + cfg.stages - 1 < n_tiles:
             load_kv(j + cfg.stages - 1, (j + cfg.stages - 1) % cfg.stages)
         k_copies.commit(), v_copies.commit()
-        masked = j * FLASH_BKV + FLASH_BKV - 1 > first_lim
+        masked = j * cfg.bk + cfg.bk - 1 > first_lim
         if stats is not None:
             stats["tiles"] += 1
             stats["masked"] += int(masked)
@@ -154,7 +169,7 @@ def _emulate_block(cfg, bx, n_blocks, kvh, q, k_cache, v_cache, p0, max_ctx, sca
                                     + ((LANE // 8) % 2) * 8)
                     s[2 * np_] = mma_16816(s[2 * np_], qf[warp, kk], r[:, 0:2])
                     s[2 * np_ + 1] = mma_16816(s[2 * np_ + 1], qf[warp, kk], r[:, 2:4])
-            key0 = j * FLASH_BKV + ks * kw
+            key0 = j * cfg.bk + ks * kw
             s *= scale_log2
             if masked:
                 for ni in range(kw // 8):
@@ -295,3 +310,28 @@ def test_flash_emulation_clamps_to_the_cache():
     v_cache = f16(rng.standard_normal((n_kv, max_ctx, hd)))
     got = emulate_attention(FlashCfg(hd, 4, 2, 4), q, k_cache, v_cache, 5, max_ctx, 0.125)
     assert np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("cfg", HD256_CONFIGS, ids=lambda c: f"{c.nqw}x{c.nks}x{c.stages}")
+@pytest.mark.parametrize("n,n_heads,n_kv,p0", [(5, 8, 2, 3), (13, 6, 1, 70), (9, 24, 4, 31)])
+def test_flash_emulation_head_dim_256(cfg, n, n_heads, n_kv, p0):
+    """head_dim 256's shapes (32-key tiles over 2 warps, Q from shared memory: the ldmatrix fragments are asserted
+    equal to load_q_row's inside the emulation) against float64, GQA 4 and 6 with rows past a block's end."""
+    rng = np.random.default_rng(n * 10 + n_heads + p0)
+    hd = 256
+    q, k_cache, v_cache = _inputs(rng, n, n_heads, n_kv, hd, p0, p0 + n + 3)
+    want = oracle(f16(q), k_cache, v_cache, p0, n_kv)
+    got = emulate_attention(cfg, q, k_cache, v_cache, p0, p0 + n + 3, 1 / np.sqrt(hd), round_p=False)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_head_dim_256_shapes_compute_each_row_alike():
+    """Every head_dim 256 shape splits a tile's keys the same way (2 warps x 16 of 32), so a row's output is the
+    same bits whichever shape (and so float16 or quantized loader) the launcher picks."""
+    rng = np.random.default_rng(3)
+    n, n_heads, n_kv, p0, hd = 21, 12, 2, 40, 256
+    q, k_cache, v_cache = _inputs(rng, n, n_heads, n_kv, hd, p0, p0 + n)
+    outs = [emulate_attention(cfg, q, k_cache, v_cache, p0, p0 + n, 1 / np.sqrt(hd)) for cfg in HD256_CONFIGS]
+    for got in outs[1:]:
+        np.testing.assert_array_equal(got, outs[0])

@@ -56,6 +56,9 @@ CONFIGS = [
     (16, 1, 128, 2048, 64),     # group of 16: one full row tile
     (40, 2, 128, 1500, 192),    # group of 20: two row tiles
     (24, 4, 256, 1200, 128),    # qwen35-style head_dim 256
+    (8, 2, 256, 1001, 64),      # Qwen3.5-0.8B's heads (G = 4); max_ctx not a multiple of the chunk
+    (12, 2, 256, 777, 64),      # head_dim 256, G = 6
+    (40, 2, 256, 500, 192),     # head_dim 256, G = 20: two row tiles
 ]
 
 

@@ -107,6 +107,8 @@ SHAPES = [
     (40, 2, 128, 1500, 64, 128, 1),     # G = 20: two row tiles (only tile 0 writes the cache)
     (40, 2, 64, 640, 128, 48, 1),       # G = 20, head_dim 64
     (24, 4, 256, 1200, 128, 64, 1),     # head_dim 256 (qwen35-style partial rope)
+    (8, 2, 256, 1001, 64, 64, 1),       # Qwen3.5-0.8B: G = 4, rope_dim 64 of 256, NeoX
+    (12, 2, 256, 777, 64, 64, 0),       # head_dim 256, G = 6, partial adjacent-pair rope
     (12, 2, 128, 64, 64, 128, 1),       # max_ctx = one chunk: n_splits = 1, the split kernel writes o
     (12, 2, 128, 256, 64, 128, 0),      # a few splits (4 chunks)
     (12, 2, 128, 32768, 64, 128, 1),    # 1.5B at 32K: many splits with several chunks each
@@ -156,7 +158,7 @@ def test_fused_replay_across_steps(native, dev, rng):
 ATOL, RTOL = 3e-5, 1e-4
 
 
-@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,max_ctx,chunk_len,rope_dim,neox", SHAPES[:9])
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,max_ctx,chunk_len,rope_dim,neox", SHAPES[:11])
 def test_fused_matches_float64_oracle(native, dev, rng, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len,
                                       rope_dim, neox):
     ref = ReferenceOps()
@@ -230,6 +232,8 @@ def _one_row_logits(runner, prompt, tokens):
     ("qwen2", 256, 4, 2, None),      # head_dim 64, G = 2
     ("llama", 512, 8, 1, None),      # head_dim 64, G = 8, adjacent-pair rope
     ("qwen3", 256, 4, 1, 128),       # head_dim 128, q/k norms before the rope
+    ("qwen3", 256, 4, 1, 256),       # head_dim 256, G = 4
+    ("qwen3", 512, 12, 2, 256),      # head_dim 256, G = 6
 ])
 def test_runner_decode_is_bitwise_the_two_kernel_step(backend, synthetic_model, arch, hidden, n_heads, n_kv_heads,
                                                       head_dim):

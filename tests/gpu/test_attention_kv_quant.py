@@ -134,7 +134,8 @@ def test_masked_over_a_quantized_cache_and_tree_rows_are_decode_rows(native, dev
 
 @pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
 @pytest.mark.parametrize("n_heads,n_kv_heads,d,n,p0", [(12, 2, 128, 100, 0), (14, 2, 64, 37, 1000), (16, 16, 64, 1, 7),
-                                                        (12, 2, 128, 512, 4096)])
+                                                        (12, 2, 128, 512, 4096), (8, 2, 256, 70, 300),
+                                                        (24, 4, 256, 9, 1000)])
 def test_prefill_over_a_quantized_cache(native, dev, rng, types, n_heads, n_kv_heads, d, n, p0):
     max_ctx = p0 + n + 17
     planes, (kc, vc) = setup(native, dev, rng, n_kv_heads, max_ctx, d, p0 + n, types)
@@ -296,10 +297,12 @@ def test_quantized_decode_and_masked_are_the_float16_kernels_over_the_dequantize
 
 @pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
 @pytest.mark.parametrize("n_heads,n_kv_heads,d,n,p0", [(12, 2, 128, 1, 7), (14, 2, 64, 37, 1001), (8, 8, 64, 65, 63),
-                                                        (12, 2, 128, 2000, 129), (12, 2, 128, 512, 4097)])
+                                                        (12, 2, 128, 2000, 129), (12, 2, 128, 512, 4097),
+                                                        (12, 2, 256, 2000, 129), (24, 4, 256, 37, 301)])
 def test_quantized_prefill_is_the_float16_kernel_over_the_dequantized_values(native, dev, rng, types, n_heads,
                                                                              n_kv_heads, d, n, p0):
-    """As above for prefill (both block configurations: n = 2000 gives one block per SM or more, 512 fewer)."""
+    """As above for prefill (both block configurations: n = 2000 gives one block per SM or more, 512 fewer; at
+    head_dim 256 the wide and narrow shapes, one key split for both)."""
     max_ctx = p0 + n + 17
     planes, seen = setup(native, dev, rng, n_kv_heads, max_ctx, d, p0 + n, types)
     shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])

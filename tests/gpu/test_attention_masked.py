@@ -62,6 +62,8 @@ CASES = [
     (14, 2, 64, 5, 1),
     (8, 8, 64, 23, 130),
     (24, 4, 256, 9, 200),
+    (8, 2, 256, 23, 1000),
+    (12, 2, 256, 37, 63),
     (12, 2, 128, 256, 300),
 ]
 
@@ -107,6 +109,8 @@ def test_causal_mask_matches_decode_kernel(native, dev, rng):
     (14, 2, 64, 9, 63, 200),          # the 0.5B model; the tree straddles a chunk boundary
     (8, 8, 64, 40, 0, 300),           # no committed context
     (24, 4, 256, 5, 3000, 3100),
+    (8, 2, 256, 23, 1000, 4096),      # Qwen3.5-0.8B's heads, a DDTree of budget 22
+    (12, 2, 256, 9, 63, 200),         # head_dim 256, G = 6, straddling a chunk boundary
 ])
 @pytest.mark.parametrize("single_chunks", [None, 0, 64])
 def test_tree_rows_equal_decode_at_their_positions(native, dev, rng, n_heads, n_kv_heads, head_dim, n, n_past,

@@ -10,8 +10,9 @@ That bound is loose against a one-key masking error in a long row (weight ~1/L),
 test_causal_boundaries makes the key just past each token's diagonal (and the one on it) dominate
 its score: a leak or a miss there moves the output by O(|v|).
 
-On a 132-SM GPU the shapes below reach all three launch configurations (4x1, 4x2 and 2x4 warps):
-blocks of 64 rows >= 264, >= 132, and fewer.
+On a 132-SM GPU the shapes below reach every launch configuration: at head_dim 64 / 128 4x1 and 4x2 warps
+(blocks of 64 rows >= 132, and fewer); at head_dim 256 the wide 4x2 shape (64-row blocks >= 132: n = 1500
+with G = 6 over 2 KV heads) and the narrow 2x2 one (fewer: every other case).
 """
 import numpy as np
 import pytest
@@ -86,21 +87,23 @@ def check_random_case(native, dev, poisoned, rng, n, p0, hd, group, extra_slots,
     check(o, q, k_cache, v_cache, p0, n_kv)
 
 
-@pytest.mark.parametrize("hd,group", [(64, 1), (64, 7), (128, 2), (128, 6)])
+@pytest.mark.parametrize("hd,group", [(64, 1), (64, 7), (128, 2), (128, 6), (256, 4), (256, 6)])
 @pytest.mark.parametrize("p0", [0, 3, 200])
 @pytest.mark.parametrize("n", [1, 5, 64, 130, 600])
 def test_attention_prefill_matches_float64(native, dev, poisoned, rng, n, p0, hd, group):
     check_random_case(native, dev, poisoned, rng, n, p0, hd, group, 7, q_scale=1.5)
 
 
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_attention_prefill_many_blocks(native, dev, poisoned, rng, hd):
-    """1500 tokens x 6 heads per kv head: 282 blocks of 64 rows, the 4-warp configuration."""
+    """1500 tokens x 6 heads per kv head: 282 blocks of 64 rows, the 4-warp configuration (head_dim 256: the
+    wide 8-warp one)."""
     check_random_case(native, dev, poisoned, rng, n=1500, p0=37, hd=hd, group=6, extra_slots=0)
 
 
 @pytest.mark.parametrize("hd,group,n,p0", [(64, 7, 70, 0), (128, 6, 600, 61), (64, 2, 1500, 130),
-                                           (128, 1, 40, 8192 - 40)])
+                                           (128, 1, 40, 8192 - 40), (256, 4, 77, 31), (256, 6, 1500, 95),
+                                           (256, 1, 33, 4096 - 33)])
 def test_causal_boundaries(native, dev, poisoned, rng, hd, group, n, p0):
     """q of token i points at the key of slot p0 + i + 1 (invisible: must get no weight) for even i,
     and at its own slot p0 + i (visible: must dominate) for odd i."""
@@ -121,7 +124,7 @@ def test_causal_boundaries(native, dev, poisoned, rng, hd, group, n, p0):
     check(o, q, k_cache, v_cache, p0, n_kv)
 
 
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_attention_prefill_simt_path(native, dev, poisoned, rng, hd):
     check_random_case(native, dev, poisoned, rng, n=37, p0=20, hd=hd, group=3, extra_slots=3, q_offset=True)
 
@@ -137,3 +140,15 @@ def test_attention_prefill_rejects_bad_arguments(native, dev):
     assert lib.fd_attention_prefill(*args, 0, attention_shape(ffi, 2, 1, 64, 16, 0.1), dev.stream) == lib.FD_E_ARG
     assert lib.fd_attention_prefill(args[0], args[1], args[2], args[3], ffi.NULL, 4,
                                     attention_shape(ffi, 2, 1, 64, 16, 0.1), dev.stream) == lib.FD_E_ARG
+
+
+@pytest.mark.parametrize("n,p0", [(1, 0), (45, 1000), (2000, 17)])
+def test_attention_prefill_head_dim_256_qwen35_shapes(native, dev, poisoned, rng, n, p0):
+    """The real Qwen3.5 attention shapes: 0.8B (8 heads over 2 KV heads) and 27B (24 over 4), head_dim 256."""
+    for n_heads, n_kv in ((8, 2), (24, 4)):
+        hd, max_ctx = 256, p0 + n + 5
+        q = rng.standard_normal((n, n_heads, hd)).astype(np.float32)
+        k_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
+        v_cache = make_cache(rng, n_kv, max_ctx, hd, p0 + n)
+        o = run(native, dev, poisoned, q, k_cache, v_cache, p0, n_heads, n_kv, hd)
+        check(o, q, k_cache, v_cache, p0, n_kv)

@@ -32,17 +32,28 @@ SHAPES = {
                              ssm_state=32, ssm_k_heads=1, ssm_v_heads=4, ssm_conv_kernel=4, full_attn_interval=2),
     "hd128_conv3": dict(n_layers=6, hidden=256, n_heads=2, n_kv_heads=1, head_dim=128, rope_dim=32, ffn=512,
                         ssm_state=128, ssm_k_heads=2, ssm_v_heads=2, ssm_conv_kernel=3, full_attn_interval=3),
+    # head_dim 256 as the real Qwen3.5 files (64 of 256 dims rotated): GQA 4 and GQA 6 (a row tile of 16 query
+    # rows only partly used, twice the heads of a KV head than the 0.8B's)
+    "hd256_gqa4": dict(n_layers=4, hidden=256, n_heads=4, n_kv_heads=1, head_dim=256, rope_dim=64, ffn=512,
+                       ssm_state=64, ssm_k_heads=2, ssm_v_heads=4, ssm_conv_kernel=4, full_attn_interval=2),
+    "hd256_gqa6": dict(n_layers=3, hidden=256, n_heads=6, n_kv_heads=1, head_dim=256, rope_dim=64, ffn=512,
+                       ssm_state=32, ssm_k_heads=1, ssm_v_heads=2, ssm_conv_kernel=4, full_attn_interval=3),
+    # the 0.8B's real shape (scripts/synthetic_presets.py "qwen3.5-0.8b": 8 / 2 heads, head_dim 256, rope_dim 64,
+    # 16 / 16 DeltaNet heads of 128, hidden 1024, ffn 3584), cut to 4 layers (3 linear, 1 full) and a small vocab
+    "qwen35_08b_4l": dict(n_layers=4, hidden=1024, n_heads=8, n_kv_heads=2, head_dim=256, rope_dim=64, ffn=3584,
+                          ssm_state=128, ssm_k_heads=16, ssm_v_heads=16, ssm_conv_kernel=4, full_attn_interval=4,
+                          rope_theta=10_000_000.0, rms_eps=1e-6, tie_embeddings=True),
     # the 27B's Gated DeltaNet heads: 3 value heads per key head (48 on 16) of 128 -- the fused delta rule's
-    # whole-head block at its limit (fused_ops.py); attention heads of 128 (256, Qwen3.5's own, is not yet
-    # instantiated in the CUDA attention kernels: backend.py HEAD_DIMS)
-    "v3_per_k": dict(n_layers=4, hidden=256, n_heads=4, n_kv_heads=1, head_dim=128, rope_dim=32, ffn=512,
+    # whole-head block at its limit (fused_ops.py) -- with its attention heads of 256 (64 dims rotated)
+    "v3_per_k": dict(n_layers=4, hidden=256, n_heads=4, n_kv_heads=1, head_dim=256, rope_dim=64, ffn=512,
                      ssm_state=128, ssm_k_heads=2, ssm_v_heads=6, ssm_conv_kernel=4, full_attn_interval=4),
 }
 # weight formats per shape: every 2-D matrix in it (ssm_conv1d stays F32); Q4_K needs 256-wide rows, which
 # gqa_partial_rope's ssm_out (Hv S = 128 columns) lacks
 FORMATS = [("mha_full_rope", "F32"), ("mha_full_rope", "Q8_0"), ("mha_full_rope", "Q4_K"),
            ("gqa_partial_rope", "Q8_0"), ("gqa_partial_rope", "F16"), ("hd128_conv3", "Q8_0"),
-           ("v3_per_k", "Q8_0")]
+           ("hd256_gqa4", "Q8_0"), ("hd256_gqa4", "Q4_K"), ("hd256_gqa6", "F16"), ("qwen35_08b_4l", "Q8_0"),
+           ("qwen35_08b_4l", "BF16"), ("v3_per_k", "Q8_0")]
 
 
 @pytest.fixture(scope="module")

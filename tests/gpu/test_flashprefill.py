@@ -112,6 +112,26 @@ def test_score_rejects_unaligned_p0(native, dev):
                                             dev.stream) == native.lib.FD_E_ARG
 
 
+def test_pflash_kernels_refuse_head_dim_256(native, dev):
+    """PFlash serves dense drafters of head_dim 64 / 128: its scores, block-sparse attention and tail probabilities
+    return FD_E_SHAPE at 256 (the target's attention takes 256; PFlash's kernels are not instantiated for it)."""
+    lib, ffi = native.lib, native.ffi
+    n, n_heads, hd, max_ctx = 4, 2, 256, 256
+    shape = attention_shape(ffi, n_heads, 1, hd, max_ctx, 0.0625)
+    q, o = dev.empty((n, n_heads, hd)), dev.empty((n, n_heads * hd))
+    kc = dev.empty((1, max_ctx, hd), np.float16)
+    mean_k, score = dev.empty((2, 1, hd)), dev.empty((1, n_heads, 2))
+    idx, cnt = dev.empty((1, n_heads, 2), np.int32), dev.empty((1, n_heads), np.int32)
+    assert lib.fd_flashprefill_score(dev.p(score, "float*"), dev.p(q, "float*"), dev.p(mean_k, "float*"), 0, n, shape,
+                                     dev.stream) == lib.FD_E_SHAPE
+    assert lib.fd_flashprefill_sparse_attention(dev.p(o, "float*"), dev.p(q, "float*"), dev.p(kc), dev.p(kc), 0, n,
+                                                shape, dev.p(idx, "int32_t*"), dev.p(cnt, "int32_t*"),
+                                                dev.stream) == lib.FD_E_SHAPE
+    acc, ws = dev.empty((1, n)), dev.empty((2 * n_heads,))
+    assert lib.fd_flashprefill_tail_max_probs(dev.p(acc, "float*"), dev.p(q, "float*"), dev.p(kc), n, 1, shape,
+                                              dev.p(ws, "float*"), dev.stream) == lib.FD_E_SHAPE
+
+
 # ---------------------------------------------------------------------------------------- select
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.85, 1.0])
 @pytest.mark.parametrize("p0,n", [(0, 1), (0, 129), (384, 700), (0, 8192)])

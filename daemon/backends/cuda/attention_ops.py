@@ -96,6 +96,17 @@ def _roped(what: str, *xs) -> None:
         raise TypeError(f"CudaOps.{what} expects q and k from ops.rope")
 
 
+PFLASH_HEAD_DIMS = (64, 128)   # fd_flashprefill_score / _tail_max_probs, fd_attention_block_sparse: FD_E_SHAPE otherwise
+
+
+def _pflash_head_dim(what: str, head_dim: int) -> None:
+    """PFlash's kernels serve dense drafters of head_dim 64 / 128 (CudaBackend.check_pflash_drafter refuses others
+    at load); a ValueError naming them rather than FD_E_SHAPE from inside the sequence."""
+    if head_dim not in PFLASH_HEAD_DIMS:
+        raise ValueError(f"CudaOps.{what}: PFlash's kernels take head_dim {' or '.join(map(str, PFLASH_HEAD_DIMS))}, "
+                         f"not {head_dim}")
+
+
 class AttentionOps:
     """Mixed into CudaOps: uses its lib, ffi, dev, p, take, _check, materialize and attn_workspace. Every wrapper
     checks the tensors against each other and the cache before the call (ValueError), so the C ABI sees only
@@ -260,6 +271,7 @@ class AttentionOps:
         if p0 % FLASHPREFILL_BLOCK or p0 + n > max_ctx:
             raise ValueError(f"flashprefill_attention: chunk [{p0}, {p0 + n}) is not block-aligned or past {max_ctx}")
         shape = self._shape(q.x.shape, cache_layer, "flashprefill_attention")
+        _pflash_head_dim("flashprefill_attention", head_dim)
         self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
         n_kb, n_qb = -(-(p0 + n) // FLASHPREFILL_BLOCK), -(-n // FLASHPREFILL_BLOCK)
         mean_k = self.take((n_kb, n_kv_heads, head_dim))
@@ -284,6 +296,7 @@ class AttentionOps:
         qx = q.x if isinstance(q, Roped) else q          # rotated in place by the attention call
         n, n_heads, _ = qx.shape
         shape = self._shape(qx.shape, cache_layer, "tail_max_probs")
+        _pflash_head_dim("tail_max_probs", qx.shape[2])
         if not (1 <= n_tail <= n and n_tail <= n_keys <= cache_layer[0].shape[1]) or acc.shape != (n_tail, n_keys):
             raise ValueError(f"tail_max_probs: n_tail {n_tail}, n_keys {n_keys}, acc {acc.shape}, q {qx.shape}")
         ws = self.take((2 * n_tail * n_heads,))

@@ -7,6 +7,7 @@ from ...models.config import ModelConfig
 from ...models.gguf_file import ModelLoadError, ModelUnsupported
 from ...vram_budget import kv_cache_bytes
 from ..base import Backend
+from .attention_ops import PFLASH_HEAD_DIMS
 from .hybrid_plan import (check_hybrid, hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes,
                           hybrid_tree_nodes, hybrid_workspace_bytes)
 from .hybrid_runner import CudaHybridRunner
@@ -18,9 +19,14 @@ from .tensor import Device
 __all__ = ["CudaBackend", "MemoryPlan", "MemoryPlanError", "KVTypeUnsupported", "check_kv_types", "CUDA_KV_TYPES"]
 
 ALIGN = 256
-# head_dim values every attention kernel is instantiated for (fd_attention_prefill: 64 and 128;
-# the split-K decode / masked kernels also take 256)
-HEAD_DIMS = (64, 128)
+# head_dim values every attention kernel a forward uses is instantiated for (prefill, split-K decode / masked, the
+# fused decode rope, the persistent forward)
+HEAD_DIMS = (64, 128, 256)
+# head_dim 256's split-K decode block takes ~150 KB of shared memory (attention_splitk_params.cuh Cfg<256>): the
+# architectures whose blocks may opt into that much (sm_80 / sm_87: 163 KB, sm_90 / sm_100: 227 KB); sm_86 / sm_89 /
+# sm_120 (99 KB) are refused at plan time rather than with FD_E_SHAPE at the first decode step
+WIDE_HEAD_DIM = 256
+WIDE_HEAD_DIM_CCS = ("8.0", "8.7", "9.0", "10.0", "10.3")
 SAFETY_BYTES = 256 << 20      # CUDA context, graphs, allocator slack
 # KV cache types the backend serves (backends/kv_types.py): every one since ABI 5 -- fd_rope_kv_write writes q8_0 /
 # q4_0 rows (so does the fused decode rope + write), decode, masked and prefill attention read them,
@@ -105,8 +111,14 @@ class CudaBackend(Backend):
         if hybrid:                                      # a Gated DeltaNet hybrid: hybrid_plan.py
             check_hybrid(cfg)
         if cfg.head_dim not in HEAD_DIMS:
-            raise ModelUnsupported(f"the CUDA backend's attention kernels support head_dim {' and '.join(map(str, HEAD_DIMS))}"
+            raise ModelUnsupported(f"the CUDA backend's attention kernels support head_dim {', '.join(map(str, HEAD_DIMS))}"
                                  f"; this model has head_dim {cfg.head_dim} (use --device cpu)")
+        if cfg.head_dim == WIDE_HEAD_DIM:
+            cc = self.device.info()["cc"]
+            if cc not in WIDE_HEAD_DIM_CCS:
+                raise ModelUnsupported(f"head_dim {cfg.head_dim}'s decode attention needs ~150 KB of shared memory per "
+                                       f"block, which this GPU (compute capability {cc}) does not give (sm_80, sm_90 "
+                                       f"do; use --device cpu)")
         lib = self.device.lib
         n_kv_layers = max(1, len(cfg.linear.attention_layers)) if hybrid else cfg.n_layers
         kv = kv_cache_bytes(n_kv_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *(
@@ -123,6 +135,12 @@ class CudaBackend(Backend):
             half = max(half, hybrid_layer_bytes(cfg, prefill_chunk) + (1 << 20))
         return MemoryPlan(weights_bytes=weight_bytes, kv_bytes=kv, arena_bytes=2 * half,
                           scratch_bytes=2 * largest * 2, workspace_bytes=workspace)
+
+    def check_pflash_drafter(self, cfg: ModelConfig) -> None:
+        """ModelUnsupported unless PFlash's kernels cover the drafter's head_dim (a dense model of 64 or 128)."""
+        if cfg.head_dim not in PFLASH_HEAD_DIMS:
+            raise ModelUnsupported(f"PFlash's CUDA kernels serve drafters of head_dim "
+                                   f"{' and '.join(map(str, PFLASH_HEAD_DIMS))}; this drafter has head_dim {cfg.head_dim}")
 
     def check_fits(self, plan: MemoryPlan) -> None:
         free, total = self.device.mem_info()
