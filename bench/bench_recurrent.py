@@ -1,7 +1,10 @@
 """A hybrid (qwen35) model's recurrent-layer kernels: fd_gated_delta_rule_decode / _prefill / _tree
-(native/cuda/gated_delta_rule.cu) and fd_causal_conv1d (native/cuda/causal_conv1d.cu), each checked against its
-numpy definition (daemon/backends/reference_recurrent.py, reference_recurrent_tree.py, in float64) before it is
-timed.
+(native/cuda/gated_delta_rule.cu), fd_causal_conv1d (native/cuda/causal_conv1d.cu) and the fused
+fd_gated_delta_rule_fused (native/cuda/gated_delta_rule_fused.cu: L2 norms, decay, sigmoid, delta rule and the gated
+output norm in one launch; compare its decode time with fd_gated_delta_rule_decode's plus the ~6 small launches it
+replaces), each checked against its numpy definition (daemon/backends/reference_recurrent.py,
+reference_recurrent_tree.py, in float64; the fused one: backends/base.py HybridFusedDefaults' composition in float64)
+before it is timed.
 
     python bench/bench_recurrent.py [--seed N] [--reps 30] [--quick]
 
@@ -11,7 +14,7 @@ tree verify of 16 nodes. --quick: the 0.8B decode and prefill only. Each launch 
 graph and replayed (the state keeps evolving from replay to replay: the work is the same), L2 flushed before
 every repetition (bench/timing.py).
 
-Tolerance: tests/gpu/test_gated_delta_rule.py's, |got - want| <= 1e-5 max |want| (numpy's own float32 recurrent
+Tolerance: tests/gpu/test_gated_delta_rule.py's (the fused kernel: tests/gpu/test_hybrid_fused.py's 2e-4), |got - want| <= 1e-5 max |want| (numpy's own float32 recurrent
 form is within ~1.3e-7 of max |want|); the conv: 2 K eps32 sum_k |u_k w_k| per element
 (tests/gpu/test_causal_conv1d.py).
 GB/s counts one read and one write of the state (the delta rule is bound by it in a decode step: Hv x 128 x 128
@@ -31,6 +34,7 @@ SHAPES = {"0.8B": (16, 16, 128, 128), "27B": (16, 48, 128, 128)}      # (Hk, Hv,
 CONV = {"0.8B": 6144, "27B": 10240}                                   # channels 2 Hk S + Hv S; K = 4
 PREFILL = 512
 TREE_NODES = 16
+FUSED_EPS = 1e-6                                                      # the models' rms_eps
 
 
 def delta_inputs(rng, n, hk, hv, dk, dv):
@@ -84,6 +88,47 @@ def bench_delta(h: OpHarness, name: str, n: int, tree: bool) -> None:
           graph=True)
 
 
+def fused_want(host, hk: int, S: int):
+    """HybridFusedDefaults.gated_delta_rule_fused in float64 (the recurrent form): out (n, Hv, S)."""
+    qkv, alpha, beta, z, dt, a, w, state = (x.astype(np.float64) for x in host)
+    n, hv = alpha.shape
+    kd = hk * S
+    q, k = (qkv[:, o:o + kd].reshape(n, hk, S) for o in (0, kd))
+    q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + FUSED_EPS) for x in (q, k))
+    zz = alpha + dt
+    g = np.where(zz > 20, zz, np.log1p(np.exp(np.minimum(zz, 20)))) * a
+    o = delta_rule_recurrent(q, k, qkv[:, 2 * kd:].reshape(n, hv, S), g, 1 / (1 + np.exp(-beta)), state)
+    zr = z.reshape(n, hv, S)
+    return o / np.sqrt((o * o).mean(-1, keepdims=True) + FUSED_EPS) * w * zr / (1 + np.exp(-zr))
+
+
+def bench_fused(h: OpHarness, name: str, n: int) -> None:
+    hk, hv, S, _ = SHAPES[name]
+    case = f"fd_gated_delta_rule_fused {name} n={n} Hk={hk} Hv={hv} d={S}"
+    dev, lib = h.dev, h.dev.lib
+    p = lambda t: dev.p(t, "float*")                                  # noqa: E731
+    rng = h.rng(case)
+    f = np.float32
+    host = [rng.standard_normal((n, (2 * hk + hv) * S)).astype(f), (rng.standard_normal((n, hv)) * 2).astype(f),
+            (rng.standard_normal((n, hv)) * 2).astype(f), rng.standard_normal((n, hv * S)).astype(f),
+            rng.standard_normal(hv).astype(f), (-np.exp(rng.standard_normal(hv) * 0.5)).astype(f),
+            (1 + 0.1 * rng.standard_normal(S)).astype(f), (rng.standard_normal((hv, S, S)) * 0.5).astype(f)]
+    want = fused_want(host, hk, S)
+    qkv, alpha, beta, z, dt, a, w, state = (dev.upload(x) for x in host)
+    out = dev.empty((n, hv, S))
+    dev.fill_bytes(out, 0xFF)
+    width, kd = (2 * hk + hv) * S, hk * S
+    flat = qkv.reshape(qkv.size)
+    launch = lambda: lib.fd_gated_delta_rule_fused(  # noqa: E731
+        p(out), p(flat), p(flat[kd:]), p(flat[2 * kd:]), width, p(alpha), p(beta), p(z), p(dt), p(a), p(w), p(state),
+        n, hk, hv, S, S, delta_scale(S), FUSED_EPS, FUSED_EPS, dev.stream)
+    state_bytes = hv * S * S * 4 * 2
+    io_bytes = n * (width + 2 * hv + 2 * hv * S) * 4
+    h.run(case, launch, lambda: dev.download(out), lambda: want,
+          Tolerance("the fused kernel: 2e-4 of max |want| (tests/gpu/test_hybrid_fused.py)",
+                    atol=2e-4 * float(np.abs(want).max())), n_bytes=state_bytes + io_bytes, graph=True)
+
+
 def bench_conv(h: OpHarness, name: str, n: int, taps: int = 4) -> None:
     channels = CONV[name]
     case = f"fd_causal_conv1d {name} n={n} C={channels} K={taps}"
@@ -113,7 +158,9 @@ def main(argv=None) -> None:
     h = OpHarness.on_gpu(args)
     for name in (["0.8B"] if args.quick else list(SHAPES)):
         bench_delta(h, name, 1, False)
+        bench_fused(h, name, 1)
         bench_delta(h, name, PREFILL, False)
+        bench_fused(h, name, PREFILL)
         bench_conv(h, name, 1)
         bench_conv(h, name, PREFILL)
     if not args.quick:

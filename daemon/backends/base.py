@@ -16,7 +16,7 @@ import numpy as np
 
 from .kv_types import KVTypes
 
-__all__ = ["Backend", "Batch", "KVCacheSpec", "Ops", "RecurrentStateSpec"]
+__all__ = ["Backend", "Batch", "HybridFusedDefaults", "KVCacheSpec", "Ops", "RecurrentStateSpec"]
 
 
 @dataclass(slots=True)
@@ -195,6 +195,81 @@ class Ops(Protocol):
     def sigmoid(self, x) -> Any: ...
 
     def mul(self, a, b) -> Any: ...
+
+    # -- the hybrid's fused ops (HybridFusedDefaults composes them from the primitives above; CudaOps runs each as
+    #    one kernel, cuda/fused_ops.py) -----------------------------------------------------------------------
+    def causal_conv1d_silu(self, x, weight, conv_state) -> Any:
+        """silu(causal_conv1d(x, weight, conv_state))."""
+
+    def causal_conv1d_silu_tree(self, x, weight, conv_state, parents, node_conv) -> Any:
+        """silu(causal_conv1d_tree(...))."""
+
+    def gated_delta_rule_fused(self, qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads: int,
+                               head_dim: int, eps: float) -> Any:
+        """A Gated DeltaNet layer's core from the raw projections (HybridFusedDefaults says what) -> (n, Hv, S)."""
+
+    def gated_delta_rule_fused_tree(self, qkv, alpha, beta, z, dt_bias, a, norm_weight, state, parents, node_state,
+                                    n_k_heads: int, head_dim: int, eps: float) -> Any:
+        """The same over a draft tree's nodes (gated_delta_rule_tree's state handling)."""
+
+    def gated_qk_norm(self, q_gate, k, q_norm, k_norm, eps: float) -> tuple:
+        """A gated attention layer's (rmsnorm(query) * q_norm, gate, rmsnorm(k) * k_norm) of q_gate (n, H, 2d)."""
+
+
+class HybridFusedDefaults:
+    """The hybrid's fused ops (models/qwen35.py) as compositions of the primitive ops: what they mean, and the
+    implementation of every backend that has no fused kernel for them (the reference backend, the oracle, runs
+    these). A backend with a fused kernel overrides the op (CudaOps: cuda/fused_ops.py) and keeps the same math;
+    its bits are its own, equal to this composition within float32 rounding.
+
+    Shapes: n tokens (tree nodes); Hk key heads, Hv value heads, S the head size (d_k = d_v = S); H, Hkv, d the
+    attention's heads and head size."""
+
+    def causal_conv1d_silu(self, x, weight, conv_state):
+        """silu(causal_conv1d(x, weight, conv_state)): x (n, C), conv_state (K - 1, C) updated."""
+        return self.silu(self.causal_conv1d(x, weight, conv_state))
+
+    def causal_conv1d_silu_tree(self, x, weight, conv_state, parents, node_conv):
+        """silu(causal_conv1d_tree(...)): node_conv gets the raw windows, conv_state is read only."""
+        return self.silu(self.causal_conv1d_tree(x, weight, conv_state, parents, node_conv))
+
+    def _fused_prologue(self, qkv, alpha, beta, dt_bias, a, n_k_heads: int, head_dim: int, eps: float):
+        """(q, k, v, g, beta) as the delta rule takes them: q, k (n, Hk, S) L2-normed, v (n, Hv, S), the log decay
+        g and sigmoid(beta) (n, Hv)."""
+        n, hv, S = qkv.shape[0], alpha.shape[-1], head_dim
+        kd = n_k_heads * S
+        q, k, v = self.split(qkv, (kd, kd, hv * S))
+        q = self.l2_norm(q.reshape(n, n_k_heads, S), eps)
+        k = self.l2_norm(k.reshape(n, n_k_heads, S), eps)
+        return q, k, v.reshape(n, hv, S), self.delta_decay(alpha, dt_bias, a), self.sigmoid(beta)
+
+    def _fused_epilogue(self, o, z, norm_weight, eps: float):
+        """The gated output norm: rmsnorm(o per head, norm_weight) * silu(z), (n, Hv, S)."""
+        return self.mul(self.rmsnorm(o, norm_weight, eps), self.silu(z.reshape(o.shape)))
+
+    def gated_delta_rule_fused(self, qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads: int,
+                               head_dim: int, eps: float):
+        """qkv (n, 2 Hk S + Hv S) the conv's output [q | k | v]; alpha, beta (n, Hv) raw; z (n, Hv S) the output
+        gate; dt_bias, a (Hv,); norm_weight (S,); state (Hv, S, S) updated. Per token and value head (key head
+        h % Hk): q, k L2-normed (eps), g = delta_decay(alpha, dt_bias, a), beta = sigmoid(beta), o = the gated delta
+        rule, out = rmsnorm(o, norm_weight, eps) * silu(z) -> (n, Hv, S)."""
+        q, k, v, g, b = self._fused_prologue(qkv, alpha, beta, dt_bias, a, n_k_heads, head_dim, eps)
+        return self._fused_epilogue(self.gated_delta_rule(q, k, v, g, b, state), z, norm_weight, eps)
+
+    def gated_delta_rule_fused_tree(self, qkv, alpha, beta, z, dt_bias, a, norm_weight, state, parents, node_state,
+                                    n_k_heads: int, head_dim: int, eps: float):
+        """gated_delta_rule_fused over a draft tree's nodes: state read only, node_state (>= n, Hv, S, S) gets each
+        node's memory (gated_delta_rule_tree)."""
+        q, k, v, g, b = self._fused_prologue(qkv, alpha, beta, dt_bias, a, n_k_heads, head_dim, eps)
+        o = self.gated_delta_rule_tree(q, k, v, g, b, state, parents, node_state)
+        return self._fused_epilogue(o, z, norm_weight, eps)
+
+    def gated_qk_norm(self, q_gate, k, q_norm, k_norm, eps: float) -> tuple:
+        """q_gate (n, H, 2d) each head's [query | output gate], k (n, Hkv, d), q_norm and k_norm (d,) ->
+        (rmsnorm(query) * q_norm (n, H, d), gate (n, H, d), rmsnorm(k) * k_norm (n, Hkv, d))."""
+        d = q_gate.shape[-1] // 2
+        q, gate = self.split(q_gate, (d, d))
+        return self.rmsnorm(q, q_norm, eps), gate, self.rmsnorm(k, k_norm, eps)
 
 
 class Backend:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from gguf.quants import dequantize
 
-from .base import Batch, KVCacheSpec, RecurrentStateSpec
+from .base import Batch, HybridFusedDefaults, KVCacheSpec, RecurrentStateSpec
 from .kv_rotate import hadamard_rotate
 from .reference_kv import ReferenceKVCache, is_rotated
 from .reference_recurrent import causal_conv1d, delta_rule_chunked, delta_rule_recurrent
@@ -73,7 +73,7 @@ class ReferenceRecurrentState:
         self.conv[...], self.ssm[...] = saved
 
 
-class ReferenceOps:
+class ReferenceOps(HybridFusedDefaults):   # the hybrid's fused ops composed from the primitives below
     name = "reference"
 
     # -- memory ----------------------------------------------------------------------------------

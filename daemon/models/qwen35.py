@@ -171,14 +171,13 @@ def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_la
     """The gated attention's output, plus residual if given (the output projection's epilogue adds it)."""
     n, H, d = batch.n_tokens, cfg.n_heads, cfg.head_dim
     q_gate, k, v = ops.linear_multi(x, (w.attn_q, w.attn_k, w.attn_v), (None, None, None))   # one launch
-    q, gate = ops.split(q_gate.reshape(n, H, 2 * d), (d, d))      # per head [query | output gate]: (n, H, d) each
     k = k.reshape(n, cfg.n_kv_heads, d)
     v = v.reshape(n, cfg.n_kv_heads, d)
-    q = ops.rope(ops.rmsnorm(q, w.attn_q_norm, cfg.rms_eps), batch.positions, cfg.rope_theta, cfg.rope_dim,
-                 True, cfg.rope_scaling)
-    k = ops.rope(ops.rmsnorm(k, w.attn_k_norm, cfg.rms_eps), batch.positions, cfg.rope_theta, cfg.rope_dim,
-                 True, cfg.rope_scaling)
-    o = ops.attention(q, k, v, cache_layer, batch)                  # (n, H d)
+    # per head [query | output gate] split, the query and k RMS-normed: one op (CUDA: one launch, fd_gated_qk_norm)
+    q, gate, k = ops.gated_qk_norm(q_gate.reshape(n, H, 2 * d), k, w.attn_q_norm, w.attn_k_norm, cfg.rms_eps)
+    q = ops.rope(q, batch.positions, cfg.rope_theta, cfg.rope_dim, True, cfg.rope_scaling)
+    k = ops.rope(k, batch.positions, cfg.rope_theta, cfg.rope_dim, True, cfg.rope_scaling)
+    o = ops.attention(q, k, v, cache_layer, batch)                  # (n, H d); CUDA: the RoPE runs inside
     return ops.linear(ops.mul(o, ops.sigmoid(gate.reshape(n, H * d))), w.attn_output, residual=residual)
 
 
@@ -188,26 +187,19 @@ def gated_delta_net(ops, cfg: ModelConfig, x, w: LinearLayerWeights, state_layer
     are one launch (ops.linear_multi)."""
     lin, n = cfg.linear, batch.n_tokens
     tree = state_layer if isinstance(state_layer, TreeStateLayer) else None
-    S, kd = lin.head_dim, lin.key_dim
     conv_in, alpha, beta_in, z = ops.linear_multi(x, (w.attn_qkv, w.ssm_alpha, w.ssm_beta, w.attn_gate),
                                                   (None, None, None, None))
+    # conv -> fused delta rule -> ssm_out: the L2 norms, the decay, the sigmoid and the gated output norm are
+    # inside the fused op (backends/base.py HybridFusedDefaults composes it; CUDA: one kernel)
+    core = (alpha, beta_in, z, w.ssm_dt, w.ssm_a, w.ssm_norm)
     if tree is None:
         conv_state, memory = state_layer
-        qkv = ops.silu(ops.causal_conv1d(conv_in, w.ssm_conv1d, conv_state))
+        qkv = ops.causal_conv1d_silu(conv_in, w.ssm_conv1d, conv_state)      # (n, 2 kd + Hv S)
+        o = ops.gated_delta_rule_fused(qkv, *core, memory, lin.n_k_heads, lin.head_dim, cfg.rms_eps)
     else:
-        qkv = ops.silu(ops.causal_conv1d_tree(conv_in, w.ssm_conv1d, tree.conv, tree.parents, tree.node_conv))
-    q, k, v = ops.split(qkv, (kd, kd, lin.value_dim))              # (n, kd), (n, kd), (n, Hv S)
-    q = ops.l2_norm(q.reshape(n, lin.n_k_heads, S), cfg.rms_eps)
-    k = ops.l2_norm(k.reshape(n, lin.n_k_heads, S), cfg.rms_eps)
-    v = v.reshape(n, lin.n_v_heads, S)
-    g = ops.delta_decay(alpha, w.ssm_dt, w.ssm_a)
-    beta = ops.sigmoid(beta_in)
-    if tree is None:
-        o = ops.gated_delta_rule(q, k, v, g, beta, memory)          # (n, Hv, S)
-    else:
-        o = ops.gated_delta_rule_tree(q, k, v, g, beta, tree.ssm, tree.parents, tree.node_ssm)
-    z = z.reshape(n, lin.n_v_heads, S)
-    o = ops.mul(ops.rmsnorm(o, w.ssm_norm, cfg.rms_eps), ops.silu(z))
+        qkv = ops.causal_conv1d_silu_tree(conv_in, w.ssm_conv1d, tree.conv, tree.parents, tree.node_conv)
+        o = ops.gated_delta_rule_fused_tree(qkv, *core, tree.ssm, tree.parents, tree.node_ssm, lin.n_k_heads,
+                                            lin.head_dim, cfg.rms_eps)
     return ops.linear(o.reshape(n, lin.value_dim), w.ssm_out, residual=residual)
 
 

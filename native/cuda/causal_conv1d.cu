@@ -1,6 +1,6 @@
 // causal_conv1d.cu -- the short causal convolution of a Gated DeltaNet layer with its state (flashd_recurrent.h:
-// fd_causal_conv1d, fd_causal_conv1d_tree; numpy: daemon/backends/reference_recurrent.py causal_conv1d and
-// reference_recurrent_tree.py causal_conv1d_tree).
+// fd_causal_conv1d, fd_causal_conv1d_tree, and with the SiLU fused fd_causal_conv1d_silu, fd_causal_conv1d_silu_tree;
+// numpy: daemon/backends/reference_recurrent.py causal_conv1d and reference_recurrent_tree.py causal_conv1d_tree).
 //
 //   u = concat(conv_state (K - 1, C), x (n, C));  y[t, c] = sum_{k=0..K-1} u[t + k, c] * weight[c, k]
 //   conv_state <- u's last K - 1 rows
@@ -16,6 +16,9 @@
 // tokens of its channels, so after one __syncthreads (every read of the old state done) slot 0 writes the new
 // state: row r <- u[n + r], in ascending r, which reads old-state row n + r > r before anything overwrites it
 // (n < K - 1 keeps part of the old state, shifted).
+//
+// The _silu entries (ABI 15) apply fd::silu to each output before the store: the bits of fd_causal_conv1d then
+// fd_silu (elementwise.cu's SiluOp is the same fd::silu), one launch instead of two (the decode step's conv).
 //
 // The tree form: one thread per channel walks the nodes in order (parents precede children); node i's window
 // is read from its parent's node_conv row (written earlier by this same thread: no synchronisation needed) or
@@ -42,8 +45,12 @@ __device__ __forceinline__ float conv_out(const float (&u)[FD_CONV_MAX_K], const
     return acc;
 }
 
+// SiLU epilogue of the _silu entries: the same fd::silu as fd_silu, so the bits of the two launches it replaces.
+template <bool SILU>
+__device__ __forceinline__ float conv_act(float y) { return SILU ? fd::silu(y) : y; }
+
 // SLOTS = 1 (decode: 256 channels per block) or CONV_SLOTS (prefill: 32 channels x 8 token slots).
-template <int SLOTS>
+template <int SLOTS, bool SILU>
 __global__ void __launch_bounds__(CONV_THREADS)
 causal_conv1d_kernel(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ weight,
                      float* conv_state, int n, int C, int K) {
@@ -60,7 +67,7 @@ causal_conv1d_kernel(float* __restrict__ y, const float* __restrict__ x, const f
             const int row = t + k - (K - 1);              // x row of u[t + k]; < 0: a conv_state row
             u[k] = k >= K ? 0.0f : row < 0 ? conv_state[(size_t)(t + k) * C + c] : x[(size_t)row * C + c];
         }
-        y[(size_t)t * C + c] = conv_out(u, w, K);
+        y[(size_t)t * C + c] = conv_act<SILU>(conv_out(u, w, K));
     }
     __syncthreads();                                      // every read of the old state is done
     if (!live || slot != 0) return;
@@ -70,6 +77,7 @@ causal_conv1d_kernel(float* __restrict__ y, const float* __restrict__ x, const f
     }
 }
 
+template <bool SILU>
 __global__ void __launch_bounds__(CONV_THREADS)
 causal_conv1d_tree_kernel(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ weight,
                           const float* __restrict__ conv_state, const int32_t* __restrict__ parents,
@@ -87,7 +95,7 @@ causal_conv1d_tree_kernel(float* __restrict__ y, const float* __restrict__ x, co
 #pragma unroll
         for (int k = 0; k < FD_CONV_MAX_K; ++k)
             u[k] = k >= K ? 0.0f : !valid ? NAN : k < K - 1 ? src[(size_t)k * C + c] : x[(size_t)i * C + c];
-        y[(size_t)i * C + c] = conv_out(u, w, K);
+        y[(size_t)i * C + c] = conv_act<SILU>(conv_out(u, w, K));
         float* dst = node_conv + (size_t)i * node_stride;
 #pragma unroll
         for (int k = 1; k < FD_CONV_MAX_K; ++k)           // the window's last K - 1 inputs
@@ -102,30 +110,53 @@ int check_conv(const void* y, const void* x, const void* weight, const void* sta
     return 0;
 }
 
-}  // namespace
-
-extern "C" int fd_causal_conv1d(float* y, const float* x, const float* weight, float* conv_state, int n,
-                                int channels, int kernel, void* stream) {
+template <bool SILU>
+int launch_conv(float* y, const float* x, const float* weight, float* conv_state, int n, int channels, int kernel,
+                void* stream) {
     if (int st = check_conv(y, x, weight, conv_state, n, channels, kernel)) return st;
     if (n == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     if (n == 1) {
-        causal_conv1d_kernel<1><<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, s>>>(
+        causal_conv1d_kernel<1, SILU><<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, s>>>(
             y, x, weight, conv_state, n, channels, kernel);
     } else {
-        causal_conv1d_kernel<CONV_SLOTS><<<fd::ceil_div(channels, CONV_THREADS / CONV_SLOTS), CONV_THREADS, 0, s>>>(
-            y, x, weight, conv_state, n, channels, kernel);
+        causal_conv1d_kernel<CONV_SLOTS, SILU><<<fd::ceil_div(channels, CONV_THREADS / CONV_SLOTS), CONV_THREADS, 0,
+                                                 s>>>(y, x, weight, conv_state, n, channels, kernel);
     }
     return FD_LAUNCH_STATUS();
+}
+
+template <bool SILU>
+int launch_conv_tree(float* y, const float* x, const float* weight, const float* conv_state, const int32_t* parents,
+                     float* node_conv, int n, int channels, int kernel, void* stream) {
+    if (int st = check_conv(y, x, weight, conv_state, n, channels, kernel)) return st;
+    FD_CHECK_ARG(parents && node_conv);
+    if (n == 0) return 0;
+    causal_conv1d_tree_kernel<SILU><<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, (cudaStream_t)stream>>>(
+        y, x, weight, conv_state, parents, node_conv, n, channels, kernel);
+    return FD_LAUNCH_STATUS();
+}
+
+}  // namespace
+
+extern "C" int fd_causal_conv1d(float* y, const float* x, const float* weight, float* conv_state, int n,
+                                int channels, int kernel, void* stream) {
+    return launch_conv<false>(y, x, weight, conv_state, n, channels, kernel, stream);
+}
+
+extern "C" int fd_causal_conv1d_silu(float* y, const float* x, const float* weight, float* conv_state, int n,
+                                     int channels, int kernel, void* stream) {
+    return launch_conv<true>(y, x, weight, conv_state, n, channels, kernel, stream);
 }
 
 extern "C" int fd_causal_conv1d_tree(float* y, const float* x, const float* weight, const float* conv_state,
                                      const int32_t* parents, float* node_conv, int n, int channels, int kernel,
                                      void* stream) {
-    if (int st = check_conv(y, x, weight, conv_state, n, channels, kernel)) return st;
-    FD_CHECK_ARG(parents && node_conv);
-    if (n == 0) return 0;
-    causal_conv1d_tree_kernel<<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, (cudaStream_t)stream>>>(
-        y, x, weight, conv_state, parents, node_conv, n, channels, kernel);
-    return FD_LAUNCH_STATUS();
+    return launch_conv_tree<false>(y, x, weight, conv_state, parents, node_conv, n, channels, kernel, stream);
+}
+
+extern "C" int fd_causal_conv1d_silu_tree(float* y, const float* x, const float* weight, const float* conv_state,
+                                          const int32_t* parents, float* node_conv, int n, int channels, int kernel,
+                                          void* stream) {
+    return launch_conv_tree<true>(y, x, weight, conv_state, parents, node_conv, n, channels, kernel, stream);
 }

@@ -60,6 +60,13 @@ int fd_sigmoid_mul(float* y, const float* x, const float* gate, int64_t n, void*
 /* y (rows, cols) = x[:, col0 : col0 + cols] of x (rows, x_cols): bit copies (a tensor's split along its last
    axis). 0 <= col0, col0 + cols <= x_cols (FD_E_ARG); y must not overlap x. */
 int fd_copy_cols(float* y, const float* x, int64_t rows, int64_t x_cols, int64_t col0, int64_t cols, void* stream);
+/* ABI 15 (gated_qk_norm.cu): a gated attention layer's head norms and gate split in one launch. q_gate (n, H, 2d) holds
+   each head's [query | output gate]; q_out (n, H, d) = rmsnorm(query) * wq, gate_out (n, H, d) = the gate (bit
+   copies), k_out (n, Hkv, d) = rmsnorm(k (n, Hkv, d)) * wk; rmsnorm(x) = x / sqrt(mean(x^2) + eps) per head row,
+   each row's arithmetic independent of n. wq, wk (d,). Outputs must not overlap the inputs. */
+int fd_gated_qk_norm(float* q_out, float* gate_out, float* k_out, const float* q_gate, const float* k,
+                     const float* wq, const float* wk, int n, int n_heads, int n_kv_heads, int head_dim, float eps,
+                     void* stream);
 
 /* --- cdef end --- */
 #endif /* FLASHD_LINEAR_H */

@@ -19,6 +19,8 @@
 
 #define FD_CONV_MAX_K 8       /* taps of fd_causal_conv1d* (FD_E_SHAPE above) */
 #define FD_DELTA_MAX_DK 256   /* d_k of fd_gated_delta_rule_* (FD_E_SHAPE above) */
+#define FD_DELTA_FUSED_MAX_DK 128   /* d_k of fd_gated_delta_rule_fused* (FD_E_SHAPE above; ABI 15) */
+#define FD_DELTA_FUSED_MAX_DV 128   /* d_v of fd_gated_delta_rule_fused*: a block holds a whole head (ABI 15) */
 
 /* ---- short causal convolution with state (causal_conv1d.cu) -------------------------------- */
 /* x (n, C), weight (C, K), conv_state (K - 1, C): the K - 1 inputs before x. With u = concat(conv_state, x):
@@ -33,6 +35,13 @@ int fd_causal_conv1d(float* y, const float* x, const float* weight, float* conv_
    conv_state is read only; node_conv (>= n, K - 1, C). A parent outside [-1, i) gives NaN for that node. */
 int fd_causal_conv1d_tree(float* y, const float* x, const float* weight, const float* conv_state,
                           const int32_t* parents, float* node_conv, int n, int channels, int kernel, void* stream);
+/* The same two with y = silu(conv output) (ABI 15): the bits of fd_causal_conv1d* then fd_silu, one launch. The
+   state and node_conv hold the raw inputs, as above. */
+int fd_causal_conv1d_silu(float* y, const float* x, const float* weight, float* conv_state, int n, int channels,
+                          int kernel, void* stream);
+int fd_causal_conv1d_silu_tree(float* y, const float* x, const float* weight, const float* conv_state,
+                               const int32_t* parents, float* node_conv, int n, int channels, int kernel,
+                               void* stream);
 
 /* ---- gated delta rule (gated_delta_rule.cu) ------------------------------------------------- */
 /* q, k (n, Hk, d_k) L2-normalized by the caller, v (n, Hv, d_v), g (n, Hv) the log decay (<= 0), beta (n, Hv),
@@ -54,6 +63,31 @@ int fd_gated_delta_rule_prefill(float* out, const float* q, const float* k, cons
 int fd_gated_delta_rule_tree(float* out, const float* q, const float* k, const float* v, const float* g,
                              const float* beta, const float* state, const int32_t* parents, float* node_state,
                              int n_nodes, int n_k_heads, int n_v_heads, int d_k, int d_v, float scale, void* stream);
+
+/* ---- the fused gated delta rule (gated_delta_rule_fused.cu, ABI 15) ------------------------------ */
+/* A Gated DeltaNet layer's core from the raw projections, one launch: per token t and value head h (key head
+   h % Hk), q and k L2-normed (x / sqrt(sum(x^2) + l2_eps)), g = softplus(alpha + dt_bias) * a (fd_delta_decay's
+   steps), beta = sigmoid(beta_raw) (fd_sigmoid's steps), the delta rule step as fd_gated_delta_rule_decode states
+   it, then out[t, h] = o / sqrt(mean(o^2 over d_v) + norm_eps) * norm_w * silu(z[t, h]) (the gated output norm).
+   q, k (n, Hk, d_k) and v (n, Hv, d_v) are read with rows row_stride floats apart (views of the conv output's
+   q | k | v row; row_stride >= Hk d_k and >= Hv d_v); alpha, beta (n, Hv), z and out (n, Hv, d_v) contiguous;
+   dt_bias, a (Hv,); norm_w (d_v,); state (Hv, d_k, d_v) updated. d_k <= FD_DELTA_FUSED_MAX_DK and
+   d_v <= FD_DELTA_FUSED_MAX_DV, else FD_E_SHAPE. n = 1 is a decode step; more run one after another with the
+   state on chip and every token's arithmetic the decode step's (bit for bit n decode calls). Its bits are its
+   own: equal to the unfused chain within float32 rounding, not bitwise. out must not alias the inputs. */
+int fd_gated_delta_rule_fused(float* out, const float* q, const float* k, const float* v, int64_t row_stride,
+                              const float* alpha, const float* beta, const float* z, const float* dt_bias,
+                              const float* a, const float* norm_w, float* state, int n_tokens, int n_k_heads,
+                              int n_v_heads, int d_k, int d_v, float scale, float l2_eps, float norm_eps,
+                              void* stream);
+/* A draft tree of n nodes (parents as fd_gated_delta_rule_tree): node i's memory is its parent's updated by node
+   i's token with the decode step's fused arithmetic; out[i] is bit for bit fd_gated_delta_rule_fused's one-token
+   output from that memory, node_state[i] its memory. state is read only; node_state (>= n, Hv, d_k, d_v). */
+int fd_gated_delta_rule_fused_tree(float* out, const float* q, const float* k, const float* v, int64_t row_stride,
+                                   const float* alpha, const float* beta, const float* z, const float* dt_bias,
+                                   const float* a, const float* norm_w, const float* state, const int32_t* parents,
+                                   float* node_state, int n_nodes, int n_k_heads, int n_v_heads, int d_k, int d_v,
+                                   float scale, float l2_eps, float norm_eps, void* stream);
 
 /* ---- the decay of the gated delta rule (delta_decay.cu, ABI 13) ------------------------------ */
 /* g (n, Hv) = softplus(alpha + dt_bias) * a, alpha (n, Hv), dt_bias and a (Hv,): the log decay fd_gated_delta_rule_*

@@ -21,6 +21,8 @@ from flashd.daemon.models import load_model
 from flashd.daemon.models.qwen35 import gated_delta_net
 from flashd.scripts.make_synthetic_gguf import write_synthetic_model
 from flashd.scripts.synthetic_spec import SyntheticSpec
+from flashd.daemon.backends.reference_recurrent import causal_conv1d, delta_rule_recurrent
+from flashd.daemon.backends.reference_recurrent_tree import causal_conv1d_tree, delta_rule_tree
 from tests.cuda_on_host.test_recurrent_on_host import RecurrentLib, RecurrentNative
 
 REF = ReferenceOps()
@@ -29,6 +31,11 @@ F32 = 0
 
 def _rms(x, w, eps):
     return x / np.sqrt(np.mean(np.square(x), -1, keepdims=True, dtype=np.float32) + np.float32(eps)) * w
+
+
+def _fd_silu(g):
+    """The stand-in's silu (fd_silu, and the conv's fused SiLU: the same bits on the GPU)."""
+    return g / (1 + np.exp(-g))
 
 
 class HybridLib(RecurrentLib):
@@ -50,8 +57,7 @@ class HybridLib(RecurrentLib):
         return 0
 
     def fd_silu(self, y, x, n, stream):
-        g = self._a(x, (n,))
-        self._a(y, (n,))[...] = g / (1 + np.exp(-g))
+        self._a(y, (n,))[...] = _fd_silu(self._a(x, (n,)))
         return 0
 
     def fd_sigmoid(self, y, x, n, stream):
@@ -114,6 +120,61 @@ class HybridLib(RecurrentLib):
     def fd_gemm_f16(self, y, x, w16, m, n, k, bias, residual, stream):
         w = self._a(w16, (n, k), np.float16).astype(np.float32)
         return self._out(y, self._a(x, (m, k)), w, n, bias, residual, m)
+
+    # -- the fused ops (ABI 15; cuda/fused_ops.py): the reference's composition, with the kernels' recurrent form
+    def fd_causal_conv1d_silu(self, y, x, weight, state, n, c, k, stream):
+        self.calls.append(("fd_causal_conv1d_silu", (n, c, k)))
+        st = self._a(state, (k - 1, c))
+        self._a(y, (n, c))[...] = _fd_silu(causal_conv1d(self._a(x, (n, c)).copy(), self._a(weight, (c, k)), st))
+        return 0
+
+    def fd_causal_conv1d_silu_tree(self, y, x, weight, state, parents, node_conv, n, c, k, stream):
+        self.calls.append(("fd_causal_conv1d_silu_tree", (n, c, k)))
+        self._a(y, (n, c))[...] = _fd_silu(causal_conv1d_tree(self._a(x, (n, c)), self._a(weight, (c, k)),
+                                                              self._a(state, (k - 1, c)),
+                                                              self._a(parents, (n,), np.int32),
+                                                              self._a(node_conv, (n, k - 1, c))))
+        return 0
+
+    def _rows(self, p, n, stride, width):
+        """(n, width) rows `stride` floats apart from p (views of the conv output's q | k | v)."""
+        flat = self._a(p, ((n - 1) * stride + width,))
+        return np.stack([flat[t * stride:t * stride + width] for t in range(n)])
+
+    def _fused_in(self, q, k, v, stride, alpha, beta, dt_bias, a, n, hk, hv, dk, dv, l2_eps):
+        qn = REF.l2_norm(self._rows(q, n, stride, hk * dk).reshape(n, hk, dk), l2_eps)
+        kn = REF.l2_norm(self._rows(k, n, stride, hk * dk).reshape(n, hk, dk), l2_eps)
+        vv = self._rows(v, n, stride, hv * dv).reshape(n, hv, dv)
+        g = REF.delta_decay(self._a(alpha, (n, hv)), self._a(dt_bias, (hv,)), self._a(a, (hv,)))
+        return qn, kn, vv, g, REF.sigmoid(self._a(beta, (n, hv)))
+
+    def _fused_out(self, out, o, z, norm_w, n, hv, dv, norm_eps):
+        self._a(out, (n, hv, dv))[...] = REF.mul(_rms(o, self._a(norm_w, (dv,)), norm_eps),
+                                                 REF.silu(self._a(z, (n, hv, dv))))
+        return 0
+
+    def fd_gated_delta_rule_fused(self, out, q, k, v, stride, alpha, beta, z, dt_bias, a, norm_w, state, n, hk, hv,
+                                  dk, dv, scale, l2_eps, norm_eps, stream):
+        self.calls.append(("fd_gated_delta_rule_fused", (stride, n, hk, hv, dk, dv, scale, l2_eps, norm_eps)))
+        ins = self._fused_in(q, k, v, stride, alpha, beta, dt_bias, a, n, hk, hv, dk, dv, l2_eps)
+        o = delta_rule_recurrent(*ins, self._a(state, (hv, dk, dv)))
+        return self._fused_out(out, o, z, norm_w, n, hv, dv, norm_eps)
+
+    def fd_gated_delta_rule_fused_tree(self, out, q, k, v, stride, alpha, beta, z, dt_bias, a, norm_w, state, parents,
+                                       node_state, n, hk, hv, dk, dv, scale, l2_eps, norm_eps, stream):
+        self.calls.append(("fd_gated_delta_rule_fused_tree", (stride, n, hk, hv, dk, dv, scale, l2_eps, norm_eps)))
+        ins = self._fused_in(q, k, v, stride, alpha, beta, dt_bias, a, n, hk, hv, dk, dv, l2_eps)
+        o = delta_rule_tree(*ins, self._a(state, (hv, dk, dv)), self._a(parents, (n,), np.int32),
+                            self._a(node_state, (n, hv, dk, dv)))
+        return self._fused_out(out, o, z, norm_w, n, hv, dv, norm_eps)
+
+    def fd_gated_qk_norm(self, q_out, gate_out, k_out, q_gate, k, wq, wk, n, H, hkv, d, eps, stream):
+        self.calls.append(("fd_gated_qk_norm", (n, H, hkv, d, eps)))
+        qg = self._a(q_gate, (n, H, 2 * d))
+        self._a(q_out, (n, H, d))[...] = _rms(qg[..., :d], self._a(wq, (d,)), eps)
+        self._a(gate_out, (n, H, d))[...] = qg[..., d:]
+        self._a(k_out, (n, hkv, d))[...] = _rms(self._a(k, (n, hkv, d)), self._a(wk, (d,)), eps)
+        return 0
 
 
 class HybridNative(RecurrentNative):

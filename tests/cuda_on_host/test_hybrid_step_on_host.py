@@ -4,14 +4,17 @@ test_qwen35_forward_on_host.py, with every upload, download and stream synchroni
 a captured body may do none (the attention kernels are the dense decode graph's, captured there; here their host
 stand-in reads its inputs back, so attention alone is let through). Checked: the step's logits follow the
 reference's decode steps; reading n_past back (new_sequence=None) is refused; after hybrid_ops' constants are
-dropped (ops.release()) the step needs prepare_capture first, and runs after it. The GPU run of the graph itself:
+dropped (ops.release()) the fused step still uploads nothing and the composed one (HybridFusedDefaults) needs
+prepare_capture first, and runs after it. The GPU run of the graph itself:
 tests/gpu/test_cuda_qwen35.py."""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
 
-from flashd.daemon.backends.base import Batch
+from flashd.daemon.backends.base import Batch, HybridFusedDefaults
 from flashd.daemon.backends.cuda.tensor import Device
 from flashd.daemon.models import load_model
 from flashd.daemon.models.qwen35 import forward
@@ -87,11 +90,20 @@ def test_reading_n_past_back_is_a_host_step(path):
         step(ops, host, 4, new_sequence=None)
 
 
-def test_after_release_the_step_needs_prepare_capture(path):
+def test_after_release_only_the_composed_step_needs_prepare_capture(path, monkeypatch):
+    """The fused delta rule (cuda/fused_ops.py) reads no constant of hybrid_ops', so after release() a step still
+    uploads nothing; the composition that shapes past the fused kernel run (HybridFusedDefaults: l2_norm's weight)
+    needs prepare_capture first, and runs after it."""
     ops, host, ref = setup(path)
     prompt = [5, 6, 7, 8]
     close(host.prefill(prompt), ref.prefill(prompt))
     ops._hybrid_init()                               # what CudaOps.release() does to hybrid_ops' constants
+    close(step(ops, host, 9), ref.prefill([9]))      # the fused step: nothing uploaded
+    monkeypatch.setattr(ops, "gated_delta_rule_fused",
+                        functools.partial(HybridFusedDefaults.gated_delta_rule_fused, ops))
+    host.reset(), ref.reset()
+    close(host.prefill(prompt), ref.prefill(prompt))
+    ops._hybrid_init()
     with pytest.raises(AssertionError, match="upload"):
         step(ops, host, 9)                           # l2_norm's weight would be uploaded inside the body
     ops.prepare_capture(host.cfg)

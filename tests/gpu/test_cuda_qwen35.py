@@ -43,13 +43,17 @@ SHAPES = {
     "qwen35_08b_4l": dict(n_layers=4, hidden=1024, n_heads=8, n_kv_heads=2, head_dim=256, rope_dim=64, ffn=3584,
                           ssm_state=128, ssm_k_heads=16, ssm_v_heads=16, ssm_conv_kernel=4, full_attn_interval=4,
                           rope_theta=10_000_000.0, rms_eps=1e-6, tie_embeddings=True),
+    # the 27B's Gated DeltaNet heads: 3 value heads per key head (48 on 16) of 128 -- the fused delta rule's
+    # whole-head block at its limit (fused_ops.py) -- with its attention heads of 256 (64 dims rotated)
+    "v3_per_k": dict(n_layers=4, hidden=256, n_heads=4, n_kv_heads=1, head_dim=256, rope_dim=64, ffn=512,
+                     ssm_state=128, ssm_k_heads=2, ssm_v_heads=6, ssm_conv_kernel=4, full_attn_interval=4),
 }
 # weight formats per shape: every 2-D matrix in it (ssm_conv1d stays F32); Q4_K needs 256-wide rows, which
 # gqa_partial_rope's ssm_out (Hv S = 128 columns) lacks
 FORMATS = [("mha_full_rope", "F32"), ("mha_full_rope", "Q8_0"), ("mha_full_rope", "Q4_K"),
            ("gqa_partial_rope", "Q8_0"), ("gqa_partial_rope", "F16"), ("hd128_conv3", "Q8_0"),
            ("hd256_gqa4", "Q8_0"), ("hd256_gqa4", "Q4_K"), ("hd256_gqa6", "F16"), ("qwen35_08b_4l", "Q8_0"),
-           ("qwen35_08b_4l", "BF16")]
+           ("qwen35_08b_4l", "BF16"), ("v3_per_k", "Q8_0")]
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +153,8 @@ def test_greedy_continue_from_an_empty_context_starts_a_new_sequence(cuda_backen
 
 def test_a_graph_recaptured_after_the_constants_are_dropped(cuda_backend, synthetic_model):
     """After ops.release() (parking) hybrid_ops' constants are gone and the engine drops the graphs; the next
-    capture makes l2_norm's weight before it begins (an upload inside a capture fails): same tokens as before."""
+    capture makes l2_norm's weight before it begins (an upload inside a capture fails; only the composition past
+    the fused delta rule's limit reads it): same tokens as before."""
     _, cuda = make_runners(cuda_backend, model(synthetic_model, "hd128_conv3"))
     prompt = ids_of(9, seed=11)
     before = [s.token for s in cuda.generate(prompt, SamplingParams(), 20)]
@@ -213,3 +218,22 @@ def test_speculative_decoding_equals_plain_greedy(cuda_backend, synthetic_model,
             assert stats.accepted + stats.steps + 1 == len(want)
             accepted += stats.accepted if isinstance(drafter, OracleDrafter) else 0
     assert accepted > 0, "the oracle never got a token accepted"
+
+
+def test_the_composed_paths_give_the_reference_too(cuda_backend, synthetic_model):
+    """CudaOps' fused-op switches (cuda/fused_ops.py): fused_delta_prefill off (a prefill's delta rule composed from
+    the primitive kernels) and fuse_hybrid off (every fused op composed: the unfused launches, the A/B of the decode
+    step) score within the reference's tolerance, as the fused default does. Eager scoring: no graph to drop."""
+    ref, cuda = make_runners(cuda_backend, model(synthetic_model, "v3_per_k"))
+    ids = ids_of(77, seed=12)
+    want = ref.score(ids)
+    assert_logits_close(cuda.score(ids), want)
+    ops = cuda.ops
+    try:
+        for switch in ("fused_delta_prefill", "fuse_hybrid"):
+            setattr(ops, switch, False)
+            cuda.reset()
+            assert_logits_close(cuda.score(ids), want)
+            setattr(ops, switch, True)
+    finally:
+        ops.fuse_hybrid = ops.fused_delta_prefill = True

@@ -14,6 +14,10 @@ norm and the delta rule's decay. One C entry point per op (ABI 13), all on the d
     l2_norm          fd_rmsnorm with weight 1/sqrt(S) and eps/S: x * rsqrt(sum(x^2)/S + eps/S) / sqrt(S)
                      = x / sqrt(sum(x^2) + eps), the reference's formula up to float32 rounding
 
+models/qwen35.py asks for the fused ops (fused_ops.py: one kernel each) and reaches silu, sigmoid, l2_norm,
+delta_decay and split only through the composition (backends/base.py HybridFusedDefaults) where a shape is past the
+fused kernels, and through the gated attention's mul(o, sigmoid(gate)) (fd_sigmoid_mul).
+
 sigmoid and delta_decay follow the reference backend's float32 steps (backends/reference.py; elementwise.cu and
 delta_decay.cu say how), equal to it within an ulp or two; mul, split and the products are exact.
 

@@ -8,15 +8,16 @@ hybrid_ops.py (ABI 13: no host step), the conv and delta-rule kernels on the dev
 arena -- and the per-step scalars (tok, pos, n_past) are CudaRunner's device words. What the eager forward decides
 on the host, the runner does before it replays: the forward reads n_past back to clear the state of a sequence
 that starts at slot 0 (greedy_continue from an empty context clears it here; generate's prompt is prefilled
-eagerly, which clears it), and it marks the tree node states stale (end_tree, called here). The one constant the
-body reads outside the arena (l2_norm's weight) is made before every capture (HybridOps.prepare_capture), so a
-capture after ops.release() (parking) uploads nothing. No persistent forward: it has no Gated DeltaNet stage.
+eagerly, which clears it), and it marks the tree node states stale (end_tree, called here). The fused kernels
+(fused_ops.py) read no constant outside the arena; the composition that heads over 128 run reads one (l2_norm's
+weight), made before every capture (HybridOps.prepare_capture), so a capture after ops.release() (parking) uploads
+nothing. No persistent forward: it has no Gated DeltaNet stage.
 
 Draft trees are verified eagerly (forward_tree: CudaRunner's verify body, row invariant, without a graph -- the
 forward reads the tree's parents off the mask on the host and uploads them; commit_tree: the recurrent state of
-the accepted path's last node, then the K/V move): the linear layers run the causal_conv1d_tree /
-gated_delta_rule_tree kernels from a state per node (recurrent_state.py), whose outputs are bitwise decode steps
-along each node's path, and the decode graph launches the same kernels as an eager one-row forward, so
+the accepted path's last node, then the K/V move): the linear layers run the causal_conv1d_silu_tree /
+gated_delta_rule_fused_tree kernels from a state per node (recurrent_state.py), whose outputs are bitwise decode
+steps (causal_conv1d_silu / gated_delta_rule_fused) along each node's path, and the decode graph launches the same kernels as an eager one-row forward, so
 speculative decoding gives this runner's plain greedy tokens.
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ class CudaHybridRunner(CudaRunner):
         return qwen35_forward(self.ops, self.cfg, self.weights, self.cache, batch, new_sequence=False)
 
     def _capture(self, body):
-        self.ops.prepare_capture(self.cfg)      # l2_norm's weight: an upload, illegal inside the capture
+        self.ops.prepare_capture(self.cfg)      # l2_norm's weight (the composition past the fused kernels)
         return super()._capture(body)
 
     def greedy_continue(self, feed, n_new: int) -> list[int]:

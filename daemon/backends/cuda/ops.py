@@ -34,6 +34,7 @@ from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps,
                             attention_workspace_bytes, rope_scaling_struct, rope_struct)
 from .kv_cache import CudaKVCache
 from .kv_cache_quant import CudaQuantKVCache
+from .fused_ops import FusedOps
 from .hybrid_ops import HybridOps, Sigmoid, Silu
 from .recurrent_ops import RecurrentOps
 from .tensor import Arena, Device, DeviceTensor
@@ -95,8 +96,9 @@ class Normed:
         return self.x.shape
 
 
-class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps):   # topk_ops.py: fd_topk_logprobs; recurrent_ops.py,
-    # hybrid_ops.py: a hybrid (qwen35) model's conv / delta-rule kernels and the rest of its forward
+class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps, FusedOps):   # topk_ops.py: fd_topk_logprobs;
+    # recurrent_ops.py, hybrid_ops.py: a hybrid (qwen35) model's conv / delta-rule kernels and the rest of its forward;
+    # fused_ops.py: its fused ops (conv + SiLU, the fused delta rule, the gated attention's q/k norms)
     name = "cuda"
 
     def __init__(self, device: Device):

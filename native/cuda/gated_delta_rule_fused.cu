@@ -1,0 +1,274 @@
+// gated_delta_rule_fused.cu -- a Gated DeltaNet layer's core in one launch (flashd_recurrent.h, ABI 15:
+// fd_gated_delta_rule_fused, fd_gated_delta_rule_fused_tree; numpy: daemon/backends/base.py
+// HybridFusedDefaults.gated_delta_rule_fused, which composes the reference's primitive ops).
+//
+// Per token t and value head h (key head h % Hk), from the raw projections:
+//     q, k   <- x / sqrt(sum(x^2) + l2_eps)                     (L2 norm of the conv's raw q and k, d_k each)
+//     g      =  softplus(alpha + dt_bias[h]) * a[h]             (fd_delta_decay's float32 steps, bit for bit)
+//     beta   =  sigmoid(beta_raw)                               (fd_sigmoid's steps, bit for bit)
+//     M <- exp(g) M;  delta = (v - M^T k) * beta;  M <- M + k delta^T;  o = (M^T q) * scale
+//     out    =  o / sqrt(mean(o^2) + norm_eps) * norm_w * silu(z)   (the gated output norm, per head of d_v)
+// i.e. l2_norm(q), l2_norm(k), delta_decay, sigmoid, gated_delta_rule, rmsnorm(o) and silu(z) * that: seven
+// launches of a decode step in one.
+//
+// Layout: a block owns one value head (grid Hv) and all its d_v <= 128 columns, so the output norm's sum over the
+// head is a block reduction. TILES = ceil(d_v / 32) column tiles of 8 warps each (blockDim = TILES * 256 <= 1024);
+// within a tile the state is held exactly as gated_delta_rule.cu holds it (lane = column, warp w of the tile holds
+// rows i = w, w + 8, ... in registers, RPT = ceil(d_k / 8) <= 16 of them) and the column dot products are per-warp
+// fmaf chains added over the tile's 8 warps in warp order: the delta rule's arithmetic is gated_delta_rule.cu's.
+// Every reduction here (the two L2 sums over d_k, the norm's sum over d_v) is fd::warp_sum's fixed butterfly and
+// the warps' partials added in ascending order, independent of n and of the form, so decode (n = 1), prefill (n
+// tokens in order, the state on chip) and the tree (a state per node) give the same bits for the same row and
+// state: a tree verify row equals the decode step at its position, and a prefilled state equals the decode steps'.
+//
+// Why one block per head and not gated_delta_rule.cu's block per 32 columns: the output norm needs the whole
+// head. The cost: Hv blocks instead of Hv * d_v / 32 (16 on the 0.8B shape, 48 on the 27B); each reads its head's
+// 64 KiB of state (d 128). Prefill keeps the token-by-token recurrent form, 5 block barriers per token.
+//
+// exp and log1p of the decay are computed in double and rounded once (as delta_decay.cu and gated_delta_rule.cu:
+// --use_fast_math would make expf the ~2-ulp __expf); the square roots and divisions are the _rn intrinsics
+// (correctly rounded, not the fast-math approximations); silu is fd::silu (fd_silu's bits).
+#include "common.cuh"
+
+namespace {
+
+constexpr int FZ_WARPS = 8;                        // warps per column tile (the row split of gated_delta_rule.cu)
+constexpr int FZ_COLS = FD_WARP;                   // columns per tile: one per lane
+constexpr int FZ_TILE_THREADS = FZ_WARPS * FZ_COLS;
+constexpr int FZ_MAX_TILES = FD_DELTA_FUSED_MAX_DV / FZ_COLS;   // 4: 1024 threads
+constexpr int FZ_MAX_THREADS = FZ_MAX_TILES * FZ_TILE_THREADS;
+
+struct FusedArgs {
+    float* out;                                    // (n, Hv, d_v): the gated, normed output
+    const float* q;                                // (n, Hk, d_k) raw, rows `row_stride` floats apart
+    const float* k;                                // (n, Hk, d_k) raw, same row stride
+    const float* v;                                // (n, Hv, d_v), same row stride
+    const float* alpha;                            // (n, Hv) raw decay projection
+    const float* beta;                             // (n, Hv) raw, before the sigmoid
+    const float* z;                                // (n, Hv, d_v) the output gate, before the silu
+    const float* dt_bias;                          // (Hv,)
+    const float* a;                                // (Hv,) = -exp(A_log)
+    const float* norm_w;                           // (d_v,) the output norm's weight
+    float* state;                                  // (Hv, d_k, d_v): updated (sequential) / read only (tree)
+    const int32_t* parents;                        // (n,) tree only
+    float* node_state;                             // (>= n, Hv, d_k, d_v) tree only
+    int64_t row_stride;                            // floats between token rows of q, k, v (a split's views)
+    int n, n_k_heads, n_v_heads, d_k, d_v;
+    float scale, l2_eps, norm_eps;
+};
+
+// One token's inputs for this thread: raw q, k elements (threads < d_k), the lane's v and z columns, alpha, beta.
+struct FusedIn {
+    float q, k, v, z, alpha, beta;
+};
+
+__device__ __forceinline__ FusedIn load_fused(const FusedArgs& a, int t, int h, int j) {
+    const int tid = (int)threadIdx.x;
+    FusedIn in{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const size_t row = (size_t)t * a.row_stride;
+    if (tid < a.d_k) {
+        const size_t qk = row + (size_t)(h % a.n_k_heads) * a.d_k + tid;
+        in.q = a.q[qk];
+        in.k = a.k[qk];
+    }
+    if (j < a.d_v) {
+        in.v = a.v[row + (size_t)h * a.d_v + j];
+        in.z = a.z[((size_t)t * a.n_v_heads + h) * a.d_v + j];
+    }
+    in.alpha = a.alpha[(size_t)t * a.n_v_heads + h];
+    in.beta = a.beta[(size_t)t * a.n_v_heads + h];
+    return in;
+}
+
+// delta_decay.cu's float32 steps: exp(softplus(alpha + dt_bias) * a), exp and log1p in double, rounded once.
+__device__ __forceinline__ float fused_decay(float alpha, float dt_bias, float a) {
+    const float z = __fadd_rn(alpha, dt_bias);
+    float sp = z;
+    if (!(z > 20.0f)) sp = (float)log1p((double)(float)exp((double)z));
+    return (float)exp((double)__fmul_rn(sp, a));
+}
+
+// elementwise.cu's sigmoid_ref: 0.5 (1 + tanh(0.5 x)) as numpy evaluates it in float32.
+__device__ __forceinline__ float fused_sigmoid(float x) {
+    const float t = (float)tanh((double)__fmul_rn(0.5f, x));
+    return __fmul_rn(0.5f, __fadd_rn(1.0f, t));
+}
+
+template <int RPT>
+__device__ __forceinline__ void rows_in(float (&m)[RPT], const float* base, int d_k, int d_v, int j, int w,
+                                        bool poison) {
+#pragma unroll
+    for (int p = 0; p < RPT; ++p) {
+        const int i = w + FZ_WARPS * p;
+        m[p] = (i < d_k && j < d_v) ? (poison ? NAN : base[(size_t)i * d_v + j]) : 0.0f;
+    }
+}
+
+template <int RPT>
+__device__ __forceinline__ void rows_out(const float (&m)[RPT], float* base, int d_k, int d_v, int j, int w) {
+#pragma unroll
+    for (int p = 0; p < RPT; ++p) {
+        const int i = w + FZ_WARPS * p;
+        if (i < d_k && j < d_v) base[(size_t)i * d_v + j] = m[p];
+    }
+}
+
+// The sum over the tile's 8 warps of each lane's partial, in warp order (gated_delta_rule.cu's warps_sum).
+__device__ __forceinline__ float tile_sum(float partial, float (*part)[FZ_WARPS][FZ_COLS], int tile, int w,
+                                          int lane) {
+    part[tile][w][lane] = partial;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int x = 0; x < FZ_WARPS; ++x) total += part[tile][x][lane];
+    return total;
+}
+
+// grid (Hv), TILES * 256 threads. TREE: a.parents / a.node_state; else a.state updated in place.
+template <int RPT, bool TREE>
+__global__ void __launch_bounds__(FZ_MAX_THREADS)
+gated_delta_rule_fused_kernel(FusedArgs a) {
+    __shared__ float sk[FD_DELTA_FUSED_MAX_DK], sq[FD_DELTA_FUSED_MAX_DK];
+    __shared__ float red_q[FD_DELTA_FUSED_MAX_DK / FD_WARP], red_k[FD_DELTA_FUSED_MAX_DK / FD_WARP];
+    __shared__ float red_o[FZ_MAX_TILES];
+    __shared__ float sgb[2];                       // exp(g), beta of the current token
+    __shared__ float part[FZ_MAX_TILES][FZ_WARPS][FZ_COLS];
+    const int h = blockIdx.x, tid = (int)threadIdx.x, lane = tid % FD_WARP, warp = tid / FD_WARP;
+    const int tile = warp / FZ_WARPS, w = warp % FZ_WARPS, j = tile * FZ_COLS + lane;
+    const int n_tiles = (int)blockDim.x / FZ_TILE_THREADS, qk_warps = (a.d_k + FD_WARP - 1) / FD_WARP;
+    const size_t head_elems = (size_t)a.d_k * a.d_v, head_off = (size_t)h * head_elems;
+    const size_t node_elems = (size_t)a.n_v_heads * head_elems;
+    const float norm_w = j < a.d_v ? a.norm_w[j] : 0.0f;
+    const float dt_bias = a.dt_bias[h], a_h = a.a[h];
+    float m[RPT];
+    rows_in(m, a.state + head_off, a.d_k, a.d_v, j, w, false);
+    FusedIn next = load_fused(a, 0, h, j);
+    for (int t = 0; t < a.n; ++t) {
+        if (TREE) {
+            const int parent = a.parents[t];
+            if (parent != t - 1) {                 // not a chain step: start from the parent's memory
+                const bool valid = parent >= -1 && parent < t;
+                const float* src = parent < 0 ? a.state : a.node_state + (size_t)parent * node_elems;
+                rows_in(m, src + head_off, a.d_k, a.d_v, j, w, !valid);
+            }
+        }
+        const FusedIn cur = next;
+        __syncthreads();                           // the previous token's reads of shared memory are done
+        if (warp < qk_warps) {                     // the L2 sums: threads >= d_k hold 0
+            const float sq_sum = fd::warp_sum(cur.q * cur.q), sk_sum = fd::warp_sum(cur.k * cur.k);
+            if (lane == 0) {
+                red_q[warp] = sq_sum;
+                red_k[warp] = sk_sum;
+            }
+        }
+        if (tid == 0) {
+            sgb[0] = fused_decay(cur.alpha, dt_bias, a_h);
+            sgb[1] = fused_sigmoid(cur.beta);
+        }
+        if (t + 1 < a.n) next = load_fused(a, t + 1, h, j);   // in flight while this token computes
+        __syncthreads();
+        if (tid < a.d_k) {
+            float ssq = 0.0f, ssk = 0.0f;
+            for (int x = 0; x < qk_warps; ++x) {
+                ssq += red_q[x];
+                ssk += red_k[x];
+            }
+            sq[tid] = __fdiv_rn(cur.q, __fsqrt_rn(__fadd_rn(ssq, a.l2_eps)));
+            sk[tid] = __fdiv_rn(cur.k, __fsqrt_rn(__fadd_rn(ssk, a.l2_eps)));
+        }
+        __syncthreads();
+        // the delta rule step (gated_delta_rule.cu's token_step, per tile)
+        const float decay = sgb[0], beta = sgb[1];
+        float kv = 0.0f;
+#pragma unroll
+        for (int p = 0; p < RPT; ++p) {
+            const int i = w + FZ_WARPS * p;
+            if (i < a.d_k) {
+                m[p] *= decay;
+                kv = fmaf(m[p], sk[i], kv);
+            }
+        }
+        const float delta = (cur.v - tile_sum(kv, part, tile, w, lane)) * beta;
+        float oq = 0.0f;
+#pragma unroll
+        for (int p = 0; p < RPT; ++p) {
+            const int i = w + FZ_WARPS * p;
+            if (i < a.d_k) {
+                m[p] = fmaf(sk[i], delta, m[p]);
+                oq = fmaf(m[p], sq[i], oq);
+            }
+        }
+        __syncthreads();                           // every lane has read part (M^T k) before it is overwritten
+        const float o = tile_sum(oq, part, tile, w, lane) * a.scale;
+        // the gated output norm over the head's d_v columns: tiles' sums in tile order
+        if (w == 0) {
+            const float oo = fd::warp_sum(j < a.d_v ? o * o : 0.0f);
+            if (lane == 0) red_o[tile] = oo;
+        }
+        __syncthreads();
+        if (w == 0 && j < a.d_v) {
+            float ss = 0.0f;
+            for (int x = 0; x < n_tiles; ++x) ss += red_o[x];
+            const float rms = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)a.d_v), a.norm_eps));
+            const float y = __fmul_rn(__fdiv_rn(o, rms), norm_w);
+            a.out[((size_t)t * a.n_v_heads + h) * a.d_v + j] = __fmul_rn(fd::silu(cur.z), y);
+        }
+        if (TREE) rows_out(m, a.node_state + (size_t)t * node_elems + head_off, a.d_k, a.d_v, j, w);
+    }
+    if (!TREE) rows_out(m, a.state + head_off, a.d_k, a.d_v, j, w);
+}
+
+template <bool TREE>
+int launch_fused(const FusedArgs& a, cudaStream_t s) {
+    const dim3 grid(a.n_v_heads);
+    const int threads = fd::ceil_div(a.d_v, FZ_COLS) * FZ_TILE_THREADS;
+    const int rows = fd::ceil_div(a.d_k, FZ_WARPS);        // registers of state per thread
+    if (rows <= 2) gated_delta_rule_fused_kernel<2, TREE><<<grid, threads, 0, s>>>(a);
+    else if (rows <= 4) gated_delta_rule_fused_kernel<4, TREE><<<grid, threads, 0, s>>>(a);
+    else if (rows <= 8) gated_delta_rule_fused_kernel<8, TREE><<<grid, threads, 0, s>>>(a);
+    else gated_delta_rule_fused_kernel<16, TREE><<<grid, threads, 0, s>>>(a);
+    return FD_LAUNCH_STATUS();
+}
+
+// FD_E_ARG for a null pointer, a non-positive size, Hv not a multiple of Hk, a row stride shorter than the
+// q | k | v row, or a bad scale / eps; FD_E_SHAPE for d_k over FD_DELTA_FUSED_MAX_DK or d_v over
+// FD_DELTA_FUSED_MAX_DV (the caller composes the primitive ops instead).
+int check_fused(const FusedArgs& a) {
+    if (!(a.out && a.q && a.k && a.v && a.alpha && a.beta && a.z && a.dt_bias && a.a && a.norm_w && a.state))
+        return FD_E_ARG;
+    if (a.n < 0 || a.n_k_heads <= 0 || a.n_v_heads <= 0 || a.n_v_heads % a.n_k_heads || a.d_k <= 0 || a.d_v <= 0)
+        return FD_E_ARG;
+    if (a.row_stride < (int64_t)a.n_k_heads * a.d_k || a.row_stride < (int64_t)a.n_v_heads * a.d_v) return FD_E_ARG;
+    if (!(a.scale > 0.0f) || !isfinite(a.scale) || !(a.l2_eps >= 0.0f) || !(a.norm_eps >= 0.0f)) return FD_E_ARG;
+    if (a.d_k > FD_DELTA_FUSED_MAX_DK || a.d_v > FD_DELTA_FUSED_MAX_DV) return FD_E_SHAPE;
+    return 0;
+}
+
+}  // namespace
+
+extern "C" int fd_gated_delta_rule_fused(float* out, const float* q, const float* k, const float* v,
+                                         int64_t row_stride, const float* alpha, const float* beta, const float* z,
+                                         const float* dt_bias, const float* a, const float* norm_w, float* state,
+                                         int n_tokens, int n_k_heads, int n_v_heads, int d_k, int d_v, float scale,
+                                         float l2_eps, float norm_eps, void* stream) {
+    const FusedArgs args{out, q, k, v, alpha, beta, z, dt_bias, a, norm_w, state, nullptr, nullptr, row_stride,
+                         n_tokens, n_k_heads, n_v_heads, d_k, d_v, scale, l2_eps, norm_eps};
+    if (int st = check_fused(args)) return st;
+    if (args.n == 0) return 0;
+    return launch_fused<false>(args, (cudaStream_t)stream);
+}
+
+extern "C" int fd_gated_delta_rule_fused_tree(float* out, const float* q, const float* k, const float* v,
+                                              int64_t row_stride, const float* alpha, const float* beta,
+                                              const float* z, const float* dt_bias, const float* a,
+                                              const float* norm_w, const float* state, const int32_t* parents,
+                                              float* node_state, int n_nodes, int n_k_heads, int n_v_heads, int d_k,
+                                              int d_v, float scale, float l2_eps, float norm_eps, void* stream) {
+    const FusedArgs args{out, q, k, v, alpha, beta, z, dt_bias, a, norm_w, const_cast<float*>(state), parents,
+                         node_state, row_stride, n_nodes, n_k_heads, n_v_heads, d_k, d_v, scale, l2_eps,
+                         norm_eps};                // the tree kernel never writes args.state
+    if (int st = check_fused(args)) return st;
+    FD_CHECK_ARG(parents && node_state);
+    if (args.n == 0) return 0;
+    return launch_fused<true>(args, (cudaStream_t)stream);
+}

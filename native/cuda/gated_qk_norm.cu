@@ -1,0 +1,63 @@
+// gated_qk_norm.cu -- a gated attention layer's q/k head norms and its output gate's split in one launch
+// (flashd_linear.h, ABI 15: fd_gated_qk_norm; numpy: daemon/backends/base.py HybridFusedDefaults.gated_qk_norm,
+// the reference's split + rmsnorm + rmsnorm).
+//
+//   q_gate (n, H, 2d) is each head's [query | output gate] (the Wq projection of a qwen35 attention layer):
+//   q_out[t, h]    = rmsnorm(q_gate[t, h, :d]) * wq           (n, H, d)
+//   gate_out[t, h] = q_gate[t, h, d:]                         (n, H, d): bit copies
+//   k_out[t, h]    = rmsnorm(k[t, h]) * wk                    (n, Hkv, d)
+//   rmsnorm(x) = x / sqrt(mean(x^2) + eps), the reference's float32 steps with correctly rounded sqrt and division
+//
+// It replaces the split's two fd_copy_cols launches and the two fd_rmsnorm launches of the decode step (the RoPE
+// stays inside fd_attention_decode_rope / fd_rope_kv_write, which rotate the normed q and k). One warp per head
+// row: lane l sums the squares of elements l, l + 32, ... in ascending order, then fd::warp_sum's fixed butterfly,
+// so a row's bits depend on nothing but the row (a tree verify row equals the decode step's).
+#include "common.cuh"
+
+namespace {
+
+constexpr int QKN_THREADS = 256;
+constexpr int QKN_WARPS = QKN_THREADS / FD_WARP;
+
+// One head row of d elements (x strided by 1): y = x / sqrt(mean(x^2) + eps) * w.
+__device__ __forceinline__ void norm_row(float* y, const float* x, const float* __restrict__ w, int d, float eps,
+                                         int lane) {
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += FD_WARP) ss = fmaf(x[i], x[i], ss);
+    ss = fd::warp_sum(ss);
+    const float rms = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps));
+    for (int i = lane; i < d; i += FD_WARP) y[i] = __fmul_rn(__fdiv_rn(x[i], rms), w[i]);
+}
+
+// Row r < n H: a query head (normed, and its gate copied); r >= n H: a key head.
+__global__ void __launch_bounds__(QKN_THREADS)
+gated_qk_norm_kernel(float* q_out, float* gate_out, float* k_out, const float* q_gate, const float* k,
+                     const float* __restrict__ wq, const float* __restrict__ wk, int64_t q_rows, int64_t k_rows,
+                     int d, float eps) {
+    const int lane = (int)threadIdx.x % FD_WARP;
+    const int64_t r = (int64_t)blockIdx.x * QKN_WARPS + (int)threadIdx.x / FD_WARP;
+    if (r < q_rows) {
+        const float* src = q_gate + r * 2 * d;
+        norm_row(q_out + r * d, src, wq, d, eps, lane);
+        for (int i = lane; i < d; i += FD_WARP) gate_out[r * d + i] = src[d + i];
+    } else if (r < q_rows + k_rows) {
+        const int64_t rk = r - q_rows;
+        norm_row(k_out + rk * d, k + rk * d, wk, d, eps, lane);
+    }
+}
+
+}  // namespace
+
+extern "C" int fd_gated_qk_norm(float* q_out, float* gate_out, float* k_out, const float* q_gate, const float* k,
+                                const float* wq, const float* wk, int n, int n_heads, int n_kv_heads, int head_dim,
+                                float eps, void* stream) {
+    FD_CHECK_ARG(q_out && gate_out && k_out && q_gate && k && wq && wk);
+    FD_CHECK_ARG(n >= 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0 && eps >= 0.0f);
+    if (n == 0) return 0;
+    const int64_t q_rows = (int64_t)n * n_heads, k_rows = (int64_t)n * n_kv_heads;
+    const int64_t blocks = (q_rows + k_rows + QKN_WARPS - 1) / QKN_WARPS;
+    if (blocks > 0x7fffffff) return FD_E_SHAPE;
+    gated_qk_norm_kernel<<<(unsigned)blocks, QKN_THREADS, 0, (cudaStream_t)stream>>>(
+        q_out, gate_out, k_out, q_gate, k, wq, wk, q_rows, k_rows, head_dim, eps);
+    return FD_LAUNCH_STATUS();
+}
