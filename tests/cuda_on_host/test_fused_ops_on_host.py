@@ -51,6 +51,7 @@ def test_fused_delta_rule_is_the_composition_in_one_entry(ops, monkeypatch, n, h
     ref_state = host["state"].copy()
     want = REF.gated_delta_rule_fused(host["qkv"], host["alpha"], host["beta"], host["z"], host["dt_bias"],
                                       host["a"], host["norm"], ref_state, hk, S, EPS)
+    monkeypatch.setattr(ops, "fused_delta_prefill", True)      # (off by default: a prefill then runs composed)
     called = _spy(ops, monkeypatch)
     got = ops.gated_delta_rule_fused(dev["qkv"], dev["alpha"], dev["beta"], dev["z"], dev["dt_bias"], dev["a"],
                                      dev["norm"], dev["state"], hk, S, EPS)

@@ -221,19 +221,21 @@ def test_speculative_decoding_equals_plain_greedy(cuda_backend, synthetic_model,
 
 
 def test_the_composed_paths_give_the_reference_too(cuda_backend, synthetic_model):
-    """CudaOps' fused-op switches (cuda/fused_ops.py): fused_delta_prefill off (a prefill's delta rule composed from
-    the primitive kernels) and fuse_hybrid off (every fused op composed: the unfused launches, the A/B of the decode
+    """CudaOps' fused-op switches (cuda/fused_ops.py): fused_delta_prefill on and off (off, the default: a prefill's
+    delta rule composed from the primitive kernels) and fuse_hybrid off (every fused op composed: the unfused launches, the A/B of the decode
     step) score within the reference's tolerance, as the fused default does. Eager scoring: no graph to drop."""
     ref, cuda = make_runners(cuda_backend, model(synthetic_model, "v3_per_k"))
     ids = ids_of(77, seed=12)
     want = ref.score(ids)
     assert_logits_close(cuda.score(ids), want)
     ops = cuda.ops
+    before = ops.fuse_hybrid, ops.fused_delta_prefill
     try:
         for switch in ("fused_delta_prefill", "fuse_hybrid"):
-            setattr(ops, switch, False)
-            cuda.reset()
-            assert_logits_close(cuda.score(ids), want)
-            setattr(ops, switch, True)
+            for value in (True, False):
+                setattr(ops, switch, value)
+                cuda.reset()
+                assert_logits_close(cuda.score(ids), want)
+            setattr(ops, switch, before[0] if switch == "fuse_hybrid" else before[1])
     finally:
-        ops.fuse_hybrid = ops.fused_delta_prefill = True
+        ops.fuse_hybrid, ops.fused_delta_prefill = before

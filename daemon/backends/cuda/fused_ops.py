@@ -19,8 +19,8 @@ the split's two copies and the two norms are one launch).
 
 Two switches (attributes, as CudaOps.fuse_decode_rope; a captured graph keeps what it was captured with: drop the
 runner's graphs after changing them): `fuse_hybrid` False runs every op as the composition (the unfused launches, for
-an A/B of the decode step); `fused_delta_prefill` False runs a prefill (n > 1, no tree) of the delta rule as the
-composition, whose fd_gated_delta_rule_prefill spreads over Hv * d_v / 32 blocks instead of Hv (its outputs are then
+an A/B of the decode step); `fused_delta_prefill` False (the default) runs a prefill (n > 1, no tree) of the delta
+rule as the composition, whose fd_gated_delta_rule_prefill spreads over Hv * d_v / 32 blocks instead of Hv (its outputs are then
 within rounding of the decode steps', not bitwise; a tree and a decode step stay fused and bitwise alike).
 
 Shapes beyond the fused kernel's limits (d_k or d_v over FD_DELTA_FUSED_MAX_DK / _DV = 128: a block holds a whole
@@ -45,7 +45,11 @@ DELTA_FUSED_MAX_DV = 128     # flashd_recurrent.h FD_DELTA_FUSED_MAX_DV
 
 class FusedOps(HybridFusedDefaults):
     fuse_hybrid = True              # False: every op below runs HybridFusedDefaults' composition
-    fused_delta_prefill = True      # False: n > 1 rows of gated_delta_rule_fused run the composition
+    # False (the default): n > 1 rows of gated_delta_rule_fused without a tree run the composition, whose prefill
+    # kernel spreads over Hv * d_v / 32 blocks: the fused kernel's one block a value head made pp512 of the 0.8B
+    # shape 3x slower (H200, session 15: 1,952 vs 383 us a layer at 512 tokens; bench_recurrent.py). Exactness does
+    # not need prefill rows to be decode steps' bits (a tree and a decode step stay fused and bitwise alike).
+    fused_delta_prefill = False
 
     # -- conv + SiLU -----------------------------------------------------------------------------------------
     def causal_conv1d_silu(self, x, weight, conv_state):
@@ -110,10 +114,10 @@ class FusedOps(HybridFusedDefaults):
                                head_dim: int, eps: float):
         """fd_gated_delta_rule_fused (HybridFusedDefaults.gated_delta_rule_fused): state (Hv, S, S) updated;
         returns (n, Hv, S). One token is the decode step, more run in order (the same arithmetic per token)."""
-        fused = self.fuse_hybrid and (self.fused_delta_prefill or qkv.shape[0] == 1)
-        args = fused and self._fused_args(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads, head_dim,
-                                          "gated_delta_rule_fused")
-        if not args:
+        # shapes checked whichever path runs (a composed prefill must refuse them before any launch, too)
+        args = self.fuse_hybrid and self._fused_args(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads,
+                                                     head_dim, "gated_delta_rule_fused")
+        if not args or not (self.fused_delta_prefill or qkv.shape[0] == 1):
             return super().gated_delta_rule_fused(qkv, alpha, beta, z, dt_bias, a, norm_weight, state, n_k_heads,
                                                   head_dim, eps)
         (qp, kp, vp), stride, tensors, n, hk, hv, S = args
