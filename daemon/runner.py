@@ -235,7 +235,8 @@ class ModelRunner:
         ids = np.asarray(ids, np.int32)
         n = len(ids)
         if n > self.max_tree_nodes:
-            raise ValueError(f"a tree of {n} nodes > the {self.max_tree_nodes} the runner is sized for")
+            raise ValueError(f"a tree of {n} nodes: this runner verifies at most {self.max_tree_nodes} "
+                             f"(max_tree_nodes)")
         self._will_write(n)
         ops = self.ops
         sink = self._capture_sink(hidden_sink, tuple(capture), n)
