@@ -229,9 +229,11 @@ class VramLedger:
     def _tree_note(self) -> str:
         if self.tree_source == TREE_GIVEN:
             return "--max-tree-nodes"
-        if self.tree_source == TREE_LOWERED:
+        if self.tree_source == TREE_LOWERED and self.tree_nodes == TREE_NODES_FLOOR:
             return f"lowered to the floor of {TREE_NODES_FLOOR}; fewer only with --max-tree-nodes"
-        return "the default"
+        if self.tree_source == TREE_LOWERED:
+            return "lowered at start to fit --vram-budget; --max-tree-nodes sets another"
+        return "the default; --max-tree-nodes sets another"
 
     def _lower_tree(self, state: LedgerState) -> VramPlan:
         """The automatic lowering: the largest node count in [TREE_NODES_FLOOR, the default's) whose plan of `state`
