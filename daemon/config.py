@@ -7,10 +7,12 @@ from .backends.kv_types import KVTypes
 from .pflash.config import PFlashConfig
 from .vram_budget import DEFAULT_MARGIN
 
-__all__ = ["EngineConfig", "DEVICES", "FORWARDS"]
+__all__ = ["EngineConfig", "DEVICES", "FORWARDS", "MIN_TREE_NODES", "MAX_TREE_NODES_OPTION"]
 
 DEVICES = ("auto", "cpu", "cuda")
 FORWARDS = ("persistent", "graph")      # the CUDA decode / verify forward (backends/cuda/persistent.py)
+MIN_TREE_NODES = 2                      # --max-tree-nodes: a root and one drafted node
+MAX_TREE_NODES_OPTION = 1 << 16         # anything larger is a typo (the runner's bounds cap it far lower anyway)
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,6 +34,10 @@ class EngineConfig:
     vram_budget: int | None = None      # --vram-budget in bytes: plan everything up front, refuse what would not fit
     vram_margin: int = DEFAULT_MARGIN   # --vram-margin: the plan's allowance for what the backend does not track
     kv_types: KVTypes = KVTypes()       # --kv-type / --kv-type-k / --kv-type-v: the target's K and V storage
+    max_tree_nodes: int | None = None   # --max-tree-nodes: nodes (root included) of the largest draft tree the target
+                                        # verifies, a recurrent state each on a hybrid; None: the default (65 for a
+                                        # hybrid, also bounded by prefill_chunk and the GPU's masked attention), which
+                                        # --vram-budget may lower to fit (vram_ledger.py)
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -57,6 +63,10 @@ class EngineConfig:
             raise ValueError(f"vram_margin must be a non-negative number of bytes, got {self.vram_margin!r}")
         if not isinstance(self.kv_types, KVTypes):
             raise ValueError(f"kv_types must be a KVTypes, got {self.kv_types!r}")
+        if self.max_tree_nodes is not None and (type(self.max_tree_nodes) is not int
+                                                or not MIN_TREE_NODES <= self.max_tree_nodes <= MAX_TREE_NODES_OPTION):
+            raise ValueError(f"max_tree_nodes must be None or an int in [{MIN_TREE_NODES}, {MAX_TREE_NODES_OPTION}] "
+                             f"(a root and at least one drafted node), got {self.max_tree_nodes!r}")
         if self.vram_budget is not None and self.vram_margin >= self.vram_budget:
             raise ValueError(f"--vram-margin ({self.vram_margin} bytes) leaves nothing of --vram-budget "
                              f"({self.vram_budget} bytes)")

@@ -90,7 +90,8 @@ class DrafterSet:
         budget = drafted tree nodes (default DEFAULT_DDTREE_BUDGET). A tree, root included, must
         fit the runner's verify forward (runner.max_tree_nodes: prefill_chunk on the CPU -- at most 65
         for a hybrid, whose verify keeps a recurrent state per node --, 65 on the GPU, whose masked
-        attention workspace is sized for it)."""
+        attention workspace is sized for it; at most `flashd serve --max-tree-nodes`, or what
+        --vram-budget lowered a hybrid target's tree to)."""
         if req.budget is not None:
             budget = req.budget
         else:
@@ -99,7 +100,8 @@ class DrafterSet:
         if budget > max_budget:
             if req.budget is not None:
                 raise ProtocolError("bad_request", f"budget={budget}: at most {max_budget} drafted nodes fit one "
-                                                   f"verify forward on this backend")
+                                                   f"verify forward here (the target's max_tree_nodes is "
+                                                   f"{runner.max_tree_nodes}, root included)")
             budget = max_budget
         # the target's tree verify graphs and a draft model's decode graph bake in the shared memory,
         # which a drafter load, park or PFlash may have reallocated since the last speculative request

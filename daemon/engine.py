@@ -62,6 +62,9 @@ class Engine:
         self.tokenizer = None
         self.compressor: PrefillCompressor | None = None   # PFlash (daemon/pflash)
         self.vram: VramLedger | None = None     # the VRAM plan (vram_ledger.py); checks loads with --vram-budget
+        # the target runner's max_tree_nodes argument: --max-tree-nodes, or None (the default bound) until the
+        # budget check at start lowers it for a hybrid that would not fit otherwise
+        self.tree_nodes: int | None = config.max_tree_nodes
         self.drafters = DrafterSet(self.backend, config.ddtree_chain_seed)   # --draft
         # host copies of prompt prefixes, kept across requests and park/unpark (the same model)
         self.prefix_store = (PrefixStore(config.prefix_cache_ram_mb << 20, config.prefill_chunk)
@@ -85,6 +88,12 @@ class Engine:
         if self.config.vram_budget is not None:
             self.vram = VramLedger.for_engine(self.backend, self.config, f, cfg)
             self._check_budget_at_start()
+            if self.vram.tree_nodes != self.tree_nodes:     # lowered to fit: the runner and its plan take it
+                log.info("--vram-budget: the target's draft tree lowered to %d nodes (a recurrent state each) to fit; "
+                         "speculative budgets are clamped to %d drafted nodes", self.vram.target_tree_nodes(),
+                         self.vram.target_tree_nodes() - 1)
+                self.tree_nodes = self.vram.tree_nodes
+                self.plan = self._plan_target(f, cfg)
         self.backend.check_fits(self.plan)       # before anything is allocated
         self._opened = (f, cfg)
         self._load_weights(progress)
@@ -103,8 +112,11 @@ class Engine:
             self.vram = self._ledger_for_status()
         plan = self.vram_plan()
         if plan is not None:
-            log.info("VRAM plan (%s): peak %s (%s)%s", plan.where, format_size(plan.peak_bytes), plan.peak_phase,
-                     "" if plan.budget_bytes is None else f" of --vram-budget {format_size(plan.budget_bytes)}")
+            settings = dict(plan.settings)
+            log.info("VRAM plan (%s): peak %s (%s)%s; target draft tree: %d nodes (%s)", plan.where,
+                     format_size(plan.peak_bytes), plan.peak_phase,
+                     "" if plan.budget_bytes is None else f" of --vram-budget {format_size(plan.budget_bytes)}",
+                     settings["max_tree_nodes"], settings["max_tree_nodes_from"])
 
     # -- the VRAM plan (vram_ledger.py) ------------------------------------------------------------
     def _check_budget_at_start(self) -> None:
@@ -195,7 +207,8 @@ class Engine:
 
         self.model = load_model(self._opened, self.ops.load_weight, step)
         self.runner = self.backend.make_runner(self.model.config, self.model.weights, self.config.max_ctx,
-                                               self.config.prefill_chunk, self.plan, kv_types=self.config.kv_types)
+                                               self.config.prefill_chunk, self.plan, kv_types=self.config.kv_types,
+                                               max_tree_nodes=self.tree_nodes)
         self.runner.reuse_prefix = self.config.prefix_cache
         self.runner.prefix_store = self.prefix_store
 
@@ -210,7 +223,7 @@ class Engine:
         instead -- said in the log, and status reports the backend; --device cuda keeps the refusal."""
         def plan():
             return self.backend.plan(cfg, total_weight_bytes(f, cfg), self.config.max_ctx, self.config.prefill_chunk,
-                                     kv_types=self.config.kv_types)
+                                     kv_types=self.config.kv_types, max_tree_nodes=self.tree_nodes)
         try:
             return plan()
         except ModelUnsupported as exc:
@@ -278,6 +291,7 @@ class Engine:
             "model": str(model.path), "name": cfg.name, "arch": cfg.arch, "backend": self.backend.name,
             "forward": self._forward_info() if self.runner is not None else None,
             "max_ctx": self.config.max_ctx, "kv_types": self.config.kv_types.as_dict(), "parked": self._parked(),
+            "max_tree_nodes": self.runner.max_tree_nodes if self.runner is not None else None,
             "drafters": self.drafters.info(),
             "prefill_drafter": self.compressor.status() if self.compressor else None,
             "running": running, "queued": queued, "served": self.n_served,

@@ -42,6 +42,11 @@ from .sampling import log_softmax, sample
 __all__ = ["ModelRunner", "Sampled"]
 
 
+def _capped(n: int, cap: int | None) -> int:
+    """n nodes, at most `cap` (None: no cap)."""
+    return n if cap is None else min(n, cap)
+
+
 @dataclass(slots=True)
 class Sampled:
     """One generated token; logprob and top are from the model's distribution (before penalties
@@ -54,12 +59,20 @@ class Sampled:
 
 class ModelRunner:
     def __init__(self, ops, cfg: ModelConfig, weights: ModelWeights, max_ctx: int,
-                 prefill_chunk: int = 512, kv_types=None):
+                 prefill_chunk: int = 512, kv_types=None, max_tree_nodes: int | None = None):
+        """max_tree_nodes: the most nodes (root included) a verify forward may have -- the target's
+        EngineConfig.max_tree_nodes, 0 for a model loaded only to draft (it verifies nothing, and a hybrid then
+        plans no node states) --, within the backend's own bounds (the max_tree_nodes property); None: those bounds
+        alone, as before the option existed."""
         if max_ctx <= 0 or prefill_chunk <= 0:
             raise ValueError("max_ctx and prefill_chunk must be positive")
+        if max_tree_nodes is not None and (type(max_tree_nodes) is not int or max_tree_nodes < 0):
+            raise ValueError(f"max_tree_nodes must be None or an int >= 0, got {max_tree_nodes!r}")
         self.ops, self.cfg, self.weights = ops, cfg, weights
         self.max_ctx, self.prefill_chunk = max_ctx, prefill_chunk
-        self.cache = make_cache(ops, cfg, max_ctx, kv_types)     # kv_types: backends.kv_types.KVTypes (None: f16)
+        self.tree_nodes_cap = max_tree_nodes    # None: no cap but the backend's
+        # kv_types: backends.kv_types.KVTypes (None: f16); a hybrid's cache sizes its tree node states by the cap
+        self.cache = make_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes)
         if hasattr(self.cache, "set_key_offset") and self.cache.spec.kv_types.k != "f16":
             self.cache.set_key_offset(model_key_offsets(ops, cfg, weights))   # a quantized K's (kv_offset.py)
         self._model_forward = forward_of(cfg)
@@ -203,9 +216,11 @@ class ModelRunner:
     # -- speculative decoding (daemon/speculative/decoder.py) -------------------------------------------
     @property
     def max_tree_nodes(self) -> int:
-        """The largest tree `forward_tree` takes (nodes, root included): a prefill chunk, and for a
-        hybrid at most the cache's bound (a whole recurrent state per node: models/qwen35_tree.py)."""
-        return min(self.prefill_chunk, getattr(self.cache, "max_tree_nodes", self.prefill_chunk))
+        """The largest tree `forward_tree` takes (nodes, root included): a prefill chunk, for a hybrid
+        at most the cache's bound (a whole recurrent state per node: models/qwen35_tree.py), and at most
+        the configured cap (tree_nodes_cap; 0: no tree at all)."""
+        return _capped(min(self.prefill_chunk, getattr(self.cache, "max_tree_nodes", self.prefill_chunk)),
+                       self.tree_nodes_cap)
 
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):
         """Forward the nodes of a draft tree without committing them: node i at RoPE position
@@ -219,6 +234,9 @@ class ModelRunner:
         state (models/qwen35_tree.py); mask must then be a tree's ancestor mask."""
         ids = np.asarray(ids, np.int32)
         n = len(ids)
+        if n > self.max_tree_nodes:
+            raise ValueError(f"a tree of {n} nodes: this runner verifies at most {self.max_tree_nodes} "
+                             f"(max_tree_nodes)")
         self._will_write(n)
         ops = self.ops
         sink = self._capture_sink(hidden_sink, tuple(capture), n)

@@ -9,7 +9,7 @@ import click
 
 from ..protocol import wire
 from .backends.kv_types import KV_CACHE_TYPES, parse_kv_types
-from .config import DEVICES, FORWARDS
+from .config import DEVICES, FORWARDS, MAX_TREE_NODES_OPTION, MIN_TREE_NODES
 from .pflash.config import COMPRESS_MODES, DRAFTER_POLICIES, PFlashConfig
 from .process import LOG_LEVELS
 from .server import ServeConfig, serve
@@ -137,13 +137,20 @@ def size_option(ctx, param, value):
               show_default=True,
               help="The part of --vram-budget kept for what the plan does not itemize: the CUDA context, kernel "
                    "images, CUDA graphs, allocator rounding.")
+@click.option("--max-tree-nodes", type=click.IntRange(MIN_TREE_NODES, MAX_TREE_NODES_OPTION), default=None,
+              metavar="N",
+              help="Nodes (root included) of the largest draft tree the target verifies, so speculative budgets "
+                   "are clamped to N - 1 drafted nodes. A hybrid (Qwen3.5) target keeps a whole recurrent state per "
+                   "node (~150 MB at the 27B shape). Default: 65 on the GPU and for a hybrid (the prefill chunk for a "
+                   "dense model on the CPU), which --vram-budget lowers for a hybrid target that would not fit "
+                   "otherwise (not below 9); a given N is kept as given.")
 @kv_type_options
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
                   max_queue, max_request_bytes, allow_files, allow_models, prefix_cache, prefix_cache_ram_mb,
                   forward, keep_alive, ready_file, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
                   rope_scaling, rope_factor, rope_orig_ctx, drafter_policy, vram_budget, vram_margin,
-                  kv_type, kv_type_k, kv_type_v):
+                  max_tree_nodes, kv_type, kv_type_k, kv_type_v):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     rope = rope_override(rope_scaling, rope_factor, rope_orig_ctx)
     given = {name: value for name, value in (("keep", compress_keep), ("score_layers", compress_layers),
@@ -156,7 +163,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              prefix_cache=prefix_cache, prefix_cache_ram_mb=prefix_cache_ram_mb,
                              forward=forward, log_level=log_level, rope_override=rope,
                              vram_budget=vram_budget, vram_margin=vram_margin,
-                             kv_types=parse_kv_types(kv_type, kv_type_k, kv_type_v),
+                             kv_types=parse_kv_types(kv_type, kv_type_k, kv_type_v), max_tree_nodes=max_tree_nodes,
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold,
                                                  alpha=compress_alpha, drafter_policy=drafter_policy, **given),

@@ -87,6 +87,8 @@ class ServeConfig:
     vram_budget: int | None = None      # --vram-budget, bytes (EngineConfig)
     vram_margin: int = DEFAULT_MARGIN   # --vram-margin, bytes
     kv_types: KVTypes = KVTypes()       # --kv-type / --kv-type-k / --kv-type-v (EngineConfig)
+    max_tree_nodes: int | None = None   # --max-tree-nodes (EngineConfig; None: the default, which --vram-budget may
+                                        # lower for a hybrid target)
 
     def __post_init__(self):
         if not self.stdin and self.zmq is None:
@@ -325,7 +327,7 @@ def serve(config: ServeConfig) -> int:
                                           prefix_cache_ram_mb=config.prefix_cache_ram_mb,
                                           forward=config.forward, rope_override=config.rope_override,
                                           vram_budget=config.vram_budget, vram_margin=config.vram_margin,
-                                          kv_types=config.kv_types))
+                                          kv_types=config.kv_types, max_tree_nodes=config.max_tree_nodes))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:

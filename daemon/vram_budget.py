@@ -205,7 +205,10 @@ class VramPlan:
         """A table for people (flashd bench): the peak and headroom, then one line per component."""
         budget = "" if self.budget_bytes is None else (f", budget {format_size(self.budget_bytes)}, headroom "
                                                        f"{format_size(self.headroom_bytes)}")
-        out = [f"VRAM plan ({self.where}): peak {format_size(self.peak_bytes)} ({self.peak_phase}){budget}"]
+        settings = dict(self.settings)
+        tree = ("" if "max_tree_nodes" not in settings else
+                f"; target draft tree {settings['max_tree_nodes']} nodes ({settings.get('max_tree_nodes_from', '')})")
+        out = [f"VRAM plan ({self.where}): peak {format_size(self.peak_bytes)} ({self.peak_phase}){budget}{tree}"]
         for c in self.components:
             inner = ", ".join(f"{what} {format_size(n)}" for what, n in c.parts)
             phases = ", ".join(p for p in PHASES if p in c.phases)

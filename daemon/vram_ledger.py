@@ -16,6 +16,12 @@ Loads that could exceed the budget are checked in the state they would create: t
 configured model), `unpark` of the target or of the --draft drafters, and loading a PFlash drafter
 (`compress drafter=...`, `unpark what=draft`, compressions under the park policy). A refusal names the
 peak's components and the changes that would fit.
+
+The target's draft tree: a hybrid (qwen35) target keeps a whole recurrent state per node of the largest tree a
+verify takes (~150 MB a node at the 27B shape), so its node count (`tree_nodes`, the runner's max_tree_nodes
+argument) is part of the plan. Without `--max-tree-nodes` the check at start lowers it, when the plan does not fit,
+to the largest count that fits, down to TREE_NODES_FLOOR (the engine then builds the runner with it); an explicit
+count is kept as given. Draft models verify no tree: they are planned with DRAFT_TREE_NODES (none).
 """
 from __future__ import annotations
 
@@ -23,12 +29,17 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from .config import MIN_TREE_NODES
 from .vram_budget import GiB, MiB, BudgetExceeded, Component, VramPlan, format_size, largest_fitting, refusal
 from .vram_sizes import CudaSizes, DFlashDesc, HostSizes, ModelDesc, describe_dflash, describe_model
 
-__all__ = ["LedgerState", "VramLedger", "sizes_for", "describe_draft"]
+__all__ = ["LedgerState", "VramLedger", "sizes_for", "describe_draft", "TREE_NODES_FLOOR"]
 
 QUANT_KV = ("q8_0", "q4_0")
+# The fewest nodes (root included) the automatic lowering gives a hybrid target's draft tree: a DDTree budget of 8
+# drafted nodes, below which speculative decoding gains little; an explicit --max-tree-nodes may go down to 2.
+TREE_NODES_FLOOR = 9
+TREE_DEFAULT, TREE_GIVEN, TREE_LOWERED = "default", "--max-tree-nodes", "lowered to fit --vram-budget"
 _KV_RANK = {"f32": 0, "f16": 0, "q8_0": 1, "q4_0": 2}       # larger rank: fewer bytes per value
 
 
@@ -86,8 +97,14 @@ def describe_draft(spec: str):
 class VramLedger:
     def __init__(self, sizes, target: ModelDesc, drafters: dict, *, max_ctx: int, prefill_chunk: int, pflash,
                  budget: int | None, margin: int, default_pflash: str | None = None, kv_types=None,
-                 rope_override: tuple | None = None):
+                 rope_override: tuple | None = None, tree_nodes: int | None = None):
+        """tree_nodes: the target runner's max_tree_nodes argument, --max-tree-nodes (kept as given); None: the
+        default bound, which the check at start may lower (the module docstring)."""
+        if tree_nodes is not None and (type(tree_nodes) is not int or tree_nodes < MIN_TREE_NODES):
+            raise ValueError(f"tree_nodes must be None or an int >= {MIN_TREE_NODES}, got {tree_nodes!r}")
         self.sizes, self.target, self.drafters = sizes, target, dict(drafters)
+        self.tree_nodes = tree_nodes      # what the target's runner is (to be) made with
+        self.tree_source = TREE_DEFAULT if tree_nodes is None else TREE_GIVEN
         self.kv_types = kv_types          # the target's --kv-type (backends.kv_types.KVTypes; None: f16)
         self.max_ctx, self.prefill_chunk, self.pflash_config = max_ctx, prefill_chunk, pflash
         self.budget, self.margin = budget, margin
@@ -105,7 +122,8 @@ class VramLedger:
         ledger = cls(sizes_for(backend, config.forward), target, drafters, max_ctx=config.max_ctx,
                      prefill_chunk=config.prefill_chunk, pflash=config.pflash, budget=config.vram_budget,
                      margin=config.vram_margin, default_pflash=config.prefill_drafter,
-                     kv_types=config.kv_types, rope_override=config.rope_override)
+                     kv_types=config.kv_types, rope_override=config.rope_override,
+                     tree_nodes=config.max_tree_nodes)
         if config.prefill_drafter is not None:
             try:
                 ledger.describe_pflash(config.prefill_drafter)
@@ -125,10 +143,23 @@ class VramLedger:
         return self._pflash[key]
 
     # -- the plan for a state --------------------------------------------------------------------
+    @property
+    def hybrid_target(self) -> bool:
+        """The target keeps a recurrent state per draft-tree node (its tree count is worth planning)."""
+        return getattr(self.target.cfg, "linear", None) is not None
+
+    def target_tree_nodes(self, tree_nodes: int | None = None) -> int:
+        """The target runner's max_tree_nodes with the ledger's argument (or a what-if one)."""
+        return self.sizes.tree_nodes(self.target.cfg, self.prefill_chunk,
+                                     self.tree_nodes if tree_nodes is None else tree_nodes)
+
     def plan(self, state: LedgerState = LedgerState(), *, max_ctx: int | None = None, kv_type: str | None = None,
-             without: frozenset = frozenset(), policy: str | None = None, budget: int | None = -1) -> VramPlan:
+             without: frozenset = frozenset(), policy: str | None = None, budget: int | None = -1,
+             tree_nodes: int | None = None) -> VramPlan:
         """The plan in `state`; the keywords ask what-if: another max_ctx, KV type or drafter policy,
-        some --draft drafters left out, another budget."""
+        some --draft drafters left out, another budget, another target tree node count."""
+        from .speculative.draft_model import DRAFT_TREE_NODES
+        tree = self.tree_nodes if tree_nodes is None else tree_nodes
         sizes, chunk = self.sizes, self.prefill_chunk
         ctx, kv = max_ctx or self.max_ctx, sizes.kv_type        # drafters: the backend's unquantized cache
         target_kv = self._target_kv(kv_type)
@@ -139,14 +170,14 @@ class VramLedger:
         everywhere = with_target | {"target parked"}
         comps, needs, draft_needs = [], [], []
         if state.target:
-            parts, need = sizes.model(self.target, ctx, chunk, target_kv)
+            parts, need = sizes.model(self.target, ctx, chunk, target_kv, tree)
             comps.append(Component("target", self.target.name, tuple(parts), with_target, self.target.path))
             needs.append(need)
         for name, desc in drafters.items():
             if isinstance(desc, DFlashDesc):
                 parts, need = sizes.dflash(desc, ctx, kv)
             else:
-                parts, need = sizes.model(desc, ctx, chunk, kv)
+                parts, need = sizes.model(desc, ctx, chunk, kv, DRAFT_TREE_NODES)    # drafts only, verifies none
                 draft_needs.append(need)
             comps.append(Component("dflash" if isinstance(desc, DFlashDesc) else "draft", name, tuple(parts),
                                    everywhere, desc.path))
@@ -159,7 +190,8 @@ class VramLedger:
                                    (("held by DFlash", sizes.weights(self.target.head)),),
                                    frozenset({"unparking", "target parked"}) & everywhere))
         settings = [("max_ctx", ctx), ("prefill_chunk", chunk), ("kv_type", _kv_label(target_kv)),
-                    ("drafter_policy", policy)]
+                    ("drafter_policy", policy), ("max_tree_nodes", self.target_tree_nodes(tree)),
+                    ("max_tree_nodes_from", self.tree_source if tree_nodes is None else "what-if")]
         if state.pflash is not None:
             desc = self.describe_pflash(state.pflash)
             n_tokens = _token_limit(desc.cfg)
@@ -186,9 +218,34 @@ class VramLedger:
         what would fit, when it is over the budget. `loading`: what the action loads ("target", "pflash",
         drafter names), which the suggestions keep."""
         plan = self.plan(state)
+        if not plan.fits and not runtime and self.tree_source == TREE_DEFAULT and self.hybrid_target:
+            plan = self._lower_tree(state)      # at start only: a runner made already keeps its node count
         if not plan.fits:
+            if self.hybrid_target:
+                action += f" with a draft tree of {self.target_tree_nodes()} nodes ({self._tree_note()})"
             raise BudgetExceeded(refusal(action, plan, self.fixes(state, runtime=runtime, loading=loading)))
         return plan
+
+    def _tree_note(self) -> str:
+        if self.tree_source == TREE_GIVEN:
+            return "--max-tree-nodes"
+        if self.tree_source == TREE_LOWERED and self.tree_nodes == TREE_NODES_FLOOR:
+            return f"lowered to the floor of {TREE_NODES_FLOOR}; fewer only with --max-tree-nodes"
+        if self.tree_source == TREE_LOWERED:
+            return "lowered at start to fit --vram-budget; --max-tree-nodes sets another"
+        return "the default; --max-tree-nodes sets another"
+
+    def _lower_tree(self, state: LedgerState) -> VramPlan:
+        """The automatic lowering: the largest node count in [TREE_NODES_FLOOR, the default's) whose plan of `state`
+        fits becomes the ledger's (tree_source TREE_LOWERED); where none does, the floor (the caller refuses, with
+        the plan at the floor). Plans grow with the count (a state per node)."""
+        top = self.target_tree_nodes()
+        floor = min(TREE_NODES_FLOOR, top)
+        if top <= floor:
+            return self.plan(state)
+        n = largest_fitting(lambda k: self.plan(state, tree_nodes=k), floor, top - 1, step=1)
+        self.tree_nodes, self.tree_source = (floor if n is None else n), TREE_LOWERED
+        return self.plan(state)
 
     def fixes(self, state: LedgerState, *, runtime: bool, loading: frozenset = frozenset()) -> list[str]:
         """The changes that would make `state` fit, each with the peak it gives (only those that fit,
@@ -223,6 +280,13 @@ class VramLedger:
             if _KV_RANK[kv] <= smallest or self.target.cfg.head_dim % 32:
                 continue                      # only a smaller cache than configured, of whole 32-value blocks
             offer(f"{restart}--kv-type {kv}", self.plan(state, kv_type=kv))
+        if self.hybrid_target:
+            top = self.target_tree_nodes()
+            if top > MIN_TREE_NODES:
+                n = largest_fitting(lambda k: self.plan(state, tree_nodes=k), MIN_TREE_NODES, top - 1, step=1)
+                if n is not None:
+                    offer(f"{restart}--max-tree-nodes {n} (a draft tree of {n} nodes, a DDTree budget of {n - 1})",
+                          self.plan(state, tree_nodes=n))
         need = self.plan(state, budget=None).peak_bytes
         step = 64 * MiB if need > 4 * GiB else MiB
         need = -(-need // step) * step

@@ -101,7 +101,18 @@ class HostSizes:
     def weights(self, tensors: Tensors) -> int:
         return sum(4 * math.prod(shape) for shape, _ in tensors)
 
-    def model(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
+    def tree_nodes(self, cfg, prefill_chunk: int, cap: int | None = None) -> int:
+        """ModelRunner.max_tree_nodes of a runner made with max_tree_nodes=cap: a prefill chunk, a hybrid's at most
+        MAX_TREE_NODES when no cap is given (its cache's bound), at most the cap."""
+        from .models.qwen35_tree import MAX_TREE_NODES
+        if getattr(cfg, "linear", None) is not None:
+            return min(prefill_chunk, MAX_TREE_NODES if cap is None else cap)
+        return prefill_chunk if cap is None else min(prefill_chunk, cap)
+
+    def model(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str,
+              tree_nodes: int | None = None) -> tuple[list, SharedNeed]:
+        """A target or a draft model (tree_nodes: its runner's max_tree_nodes argument -- the target's configured
+        count, DRAFT_TREE_NODES for a draft model; None: the default bound)."""
         cfg = desc.cfg
         lin = getattr(cfg, "linear", None)
         if lin is None:
@@ -111,12 +122,11 @@ class HostSizes:
         # a hybrid (models/qwen35.py HybridCache): K/V of the attention layers, and the linear layers' float32
         # recurrent state (ReferenceRecurrentState: conv (K - 1, C) and delta-rule memory (Hv, S, S) per layer),
         # plus one such state per node of the largest draft tree a verify takes (its node buffers, grown on use)
-        from .models.qwen35_tree import MAX_TREE_NODES
         n_attn, n_lin = max(1, len(lin.attention_layers)), max(1, len(lin.linear_layers))
         state = 4 * n_lin * ((lin.conv_kernel - 1) * lin.conv_channels + lin.n_v_heads * lin.head_dim ** 2)
         return ([("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
-                 ("recurrent_state", state), ("tree_states", min(prefill_chunk, MAX_TREE_NODES) * state)],
+                 ("recurrent_state", state), ("tree_states", self.tree_nodes(cfg, prefill_chunk, tree_nodes) * state)],
                 SharedNeed())
 
     def dflash(self, desc: DFlashDesc, max_ctx: int, kv_type: str) -> tuple[list, SharedNeed]:
@@ -154,26 +164,37 @@ class CudaSizes:
         """ops.load_weight: a matrix uploaded as stored, a vector (norm, bias) dequantized to float32."""
         return sum(n_bytes if len(shape) == 2 else 4 * math.prod(shape) for shape, n_bytes in tensors)
 
-    def runner_bytes(self, cfg, max_ctx: int, prefill_chunk: int) -> int:
+    def tree_nodes(self, cfg, prefill_chunk: int, cap: int | None = None) -> int:
+        """CudaRunner.max_tree_nodes of a runner made with max_tree_nodes=cap: the masked attention's bound and the
+        prefill chunk, a hybrid's MAX_TREE_NODES when no cap is given (hybrid_plan.hybrid_tree_nodes), the cap."""
+        from .backends.cuda.hybrid_plan import hybrid_tree_nodes
+        from .backends.cuda.ops import MAX_MASKED_TOKENS
+        if getattr(cfg, "linear", None) is not None:
+            return hybrid_tree_nodes(prefill_chunk, cap)
+        n = min(prefill_chunk, MAX_MASKED_TOKENS)
+        return n if cap is None else min(n, cap)
+
+    def runner_bytes(self, cfg, max_ctx: int, prefill_chunk: int, tree_nodes: int | None = None) -> int:
         """CudaRunner.__init__'s device buffers (the pinned ring is host memory)."""
         from .backends.cuda.runner import STATE_FIELDS, tree_input_words
-        from .backends.cuda.ops import MAX_MASKED_TOKENS
-        n_tree = min(prefill_chunk, MAX_MASKED_TOKENS)                  # max_tree_nodes
+        n_tree = max(self.tree_nodes(cfg, prefill_chunk, tree_nodes), 1)   # max_tree_nodes (one-node buffers at 0)
         words = (2 * prefill_chunk + 1                                  # p_ids, p_pos, p_n_past
                  + len(STATE_FIELDS) + (max_ctx + 1)                    # _state, history
                  + tree_input_words(n_tree) + (n_tree + 1) + n_tree)    # _t_inputs, _t_commit, t_argmax
         return 4 * words + max(int(self.sample_ws(cfg.vocab_size)), 1)  # sample_ws
 
-    def model(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
-        """A target or a draft model: backend.make_runner -> CudaRunner with its KV cache."""
+    def model(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str,
+              tree_nodes: int | None = None) -> tuple[list, SharedNeed]:
+        """A target or a draft model: backend.make_runner -> CudaRunner with its KV cache (tree_nodes: make_runner's
+        max_tree_nodes -- the target's configured count, DRAFT_TREE_NODES for a draft model; None: the default)."""
         from .backends.cuda.backend import _arena_half_bytes
         from .backends.cuda.ops import MAX_MASKED_TOKENS
         cfg = desc.cfg
         if getattr(cfg, "linear", None) is not None:
-            return self._hybrid(desc, max_ctx, prefill_chunk, kv_type)
+            return self._hybrid(desc, max_ctx, prefill_chunk, kv_type, tree_nodes)
         parts = [("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
-                 ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk))]
+                 ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk, tree_nodes))]
         if self.persistent:
             parts.append(("persistent_forward", persistent_forward_bytes(cfg, max_ctx, self.tuning_rows, self.n_sms,
                                                                          self.attn_splits)))
@@ -182,7 +203,8 @@ class CudaSizes:
                                                           MAX_MASKED_TOKENS)))
         return parts, need
 
-    def _hybrid(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
+    def _hybrid(self, desc: ModelDesc, max_ctx: int, prefill_chunk: int, kv_type: str,
+                tree_nodes: int | None) -> tuple[list, SharedNeed]:
         """A hybrid (qwen35) on CudaHybridRunner: K/V of the attention layers, the device recurrent state, a state
         per node of the largest draft tree and hybrid_ops.py's buffers (backends/cuda/hybrid_plan.py); no
         persistent forward."""
@@ -195,9 +217,9 @@ class CudaSizes:
         parts = [("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(n_attn, cfg.n_kv_heads, cfg.head_dim, max_ctx, *_kv_pair(kv_type))),
                  ("recurrent_state", hybrid_state_bytes(cfg)),
-                 ("tree_states", hybrid_tree_nodes(prefill_chunk) * hybrid_state_bytes(cfg)),
+                 ("tree_states", hybrid_tree_nodes(prefill_chunk, tree_nodes) * hybrid_state_bytes(cfg)),
                  ("hybrid_buffers", hybrid_workspace_bytes(cfg, prefill_chunk)),
-                 ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk))]
+                 ("runner", self.runner_bytes(cfg, max_ctx, prefill_chunk, tree_nodes))]
         half = max(_arena_half_bytes(cfg, prefill_chunk), hybrid_layer_bytes(cfg, prefill_chunk) + (1 << 20))
         need = SharedNeed(arena_half=half, scratch_elems=max(_largest_weight(cfg), hybrid_largest_weight(cfg)),
                           attention=int(self.attention_ws(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx,

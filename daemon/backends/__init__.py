@@ -41,8 +41,11 @@ class ReferenceBackend(Backend):
     def info(self) -> dict:
         return {"name": "cpu (numpy reference)", "n_cpus": os.cpu_count()}
 
-    def plan(self, cfg, weight_bytes: int, max_ctx: int, prefill_chunk: int, kv_types=None) -> HostMemoryPlan:
-        """kv_types (kv_types.KVTypes, None: f16): f16 rows are float32 here, q8_0 / q4_0 rows ggml's blocks."""
+    def plan(self, cfg, weight_bytes: int, max_ctx: int, prefill_chunk: int, kv_types=None,
+             max_tree_nodes: int | None = None) -> HostMemoryPlan:
+        """kv_types (kv_types.KVTypes, None: f16): f16 rows are float32 here, q8_0 / q4_0 rows ggml's blocks.
+        max_tree_nodes (make_runner's) is not counted: a hybrid's node states grow in host RAM on the first verify
+        (vram_sizes.HostSizes counts them for --vram-budget)."""
         from .kv_types import KVTypes, row_bytes
         kv_types = kv_types or KVTypes()
         kv_types.check_head_dim(cfg.head_dim)
@@ -61,9 +64,10 @@ class ReferenceBackend(Backend):
             raise MemoryError(f"the reference backend needs {plan.total_bytes / 2**30:.2f} GiB of RAM for float32 "
                               f"weights and KV cache but {avail / 2**30:.2f} GiB are available; lower --max-ctx")
 
-    def make_runner(self, cfg, weights, max_ctx: int, prefill_chunk: int, plan=None, kv_types=None):
+    def make_runner(self, cfg, weights, max_ctx: int, prefill_chunk: int, plan=None, kv_types=None,
+                    max_tree_nodes: int | None = None):
         from ..runner import ModelRunner
-        return ModelRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types)
+        return ModelRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types, max_tree_nodes)
 
 
 def cuda_unavailable_reason() -> str | None:

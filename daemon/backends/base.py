@@ -274,8 +274,10 @@ class HybridFusedDefaults:
 
 class Backend:
     """What the engine holds of a backend: its `name` and `ops`, `info()`, a memory `plan(cfg,
-    weight_bytes, max_ctx, prefill_chunk)` checked by `check_fits(plan)` before anything is
-    allocated, and `make_runner(cfg, weights, max_ctx, prefill_chunk, plan)`.
+    weight_bytes, max_ctx, prefill_chunk, kv_types=None, max_tree_nodes=None)` checked by
+    `check_fits(plan)` before anything is allocated, and `make_runner(cfg, weights, max_ctx,
+    prefill_chunk, plan, kv_types=None, max_tree_nodes=None)` -- max_tree_nodes the same in both (the
+    runner's cap on a verify tree, which sizes a hybrid's node states: runner.py).
 
     Runners that replay captured graphs (the CUDA decode and tree verify graphs) bake in the
     addresses of memory every model on the backend shares: the activation arena, the weight scratch

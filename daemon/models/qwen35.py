@@ -60,9 +60,14 @@ class HybridCache:
     node beside the live one (`tree_layer`), and the commit keeps one root-to-node path's (`keep_tree_path`)."""
 
     reusable_prefix = True        # at prefix_state_slots only (runner.py)
-    max_tree_nodes = MAX_TREE_NODES   # a verify forward's nodes: each one's state is kept (qwen35_tree.py)
 
-    def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None):
+    def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None, max_tree_nodes: int | None = None):
+        """max_tree_nodes: the most nodes a verify forward may have, each one's state kept (qwen35_tree.py); None:
+        MAX_TREE_NODES, 0: no tree is verified (a model loaded only to draft). The node buffers are allocated on the
+        first verify and grow to the largest tree verified, never past this."""
+        if max_tree_nodes is not None and (type(max_tree_nodes) is not int or max_tree_nodes < 0):
+            raise ValueError(f"max_tree_nodes must be None or an int >= 0, got {max_tree_nodes!r}")
+        self.max_tree_nodes = MAX_TREE_NODES if max_tree_nodes is None else max_tree_nodes
         lin = cfg.linear
         self._index = {}
         for j, i in enumerate(lin.attention_layers):
@@ -162,8 +167,9 @@ class HybridCache:
         self.kv.move(src_slots, dst_slots)
 
 
-def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None) -> HybridCache:
-    return HybridCache(ops, cfg, max_ctx, kv_types)
+def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None,
+                      max_tree_nodes: int | None = None) -> HybridCache:
+    return HybridCache(ops, cfg, max_ctx, kv_types, max_tree_nodes)
 
 
 def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_layer, batch: Batch,

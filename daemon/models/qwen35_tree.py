@@ -21,9 +21,10 @@ import numpy as np
 
 __all__ = ["TreeStateLayer", "TreeCacheView", "tree_parents", "path_to", "MAX_TREE_NODES"]
 
-# Nodes of one verify forward, root included (ModelRunner.max_tree_nodes for a hybrid): each node holds a whole
-# recurrent state ((K - 1) C + Hv S^2 floats per linear layer, ~20 MB at the 0.8B shape), so the node buffers are
-# bounded like the GPU's masked attention (65) rather than by the prefill chunk.
+# Nodes of one verify forward, root included, by default (ModelRunner.max_tree_nodes for a hybrid; `flashd serve
+# --max-tree-nodes` sets another, and --vram-budget may lower it to fit): each node holds a whole recurrent state
+# ((K - 1) C + Hv S^2 floats per linear layer, ~20 MB at the 0.8B shape, ~150 MB at the 27B one), so the node
+# buffers are bounded like the GPU's masked attention (65) rather than by the prefill chunk.
 MAX_TREE_NODES = 65
 
 

@@ -30,7 +30,12 @@ from ..runner import ModelRunner
 from ..sampling import log_softmax
 from .drafter import Drafter, DrafterLoadError, Proposal
 
-__all__ = ["DraftModelConfig", "DraftModelDrafter", "check_same_vocab"]
+__all__ = ["DraftModelConfig", "DraftModelDrafter", "check_same_vocab", "DRAFT_TREE_NODES"]
+
+# The runner's max_tree_nodes for a model loaded only as a draft model (loader.py, the VRAM plan: vram_ledger.py):
+# it drafts with greedy_continue, checkpoint / rewind and a batched prefill, and never verifies a tree, so a hybrid
+# draft model plans and allocates no tree node states (a whole recurrent state each: ~20 MB at the 0.8B shape).
+DRAFT_TREE_NODES = 0
 
 
 @dataclass(slots=True, frozen=True)

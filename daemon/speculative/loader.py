@@ -17,7 +17,7 @@ from typing import Any
 from ..models import ModelLoadError, load_model, open_model
 from ..models.gguf_file import GGUFFile
 from ..models.weights import total_weight_bytes
-from .draft_model import DraftModelConfig, DraftModelDrafter, check_same_vocab
+from .draft_model import DRAFT_TREE_NODES, DraftModelConfig, DraftModelDrafter, check_same_vocab
 from .drafter import Drafter, DrafterLoadError
 from .ngram import NgramConfig, NgramDrafter
 
@@ -91,8 +91,12 @@ def load_drafter(spec: str, ctx: DrafterContext) -> Drafter:
     check_same_vocab(name, cfg, target_cfg, f.metadata("tokenizer.ggml.tokens", None),
                      ctx.target_file.metadata("tokenizer.ggml.tokens", None))
     backend = ctx.backend
-    plan = backend.plan(cfg, total_weight_bytes(f, cfg), ctx.max_ctx, ctx.prefill_chunk)
+    # a draft model drafts (greedy_continue, checkpoint / rewind, a batched prefill for a tree's candidates) and
+    # never verifies a tree: no node states planned or allocated (DRAFT_TREE_NODES)
+    plan = backend.plan(cfg, total_weight_bytes(f, cfg), ctx.max_ctx, ctx.prefill_chunk,
+                        max_tree_nodes=DRAFT_TREE_NODES)
     backend.check_fits(plan)
     model = load_model((f, cfg), backend.ops.load_weight)
-    runner = backend.make_runner(model.config, model.weights, ctx.max_ctx, ctx.prefill_chunk, plan)
+    runner = backend.make_runner(model.config, model.weights, ctx.max_ctx, ctx.prefill_chunk, plan,
+                                 max_tree_nodes=DRAFT_TREE_NODES)
     return DraftModelDrafter(runner, name, DraftModelConfig())

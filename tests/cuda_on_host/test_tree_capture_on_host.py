@@ -81,6 +81,7 @@ def host_runner() -> CudaRunner:
     run.ops, run.dev, run.persistent = ops, dev, FakePersistent(dev)
     run.cfg = types.SimpleNamespace(hidden=HIDDEN, vocab_size=VOCAB, n_layers=N_LAYERS)
     run.prefill_chunk, run._tree_features, run.tree_graphs = 64, {}, OrderedDict()
+    run.tree_nodes_cap, run._tree_slots = None, 64      # max_tree_nodes: the chunk's 64 (no configured cap)
     run.n_past, run.max_ctx, run._prefix, run._state_prefix = 5, 256, [], False
     run._t_inputs = dev.empty((tree_input_words(64),), np.int32)
     t = dev.empty((64,), np.int32)

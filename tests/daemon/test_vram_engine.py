@@ -95,7 +95,8 @@ def test_status_reports_the_plan_per_component_against_the_budget(start):
     assert pf["parts"]["kv_cache"] == 2 * 2 * 1024 * 16 * 4 and pf["parts"]["scores"] == 4 * 8 * 1024
     assert vram["peak_bytes"] == sum(c["bytes"] for c in vram["components"]) + MiB
     assert vram["settings"] == {"max_ctx": MAX_CTX, "prefill_chunk": 512, "kv_type": "f32",
-                                "drafter_policy": "resident", "prefill_drafter_tokens": 1024}
+                                "drafter_policy": "resident", "prefill_drafter_tokens": 1024,
+                                "max_tree_nodes": 512, "max_tree_nodes_from": "default"}
 
 
 def test_without_a_budget_the_plan_is_only_reported(start):

@@ -102,8 +102,9 @@ class CudaBackend(Backend):
         return self.device.info()
 
     def plan(self, cfg: ModelConfig, weight_bytes: int, max_ctx: int, prefill_chunk: int,
-             kv_types=None) -> MemoryPlan:
-        """The model's device memory; refuses (ModelUnsupported) a shape the kernels do not cover, so such a
+             kv_types=None, max_tree_nodes: int | None = None) -> MemoryPlan:
+        """The model's device memory (max_tree_nodes: make_runner's, which sizes a hybrid's tree node states);
+        refuses (ModelUnsupported) a shape the kernels do not cover, so such a
         model fails at load time with a message instead of at its first forward, and (KVTypeUnsupported) a KV
         type they do not write and read."""
         check_kv_types(kv_types)
@@ -129,7 +130,7 @@ class CudaBackend(Backend):
                      + int(lib.fd_sample_workspace_bytes(cfg.vocab_size)) + 8 * (max_ctx + 2 * prefill_chunk))
         half = _arena_half_bytes(cfg, prefill_chunk)
         if hybrid:          # kv_bytes: the attention layers' K/V, the recurrent state and the tree node states
-            kv += (1 + hybrid_tree_nodes(prefill_chunk)) * hybrid_state_bytes(cfg)
+            kv += (1 + hybrid_tree_nodes(prefill_chunk, max_tree_nodes)) * hybrid_state_bytes(cfg)
             largest = max(largest, hybrid_largest_weight(cfg))
             workspace += hybrid_workspace_bytes(cfg, prefill_chunk)
             half = max(half, hybrid_layer_bytes(cfg, prefill_chunk) + (1 << 20))
@@ -151,15 +152,17 @@ class CudaBackend(Backend):
                 f" GiB) but {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB are free; lower --max-ctx")
 
     def make_runner(self, cfg: ModelConfig, weights, max_ctx: int, prefill_chunk: int, plan: MemoryPlan,
-                    kv_types=None):
+                    kv_types=None, max_tree_nodes: int | None = None):
+        """The runner (max_tree_nodes: ModelRunner's, the same as the plan's)."""
         check_kv_types(kv_types)
         self.ops.reserve_arena(plan.arena_bytes // 2)
         self.ops.reserve_scratch(plan.scratch_bytes // 4)
         self.ops.reserve_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx)
         if getattr(cfg, "linear", None) is not None:     # graph decode, eager verify: hybrid_runner.py
-            return CudaHybridRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types=kv_types)
+            return CudaHybridRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, kv_types=kv_types,
+                                    max_tree_nodes=max_tree_nodes)
         return CudaRunner(self.ops, cfg, weights, max_ctx, prefill_chunk, forward_path=self.forward_path,
-                          kv_types=kv_types)
+                          kv_types=kv_types, max_tree_nodes=max_tree_nodes)
 
     def drop_graphs(self, runners) -> None:
         for runner in runners:

@@ -39,11 +39,12 @@ def hybrid_state_bytes(cfg: ModelConfig) -> int:
     return len(lin.linear_layers) * per_layer * F32
 
 
-def hybrid_tree_nodes(prefill_chunk: int) -> int:
-    """Nodes of the largest draft tree a verify takes (CudaHybridRunner.max_tree_nodes): a state each."""
+def hybrid_tree_nodes(prefill_chunk: int, cap: int | None = None) -> int:
+    """Nodes of the largest draft tree a verify takes (CudaHybridRunner.max_tree_nodes): a state each. cap: the
+    runner's max_tree_nodes argument (None: MAX_TREE_NODES; 0: a model loaded only to draft, which verifies none)."""
     from ...models.qwen35_tree import MAX_TREE_NODES
     from .ops import MAX_MASKED_TOKENS
-    return min(prefill_chunk, MAX_MASKED_TOKENS, MAX_TREE_NODES)
+    return min(prefill_chunk, MAX_MASKED_TOKENS, MAX_TREE_NODES if cap is None else cap)
 
 
 def hybrid_layer_bytes(cfg: ModelConfig, chunk: int) -> int:

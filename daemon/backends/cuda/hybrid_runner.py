@@ -36,13 +36,16 @@ HYBRID_NOTE = ("a hybrid (qwen35) model decodes on the per-op CUDA graph (the pe
 
 
 class CudaHybridRunner(CudaRunner):
-    def __init__(self, ops, cfg, weights, max_ctx: int, prefill_chunk: int = 512, kv_types=None):
-        super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, forward_path="graph", kv_types=kv_types)
+    def __init__(self, ops, cfg, weights, max_ctx: int, prefill_chunk: int = 512, kv_types=None,
+                 max_tree_nodes: int | None = None):
+        super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, forward_path="graph", kv_types=kv_types,
+                         max_tree_nodes=max_tree_nodes)
         self.forward_note = HYBRID_NOTE
 
     @property
     def max_tree_nodes(self) -> int:
-        """CudaRunner's bound (masked attention, the prefill chunk) and the hybrid cache's (a state per node)."""
+        """CudaRunner's bound (masked attention, the prefill chunk) and the hybrid cache's (a state per node: the
+        configured cap, hybrid_plan.hybrid_tree_nodes)."""
         return min(self.prefill_chunk, MAX_MASKED_TOKENS, self.cache.max_tree_nodes)
 
     # -- the decode graph ------------------------------------------------------------------------------------

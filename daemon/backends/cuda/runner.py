@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from ....protocol.messages import SamplingParams
-from ...runner import ModelRunner, Sampled
+from ...runner import ModelRunner, Sampled, _capped
 from ..base import Batch
 from ...models.dense import forward
 from .ops import MAX_MASKED_TOKENS, CudaOps
@@ -75,8 +75,9 @@ def _uses_penalties(p: SamplingParams) -> bool:
 
 class CudaRunner(ModelRunner):
     def __init__(self, ops: CudaOps, cfg, weights, max_ctx: int, prefill_chunk: int = 512,
-                 forward_path: str = "graph", tuning: ForwardTuning | None = None, kv_types=None):
-        super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, kv_types)
+                 forward_path: str = "graph", tuning: ForwardTuning | None = None, kv_types=None,
+                 max_tree_nodes: int | None = None):
+        super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, kv_types, max_tree_nodes)
         if forward_path not in FORWARD_PATHS:
             raise ValueError(f"forward_path must be one of {FORWARD_PATHS}, got {forward_path!r}")
         dev = self.dev = ops.dev
@@ -121,7 +122,8 @@ class CudaRunner(ModelRunner):
         # tree verification inputs, sized once for the largest tree: the captured tree graphs read
         # these addresses, so they are never reallocated. One allocation per upload: [ids | positions
         # | n_past | mask bytes] for a verify forward, [n_past | offsets] for a commit.
-        n_tree = self.max_tree_nodes
+        # a model that verifies no tree (max_tree_nodes 0: one loaded only to draft) keeps one-node buffers
+        n_tree = self._tree_slots = max(self.max_tree_nodes, 1)
         self._t_inputs = dev.empty((tree_input_words(n_tree),), i32)
         self.t_ids, self.t_pos, self.t_n_past, self.t_mask = tree_input_views(self._t_inputs, n_tree)
         self._t_commit = dev.empty((n_tree + 1,), i32)
@@ -131,8 +133,9 @@ class CudaRunner(ModelRunner):
 
     @property
     def max_tree_nodes(self) -> int:
-        """Trees up to the masked-attention workspace's size (MAX_MASKED_TOKENS) and the arena's."""
-        return min(self.prefill_chunk, MAX_MASKED_TOKENS)
+        """Trees up to the masked-attention workspace's size (MAX_MASKED_TOKENS), the arena's and the
+        configured cap (ModelRunner: tree_nodes_cap, 0 for a model that only drafts)."""
+        return _capped(min(self.prefill_chunk, MAX_MASKED_TOKENS), self.tree_nodes_cap)
 
     def drop_graphs(self) -> None:
         """Forget the captured graphs (they are recaptured on next use): needed when the shared
@@ -215,7 +218,7 @@ class CudaRunner(ModelRunner):
         if capture:
             self.tree_features(capture)
         self._will_write(n)
-        self.dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self.max_tree_nodes), out=self._t_inputs)
+        self.dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self._tree_slots), out=self._t_inputs)
         return n, capture
 
     def _feature_rows(self, n_layers: int) -> list:
