@@ -36,7 +36,9 @@ ROWS = ("qkv", "alpha", "beta", "z")         # per token; the rest are per layer
 
 @pytest.fixture
 def ops(dev):
-    return poisoned_ops(dev)
+    o = poisoned_ops(dev)
+    o.fused_delta_prefill = True      # this file tests the fused kernel itself, at every n (off by default: prefill composes)
+    return o
 
 
 def fused_inputs(rng, n, hk, hv, S):
