@@ -9,8 +9,11 @@
 namespace fd {
 namespace {
 
-// Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9, 10, 12): int8 activations, 6 KB steps, 2 rounds,
-// PDL on. gemv_rows (gemv_rows.cuh, the all-rows tensor-core GEMV) is off: in the library it is 2.5-5x faster than
+// Measured on sm_90 (H100 / H200; bench/NOTES.md sessions 2, 7, 9, 10, 12, 15): int8 activations, 12 KB steps with one
+// single-buffered step a warp wherever the grid holds them (rounds 0), PDL on -- session 15 (H200, one machine, two
+// repetitions): against 6 KB steps in 2 rounds, tg128 of the 1.5B clone +2.4%, the 0.5B +5.8%, the hybrid 0.8B shape in
+// BF16 +5.7%, the 27B shape +1.7% (bench/results/2026-11-26-h200-session15-tuning-ab.txt); rounds 0 alone lost on
+// the 1.5B (-1.4%). gemv_rows (gemv_rows.cuh, the all-rows tensor-core GEMV) is off: in the library it is 2.5-5x faster than
 // the dp4a kernels at n = 8..32 but 1.1-2x slower at n = 1 (x pre-pass launch, untuned shapes; bench/results/
 // 2026-11-26-h100-gemv-rows-library.txt), and a model must run one path at every n (row invariance), so plain
 // decoding would pay; gemv_rows = 1 turns it on (--tuning) for an A/B. Tensor-core GEMV passes (gemv_mma.cuh) off:
@@ -35,7 +38,7 @@ constexpr TuningEntry TABLE[] = {
     {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_80 A100
     {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
     {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 6144, 2, 1, 0, 0, 1, 1, 4}},   // sm_90 H100 / H200
+    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
