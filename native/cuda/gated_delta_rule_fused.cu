@@ -244,10 +244,10 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
             if (CLUSTER && lane < n_tiles) cooperative_groups::this_cluster().map_shared_rank(red, lane)[tile] = oo;
 #endif
         }
-        if (CLUSTER) {
+        if constexpr (CLUSTER) {
 #if FD_FZ_CLUSTER_OK
             cooperative_groups::this_cluster().sync();   // every tile's sum stored and visible (release / acquire)
-#else
+#elif FD_HAS_MMA
             __trap();                              // the launcher runs the cluster form only on sm_90 binaries
 #endif
         } else {
