@@ -15,7 +15,10 @@
 // prefill gives it 32 channels x 8 token slots (slot s takes tokens s, s + 8, ...). The block owns all n
 // tokens of its channels, so after one __syncthreads (every read of the old state done) slot 0 writes the new
 // state: row r <- u[n + r], in ascending r, which reads old-state row n + r > r before anything overwrites it
-// (n < K - 1 keeps part of the old state, shifted).
+// (n < K - 1 keeps part of the old state, shifted). A decode step (SLOTS = 1, n = 1) has one thread per
+// channel and its window u already in registers: the new state rows are u[1 .. K-1], stored with no barrier
+// and no second read of the old state (the reads-then-writes above are one L2 round trip per row, in order,
+// since conv_state may alias itself); the same values, so the same bits.
 //
 // The _silu entries (ABI 15) apply fd::silu to each output before the store: the bits of fd_causal_conv1d then
 // fd_silu (elementwise.cu's SiluOp is the same fd::silu), one launch instead of two (the decode step's conv).
@@ -60,6 +63,18 @@ causal_conv1d_kernel(float* __restrict__ y, const float* __restrict__ x, const f
     const bool live = c < C;
     float w[FD_CONV_MAX_K];
     if (live) load_taps(w, weight, c, K);
+    if (SLOTS == 1 && n == 1) {                           // a decode step: the window, then its last K - 1 rows
+        if (!live) return;
+        float u[FD_CONV_MAX_K];
+#pragma unroll
+        for (int k = 0; k < FD_CONV_MAX_K; ++k)
+            u[k] = k >= K ? 0.0f : k < K - 1 ? conv_state[(size_t)k * C + c] : x[c];
+        y[c] = conv_act<SILU>(conv_out(u, w, K));
+#pragma unroll
+        for (int r = 0; r + 1 < FD_CONV_MAX_K; ++r)
+            if (r + 1 < K) conv_state[(size_t)r * C + c] = u[r + 1];
+        return;
+    }
     for (int t = slot; live && t < n; t += SLOTS) {
         float u[FD_CONV_MAX_K];
 #pragma unroll
