@@ -20,6 +20,9 @@
 // and no second read of the old state (the reads-then-writes above are one L2 round trip per row, in order,
 // since conv_state may alias itself); the same values, so the same bits.
 //
+// Every form is launched with programmatic dependent launch (fd::launch_pdl): the taps (weights) load before
+// pdl_wait, x and the state after it, and the next kernel (the fused delta rule) may then become resident early.
+//
 // The _silu entries (ABI 15) apply fd::silu to each output before the store: the bits of fd_causal_conv1d then
 // fd_silu (elementwise.cu's SiluOp is the same fd::silu), one launch instead of two (the decode step's conv).
 //
@@ -63,6 +66,8 @@ causal_conv1d_kernel(float* __restrict__ y, const float* __restrict__ x, const f
     const bool live = c < C;
     float w[FD_CONV_MAX_K];
     if (live) load_taps(w, weight, c, K);
+    fd::pdl_wait();                                       // x and the state are earlier kernels' (the taps: weights)
+    fd::pdl_launch_dependents();
     if (SLOTS == 1 && n == 1) {                           // a decode step: the window, then its last K - 1 rows
         if (!live) return;
         float u[FD_CONV_MAX_K];
@@ -101,6 +106,8 @@ causal_conv1d_tree_kernel(float* __restrict__ y, const float* __restrict__ x, co
     if (c >= C) return;
     float w[FD_CONV_MAX_K];
     load_taps(w, weight, c, K);
+    fd::pdl_wait();                                       // as causal_conv1d_kernel
+    fd::pdl_launch_dependents();
     const size_t node_stride = (size_t)(K - 1) * C;       // one node's (K - 1, C) window
     for (int i = 0; i < n; ++i) {
         const int parent = parents[i];
@@ -131,14 +138,12 @@ int launch_conv(float* y, const float* x, const float* weight, float* conv_state
     if (int st = check_conv(y, x, weight, conv_state, n, channels, kernel)) return st;
     if (n == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    if (n == 1) {
-        causal_conv1d_kernel<1, SILU><<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, s>>>(
-            y, x, weight, conv_state, n, channels, kernel);
-    } else {
-        causal_conv1d_kernel<CONV_SLOTS, SILU><<<fd::ceil_div(channels, CONV_THREADS / CONV_SLOTS), CONV_THREADS, 0,
-                                                 s>>>(y, x, weight, conv_state, n, channels, kernel);
-    }
-    return FD_LAUNCH_STATUS();
+    if (n == 1)
+        return fd::launch_pdl(causal_conv1d_kernel<1, SILU>, dim3(fd::ceil_div(channels, CONV_THREADS)),
+                              dim3(CONV_THREADS), 0, s, y, x, weight, conv_state, n, channels, kernel);
+    return fd::launch_pdl(causal_conv1d_kernel<CONV_SLOTS, SILU>,
+                          dim3(fd::ceil_div(channels, CONV_THREADS / CONV_SLOTS)), dim3(CONV_THREADS), 0, s, y, x,
+                          weight, conv_state, n, channels, kernel);
 }
 
 template <bool SILU>
@@ -147,9 +152,9 @@ int launch_conv_tree(float* y, const float* x, const float* weight, const float*
     if (int st = check_conv(y, x, weight, conv_state, n, channels, kernel)) return st;
     FD_CHECK_ARG(parents && node_conv);
     if (n == 0) return 0;
-    causal_conv1d_tree_kernel<SILU><<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, (cudaStream_t)stream>>>(
-        y, x, weight, conv_state, parents, node_conv, n, channels, kernel);
-    return FD_LAUNCH_STATUS();
+    return fd::launch_pdl(causal_conv1d_tree_kernel<SILU>, dim3(fd::ceil_div(channels, CONV_THREADS)),
+                          dim3(CONV_THREADS), 0, (cudaStream_t)stream, y, x, weight, conv_state, parents, node_conv,
+                          n, channels, kernel);
 }
 
 }  // namespace

@@ -45,6 +45,9 @@
 // them in tile order as the one-block form does. Every form (decode, prefill, tree) takes it where it can:
 // same bits as the one-block form, which stays for HIP, pre-sm_90 devices, d_v <= 32 (one tile) and
 // FLASHD_DELTA_FUSED_CLUSTER=0 (an A/B and test switch, read at each launch).
+// Both forms are launched with programmatic dependent launch (fd::launch_pdl, or its attribute beside the cluster
+// one): pdl_wait before the first read of the rows and the state, then the next kernel (the output projection's
+// GEMV) may start streaming its weights under this one.
 #if FD_HAS_MMA && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
 #define FD_FZ_CLUSTER_OK 1
 #else
@@ -174,6 +177,8 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
     const size_t node_elems = (size_t)a.n_v_heads * head_elems;
     const float norm_w = j < a.d_v ? a.norm_w[j] : 0.0f;
     const float dt_bias = a.dt_bias[h], a_h = a.a[h];
+    fd::pdl_wait();                                // the rows and the state are earlier kernels' (weights above)
+    fd::pdl_launch_dependents();                   // the next kernel (a GEMV) may start streaming its weights
     float m[RPT];
     rows_in(m, a.state + head_off, a.d_k, a.d_v, j, w, false);
     FusedIn next = load_fused(a, 0, h, j);
@@ -268,8 +273,8 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
 template <int RPT, bool TREE>
 int launch_block(const FusedArgs& a, cudaStream_t s) {
     const int threads = fd::ceil_div(a.d_v, FZ_COLS) * FZ_TILE_THREADS;
-    gated_delta_rule_fused_kernel<RPT, TREE, false><<<a.n_v_heads, threads, 0, s>>>(a);
-    return FD_LAUNCH_STATUS();
+    return fd::launch_pdl(gated_delta_rule_fused_kernel<RPT, TREE, false>, dim3(a.n_v_heads), dim3(threads), 0, s,
+                          a);
 }
 
 // The cluster form; 1 when this build or device cannot run it (the caller falls back to the one-block form).
@@ -292,13 +297,15 @@ int launch_cluster(const FusedArgs& a, cudaStream_t s) {
     config.gridDim = dim3((unsigned)(a.n_v_heads * n_tiles));
     config.blockDim = dim3(FZ_TILE_THREADS);
     config.stream = s;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = n_tiles;                   // <= 4: a portable cluster size
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;   // as fd::launch_pdl
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attr;
-    config.numAttrs = 1;
+    config.numAttrs = fd::pdl_enabled() ? 2 : 1;
     const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
     return err != cudaSuccess ? (int)err : FD_LAUNCH_STATUS();
 #else

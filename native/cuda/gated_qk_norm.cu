@@ -12,6 +12,9 @@
 // stays inside fd_attention_decode_rope / fd_rope_kv_write, which rotate the normed q and k). One warp per head
 // row (two a block): lane l sums the squares of elements l, l + 32, ... in ascending order, then fd::warp_sum's
 // fixed butterfly, so a row's bits depend on nothing but the row (a tree verify row equals the decode step's).
+//
+// Launched with programmatic dependent launch (fd::launch_pdl, common.cuh): pdl_wait before the first read, then
+// the next kernel (the RoPE'd attention) may become resident and run its pre-wait part under this one.
 #include "common.cuh"
 
 namespace {
@@ -72,6 +75,8 @@ gated_qk_norm_kernel(float* q_out, float* gate_out, float* k_out, const float* q
                      int d, float eps) {
     const int lane = (int)threadIdx.x % FD_WARP;
     const int64_t r = (int64_t)blockIdx.x * QKN_WARPS + (int)threadIdx.x / FD_WARP;
+    fd::pdl_wait();                                // q_gate and k are the previous kernels'
+    fd::pdl_launch_dependents();
     if (r < q_rows) {
         const float* src = q_gate + r * 2 * d;
         norm_row<EPL>(q_out + r * d, src, wq, gate_out + r * d, src + d, d, eps, lane);
@@ -92,16 +97,10 @@ extern "C" int fd_gated_qk_norm(float* q_out, float* gate_out, float* k_out, con
     const int64_t q_rows = (int64_t)n * n_heads, k_rows = (int64_t)n * n_kv_heads;
     const int64_t blocks = (q_rows + k_rows + QKN_WARPS - 1) / QKN_WARPS;
     if (blocks > 0x7fffffff) return FD_E_SHAPE;
-    const cudaStream_t s = (cudaStream_t)stream;
-    const unsigned grid = (unsigned)blocks;
-    if (head_dim <= 4 * FD_WARP)
-        gated_qk_norm_kernel<4><<<grid, QKN_THREADS, 0, s>>>(q_out, gate_out, k_out, q_gate, k, wq, wk, q_rows,
-                                                             k_rows, head_dim, eps);
-    else if (head_dim <= 8 * FD_WARP)
-        gated_qk_norm_kernel<8><<<grid, QKN_THREADS, 0, s>>>(q_out, gate_out, k_out, q_gate, k, wq, wk, q_rows,
-                                                             k_rows, head_dim, eps);
-    else
-        gated_qk_norm_kernel<0><<<grid, QKN_THREADS, 0, s>>>(q_out, gate_out, k_out, q_gate, k, wq, wk, q_rows,
-                                                             k_rows, head_dim, eps);
-    return FD_LAUNCH_STATUS();
+    const int epl = head_dim <= 4 * FD_WARP ? 4 : head_dim <= 8 * FD_WARP ? 8 : 0;   // 0: the loop form
+    const auto kernel = epl == 4   ? gated_qk_norm_kernel<4>
+                        : epl == 8 ? gated_qk_norm_kernel<8>
+                                   : gated_qk_norm_kernel<0>;
+    return fd::launch_pdl(kernel, dim3((unsigned)blocks), dim3(QKN_THREADS), 0, (cudaStream_t)stream, q_out, gate_out,
+                          k_out, q_gate, k, wq, wk, q_rows, k_rows, head_dim, eps);
 }
