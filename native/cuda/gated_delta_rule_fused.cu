@@ -277,21 +277,28 @@ int launch_block(const FusedArgs& a, cudaStream_t s) {
                           a);
 }
 
-// The cluster form; 1 when this build or device cannot run it (the caller falls back to the one-block form).
+// Whether the cluster form can run: this build compiled it for sm_90 or later and the device is sm_90 or later.
+template <int RPT, bool TREE>
+bool cluster_available() {
+#if FD_HAS_MMA
+    static const int binary_version = [] {                 // fixed per build: the target the kernel compiled for
+        cudaFuncAttributes attrs;
+        const bool ok = cudaFuncGetAttributes(&attrs, gated_delta_rule_fused_kernel<RPT, TREE, true>) == cudaSuccess;
+        (void)cudaGetLastError();                         // a failed query leaves no error for a later launch
+        return ok ? attrs.binaryVersion : 0;
+    }();
+    int device = 0, major = 0;
+    return binary_version >= 90 && cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+#else
+    return false;
+#endif
+}
+
+// The cluster form (cluster_available() true): grid Hv * TILES in clusters of TILES blocks of 256 threads.
 template <int RPT, bool TREE>
 int launch_cluster(const FusedArgs& a, cudaStream_t s) {
 #if FD_HAS_MMA
-    const auto kernel = gated_delta_rule_fused_kernel<RPT, TREE, true>;
-    static const int binary_version = [] {                 // fixed per build: the target the kernel compiled for
-        cudaFuncAttributes attrs;
-        return cudaFuncGetAttributes(&attrs, gated_delta_rule_fused_kernel<RPT, TREE, true>) == cudaSuccess
-                   ? attrs.binaryVersion : 0;
-    }();
-    if (binary_version < 90) return 1;
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9)
-        return 1;
     const int n_tiles = fd::ceil_div(a.d_v, FZ_COLS);
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3((unsigned)(a.n_v_heads * n_tiles));
@@ -306,21 +313,19 @@ int launch_cluster(const FusedArgs& a, cudaStream_t s) {
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attr;
     config.numAttrs = fd::pdl_enabled() ? 2 : 1;
-    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
+    const cudaError_t err = cudaLaunchKernelEx(&config, gated_delta_rule_fused_kernel<RPT, TREE, true>, a);
     return err != cudaSuccess ? (int)err : FD_LAUNCH_STATUS();
 #else
     (void)a, (void)s;
-    return 1;
+    return FD_E_UNSUPPORTED;                              // not reached: cluster_available() is false
 #endif
 }
 
 template <int RPT, bool TREE>
 int launch_rpt(const FusedArgs& a, cudaStream_t s) {
     const char* env = getenv("FLASHD_DELTA_FUSED_CLUSTER");
-    if (a.d_v > FZ_COLS && !(env && env[0] == '0')) {
-        const int status = launch_cluster<RPT, TREE>(a, s);
-        if (status != 1) return status;
-    }
+    if (a.d_v > FZ_COLS && !(env && env[0] == '0') && cluster_available<RPT, TREE>())
+        return launch_cluster<RPT, TREE>(a, s);
     return launch_block<RPT, TREE>(a, s);
 }
 
