@@ -15,7 +15,13 @@
 // prefill gives it 32 channels x 8 token slots (slot s takes tokens s, s + 8, ...). The block owns all n
 // tokens of its channels, so after one __syncthreads (every read of the old state done) slot 0 writes the new
 // state: row r <- u[n + r], in ascending r, which reads old-state row n + r > r before anything overwrites it
-// (n < K - 1 keeps part of the old state, shifted).
+// (n < K - 1 keeps part of the old state, shifted). A decode step (SLOTS = 1, n = 1) has one thread per
+// channel and its window u already in registers: the new state rows are u[1 .. K-1], stored with no barrier
+// and no second read of the old state (the reads-then-writes above are one L2 round trip per row, in order,
+// since conv_state may alias itself); the same values, so the same bits.
+//
+// Every form is launched with programmatic dependent launch (fd::launch_pdl): the taps (weights) load before
+// pdl_wait, x and the state after it, and the next kernel (the fused delta rule) may then become resident early.
 //
 // The _silu entries (ABI 15) apply fd::silu to each output before the store: the bits of fd_causal_conv1d then
 // fd_silu (elementwise.cu's SiluOp is the same fd::silu), one launch instead of two (the decode step's conv).
@@ -60,6 +66,20 @@ causal_conv1d_kernel(float* __restrict__ y, const float* __restrict__ x, const f
     const bool live = c < C;
     float w[FD_CONV_MAX_K];
     if (live) load_taps(w, weight, c, K);
+    fd::pdl_wait();                                       // x and the state are earlier kernels' (the taps: weights)
+    fd::pdl_launch_dependents();
+    if (SLOTS == 1 && n == 1) {                           // a decode step: the window, then its last K - 1 rows
+        if (!live) return;
+        float u[FD_CONV_MAX_K];
+#pragma unroll
+        for (int k = 0; k < FD_CONV_MAX_K; ++k)
+            u[k] = k >= K ? 0.0f : k < K - 1 ? conv_state[(size_t)k * C + c] : x[c];
+        y[c] = conv_act<SILU>(conv_out(u, w, K));
+#pragma unroll
+        for (int r = 0; r + 1 < FD_CONV_MAX_K; ++r)
+            if (r + 1 < K) conv_state[(size_t)r * C + c] = u[r + 1];
+        return;
+    }
     for (int t = slot; live && t < n; t += SLOTS) {
         float u[FD_CONV_MAX_K];
 #pragma unroll
@@ -86,6 +106,8 @@ causal_conv1d_tree_kernel(float* __restrict__ y, const float* __restrict__ x, co
     if (c >= C) return;
     float w[FD_CONV_MAX_K];
     load_taps(w, weight, c, K);
+    fd::pdl_wait();                                       // as causal_conv1d_kernel
+    fd::pdl_launch_dependents();
     const size_t node_stride = (size_t)(K - 1) * C;       // one node's (K - 1, C) window
     for (int i = 0; i < n; ++i) {
         const int parent = parents[i];
@@ -116,14 +138,12 @@ int launch_conv(float* y, const float* x, const float* weight, float* conv_state
     if (int st = check_conv(y, x, weight, conv_state, n, channels, kernel)) return st;
     if (n == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    if (n == 1) {
-        causal_conv1d_kernel<1, SILU><<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, s>>>(
-            y, x, weight, conv_state, n, channels, kernel);
-    } else {
-        causal_conv1d_kernel<CONV_SLOTS, SILU><<<fd::ceil_div(channels, CONV_THREADS / CONV_SLOTS), CONV_THREADS, 0,
-                                                 s>>>(y, x, weight, conv_state, n, channels, kernel);
-    }
-    return FD_LAUNCH_STATUS();
+    if (n == 1)
+        return fd::launch_pdl(causal_conv1d_kernel<1, SILU>, dim3(fd::ceil_div(channels, CONV_THREADS)),
+                              dim3(CONV_THREADS), 0, s, y, x, weight, conv_state, n, channels, kernel);
+    return fd::launch_pdl(causal_conv1d_kernel<CONV_SLOTS, SILU>,
+                          dim3(fd::ceil_div(channels, CONV_THREADS / CONV_SLOTS)), dim3(CONV_THREADS), 0, s, y, x,
+                          weight, conv_state, n, channels, kernel);
 }
 
 template <bool SILU>
@@ -132,9 +152,9 @@ int launch_conv_tree(float* y, const float* x, const float* weight, const float*
     if (int st = check_conv(y, x, weight, conv_state, n, channels, kernel)) return st;
     FD_CHECK_ARG(parents && node_conv);
     if (n == 0) return 0;
-    causal_conv1d_tree_kernel<SILU><<<fd::ceil_div(channels, CONV_THREADS), CONV_THREADS, 0, (cudaStream_t)stream>>>(
-        y, x, weight, conv_state, parents, node_conv, n, channels, kernel);
-    return FD_LAUNCH_STATUS();
+    return fd::launch_pdl(causal_conv1d_tree_kernel<SILU>, dim3(fd::ceil_div(channels, CONV_THREADS)),
+                          dim3(CONV_THREADS), 0, (cudaStream_t)stream, y, x, weight, conv_state, parents, node_conv,
+                          n, channels, kernel);
 }
 
 }  // namespace

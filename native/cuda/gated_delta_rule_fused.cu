@@ -30,6 +30,30 @@
 // (correctly rounded, not the fast-math approximations); silu is fd::silu (fd_silu's bits).
 #include "common.cuh"
 
+#include <stdlib.h>
+
+#if FD_HAS_MMA
+#include <cooperative_groups.h>
+#endif
+
+// Cluster form (sm_90, CUDA): the head's TILES column tiles run as TILES blocks of 256 threads, one thread-block
+// cluster a head (grid Hv * TILES), so a decode step's state traffic (64 KiB a head read and written at d 128)
+// spreads over 4x the SMs and a thread may hold 255 registers (the 1024-thread block has 64). Each block repeats
+// the token's L2 norms, decay and sigmoid with the same arithmetic (the same warps hold the same q and k
+// elements: d_k <= 128 < 256 threads), so every tile sees the same bits; the one cross-tile sum, the output
+// norm's over d_v, gathers the tiles' warp sums through distributed shared memory into every block and adds
+// them in tile order as the one-block form does. Every form (decode, prefill, tree) takes it where it can:
+// same bits as the one-block form, which stays for HIP, pre-sm_90 devices, d_v <= 32 (one tile) and
+// FLASHD_DELTA_FUSED_CLUSTER=0 (an A/B and test switch, read at each launch).
+// Both forms are launched with programmatic dependent launch (fd::launch_pdl, or its attribute beside the cluster
+// one): pdl_wait before the first read of the rows and the state, then the next kernel (the output projection's
+// GEMV) may start streaming its weights under this one.
+#if FD_HAS_MMA && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
+#define FD_FZ_CLUSTER_OK 1
+#else
+#define FD_FZ_CLUSTER_OK 0
+#endif
+
 namespace {
 
 constexpr int FZ_WARPS = 8;                        // warps per column tile (the row split of gated_delta_rule.cu)
@@ -114,32 +138,47 @@ __device__ __forceinline__ void rows_out(const float (&m)[RPT], float* base, int
 }
 
 // The sum over the tile's 8 warps of each lane's partial, in warp order (gated_delta_rule.cu's warps_sum).
-__device__ __forceinline__ float tile_sum(float partial, float (*part)[FZ_WARPS][FZ_COLS], int tile, int w,
-                                          int lane) {
-    part[tile][w][lane] = partial;
+// part: this tile's [warp][lane] slots. The cluster form's two sums of a token use two buffers, so one barrier
+// each suffices (a buffer is rewritten only after the other sum's barrier, which every reader of it has
+// passed); the one-block form keeps one buffer and a barrier between the sums (fewer registers).
+__device__ __forceinline__ float tile_sum(float partial, float (*part)[FZ_COLS], int w, int lane) {
+    part[w][lane] = partial;
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
-    for (int x = 0; x < FZ_WARPS; ++x) total += part[tile][x][lane];
+    for (int x = 0; x < FZ_WARPS; ++x) total += part[x][lane];
     return total;
 }
 
-// grid (Hv), TILES * 256 threads. TREE: a.parents / a.node_state; else a.state updated in place.
-template <int RPT, bool TREE>
-__global__ void __launch_bounds__(FZ_MAX_THREADS)
+// One-block form: grid (Hv), TILES * 256 threads. CLUSTER: grid (Hv * TILES), 256 threads, clusters of TILES
+// blocks (block b: head b / TILES, tile b % TILES = its rank). TREE: a.parents / a.node_state; else a.state
+// updated in place.
+template <int RPT, bool TREE, bool CLUSTER>
+__global__ void __launch_bounds__(CLUSTER ? FZ_TILE_THREADS : FZ_MAX_THREADS)
 gated_delta_rule_fused_kernel(FusedArgs a) {
+    constexpr int BLOCK_TILES = CLUSTER ? 1 : FZ_MAX_TILES;    // column tiles held by this block
     __shared__ float sk[FD_DELTA_FUSED_MAX_DK], sq[FD_DELTA_FUSED_MAX_DK];
     __shared__ float red_q[FD_DELTA_FUSED_MAX_DK / FD_WARP], red_k[FD_DELTA_FUSED_MAX_DK / FD_WARP];
-    __shared__ float red_o[FZ_MAX_TILES];
+    __shared__ float red_o[2][FZ_MAX_TILES];       // [token parity][tile]: the cluster's writes alternate
     __shared__ float sgb[2];                       // exp(g), beta of the current token
-    __shared__ float part[FZ_MAX_TILES][FZ_WARPS][FZ_COLS];
-    const int h = blockIdx.x, tid = (int)threadIdx.x, lane = tid % FD_WARP, warp = tid / FD_WARP;
-    const int tile = warp / FZ_WARPS, w = warp % FZ_WARPS, j = tile * FZ_COLS + lane;
-    const int n_tiles = (int)blockDim.x / FZ_TILE_THREADS, qk_warps = (a.d_k + FD_WARP - 1) / FD_WARP;
+    __shared__ float part[CLUSTER ? 2 : 1][BLOCK_TILES][FZ_WARPS][FZ_COLS];
+    const int tid = (int)threadIdx.x, lane = tid % FD_WARP, warp = tid / FD_WARP, w = warp % FZ_WARPS;
+    const int n_tiles = CLUSTER ? (a.d_v + FZ_COLS - 1) / FZ_COLS : (int)blockDim.x / FZ_TILE_THREADS;
+    const int qk_warps = (a.d_k + FD_WARP - 1) / FD_WARP;
+    const int h = CLUSTER ? (int)blockIdx.x / n_tiles : (int)blockIdx.x;
+    const int tile = CLUSTER ? (int)blockIdx.x % n_tiles : warp / FZ_WARPS, j = tile * FZ_COLS + lane;
+    const int bt = CLUSTER ? 0 : tile;             // this warp's tile among the block's
+    // cluster form: the decay and the sigmoid (double-precision chains) on two threads of warps 6 and 7, which
+    // hold no q or k element (d_k <= 128: warps 0-3), so they run beside the L2 sums rather than after them
+    // (the one-block form keeps both on thread 0: its 64-register build spills more otherwise)
+    const int decay_tid = CLUSTER ? FZ_TILE_THREADS - 2 * FD_WARP : 0;
+    const int sigmoid_tid = CLUSTER ? FZ_TILE_THREADS - FD_WARP : 0;
     const size_t head_elems = (size_t)a.d_k * a.d_v, head_off = (size_t)h * head_elems;
     const size_t node_elems = (size_t)a.n_v_heads * head_elems;
     const float norm_w = j < a.d_v ? a.norm_w[j] : 0.0f;
     const float dt_bias = a.dt_bias[h], a_h = a.a[h];
+    fd::pdl_wait();                                // the rows and the state are earlier kernels' (weights above)
+    fd::pdl_launch_dependents();                   // the next kernel (a GEMV) may start streaming its weights
     float m[RPT];
     rows_in(m, a.state + head_off, a.d_k, a.d_v, j, w, false);
     FusedIn next = load_fused(a, 0, h, j);
@@ -161,10 +200,8 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
                 red_k[warp] = sk_sum;
             }
         }
-        if (tid == 0) {
-            sgb[0] = fused_decay(cur.alpha, dt_bias, a_h);
-            sgb[1] = fused_sigmoid(cur.beta);
-        }
+        if (tid == decay_tid) sgb[0] = fused_decay(cur.alpha, dt_bias, a_h);
+        if (tid == sigmoid_tid) sgb[1] = fused_sigmoid(cur.beta);
         if (t + 1 < a.n) next = load_fused(a, t + 1, h, j);   // in flight while this token computes
         __syncthreads();
         if (tid < a.d_k) {
@@ -188,7 +225,7 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
                 kv = fmaf(m[p], sk[i], kv);
             }
         }
-        const float delta = (cur.v - tile_sum(kv, part, tile, w, lane)) * beta;
+        const float delta = (cur.v - tile_sum(kv, part[0][bt], w, lane)) * beta;
         float oq = 0.0f;
 #pragma unroll
         for (int p = 0; p < RPT; ++p) {
@@ -198,17 +235,32 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
                 oq = fmaf(m[p], sq[i], oq);
             }
         }
-        __syncthreads();                           // every lane has read part (M^T k) before it is overwritten
-        const float o = tile_sum(oq, part, tile, w, lane) * a.scale;
+        if (!CLUSTER) __syncthreads();             // one buffer: every lane has read part (M^T k)
+        const float o = tile_sum(oq, part[CLUSTER ? 1 : 0][bt], w, lane) * a.scale;
         // the gated output norm over the head's d_v columns: tiles' sums in tile order
+        float* const red = red_o[CLUSTER ? t & 1 : 0];  // one block: the loop's first barrier guards red_o
         if (w == 0) {
-            const float oo = fd::warp_sum(j < a.d_v ? o * o : 0.0f);
-            if (lane == 0) red_o[tile] = oo;
+            const float oo = fd::warp_sum(j < a.d_v ? o * o : 0.0f);   // the same bits in every lane
+            if (!CLUSTER && lane == 0) red[tile] = oo;
+#if FD_FZ_CLUSTER_OK
+            // lane r stores the tile's sum into block r's red[tile]. Token t + 1 writes the other parity; token
+            // t + 2 writes this one again only after token t + 1's cluster barrier, which every block reaches
+            // after reading token t's sums.
+            if (CLUSTER && lane < n_tiles) cooperative_groups::this_cluster().map_shared_rank(red, lane)[tile] = oo;
+#endif
         }
-        __syncthreads();
+        if constexpr (CLUSTER) {
+#if FD_FZ_CLUSTER_OK
+            cooperative_groups::this_cluster().sync();   // every tile's sum stored and visible (release / acquire)
+#elif FD_HAS_MMA
+            __trap();                              // the launcher runs the cluster form only on sm_90 binaries
+#endif
+        } else {
+            __syncthreads();
+        }
         if (w == 0 && j < a.d_v) {
             float ss = 0.0f;
-            for (int x = 0; x < n_tiles; ++x) ss += red_o[x];
+            for (int x = 0; x < n_tiles; ++x) ss += red[x];
             const float rms = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)a.d_v), a.norm_eps));
             const float y = __fmul_rn(__fdiv_rn(o, rms), norm_w);
             a.out[((size_t)t * a.n_v_heads + h) * a.d_v + j] = __fmul_rn(fd::silu(cur.z), y);
@@ -218,16 +270,72 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
     if (!TREE) rows_out(m, a.state + head_off, a.d_k, a.d_v, j, w);
 }
 
+template <int RPT, bool TREE>
+int launch_block(const FusedArgs& a, cudaStream_t s) {
+    const int threads = fd::ceil_div(a.d_v, FZ_COLS) * FZ_TILE_THREADS;
+    return fd::launch_pdl(gated_delta_rule_fused_kernel<RPT, TREE, false>, dim3(a.n_v_heads), dim3(threads), 0, s,
+                          a);
+}
+
+// Whether the cluster form can run: this build compiled it for sm_90 or later and the device is sm_90 or later.
+template <int RPT, bool TREE>
+bool cluster_available() {
+#if FD_HAS_MMA
+    static const int binary_version = [] {                 // fixed per build: the target the kernel compiled for
+        cudaFuncAttributes attrs;
+        const bool ok = cudaFuncGetAttributes(&attrs, gated_delta_rule_fused_kernel<RPT, TREE, true>) == cudaSuccess;
+        (void)cudaGetLastError();                         // a failed query leaves no error for a later launch
+        return ok ? attrs.binaryVersion : 0;
+    }();
+    int device = 0, major = 0;
+    return binary_version >= 90 && cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+#else
+    return false;
+#endif
+}
+
+// The cluster form (cluster_available() true): grid Hv * TILES in clusters of TILES blocks of 256 threads.
+template <int RPT, bool TREE>
+int launch_cluster(const FusedArgs& a, cudaStream_t s) {
+#if FD_HAS_MMA
+    const int n_tiles = fd::ceil_div(a.d_v, FZ_COLS);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)(a.n_v_heads * n_tiles));
+    config.blockDim = dim3(FZ_TILE_THREADS);
+    config.stream = s;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = n_tiles;                   // <= 4: a portable cluster size
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;   // as fd::launch_pdl
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = fd::pdl_enabled() ? 2 : 1;
+    const cudaError_t err = cudaLaunchKernelEx(&config, gated_delta_rule_fused_kernel<RPT, TREE, true>, a);
+    return err != cudaSuccess ? (int)err : FD_LAUNCH_STATUS();
+#else
+    (void)a, (void)s;
+    return FD_E_UNSUPPORTED;                              // not reached: cluster_available() is false
+#endif
+}
+
+template <int RPT, bool TREE>
+int launch_rpt(const FusedArgs& a, cudaStream_t s) {
+    const char* env = getenv("FLASHD_DELTA_FUSED_CLUSTER");
+    if (a.d_v > FZ_COLS && !(env && env[0] == '0') && cluster_available<RPT, TREE>())
+        return launch_cluster<RPT, TREE>(a, s);
+    return launch_block<RPT, TREE>(a, s);
+}
+
 template <bool TREE>
 int launch_fused(const FusedArgs& a, cudaStream_t s) {
-    const dim3 grid(a.n_v_heads);
-    const int threads = fd::ceil_div(a.d_v, FZ_COLS) * FZ_TILE_THREADS;
     const int rows = fd::ceil_div(a.d_k, FZ_WARPS);        // registers of state per thread
-    if (rows <= 2) gated_delta_rule_fused_kernel<2, TREE><<<grid, threads, 0, s>>>(a);
-    else if (rows <= 4) gated_delta_rule_fused_kernel<4, TREE><<<grid, threads, 0, s>>>(a);
-    else if (rows <= 8) gated_delta_rule_fused_kernel<8, TREE><<<grid, threads, 0, s>>>(a);
-    else gated_delta_rule_fused_kernel<16, TREE><<<grid, threads, 0, s>>>(a);
-    return FD_LAUNCH_STATUS();
+    if (rows <= 2) return launch_rpt<2, TREE>(a, s);
+    if (rows <= 4) return launch_rpt<4, TREE>(a, s);
+    if (rows <= 8) return launch_rpt<8, TREE>(a, s);
+    return launch_rpt<16, TREE>(a, s);
 }
 
 // FD_E_ARG for a null pointer, a non-positive size, Hv not a multiple of Hk, a row stride shorter than the

@@ -44,9 +44,10 @@ def assert_conv_close(y, x, w, state, y64=None):
 
 
 # (n, C, K): a decode step at the 0.8B / 27B widths, prefills of awkward lengths and widths, n < K - 1 (the new
-# state keeps part of the old one, shifted), the widest kernel (K = 8), one channel.
+# state keeps part of the old one, shifted), the widest kernel (K = 8), one channel; decode steps at K = 2 and 8
+# (n = 1 runs the kernel's register-window path).
 SHAPES = [(1, 6144, 4), (1, 10240, 4), (7, 10240, 4), (133, 37, 4), (2, 100, 4), (1, 5, 4), (300, 33, 3),
-          (5, 70, 8), (64, 1, 2), (513, 2049, 4)]
+          (5, 70, 8), (64, 1, 2), (513, 2049, 4), (1, 37, 2), (1, 70, 8)]
 
 
 @pytest.mark.parametrize("n,channels,taps", SHAPES)

@@ -161,6 +161,24 @@ def test_tree_rows_are_decode_steps_bitwise(ops, dev, rng, parents, hk, hv, S):
         np.testing.assert_array_equal(nodes[i], step_state)
 
 
+@pytest.mark.parametrize("n,hk,hv,S", [(1, 16, 48, 128), (1, 16, 16, 128), (20, 16, 48, 128), (3, 2, 6, 96),
+                                       (9, 2, 2, 40), (5, 3, 6, 64), (2, 1, 3, 33), (4, 1, 1, 32), (6, 4, 8, 100)])
+def test_cluster_form_is_the_one_block_form_bitwise(ops, dev, rng, monkeypatch, n, hk, hv, S):
+    """On sm_90 a head of d_v > 32 runs as a thread-block cluster of its ceil(d_v / 32) column tiles, one block
+    each (gated_delta_rule_fused.cu); FLASHD_DELTA_FUSED_CLUSTER=0 (read at each launch) forces the one-block
+    form. Decode, prefill and tree: outputs, final state and node states bit for bit (2, 3 and 4 tiles, a
+    partial last tile, one tile). Before sm_90 both runs take the one-block form and this is trivially true."""
+    host = fused_inputs(rng, n, hk, hv, S)
+    parents = np.array([-1] + [(i - 1) // 2 for i in range(1, n)], np.int32)     # a binary tree over the rows
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("FLASHD_DELTA_FUSED_CLUSTER", flag)
+        got[flag] = (*run_fused(ops, dev, host, hk, S), *run_fused(ops, dev, host, hk, S, 1),
+                     *run_fused_tree(ops, dev, host, hk, S, parents))
+    for a, b in zip(got["1"], got["0"]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_fused_status_codes(native, dev):
     lib, f, null, s = native.lib, dev.p(dev.empty((64,))), dev.ffi.NULL, dev.stream
     sc = delta_scale(128)
@@ -205,11 +223,12 @@ def test_conv_silu_is_conv_then_silu_bitwise(ops, dev, rng, n, C, K):
 
 # -- the gated attention's q/k norms ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n,H,hkv,d", [(1, 8, 2, 256), (5, 8, 2, 256), (3, 24, 4, 256), (2, 4, 1, 64),
-                                       (4, 3, 3, 40)])
+@pytest.mark.parametrize("n,H,hkv,d", [(1, 8, 2, 256), (5, 8, 2, 256), (3, 24, 4, 256), (1, 24, 4, 256),
+                                       (2, 4, 1, 64), (4, 3, 3, 40), (2, 4, 2, 128), (3, 2, 1, 300), (2, 3, 1, 17)])
 def test_gated_qk_norm(ops, dev, rng, n, H, hkv, d):
     """Against float64 (correctly rounded sqrt and division: a few eps32), the gate bit copies, and each row's
-    bits independent of the others (row t of an n-row call == a one-row call of row t)."""
+    bits independent of the others (row t of an n-row call == a one-row call of row t). d <= 128 and <= 256 take
+    the kernel's register forms, 300 its loop form."""
     qg = (rng.standard_normal((n, H, 2 * d)) * 3).astype(np.float32)
     k = (rng.standard_normal((n, hkv, d)) * 3).astype(np.float32)
     wq, wk = (1 + 0.1 * rng.standard_normal((2, d))).astype(np.float32)
