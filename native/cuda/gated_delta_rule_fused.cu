@@ -44,7 +44,7 @@
 // norm's over d_v, gathers the tiles' warp sums through distributed shared memory into every block and adds
 // them in tile order as the one-block form does. Every form (decode, prefill, tree) takes it where it can:
 // same bits as the one-block form, which stays for HIP, pre-sm_90 devices, d_v <= 32 (one tile) and
-// FLASHD_DELTA_FUSED_CLUSTER=0 (an A/B and test switch, read at each launch).
+// fd_tuning_t.delta_cluster = 0 (an A/B and test switch, read at each launch).
 // Both forms are launched with programmatic dependent launch (fd::launch_pdl, or its attribute beside the cluster
 // one): pdl_wait before the first read of the rows and the state, then the next kernel (the output projection's
 // GEMV) may start streaming its weights under this one.
@@ -323,8 +323,7 @@ int launch_cluster(const FusedArgs& a, cudaStream_t s) {
 
 template <int RPT, bool TREE>
 int launch_rpt(const FusedArgs& a, cudaStream_t s) {
-    const char* env = getenv("FLASHD_DELTA_FUSED_CLUSTER");
-    if (a.d_v > FZ_COLS && !(env && env[0] == '0') && cluster_available<RPT, TREE>())
+    if (a.d_v > FZ_COLS && fd::tuning_now().delta_cluster != 0 && cluster_available<RPT, TREE>())
         return launch_cluster<RPT, TREE>(a, s);
     return launch_block<RPT, TREE>(a, s);
 }

@@ -28,17 +28,19 @@ namespace {
 // evicts the activations, norm weights, KV rows and kernel code from L2 (H100, 1.5B clone: tg128 +2.9%, also at
 // depth 8192; bench/NOTES.md session 13); the other entries keep 0 until measured on those cards (6-72 MB of L2).
 // attn_single_chunks = 4 on sm_90: attention rows of at most 4 chunks (256 keys) run on one CTA per KV head, without
-// the split partials and the combine launch (bench/NOTES.md session 14); 0 elsewhere until measured.
+// the split partials and the combine launch (bench/NOTES.md session 14); 0 elsewhere until measured. delta_cluster = 1
+// on sm_90: the fused Gated DeltaNet step as a cluster of a head's column tiles (thread-block clusters exist from
+// sm_90; session 16, bench/NOTES.md).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},    // anything older, and HIP devices (no PDL, no int8 mma)
-    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4}},  // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4, 1}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -60,7 +62,7 @@ bool valid(const fd_tuning_t& t) {
            (t.gemv_mma_rows == 0 || (t.gemv_mma_rows >= 2 && t.gemv_mma_rows <= 8)) &&
            t.gemv_rows >= 0 && t.gemv_rows <= 8 && t.gemv_rows_fuse_nx >= 0 && t.gemv_rows_fuse_nx <= 8 &&
            (t.weights_evict_first == 0 || t.weights_evict_first == 1) && t.attn_single_chunks >= 0 &&
-           t.attn_single_chunks <= 64;
+           t.attn_single_chunks <= 64 && (t.delta_cluster == 0 || t.delta_cluster == 1);
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

@@ -163,18 +163,21 @@ def test_tree_rows_are_decode_steps_bitwise(ops, dev, rng, parents, hk, hv, S):
 
 @pytest.mark.parametrize("n,hk,hv,S", [(1, 16, 48, 128), (1, 16, 16, 128), (20, 16, 48, 128), (3, 2, 6, 96),
                                        (9, 2, 2, 40), (5, 3, 6, 64), (2, 1, 3, 33), (4, 1, 1, 32), (6, 4, 8, 100)])
-def test_cluster_form_is_the_one_block_form_bitwise(ops, dev, rng, monkeypatch, n, hk, hv, S):
+def test_cluster_form_is_the_one_block_form_bitwise(ops, dev, rng, native, n, hk, hv, S):
     """On sm_90 a head of d_v > 32 runs as a thread-block cluster of its ceil(d_v / 32) column tiles, one block
-    each (gated_delta_rule_fused.cu); FLASHD_DELTA_FUSED_CLUSTER=0 (read at each launch) forces the one-block
+    each (gated_delta_rule_fused.cu); the tuning's delta_cluster = 0 (read at each launch) forces the one-block
     form. Decode, prefill and tree: outputs, final state and node states bit for bit (2, 3 and 4 tiles, a
     partial last tile, one tile). Before sm_90 both runs take the one-block form and this is trivially true."""
     host = fused_inputs(rng, n, hk, hv, S)
     parents = np.array([-1] + [(i - 1) // 2 for i in range(1, n)], np.int32)     # a binary tree over the rows
-    got = {}
-    for flag in ("1", "0"):
-        monkeypatch.setenv("FLASHD_DELTA_FUSED_CLUSTER", flag)
-        got[flag] = (*run_fused(ops, dev, host, hk, S), *run_fused(ops, dev, host, hk, S, 1),
-                     *run_fused_tree(ops, dev, host, hk, S, parents))
+    got, before = {}, native.tuning()
+    try:
+        for flag in ("1", "0"):
+            native.set_tuning(delta_cluster=int(flag))
+            got[flag] = (*run_fused(ops, dev, host, hk, S), *run_fused(ops, dev, host, hk, S, 1),
+                         *run_fused_tree(ops, dev, host, hk, S, parents))
+    finally:
+        native.set_tuning(**before)
     for a, b in zip(got["1"], got["0"]):
         np.testing.assert_array_equal(a, b)
 

@@ -31,7 +31,8 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     assert restore_tuning == want
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 12288, "gemv_rounds": 0, "pdl": 1, "gemv_mma_rows": 0,
-                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4}
+                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
+                        "delta_cluster": 1}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -39,7 +40,8 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_mma_rows": 9}, {"gemv_rows": -1}, {"gemv_rows": 9},
                                  {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9},
                                  {"weights_evict_first": -1}, {"weights_evict_first": 2},
-                                 {"attn_single_chunks": -1}, {"attn_single_chunks": 65}])
+                                 {"attn_single_chunks": -1}, {"attn_single_chunks": 65},
+                                 {"delta_cluster": -1}, {"delta_cluster": 2}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
