@@ -152,138 +152,81 @@ __host__ __device__ constexpr int x8_row_bytes(int L, int cols) {
     return L == XL_PAD64 ? 8 * x8_group<XL_PAD64>((cols + 63) & ~63) : 8 * x8_group<XL_PAD32>((cols + 31) & ~31);
 }
 
-// rint(t) for |t| < 2^22 without a conversion instruction (F2I runs at a quarter of the float rate): adding
-// 1.5 * 2^23 rounds t to an integer in round-to-nearest-even, as __float2int_rn does, and leaves it in the low
-// mantissa bits. __fadd_rn keeps the compiler from contracting the add into the product that made t.
-constexpr float XQ_MAGIC = 12582912.0f;                // 1.5 * 2^23
-constexpr int XQ_MAGIC_BITS = 0x4B400000;              // its bit pattern
-__device__ __forceinline__ int rint_magic(float t) { return __float_as_int(__fadd_rn(t, XQ_MAGIC)) - XQ_MAGIC_BITS; }
-// (float)n for |n| < 2^22, exactly, without I2F
-__device__ __forceinline__ float int_to_float_magic(int n) { return __fsub_rn(__int_as_float(n + XQ_MAGIC_BITS), XQ_MAGIC); }
-
-// The low bytes of four ints (two's-complement int8 codes) in one word, v[0] lowest.
 __device__ __forceinline__ uint32_t pack_s8(const int (&v)[4]) {
-    return __byte_perm(__byte_perm(v[0], v[1], 0x0040), __byte_perm(v[2], v[3], 0x0040), 0x5410);
+    return (uint32_t)(v[0] & 0xFF) | (uint32_t)(v[1] & 0xFF) << 8 | (uint32_t)(v[2] & 0xFF) << 16 | (uint32_t)(v[3] & 0xFF) << 24;
 }
 
 // Thread t of the CTA takes groups t, t + n_threads, ... (float4 loads: 8 lanes = one 32-column block,
 // so block maxima and sums are 8-lane shuffles). cols % 32 == 0, x and norm_w 16-byte aligned.
 // XQ_BATCH float4 loads of x (and of norm_w) in flight per thread: 4 x 768 threads cover 12288 columns
-// per round at 32 registers. The batch's groups go through each phase together (xn and block maxima, the
-// maxima's shuffles, the codes, the sums' shuffles), so their shuffle chains overlap instead of running one
-// group after another. A batch runs as xq_groups<U> with U the warp's count of live groups (a branch around
-// each shuffle would cost a convergence barrier a shuffle; four groups for a warp that owns one would cost
-// 4x). The hi and lo code sums travel packed in one int (hi * 2^16 + lo: |lo sums| <= 8 * 4 * 127 < 2^15, so
-// the packed sums are exact): half the shuffles. rint is rint_magic (no F2I). Every value is the one the
-// group-at-a-time form computed: the same float operations in the same order, integer sums exact (GEMV
-// outputs bitwise equal, results/2026-11-26-h100-session16-stage-xq-ab.md).
+// per round at 32 registers.
 constexpr int XQ_BATCH = 4;
-
-// U groups of this thread (g0 + u * n_threads, u < U; U is the warp's count of live groups, so no lane runs a
-// shuffle for a group that no lane of its warp owns), every x row.
-template <int NX, int U>
-__device__ __forceinline__ void xq_groups(const GemvArgs& a, uint8_t* sm, float* smf, const float (&scale)[NX], int g0) {
-    const int n_threads = blockDim.x, lane = threadIdx.x & 31;
-    const int n_groups = a.cols >> 2, n_x = a.n_x;
-    const float4* x4 = reinterpret_cast<const float4*>(a.x);
-    const float4* nw4 = reinterpret_cast<const float4*>(a.norm_w);
-    float4 nw[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int g = g0 + u * n_threads;
-        nw[u] = (nw4 && g < n_groups) ? __ldg(nw4 + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-    }
-#pragma unroll
-    for (int i = 0; i < NX; ++i) {
-        if (i >= n_x) break;
-        float4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int g = g0 + u * n_threads;
-            v[u] = g < n_groups ? load_act4(x4 + (int64_t)i * n_groups + g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        // phase 1: xn and each group's |max|, then the 32-column block maxima (8-lane shuffles)
-        float xn[U][4], mx[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            xn[u][0] = v[u].x * scale[i] * nw[u].x;
-            xn[u][1] = v[u].y * scale[i] * nw[u].y;
-            xn[u][2] = v[u].z * scale[i] * nw[u].z;
-            xn[u][3] = v[u].w * scale[i] * nw[u].w;
-            mx[u] = fmaxf(fmaxf(fabsf(xn[u][0]), fabsf(xn[u][1])), fmaxf(fabsf(xn[u][2]), fabsf(xn[u][3])));
-        }
-#pragma unroll
-        for (int off = 1; off < 8; off <<= 1) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], off));
-        }
-        // phase 2: the codes, t = xn * 127 / max: hi = rint(t), lo = rint((t - hi) * XQ_LO)
-        float sx[U];
-        int hi[U][4], lo[U][4], hl[U], hl16[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const float inv = mx[u] > 0.0f ? 127.0f / mx[u] : 0.0f;
-            sx[u] = mx[u] * (1.0f / 127.0f);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float t = xn[u][k] * inv;
-                hi[u][k] = rint_magic(t);
-                lo[u][k] = rint_magic(__fmul_rn(__fsub_rn(t, int_to_float_magic(hi[u][k])), XQ_LO));
-            }
-            hl[u] = (hi[u][0] + hi[u][1] + hi[u][2] + hi[u][3]) * 65536 + (lo[u][0] + lo[u][1] + lo[u][2] + lo[u][3]);
-        }
-        // phase 3: 16-column sums (4 lanes), then 32-column sums (8 lanes), of the packed hi / lo sums
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) hl[u] += __shfl_xor_sync(0xffffffffu, hl[u], off);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            hl16[u] = hl[u];
-            hl[u] += __shfl_xor_sync(0xffffffffu, hl[u], 4);
-        }
-        // phase 4: stores (int8 codes per layout, the block's sums and scale)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int g = g0 + u * n_threads;
-            if (g >= n_groups) continue;
-            const int ls16 = (int)(int16_t)(hl16[u] & 0xFFFF), hs16 = (hl16[u] - ls16) >> 16;
-            const int ls = (int)(int16_t)(hl[u] & 0xFFFF), hs = (hl[u] - ls) >> 16;
-            const uint2 codes = make_uint2(pack_s8(hi[u]), pack_s8(lo[u]));
-            if (a.x8_off[XL_PAD32] >= 0)
-                *reinterpret_cast<uint2*>(sm + a.x8_off[XL_PAD32] + i * a.x8_row[XL_PAD32] +
-                                          8 * x8_group<XL_PAD32>(4 * g)) = codes;
-            if (a.x8_off[XL_PAD64] >= 0)
-                *reinterpret_cast<uint2*>(sm + a.x8_off[XL_PAD64] + i * a.x8_row[XL_PAD64] +
-                                          8 * x8_group<XL_PAD64>(4 * g)) = codes;
-            if ((lane & 3) == 0)
-                smf[a.xsum16_off + i * a.xsum16_row + (g >> 2)] =
-                    sx[u] * fmaf(int_to_float_magic(ls16), 1.0f / XQ_LO, int_to_float_magic(hs16));
-            if ((lane & 7) == 0) {
-                smf[a.xsum32_off + i * a.xsum32_row + (g >> 3)] =
-                    sx[u] * fmaf(int_to_float_magic(ls), 1.0f / XQ_LO, int_to_float_magic(hs));
-                smf[a.xsc_off + i * a.xsc_row + (g >> 3)] = sx[u];
-            }
-        }
-    }
-}
-
 template <int NX>
 __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
     const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid & 31;
-    const int n_groups = a.cols >> 2;
+    const int n_groups = a.cols >> 2, n_x = a.n_x;
     float scale[NX];
     norm_scales<NX>(a, smf, scale);
+    const float4* x4 = reinterpret_cast<const float4*>(a.x);
+    const float4* nw4 = reinterpret_cast<const float4*>(a.norm_w);
     for (int g0 = tid; g0 - lane < n_groups; g0 += XQ_BATCH * n_threads) {
-        // groups of the batch that some lane of this warp owns (warp-uniform)
-        const int n_live = min(XQ_BATCH, (n_groups - (g0 - lane) + n_threads - 1) / n_threads);
-        static_assert(XQ_BATCH == 4, "the switch below lists every count");
-        switch (n_live) {
-            case 4: xq_groups<NX, 4>(a, sm, smf, scale, g0); break;
-            case 3: xq_groups<NX, 3>(a, sm, smf, scale, g0); break;
-            case 2: xq_groups<NX, 2>(a, sm, smf, scale, g0); break;
-            default: xq_groups<NX, 1>(a, sm, smf, scale, g0); break;
+        float4 nw[XQ_BATCH];
+#pragma unroll
+        for (int u = 0; u < XQ_BATCH; ++u) {
+            const int g = g0 + u * n_threads;
+            nw[u] = (nw4 && g < n_groups) ? __ldg(nw4 + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < NX; ++i) {
+            if (i >= n_x) break;
+            float4 v[XQ_BATCH];
+#pragma unroll
+            for (int u = 0; u < XQ_BATCH; ++u) {
+                const int g = g0 + u * n_threads;
+                v[u] = g < n_groups ? load_act4(x4 + (int64_t)i * n_groups + g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < XQ_BATCH; ++u) {
+                const int g = g0 + u * n_threads;
+                if (g - lane >= n_groups) break;   // warp-uniform: the whole warp is past the end
+                const float xn[4] = {v[u].x * scale[i] * nw[u].x, v[u].y * scale[i] * nw[u].y,
+                                     v[u].z * scale[i] * nw[u].z, v[u].w * scale[i] * nw[u].w};
+                float mx = fmaxf(fmaxf(fabsf(xn[0]), fabsf(xn[1])), fmaxf(fabsf(xn[2]), fabsf(xn[3])));
+#pragma unroll
+                for (int off = 1; off < 8; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+                const float sx = mx * (1.0f / 127.0f);
+                int hi[4], lo[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float t = xn[k] * inv;
+                    hi[k] = __float2int_rn(t);
+                    lo[k] = __float2int_rn((t - (float)hi[k]) * XQ_LO);
+                }
+                int hs = hi[0] + hi[1] + hi[2] + hi[3], ls = lo[0] + lo[1] + lo[2] + lo[3];
+#pragma unroll
+                for (int off = 1; off < 4; off <<= 1) {   // 16-column sums (4 lanes)
+                    hs += __shfl_xor_sync(0xffffffffu, hs, off);
+                    ls += __shfl_xor_sync(0xffffffffu, ls, off);
+                }
+                const float s16 = sx * fmaf((float)ls, 1.0f / XQ_LO, (float)hs);
+                hs += __shfl_xor_sync(0xffffffffu, hs, 4);
+                ls += __shfl_xor_sync(0xffffffffu, ls, 4);
+                if (g < n_groups) {
+                    const uint2 codes = make_uint2(pack_s8(hi), pack_s8(lo));
+                    if (a.x8_off[XL_PAD32] >= 0)
+                        *reinterpret_cast<uint2*>(sm + a.x8_off[XL_PAD32] + i * a.x8_row[XL_PAD32] +
+                                                  8 * x8_group<XL_PAD32>(4 * g)) = codes;
+                    if (a.x8_off[XL_PAD64] >= 0)
+                        *reinterpret_cast<uint2*>(sm + a.x8_off[XL_PAD64] + i * a.x8_row[XL_PAD64] +
+                                                  8 * x8_group<XL_PAD64>(4 * g)) = codes;
+                    if ((lane & 3) == 0) smf[a.xsum16_off + i * a.xsum16_row + (g >> 2)] = s16;
+                    if ((lane & 7) == 0) {
+                        smf[a.xsum32_off + i * a.xsum32_row + (g >> 3)] = sx * fmaf((float)ls, 1.0f / XQ_LO, (float)hs);
+                        smf[a.xsc_off + i * a.xsc_row + (g >> 3)] = sx;
+                    }
+                }
+            }
         }
     }
     __syncthreads();
