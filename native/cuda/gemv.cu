@@ -26,7 +26,9 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     const int s0 = warp * gridDim.x + blockIdx.x;   // consecutive steps go to different CTAs (SMs)
     uint8_t* stage = smem + a.stage_off_bytes + (size_t)warp * a.n_bufs * a.stage_bytes;
 
-    if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);   // weights: in flight during the prologue ...
+    // weights: in flight during the prologue ... (gemv_prewait 0: only after it, so x's loads do not queue behind
+    // them -- an A/B of the launch's critical path; the group below is then empty)
+    if (a.prewait && s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);
     cp_async_commit();
     pdl_wait();                // ... and while the previous kernel finishes writing x (and the residual)
     // Only now may the next kernel start prefetching: triggered at our start instead, a chain of GEMVs
@@ -36,6 +38,10 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     if constexpr (XQ) stage_xq<NX>(a, smem, smf);
     else stage_x<NX>(a, smf);
 
+    if (!a.prewait) {
+        if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);
+        cp_async_commit();
+    }
     const XViews xv = x_views(a, smf);
     int it = 0;
     for (int s = s0; s < a.n_steps; s += stride, ++it) {
@@ -101,12 +107,14 @@ struct GemvTuning {
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     bool evict_first;   // weights with the L2 evict-first hint
+    bool prewait;       // a warp's first step issued before pdl_wait (else after the x prologue)
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
-                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0};
+                      FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0,
+                      t.gemv_prewait != 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -222,6 +230,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
                            2 * dev.n_sms, &pl))
         return st;
     pl.a.evict_first = tn.evict_first ? 1 : 0;
+    pl.a.prewait = tn.prewait ? 1 : 0;
     const GemvArgs& a = pl.a;
     const int steps = a.n_steps;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;

@@ -56,6 +56,7 @@ struct GemvArgs {
     int x8_off[XL_COUNT], x8_row[XL_COUNT];   // per activation layout (-1: unused)
     int xsc_off, xsc_row;
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
+    int prewait;              // 1: a warp's first step is issued before pdl_wait; 0: after the x prologue (fd_tuning_t.gemv_prewait)
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).

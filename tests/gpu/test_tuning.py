@@ -32,7 +32,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 12288, "gemv_rounds": 0, "pdl": 1, "gemv_mma_rows": 0,
                         "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
-                        "delta_cluster": 1}
+                        "delta_cluster": 1, "gemv_prewait": 1}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -41,7 +41,8 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_rows_fuse_nx": -1}, {"gemv_rows_fuse_nx": 9},
                                  {"weights_evict_first": -1}, {"weights_evict_first": 2},
                                  {"attn_single_chunks": -1}, {"attn_single_chunks": 65},
-                                 {"delta_cluster": -1}, {"delta_cluster": 2}])
+                                 {"delta_cluster": -1}, {"delta_cluster": 2},
+                                 {"gemv_prewait": -1}, {"gemv_prewait": 2}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -66,7 +67,8 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
 
 
 @pytest.mark.parametrize("change", [{"gemv_rounds": 2}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 2},
-                                    {"gemv_mma_rows": 4}, {"weights_evict_first": 0}])
+                                    {"gemv_mma_rows": 4}, {"weights_evict_first": 0},
+                                    {"gemv_prewait": 0}])
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
