@@ -30,8 +30,6 @@
 // (correctly rounded, not the fast-math approximations); silu is fd::silu (fd_silu's bits).
 #include "common.cuh"
 
-#include <stdlib.h>
-
 #if FD_HAS_MMA
 #include <cooperative_groups.h>
 #endif
