@@ -175,10 +175,14 @@ gated_delta_rule_fused_kernel(FusedArgs a) {
     const size_t node_elems = (size_t)a.n_v_heads * head_elems;
     const float norm_w = j < a.d_v ? a.norm_w[j] : 0.0f;
     const float dt_bias = a.dt_bias[h], a_h = a.a[h];
-    fd::pdl_wait();                                // the rows and the state are earlier kernels' (weights above)
-    fd::pdl_launch_dependents();                   // the next kernel (a GEMV) may start streaming its weights
+    // The state's loads are issued before pdl_wait: its last writer is this layer's kernel of an earlier step or
+    // chunk (or a copy stream-ordered before the step), never the kernel just before this one, and every kernel of
+    // the library triggers its dependents only after its own pdl_wait, so that writer has completed (common.cuh).
+    // 64 KiB a head from DRAM, in flight while the previous kernel finishes.
     float m[RPT];
     rows_in(m, a.state + head_off, a.d_k, a.d_v, j, w, false);
+    fd::pdl_wait();                                // the rows are the previous kernels' (weights above)
+    fd::pdl_launch_dependents();                   // the next kernel (a GEMV) may start streaming its weights
     FusedIn next = load_fused(a, 0, h, j);
     for (int t = 0; t < a.n; ++t) {
         if (TREE) {

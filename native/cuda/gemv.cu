@@ -5,12 +5,17 @@
 // The kernel: one CTA per SM at most; warp w of CTA b takes steps w * n_ctas + b + k * n_warps_total. A
 // warp's first step of weights is fetched before pdl_wait() (programmatic dependent launch), i.e. while the
 // previous kernel finishes; then the CTA stages x (the prologue) and the warps stream their steps through
-// one or two shared-memory buffers each.
+// one or two shared-memory buffers each. The widest int8 launches (fd_tuning_t.gemv_xq_prepass_cols / _norm_cols)
+// take x's staged image from a small pre-pass launch instead of quantizing x in every CTA (gemv_xq_image_kernel).
 //
 // Q4_K / Q6_K / Q8_0 calls take gemv_rows.cuh's tensor-core kernel instead, for every n_x (1..32), where the
 // tuning table's gemv_rows says so (gemv_rows_plan.cuh rows_eligible: the format, cols and the tuning, never n_x);
 // every other call keeps the kernels here (n_x <= 8).
 #include "gemv_mma.cuh"
+
+#include <map>
+#include <mutex>
+#include <utility>
 #if FD_HAS_MMA
 #include "gemv_rows_plan.cuh"
 #endif
@@ -26,22 +31,22 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     const int s0 = warp * gridDim.x + blockIdx.x;   // consecutive steps go to different CTAs (SMs)
     uint8_t* stage = smem + a.stage_off_bytes + (size_t)warp * a.n_bufs * a.stage_bytes;
 
-    // weights: in flight during the prologue ... (gemv_prewait 0: only after it, so x's loads do not queue behind
-    // them -- an A/B of the launch's critical path; the group below is then empty)
-    if (a.prewait && s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);
+    // weights: in flight during the prologue ... (issued only after it instead, so that x's loads would not queue
+    // behind them, tg128 lost 9-14%: bench/NOTES.md session 17)
+    if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);
     cp_async_commit();
     pdl_wait();                // ... and while the previous kernel finishes writing x (and the residual)
     // Only now may the next kernel start prefetching: triggered at our start instead, a chain of GEMVs
     // all prefetched at once and slowed the one on the critical path (1.5B tg128: 729 tok/s with PDL
     // vs 747 without; triggered here: 784 vs 769).
     pdl_launch_dependents();
-    if constexpr (XQ) stage_xq<NX>(a, smem, smf);
-    else stage_x<NX>(a, smf);
-
-    if (!a.prewait) {
-        if (s0 < a.n_steps) issue_step<SWIGLU>(a, s0, stage, lane);
-        cp_async_commit();
+    if constexpr (XQ) {
+        if (a.ximg) load_xq_image(a, smem);
+        else stage_xq<NX>(a, smem, smf);
+    } else {
+        stage_x<NX>(a, smf);
     }
+
     const XViews xv = x_views(a, smf);
     int it = 0;
     for (int s = s0; s < a.n_steps; s += stride, ++it) {
@@ -63,6 +68,71 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
         __syncwarp();             // the buffer is refilled by a later issue
     }
     cp_async_wait<0>();
+}
+
+// ---- the x pre-pass (fd_tuning_t.gemv_xq_prepass_cols) ---------------------------------------------------
+// x's int8 image for a pass (gemv_stage.cuh xq_image_lo .. stage_off_bytes) written once to global memory by a small
+// launch of its own, so that each GEMV CTA copies ~2.3 bytes a column instead of normalizing and quantizing x: its
+// prologue is a serial chain of shuffles (~4-6 us on ffn_down's 8960-17408 columns, bench/NOTES.md sessions 15-16)
+// that the pre-pass runs once, spread over more SMs. The same norm_scales / stage_xq_groups as the CTAs' own
+// prologue, so the same bytes: the GEMV's bits do not depend on where x was quantized.
+constexpr int XIMG_THREADS = 256;
+
+template <int NX>
+__global__ void __launch_bounds__(XIMG_THREADS) gemv_xq_image_kernel(const GemvArgs a, uint8_t* img) {
+    extern __shared__ __align__(16) float pre_smf[];   // norm_scales' partials: scratch_bytes_for(NX)
+    pdl_wait();                // x is the previous kernel's output
+    pdl_launch_dependents();   // the GEMV may start fetching its first weights while x is quantized
+    float scale[NX];
+    norm_scales<NX>(a, pre_smf, scale);
+    stage_xq_groups<NX>(a, img - xq_image_lo(a.n_x), scale, blockIdx.x * blockDim.x + threadIdx.x,
+                        gridDim.x * blockDim.x);
+}
+
+template <int NX>
+int launch_xq_image(const GemvArgs& p, uint8_t* img, int n_sms, cudaStream_t stream) {
+    const int groups = p.cols >> 2;
+    const int ctas = max(1, min(ceil_div(groups, XIMG_THREADS), n_sms));
+    return launch_pdl(gemv_xq_image_kernel<NX>, dim3(ctas), dim3(XIMG_THREADS), (size_t)scratch_bytes_for(NX), stream,
+                      p, img);
+}
+
+int xq_image_any(int nx, const GemvArgs& p, uint8_t* img, int n_sms, cudaStream_t stream) {
+    switch (nx) {
+        case 1: return launch_xq_image<1>(p, img, n_sms, stream);
+        case 2: return launch_xq_image<2>(p, img, n_sms, stream);
+        case 3: return launch_xq_image<3>(p, img, n_sms, stream);
+        case 4: return launch_xq_image<4>(p, img, n_sms, stream);
+        case 5: return launch_xq_image<5>(p, img, n_sms, stream);
+        case 6: return launch_xq_image<6>(p, img, n_sms, stream);
+        case 7: return launch_xq_image<7>(p, img, n_sms, stream);
+        case 8: return launch_xq_image<8>(p, img, n_sms, stream);
+        default: return FD_E_ARG;
+    }
+}
+
+// The pre-pass's output buffer: one per (device, stream), max_smem bytes (an image is at most what a CTA stages),
+// allocated on the first call on that stream and kept for the process, as gemv_rows_plan.cuh's rows_scratch (same
+// rules: per stream, relaxed capture mode inside graph capture). Launches on one stream share it safely: a pre-pass
+// writes only after its pdl_wait, i.e. after the GEMV before it (the image's last reader) has completed.
+int xq_image_scratch(cudaStream_t stream, int bytes, uint8_t** out) {
+    static std::mutex mu;
+    static std::map<std::pair<int, cudaStream_t>, uint8_t*> bufs;
+    int dev = 0;
+    if (cudaError_t e = cudaGetDevice(&dev)) return (int)e;
+    std::lock_guard<std::mutex> lock(mu);
+    uint8_t*& buf = bufs[{dev, stream}];
+    if (buf == nullptr) {
+        void* p = nullptr;
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        (void)cudaThreadExchangeStreamCaptureMode(&mode);
+        const cudaError_t e = cudaMalloc(&p, (size_t)bytes);
+        (void)cudaThreadExchangeStreamCaptureMode(&mode);   // back to the caller's mode
+        if (e != cudaSuccess) return (int)e;
+        buf = static_cast<uint8_t*>(p);
+    }
+    *out = buf;
+    return 0;
 }
 
 template <int NX, bool SWIGLU, bool XQ>
@@ -107,14 +177,17 @@ struct GemvTuning {
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     bool evict_first;   // weights with the L2 evict-first hint
-    bool prewait;       // a warp's first step issued before pdl_wait (else after the x prologue)
+    int xq_prepass_cols;        // int8 one-row-kernel launches of at least this many columns take the x pre-pass (0: never)
+    int xq_prepass_norm_cols;   // the same for launches with a fused RMSNorm
+    int swiglu_stage_bytes;     // fd_gemv_swiglu's step bytes
 };
 
 GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0,
-                      t.gemv_prewait != 0};
+                      t.gemv_xq_prepass_cols, t.gemv_xq_prepass_norm_cols,
+                      t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -226,11 +299,11 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
                              tn.evict_first, dev, stream);
 #endif
     GemvPlan pl;
-    if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x, tn.stage_bytes,
+    if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x,
+                           swiglu ? tn.swiglu_stage_bytes : tn.stage_bytes,
                            2 * dev.n_sms, &pl))
         return st;
     pl.a.evict_first = tn.evict_first ? 1 : 0;
-    pl.a.prewait = tn.prewait ? 1 : 0;
     const GemvArgs& a = pl.a;
     const int steps = a.n_steps;
     const int64_t min_stages = 2 * (int64_t)a.stage_bytes;
@@ -266,6 +339,14 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         p.n_bufs = shape.n_bufs;
         const size_t smem = (size_t)p.stage_off_bytes + (size_t)w * p.n_bufs * a.stage_bytes;
         const bool xq = pl.xq;
+        p.ximg = nullptr;
+        const int prepass_cols = norm_w ? tn.xq_prepass_norm_cols : tn.xq_prepass_cols;
+        if (xq && prepass_cols > 0 && cols >= prepass_cols) {
+            uint8_t* img = nullptr;
+            if (int st = xq_image_scratch(stream, dev.max_smem, &img)) return st;
+            if (int st = xq_image_any(nx, p, img, dev.n_sms, stream)) return st;
+            p.ximg = img;
+        }
         const int st = swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
                                     : launch_any<true, false>(nx, p, ctas, w, smem, dev.max_smem, stream))
                               : (xq ? launch_any<false, true>(nx, p, ctas, w, smem, dev.max_smem, stream)

@@ -56,7 +56,8 @@ struct GemvArgs {
     int x8_off[XL_COUNT], x8_row[XL_COUNT];   // per activation layout (-1: unused)
     int xsc_off, xsc_row;
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
-    int prewait;              // 1: a warp's first step is issued before pdl_wait; 0: after the x prologue (fd_tuning_t.gemv_prewait)
+    const uint8_t* ximg;      // XQ kernels: the pre-pass's image of the staged activations (gemv_stage.cuh load_xq_image;
+                              // fd_tuning_t.gemv_xq_prepass_cols), copied instead of quantizing x in every CTA; NULL: quantize
 };
 
 // The matrix that step s belongs to (static indices only: no local-memory copy of the params).

@@ -4,7 +4,9 @@
 // plus sums of xn per 16 and 32 columns. stage_xq: the int8 form (two codes per column and a scale per
 // 32-column block; the XQ kernels, launches whose matrices are all quantized). Both share norm_scales,
 // whose fixed partition of the RMSNorm sums keeps every row's result independent of n_x and of the CTA
-// shape (row invariance). x_views then reads the staged pieces' addresses out of GemvArgs.
+// shape (row invariance). stage_xq's per-group work (stage_xq_groups) also runs in gemv.cu's pre-pass launch, which
+// writes the same bytes to global memory once for all CTAs (load_xq_image copies them). x_views then reads the
+// staged pieces' addresses out of GemvArgs.
 #pragma once
 
 #include "gemv_args.cuh"
@@ -156,24 +158,26 @@ __device__ __forceinline__ uint32_t pack_s8(const int (&v)[4]) {
     return (uint32_t)(v[0] & 0xFF) | (uint32_t)(v[1] & 0xFF) << 8 | (uint32_t)(v[2] & 0xFF) << 16 | (uint32_t)(v[3] & 0xFF) << 24;
 }
 
-// Thread t of the CTA takes groups t, t + n_threads, ... (float4 loads: 8 lanes = one 32-column block,
-// so block maxima and sums are 8-lane shuffles). cols % 32 == 0, x and norm_w 16-byte aligned.
-// XQ_BATCH float4 loads of x (and of norm_w) in flight per thread: 4 x 768 threads cover 12288 columns
-// per round at 32 registers.
+// Thread t takes groups g_first, g_first + g_stride, ... (float4 loads: 8 lanes = one 32-column block, so
+// block maxima and sums are 8-lane shuffles; g_first % 32 is the lane and g_stride a multiple of 32) and writes
+// their codes, sums and scales at the pass layout's offsets from dst: shared memory in the GEMV kernels (stage_xq),
+// global memory in the pre-pass (gemv_xq_image_kernel), so both write the same bytes. scale: norm_scales' factors.
+// cols % 32 == 0, x and norm_w 16-byte aligned. XQ_BATCH float4 loads of x (and of norm_w) in flight per thread:
+// 4 x 768 threads cover 12288 columns per round at 32 registers.
 constexpr int XQ_BATCH = 4;
 template <int NX>
-__device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
-    const int tid = threadIdx.x, n_threads = blockDim.x, lane = tid & 31;
+__device__ __forceinline__ void stage_xq_groups(const GemvArgs& a, uint8_t* sm, const float (&scale)[NX],
+                                                int g_first, int g_stride) {
+    const int lane = threadIdx.x & 31;
     const int n_groups = a.cols >> 2, n_x = a.n_x;
-    float scale[NX];
-    norm_scales<NX>(a, smf, scale);
+    float* smf = reinterpret_cast<float*>(sm);
     const float4* x4 = reinterpret_cast<const float4*>(a.x);
     const float4* nw4 = reinterpret_cast<const float4*>(a.norm_w);
-    for (int g0 = tid; g0 - lane < n_groups; g0 += XQ_BATCH * n_threads) {
+    for (int g0 = g_first; g0 - lane < n_groups; g0 += XQ_BATCH * g_stride) {
         float4 nw[XQ_BATCH];
 #pragma unroll
         for (int u = 0; u < XQ_BATCH; ++u) {
-            const int g = g0 + u * n_threads;
+            const int g = g0 + u * g_stride;
             nw[u] = (nw4 && g < n_groups) ? __ldg(nw4 + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
         }
 #pragma unroll
@@ -182,12 +186,12 @@ __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
             float4 v[XQ_BATCH];
 #pragma unroll
             for (int u = 0; u < XQ_BATCH; ++u) {
-                const int g = g0 + u * n_threads;
+                const int g = g0 + u * g_stride;
                 v[u] = g < n_groups ? load_act4(x4 + (int64_t)i * n_groups + g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
             for (int u = 0; u < XQ_BATCH; ++u) {
-                const int g = g0 + u * n_threads;
+                const int g = g0 + u * g_stride;
                 if (g - lane >= n_groups) break;   // warp-uniform: the whole warp is past the end
                 const float xn[4] = {v[u].x * scale[i] * nw[u].x, v[u].y * scale[i] * nw[u].y,
                                      v[u].z * scale[i] * nw[u].z, v[u].w * scale[i] * nw[u].w};
@@ -227,6 +231,43 @@ __device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
                     }
                 }
             }
+        }
+    }
+}
+
+// The int8 prologue of one CTA: the norm factors, then thread t of the CTA takes groups t, t + n_threads, ...
+template <int NX>
+__device__ void stage_xq(const GemvArgs& a, uint8_t* sm, float* smf) {
+    float scale[NX];
+    norm_scales<NX>(a, smf, scale);
+    stage_xq_groups<NX>(a, sm, scale, threadIdx.x, blockDim.x);
+    __syncthreads();
+}
+
+// The staged int8 activations of a pass as one image: bytes [xq_image_lo(n_x), stage_off_bytes) of the layout
+// (xsum16 | xsum32 | xsc | codes per layout, gemv_layout; 16-byte aligned at both ends). The pre-pass
+// (gemv_xq_image_kernel, gemv.cu) writes it to global memory once per launch; each CTA of the GEMV then copies it
+// instead of quantizing x itself (load_xq_image). Gaps (pads) are never read.
+__host__ __device__ constexpr int xq_image_lo(int nx) { return scratch_bytes_for(nx); }
+constexpr int XIMG_BATCH = 8;   // 16-byte loads in flight per thread
+
+// a.ximg's image into shared memory at the same offsets; ends with a CTA barrier.
+__device__ __forceinline__ void load_xq_image(const GemvArgs& a, uint8_t* sm) {
+    const int lo = xq_image_lo(a.n_x);
+    const int n16 = (a.stage_off_bytes - lo) >> 4;
+    const uint4* src = reinterpret_cast<const uint4*>(a.ximg);
+    uint4* dst = reinterpret_cast<uint4*>(sm + lo);
+    for (int i0 = threadIdx.x; i0 < n16; i0 += XIMG_BATCH * blockDim.x) {
+        uint4 v[XIMG_BATCH];
+#pragma unroll
+        for (int u = 0; u < XIMG_BATCH; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < n16) v[u] = __ldcg(src + i);   // written by the pre-pass: through L2
+        }
+#pragma unroll
+        for (int u = 0; u < XIMG_BATCH; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < n16) dst[i] = v[u];
         }
     }
     __syncthreads();

@@ -30,18 +30,21 @@ namespace {
 // attn_single_chunks = 4 on sm_90: attention rows of at most 4 chunks (256 keys) run on one CTA per KV head, without
 // the split partials and the combine launch (bench/NOTES.md session 14); 0 elsewhere until measured. delta_cluster = 1
 // on sm_90: the fused Gated DeltaNet step as a cluster of a head's column tiles (thread-block clusters exist from
-// sm_90; session 16, bench/NOTES.md). gemv_prewait = 1 everywhere (the behaviour before the field existed; 0 is the
-// session-16 question: do the x prologue's loads wait behind the first step's weights).
+// sm_90; session 16, bench/NOTES.md). gemv_xq_prepass_cols = 8192 / _norm_cols = 4096 on
+// sm_90: x quantized once by a pre-pass launch for the widest GEMVs (the 1.5B's ffn_down, the 27B's ffn_down, gate/up
+// and projections of x; H100 tg128 +5.1% / +2.9%; pre-passing every launch lost 14% on the 0.5B: each pre-pass adds a
+// ~2 us link; bench/NOTES.md session 17); 0 elsewhere until measured. gemv_swiglu_stage_bytes = 0 (gemv_stage_bytes)
+// everywhere: 6144 gained 1.2% on the 27B and lost 3.7% on the 1.5B (session 17), a shape's choice, not an arch's.
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
-    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 1}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4, 1, 1}},  // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4, 1, 8192, 4096, 0}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -64,7 +67,10 @@ bool valid(const fd_tuning_t& t) {
            t.gemv_rows >= 0 && t.gemv_rows <= 8 && t.gemv_rows_fuse_nx >= 0 && t.gemv_rows_fuse_nx <= 8 &&
            (t.weights_evict_first == 0 || t.weights_evict_first == 1) && t.attn_single_chunks >= 0 &&
            t.attn_single_chunks <= 64 && (t.delta_cluster == 0 || t.delta_cluster == 1) &&
-           (t.gemv_prewait == 0 || t.gemv_prewait == 1);
+           t.gemv_xq_prepass_cols >= 0 &&
+           t.gemv_xq_prepass_cols <= (1 << 20) && t.gemv_xq_prepass_norm_cols >= 0 &&
+           t.gemv_xq_prepass_norm_cols <= (1 << 20) &&
+           (t.gemv_swiglu_stage_bytes == 0 || (t.gemv_swiglu_stage_bytes >= 256 && t.gemv_swiglu_stage_bytes <= 65536));
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

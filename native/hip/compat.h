@@ -101,6 +101,9 @@ __device__ __forceinline__ void __syncwarp() {
 #define cudaGraphExec_t hipGraphExec_t
 #define cudaStreamBeginCapture hipStreamBeginCapture
 #define cudaStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
+#define cudaStreamCaptureMode hipStreamCaptureMode
+#define cudaStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define cudaThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
 #define cudaStreamEndCapture hipStreamEndCapture
 #define cudaGraphInstantiate(exec, graph, flags) hipGraphInstantiate(exec, graph, nullptr, nullptr, 0)
 #define cudaGraphLaunch hipGraphLaunch

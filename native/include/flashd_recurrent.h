@@ -74,7 +74,10 @@ int fd_gated_delta_rule_tree(float* out, const float* q, const float* k, const f
    dt_bias, a (Hv,); norm_w (d_v,); state (Hv, d_k, d_v) updated. d_k <= FD_DELTA_FUSED_MAX_DK and
    d_v <= FD_DELTA_FUSED_MAX_DV, else FD_E_SHAPE. n = 1 is a decode step; more run one after another with the
    state on chip and every token's arithmetic the decode step's (bit for bit n decode calls). Its bits are its
-   own: equal to the unfused chain within float32 rounding, not bitwise. out must not alias the inputs. */
+   own: equal to the unfused chain within float32 rounding, not bitwise. out must not alias the inputs. The state
+   (here and in the tree form) is read before the launch waits for the kernel just before it on the stream
+   (programmatic dependent launch): that kernel must not be the state's writer (a model's layers always have others
+   between two steps of one layer; a copy or a synchronize between them also does). */
 int fd_gated_delta_rule_fused(float* out, const float* q, const float* k, const float* v, int64_t row_stride,
                               const float* alpha, const float* beta, const float* z, const float* dt_bias,
                               const float* a, const float* norm_w, float* state, int n_tokens, int n_k_heads,

@@ -1,9 +1,9 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
-   weights_evict_first, delta_cluster and gemv_prewait change only how kernels are launched or cached,
-   never a result; gemv_stage_bytes may change a GEMV's lanes per row (a row's summation order),
-   gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs and
+   weights_evict_first, delta_cluster and gemv_xq_prepass_(norm_)cols change only how kernels are launched or
+   cached, never a result; gemv_stage_bytes and gemv_swiglu_stage_bytes may change a GEMV's lanes per row (a row's
+   summation order), gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
    Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
@@ -45,10 +45,14 @@ typedef struct {
                                cluster, a block a tile (sm_90 builds on sm_90 and later devices; elsewhere, and for
                                d_v <= 32, the one-block form whatever this says); 0: one block a head. Same bits either
                                way (the tiles' output-norm sums are added in tile order in both) */
-    int gemv_prewait;       /* 1: each warp of a one-launch GEMV (gemv.cuh's kernels) issues its first step's weights
-                               before waiting for the previous kernel (programmatic dependent launch), so they stream
-                               while it finishes; 0: only after the CTA has staged x (its loads then do not queue
-                               behind the weights). Never changes a result */
+    int gemv_xq_prepass_cols; /* int8-activation GEMV launches of the one-row kernels (n_x <= 8, gemv.cuh) without a
+                               fused RMSNorm and with at least this many columns quantize x once in a small launch
+                               before the GEMV (x's int8 image in a per-stream buffer) instead of in every CTA; 0: never.
+                               The same bytes either way, so never changes a result */
+    int gemv_xq_prepass_norm_cols; /* the same for launches with a fused RMSNorm (norm_w), whose CTAs also pass over x
+                               for its sum of squares first */
+    int gemv_swiglu_stage_bytes; /* fd_gemv_swiglu's step buffer bytes (256 .. 65536), 0: gemv_stage_bytes; like it, may
+                               change the launch's lanes per row (a row's summation order), never row invariance */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

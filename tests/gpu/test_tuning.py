@@ -32,7 +32,8 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 12288, "gemv_rounds": 0, "pdl": 1, "gemv_mma_rows": 0,
                         "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
-                        "delta_cluster": 1, "gemv_prewait": 1}
+                        "delta_cluster": 1, "gemv_xq_prepass_cols": 8192, "gemv_xq_prepass_norm_cols": 4096,
+                        "gemv_swiglu_stage_bytes": 0}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -42,7 +43,10 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"weights_evict_first": -1}, {"weights_evict_first": 2},
                                  {"attn_single_chunks": -1}, {"attn_single_chunks": 65},
                                  {"delta_cluster": -1}, {"delta_cluster": 2},
-                                 {"gemv_prewait": -1}, {"gemv_prewait": 2}])
+                                 {"gemv_xq_prepass_cols": -1}, {"gemv_xq_prepass_cols": (1 << 20) + 1},
+                                 {"gemv_xq_prepass_norm_cols": -1}, {"gemv_xq_prepass_norm_cols": (1 << 20) + 1},
+                                 {"gemv_swiglu_stage_bytes": -1}, {"gemv_swiglu_stage_bytes": 255},
+                                 {"gemv_swiglu_stage_bytes": 65537}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -68,7 +72,9 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
 
 @pytest.mark.parametrize("change", [{"gemv_rounds": 2}, {"gemv_rounds": 4}, {"pdl": 0}, {"gemv_mma_rows": 2},
                                     {"gemv_mma_rows": 4}, {"weights_evict_first": 0},
-                                    {"gemv_prewait": 0}])
+                                    {"gemv_xq_prepass_cols": 1}, {"gemv_xq_prepass_norm_cols": 1},
+                                    {"gemv_xq_prepass_cols": 0, "gemv_xq_prepass_norm_cols": 0},
+                                    {"gemv_swiglu_stage_bytes": 2048}])   # (not a SwiGLU launch: no effect)
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
@@ -99,3 +105,28 @@ def test_other_step_sizes_keep_rows_invariant(native, dev, rng, poisoned, restor
     native.set_tuning(gemv_stage_bytes=stage_bytes)
     one, batch = run(1), run(3)
     assert np.array_equal(one[0], batch[0]), f"row 0 of a 3-row launch differs from the 1-row launch ({stage_bytes} B)"
+
+
+@pytest.mark.parametrize("stage_bytes", [2048, 6144, 24576])
+def test_swiglu_step_sizes_keep_rows_invariant(native, dev, rng, poisoned, restore_tuning, stage_bytes):
+    """gemv_swiglu_stage_bytes: fd_gemv_swiglu under another step size (which may choose other lanes per row) still
+    gives row i of a 3-row launch the bits of the 1-row launch on x[i], and its result stays within the default's
+    float32 rounding (the same products, summed in another order)."""
+    rows, cols = 2000, 1536
+    dg, du = random_weights(rng, T.Q4_K, rows, cols), random_weights(rng, T.Q4_K, rows, cols)
+    d_g, d_u = dev.upload(dg), dev.upload(du)
+    x = dev.upload(rng.standard_normal((3, cols)).astype(np.float32))
+    norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
+
+    def run(n_x):
+        y = poisoned((n_x, rows))
+        native.check(native.lib.fd_gemv_swiglu(dev.p(y, "float*"), dev.p(d_g), int(T.Q4_K), dev.p(d_u), int(T.Q4_K),
+                                               rows, cols, dev.p(x, "float*"), n_x, dev.p(norm, "float*"), 1e-6,
+                                               dev.stream), "fd_gemv_swiglu")
+        dev.synchronize()
+        return dev.download(y)
+    default = run(1)
+    native.set_tuning(gemv_swiglu_stage_bytes=stage_bytes)
+    one, batch = run(1), run(3)
+    assert np.array_equal(one[0].view(np.uint32), batch[0].view(np.uint32)), f"row 0 differs at {stage_bytes} B"
+    np.testing.assert_allclose(one, default, rtol=1e-4, atol=1e-4 * float(np.abs(default).max()))
