@@ -46,7 +46,9 @@ def mtp_forward(ops, cfg: ModelConfig, w: MTPWeights, cache, batch: Batch, h_pre
     e = ops.rmsnorm(ops.embed(w.embed, batch.ids), w.enorm, eps)
     hh = ops.rmsnorm(h_prev, w.hnorm, eps)
     y = ops.linear(hh, w.eh_proj_h, residual=ops.linear(e, w.eh_proj_e))
+    ops.begin_layer(0)              # scratch as a target forward's layers recycle it (models.dense.run_layers)
     y = decoder_layer(ops, cfg, y, w.block, cache.layer(0), batch)
+    ops.begin_layer(1)
     if not all_logits and batch.n_tokens > 1:
         y = y[batch.n_tokens - 1:]
     g = ops.rmsnorm(y, w.head_norm, eps)
