@@ -83,9 +83,9 @@ def describe_draft(spec: str):
     from .models.dflash_weights import open_dflash
     from .models.gguf_file import GGUFFile
     from .speculative.drafter import DrafterLoadError
-    from .speculative.loader import DFLASH_ARCH, NGRAM, drafter_name
-    if spec == NGRAM:
-        return None
+    from .speculative.loader import BUILTIN_DRAFTS, DFLASH_ARCH, drafter_name
+    if spec in BUILTIN_DRAFTS:      # n-grams hold nothing; the MTP block (one layer of the target's file, and a
+        return None                 # one-layer K/V cache) is not counted here (README: --draft mtp)
     try:
         if GGUFFile(spec).arch == DFLASH_ARCH:
             return describe_dflash(drafter_name(spec), *open_dflash(spec))
