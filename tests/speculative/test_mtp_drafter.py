@@ -166,3 +166,33 @@ def test_a_target_without_mtp_layers_is_refused(synthetic_model):
     ctx = DrafterContext(backend=Backend, target_file=GGUFFile(path), target_model=model, max_ctx=64, prefill_chunk=16)
     with pytest.raises(DrafterLoadError, match="no multi-token-prediction"):
         load_drafter("mtp", ctx)
+
+
+def test_tree_candidates_are_each_chain_steps_top_k(target):
+    """propose(depth, K): row d is the top-K of chain step d's log-softmax, best first, its first entry the chain
+    token that step d + 1 was run with (so depth d is conditioned on the top-1 chain, as DDTree expects)."""
+    class Rows(MTPDrafter):
+        def _chain_token(self, logits, depth):
+            self.rows = getattr(self, "rows", []) + [logits.copy()]
+            return int(np.argmax(logits))
+
+    prompt = PROMPTS[0]
+    d = target.drafter(Rows)
+    logits = target.runner.start(prompt, hidden_sink=lambda i, h: d.capture_hidden(i, h))[0]
+    d.begin(prompt, int(np.argmax(logits)))
+    p = d.propose(3, 4)
+    assert p.tokens.shape == (3, 4) and np.all(np.diff(p.logprobs, axis=1) <= 0)
+    for row, toks, lps in zip(d.rows, p.tokens, p.logprobs):
+        lp = row.astype(np.float64) - row.max() - np.log(np.exp(row.astype(np.float64) - row.max()).sum())
+        assert toks[0] == int(np.argmax(row))
+        np.testing.assert_allclose(lps, lp[toks], rtol=0, atol=1e-9)
+        assert set(toks.tolist()) == set(np.argsort(-lp, kind="stable")[:4].tolist())
+    d.end()
+
+
+def test_sampling_with_the_mtp_drafter_is_reproducible(target):
+    from flashd.protocol.messages import SamplingParams
+    params = SamplingParams(temperature=0.8, seed=11)
+    d = target.drafter()
+    runs = [[s.token for s in spec(target.runner, d, "ddtree", 6, PROMPTS[0], 16, params)[0]] for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 16
