@@ -47,6 +47,12 @@ def test_mtp_drafter_through_the_daemon(spawn_serve, tmp_path):
     assert ids == want and done["spec"]["steps"] > 0 and "parked" not in done["spec"]
 
 
+def test_draft_mtp_needs_the_start_option(spawn_serve, tmp_path):
+    daemon = spawn_serve(model=write_synthetic_model(tmp_path / "q35-mtp.gguf", SPEC))
+    err = daemon.ask(GEN.format(id="x") + " spec=chain draft=mtp", "x")[-1]
+    assert err["event"] == "error" and err["code"] == "not_loaded" and "--draft mtp" in err["message"]
+
+
 def test_a_target_without_mtp_layers_refuses_draft_mtp(tmp_path):
     model = write_synthetic_model(tmp_path / "plain.gguf", dataclasses.replace(SPEC, mtp=False))
     result = subprocess.run([sys.executable, "-m", "flashd.daemon", "--model", str(model), "--device", "cpu",
