@@ -315,7 +315,7 @@ def _sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop) -> d
                    "model's chat template.")
 @click.option("--system", metavar="TEXT", help="System message (with --chat).")
 @click.option("--quiet", "-q", is_flag=True, help="No stats line on stderr.")
-@click.option("--draft", metavar="NAME|PATH|ngram",
+@click.option("--draft", metavar="NAME|PATH|ngram|mtp",
               help="Speculative decoding with this drafter (a started daemon loads it; with --daemon, the "
                    "name of one the daemon has loaded).")
 @click.option("--spec", type=click.Choice(list(SPEC_MODES)), default=None,

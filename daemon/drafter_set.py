@@ -12,7 +12,7 @@ from ..protocol import messages as m
 from ..protocol.errors import ProtocolError
 from .speculative.decoder import DEFAULT_DDTREE_BUDGET, SpecConfig, SpecDecoder
 from .speculative.drafter import Drafter, DrafterLoadError
-from .speculative.loader import NGRAM, DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
+from .speculative.loader import MTP, NGRAM, DrafterContext, borrows_target_weights, drafter_name, find_drafter, load_drafter
 from .speculative.ngram import NgramConfig, NgramDrafter
 from .speculative.policy import DepthPolicy
 
@@ -73,6 +73,9 @@ class DrafterSet:
         drafter = find_drafter(self.by_name, self._sources, name)
         if drafter is None and name == NGRAM:
             return self._builtin_ngram()
+        if drafter is None and name == MTP:     # it holds memory (the block, its cache): loaded at start only
+            raise ProtocolError("not_loaded", f"draft={MTP}: this daemon was not started with --draft {MTP} (the "
+                                              "target's multi-token-prediction block is loaded at start)")
         if drafter is None:
             loaded = ", ".join([*self.by_name, *([] if NGRAM in self.by_name else [NGRAM])])
             raise ProtocolError("not_loaded", f"draft={name}: no such drafter; loaded: {loaded}")

@@ -69,7 +69,8 @@ def size_option(ctx, param, value):
 @click.command("serve")
 @click.option("--model", required=True, metavar="PATH|NAME", help="Target model: a GGUF path or a model name.")
 @click.option("--draft", "drafts", multiple=True, metavar="PATH|NAME",
-              help="Speculative-decoding drafter (repeatable; `ngram` is built in).")
+              help="Speculative-decoding drafter (repeatable; `ngram` is built in; `mtp`: the target's own "
+                   "multi-token-prediction block, a qwen35 GGUF with nextn layers).")
 @click.option("--prefill-drafter", metavar="PATH|NAME", help="PFlash prompt-scoring model.")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--max-ctx", type=click.IntRange(16, 1 << 20), default=4096, show_default=True,

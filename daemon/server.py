@@ -54,7 +54,7 @@ __all__ = ["ServeConfig", "serve", "check_zmq_address"]
 log = logging.getLogger("flashd.server")
 
 ENGINE_STOP_TIMEOUT_S = 60.0   # a stop waits this long for a forward pass in flight to finish
-BUILTIN_DRAFTS = ("ngram",)    # drafters that need no file
+BUILTIN_DRAFTS = ("ngram", "mtp")    # drafters that need no file of their own (speculative/loader.py)
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,7 +62,7 @@ class ServeConfig:
     """The `flashd serve` command line."""
 
     model: str                          # path, or a name the model registry knows
-    drafts: tuple[str, ...] = ()        # speculative-decoding drafters: paths, names or "ngram"
+    drafts: tuple[str, ...] = ()        # speculative-decoding drafters: paths, names, "ngram" or "mtp"
     prefill_drafter: str | None = None  # PFlash scoring model
     device: str = "auto"
     max_ctx: int = 4096

@@ -104,7 +104,7 @@ def _is_bytes(n) -> bool:
 class Component:
     """One thing the plan holds: a model (or the shared buffers), its parts in bytes, the phases it is in."""
 
-    role: str                              # target | shared | draft | dflash | prefill_drafter | target_head
+    role: str                              # target | shared | draft | dflash | mtp | prefill_drafter | target_head
     name: str                              # the model's name ("" for the shared buffers)
     parts: tuple[tuple[str, int], ...]     # (what, bytes): weights, kv_cache, arena, ...
     phases: frozenset[str]                 # where it is resident (PHASES)

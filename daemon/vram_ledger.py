@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from .config import MIN_TREE_NODES
 from .vram_budget import GiB, MiB, BudgetExceeded, Component, VramPlan, format_size, largest_fitting, refusal
-from .vram_sizes import CudaSizes, DFlashDesc, HostSizes, ModelDesc, describe_dflash, describe_model
+from .vram_sizes import CudaSizes, DFlashDesc, HostSizes, ModelDesc, MTPDesc, describe_dflash, describe_model, describe_mtp
 
 __all__ = ["LedgerState", "VramLedger", "sizes_for", "describe_draft", "TREE_NODES_FLOOR"]
 
@@ -77,16 +77,19 @@ def sizes_for(backend, forward: str = "graph"):
                      persistent=forward == "persistent")
 
 
-def describe_draft(spec: str):
-    """A --draft drafter's descriptor (None for n-grams); DrafterLoadError worded as the loader's."""
+def describe_draft(spec: str, target_file=None, target_cfg=None):
+    """A --draft drafter's descriptor (None for n-grams; `mtp`: the target's block, from target_file and
+    target_cfg); DrafterLoadError worded as the loader's."""
     from .models import ModelLoadError, open_model
     from .models.dflash_weights import open_dflash
     from .models.gguf_file import GGUFFile
     from .speculative.drafter import DrafterLoadError
-    from .speculative.loader import DFLASH_ARCH, NGRAM, drafter_name
+    from .speculative.loader import DFLASH_ARCH, MTP, NGRAM, drafter_name
     if spec == NGRAM:
         return None
     try:
+        if spec == MTP:
+            return describe_mtp(MTP, target_file, target_cfg)
         if GGUFFile(spec).arch == DFLASH_ARCH:
             return describe_dflash(drafter_name(spec), *open_dflash(spec))
         return describe_model(drafter_name(spec), *open_model(spec))
@@ -118,7 +121,7 @@ class VramLedger:
         from .models import ModelLoadError
         from .speculative.loader import drafter_name
         target = describe_model(target_cfg.name or target_file.path.stem, target_file, target_cfg)
-        drafters = {drafter_name(spec): describe_draft(spec) for spec in config.drafts}
+        drafters = {drafter_name(spec): describe_draft(spec, target_file, target_cfg) for spec in config.drafts}
         ledger = cls(sizes_for(backend, config.forward), target, drafters, max_ctx=config.max_ctx,
                      prefill_chunk=config.prefill_chunk, pflash=config.pflash, budget=config.vram_budget,
                      margin=config.vram_margin, default_pflash=config.prefill_drafter,
@@ -165,7 +168,7 @@ class VramLedger:
         target_kv = self._target_kv(kv_type)
         policy = policy or self.pflash_config.drafter_policy
         drafters = {n: d for n, d in self.drafters.items() if d is not None and n not in state.parked | without}
-        dflash = any(isinstance(d, DFlashDesc) for d in drafters.values())
+        dflash = any(isinstance(d, (DFlashDesc, MTPDesc)) for d in drafters.values())     # hold the target's head
         with_target = frozenset({"serving", "unparking"} if dflash else {"serving"}) if state.target else frozenset()
         everywhere = with_target | {"target parked"}
         comps, needs, draft_needs = [], [], []
@@ -176,10 +179,13 @@ class VramLedger:
         for name, desc in drafters.items():
             if isinstance(desc, DFlashDesc):
                 parts, need = sizes.dflash(desc, ctx, kv)
+            elif isinstance(desc, MTPDesc):
+                parts, need = sizes.mtp(desc, ctx, chunk, kv)
             else:
                 parts, need = sizes.model(desc, ctx, chunk, kv, DRAFT_TREE_NODES)    # drafts only, verifies none
                 draft_needs.append(need)
-            comps.append(Component("dflash" if isinstance(desc, DFlashDesc) else "draft", name, tuple(parts),
+            role = "dflash" if isinstance(desc, DFlashDesc) else "mtp" if isinstance(desc, MTPDesc) else "draft"
+            comps.append(Component(role, name, tuple(parts),
                                    everywhere, desc.path))
             needs.append(need)
         shared = sizes.shared(needs if state.target else draft_needs if state.shared_parked else [])
@@ -187,7 +193,7 @@ class VramLedger:
             comps.append(Component("shared", "", tuple(shared), with_target or frozenset({"target parked"})))
         if dflash:
             comps.append(Component("target_head", self.target.name,
-                                   (("held by DFlash", sizes.weights(self.target.head)),),
+                                   (("held by DFlash / MTP", sizes.weights(self.target.head)),),
                                    frozenset({"unparking", "target parked"}) & everywhere))
         settings = [("max_ctx", ctx), ("prefill_chunk", chunk), ("kv_type", _kv_label(target_kv)),
                     ("drafter_policy", policy), ("max_tree_nodes", self.target_tree_nodes(tree)),

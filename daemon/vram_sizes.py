@@ -20,8 +20,8 @@ from typing import Callable
 from .pflash.config import PFlashConfig
 from .vram_budget import kv_cache_bytes
 
-__all__ = ["ModelDesc", "DFlashDesc", "SharedNeed", "CudaSizes", "HostSizes", "describe_model", "describe_dflash",
-           "persistent_forward_bytes"]
+__all__ = ["ModelDesc", "DFlashDesc", "MTPDesc", "SharedNeed", "CudaSizes", "HostSizes", "describe_model",
+           "describe_dflash", "describe_mtp", "persistent_forward_bytes"]
 
 Tensors = tuple[tuple[tuple[int, ...], int], ...]       # (shape, stored bytes) of every tensor loaded
 
@@ -45,6 +45,18 @@ class DFlashDesc:
     name: str
     path: str
     cfg: object                    # models.dflash_config.DFlashConfig
+    tensors: Tensors
+
+
+@dataclass(slots=True, frozen=True)
+class MTPDesc:
+    """The target's multi-token-prediction block as a drafter (`--draft mtp`, speculative/mtp_drafter.py): the block's
+    tensors in the target's file; cfg is the target's (the block has the shape of its attention layers). It borrows
+    the target's embedding, lm_head and output_norm like a DFlash drafter."""
+
+    name: str
+    path: str
+    cfg: object                    # the target's models.config.ModelConfig
     tensors: Tensors
 
 
@@ -77,6 +89,13 @@ def describe_model(name: str, f, cfg) -> ModelDesc:
 def describe_dflash(name: str, f, cfg) -> DFlashDesc:
     from .models.dflash_weights import dflash_tensor_plan
     return DFlashDesc(name, str(f.path), cfg, _tensors(info for _, _, info in dflash_tensor_plan(f, cfg)))
+
+
+def describe_mtp(name: str, f, cfg) -> MTPDesc:
+    """The MTP block of an opened qwen35 target (ModelLoadError when it has none)."""
+    from .models.qwen35_mtp_weights import mtp_config, mtp_tensor_plan
+    plan = mtp_tensor_plan(f, cfg, mtp_config(f, cfg))
+    return MTPDesc(name, str(f.path), cfg, _tensors(info for _, info in plan))
 
 
 def _largest_weight(cfg) -> int:
@@ -134,6 +153,12 @@ class HostSizes:
         return ([("weights", self.weights(desc.tensors)),
                  ("kv_cache", kv_cache_bytes(m.n_layers, m.n_kv_heads, m.head_dim, max_ctx + b, kv_type))],
                 SharedNeed())
+
+    def mtp(self, desc: MTPDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
+        """MTPDrafter: the block's weights (float32) and its one-layer K/V cache (qwen35_mtp.mtp_cache_spec)."""
+        cfg = desc.cfg
+        return ([("weights", self.weights(desc.tensors)),
+                 ("kv_cache", kv_cache_bytes(1, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type))], SharedNeed())
 
     def pflash(self, desc: ModelDesc, pc: PFlashConfig, n_tokens: int, kv_type: str) -> list:
         cfg = desc.cfg
@@ -245,6 +270,19 @@ class CudaSizes:
                  ("kv_cache", kv_cache_bytes(m.n_layers, m.n_kv_heads, m.head_dim, max_ctx + b, kv_type)),
                  ("mask", b * b), ("inputs", inputs), ("topk", (b - 1) * 8 * 12), ("features", features)]
         return parts, SharedNeed(attention=int(self.attention_ws(m.n_heads, m.n_kv_heads, m.head_dim, max_ctx + b, b)))
+
+    def mtp(self, desc: MTPDesc, max_ctx: int, prefill_chunk: int, kv_type: str) -> tuple[list, SharedNeed]:
+        """MTPDrafter: the block's weights (eh_proj split by columns: the same bytes), its one-layer K/V cache
+        (qwen35_mtp.mtp_cache_spec: max_ctx slots) and its inputs (StagedInputs: a replay chunk's ids, positions and
+        target rows, n_past); its forward runs in the target's arena (a replay chunk is one attention layer of a
+        prefill chunk) and decode attention workspace (the target's attention layers' shape)."""
+        cfg = desc.cfg
+        inputs = 4 * (2 * prefill_chunk + prefill_chunk * cfg.hidden + 1)
+        parts = [("weights", self.weights(desc.tensors)),
+                 ("kv_cache", kv_cache_bytes(1, cfg.n_kv_heads, cfg.head_dim, max_ctx, kv_type)),
+                 ("inputs", inputs)]
+        return parts, SharedNeed(attention=int(self.attention_ws(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max_ctx,
+                                                                 1)))
 
     def pflash(self, desc: ModelDesc, pc: PFlashConfig, n_tokens: int, kv_type: str) -> list:
         """The PFlash drafter over a prompt of up to n_tokens, on its own CudaOps: weights, its weight scratch,

@@ -126,7 +126,7 @@ class Generate:
     add_special: bool = False  # text prompts: add BOS when the model's tokenizer wants one
     spec: str = "off"  # speculative decoding: off | chain | ddtree
     budget: int | None = None  # ddtree node budget (non-root nodes); None = daemon default
-    draft: str | None = None  # drafter name (a --draft model or "ngram"); None = default
+    draft: str | None = None  # drafter name (a --draft model, "ngram" or "mtp"); None = default
     compress: str | None = None  # PFlash prompt compression: off | auto | always; None = the daemon's --compress
     keep: float | None = None  # compression keep ratio; None = daemon default
     threshold: int | None = None  # compress=auto: compress prompts longer than this; None = daemon default

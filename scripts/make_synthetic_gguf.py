@@ -21,6 +21,8 @@ Layout of the file (numpy shapes, row-major; GGUF reports each shape reversed, n
     blk.N.ffn_down.weight        (hidden, ffn)
     output_norm.weight           (hidden,)                   F32
     output.weight                (vocab, hidden)             absent when tie_embeddings
+    qwen35: the hybrid's blocks (synthetic_qwen35.py); with --mtp one more block, index n_layers, holding the
+    multi-token-prediction head (qwen35_mtp_tensors) and block_count = n_layers + 1, nextn_predict_layers = 1
 
 CLI: python -m flashd.scripts.make_synthetic_gguf OUT.gguf [--preset qwen2.5-1.5b] [--arch ...] ...
 """
@@ -43,6 +45,7 @@ from gguf.constants import GGML_QUANT_SIZES, MODEL_TENSOR, MODEL_TENSORS
 from flashd.scripts.gguf_out import written_gguf
 from flashd.scripts.kquants import OWN_QUANTIZERS
 from flashd.scripts.synthetic_arch import ARCH_LAYOUTS, TensorSlot
+from flashd.scripts.synthetic_qwen35 import qwen35_mtp_tensors
 from flashd.scripts.synthetic_spec import SUPPORTED_WEIGHT_TYPES, SyntheticSpec
 from flashd.scripts.synthetic_vocab import N_BYTE_TOKENS, SPECIAL_TOKENS, build_vocab, bytes_to_unicode  # noqa: F401 (bytes_to_unicode: re-exported)
 
@@ -146,11 +149,13 @@ def tensor_plan(spec: SyntheticSpec) -> list[TensorPlan]:
     slots = [TensorSlot(T.TOKEN_EMBD, "weight", (spec.vocab_size, spec.hidden), "embedding")]
     for bid in range(spec.n_layers):
         slots += layout.layer_tensors(spec, bid)
+    if spec.mtp:            # qwen35's multi-token-prediction block, block index n_layers (after the trunk)
+        slots += qwen35_mtp_tensors(spec)
     slots.append(TensorSlot(T.OUTPUT_NORM, "weight", (spec.hidden,), "norm"))
     if not spec.tie_embeddings:
         slots.append(TensorSlot(T.OUTPUT, "weight", (spec.vocab_size, spec.hidden), "lm_head"))
 
-    allowed_kinds = set(MODEL_TENSORS[layout.model_arch])
+    allowed_kinds = set(MODEL_TENSORS[layout.model_arch]) | set(layout.extra_kinds)
     plans: list[TensorPlan] = []
     for slot in slots:
         assert slot.kind in allowed_kinds, f"{slot.kind.name} is not a tensor of {spec.arch} in gguf.constants"
@@ -251,7 +256,7 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
     layout = ARCH_LAYOUTS[spec.arch]
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(spec.name)
-    writer.add_block_count(spec.n_layers)
+    writer.add_block_count(spec.n_layers + int(spec.mtp))     # llama.cpp counts the MTP block in block_count
     writer.add_context_length(spec.context_length)
     writer.add_embedding_length(spec.hidden)
     writer.add_feed_forward_length(spec.ffn)
@@ -325,6 +330,7 @@ _CLI_FIELDS = {
     "rope_orig_ctx": "rope_orig_ctx", "rms_eps": "rms_eps", "type": "weight_type", "seed": "seed", "name": "name",
     "rope_dim": "rope_dim", "ssm_state": "ssm_state", "ssm_k_heads": "ssm_k_heads", "ssm_v_heads": "ssm_v_heads",
     "ssm_conv": "ssm_conv_kernel", "full_attn_interval": "full_attn_interval", "random_blocks": "random_blocks",
+    "mtp": "mtp", "mtp_own_head": "mtp_own_head",
 }
 
 
@@ -365,6 +371,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssm-v-heads", type=int, help="qwen35: value heads of the Gated DeltaNet layers")
     p.add_argument("--ssm-conv", type=int, help="qwen35: taps of the short causal convolution")
     p.add_argument("--full-attn-interval", type=int, help="qwen35: every n-th layer is full attention")
+    p.add_argument("--mtp", action=argparse.BooleanOptionalAction, default=None,
+                   help="qwen35: add one multi-token-prediction (nextn) block after the trunk")
+    p.add_argument("--mtp-own-head", action=argparse.BooleanOptionalAction, default=None,
+                   help="qwen35 --mtp: the MTP block gets its own nextn.embed_tokens and nextn.shared_head_head")
     p.add_argument("--random-blocks", action=argparse.BooleanOptionalAction, default=None,
                    help="matrices as random valid quant blocks, no quantizer (seconds for a 27B shape)")
     p.add_argument("--seed", type=int)

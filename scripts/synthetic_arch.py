@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import gguf
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
 
-from flashd.scripts.synthetic_qwen35 import qwen35_check, qwen35_layer_tensors, qwen35_metadata
+from flashd.scripts.synthetic_qwen35 import QWEN35_MTP_KINDS, qwen35_check, qwen35_layer_tensors, qwen35_metadata
 
 if TYPE_CHECKING:
     from flashd.scripts.make_synthetic_gguf import SyntheticSpec
@@ -47,6 +47,8 @@ class ArchLayout:
     layer_tensors: Callable[[SyntheticSpec, int], list[TensorSlot]]  # the tensors of block `bid`
     write_arch_metadata: Callable[[gguf.GGUFWriter, SyntheticSpec], None]  # arch-specific keys
     check: Callable[[SyntheticSpec], None] | None = None          # ValueError for a spec the arch cannot have
+    extra_kinds: tuple[MODEL_TENSOR, ...] = ()                    # kinds llama.cpp loads that the installed
+                                                                  # gguf.constants does not list for the arch
 
 
 def _dense_layer_tensors(spec: SyntheticSpec, bid: int, *, qkv_bias: bool, qk_norm: bool) -> list[TensorSlot]:
@@ -105,5 +107,6 @@ ARCH_LAYOUTS: dict[str, ArchLayout] = {
     "qwen3": ArchLayout(
         gguf.MODEL_ARCH.QWEN3, "qwen2",
         functools.partial(_dense_layer_tensors, qkv_bias=False, qk_norm=True), _qwen3_metadata),
-    "qwen35": ArchLayout(gguf.MODEL_ARCH.QWEN35, "qwen2", qwen35_layer_tensors, qwen35_metadata, qwen35_check),
+    "qwen35": ArchLayout(gguf.MODEL_ARCH.QWEN35, "qwen2", qwen35_layer_tensors, qwen35_metadata, qwen35_check,
+                         QWEN35_MTP_KINDS),
 }

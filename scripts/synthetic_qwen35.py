@@ -15,6 +15,12 @@ full-attention layer. Numpy shapes (rows, cols), y = W @ x:
 
 S = ssm_state (the head size of keys and values), Hk = ssm_k_heads (ssm.group_count), Hv = ssm_v_heads
 (ssm.time_step_rank), K = ssm_conv_kernel.
+
+With spec.mtp the file also holds one multi-token-prediction block (llama.cpp's load_block_mtp), stored as block
+n_layers after the trunk (block_count = n_layers + 1, nextn_predict_layers = 1): a full-attention block's tensors
+(above) plus nextn.eh_proj (D, 2 D) (the projection of [enorm(embed) | hnorm(h)]), nextn.enorm (D,), nextn.hnorm
+(D,), nextn.shared_head_norm (D,) and, with spec.mtp_own_head, nextn.embed_tokens (V, D) and
+nextn.shared_head_head (V, D) (without them the block uses token_embd and output).
 """
 from __future__ import annotations
 
@@ -27,11 +33,17 @@ if TYPE_CHECKING:
     from flashd.scripts.make_synthetic_gguf import SyntheticSpec
     from flashd.scripts.synthetic_arch import TensorSlot
 
-__all__ = ["qwen35_layer_tensors", "qwen35_metadata", "qwen35_check", "is_recurrent_layer", "rope_sections"]
+__all__ = ["qwen35_layer_tensors", "qwen35_metadata", "qwen35_check", "is_recurrent_layer", "rope_sections",
+           "qwen35_mtp_tensors", "QWEN35_MTP_KINDS"]
+
+# llama.cpp's qwen35 loads these (LLM_TENSOR_NEXTN_*); the gguf-py installed here does not list them for QWEN35
+QWEN35_MTP_KINDS = (MODEL_TENSOR.NEXTN_EH_PROJ, MODEL_TENSOR.NEXTN_ENORM, MODEL_TENSOR.NEXTN_HNORM,
+                    MODEL_TENSOR.NEXTN_EMBED_TOKENS, MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD,
+                    MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM)
 
 
 def is_recurrent_layer(spec: SyntheticSpec, bid: int) -> bool:
-    return (bid + 1) % spec.full_attn_interval != 0
+    return bid < spec.n_layers and (bid + 1) % spec.full_attn_interval != 0      # the MTP block is attention
 
 
 def rope_sections(n_pairs: int) -> list[int]:
@@ -96,6 +108,24 @@ def qwen35_layer_tensors(spec: SyntheticSpec, bid: int) -> list[TensorSlot]:
     return out
 
 
+def qwen35_mtp_tensors(spec: SyntheticSpec) -> list[TensorSlot]:
+    """The MTP block's tensors, block index n_layers (the module docstring)."""
+    from flashd.scripts.synthetic_arch import TensorSlot
+
+    T, D, bid = MODEL_TENSOR, spec.hidden, spec.n_layers
+    out = qwen35_layer_tensors(spec, bid)           # a full-attention block (is_recurrent_layer: False)
+    out += [
+        TensorSlot(T.NEXTN_EH_PROJ, "weight", (D, 2 * D), "matrix", bid),
+        TensorSlot(T.NEXTN_ENORM, "weight", (D,), "norm", bid),
+        TensorSlot(T.NEXTN_HNORM, "weight", (D,), "norm", bid),
+        TensorSlot(T.NEXTN_SHARED_HEAD_NORM, "weight", (D,), "norm", bid),
+    ]
+    if spec.mtp_own_head:
+        out += [TensorSlot(T.NEXTN_EMBED_TOKENS, "weight", (spec.vocab_size, D), "embedding", bid),
+                TensorSlot(T.NEXTN_SHARED_HEAD_HEAD, "weight", (spec.vocab_size, D), "lm_head", bid)]
+    return out
+
+
 def qwen35_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
     """The keys llama.cpp's qwen35 loader reads beyond the common ones (convert_hf_to_gguf writes the same)."""
     hd = spec.head_dim_resolved
@@ -109,3 +139,5 @@ def qwen35_metadata(writer: gguf.GGUFWriter, spec: SyntheticSpec) -> None:
     writer.add_ssm_time_step_rank(spec.ssm_v_heads)
     writer.add_ssm_inner_size(spec.ssm_v_heads * spec.ssm_state)
     writer.add_full_attention_interval(spec.full_attn_interval)
+    if spec.mtp:
+        writer.add_nextn_predict_layers(1)

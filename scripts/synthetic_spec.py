@@ -44,6 +44,10 @@ class SyntheticSpec:
     ssm_v_heads: int = 4         # ssm.time_step_rank: value heads (a multiple of ssm_k_heads)
     ssm_conv_kernel: int = 4     # ssm.conv_kernel: taps of the short causal convolution
     full_attn_interval: int = 4  # full_attention_interval: layer i is full attention iff (i + 1) % it == 0
+    mtp: bool = False            # qwen35: one multi-token-prediction block (nextn_predict_layers = 1) after the
+                                 # trunk, stored as block n_layers (synthetic_qwen35.py qwen35_mtp_tensors)
+    mtp_own_head: bool = False   # with mtp: also nextn.embed_tokens and nextn.shared_head_head (else the MTP
+                                 # block falls back to token_embd / output, as llama.cpp's loader allows)
     random_blocks: bool = False  # matrices as random valid quant blocks (no quantizer: a 16 GB file in
                                  # seconds; float_tensor does not apply to them)
 
@@ -85,6 +89,10 @@ class SyntheticSpec:
             if type_name not in SUPPORTED_WEIGHT_TYPES:
                 where = "weight_type" if glob is None else f"type override for {glob!r}"
                 raise ValueError(f"{where}: {type_name!r} is not one of {SUPPORTED_WEIGHT_TYPES}")
+        if (self.mtp or self.mtp_own_head) and self.arch != "qwen35":
+            raise ValueError(f"mtp is a qwen35 option, not {self.arch}'s")
+        if self.mtp_own_head and not self.mtp:
+            raise ValueError("mtp_own_head needs mtp")
         check = ARCH_LAYOUTS[self.arch].check
         if check is not None:
             check(self)

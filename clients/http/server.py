@@ -82,7 +82,7 @@ def _daemon_client(daemon: str | None, model: str | None, device: str | None, ma
               help="Temperature of requests that give none (OpenAI's and Anthropic's documented default is 1).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1.0), default=600.0, show_default=True,
               help="Longest wait, in seconds, for the daemon's next event before a request is cancelled.")
-@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH|ngram",
+@click.option("--draft", "drafts", multiple=True, metavar="NAME|PATH|ngram|mtp",
               help="Drafter(s) of a started daemon (its --draft; repeatable), for speculative decoding.")
 @click.option("--spec", type=click.Choice(list(SPEC_MODES)), default="off", show_default=True,
               help="Speculative decoding of requests that do not choose (request extension `spec`).")

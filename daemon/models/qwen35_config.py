@@ -89,7 +89,7 @@ def qwen35_config(f: GGUFFile):
 
     n_layers = int(key("block_count"))
     if int(key("nextn_predict_layers", 0)):
-        n_layers -= int(key("nextn_predict_layers"))      # MTP blocks follow the trunk; not run in the forward
+        n_layers -= int(key("nextn_predict_layers"))      # MTP blocks follow the trunk (qwen35_mtp_weights.py)
     recurrent = key("attention.recurrent_layers", None)
     if recurrent is None:
         interval = int(key("full_attention_interval", 4))

@@ -1,3 +1,3 @@
-"""Speculative decoding: drafters (drafter.py interface, ngram.py, draft_model.py), the DDTree
-builder (tree.py), acceptance (accept.py) and the decode loop that ties them to the target
-(decoder.py)."""
+"""Speculative decoding: drafters (drafter.py interface, ngram.py, draft_model.py, dflash_drafter.py,
+mtp_drafter.py), the DDTree builder (tree.py), acceptance (accept.py) and the decode loop that ties them
+to the target (decoder.py)."""

@@ -1,7 +1,8 @@
 """The Drafter interface: what every speculative-decoding drafter implements.
 
 Drafters: prompt-lookup n-grams (`ngram.py`), a small autoregressive draft model
-(`draft_model.py`), and the DFlash block drafter (`dflash_drafter.py`). The speculative decoder
+(`draft_model.py`), the DFlash block drafter (`dflash_drafter.py`) and a qwen35 target's own
+multi-token-prediction block (`mtp_drafter.py`). The speculative decoder
 (`decoder.py`) drives one drafter per request through this sequence:
 
     begin(prompt, root)              once, after the target prefilled `prompt`

@@ -1,10 +1,11 @@
 """Load the drafters named by `flashd serve --draft SPEC` (repeatable).
 
-SPEC is `ngram` (the built-in prompt-lookup drafter) or a GGUF path: a file whose
+SPEC is `ngram` (the built-in prompt-lookup drafter), `mtp` (the target's own multi-token-prediction block,
+mtp_drafter.py: a qwen35 GGUF with nextn layers; any other target is a load error) or a GGUF path: a file whose
 general.architecture is `dflash` is a DFlash block drafter (dflash_drafter.py), any other is an
 autoregressive draft model (draft_model.py) run on the target's backend with its own KV cache.
 
-A drafter is named for requests' `draft=NAME` by: `ngram`; the registry name of a known model
+A drafter is named for requests' `draft=NAME` by: `ngram`, `mtp`; the registry name of a known model
 whose file name matches (e.g. `qwen2.5-coder-0.5b`); otherwise the file's stem. `find_drafter`
 also accepts the path as given on the command line.
 """
@@ -19,11 +20,14 @@ from ..models.gguf_file import GGUFFile
 from ..models.weights import total_weight_bytes
 from .draft_model import DRAFT_TREE_NODES, DraftModelConfig, DraftModelDrafter, check_same_vocab
 from .drafter import Drafter, DrafterLoadError
+from .mtp_drafter import MTP, MTPDrafter, load_mtp_drafter
 from .ngram import NgramConfig, NgramDrafter
 
-__all__ = ["DrafterContext", "load_drafter", "drafter_name", "find_drafter", "borrows_target_weights", "NGRAM"]
+__all__ = ["DrafterContext", "load_drafter", "drafter_name", "find_drafter", "borrows_target_weights", "NGRAM", "MTP",
+           "BUILTIN_DRAFTS"]
 
 NGRAM = "ngram"
+BUILTIN_DRAFTS = (NGRAM, MTP)     # --draft specs that name no file
 DFLASH_ARCH = "dflash"
 
 
@@ -39,8 +43,8 @@ class DrafterContext:
 
 
 def drafter_name(spec: str) -> str:
-    if spec == NGRAM:
-        return NGRAM
+    if spec in BUILTIN_DRAFTS:
+        return spec
     path = Path(spec)
     try:
         from ...clients.registry import KNOWN_MODELS
@@ -63,10 +67,11 @@ def find_drafter(drafters: dict[str, Drafter], sources: dict[str, str], name: st
 
 
 def borrows_target_weights(drafter: Drafter) -> bool:
-    """True for drafters that run on the target's own weights (DFlash: its embedding and lm_head),
-    which must be loaded again when the target's weights are (unpark)."""
+    """True for drafters that run on the target's own weights (DFlash: its embedding and lm_head; MTP: those, the
+    output_norm and the block's tensors in the target's file), which must be loaded again when the target's weights
+    are (unpark)."""
     from .dflash_drafter import DFlashDrafter
-    return isinstance(drafter, DFlashDrafter)
+    return isinstance(drafter, (DFlashDrafter, MTPDrafter))
 
 
 def load_drafter(spec: str, ctx: DrafterContext) -> Drafter:
@@ -74,6 +79,10 @@ def load_drafter(spec: str, ctx: DrafterContext) -> Drafter:
     name = drafter_name(spec)
     if spec == NGRAM:
         return NgramDrafter(NgramConfig(), name=name)
+    if spec == MTP:
+        if ctx.target_model.weights is None:
+            raise DrafterLoadError(f"--draft {MTP}: the target is parked (the MTP block runs on its weights)")
+        return load_mtp_drafter(ctx.backend.ops, ctx.target_file, ctx.target_model, ctx.max_ctx, ctx.prefill_chunk)
     try:
         f = GGUFFile(spec)
         arch = f.arch

@@ -227,8 +227,9 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps, FusedOps):   # top
         return out
 
     def rmsnorm(self, x, weight, eps: float):
-        if x.ndim == 2 and not isinstance(x, Normed):
+        if not isinstance(x, Normed) and x.ndim == 2:
             return Normed(x, weight, float(eps))       # fused into the consumer's prologue
+        # a norm of a pending norm (the MTP block's hnorm of the target's output-normed rows) materializes it first
         return self.materialize(Normed(self.materialize(x), weight, float(eps)))
 
     def _dequant(self, w: QuantWeight, slot: int) -> DeviceTensor:
