@@ -22,7 +22,7 @@
 
 namespace fd {
 namespace {
-template <int NX, bool SWIGLU, bool XQ>
+template <int NX, bool SWIGLU, bool XQ, bool PAIR = false>
 __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel(const GemvArgs a) {
     extern __shared__ __align__(16) uint8_t smem[];
     float* smf = reinterpret_cast<float*>(smem);
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
             cp_async_wait<0>();
         }
         __syncwarp();             // ... and every lane's are visible
-        compute_step<NX, SWIGLU, XQ>(a, s, stage + cur * a.stage_bytes, xv, lane);
+        compute_step<NX, SWIGLU, XQ, PAIR>(a, s, stage + cur * a.stage_bytes, xv, lane);
         __syncwarp();             // the buffer is refilled by a later issue
     }
     cp_async_wait<0>();
@@ -135,21 +135,22 @@ int xq_image_scratch(cudaStream_t stream, int bytes, uint8_t** out) {
     return 0;
 }
 
-template <int NX, bool SWIGLU, bool XQ>
+template <int NX, bool SWIGLU, bool XQ, bool PAIR = false>
 int raise_smem_limit(int max_smem) {
     static std::once_flag once;
     static cudaError_t err = cudaSuccess;
     std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_kernel<NX, SWIGLU, XQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+        err = cudaFuncSetAttribute(gemv_kernel<NX, SWIGLU, XQ, PAIR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   max_smem);
     });
     return (int)err;
 }
 
-template <int NX, bool SWIGLU, bool XQ>
+template <int NX, bool SWIGLU, bool XQ, bool PAIR = false>
 int launch_nx(const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem, cudaStream_t stream) {
-    const int st = raise_smem_limit<NX, SWIGLU, XQ>(max_smem);
+    const int st = raise_smem_limit<NX, SWIGLU, XQ, PAIR>(max_smem);
     if (st) return st;
-    return launch_pdl(gemv_kernel<NX, SWIGLU, XQ>, dim3(ctas), dim3(warps * 32), smem, stream, a);
+    return launch_pdl(gemv_kernel<NX, SWIGLU, XQ, PAIR>, dim3(ctas), dim3(warps * 32), smem, stream, a);
 }
 
 template <bool SWIGLU, bool XQ>
@@ -180,6 +181,7 @@ struct GemvTuning {
     int xq_prepass_cols;        // int8 one-row-kernel launches of at least this many columns take the x pre-pass (0: never)
     int xq_prepass_norm_cols;   // the same for launches with a fused RMSNorm
     int swiglu_stage_bytes;     // fd_gemv_swiglu's step bytes
+    bool swiglu_pair;           // one-row int8 SwiGLU launches of one format: gate and up in one dot loop
 };
 
 GemvTuning tuning() {
@@ -187,7 +189,8 @@ GemvTuning tuning() {
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0,
                       t.gemv_xq_prepass_cols, t.gemv_xq_prepass_norm_cols,
-                      t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes};
+                      t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes,
+                      t.gemv_swiglu_pair != 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -347,7 +350,9 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
             if (int st = xq_image_any(nx, p, img, dev.n_sms, stream)) return st;
             p.ximg = img;
         }
-        const int st = swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
+        const bool pair = swiglu && xq && nx == 1 && tn.swiglu_pair && a.mat[0].qtype == a.mat[1].qtype;
+        const int st = pair ? launch_nx<1, true, true, true>(p, ctas, w, smem, dev.max_smem, stream)
+                     : swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
                                     : launch_any<true, false>(nx, p, ctas, w, smem, dev.max_smem, stream))
                               : (xq ? launch_any<false, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
                                     : launch_any<false, false>(nx, p, ctas, w, smem, dev.max_smem, stream));

@@ -113,9 +113,12 @@ struct ArgmaxTrack {
     }
 };
 
-template <int NX, bool SWIGLU, bool XQ>
+// PAIR (SWIGLU, XQ, gate and up of one format): both rows' dots in one loop (gemv_dot.cuh row_dot_q8_pair), the
+// same bits as the two loops.
+template <int NX, bool SWIGLU, bool XQ, bool PAIR = false>
 __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uint8_t* buf, const XViews& xv, int lane,
                                              ArgmaxTrack<NX>* track = nullptr) {
+    static_assert(!PAIR || (SWIGLU && XQ), "the paired dot is SwiGLU's on int8 activations");
     const GemvMat m = SWIGLU ? a.mat[0] : mat_of_step(a, s);
     const int lpr = m.lpr, G = 32 / lpr;
     const int g = lane / lpr, t = lane % lpr;
@@ -137,6 +140,28 @@ __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uin
     float acc[NX];
 #pragma unroll
     for (int i = 0; i < NX; ++i) acc[i] = 0.0f;
+    if constexpr (PAIR) {
+        const GemvMat u = a.mat[1];
+        float acc_u[NX];
+#pragma unroll
+        for (int i = 0; i < NX; ++i) acc_u[i] = 0.0f;
+        if (valid) {
+            const uint8_t* src = m.w + r0 * m.row_bytes;
+            const uint8_t* src_u = u.w + r0 * u.row_bytes;
+            RowDotQ8Pair<NX> fn{buf + (reinterpret_cast<uintptr_t>(src) & 15) + g * m.row_bytes,
+                                buf + a.range_bytes + (reinterpret_cast<uintptr_t>(src_u) & 15) + g * u.row_bytes,
+                                t, lpr, m.pieces, &xv, &acc, &acc_u};
+            dispatch_qtype(m.qtype, fn);
+        }
+        reduce_lanes(acc, lpr);
+        reduce_lanes(acc_u, lpr);
+        if (valid && t == 0) {
+#pragma unroll
+            for (int i = 0; i < NX; ++i)
+                if (i < a.n_x) m.y[(int64_t)i * m.rows + row] = silu(acc[i]) * acc_u[i];
+        }
+        return;
+    }
     if (valid) {
         const uint8_t* src = m.w + r0 * m.row_bytes;
         const uint8_t* wrow = buf + (reinterpret_cast<uintptr_t>(src) & 15) + g * m.row_bytes;

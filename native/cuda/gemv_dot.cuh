@@ -97,6 +97,72 @@ __device__ __forceinline__ void row_dot_q8(const uint8_t* wrow, int t, int lpr, 
     }
 }
 
+// SwiGLU's gate and up rows of one format at once: row_dot_q8 of each, in one loop that loads each x code and
+// block sum once for both matrices and keeps two independent dp4a chains in flight. Each accumulator sees exactly
+// row_dot_q8's operations in row_dot_q8's order, so acc_g / acc_u are its bits (fd_tuning_t.gemv_swiglu_pair).
+template <int QT, int NX>
+__device__ __forceinline__ void row_dot_q8_pair(const uint8_t* wrow_g, const uint8_t* wrow_u, int t, int lpr,
+                                                int pieces, const uint8_t* x8, int x8_row, const float* xsc,
+                                                int xsc_row, const float* xsum, int xsum_row, float (&acc_g)[NX],
+                                                float (&acc_u)[NX]) {
+    using F = Fmt<QT>;
+    constexpr int RPP = F::RUNS / F::PARTS;
+    constexpr int L = F::XL;
+    constexpr int BLK_X8 = 8 * x8_group<L>(F::BE);
+    const int j = t % F::LPB;
+    int blk = t / F::LPB;
+    const int blk_step = lpr / F::LPB;
+    const uint8_t* wg = wrow_g + (int64_t)blk * F::BB;
+    const uint8_t* wu = wrow_u + (int64_t)blk * F::BB;
+    const uint8_t* xp = x8 + blk * BLK_X8 + 8 * x8_group<L>(F::col(j, 0));
+#pragma unroll 1
+    for (int p = t; p < pieces; p += lpr) {
+        typename F::Raw raw_g, raw_u;
+        F::template load<false>(wg, j, raw_g);
+        F::template load<false>(wu, j, raw_u);
+        float pag[F::PARTS], pbg[F::PARTS], pau[F::PARTS], pbu[F::PARTS];
+        F::params(raw_g, j, pag, pbg);
+        F::params(raw_u, j, pau, pbu);
+#pragma unroll
+        for (int part = 0; part < F::PARTS; ++part) {
+            const int shift = F::part_shift(part);
+            int ahg[NX], alg[NX], ahu[NX], alu[NX];
+#pragma unroll
+            for (int i = 0; i < NX; ++i) ahg[i] = alg[i] = ahu[i] = alu[i] = 0;
+#pragma unroll
+            for (int rr = 0; rr < RPP; ++rr) {
+                const int run = part * RPP + rr;
+                const uint32_t cg = (F::code_word(raw_g, j, run) >> shift) & (F::CODE_MASK * 0x01010101u);
+                const uint32_t cu = (F::code_word(raw_u, j, run) >> shift) & (F::CODE_MASK * 0x01010101u);
+#pragma unroll
+                for (int i = 0; i < NX; ++i) {
+                    const uint2 xv = *reinterpret_cast<const uint2*>(xp + i * x8_row + 8 * x8_group<L>(F::col(0, run)));
+                    ahg[i] = dot4_u8s8(cg, xv.x, ahg[i]);
+                    alg[i] = dot4_u8s8(cg, xv.y, alg[i]);
+                    ahu[i] = dot4_u8s8(cu, xv.x, ahu[i]);
+                    alu[i] = dot4_u8s8(cu, xv.y, alu[i]);
+                }
+            }
+            const float bbg = fmaf(-(float)F::OFFSET, pag[part], pbg[part]);
+            const float bbu = fmaf(-(float)F::OFFSET, pau[part], pbu[part]);
+            const int grp = F::part_group(blk, j, part);
+            const int blk32 = grp * F::PART_COLS / 32;
+#pragma unroll
+            for (int i = 0; i < NX; ++i) {
+                const float sc = xsc[i * xsc_row + blk32], xs = xsum[i * xsum_row + grp];
+                const float cxg = sc * fmaf((float)alg[i], 1.0f / XQ_LO, (float)ahg[i]);
+                const float cxu = sc * fmaf((float)alu[i], 1.0f / XQ_LO, (float)ahu[i]);
+                acc_g[i] = fmaf(pag[part], cxg, fmaf(bbg, xs, acc_g[i]));
+                acc_u[i] = fmaf(pau[part], cxu, fmaf(bbu, xs, acc_u[i]));
+            }
+        }
+        blk += blk_step;
+        wg += (int64_t)blk_step * F::BB;
+        wu += (int64_t)blk_step * F::BB;
+        xp += blk_step * BLK_X8;
+    }
+}
+
 // ---- one row's dot products over its pieces -------------------------------------------------------------
 // acc[i] += sum over the lane's pieces of dot(W[row, piece cols], xn[i, piece cols]).
 // Quant formats, per part: cls[i][c] = sum of scaled_codes of class c * xs (= x * 2^X_SCALE_LOG2), then
@@ -215,6 +281,26 @@ struct RowDotQ8 {   // row_dot_q8 for the qtype chosen at run time (quant format
             constexpr int L = Fmt<QT>::XL;
             row_dot_q8<QT, NX>(wrow, t, lpr, pieces, xv->x8[L], xv->x8_row[L], xv->xsc, xv->xsc_row,
                                P16 ? xv->xsum16 : xv->xsum32, P16 ? xv->xsum16_row : xv->xsum32_row, *acc);
+        }
+    }
+};
+
+template <int NX>
+struct RowDotQ8Pair {   // row_dot_q8_pair for the (shared) qtype chosen at run time
+    const uint8_t* wrow_g;
+    const uint8_t* wrow_u;
+    int t, lpr, pieces;
+    const XViews* xv;
+    float (*acc_g)[NX];
+    float (*acc_u)[NX];
+    template <int QT>
+    __device__ __forceinline__ void run() {
+        if constexpr (!Fmt<QT>::IS_FLOAT) {
+            constexpr bool P16 = Fmt<QT>::PART_COLS == 16;
+            constexpr int L = Fmt<QT>::XL;
+            row_dot_q8_pair<QT, NX>(wrow_g, wrow_u, t, lpr, pieces, xv->x8[L], xv->x8_row[L], xv->xsc, xv->xsc_row,
+                                    P16 ? xv->xsum16 : xv->xsum32, P16 ? xv->xsum16_row : xv->xsum32_row, *acc_g,
+                                    *acc_u);
         }
     }
 };

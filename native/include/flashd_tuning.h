@@ -1,7 +1,7 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
-   weights_evict_first, delta_cluster and gemv_xq_prepass_(norm_)cols change only how kernels are launched or
+   weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols and gemv_swiglu_pair change only how kernels are launched or
    cached, never a result; gemv_stage_bytes and gemv_swiglu_stage_bytes may change a GEMV's lanes per row (a row's
    summation order), gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
@@ -53,6 +53,8 @@ typedef struct {
                                for its sum of squares first */
     int gemv_swiglu_stage_bytes; /* fd_gemv_swiglu's step buffer bytes (256 .. 65536), 0: gemv_stage_bytes; like it, may
                                change the launch's lanes per row (a row's summation order), never row invariance */
+    int gemv_swiglu_pair;   /* 1: one-row int8 fd_gemv_swiglu launches whose gate and up share a format compute both rows'
+                               dots in one loop (each x code loaded once for both); 0: one loop each. Same bits */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -127,3 +127,21 @@ def test_the_pre_pass_inside_graph_capture(native, dev, rng, poisoned, restore_t
             assert np.array_equal(bits(dev.download(y)), want)
     finally:
         lib.fd_graph_destroy(graph[0])
+
+
+@pytest.mark.parametrize("qtypes,rows,cols", [((T.Q4_K, T.Q4_K), 2000, 1536), ((T.Q4_K, T.Q4_K), 640, 5120),
+                                              ((T.Q5_0, T.Q5_0), 1000, 896), ((T.Q6_K, T.Q6_K), 300, 8960),
+                                              ((T.Q8_0, T.Q8_0), 129, 96), ((T.Q4_K, T.Q6_K), 300, 1536)],
+                         ids=["q4k-1.5b", "q4k-27b", "q5_0-0.5b", "q6k-wide", "q8_0-pad32", "mixed"])
+def test_the_paired_swiglu_dot_gives_the_same_bits(native, dev, rng, poisoned, restore_tuning, qtypes, rows, cols):
+    """fd_tuning_t.gemv_swiglu_pair: gate and up rows in one loop (gemv_dot.cuh row_dot_q8_pair) are the two loops'
+    bits, with and without the norm, with and without the pre-pass, and a launch of mixed formats (not paired) and
+    several x rows (not paired) are unchanged."""
+    native.set_tuning(gemv_rows=0, gemv_mma_rows=0, gemv_swiglu_pair=0)
+    run = launcher(native, dev, rng, poisoned, "swiglu", qtypes, rows, cols)
+    cases = [(n_x, use_norm) for n_x in (1, 3) for use_norm in (False, True)]
+    base = {c: run(*c) for c in cases}
+    for prepass in (0, 1):
+        native.set_tuning(gemv_swiglu_pair=1, gemv_xq_prepass_cols=prepass, gemv_xq_prepass_norm_cols=prepass)
+        for c in cases:
+            assert np.array_equal(base[c][0], run(*c)[0]), f"n_x={c[0]} norm={c[1]} prepass={prepass}"
