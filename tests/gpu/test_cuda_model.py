@@ -30,14 +30,18 @@ def make_runners(backend, path, max_ctx=256, chunk=64):
     ref_ops = ReferenceOps()
     lm_ref = load_model(path, ref_ops.load_weight)
     ref = ModelRunner(ref_ops, lm_ref.config, lm_ref.weights, max_ctx, chunk)
+    return ref, make_cuda_runner(backend, path, max_ctx, chunk)
+
+
+def make_cuda_runner(backend, path, max_ctx=256, chunk=64):
+    """The CUDA runner for the file at `path` (planned and checked to fit as the daemon does)."""
     from flashd.daemon.models.weights import total_weight_bytes
     from flashd.daemon.models import open_model
     f, cfg = open_model(path)
     plan = backend.plan(cfg, total_weight_bytes(f, cfg), max_ctx, chunk)
     backend.check_fits(plan)
     lm = load_model((f, cfg), backend.ops.load_weight)
-    cuda = backend.make_runner(cfg, lm.weights, max_ctx, chunk, plan)
-    return ref, cuda
+    return backend.make_runner(cfg, lm.weights, max_ctx, chunk, plan)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -23,8 +23,16 @@ def load_recording(file_name: str) -> dict:
 def rebuilt_model(path: Path, spec, gguf_md5: str) -> Path:
     """The recorded model written again from its spec at `path`; fails unless it is the recorded file."""
     write_synthetic_model(path, spec)
-    assert hashlib.md5(path.read_bytes()).hexdigest() == gguf_md5, "not the recorded model"
+    assert file_md5(path) == gguf_md5, "not the recorded model"
     return path
+
+
+def file_md5(path) -> str:
+    md5 = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            md5.update(chunk)
+    return md5.hexdigest()
 
 
 def runner(path) -> ModelRunner:
@@ -43,3 +51,33 @@ def prompt_logits(path, prompt) -> tuple[np.ndarray, ModelRunner]:
 def worst_full_row_error(logits, rec) -> float:
     """The largest |difference| between `logits` and the recording's full rows."""
     return max(float(np.abs(logits[int(p)] - np.array(row)).max()) for p, row in rec["teacher_forced"]["full_rows"].items())
+
+
+def load_full_rows(file_name: str) -> tuple[list[int], np.ndarray]:
+    """A recording's full logits rows kept in the .npz next to its JSON (a vocabulary too big for JSON lists):
+    (positions, float32 rows (n, n_vocab), stored as float16)."""
+    with np.load(RECORDINGS / file_name) as z:
+        return [int(p) for p in z["positions"]], z["logits"].astype(np.float32)
+
+
+def row_spread(rows: np.ndarray) -> float:
+    """The largest max - min over `rows`: the scale a relative logit tolerance is taken of."""
+    return float((rows.max(1) - rows.min(1)).max())
+
+
+def worst_scaled_error(logits, positions, rows) -> float:
+    """max over the full rows of max |logits[p] - row| / (the row's max - min)."""
+    return max(float(np.abs(logits[p] - row).max() / (row.max() - row.min())) for p, row in zip(positions, rows))
+
+
+def greedy_agrees(got: list[int], greedy: dict, same_token, tol: float) -> tuple[bool, int]:
+    """(True, n) if `got` is the recorded greedy tokens up to the first step where the recorded top-2 gap is
+    within `tol` (a near-tie either implementation may break differently; after it the contexts differ), n the
+    steps compared; (False, s) at the first step s that differs without one. same_token(a, b): a and b give the
+    same logits everywhere (a model with repeated embedding rows); plain equality otherwise."""
+    for s, (a, b) in enumerate(zip(got, greedy["generated_ids"])):
+        if same_token(a, b):
+            continue
+        top2 = greedy["top_logits"][s]
+        return top2[0] - top2[1] <= tol, s
+    return len(got) == len(greedy["generated_ids"]), len(got)
