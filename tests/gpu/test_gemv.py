@@ -71,6 +71,13 @@ def call_gemv(native, dev, y, w, qtype, rows, cols, x, n_x, norm, bias, res):
     dev.synchronize()
 
 
+def call_swiglu(native, dev, y, w_gate, q_gate, w_up, q_up, rows, cols, x, n_x, norm):
+    native.check(native.lib.fd_gemv_swiglu(dev.p(y, "float*"), dev.p(w_gate), int(q_gate), dev.p(w_up), int(q_up), rows,
+                                           cols, dev.p(x, "float*"), n_x, dev.p(norm, "float*"), EPS, dev.stream),
+                 "fd_gemv_swiglu")
+    dev.synchronize()
+
+
 def float_cols(n_blocks):
     return {1: 1, 3: 3, 7: 7}[n_blocks]
 
@@ -230,11 +237,7 @@ def test_gemv_swiglu(native, dev, rng, poisoned, qtypes, rows, cols, n_x):
     d_wg, d_wu, d_x, d_norm = dev.upload(dg), dev.upload(du), dev.upload(x), dev.upload(norm_w)
     for use_norm in (False, True):
         y = poisoned((n_x, rows))
-        native.check(native.lib.fd_gemv_swiglu(dev.p(y, "float*"), dev.p(d_wg), int(qg), dev.p(d_wu), int(qu), rows,
-                                               cols, dev.p(d_x, "float*"), n_x,
-                                               dev.p(d_norm if use_norm else None, "float*"), EPS, dev.stream),
-                     "fd_gemv_swiglu")
-        dev.synchronize()
+        call_swiglu(native, dev, y, d_wg, qg, d_wu, qu, rows, cols, d_x, n_x, d_norm if use_norm else None)
         xn = normed64(x, norm_w if use_norm else None)
         g, u = xn @ Wg.T, xn @ Wu.T
         sig = 1 / (1 + np.exp(-g))
@@ -276,10 +279,7 @@ def test_rows_come_out_the_same_whatever_the_batch(native, dev, rng, poisoned, k
         elif kind == "multi":
             run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, n_x, d_norm)
         else:
-            native.check(native.lib.fd_gemv_swiglu(dev.p(outs[0], "float*"), dev.p(d_a), int(qa), dev.p(d_b), int(qb),
-                                                   rows, cols, dev.p(d_x, "float*"), n_x, dev.p(d_norm, "float*"), EPS,
-                                                   dev.stream), "fd_gemv_swiglu")
-            dev.synchronize()
+            call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, n_x, d_norm)
         return [dev.download(o) for o in (outs if kind == "multi" else outs[:1])]
 
     single = [run(x[i:i + 1]) for i in range(8)]

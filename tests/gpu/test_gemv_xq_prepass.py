@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from flashd.scripts.random_weights import random_weights
 
-from tests.gpu.test_gemv import EPS, call_gemv, run_multi
+from tests.gpu.test_gemv import EPS, call_gemv, call_swiglu, run_multi
 
 
 @pytest.fixture
@@ -60,10 +60,7 @@ def launcher(native, dev, rng, poisoned, kind, qtypes, rows, cols):
         elif kind == "multi":
             run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, n_x, d_norm)
         else:
-            native.check(native.lib.fd_gemv_swiglu(dev.p(outs[0], "float*"), dev.p(d_a), int(qa), dev.p(d_b), int(qb),
-                                                   rows, cols, dev.p(d_x, "float*"), n_x, dev.p(d_norm, "float*"), EPS,
-                                                   dev.stream), "fd_gemv_swiglu")
-            dev.synchronize()
+            call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, n_x, d_norm)
         return [bits(dev.download(o)) for o in (outs if kind == "multi" else outs[:1])]
     return run
 

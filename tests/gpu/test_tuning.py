@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 
 from flashd.scripts.random_weights import random_weights
 
-from tests.gpu.test_gemv import call_gemv
+from tests.gpu.test_gemv import call_gemv, call_swiglu
 
 FD_E_ARG = -1
 
@@ -121,10 +121,7 @@ def test_swiglu_step_sizes_keep_rows_invariant(native, dev, rng, poisoned, resto
 
     def run(n_x):
         y = poisoned((n_x, rows))
-        native.check(native.lib.fd_gemv_swiglu(dev.p(y, "float*"), dev.p(d_g), int(T.Q4_K), dev.p(d_u), int(T.Q4_K),
-                                               rows, cols, dev.p(x, "float*"), n_x, dev.p(norm, "float*"), 1e-6,
-                                               dev.stream), "fd_gemv_swiglu")
-        dev.synchronize()
+        call_swiglu(native, dev, y, d_g, T.Q4_K, d_u, T.Q4_K, rows, cols, x, n_x, norm)
         return dev.download(y)
     default = run(1)
     native.set_tuning(gemv_swiglu_stage_bytes=stage_bytes)
