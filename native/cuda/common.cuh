@@ -97,6 +97,38 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 fd_tuning_t tuning_now();
 int device_sm_count();
 
+#if FD_HAS_MMA
+// The one place a cudaLaunchConfig_t is built (launch_pdl, launch_cluster): kernel<<<grid, block, smem, stream>>>
+// with a cluster-dimension attribute when cluster is non-null and then the PDL attribute when pdl is true, in that
+// order. Returns cudaLaunchKernelEx's status only (no cudaGetLastError): each caller adds what it checked before.
+template <class... KArgs, class... Args>
+cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      const dim3* cluster, bool pdl, Args... args) {
+    cudaLaunchAttribute attr[2];
+    unsigned n_attrs = 0;
+    if (cluster != nullptr) {
+        attr[n_attrs].id = cudaLaunchAttributeClusterDimension;
+        attr[n_attrs].val.clusterDim.x = cluster->x;
+        attr[n_attrs].val.clusterDim.y = cluster->y;
+        attr[n_attrs].val.clusterDim.z = cluster->z;
+        ++n_attrs;
+    }
+    if (pdl) {
+        attr[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n_attrs].val.programmaticStreamSerializationAllowed = 1;
+        ++n_attrs;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = n_attrs;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+#endif
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where the device
 // supports it (compute capability >= 9; the kernel must call pdl_wait() as described above) and the
 // tuning has it on (fd_tuning_t.pdl: A/B benchmarks), else plainly. Returns the launch status.
@@ -107,22 +139,24 @@ int launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cud
 #if FD_HAS_MMA
     int device = 0, major = 0;
     if (pdl_enabled() && cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = block;
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = stream;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        return (int)cudaLaunchKernelEx(&cfg, kernel, args...);
-    }
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9)
+        return (int)launch_ex(kernel, grid, block, smem, stream, nullptr, true, args...);
 #endif
     kernel<<<grid, block, smem, stream>>>(args...);
     return FD_LAUNCH_STATUS();
 }
+
+#if FD_HAS_MMA
+// Launches kernel over thread-block clusters of cluster.x * cluster.y * cluster.z blocks (grid counts blocks, a
+// multiple of the cluster in each dimension), with the PDL attribute as well when pdl is true (the kernel then
+// calls pdl_wait() as for launch_pdl; the caller decides, e.g. from pdl_enabled()). Clusters are sm_90 only and not
+// under HIP, hence no fallback here: the caller has checked the device (and, where a build may target older GPUs,
+// the kernel's binaryVersion) and launches its non-cluster form otherwise. Returns cudaLaunchKernelEx's status.
+template <class... KArgs, class... Args>
+cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                           dim3 cluster, bool pdl, Args... args) {
+    return launch_ex(kernel, grid, block, smem, stream, &cluster, pdl, args...);
+}
+#endif
 
 }  // namespace fd

@@ -302,20 +302,9 @@ template <int RPT, bool TREE>
 int launch_cluster(const FusedArgs& a, cudaStream_t s) {
 #if FD_HAS_MMA
     const int n_tiles = fd::ceil_div(a.d_v, FZ_COLS);
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)(a.n_v_heads * n_tiles));
-    config.blockDim = dim3(FZ_TILE_THREADS);
-    config.stream = s;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = n_tiles;                   // <= 4: a portable cluster size
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;   // as fd::launch_pdl
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = fd::pdl_enabled() ? 2 : 1;
-    const cudaError_t err = cudaLaunchKernelEx(&config, gated_delta_rule_fused_kernel<RPT, TREE, true>, a);
+    const cudaError_t err =                               // cluster of n_tiles <= 4: a portable cluster size
+        fd::launch_cluster(gated_delta_rule_fused_kernel<RPT, TREE, true>, dim3((unsigned)(a.n_v_heads * n_tiles)),
+                           dim3(FZ_TILE_THREADS), 0, s, dim3(n_tiles), fd::pdl_enabled(), a);
     return err != cudaSuccess ? (int)err : FD_LAUNCH_STATUS();
 #else
     (void)a, (void)s;

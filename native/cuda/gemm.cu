@@ -369,19 +369,9 @@ int launch_mma_split(int n_split, float* y, const float* x, const __half* w0, in
     if (attrs.binaryVersion < 90) return 1;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::smem_bytes);
     if (err != cudaSuccess) return (int)err;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(ceil_div(m, T::BM), ceil_div(n, T::BN), n_split);
-    config.blockDim = dim3(T::n_threads);
-    config.dynamicSmemBytes = T::smem_bytes;
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = n_split;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    err = cudaLaunchKernelEx(&config, kernel, y, x, w0, (const __half*)nullptr, m, n, k, bias, residual);
+    err = launch_cluster(kernel, dim3(ceil_div(m, T::BM), ceil_div(n, T::BN), n_split), dim3(T::n_threads),
+                         T::smem_bytes, stream, dim3(1, 1, n_split), false, y, x, w0, (const __half*)nullptr, m, n, k,
+                         bias, residual);
     return err != cudaSuccess ? (int)err : FD_LAUNCH_STATUS();
 }
 

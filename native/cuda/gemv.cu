@@ -12,10 +12,9 @@
 // tuning table's gemv_rows says so (gemv_rows_plan.cuh rows_eligible: the format, cols and the tuning, never n_x);
 // every other call keeps the kernels here (n_x <= 8).
 #include "gemv_mma.cuh"
+#include "gemv_scratch.cuh"
 
-#include <map>
 #include <mutex>
-#include <utility>
 #if FD_HAS_MMA
 #include "gemv_rows_plan.cuh"
 #endif
@@ -112,26 +111,14 @@ int xq_image_any(int nx, const GemvArgs& p, uint8_t* img, int n_sms, cudaStream_
 }
 
 // The pre-pass's output buffer: one per (device, stream), max_smem bytes (an image is at most what a CTA stages),
-// allocated on the first call on that stream and kept for the process, as gemv_rows_plan.cuh's rows_scratch (same
-// rules: per stream, relaxed capture mode inside graph capture). Launches on one stream share it safely: a pre-pass
-// writes only after its pdl_wait, i.e. after the GEMV before it (the image's last reader) has completed.
+// from a StreamScratch of its own (gemv_scratch.cuh: allocated on the first call on that stream, kept for the
+// process, relaxed capture mode inside graph capture). Launches on one stream share it safely: a pre-pass writes
+// only after its pdl_wait, i.e. after the GEMV before it (the image's last reader) has completed.
 int xq_image_scratch(cudaStream_t stream, int bytes, uint8_t** out) {
-    static std::mutex mu;
-    static std::map<std::pair<int, cudaStream_t>, uint8_t*> bufs;
-    int dev = 0;
-    if (cudaError_t e = cudaGetDevice(&dev)) return (int)e;
-    std::lock_guard<std::mutex> lock(mu);
-    uint8_t*& buf = bufs[{dev, stream}];
-    if (buf == nullptr) {
-        void* p = nullptr;
-        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-        (void)cudaThreadExchangeStreamCaptureMode(&mode);
-        const cudaError_t e = cudaMalloc(&p, (size_t)bytes);
-        (void)cudaThreadExchangeStreamCaptureMode(&mode);   // back to the caller's mode
-        if (e != cudaSuccess) return (int)e;
-        buf = static_cast<uint8_t*>(p);
-    }
-    *out = buf;
+    static StreamScratch scratch;
+    void* p = nullptr;
+    if (int st = scratch.get(stream, (size_t)bytes, &p)) return st;
+    *out = static_cast<uint8_t*>(p);
     return 0;
 }
 

@@ -7,10 +7,9 @@
 
 #include "gemv_plan.cuh"
 #include "gemv_rows.cuh"
+#include "gemv_scratch.cuh"
 
-#include <map>
 #include <mutex>
-#include <utility>
 
 namespace fd {
 namespace {
@@ -92,33 +91,19 @@ inline int rows_shape(const RowsArgs& a, bool swiglu, int n, int fx_bytes, const
     }
 }
 
-// The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS: one buffer per (device, stream), allocated on the first call
-// on that stream and kept for the process. Per stream, so calls on different streams never share it (a graph replays
-// on its captured stream's buffer: replay it on that stream, or on none that runs GEMVs at the same time). A first
-// call inside graph capture allocates in relaxed capture mode (cudaThreadExchangeStreamCaptureMode, the documented
-// way for a library to cudaMalloc there).
+// The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS int8 codes, then their (ROWS_MAX_COLS / 32) x ROWS_NX float2
+// scales, in one StreamScratch allocation (cudaMalloc's alignment; q_bytes is a multiple of 65536, so the scales
+// stay 8-byte aligned).
 struct RowsScratch { int8_t* xq = nullptr; float2* xsc = nullptr; };
 
 inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
-    static std::mutex mu;
-    static std::map<std::pair<int, cudaStream_t>, RowsScratch> bufs;
-    int dev = 0;
-    if (cudaError_t e = cudaGetDevice(&dev)) return (int)e;
-    std::lock_guard<std::mutex> lock(mu);
-    RowsScratch& s = bufs[{dev, stream}];
-    if (s.xq == nullptr) {
-        const size_t q_bytes = (size_t)ROWS_NX * ROWS_MAX_COLS;
-        const size_t sc_bytes = (size_t)(ROWS_MAX_COLS / 32) * ROWS_NX * sizeof(float2);
-        void* p = nullptr;
-        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-        cudaThreadExchangeStreamCaptureMode(&mode);
-        const cudaError_t e = cudaMalloc(&p, q_bytes + sc_bytes);
-        cudaThreadExchangeStreamCaptureMode(&mode);   // back to the caller's mode
-        if (e != cudaSuccess) return (int)e;
-        s.xq = static_cast<int8_t*>(p);
-        s.xsc = reinterpret_cast<float2*>(static_cast<uint8_t*>(p) + q_bytes);
-    }
-    *out = s;
+    static StreamScratch scratch;
+    const size_t q_bytes = (size_t)ROWS_NX * ROWS_MAX_COLS;
+    const size_t sc_bytes = (size_t)(ROWS_MAX_COLS / 32) * ROWS_NX * sizeof(float2);
+    void* p = nullptr;
+    if (int st = scratch.get(stream, q_bytes + sc_bytes, &p)) return st;
+    out->xq = static_cast<int8_t*>(p);
+    out->xsc = reinterpret_cast<float2*>(static_cast<uint8_t*>(p) + q_bytes);
     return 0;
 }
 

@@ -104,18 +104,8 @@ int launch_argmax(int32_t* out, const float* logits, int n_rows, int n_vocab, cu
     int device = 0, major = 0;
     if (n_vocab >= ARGMAX_CLUSTER_MIN_VOCAB && cudaGetDevice(&device) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(n_rows * ARGMAX_CLUSTER);
-        cfg.blockDim = dim3(ST);
-        cfg.stream = s;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = ARGMAX_CLUSTER;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        return (int)cudaLaunchKernelEx(&cfg, argmax_cluster_kernel<VEC>, out, logits, n_vocab);
+        return (int)fd::launch_cluster(argmax_cluster_kernel<VEC>, dim3(n_rows * ARGMAX_CLUSTER), dim3(ST), 0, s,
+                                       dim3(ARGMAX_CLUSTER), false, out, logits, n_vocab);
     }
 #endif
     argmax_kernel<VEC><<<n_rows, ST, 0, s>>>(out, logits, n_vocab);
