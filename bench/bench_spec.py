@@ -1,33 +1,37 @@
 """Speculative decoding benchmark: flashd's drafters (draft model, n-grams, optional DFlash) in
 chain and DDTree mode over a budget sweep, against flashd's own plain decoding, and llama.cpp's
-plain (llama-simple), draft-model and n-gram speculative decoding (llama-speculative-simple
---spec-type draft-simple / ngram-simple, the common_speculative path llama-server uses) on the
-same prompts and GPU. Prints a markdown table.
+plain (llama-simple), draft-model and n-gram speculative decoding (llama-speculative-simple with
+--spec-type draft-simple and one row per n-gram type: ngram-simple, ngram-map-k, ngram-mod by
+default; the common_speculative path llama-server uses) on the same prompts and GPU. Prints a
+markdown table. The llama.cpp side (its command lines and output parsing) is bench/llama_spec.py.
 
     python bench/bench_spec.py --sdist llama_cpp_python-0.3.36.tar.gz \
         [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [--dflash PATH] \
         [--prompts bench/spec_prompts.jsonl] [--max-tokens 256] [--out bench/results/]
     python bench/bench_spec.py --skip-llama --quick          # flashd only, 8 prompts, 3 configs
+    python bench/bench_spec.py --sdist ... --build-dir /tmp/lcp-build --arch cpu --build-only
 
 Method: greedy decoding (temperature 0), every prompt once per configuration after a warm-up
 pass over the first prompts (CUDA graph capture of each tree size happens there). Decode speed is
 (tokens - 1) / (time from the first generated token to the last): prefill excluded, as
 llama-speculative-simple's "decoded ... t/s" does. llama-simple's t/s includes its prompt's
 evaluation (short prompts: a few percent). Every speculative output is compared with flashd's
-plain output of the same prompt (column "exact": prompts with identical tokens).
+plain output of the same prompt (column "exact": prompts with identical tokens). A llama.cpp row
+whose tool failed shows no speed and the tool's message in that column.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-import os
-import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from flashd.bench.llama_spec import (DEFAULT_NGRAM_TYPES, NGRAM_TYPES, build_llama_tools, llama_runs,
+                                     run_llama)
 
 HERE = Path(__file__).resolve().parent
 
@@ -161,77 +165,17 @@ def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_war
 
 # ------------------------------------------------------------------------------------- llama.cpp
 
-LLAMA_TOOLS = ("llama-simple", "llama-speculative-simple")
-
-
-def build_llama_tools(sdist: Path, build_dir: Path, arch: str) -> Path:
-    """Configure (through compare_llama_cpp's build) and build the two example tools; bin dir."""
-    from flashd.bench.compare_llama_cpp import build_llama_bench
-
-    build_llama_bench(sdist, build_dir, arch, os.cpu_count() or 8)    # extracts, configures, llama-bench
-    bin_dir = build_dir / "build" / "bin"
-    missing = [t for t in LLAMA_TOOLS if not (bin_dir / t).exists()]
-    if missing:
-        log("building " + ", ".join(missing))
-        subprocess.run(["cmake", "--build", str(build_dir / "build"), "-j", str(os.cpu_count() or 8), "--target",
-                        *missing], check=True, stdout=subprocess.DEVNULL)
-    return bin_dir
-
-
-DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) (?:seconds|s), speed:\s+([\d.]+) t/s")
-ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+)\s*\n.*?n_accept\s*=\s*(\d+)", re.S)
-
-
-# llama.cpp's runs: (tool, our mode name, its --spec-type). llama-speculative-simple needs an explicit --spec-type
-# in this version (common/speculative.cpp: the default is "none" unless the draft GGUF names a type, and then
-# common_speculative_init fails: "failed to initialize speculative decoding"); draft-simple is its draft-model
-# chain, ngram-simple its prompt-lookup n-grams (no draft model).
-LLAMA_RUNS = (("llama-simple", "plain", None), ("llama-speculative-simple", "chain", "draft-simple"),
-              ("llama-speculative-simple", "ngram", "ngram-simple"))
-
-
-def llama_cmd(bin_dir: Path, tool: str, target: Path, draft: Path | None, text: str, max_tokens: int, draft_max: int,
-              spec_type: str | None = None):
-    if tool == "llama-simple":
-        return [str(bin_dir / tool), "-m", str(target), "-n", str(max_tokens), "-ngl", "99", text]
-    cmd = [str(bin_dir / tool), "-m", str(target), "-p", text, "-n", str(max_tokens), "-ngl", "99", "-fa", "on",
-           "--temp", "0", "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-c", "4096"]
-    if spec_type.startswith("draft-"):
-        cmd[3:3] = ["-md", str(draft), "-ngld", "99"]
-    return cmd
-
-
-def run_llama(bin_dir: Path, target: Path, draft: Path | None, texts: list[str], max_tokens: int,
-              draft_max: int) -> list[Row]:
-    """llama-simple (plain) and llama-speculative-simple (draft model chain, n-grams) over the prompts. A tool
-    that fails gives a row saying so (its stderr goes to the log) instead of ending the benchmark."""
+def llama_rows(results) -> list[Row]:
+    """bench/llama_spec.py's results as table rows; a failed run keeps the tool's message in the exact
+    column and no number (nan)."""
     rows = []
-    for tool, mode, spec_type in LLAMA_RUNS:
-        if mode == "chain" and draft is None:
-            continue
-        drafter, budget = {"plain": ("-", "-"), "chain": (draft.stem if draft else "-", f"max {draft_max}"),
-                           "ngram": ("ngram-simple", f"max {draft_max}")}[mode]
-        n_tok, secs, drafted, accepted, failed = 0, 0.0, 0, 0, None
-        for text in texts:
-            res = subprocess.run(llama_cmd(bin_dir, tool, target, draft, text, max_tokens, draft_max, spec_type),
-                                 capture_output=True, text=True, errors="replace", timeout=600)
-            m = DECODED.search(res.stderr)
-            if res.returncode != 0 or m is None:
-                log(f"{tool} failed ({res.returncode}): {res.stderr[-2000:]}")
-                lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
-                failed = f"{tool} failed: {(lines or [f'exit {res.returncode}'])[-1][:120]}"
-                break
-            n_tok += int(m.group(1))
-            secs += float(m.group(2))
-            a = ACCEPT.search(res.stderr)
-            if a:
-                drafted, accepted = drafted + int(a.group(1)), accepted + int(a.group(2))
-        if failed:
-            rows.append(Row("llama.cpp", drafter, mode, budget, float("nan"), exact=failed))
-            continue
-        extra = {"accept_rate": accepted / drafted} if drafted else {}
-        rows.append(Row("llama.cpp", drafter, mode, budget, n_tok / secs, extra=extra))
-        log(f"llama.cpp {tool}: {n_tok / secs:.1f} tok/s {extra}")
+    for r in results:
+        extra = {"spec_type": r.run.spec_type, "n_drafted": r.n_drafted, "n_accept": r.n_accept,
+                 "prompts_with_counts": r.n_counted}
+        if r.accept_rate is not None:
+            extra["accept_rate"] = r.accept_rate
+        failed = (r.failed or "").replace("|", "\\|")          # the message sits in a markdown cell
+        rows.append(Row("llama.cpp", r.run.drafter, r.run.mode, r.run.budget, r.tok_s, exact=failed, extra=extra))
     return rows
 
 
@@ -247,9 +191,11 @@ def table(rows: list[Row], title: str) -> str:
              "| draft ms/step | verify ms/step | exact |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        ratio = f"{r.tok_s / base[r.system]:.2f}x" if r.system in base else ""
+        ok = r.tok_s == r.tok_s          # nan: a failed llama.cpp tool, no number to show
+        ratio = f"{r.tok_s / base[r.system]:.2f}x" if ok and base.get(r.system, 0) > 0 else ""
         acc = f(r.accepted_per_step) or (f"accept {100 * r.extra['accept_rate']:.1f}%" if "accept_rate" in r.extra else "")
-        lines.append(f"| {r.system} | {r.drafter} | {r.mode} | {r.budget} | {r.tok_s:.1f} | {ratio} | "
+        speed = f"{r.tok_s:.1f}" if ok else "failed"
+        lines.append(f"| {r.system} | {r.drafter} | {r.mode} | {r.budget} | {speed} | {ratio} | "
                      f"{f(r.tokens_per_step)} | {acc} | {f(r.draft_ms_step)} | {f(r.verify_ms_step)} | {r.exact} |")
     return "\n".join(lines)
 
@@ -270,8 +216,14 @@ def main(argv=None) -> int:
     ap.add_argument("--sdist", type=Path, help="llama_cpp_python-*.tar.gz (its vendored llama.cpp is built)")
     ap.add_argument("--llama-bin", type=Path, help="folder with built llama-simple and llama-speculative-simple")
     ap.add_argument("--build-dir", type=Path, default=Path("/tmp/llama-cpp-build"))
-    ap.add_argument("--arch", default="90")
-    ap.add_argument("--llama-draft-max", type=int, default=16, help="llama.cpp --draft-max")
+    ap.add_argument("--arch", default="90", help="CMAKE_CUDA_ARCHITECTURES, or 'cpu' for a build without CUDA")
+    ap.add_argument("--llama-draft-max", type=int, default=16,
+                    help="llama.cpp's draft length cap: --spec-draft-n-max, or the n-gram type's own length flag")
+    ap.add_argument("--llama-ngram-types", default=",".join(DEFAULT_NGRAM_TYPES),
+                    help=f"comma-separated llama.cpp n-gram --spec-type rows ('' = none); of {', '.join(NGRAM_TYPES)}")
+    ap.add_argument("--llama-dflash", type=Path, default=None,
+                    help="a DFlash drafter GGUF in llama.cpp's own layout (its convert_hf_to_gguf.py) for a "
+                         "draft-dflash row; flashd's DFlash GGUF does not load there (bench/llama_spec.py)")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
     ap.add_argument("--tuning", default="", metavar="FIELD=N,...",
@@ -280,10 +232,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     bin_dir = args.llama_bin
+    try:
+        ngram_types = [t for t in args.llama_ngram_types.split(",") if t]
+        llama_runs(None, args.llama_draft_max, ngram_types)          # checks the names before any work
+    except ValueError as exc:
+        ap.error(str(exc))
     if not args.skip_llama and bin_dir is None:
         if args.sdist is None:
             ap.error("--sdist or --llama-bin is required (or --skip-llama)")
-        bin_dir = build_llama_tools(args.sdist, args.build_dir, args.arch)
+        bin_dir = build_llama_tools(args.sdist, args.build_dir, args.arch, log)
     if args.build_only:
         print(bin_dir)
         return 0
@@ -298,7 +255,8 @@ def main(argv=None) -> int:
     if not args.skip_llama:
         from flashd.clients.registry import resolve_model
         draft = Path(resolve_model(args.draft)) if args.draft else None   # none: plain and n-gram rows only
-        rows += run_llama(bin_dir, Path(engine.model.path), draft, texts, args.max_tokens, args.llama_draft_max)
+        runs = llama_runs(draft, args.llama_draft_max, ngram_types, args.llama_dflash)
+        rows += llama_rows(run_llama(bin_dir, runs, Path(engine.model.path), texts, args.max_tokens, log))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     device = engine.backend.info() if hasattr(engine.backend, "info") else {}

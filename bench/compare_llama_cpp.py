@@ -38,9 +38,10 @@ def build_llama_bench(sdist: Path, build_dir: Path, arch: str, jobs: int) -> Pat
             tar.extractall(build_dir / "sdist")
         vendored = next((build_dir / "sdist").glob("*/vendor/llama.cpp"))
         shutil.move(str(vendored), src)
-    cmake = ["cmake", "-S", str(src), "-B", str(build_dir / "build"), "-DGGML_CUDA=ON",
-             f"-DCMAKE_CUDA_ARCHITECTURES={arch}", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-             "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON"]
+    # arch "cpu": no CUDA, for checking the tools' command lines on a machine without a GPU (bench_spec)
+    gpu = ["-DGGML_CUDA=OFF"] if arch == "cpu" else ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
+    cmake = ["cmake", "-S", str(src), "-B", str(build_dir / "build"), *gpu, "-DLLAMA_CURL=OFF",
+             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON"]
     if shutil.which("ninja"):
         cmake += ["-G", "Ninja"]
     log("configuring llama.cpp: " + " ".join(cmake))
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sdist", type=Path, help="llama_cpp_python-*.tar.gz (its vendor/llama.cpp is built)")
     ap.add_argument("--llama-bench", type=Path, help="an already built llama-bench (skips the build)")
     ap.add_argument("--build-dir", type=Path, default=Path("/tmp/llama-cpp-build"))
-    ap.add_argument("--arch", default="90", help="CMAKE_CUDA_ARCHITECTURES")
+    ap.add_argument("--arch", default="90", help="CMAKE_CUDA_ARCHITECTURES ('cpu': build without CUDA)")
     ap.add_argument("--model", type=Path, action="append", required=True)
     ap.add_argument("-p", default="512,8192")
     ap.add_argument("-n", default="128")

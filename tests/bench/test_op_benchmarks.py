@@ -202,24 +202,3 @@ def test_gemv_multi_bytes_and_reference(bench_module):
     assert y.shape == bound.shape == (n_x, sum(r for _, r in mats)) and (bound > 0).all()
     xn = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + bg.EPS)
     np.testing.assert_allclose(y[:, 333:370], xn @ Ws[1].T + biases[1], rtol=1e-12)
-
-
-def test_bench_spec_llama_commands_name_their_speculative_type(tmp_path):
-    """llama-speculative-simple (this llama.cpp) fails with 'failed to initialize speculative decoding' unless
-    --spec-type names a type: every speculative run passes one, the draft-model run its draft, the n-gram run
-    none."""
-    from flashd.bench.bench_spec import LLAMA_RUNS, llama_cmd
-
-    target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    seen = set()
-    for tool, mode, spec_type in LLAMA_RUNS:
-        cmd = llama_cmd(tmp_path, tool, target, draft, "def f():", 16, 8, spec_type)
-        seen.add(mode)
-        if tool == "llama-simple":
-            assert "--spec-type" not in cmd and "-md" not in cmd
-            continue
-        assert cmd[cmd.index("--spec-type") + 1] == spec_type
-        assert ("-md" in cmd) == spec_type.startswith("draft-")
-        if "-md" in cmd:
-            assert cmd[cmd.index("-md") + 1] == str(draft)
-    assert seen == {"plain", "chain", "ngram"}
