@@ -6,7 +6,8 @@
 // warp's first step of weights is fetched before pdl_wait() (programmatic dependent launch), i.e. while the
 // previous kernel finishes; then the CTA stages x (the prologue) and the warps stream their steps through
 // one or two shared-memory buffers each. The widest int8 launches (fd_tuning_t.gemv_xq_prepass_cols / _norm_cols)
-// take x's staged image from a small pre-pass launch instead of quantizing x in every CTA (gemv_xq_image_kernel).
+// take x's staged image from a small pre-pass launch instead of quantizing x in every CTA (gemv_xq_image_kernel);
+// one-row ones may read that image in place instead of copying it (fd_tuning_t.gemv_xq_direct: the XG kernels).
 //
 // Q4_K / Q6_K / Q8_0 calls take gemv_rows.cuh's tensor-core kernel instead, for every n_x (1..32), where the
 // tuning table's gemv_rows says so (gemv_rows_plan.cuh rows_eligible: the format, cols and the tuning, never n_x);
@@ -21,8 +22,13 @@
 
 namespace fd {
 namespace {
-template <int NX, bool SWIGLU, bool XQ, bool PAIR = false>
+// XG (one-row int8 launches with the pre-pass, fd_tuning_t.gemv_xq_direct): the CTAs read x's image where the pre-pass
+// wrote it (global memory, through L1: the first warp of an SM to touch a line brings it in for the others) instead of
+// copying it into shared memory behind a CTA barrier -- each warp starts computing when its own weights have landed.
+// The same bytes at the same offsets (x_views over the image), so the same bits.
+template <int NX, bool SWIGLU, bool XQ, bool PAIR = false, bool XG = false>
 __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel(const GemvArgs a) {
+    static_assert(!XG || (XQ && NX == 1), "x read in place: one-row int8 launches");
     extern __shared__ __align__(16) uint8_t smem[];
     float* smf = reinterpret_cast<float*>(smem);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
@@ -39,14 +45,17 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     // all prefetched at once and slowed the one on the critical path (1.5B tg128: 729 tok/s with PDL
     // vs 747 without; triggered here: 784 vs 769).
     pdl_launch_dependents();
-    if constexpr (XQ) {
+    if constexpr (XG) {
+        // nothing to stage: a.ximg holds bytes [xq_image_lo, stage_off_bytes) of the layout, so the views' offsets
+        // apply to (a.ximg - xq_image_lo) as they do to smem (every offset they read is >= xq_image_lo)
+    } else if constexpr (XQ) {
         if (a.ximg) load_xq_image(a, smem);
         else stage_xq<NX>(a, smem, smf);
     } else {
         stage_x<NX>(a, smf);
     }
 
-    const XViews xv = x_views(a, smf);
+    const XViews xv = XG ? x_views(a, reinterpret_cast<const float*>(a.ximg - xq_image_lo(a.n_x))) : x_views(a, smf);
     int it = 0;
     for (int s = s0; s < a.n_steps; s += stride, ++it) {
         const int cur = (it & 1) & (a.n_bufs - 1);
@@ -122,22 +131,30 @@ int xq_image_scratch(cudaStream_t stream, int bytes, uint8_t** out) {
     return 0;
 }
 
-template <int NX, bool SWIGLU, bool XQ, bool PAIR = false>
+template <int NX, bool SWIGLU, bool XQ, bool PAIR = false, bool XG = false>
 int raise_smem_limit(int max_smem) {
     static std::once_flag once;
     static cudaError_t err = cudaSuccess;
     std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_kernel<NX, SWIGLU, XQ, PAIR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(gemv_kernel<NX, SWIGLU, XQ, PAIR, XG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    max_smem);
     });
     return (int)err;
 }
 
-template <int NX, bool SWIGLU, bool XQ, bool PAIR = false>
+template <int NX, bool SWIGLU, bool XQ, bool PAIR = false, bool XG = false>
 int launch_nx(const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem, cudaStream_t stream) {
-    const int st = raise_smem_limit<NX, SWIGLU, XQ, PAIR>(max_smem);
+    const int st = raise_smem_limit<NX, SWIGLU, XQ, PAIR, XG>(max_smem);
     if (st) return st;
-    return launch_pdl(gemv_kernel<NX, SWIGLU, XQ, PAIR>, dim3(ctas), dim3(warps * 32), smem, stream, a);
+    return launch_pdl(gemv_kernel<NX, SWIGLU, XQ, PAIR, XG>, dim3(ctas), dim3(warps * 32), smem, stream, a);
+}
+
+// A one-row int8 launch whose x image the pre-pass wrote, read in place (XG).
+int launch_direct(const GemvArgs& a, bool swiglu, bool pair, int ctas, int warps, size_t smem, int max_smem,
+                  cudaStream_t stream) {
+    return pair     ? launch_nx<1, true, true, true, true>(a, ctas, warps, smem, max_smem, stream)
+           : swiglu ? launch_nx<1, true, true, false, true>(a, ctas, warps, smem, max_smem, stream)
+                    : launch_nx<1, false, true, false, true>(a, ctas, warps, smem, max_smem, stream);
 }
 
 template <bool SWIGLU, bool XQ>
@@ -169,6 +186,7 @@ struct GemvTuning {
     int xq_prepass_norm_cols;   // the same for launches with a fused RMSNorm
     int swiglu_stage_bytes;     // fd_gemv_swiglu's step bytes
     bool swiglu_pair;           // one-row int8 SwiGLU launches of one format: gate and up in one dot loop
+    bool xq_direct;             // one-row launches with the pre-pass read x's image in place (no shared-memory copy)
 };
 
 GemvTuning tuning() {
@@ -177,7 +195,7 @@ GemvTuning tuning() {
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0,
                       t.gemv_xq_prepass_cols, t.gemv_xq_prepass_norm_cols,
                       t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes,
-                      t.gemv_swiglu_pair != 0};
+                      t.gemv_swiglu_pair != 0, t.gemv_xq_direct != 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -338,7 +356,9 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
             p.ximg = img;
         }
         const bool pair = swiglu && xq && nx == 1 && tn.swiglu_pair && a.mat[0].qtype == a.mat[1].qtype;
-        const int st = pair ? launch_nx<1, true, true, true>(p, ctas, w, smem, dev.max_smem, stream)
+        const bool direct = p.ximg != nullptr && nx == 1 && tn.xq_direct;
+        const int st = direct ? launch_direct(p, swiglu, pair, ctas, w, smem, dev.max_smem, stream)
+                     : pair ? launch_nx<1, true, true, true>(p, ctas, w, smem, dev.max_smem, stream)
                      : swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
                                     : launch_any<true, false>(nx, p, ctas, w, smem, dev.max_smem, stream))
                               : (xq ? launch_any<false, true>(nx, p, ctas, w, smem, dev.max_smem, stream)

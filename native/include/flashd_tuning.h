@@ -1,7 +1,7 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
-   weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols and gemv_swiglu_pair change only how kernels are launched or
+   weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair and gemv_xq_direct change only how kernels are launched or
    cached, never a result; gemv_stage_bytes and gemv_swiglu_stage_bytes may change a GEMV's lanes per row (a row's
    summation order), gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
@@ -55,6 +55,9 @@ typedef struct {
                                change the launch's lanes per row (a row's summation order), never row invariance */
     int gemv_swiglu_pair;   /* 1: one-row int8 fd_gemv_swiglu launches whose gate and up share a format compute both rows'
                                dots in one loop (each x code loaded once for both); 0: one loop each. Same bits */
+    int gemv_xq_direct;     /* 1: one-row (n_x = 1) launches that take the x pre-pass read x's int8 image where the
+                               pre-pass wrote it (global memory, through L1) instead of copying it into each CTA's
+                               shared memory first; 0: copy. The same bytes either way, so never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

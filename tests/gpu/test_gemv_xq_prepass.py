@@ -142,3 +142,51 @@ def test_the_paired_swiglu_dot_gives_the_same_bits(native, dev, rng, poisoned, r
         native.set_tuning(gemv_swiglu_pair=1, gemv_xq_prepass_cols=prepass, gemv_xq_prepass_norm_cols=prepass)
         for c in cases:
             assert np.array_equal(base[c][0], run(*c)[0]), f"n_x={c[0]} norm={c[1]} prepass={prepass}"
+
+
+@pytest.mark.parametrize("kind", ["gemv", "multi", "swiglu"])
+@pytest.mark.parametrize("qtypes,rows,cols", SHAPES, ids=IDS)
+def test_x_read_in_place_gives_the_same_bits(native, dev, rng, poisoned, restore_tuning, kind, qtypes, rows, cols):
+    """fd_tuning_t.gemv_xq_direct: one-row launches with the pre-pass read x's image where the pre-pass wrote it
+    (global memory) instead of copying it into shared memory; the bits are the copy's (and the no-pre-pass ones),
+    paired SwiGLU or not. Launches of several x rows ignore it (still the copy)."""
+    native.set_tuning(gemv_rows=0, gemv_mma_rows=0, gemv_xq_prepass_cols=1, gemv_xq_prepass_norm_cols=1,
+                      gemv_xq_direct=0)
+    run = launcher(native, dev, rng, poisoned, kind, qtypes, rows, cols)
+    cases = [(n_x, use_norm) for n_x in (1, 3) for use_norm in (False, True)]
+    for pair in (0, 1):
+        native.set_tuning(gemv_swiglu_pair=pair, gemv_xq_direct=0)
+        base = {c: run(*c) for c in cases}
+        native.set_tuning(gemv_xq_direct=1)
+        for c in cases:
+            for k, (want, got) in enumerate(zip(base[c], run(*c))):
+                assert np.array_equal(want, got), \
+                    f"{kind} pair={pair} n_x={c[0]} norm={c[1]} matrix {k}: {np.count_nonzero(want != got)} differ"
+
+
+def test_x_read_in_place_sees_each_launchs_own_image(native, dev, rng, poisoned, restore_tuning):
+    """Back-to-back launches on one stream share the pre-pass buffer: each pre-pass overwrites the image the GEMV
+    before it read (possibly still in an SM's L1 from that launch). Twelve launches over four different x, queued
+    without a synchronisation, alternating two matrices, must each give the bits of the same launch run alone with
+    the copy."""
+    native.set_tuning(gemv_rows=0, gemv_mma_rows=0, gemv_xq_prepass_cols=1, gemv_xq_prepass_norm_cols=1,
+                      gemv_xq_direct=0)
+    lib, ffi = native.lib, native.ffi
+    rows, cols = 1536, 8960
+    ws = [dev.upload(random_weights(rng, q, rows, cols)) for q in (T.Q6_K, T.Q4_K)]
+    qts = [T.Q6_K, T.Q4_K]
+    xs = [dev.upload(rng.standard_normal((1, cols)).astype(np.float32)) for _ in range(4)]
+    plan = [(i % 2, i % 4) for i in range(12)]
+
+    def queue():
+        ys = [poisoned((1, rows)) for _ in plan]
+        for y, (wi, xi) in zip(ys, plan):
+            native.check(lib.fd_gemv(dev.p(y, "float*"), dev.p(ws[wi]), int(qts[wi]), rows, cols,
+                                     dev.p(xs[xi], "float*"), 1, ffi.NULL, EPS, ffi.NULL, ffi.NULL, dev.stream),
+                         "fd_gemv")
+        return [bits(dev.download(y)) for y in ys]
+    want = queue()
+    native.set_tuning(gemv_xq_direct=1)
+    for rep in range(3):
+        for i, (w, g) in enumerate(zip(want, queue())):
+            assert np.array_equal(w, g), f"repetition {rep}, launch {i}: {np.count_nonzero(w != g)} differ"
