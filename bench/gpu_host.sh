@@ -11,11 +11,24 @@
 #   bench/gpu_host.sh clones       synthetic clones of the 1.5B and 0.5B files (shapes and formats) in $MODELS
 #   bench/gpu_host.sh ab MODEL     flashd bench tg128 under launch-tuning variants (--tuning: int8 activations, PDL, rounds, step bytes)
 #   bench/gpu_host.sh profile MODEL  nsys kernel summary of a short decode (if nsys is installed)
+#   bench/gpu_host.sh chain MODEL [BENCH ARGS]  a decode step's kernel chain: CUPTI tracer (bench/lab/chain_trace.c,
+#                  built there against the toolkit's CUPTI) around `flashd bench -n 64`, then chain_report.py (what each
+#                  kernel adds to the step); e.g. `chain M --tuning gemv_rows=1` or `chain M --kv-type q8_0`
+#   bench/gpu_host.sh ncu-src MODEL REGEX SKIP COUNT [BENCH ARGS]  ncu of COUNT launches of kernels matching REGEX
+#                  after SKIP of them (replayed alone, caches flushed), details + warp stalls by SASS line
+#                  (bench/lab/ncu_source_top.py)
 #   bench/gpu_host.sh bg NAME CMD...   run CMD in the background (survives the call), log $LOGS/NAME.log
 #   bench/gpu_host.sh train TARGET [ARGS]  flashd train-drafter TARGET in the background, from a copy of the code and a
 #                  working directory outside the checkout (the next call replaces the checkout, which removed a
 #                  running trainer's working directory once); log $LOGS/train.log, drafter in $HOST_DIR/dflash/
 #   bench/gpu_host.sh logs [N]     copy $LOGS/* to $OUT and print the last N lines of each (default 15)
+#
+# .whl/ holds what the host's image lacks (its python3 is 3.12 with numpy, click, msgpack, jinja2, tokenizers, torch):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#       -d .whl cffi pycparser pyzmq gguf
+# (~1.3 MB; name .whl in the call's carry). The tracked DFlash drafter (53 MB) would fill the 64 MiB a call carries:
+# hide it while working with the host (git update-index --skip-worktree, move it out) and put it back before stopping.
 #
 # Every step exports the same environment, so steps can run in separate calls while the host
 # stays warm (files under /root and /tmp persist; the checkout is re-sent each call).
@@ -103,6 +116,27 @@ PY
         echo "nsys not installed"
     fi
     ;;
+chain)
+    model=$1; shift
+    cu=${CUDA_HOME:-/usr/local/cuda}/targets/x86_64-linux
+    [ -f $cu/include/cupti.h ] || cu=$(dirname "$(dirname "$(find / -name cupti.h -path '*include*' 2>/dev/null | head -1)")")
+    [ -f $HOST_DIR/chain_trace.so ] || gcc -O2 -shared -fPIC -I$cu/include bench/lab/chain_trace.c -L$cu/lib -lcupti \
+        -o $HOST_DIR/chain_trace.so || exit 1
+    LD_LIBRARY_PATH=$cu/lib:${LD_LIBRARY_PATH:-} LD_PRELOAD=$HOST_DIR/chain_trace.so CHAIN_TRACE_OUT=$OUT/trace.tsv \
+        flashd bench -m "$model" -p "" -n 64 -d 0 -r 1 "$@" > /dev/null 2>&1
+    python3 bench/lab/chain_report.py --steps 16 $OUT/trace.tsv | tee $OUT/chain.txt | tail -12
+    rm -f $OUT/trace.tsv
+    ;;
+ncu-src)
+    model=$1 regex=$2 skip=$3 count=$4; shift 4
+    ncu --target-processes all -k regex:"$regex" --launch-skip "$skip" --launch-count "$count" \
+        --section SpeedOfLight --section WarpStateStats --section SourceCounters --section LaunchStats \
+        --section Occupancy -o $HOST_DIR/ncu_rep -f flashd bench -m "$model" -p "" -n 32 -d 0 -r 1 "$@" > /dev/null 2>&1
+    ncu --import $HOST_DIR/ncu_rep.ncu-rep --print-summary none --page details > $OUT/ncu_details.txt 2>&1
+    ncu --import $HOST_DIR/ncu_rep.ncu-rep --page source --csv --print-source sass > $HOST_DIR/ncu_src.csv 2>/dev/null
+    python3 bench/lab/ncu_source_top.py $HOST_DIR/ncu_src.csv | tee $OUT/ncu_source_top.txt | head -80
+    grep -E "^  [a-z_ ]*void|Duration|Warp Cycles Per Issued|Registers Per" $OUT/ncu_details.txt | head -40
+    ;;
 bg)
     name=$1; shift
     # a copy of the checkout, imported as `flashd` through PYTHONPATH: the next call replaces the
@@ -130,7 +164,7 @@ logs)
     for f in $LOGS/*; do echo "== $f"; tail -n "$n" "$f"; done
     ;;
 *)
-    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|profile|bg|logs" >&2
+    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|profile|chain|ncu-src|bg|train|logs" >&2
     exit 2
     ;;
 esac
