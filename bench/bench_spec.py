@@ -2,8 +2,11 @@
 chain and DDTree mode over a budget sweep, against flashd's own plain decoding, and llama.cpp's
 plain (llama-simple), draft-model and n-gram speculative decoding (llama-speculative-simple with
 --spec-type draft-simple and one row per n-gram type: ngram-simple, ngram-map-k, ngram-mod by
-default; the common_speculative path llama-server uses) on the same prompts and GPU. Prints a
-markdown table. The llama.cpp side (its command lines and output parsing) is bench/llama_spec.py.
+default; the common_speculative path llama-server uses) on the same prompts and GPU; with --dflash
+also llama.cpp's --spec-type draft-dflash running that same drafter, exported to llama.cpp's layout
+(scripts/export_dflash_llama_cpp.py) -- where llama.cpp can run it: not for a qwen2 target in this
+llama.cpp, whose row then says why (bench/llama_spec.py). Prints a markdown table. The llama.cpp side
+(its command lines and output parsing) is bench/llama_spec.py.
 
     python bench/bench_spec.py --sdist llama_cpp_python-0.3.36.tar.gz \
         [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [--dflash PATH] \
@@ -30,8 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashd.bench.llama_spec import (DEFAULT_NGRAM_TYPES, NGRAM_TYPES, build_llama_tools, llama_runs,
-                                     run_llama)
+from flashd.bench.llama_spec import (DEFAULT_NGRAM_TYPES, NGRAM_TYPES, LlamaResult, LlamaRun, build_llama_tools,
+                                     export_dflash, llama_runs, run_llama)
 
 HERE = Path(__file__).resolve().parent
 
@@ -222,8 +225,11 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-ngram-types", default=",".join(DEFAULT_NGRAM_TYPES),
                     help=f"comma-separated llama.cpp n-gram --spec-type rows ('' = none); of {', '.join(NGRAM_TYPES)}")
     ap.add_argument("--llama-dflash", type=Path, default=None,
-                    help="a DFlash drafter GGUF in llama.cpp's own layout (its convert_hf_to_gguf.py) for a "
-                         "draft-dflash row; flashd's DFlash GGUF does not load there (bench/llama_spec.py)")
+                    help="a DFlash drafter GGUF in llama.cpp's own layout (its convert_hf_to_gguf.py) for the "
+                         "draft-dflash row; default: --dflash exported to that layout (scripts/"
+                         "export_dflash_llama_cpp.py), a row llama.cpp 0.3.36 runs for llama / qwen3 / qwen35 "
+                         "targets only -- its qwen2 graph records no layer inputs, so for Qwen2.5 the row is a "
+                         "failure saying so (bench/llama_spec.py)")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
     ap.add_argument("--tuning", default="", metavar="FIELD=N,...",
@@ -255,8 +261,16 @@ def main(argv=None) -> int:
     if not args.skip_llama:
         from flashd.clients.registry import resolve_model
         draft = Path(resolve_model(args.draft)) if args.draft else None   # none: plain and n-gram rows only
-        runs = llama_runs(draft, args.llama_draft_max, ngram_types, args.llama_dflash)
-        rows += llama_rows(run_llama(bin_dir, runs, Path(engine.model.path), texts, args.max_tokens, log))
+        target = Path(engine.model.path)
+        llama_dflash, not_run = args.llama_dflash, []
+        if llama_dflash is None and args.dflash:         # flashd's drafter in llama.cpp's layout, if it can run there
+            llama_dflash, why = export_dflash(Path(resolve_model(args.dflash)), target, args.build_dir / "dflash")
+            if why:
+                log(f"llama.cpp draft-dflash row: {why}")
+                not_run = [LlamaResult(LlamaRun(Path(args.dflash).stem, "chain", "llama-speculative-simple",
+                                                "draft-dflash"), failed=why)]
+        runs = llama_runs(draft, args.llama_draft_max, ngram_types, llama_dflash)
+        rows += llama_rows(run_llama(bin_dir, runs, target, texts, args.max_tokens, log) + not_run)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     device = engine.backend.info() if hasattr(engine.backend, "info") else {}

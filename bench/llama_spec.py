@@ -17,11 +17,20 @@ each rule below comes from are named beside it:
   throws "draft-simple requires a draft context"); the n-gram types need none.
 * draft-dflash loads a GGUF of llama.cpp's own DFlash layout (src/models/dflash.cpp: tensors
   fc.weight, enc.output_norm.weight, key dflash.target_layers holding layer ids + 1 as
-  conversion/qwen.py writes them, the target's tokenizer with tokenizer.ggml.mask_token_id).
-  flashd's DFlash GGUF (scripts/convert_dflash.py) names them dflash.fc.weight,
-  dflash.hidden_norm.weight, dflash.target_layer_ids, dflash.mask_token_id and carries no
-  tokenizer, so llama.cpp cannot load it (load_arch_hparams throws "DFlash model requires
-  'target_layers' in GGUF metadata"). A llama.cpp-converted drafter can be given instead.
+  conversion/qwen.py writes them, a float32 dflash.rope.freq_base, the target's tokenizer with
+  tokenizer.ggml.mask_token_id). flashd's DFlash GGUF (scripts/convert_dflash.py, flashd
+  train-drafter) names them dflash.fc.weight, dflash.hidden_norm.weight, dflash.target_layer_ids,
+  dflash.mask_token_id, stores the theta as float64 and carries no tokenizer, so llama.cpp does not
+  load it ("key dflash.rope.freq_base has wrong type f64 but expected type f32"). The two compute the
+  same drafter (scripts/export_dflash_llama_cpp.py's docstring: every piece compared), so
+  `export_dflash` writes llama.cpp's layout of the same bytes; bench/compare_dflash_llama_cpp.py shows
+  llama.cpp's drafts equal to flashd's on the CPU. The row runs `--spec-draft-n-max block_size - 1`
+  (dflash_n_max): llama.cpp decodes a block of n_max + 1 tokens, and only the full block is the
+  function flashd drafts with (its attention over the block is non-causal, so a shorter block changes
+  every row). llama.cpp can run it only for a target whose graph records layer inputs (the
+  extraction DFlash needs): not qwen2 (src/models/qwen2.cpp sets no res->t_layer_inp, so llama.cpp
+  aborts: GGML_ASSERT "layer input tensor is null", src/llama-graph.cpp), i.e. not the shipped
+  drafter's Qwen2.5-Coder-1.5B target; there the row is a failure that says so.
 
 What the tools print (parse_llama_output): llama-simple's stderr line
 "main: decoded %d tokens in %.2f s, speed: %.2f t/s" (examples/simple/simple.cpp, prompt
@@ -98,10 +107,33 @@ def ngram_args(spec_type: str, draft_max: int) -> tuple[tuple[str, ...], str]:
     return (flag, str(draft_max)), f"max {draft_max}"
 
 
+def dflash_n_max(dflash: Path) -> int:
+    """--spec-draft-n-max for a llama.cpp-layout DFlash GGUF: its block_size - 1 (the block it was trained
+    with; common/speculative.cpp reads dflash.block_size, 16 when absent, and clamps n_max to it - 1)."""
+    import gguf
+
+    field = gguf.GGUFReader(dflash).fields.get("dflash.block_size")
+    return (int(field.contents()) if field is not None else 16) - 1
+
+
+def export_dflash(dflash: Path, target: Path, out_dir: Path) -> tuple[Path | None, str | None]:
+    """flashd's DFlash GGUF written in llama.cpp's layout under out_dir (scripts/export_dflash_llama_cpp.py),
+    or None and the reason llama.cpp cannot run it for this target."""
+    from flashd.scripts.export_dflash_llama_cpp import ExportError, export
+
+    out = Path(out_dir) / f"{Path(dflash).stem}-llama-cpp.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        export(dflash, target, out)
+    except ExportError as exc:
+        return None, f"not run: {exc}"
+    return out, None
+
+
 def llama_runs(draft: Path | None, draft_max: int, ngram_types: Sequence[str] = DEFAULT_NGRAM_TYPES,
                dflash: Path | None = None) -> list[LlamaRun]:
-    """The rows to run: plain, the draft-model chain (when there is a draft), a llama.cpp-format DFlash
-    drafter (when given), one row per n-gram type."""
+    """The rows to run: plain, the draft-model chain (when there is a draft), a llama.cpp-layout DFlash
+    drafter (when given; its full block, dflash_n_max, not draft_max), one row per n-gram type."""
     unknown = [t for t in ngram_types if t not in NGRAM_TYPES]
     if unknown:
         raise ValueError(f"not llama.cpp n-gram speculative types: {unknown}; known: {', '.join(NGRAM_TYPES)}")
@@ -111,8 +143,10 @@ def llama_runs(draft: Path | None, draft_max: int, ngram_types: Sequence[str] = 
         runs.append(LlamaRun(draft.stem, "chain", "llama-speculative-simple", "draft-simple",
                              ("-md", str(draft), "-ngld", "99", *n_max), f"max {draft_max}"))
     if dflash is not None:
+        block = dflash_n_max(dflash)
         runs.append(LlamaRun(dflash.stem, "chain", "llama-speculative-simple", "draft-dflash",
-                             ("-md", str(dflash), "-ngld", "99", *n_max), f"max {draft_max}"))
+                             ("-md", str(dflash), "-ngld", "99", "--spec-draft-n-max", str(block)),
+                             f"block {block + 1}: max {block}"))
     for t in ngram_types:
         args, budget = ngram_args(t, draft_max)
         runs.append(LlamaRun(t, "ngram", "llama-speculative-simple", t, args, budget))

@@ -65,14 +65,29 @@ def test_each_type_caps_its_draft_with_its_own_flag(tmp_path):
         assert "-md" not in cmds[t] and "--spec-draft-n-max" not in cmds[t]
 
 
+def dflash_file(path, block_size):
+    """A GGUF holding only the key the DFlash row reads (dflash.block_size, when given)."""
+    from flashd.scripts.gguf_out import new_gguf
+
+    with new_gguf(path, "dflash") as w:
+        if block_size is not None:
+            w.add_uint32("dflash.block_size", block_size)
+    return path
+
+
 def test_rows_follow_the_arguments(tmp_path):
     assert [r.mode for r in ls.llama_runs(None, 16)] == ["plain"] + ["ngram"] * len(ls.DEFAULT_NGRAM_TYPES)
     assert [r.spec_type for r in ls.llama_runs(None, 16, ())] == [None]
-    runs = ls.llama_runs(tmp_path / "d.gguf", 7, ("ngram-simple",), dflash=tmp_path / "dfl.gguf")
+    dfl = dflash_file(tmp_path / "dfl.gguf", block_size=8)
+    runs = ls.llama_runs(tmp_path / "d.gguf", 5, ("ngram-simple",), dflash=dfl)
+    # the DFlash row drafts its whole trained block (block_size - 1), whatever the other rows' cap
     assert [(r.drafter, r.spec_type, r.budget) for r in runs] == [
-        ("-", None, "-"), ("d", "draft-simple", "max 7"), ("dfl", "draft-dflash", "max 7"),
-        ("ngram-simple", "ngram-simple", "max 7")]
-    assert value(ls.llama_cmd(tmp_path, runs[2], tmp_path / "t.gguf", "x", 8), "-md") == str(tmp_path / "dfl.gguf")
+        ("-", None, "-"), ("d", "draft-simple", "max 5"), ("dfl", "draft-dflash", "block 8: max 7"),
+        ("ngram-simple", "ngram-simple", "max 5")]
+    cmd = ls.llama_cmd(tmp_path, runs[2], tmp_path / "t.gguf", "x", 8)
+    assert value(cmd, "-md") == str(dfl) and value(cmd, "--spec-draft-n-max") == "7"
+    # common/speculative.cpp: block_size = 16 unless dflash.block_size says otherwise
+    assert ls.dflash_n_max(dflash_file(tmp_path / "none.gguf", block_size=None)) == 15
     for bad in (("draft-simple",), ("ngram",), ("ngram-simple", "ngram-lookup")):
         with pytest.raises(ValueError, match="n-gram speculative types"):
             ls.llama_runs(None, 16, bad)
@@ -233,12 +248,14 @@ def test_bench_spec_table_shows_a_failed_llama_row_without_a_number(tmp_path):
 
 
 def test_flashd_dflash_gguf_lacks_what_llama_cpps_dflash_loader_requires(tmp_path):
-    """Why bench_spec has no llama.cpp draft-dflash row for --dflash (llama_spec.py's docstring): llama.cpp's
-    src/models/dflash.cpp requires the key dflash.target_layers (load_arch_hparams throws without it) and
-    the tensors fc.weight and enc.output_norm.weight (create_tensor flag 0), and its vocab comes from the
-    draft GGUF (tokenizer.ggml.*, the mask token tokenizer.ggml.mask_token_id). flashd's DFlash GGUF, as
-    the converter and the synthetic maker write it (the same write_metadata and tensor names), has none of
-    these. If that changes, this test says to revisit the docstring and add the row."""
+    """Why bench_spec's llama.cpp draft-dflash row runs an export of --dflash, not the file itself
+    (llama_spec.py's docstring): llama.cpp's src/models/dflash.cpp requires the key dflash.target_layers
+    (load_arch_hparams throws without it) and the tensors fc.weight and enc.output_norm.weight (create_tensor
+    flag 0), and its vocab comes from the draft GGUF (tokenizer.ggml.*, the mask token
+    tokenizer.ggml.mask_token_id). flashd's DFlash GGUF, as the converter and the synthetic maker write it
+    (the same write_metadata and tensor names), has none of these; scripts/export_dflash_llama_cpp.py
+    writes them (tests/scripts/test_export_dflash_llama_cpp.py). If flashd's own layout changes, this
+    test says to revisit the export."""
     import gguf
 
     from flashd.scripts.convert_dflash import gguf_name
@@ -254,3 +271,17 @@ def test_flashd_dflash_gguf_lacks_what_llama_cpps_dflash_loader_requires(tmp_pat
     assert not [k for k in r.fields if k.startswith("tokenizer.")]
     assert (gguf_name("model.fc.weight"), gguf_name("model.hidden_norm.weight")) == ("dflash.fc.weight",
                                                                                    "dflash.hidden_norm.weight")
+
+
+def test_export_dflash_gives_a_file_or_the_reason(tmp_path, synthetic_model):
+    """bench_spec's default draft-dflash row: --dflash exported for the target, or a failed row saying why
+    (a qwen2 target: src/models/qwen2.cpp records no layer inputs, llama.cpp would abort)."""
+    from flashd.scripts.make_synthetic_dflash import spec_for_target, write_synthetic_dflash
+
+    shape = dict(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512, weight_type="F32")
+    dfl = write_synthetic_dflash(tmp_path / "dfl.gguf", spec_for_target(64, 4, 512, n_layers=1, head_dim=16,
+                                                                       block_size=8))
+    path, why = ls.export_dflash(dfl, synthetic_model(arch="qwen3", **shape), tmp_path / "out")
+    assert why is None and path == tmp_path / "out" / "dfl-llama-cpp.gguf" and ls.dflash_n_max(path) == 7
+    path, why = ls.export_dflash(dfl, synthetic_model(arch="qwen2", **shape), tmp_path / "out2")
+    assert path is None and why.startswith("not run: ") and "layer input" in why
