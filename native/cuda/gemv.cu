@@ -78,6 +78,54 @@ __global__ void __launch_bounds__(max_warps_for(NX, SWIGLU) * 32, 1) gemv_kernel
     cp_async_wait<0>();
 }
 
+// ---- split rows (fd_tuning_t.gemv_split_cols, gemv.cuh compute_step_split) ---------------------------------------
+// gemv_kernel's schedule with teams of two warps in place of warps: team t of CTA b takes steps (rows) t * n_ctas + b
+// + k * n_teams_total, warp 2t + k computing slice k. One int8 matrix, no SwiGLU; XG as in gemv_kernel. Every
+// barrier is per team (named), so a team without rows just passes its two per step.
+template <int NX, bool XG = false>
+__global__ void __launch_bounds__(max_warps_for(NX, false) * 32, 1) gemv_split_kernel(const GemvArgs a) {
+    static_assert(!XG || NX == 1, "x read in place: one-row launches");
+    extern __shared__ __align__(16) uint8_t smem[];
+    float* smf = reinterpret_cast<float*>(smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, team = warp >> 1, slice = warp & 1;
+    const int n_teams = blockDim.x >> 6;
+    const int stride = gridDim.x * n_teams;
+    const int s0 = team * gridDim.x + blockIdx.x;
+    uint8_t* stage = smem + a.stage_off_bytes + (size_t)warp * a.n_bufs * a.stage_bytes;
+
+    if (s0 < a.n_steps) issue_step_split(a, s0, stage, lane, slice);
+    cp_async_commit();
+    pdl_wait();
+    pdl_launch_dependents();
+    if constexpr (!XG) {
+        if (a.ximg) load_xq_image(a, smem);
+        else stage_xq<NX>(a, smem, smf);   // its last barrier frees the scratch for the teams' partial sums
+    }
+    const XViews xv = XG ? x_views(a, reinterpret_cast<const float*>(a.ximg - xq_image_lo(a.n_x))) : x_views(a, smf);
+    float* part = smf + team * 2 * NX;     // scratch_bytes_for(NX) holds 12 teams x 2 x NX floats (NORM_LANES >= 24)
+    int it = 0;
+    for (int s = s0; s < a.n_steps; s += stride, ++it) {
+        const int cur = (it & 1) & (a.n_bufs - 1);
+        if (a.n_bufs == 2) {
+            const int next = s + stride;
+            if (next < a.n_steps) issue_step_split(a, next, stage + (cur ^ 1) * a.stage_bytes, lane, slice);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            if (s != s0) {
+                issue_step_split(a, s, stage, lane, slice);
+                cp_async_commit();
+            }
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        compute_step_split<NX>(a, s, stage + cur * a.stage_bytes, xv, lane, slice, team, part);
+        __syncwarp();
+    }
+    cp_async_wait<0>();
+}
+static_assert(NORM_LANES >= 2 * (24 / 2), "the teams' partial sums fit the prologue's scratch");
+
 // ---- the x pre-pass (fd_tuning_t.gemv_xq_prepass_cols) ---------------------------------------------------
 // x's int8 image for a pass (gemv_stage.cuh xq_image_lo .. stage_off_bytes) written once to global memory by a small
 // launch of its own, so that each GEMV CTA copies ~2.3 bytes a column instead of normalizing and quantizing x: its
@@ -149,6 +197,33 @@ int launch_nx(const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem,
     return launch_pdl(gemv_kernel<NX, SWIGLU, XQ, PAIR, XG>, dim3(ctas), dim3(warps * 32), smem, stream, a);
 }
 
+template <int NX, bool XG = false>
+int launch_split_nx(const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem, cudaStream_t stream) {
+    static std::once_flag once;
+    static cudaError_t err = cudaSuccess;
+    std::call_once(once, [&] {
+        err = cudaFuncSetAttribute(gemv_split_kernel<NX, XG>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+    });
+    if (err) return (int)err;
+    return launch_pdl(gemv_split_kernel<NX, XG>, dim3(ctas), dim3(warps * 32), smem, stream, a);
+}
+
+int launch_split(int nx, bool direct, const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem,
+                 cudaStream_t stream) {
+    switch (nx) {
+        case 1: return direct ? launch_split_nx<1, true>(a, ctas, warps, smem, max_smem, stream)
+                              : launch_split_nx<1>(a, ctas, warps, smem, max_smem, stream);
+        case 2: return launch_split_nx<2>(a, ctas, warps, smem, max_smem, stream);
+        case 3: return launch_split_nx<3>(a, ctas, warps, smem, max_smem, stream);
+        case 4: return launch_split_nx<4>(a, ctas, warps, smem, max_smem, stream);
+        case 5: return launch_split_nx<5>(a, ctas, warps, smem, max_smem, stream);
+        case 6: return launch_split_nx<6>(a, ctas, warps, smem, max_smem, stream);
+        case 7: return launch_split_nx<7>(a, ctas, warps, smem, max_smem, stream);
+        case 8: return launch_split_nx<8>(a, ctas, warps, smem, max_smem, stream);
+        default: return FD_E_ARG;
+    }
+}
+
 // A one-row int8 launch whose x image the pre-pass wrote, read in place (XG).
 int launch_direct(const GemvArgs& a, bool swiglu, bool pair, int ctas, int warps, size_t smem, int max_smem,
                   cudaStream_t stream) {
@@ -187,6 +262,7 @@ struct GemvTuning {
     int swiglu_stage_bytes;     // fd_gemv_swiglu's step bytes
     bool swiglu_pair;           // one-row int8 SwiGLU launches of one format: gate and up in one dot loop
     bool xq_direct;             // one-row launches with the pre-pass read x's image in place (no shared-memory copy)
+    int split_cols;             // one-matrix int8 launches of at least this many columns (lpr 32): a warp pair a row
 };
 
 GemvTuning tuning() {
@@ -195,7 +271,7 @@ GemvTuning tuning() {
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, t.weights_evict_first != 0,
                       t.gemv_xq_prepass_cols, t.gemv_xq_prepass_norm_cols,
                       t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes,
-                      t.gemv_swiglu_pair != 0, t.gemv_xq_direct != 0};
+                      t.gemv_swiglu_pair != 0, t.gemv_xq_direct != 0, FD_HAS_MMA ? t.gemv_split_cols : 0};
 }
 
 // ---- the tensor-core path (gemv_mma.cuh): passes of 2..8 x rows, the same bits as gemv_kernel ----------------
@@ -205,7 +281,7 @@ bool mma_eligible(const GemvPlan& pl, bool swiglu) {
     // SwiGLU: gate and up share a unit's blocks, so one format for both (else the one-row kernel)
     if (swiglu && pl.a.mat[0].qtype != pl.a.mat[1].qtype) return false;
     for (int k = 0; k < pl.a.n_mats; ++k)
-        if (!mma_format(pl.a.mat[k].qtype) || pl.a.mat[k].lpr > 32) return false;
+        if (!mma_format(pl.a.mat[k].qtype) || pl.a.mat[k].lpr > 32 || pl.a.mat[k].split_pieces) return false;
     return true;
 }
 
@@ -309,7 +385,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     GemvPlan pl;
     if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x,
                            swiglu ? tn.swiglu_stage_bytes : tn.stage_bytes,
-                           2 * dev.n_sms, &pl))
+                           2 * dev.n_sms, &pl, tn.split_cols))
         return st;
     pl.a.evict_first = tn.evict_first ? 1 : 0;
     const GemvArgs& a = pl.a;
@@ -340,9 +416,17 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
             continue;
         }
         GemvLaunchShape shape;
-        if (int st = gemv_launch_shape(steps, a.stage_bytes, p.stage_off_bytes, dev.max_smem, dev.n_sms,
-                                       max_warps_for(nx, swiglu), tn.rounds, nx, &shape))
+        const bool split = a.mat[0].split_pieces != 0;   // a warp pair a row: the shape of 2 x steps warp-steps
+        if (int st = gemv_launch_shape(split ? 2 * steps : steps, a.stage_bytes, p.stage_off_bytes, dev.max_smem,
+                                       dev.n_sms, max_warps_for(nx, swiglu), tn.rounds, nx, &shape))
             return st;
+        if (split && (shape.warps & 1)) {                 // whole teams: one more warp if it fits, else one fewer
+            const bool fits = shape.warps + 1 <= max_warps_for(nx, swiglu) &&
+                              (int64_t)p.stage_off_bytes + (int64_t)(shape.warps + 1) * shape.n_bufs * a.stage_bytes <=
+                                  dev.max_smem;
+            shape.warps += fits ? 1 : -1;
+            if (shape.warps < 2) return FD_E_SHAPE;
+        }
         const int ctas = shape.ctas, w = shape.warps;
         p.n_bufs = shape.n_bufs;
         const size_t smem = (size_t)p.stage_off_bytes + (size_t)w * p.n_bufs * a.stage_bytes;
@@ -357,7 +441,8 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         }
         const bool pair = swiglu && xq && nx == 1 && tn.swiglu_pair && a.mat[0].qtype == a.mat[1].qtype;
         const bool direct = p.ximg != nullptr && nx == 1 && tn.xq_direct;
-        const int st = direct ? launch_direct(p, swiglu, pair, ctas, w, smem, dev.max_smem, stream)
+        const int st = split ? launch_split(nx, direct, p, ctas, w, smem, dev.max_smem, stream)
+                     : direct ? launch_direct(p, swiglu, pair, ctas, w, smem, dev.max_smem, stream)
                      : pair ? launch_nx<1, true, true, true>(p, ctas, w, smem, dev.max_smem, stream)
                      : swiglu ? (xq ? launch_any<true, true>(nx, p, ctas, w, smem, dev.max_smem, stream)
                                     : launch_any<true, false>(nx, p, ctas, w, smem, dev.max_smem, stream))

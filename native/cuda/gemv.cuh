@@ -205,5 +205,67 @@ __device__ __forceinline__ void compute_step(const GemvArgs& a, int s, const uin
     }
 }
 
+// ---- split rows (GemvMat.split_*): a pair of warps per row ----------------------------------------------------
+// A one-matrix int8 launch whose rows are wide (ffn_down's 8,960-17,408 columns) has ~12 rows an SM, one a warp: too
+// few warps to hide the dot loop's latencies. Splitting each row over the two warps of a team doubles the warps
+// computing and halves each one's serial chain. Slice k of row r is blocks [k h, ...) (GemvMat.split_*); its warp stages
+// only those bytes, runs row_dot_q8 over them as if its lanes were lanes k h LPB .. of the row (same lane -> piece
+// map, so the same per-lane sums as lanes of a longer row would have), folds its lanes, and the team adds the two
+// slices in slice order through shared memory: one fixed order for every launch of the matrix, whatever n_x.
+__device__ __forceinline__ void issue_step_split(const GemvArgs& a, int s, uint8_t* buf, int lane, int slice) {
+    const GemvMat m = a.mat[0];
+    const int64_t lo = slice ? m.split_bytes : 0, hi = slice ? m.row_bytes : m.split_bytes;
+    warp_stage(buf, m.w + (int64_t)(s - m.first_step) * m.row_bytes + lo, hi - lo, lane, a.evict_first != 0);
+}
+
+// Named barrier of a team's two warps (ids 1..15; 0 is __syncthreads'). CUDA only: HIP has no named barriers, and the
+// launcher never splits there (gemv.cu, FD_HAS_MMA); the HIP body only keeps the file compiling.
+__device__ __forceinline__ void team_sync(int team) {
+#if FD_HAS_MMA
+    asm volatile("bar.sync %0, 64;" ::"r"(team + 1) : "memory");
+#else
+    (void)team;
+    __syncthreads();
+#endif
+}
+
+// part: this team's 2 x NX floats of shared memory (scratch after the prologue).
+template <int NX>
+__device__ __forceinline__ void compute_step_split(const GemvArgs& a, int s, const uint8_t* buf, const XViews& xv,
+                                                   int lane, int slice, int team, float* part) {
+    const GemvMat m = a.mat[0];
+    const int row = s - m.first_step;
+    const bool valid = row < m.rows;                    // team-uniform
+    float acc[NX];
+#pragma unroll
+    for (int i = 0; i < NX; ++i) acc[i] = 0.0f;
+    if (valid) {
+        const uint8_t* src = m.w + (int64_t)row * m.row_bytes + (slice ? m.split_bytes : 0);
+        // the staged slice, addressed as if the whole row were staged (blocks below the slice are never read)
+        const uint8_t* wrow = buf + (reinterpret_cast<uintptr_t>(src) & 15) - (slice ? m.split_bytes : 0);
+        RowDotQ8<NX> fn{wrow, lane + (slice ? m.split_pieces : 0), 32, slice ? m.pieces : m.split_pieces, &xv, &acc};
+        dispatch_qtype(m.qtype, fn);
+    }
+    reduce_lanes(acc, 32);
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NX; ++i) part[slice * NX + i] = acc[i];
+    }
+    team_sync(team);                                    // both slices' sums written
+    if (valid && slice == 0 && lane == 0) {
+        const float b = m.bias ? m.bias[row] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < NX; ++i) {
+            if (i < a.n_x) {
+                const int64_t o = (int64_t)i * m.rows + row;
+                float v = (part[i] + part[NX + i]) + b;
+                if (a.residual) v += __ldcg(a.residual + o);   // read then written by this thread: y may alias it
+                m.y[o] = v;
+            }
+        }
+    }
+    team_sync(team);                                    // part is free for the team's next step
+}
+
 }  // namespace
 }  // namespace fd

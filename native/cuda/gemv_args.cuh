@@ -33,6 +33,10 @@ struct GemvMat {
     int pieces;               // pieces per row
     int first_step;           // steps of earlier matrices
     int aligned16;            // float formats: every row 16-byte aligned (LDS.128 loads)
+    // Split rows (fd_tuning_t.gemv_split_cols; lpr 32, one matrix, int8 activations): each row is computed by a pair of
+    // warps, slice 0 over blocks [0, h), slice 1 over [h, blocks); 0: not split. split_pieces = h x lanes per block,
+    // split_bytes = h x block bytes (where slice 1 starts in a row).
+    int split_pieces, split_bytes;
 };
 
 struct GemvArgs {

@@ -83,8 +83,12 @@ struct GemvPlan {
 // (and x / norm_w allow 16-byte loads); stage_bytes: the target bytes of one step; min_steps: lanes per row
 // are chosen to give at least this many steps where a matrix has the rows (gemv.cu: two per SM; the
 // persistent forward: one per warp of the grid, so a small matrix is done in one step's latency).
+// split_cols > 0: a one-matrix int8 launch of at least that many columns whose rows take a whole warp (lpr 32)
+// splits each row over a pair of warps (GemvMat.split_*; gemv.cu's SPLIT kernels). Whether a launch splits depends on
+// the matrix, its columns and the tuning, never on n_x, so every x row still gets the same arithmetic.
 inline int gemv_plan(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, const float* norm_w,
-                     float eps, int n_x, bool int8_x, int stage_bytes, int min_steps, GemvPlan* out) {
+                     float eps, int n_x, bool int8_x, int stage_bytes, int min_steps, GemvPlan* out,
+                     int split_cols = 0) {
     FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && cols >= 1 && n_x >= 1 && n_x <= MAX_NX);
     FD_CHECK_ARG(eps >= 0.0f && (!swiglu || n_mats == 2));
     FmtInfo info[MAX_MATS];
@@ -100,6 +104,16 @@ inline int gemv_plan(int n_mats, const MatIn* mats, bool swiglu, int cols, const
     a.cols = cols;
     a.eps = eps;
     a.norm_w = norm_w;
+    // Activations: int8 (XQ) when every matrix is quantized (then cols % 32 == 0) and x / norm_w allow
+    // 16-byte loads; else float32 in each layout the formats read.
+    bool xq = int8_x && cols % 32 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(norm_w) % 16 == 0;
+    for (int k = 0; k < n_mats; ++k) xq = xq && !info[k].is_float;
+    pl.xq = xq;
+    // Split rows: one int8 matrix of at least split_cols columns (and two blocks) takes a whole warp a row (lpr 32,
+    // whatever choose_lpr would say) and a pair of warps computes it: slice 0 the first ceil(blocks / 2) blocks
+    const bool split = split_cols > 0 && xq && n_mats == 1 && !swiglu && cols >= split_cols &&
+                       cols / info[0].block_elems >= 2;
     // per-matrix step geometry
     int64_t range_bytes = 0;
     int steps = 0;
@@ -113,7 +127,7 @@ inline int gemv_plan(int n_mats, const MatIn* mats, bool swiglu, int cols, const
         m.rows = mats[k].rows;
         m.row_bytes = row_bytes(info[k], cols);
         m.pieces = pieces_per_row(info[k], cols);
-        m.lpr = choose_lpr(info[k], m.rows, cols, m.row_bytes, n_ranges, min_steps, stage_bytes);
+        m.lpr = split ? 32 : choose_lpr(info[k], m.rows, cols, m.row_bytes, n_ranges, min_steps, stage_bytes);
         m.aligned16 = info[k].is_float && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && m.row_bytes % 16 == 0;
     }
     if (swiglu) {   // gate and up share the step geometry: the coarser of their choices
@@ -129,16 +143,17 @@ inline int gemv_plan(int n_mats, const MatIn* mats, bool swiglu, int cols, const
         m.first_step = swiglu ? 0 : steps;
         if (!swiglu || k == 0) steps += ceil_div(m.rows, G);
     }
+    if (split) {   // a warp's buffer holds its slice (slice 0, the larger one)
+        GemvMat& m = a.mat[0];
+        const int h = (cols / info[0].block_elems + 1) / 2;
+        m.split_pieces = h * info[0].lanes_per_block;
+        m.split_bytes = h * info[0].block_bytes;
+        range_bytes = stage_range_bytes((int64_t)m.split_bytes);
+    }
     a.n_steps = steps;
     a.range_bytes = (int)range_bytes;
     a.stage_bytes = (int)(range_bytes * n_ranges);
 
-    // Activations: int8 (XQ) when every matrix is quantized (then cols % 32 == 0) and x / norm_w allow
-    // 16-byte loads; else float32 in each layout the formats read.
-    bool xq = int8_x && cols % 32 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-              reinterpret_cast<uintptr_t>(norm_w) % 16 == 0;
-    for (int k = 0; k < n_mats; ++k) xq = xq && !info[k].is_float;
-    pl.xq = xq;
     for (int L = 0; L < XL_COUNT; ++L) pl.layout_used[L] = pl.layout8_used[L] = false;
     pl.need_xsum = false;
     for (int k = 0; k < n_mats; ++k) {

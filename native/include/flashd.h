@@ -60,7 +60,7 @@ extern "C" {
                               (flashd_linear.h); 16: fd_tuning_t.delta_cluster; 17: fd_tuning_t.gemv_prewait; 18:
                               fd_tuning_t.gemv_prewait removed (lost), gemv_xq_prepass_cols, gemv_xq_prepass_norm_cols,
                               gemv_swiglu_stage_bytes; 19: fd_tuning_t.gemv_swiglu_pair; 20:
-                              fd_tuning_t.gemv_xq_direct */
+                              fd_tuning_t.gemv_xq_direct, gemv_split_cols */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */

@@ -2,7 +2,7 @@
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
    weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair and gemv_xq_direct change only how kernels are launched or
-   cached, never a result; gemv_stage_bytes and gemv_swiglu_stage_bytes may change a GEMV's lanes per row (a row's
+   cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
    summation order), gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
@@ -58,6 +58,10 @@ typedef struct {
     int gemv_xq_direct;     /* 1: one-row (n_x = 1) launches that take the x pre-pass read x's int8 image where the
                                pre-pass wrote it (global memory, through L1) instead of copying it into each CTA's
                                shared memory first; 0: copy. The same bytes either way, so never changes a result */
+    int gemv_split_cols;    /* one-matrix int8-activation GEMV launches (fd_gemv; one-row kernels, n_x <= 8) of at least
+                               this many columns whose rows take a whole warp compute each row on a pair of warps, each
+                               over half the row's blocks, summed in slice order; 0: never. It changes those rows'
+                               summation order (their bits), the same way for every n_x: never row invariance */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

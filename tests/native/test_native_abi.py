@@ -44,7 +44,8 @@ def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
     hybrid's gates (fd_mul, fd_silu, fd_sigmoid, fd_sigmoid_mul, fd_copy_cols, fd_delta_decay); 15 the hybrid's
     fused ops (fd_causal_conv1d_silu*, fd_gated_delta_rule_fused*, fd_gated_qk_norm); 16 fd_tuning_t.delta_cluster; 17
     fd_tuning_t.gemv_prewait; 18 gemv_prewait removed, fd_tuning_t.gemv_xq_prepass_cols,
-    gemv_xq_prepass_norm_cols, gemv_swiglu_stage_bytes; 19 fd_tuning_t.gemv_swiglu_pair; 20 fd_tuning_t.gemv_xq_direct."""
+    gemv_xq_prepass_norm_cols, gemv_swiglu_stage_bytes; 19 fd_tuning_t.gemv_swiglu_pair; 20 fd_tuning_t.gemv_xq_direct,
+    gemv_split_cols."""
     ffi = cffi.FFI()
     ffi.cdef(cdef_source())
     lib = ffi.dlopen(None)          # integer constants only: no symbol is looked up
