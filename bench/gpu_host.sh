@@ -9,7 +9,8 @@
 #   bench/gpu_host.sh test [ARGS]  GPU test suite (pytest -m gpu), log under $OUT
 #   bench/gpu_host.sh bench        flashd vs llama.cpp table for the real models, under $OUT
 #   bench/gpu_host.sh clones       synthetic clones of the 1.5B and 0.5B files (shapes and formats) in $MODELS
-#   bench/gpu_host.sh ab MODEL     flashd bench tg128 under launch-tuning variants (--tuning: int8 activations, PDL, rounds, step bytes)
+#   bench/gpu_host.sh ab MODEL [TUNING ...]  flashd bench tg128 per launch-tuning override (e.g. gemv_split_cols=8192;
+#                  "-" is the table's entry; default list: int8 activations, PDL, rounds, step bytes, the session-18 fields)
 #   bench/gpu_host.sh profile MODEL  nsys kernel summary of a short decode (if nsys is installed)
 #   bench/gpu_host.sh chain MODEL [BENCH ARGS]  a decode step's kernel chain: CUPTI tracer (bench/lab/chain_trace.c,
 #                  built there against the toolkit's CUPTI) around `flashd bench -n 64`, then chain_report.py (what each
@@ -89,11 +90,13 @@ clones)
     done
     ls -la $MODELS
     ;;
-ab)
+ab)             # ab MODEL [TUNING ...]: tg128 per tuning override ("-": the table's entry), one build, one machine
     model=$1; shift
-    for tuning in "" gemv_int8_x=0 pdl=0 gemv_rounds=0 gemv_rounds=4 gemv_stage_bytes=3072 gemv_stage_bytes=12288; do
-        echo "== ${tuning:-default}"
-        flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 --tuning "$tuning" "$@" 2>&1 | grep -E "^\| .*tg|^tuning"
+    [ $# -gt 0 ] || set -- - gemv_int8_x=0 pdl=0 gemv_rounds=2 gemv_stage_bytes=6144 gemv_xq_direct=1 gemv_split_cols=8192
+    for tuning in "$@"; do
+        echo "== $tuning"
+        [ "$tuning" = - ] && tuning=""
+        flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 --tuning "$tuning" 2>&1 | grep -E "^\| .*tg|^tuning"
     done | tee -a "$OUT/ab.log"
     ;;
 clones-wait)   # the clones step, in the foreground (used after setup)
