@@ -19,7 +19,9 @@ memory -- quantized in the CTA (XQ), copied from the pre-pass's image (IMG) or a
 read the image in place from global memory, nothing is staged and t_pro is taken right after pdl_wait), the earliest /
 latest time a warp's first step had landed, the earliest / latest time a warp finished its steps, and the variant
 (flags: pre-pass image or not, XG, PAIR, SWIGLU, XQ). The x pre-pass launch (gemv_xq_image_kernel) is not stamped (it is
-at its register cap: any stamping code spilled), so for IMG / XG launches `gap` includes it. Launches are rebuilt
+at its register cap: any stamping code spilled), so for IMG / XG launches `gap` includes it; nor are split-row launches
+(gemv_split_kernel, fd_tuning_t.gemv_split_cols): with the split on, ffn_down's time shows in the next launch's
+`gap` (the chain tracer, gpu_host.sh chain, times it directly). Launches are rebuilt
 exactly (records of CTA index b are in launch order; CTA 0's are every GEMV launch).
 
 Printed per launch shape and variant (means over CTAs, then over the launches of that shape in the replayed steps),
