@@ -180,31 +180,15 @@ int xq_image_scratch(cudaStream_t stream, int bytes, uint8_t** out) {
 }
 
 template <int NX, bool SWIGLU, bool XQ, bool PAIR = false, bool XG = false>
-int raise_smem_limit(int max_smem) {
-    static std::once_flag once;
-    static cudaError_t err = cudaSuccess;
-    std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_kernel<NX, SWIGLU, XQ, PAIR, XG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   max_smem);
-    });
-    return (int)err;
-}
-
-template <int NX, bool SWIGLU, bool XQ, bool PAIR = false, bool XG = false>
 int launch_nx(const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem, cudaStream_t stream) {
-    const int st = raise_smem_limit<NX, SWIGLU, XQ, PAIR, XG>(max_smem);
+    const int st = raise_smem_once<gemv_kernel<NX, SWIGLU, XQ, PAIR, XG>>(max_smem);
     if (st) return st;
     return launch_pdl(gemv_kernel<NX, SWIGLU, XQ, PAIR, XG>, dim3(ctas), dim3(warps * 32), smem, stream, a);
 }
 
 template <int NX, bool XG = false>
 int launch_split_nx(const GemvArgs& a, int ctas, int warps, size_t smem, int max_smem, cudaStream_t stream) {
-    static std::once_flag once;
-    static cudaError_t err = cudaSuccess;
-    std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_split_kernel<NX, XG>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-    });
-    if (err) return (int)err;
+    if (int st = raise_smem_once<gemv_split_kernel<NX, XG>>(max_smem)) return st;
     return launch_pdl(gemv_split_kernel<NX, XG>, dim3(ctas), dim3(warps * 32), smem, stream, a);
 }
 
@@ -318,16 +302,6 @@ int mma_pass_rows(const GemvPlan& pl, const MmaSizes& z, int n_x, int max_smem) 
 }
 
 #if FD_HAS_MMA
-template <bool SWIGLU>
-int mma_raise_smem_limit(int max_smem) {
-    static std::once_flag once;
-    static cudaError_t err = cudaSuccess;
-    std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_mma_kernel<SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-    });
-    return (int)err;
-}
-
 // One pass (p: the plan's arguments with this pass's x rows laid out) on gemv_mma_kernel.
 int mma_launch(const GemvPlan& pl, const GemvArgs& p, bool swiglu, const MmaSizes& z, const DeviceFacts& dev,
                cudaStream_t stream) {
@@ -360,7 +334,8 @@ int mma_launch(const GemvPlan& pl, const GemvArgs& p, bool swiglu, const MmaSize
     m.round_tiles = (int)std::max<int64_t>(1, std::min<int64_t>(per_cta, room / z.part_tile_bytes));
     m.part_off_bytes = p.stage_off_bytes + warps * 2 * z.buf_bytes;
     const size_t smem = (size_t)m.part_off_bytes + (size_t)m.round_tiles * z.part_tile_bytes;
-    const int st = swiglu ? mma_raise_smem_limit<true>(dev.max_smem) : mma_raise_smem_limit<false>(dev.max_smem);
+    const int st = swiglu ? raise_smem_once<gemv_mma_kernel<true>>(dev.max_smem)
+                          : raise_smem_once<gemv_mma_kernel<false>>(dev.max_smem);
     if (st) return st;
     return swiglu ? launch_pdl(gemv_mma_kernel<true>, dim3(ctas), dim3(warps * 32), smem, stream, m)
                   : launch_pdl(gemv_mma_kernel<false>, dim3(ctas), dim3(warps * 32), smem, stream, m);

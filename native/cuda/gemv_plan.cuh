@@ -42,6 +42,16 @@ int device_facts(DeviceFacts* out) {
 
 struct MatIn { const void* w; float* y; const float* bias; int qtype, rows; };
 
+// A GEMV kernel's dynamic shared-memory limit raised to the device's opt-in maximum, once per instantiation and
+// process (host-side, no stream work: allowed while a graph is captured). Kernel: the __global__ instantiation.
+template <auto Kernel>
+int raise_smem_once(int max_smem) {
+    static std::once_flag once;
+    static cudaError_t err = cudaSuccess;
+    std::call_once(once, [&] { err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem); });
+    return (int)err;
+}
+
 int pieces_per_row(const FmtInfo& f, int cols) {
     return f.is_float ? ceil_div(cols, f.block_elems) : cols / f.block_elems * f.lanes_per_block;
 }

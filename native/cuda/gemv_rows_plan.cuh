@@ -109,13 +109,7 @@ inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
 
 template <int NT, bool SWIGLU, bool FX>
 int rows_launch(const RowsArgs& a, const RowsShape& sh, int max_smem, cudaStream_t stream) {
-    static std::once_flag once;
-    static cudaError_t err = cudaSuccess;
-    std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(gemv_rows_kernel<NT, SWIGLU, FX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   max_smem);
-    });
-    if (err) return (int)err;
+    if (int st = raise_smem_once<gemv_rows_kernel<NT, SWIGLU, FX>>(max_smem)) return st;
     return launch_pdl(gemv_rows_kernel<NT, SWIGLU, FX>, dim3(sh.ctas), dim3(sh.warps * 32), sh.smem, stream, a);
 }
 

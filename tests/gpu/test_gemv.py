@@ -253,6 +253,33 @@ def bits(a):
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
+def assert_graph_replays_eager(native, dev, poisoned, w, qtype, rows, cols, xs):
+    """One-row fd_gemv (no norm, bias or residual) captured in a CUDA graph replays to the eager launch's bits for
+    each x of xs (uploaded into the captured input between replays), under the tuning in effect."""
+    lib, ffi = native.lib, native.ffi
+    eager = []
+    for x in xs:
+        y = poisoned((1, rows))
+        call_gemv(native, dev, y, w, qtype, rows, cols, dev.upload(x), 1, None, None, None)
+        eager.append(bits(dev.download(y)))
+    d_x = dev.upload(xs[0])
+    y = poisoned((1, rows))
+    native.check(lib.fd_graph_begin_capture(dev.stream), "begin capture")
+    st = lib.fd_gemv(dev.p(y, "float*"), dev.p(w), int(qtype), rows, cols, dev.p(d_x, "float*"), 1, ffi.NULL, EPS,
+                     ffi.NULL, ffi.NULL, dev.stream)
+    graph = ffi.new("void**")
+    native.check(lib.fd_graph_end_capture(dev.stream, graph), "end capture")
+    native.check(st, "fd_gemv in capture")
+    try:
+        for x, want in zip(xs, eager):
+            dev.upload(x, out=d_x)
+            native.check(lib.fd_graph_launch(graph[0], dev.stream), "graph launch")
+            dev.synchronize()
+            assert np.array_equal(bits(dev.download(y)), want)
+    finally:
+        lib.fd_graph_destroy(graph[0])
+
+
 @pytest.mark.parametrize("kind", ["gemv", "multi", "swiglu"])
 @pytest.mark.parametrize("qtypes,rows,cols", [
     ((T.Q4_K, T.Q6_K), 1536, 1536),      # the 1.5B model's attention shapes (int8 activations)

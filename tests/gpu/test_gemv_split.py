@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType as T
 
 from flashd.scripts.random_weights import random_weights
 
-from tests.gpu.test_gemv import (EPS, assert_close, bits, call_gemv, call_swiglu, int8_x_bound, normed64, run_multi,
-                                 weights64)
+from tests.gpu.test_gemv import (assert_close, assert_graph_replays_eager, bits, call_gemv, call_swiglu, int8_x_bound,
+                                 normed64, run_multi, weights64)
 
 
 @pytest.fixture
@@ -128,28 +128,7 @@ def test_launches_the_split_does_not_take_keep_their_bits(native, dev, rng, pois
 
 def test_split_rows_inside_graph_capture(native, dev, rng, poisoned, restore_tuning):
     native.set_tuning(gemv_rows=0, gemv_mma_rows=0, gemv_split_cols=1)
-    lib, ffi = native.lib, native.ffi
     rows, cols = 700, 8960
     w = dev.upload(random_weights(rng, T.Q6_K, rows, cols))
     xs = [rng.standard_normal((1, cols)).astype(np.float32) for _ in range(2)]
-    eager = []
-    for xv in xs:
-        y = poisoned((1, rows))
-        call_gemv(native, dev, y, w, T.Q6_K, rows, cols, dev.upload(xv), 1, None, None, None)
-        eager.append(bits(dev.download(y)))
-    d_x = dev.upload(xs[0])
-    y = poisoned((1, rows))
-    native.check(lib.fd_graph_begin_capture(dev.stream), "begin capture")
-    st = lib.fd_gemv(dev.p(y, "float*"), dev.p(w), int(T.Q6_K), rows, cols, dev.p(d_x, "float*"), 1, ffi.NULL, EPS,
-                     ffi.NULL, ffi.NULL, dev.stream)
-    graph = ffi.new("void**")
-    native.check(lib.fd_graph_end_capture(dev.stream, graph), "end capture")
-    native.check(st, "fd_gemv in capture")
-    try:
-        for xv, want in zip(xs, eager):
-            dev.upload(xv, out=d_x)
-            native.check(lib.fd_graph_launch(graph[0], dev.stream), "graph launch")
-            dev.synchronize()
-            assert np.array_equal(bits(dev.download(y)), want)
-    finally:
-        lib.fd_graph_destroy(graph[0])
+    assert_graph_replays_eager(native, dev, poisoned, w, T.Q6_K, rows, cols, xs)

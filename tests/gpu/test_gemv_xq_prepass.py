@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from flashd.scripts.random_weights import random_weights
 
-from tests.gpu.test_gemv import EPS, call_gemv, call_swiglu, run_multi
+from tests.gpu.test_gemv import EPS, assert_graph_replays_eager, call_gemv, call_swiglu, run_multi
 
 
 @pytest.fixture
@@ -97,33 +97,11 @@ def test_the_threshold_takes_wide_launches_only_and_the_buffer_is_shared(native,
 def test_the_pre_pass_inside_graph_capture(native, dev, rng, poisoned, restore_tuning):
     """A captured GEMV with the pre-pass (its buffer allocated on first use, in relaxed capture mode when that use is
     inside a capture) replays to the eager launch's bits, twice, with new x between replays."""
-    lib, ffi = native.lib, native.ffi
     native.set_tuning(gemv_rows=0, gemv_mma_rows=0, gemv_xq_prepass_cols=1, gemv_xq_prepass_norm_cols=1)
     rows, cols = 700, 8960
-    data = random_weights(rng, T.Q6_K, rows, cols)
-    w = dev.upload(data)
+    w = dev.upload(random_weights(rng, T.Q6_K, rows, cols))
     xs = [rng.standard_normal((1, cols)).astype(np.float32) for _ in range(2)]
-    d_x = dev.upload(xs[0])
-    eager = []
-    for x in xs:
-        y = poisoned((1, rows))
-        call_gemv(native, dev, y, w, T.Q6_K, rows, cols, dev.upload(x), 1, None, None, None)
-        eager.append(bits(dev.download(y)))
-    y = poisoned((1, rows))
-    native.check(lib.fd_graph_begin_capture(dev.stream), "begin capture")
-    st = lib.fd_gemv(dev.p(y, "float*"), dev.p(w), int(T.Q6_K), rows, cols, dev.p(d_x, "float*"), 1, ffi.NULL,
-                     EPS, ffi.NULL, ffi.NULL, dev.stream)
-    graph = ffi.new("void**")
-    native.check(lib.fd_graph_end_capture(dev.stream, graph), "end capture")
-    native.check(st, "fd_gemv in capture")
-    try:
-        for x, want in zip(xs, eager):
-            dev.upload(x, out=d_x)
-            native.check(lib.fd_graph_launch(graph[0], dev.stream), "graph launch")
-            dev.synchronize()
-            assert np.array_equal(bits(dev.download(y)), want)
-    finally:
-        lib.fd_graph_destroy(graph[0])
+    assert_graph_replays_eager(native, dev, poisoned, w, T.Q6_K, rows, cols, xs)
 
 
 @pytest.mark.parametrize("qtypes,rows,cols", [((T.Q4_K, T.Q4_K), 2000, 1536), ((T.Q4_K, T.Q4_K), 640, 5120),
