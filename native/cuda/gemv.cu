@@ -395,13 +395,10 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         if (int st = gemv_launch_shape(split ? 2 * steps : steps, a.stage_bytes, p.stage_off_bytes, dev.max_smem,
                                        dev.n_sms, max_warps_for(nx, swiglu), tn.rounds, nx, &shape))
             return st;
-        if (split && (shape.warps & 1)) {                 // whole teams: one more warp if it fits, else one fewer
-            const bool fits = shape.warps + 1 <= max_warps_for(nx, swiglu) &&
-                              (int64_t)p.stage_off_bytes + (int64_t)(shape.warps + 1) * shape.n_bufs * a.stage_bytes <=
-                                  dev.max_smem;
-            shape.warps += fits ? 1 : -1;
-            if (shape.warps < 2) return FD_E_SHAPE;
-        }
+        if (split)
+            if (int st = gemv_split_shape(a.stage_bytes, p.stage_off_bytes, dev.max_smem, max_warps_for(nx, swiglu),
+                                          &shape))
+                return st;
         const int ctas = shape.ctas, w = shape.warps;
         p.n_bufs = shape.n_bufs;
         const size_t smem = (size_t)p.stage_off_bytes + (size_t)w * p.n_bufs * a.stage_bytes;

@@ -265,5 +265,21 @@ inline int gemv_launch_shape(int steps, int stage_bytes, int stage_off_bytes, in
     return 0;
 }
 
+// A split launch (GemvMat.split_*) runs whole teams of two warps: from gemv_launch_shape's shape for 2 x steps
+// warp-steps, an odd warp count gains a warp where it fits (max_warps, shared memory), else loses one; a lone
+// double-buffered warp becomes a single-buffered team. FD_E_SHAPE when not even two single buffers fit (gemv.cu
+// leaves room for 8 beside the staged x, so its launches never get it).
+inline int gemv_split_shape(int stage_bytes, int stage_off_bytes, int max_smem, int max_warps, GemvLaunchShape* s) {
+    auto fits = [&](int64_t warps, int bufs) {
+        return warps <= max_warps && (int64_t)stage_off_bytes + warps * bufs * (int64_t)stage_bytes <= max_smem;
+    };
+    if (s->warps & 1) s->warps += fits(s->warps + 1, s->n_bufs) ? 1 : -1;
+    if (s->warps < 2 && s->n_bufs == 2 && fits(2, 1)) {   // one double-buffered warp: a single-buffered team instead
+        s->warps = 2;
+        s->n_bufs = 1;
+    }
+    return s->warps >= 2 ? 0 : FD_E_SHAPE;
+}
+
 }  // namespace
 }  // namespace fd
