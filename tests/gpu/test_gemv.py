@@ -253,6 +253,19 @@ def bits(a):
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
+def call_kind(native, dev, poisoned, kind, d_a, qa, d_b, qb, rows, cols, d_x, n_x, d_norm, bias):
+    """One launch of `kind` over matrices a (and b): "gemv" (a, with bias), "multi" (a with bias, b without) or
+    "swiglu" (gate a, up b); the outputs (two for multi, else one), downloaded."""
+    outs = [poisoned((n_x, rows)), poisoned((n_x, rows))]
+    if kind == "gemv":
+        call_gemv(native, dev, outs[0], d_a, qa, rows, cols, d_x, n_x, d_norm, bias, None)
+    elif kind == "multi":
+        run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, n_x, d_norm)
+    else:
+        call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, n_x, d_norm)
+    return [dev.download(o) for o in (outs if kind == "multi" else outs[:1])]
+
+
 def assert_graph_replays_eager(native, dev, poisoned, w, qtype, rows, cols, xs):
     """One-row fd_gemv (no norm, bias or residual) captured in a CUDA graph replays to the eager launch's bits for
     each x of xs (uploaded into the captured input between replays), under the tuning in effect."""
@@ -298,16 +311,8 @@ def test_rows_come_out_the_same_whatever_the_batch(native, dev, rng, poisoned, k
     d_norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
 
     def run(xs):
-        n_x = xs.shape[0]
         d_x = dev.upload(np.ascontiguousarray(xs))
-        outs = [poisoned((n_x, rows)), poisoned((n_x, rows))]
-        if kind == "gemv":
-            call_gemv(native, dev, outs[0], d_a, qa, rows, cols, d_x, n_x, d_norm, bias, None)
-        elif kind == "multi":
-            run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, n_x, d_norm)
-        else:
-            call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, n_x, d_norm)
-        return [dev.download(o) for o in (outs if kind == "multi" else outs[:1])]
+        return call_kind(native, dev, poisoned, kind, d_a, qa, d_b, qb, rows, cols, d_x, xs.shape[0], d_norm, bias)
 
     single = [run(x[i:i + 1]) for i in range(8)]
     for n_x in range(2, 9):

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from flashd.scripts.random_weights import random_weights
 
-from tests.gpu.test_gemv import EPS, assert_graph_replays_eager, call_gemv, call_swiglu, run_multi
+from tests.gpu.test_gemv import EPS, assert_graph_replays_eager, call_kind
 
 
 @pytest.fixture
@@ -53,15 +53,8 @@ def launcher(native, dev, rng, poisoned, kind, qtypes, rows, cols):
     norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
 
     def run(n_x, use_norm):
-        d_norm = norm if use_norm else None
-        outs = [poisoned((n_x, rows)), poisoned((n_x, rows))]
-        if kind == "gemv":
-            call_gemv(native, dev, outs[0], d_a, qa, rows, cols, d_x, n_x, d_norm, bias, None)
-        elif kind == "multi":
-            run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, n_x, d_norm)
-        else:
-            call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, n_x, d_norm)
-        return [bits(dev.download(o)) for o in (outs if kind == "multi" else outs[:1])]
+        return [bits(o) for o in call_kind(native, dev, poisoned, kind, d_a, qa, d_b, qb, rows, cols, d_x, n_x,
+                                           norm if use_norm else None, bias)]
     return run
 
 
