@@ -324,6 +324,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     constexpr bool ROT_K = ROPE && QKV && k_type != FD_KV_F16;   // a quantized K: rope_stage_rotated's own coefficients
     RopeCoefs<HD> rc;
     if constexpr (ROPE && !ROT_K) rope_coefs<HD>(p, tid, rc);
+    if constexpr (ROT_K) rope_table_rotated(p, reinterpret_cast<float*>(pipe), tid);   // the dequantized tile: free
     if constexpr (ROPE) {
         pdl_wait();              // q and the new K/V row are the QKV projection's
         pdl_launch_dependents();

@@ -8,7 +8,7 @@
 //          kv_rotate.cuh's register layout, so the RoPE'd row is rotated in registers by shuffles (no shared
 //          memory round trip, no barrier per stage).
 //   cos/sin one table per block in shared memory (rope_dim / 2 pairs, one double pow + sincos per pair, as the
-//          float16 path computes one per dim): the only barrier. It lives in the dequantized K | V tile at the
+//          float16 path computes one per dim; before pdl_wait, as that path's): the only barrier. It lives in the dequantized K | V tile at the
 //          start of the pipeline area, which the cp.async ring never writes and the main loop first writes
 //          after its first __syncthreads (so no thread can still be reading the table).
 //   new row (the block that owns the new key) warp 0 forms the RoPE'd K row in registers, subtracts the key
@@ -51,20 +51,28 @@ __device__ __forceinline__ float rope_from_table(const float* x, int d, int rope
     return rope_rotated(__ldg(x + d), __ldg(x + partner), cs[j], sn[j], first);
 }
 
+// The cos / sin table (tab: >= rope_dim floats of shared memory, see above): cs = tab[0, rope_dim / 2), sn after.
+// Called before pdl_wait (splitk_kernel: the position is an earlier step's), so its double pow + sincos run under
+// the QKV projection's tail as the float16 path's rope_coefs do; rope_stage_rotated's barrier publishes it.
+__device__ __forceinline__ void rope_table_rotated(const Params& p, float* tab, int tid) {
+    const int half = p.rope_dim / 2;
+    for (int j = tid; j < half; j += THREADS)
+        rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, tab[j], tab[half + j]);
+}
+
 // qv <- the tile's q rows RoPE'd and rotated (rotated layout; rows past the group exactly 0); if own_key, the new
-// K | V rows are encoded into kv_new (2 HD halves) and, if store, the cache. tab: >= rope_dim floats of shared
-// memory (see above). Block-uniform: every thread calls it.
+// K | V rows are encoded into kv_new (2 HD halves) and, if store, the cache. tab: rope_table_rotated's table,
+// written by this block before (its barrier is here). Block-uniform: every thread calls it.
 template <int HD>
 __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[ROWS * HD / THREADS],
                                                    const float* q_tok, int row0, int kvh, int tid, bool own_key,
-                                                   __half* kv_new, bool store, float* tab, int k_type, int v_type) {
+                                                   __half* kv_new, bool store, const float* tab, int k_type,
+                                                   int v_type) {
     constexpr int NR = RotLayout<HD>::NR, RPW = RotLayout<HD>::RPW, Q_PER_THREAD = ROWS * HD / THREADS;
     const bool neox = p.neox != 0;
     const int half = p.rope_dim / 2, lane = tid & 31, warp = tid >> 5, block = kvq::rotation_block(HD);
-    float* cs = tab;
-    float* sn = tab + half;
-    for (int j = tid; j < half; j += THREADS)
-        rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, cs[j], sn[j]);
+    const float* cs = tab;
+    const float* sn = tab + half;
     float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first (they overlap the table's barrier)

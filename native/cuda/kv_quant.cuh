@@ -147,12 +147,50 @@ inline Rows rows_of(const void* base, int kv_type, int n_kv_heads, int max_ctx, 
                 kv_type};
 }
 
-// Values [8 piece, 8 piece + 8) of a quantized row, dequantized (d * q in float32, exact) and rounded to
-// float16 (round to nearest even): what the attention tiles hold. codes: the row's codes (global or shared
-// memory, 8-byte aligned: a row's codes start at a multiple of 16 bytes); dh: the scale of block piece / 4.
-// The codes are one 8-byte load (q4_0: bytes 16 b + off % 16 .. + 7, low nibbles for off < 16, else high).
+// Values [8 piece, 8 piece + 8) of a quantized row, dequantized and rounded to float16 (round to nearest
+// even): float16(d * q), what the attention tiles hold. codes: the row's codes (global or shared memory, 8-byte
+// aligned: a row's codes start at a multiple of 16 bytes); dh: the scale of block piece / 4. The codes are one
+// 8-byte load (q4_0: bytes 16 b + off % 16 .. + 7, low nibbles for off < 16, else high).
+//
+// CUDA: in float16x2 arithmetic, no conversion instructions (I2F / F2F issue at 16 a clock an SM on sm_90, a
+// quarter of the integer and half-precision rate: at depth they were the quantized cache's whole cost over the
+// float16 one). A byte u (the code + 128 for q8_0, the nibble for q4_0) under the float16 exponent byte 0x64 is
+// 1024 + u exactly (one __byte_perm builds two); minus 1152 (q8_0) or 1032 (q4_0) is the code's value q exactly;
+// times d rounded once (__hmul2_rn: correctly rounded, subnormal results kept, never contracted) is float16(d q)
+// -- the same bits as the float32 path below, whose product d q (11 x 8 significant bits) is exact before its one
+// rounding. tests/emulation/test_kv_dequant_half2.py checks the identity over every scale and code; the GPU tests
+// compare the tiles' attention bit for bit with the float16 kernels' over numpy's dequantized values.
+// HIP keeps the float32 path (its half intrinsics' rounding is not documented the same way).
+#if FD_HAS_MMA
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t bytes, uint32_t sel, __half2 bias, __half2 d2) {
+    const uint32_t h = __byte_perm(bytes, 0x64646464u, sel);     // (1024 + u_lo, 1024 + u_hi)
+    const __half2 q = __hsub2_rn(*reinterpret_cast<const __half2*>(&h), bias);
+    const __half2 v = __hmul2_rn(q, d2);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+#endif
+
 __device__ __forceinline__ uint4 dequant8_codes(const uint8_t* codes, __half dh, int kv_type, int piece) {
     const int b = piece >> 2, off = (piece & 3) * 8;             // block, first value in the block
+#if FD_HAS_MMA
+    uint2 c;
+    __half bias;
+    if (kv_type == FD_KV_Q8_0) {
+        c = *reinterpret_cast<const uint2*>(codes + piece * 8);
+        c.x ^= 0x80808080u;                                      // int8 q -> byte q + 128
+        c.y ^= 0x80808080u;
+        bias = __ushort_as_half((unsigned short)0x6480);        // 1152
+    } else {
+        c = *reinterpret_cast<const uint2*>(codes + b * 16 + (off & 15));
+        const int shift = off >= 16 ? 4 : 0;
+        c.x = (c.x >> shift) & 0x0f0f0f0fu;
+        c.y = (c.y >> shift) & 0x0f0f0f0fu;
+        bias = __ushort_as_half((unsigned short)0x6408);        // 1032
+    }
+    const __half2 bias2 = __half2half2(bias), d2 = __half2half2(dh);
+    return make_uint4(dequant_pair(c.x, 0x4140u, bias2, d2), dequant_pair(c.x, 0x4342u, bias2, d2),
+                      dequant_pair(c.y, 0x4140u, bias2, d2), dequant_pair(c.y, 0x4342u, bias2, d2));
+#else
     const float d = __half2float(dh);
     float x[8];
     if (kv_type == FD_KV_Q8_0) {
@@ -172,6 +210,7 @@ __device__ __forceinline__ uint4 dequant8_codes(const uint8_t* codes, __half dh,
 #pragma unroll
     for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
     return out;
+#endif
 }
 
 // dequant8_codes of row `row` of a plane, read from global memory.

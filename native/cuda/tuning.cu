@@ -35,8 +35,10 @@ namespace {
 // and projections of x; H100 tg128 +5.1% / +2.9%; pre-passing every launch lost 14% on the 0.5B: each pre-pass adds a
 // ~2 us link; bench/NOTES.md session 17); 0 elsewhere until measured. gemv_swiglu_stage_bytes = 0 (gemv_stage_bytes)
 // everywhere: 6144 gained 1.2% on the 27B and lost 3.7% on the 1.5B (session 17), a shape's choice, not an arch's.
-// gemv_swiglu_pair = 1 on sm_90 (session 17, bench/NOTES.md), 0 elsewhere until measured. gemv_xq_direct = 0 and
-// gemv_split_cols = 0 everywhere until measured (written in session 18 without device time left: bench/NOTES.md).
+// gemv_swiglu_pair = 1 on sm_90 (session 17, bench/NOTES.md), 0 elsewhere until measured. gemv_xq_direct = 0
+// everywhere (H100: 1.5B tg128 -5.7%, 0.5B 0; session 19). gemv_split_cols = 8192 on sm_90 (the 1.5B's 8,960-column
+// ffn_down on warp pairs: tg128 +1.3%; the 0.5B's 4,864 columns stay off: split at 4096 lost 6%; session 19,
+// bench/NOTES.md), 0 elsewhere until measured.
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
@@ -46,7 +48,7 @@ constexpr TuningEntry TABLE[] = {
     {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}},   // sm_80 A100
     {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
     {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 0}},  // sm_90 H100 / H200
+    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 

@@ -10,13 +10,13 @@ import numpy as np
 REL_TOL = 2e-2
 
 
-def assert_logits_close(got, want):
+def assert_logits_close(got, want, rel_tol=REL_TOL):
     scale = float(np.abs(want).max())
     err = float(np.abs(got - want).max())
     assert np.isfinite(got).all(), "non-finite logits"
-    assert err <= REL_TOL * scale, f"max |diff| {err:.4g} > {REL_TOL} * {scale:.4g}"
+    assert err <= rel_tol * scale, f"max |diff| {err:.4g} > {rel_tol} * {scale:.4g}"
     top2 = np.sort(want, -1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > REL_TOL * scale
+    clear = (top2[:, 1] - top2[:, 0]) > rel_tol * scale
     assert (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 

@@ -310,3 +310,52 @@ def test_quantized_prefill_is_the_float16_kernel_over_the_dequantized_values(nat
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     np.testing.assert_array_equal(prefill(native, dev, q, planes, shape, p0),
                                   prefill(native, dev, q, twin, twin_shape, p0))
+
+
+def raw_blocks(rng, kind: str, n_kv_heads: int, max_ctx: int, d: int, scale_bits: tuple[int, int]) -> np.ndarray:
+    """(n_kv_heads, max_ctx, row_bytes) ggml blocks: random codes (every byte value), scales whose float16 bit
+    patterns are drawn from [lo, hi) with a random sign."""
+    per = 34 if kind == "q8_0" else 18
+    b = rng.integers(0, 256, size=(n_kv_heads, max_ctx, d // 32, per), dtype=np.uint8)
+    bits = rng.integers(*scale_bits, size=b.shape[:3]).astype(np.uint16) | (
+        rng.integers(0, 2, size=b.shape[:3]).astype(np.uint16) << 15)
+    b[..., :2] = bits[..., None].view(np.uint8).reshape(*b.shape[:3], 2)
+    return b.reshape(n_kv_heads, max_ctx, -1)
+
+
+# scales (float16 bits): subnormal and the smallest normals (d * q mostly subnormal float16: a flushed or
+# twice-rounded product changes the output's low bits, as V values ~1e-6 are its whole size), and wide (up to
+# 128: products up to 16,384, scores saturating the softmax)
+@pytest.mark.parametrize("scale_bits", [(1, 0x0800), (1, 0x5800)], ids=["subnormal", "wide"])
+@pytest.mark.parametrize("types", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f16", "q8_0"), ("q4_0", "f16")],
+                         ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("d", [64, 128])
+def test_dequantized_values_are_float16_of_d_times_q_bit_for_bit(native, dev, rng, scale_bits, types, d):
+    """kv_quant.cuh's float16x2 dequantization (no conversion instructions) gives float16(d * q) -- numpy's
+    rounding of the exact product -- for every code and for subnormal results: decode, masked and prefill over the
+    quantized cache equal the float16 kernels over numpy's dequantized values, bit for bit."""
+    n_heads, n_kv_heads, max_ctx = 8, 2, 700
+    planes, seen = [], []
+    for kind in types:
+        if kind == "f16":
+            x = (rng.standard_normal((n_kv_heads, max_ctx, d)) * 1e-3).astype(np.float16)
+            planes.append(dev.upload(x.view(np.uint8).ravel()))
+            seen.append(x)
+            continue
+        b = raw_blocks(rng, kind, n_kv_heads, max_ctx, d, scale_bits)
+        planes.append(dev.upload(planes_from_blocks(b, kind)))
+        with np.errstate(over="ignore"):
+            seen.append(decode_rows(b, kind).astype(np.float16))
+    shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
+    twin, twin_shape = f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx)
+    q = (rng.standard_normal((1, n_heads, d)) * 1e-2).astype(np.float32)
+    for n_past in (0, 63, 200, max_ctx - 1):
+        np.testing.assert_array_equal(decode(native, dev, q, planes, shape, n_past),
+                                      decode(native, dev, q, twin, twin_shape, n_past))
+    n, n_past = 9, 400
+    qn = (rng.standard_normal((n, n_heads, d)) * 1e-2).astype(np.float32)
+    mask = tree_mask(rng, n)
+    np.testing.assert_array_equal(masked(native, dev, qn, planes, shape, mask, n_past),
+                                  masked(native, dev, qn, twin, twin_shape, mask, n_past))
+    np.testing.assert_array_equal(prefill(native, dev, qn, planes, shape, n_past),
+                                  prefill(native, dev, qn, twin, twin_shape, n_past))

@@ -4,11 +4,15 @@ same KV type (the oracle: ggml's rounding, reads dequantized in float32).
 Tolerances are test_cuda_model.py's (assert_logits_close: 2e-2 of the logits' scale; greedy agreement up to the
 first near-tie): the CUDA side also rounds the dequantized values to float16 in its attention tiles (2^-12
 relative, far below the quantization step), and its codes and scales are the reference's bit for bit
-(test_kv_quant_write.py). Prefix reuse, the speculative commit's moves and the persistent-forward fallback are
+(test_kv_quant_write.py) -- for the same inputs. A q4_0 cache is the exception to 2e-2: the CUDA side's K / V rows
+differ from the reference's in the last float32 bits (its own GEMM / rope order), and a value that sits on a q4_0
+rounding edge then takes the neighbouring code, a whole step (1/8 of its block's largest magnitude, q8_0's is 1/127)
+away; over 40 random prompts on an H100 the logits moved by up to 2.6e-2 of their scale (median 1.0e-2; q8_0 at most
+2.4e-3), so q4_0 is held to 5e-2 (session 19, bench/NOTES.md). The prompts are seeded. Prefix reuse, the speculative commit's moves and the persistent-forward fallback are
 checked on the device too."""
 import numpy as np
 import pytest
-from tests.gpu.logits_check import assert_logits_close, greedy_prefix_agrees
+from tests.gpu.logits_check import REL_TOL, assert_logits_close, greedy_prefix_agrees
 
 from flashd.daemon.backends.kv_types import KVTypes
 from flashd.daemon.backends.reference import ReferenceOps
@@ -18,6 +22,11 @@ from flashd.daemon.runner import ModelRunner
 from flashd.protocol.messages import SamplingParams
 
 TYPES = [KVTypes("q8_0", "q8_0"), KVTypes("q4_0", "q4_0"), KVTypes("q8_0", "f16")]
+Q4_REL_TOL = 5e-2                                                      # a q4_0 code flip: see above
+
+
+def rel_tol(types: KVTypes) -> float:
+    return Q4_REL_TOL if "q4_0" in (types.k, types.v) else REL_TOL
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +60,12 @@ def make_runners(backend, path, types, max_ctx=256, chunk=64, forward_path="grap
 @pytest.mark.parametrize("types", TYPES, ids=str)
 def test_logits_and_greedy_match_the_reference(cuda_backend, model, types):
     ref, cuda = make_runners(cuda_backend, model, types)
-    ids = np.random.default_rng().integers(0, 1000, 77).tolist()       # prefill: 2 chunks, a partial tile
-    assert_logits_close(cuda.score(ids), ref.score(ids))
+    ids = np.random.default_rng(7).integers(0, 1000, 77).tolist()      # prefill: 2 chunks, a partial tile
+    assert_logits_close(cuda.score(ids), ref.score(ids), rel_tol(types))
     cuda.reset(), ref.reset()
     got = np.concatenate([cuda.prefill([t], all_logits=True) for t in ids[:20]])   # decode: split-K
     want = np.concatenate([ref.prefill([t], all_logits=True) for t in ids[:20]])
-    assert_logits_close(got, want)
+    assert_logits_close(got, want, rel_tol(types))
     prompt = [3, 14, 15, 92, 65]
     graph = [s.token for s in cuda.generate(prompt, SamplingParams(), 40)]
     eager = [s.token for s in cuda.generate(prompt, SamplingParams(), 40, logprobs=1)]

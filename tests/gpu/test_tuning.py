@@ -34,7 +34,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                         "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
                         "delta_cluster": 1, "gemv_xq_prepass_cols": 8192, "gemv_xq_prepass_norm_cols": 4096,
                         "gemv_swiglu_stage_bytes": 0, "gemv_swiglu_pair": 1,
-                        "gemv_xq_direct": 0, "gemv_split_cols": 0}
+                        "gemv_xq_direct": 0, "gemv_split_cols": 8192}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},

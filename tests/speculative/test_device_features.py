@@ -32,7 +32,7 @@ def verify_tree(runner, rng):
 
 
 def test_capture_writes_the_rows_the_sink_sees(make_runner):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(201)
     runner = make_runner(TARGET)
     runner.reset()
     runner.prefill(rng.integers(0, TARGET["vocab_size"], 9).tolist())
@@ -116,7 +116,7 @@ def test_pending_rows_overflow_injects_first_and_keeps_the_context(make_runner, 
     """Accepts without a propose between them (a policy's plain steps, or depth-0 steps): the device
     pending buffers (pending_cap rows) are injected when the next rows would not fit; after the
     last propose the context holds the prompt rows then every step's committed rows, in order."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(202)
     runner = make_runner(TARGET)
     drafter = make_drafter(dflash_path, runner, inject_chunk=4)
     assert drafter.pending_cap == 16                    # at least a block (16): a step's committed rows fit

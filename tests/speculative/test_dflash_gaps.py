@@ -43,7 +43,7 @@ def test_skip_keeps_absolute_positions(make_runner, dflash_path, monkeypatch):
     """begin (5 prompt rows), a verify step, a plain burst of 3, then a draft: the rows before the gap
     are injected first at positions 0..6 in slots 0..6; the block sits at position 10 in slot 7."""
     log = PositionLog(monkeypatch)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(201)
     runner = make_runner(TARGET)
     drafter = make_drafter(dflash_path, runner)
     layers = drafter.cfg.target_layer_ids
@@ -75,7 +75,7 @@ def test_auto_bursts_skip_capture_and_stay_exact(make_runner, dflash_path, monke
     modelled, not timed): the plain tokens come from greedy_continue bursts, the drafter is told
     through skip(), no verify forward runs for them, and the output is plain greedy decoding's."""
     runner = make_runner(TARGET)
-    prompt = np.random.default_rng().integers(0, TARGET["vocab_size"], 12).tolist()
+    prompt = np.random.default_rng(202).integers(0, TARGET["vocab_size"], 12).tolist()
     want = [s.token for s in runner.generate(prompt, SamplingParams(), 60)]
     drafter = make_drafter(dflash_path, runner)
     bursts, verifies, skipped = [], [], []
