@@ -11,6 +11,8 @@
 #   bench/gpu_host.sh clones       synthetic clones of the 1.5B and 0.5B files (shapes and formats) in $MODELS
 #   bench/gpu_host.sh ab MODEL [TUNING ...]  flashd bench tg128 per launch-tuning override (e.g. gemv_split_cols=8192;
 #                  "-" is the table's entry; default list: int8 activations, PDL, rounds, step bytes, the session-18 fields)
+#   bench/gpu_host.sh kv MODEL [TYPE ...]  tg128 at depth 0 and 32768 per KV cache type (default f16 q8_0 q4_0), one
+#                  build, one machine (issue 16's bar: q8_0 at 32K at least as fast as f16)
 #   bench/gpu_host.sh profile MODEL  nsys kernel summary of a short decode (if nsys is installed)
 #   bench/gpu_host.sh chain MODEL [BENCH ARGS]  a decode step's kernel chain: CUPTI tracer (bench/lab/chain_trace.c,
 #                  built there against the toolkit's CUPTI) around `flashd bench -n 64`, then chain_report.py (what each
@@ -99,6 +101,14 @@ ab)             # ab MODEL [TUNING ...]: tg128 per tuning override ("-": the tab
         flashd bench -m "$model" -p "" -n 128 -d 0 -r 3 --tuning "$tuning" 2>&1 | grep -E "^\| .*tg|^tuning"
     done | tee -a "$OUT/ab.log"
     ;;
+kv)             # kv MODEL [TYPE ...]: tg128 at depth 0 and 32768 per KV type
+    model=$1; shift
+    [ $# -gt 0 ] || set -- f16 q8_0 q4_0
+    for kv in "$@"; do
+        echo "== kv $kv"
+        flashd bench -m "$model" -p "" -n 128 -d 0,32768 -r 3 --kv-type "$kv" 2>&1 | grep -E "^\| .*tg"
+    done | tee -a "$OUT/kv.log"
+    ;;
 clones-wait)   # the clones step, in the foreground (used after setup)
     "$0" clones
     ;;
@@ -167,7 +177,7 @@ logs)
     for f in $LOGS/*; do echo "== $f"; tail -n "$n" "$f"; done
     ;;
 *)
-    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|profile|chain|ncu-src|bg|train|logs" >&2
+    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|kv|profile|chain|ncu-src|bg|train|logs" >&2
     exit 2
     ;;
 esac
