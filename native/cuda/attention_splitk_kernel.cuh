@@ -107,6 +107,26 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
     const bool* first = rc.first;
     const bool* rot = rc.rot;
     float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
+    // the new K | V row's values (own_key): element c = tid + i * THREADS, K dim c (and its rope partner) or V dim
+    // c - HD, loaded here with q's so that both global round trips overlap (they used to follow q's rotation)
+    constexpr int NI = (2 * HD + THREADS - 1) / THREADS;
+    float kv_x[NI], kv_y[NI];
+    const float* kr = p.k_new + (size_t)kvh * HD;
+    const float* vr = p.v_new + (size_t)kvh * HD;
+    if (own_key) {
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const int c = tid + i * THREADS, u = i < NU ? i : 0;
+            kv_x[i] = kv_y[i] = 0.0f;
+            if (c >= 2 * HD) continue;
+            if (c < HD) {
+                kv_x[i] = __ldg(kr + c);
+                if (rot[u]) kv_y[i] = __ldg(kr + partner[u]);
+            } else {
+                kv_x[i] = __ldg(vr + (c - HD));
+            }
+        }
+    }
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first
         const int e = tid + j * THREADS, r = e / HD, d = e % HD, u = j % NU;
@@ -122,19 +142,16 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
     }
     if (own_key) {
         const int slot = p.n_past[0];
-        const float* kr = p.k_new + (size_t)kvh * HD;
-        const float* vr = p.v_new + (size_t)kvh * HD;
 #pragma unroll
-        for (int i = 0; i < (2 * HD + THREADS - 1) / THREADS; ++i) {
+        for (int i = 0; i < NI; ++i) {
             const int c = tid + i * THREADS;
             if (c >= 2 * HD) break;
             float val;
             if (c < HD) {                               // K dim c == dim_i of the table above
                 const int u = i < NU ? i : 0;
-                const float x = __ldg(kr + c);
-                val = rot[u] ? rope_rotated(x, __ldg(kr + partner[u]), cs[u], sn[u], first[u]) : x;
+                val = rot[u] ? rope_rotated(kv_x[i], kv_y[i], cs[u], sn[u], first[u]) : kv_x[i];
             } else {
-                val = __ldg(vr + (c - HD));
+                val = kv_x[i];
             }
             if constexpr (QKV) {
                 stage[c] = val;

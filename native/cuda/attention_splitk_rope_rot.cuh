@@ -11,7 +11,8 @@
 //          float16 path computes one per dim; before pdl_wait, as that path's): the only barrier. It lives in the dequantized K | V tile at the
 //          start of the pipeline area, which the cp.async ring never writes and the main loop first writes
 //          after its first __syncthreads (so no thread can still be reading the table).
-//   new row (the block that owns the new key) warp 0 forms the RoPE'd K row in registers, subtracts the key
+//   new row (the block that owns the new key) its loads are issued with q's (load_new_row), then
+//          warp 0 forms the RoPE'd K row in registers, subtracts the key
 //          offset (p.k_offset, if any: flashd_attention.h), rotates it and
 //          encodes each 32-value block as a warp (kv_quant.cuh encode_block_warp: max by shuffles, a code per
 //          lane); warp WARPS - 1 does the same for the V row (no rotation; a float16 V is rounded). The values
@@ -41,14 +42,52 @@ __device__ __forceinline__ void rot_elem(int j, int tid, int& r, int& d) {
     d = 32 * (j % RotLayout<HD>::NR) + (tid & 31);
 }
 
-// Dim d of row x (global float32) after RoPE, cos / sin from the table (cs[j], sn[j] of pair j).
-__device__ __forceinline__ float rope_from_table(const float* x, int d, int rope_dim, bool neox, const float* cs,
+// Dim d of a row after RoPE, from its loaded values xd = x[d] and xp = x[partner of d] (unused past rope_dim),
+// cos / sin from the table (cs[j], sn[j] of pair j).
+__device__ __forceinline__ float rope_from_table(float xd, float xp, int d, int rope_dim, bool neox, const float* cs,
                                                  const float* sn) {
-    if (d >= rope_dim) return __ldg(x + d);
+    if (d >= rope_dim) return xd;
     int j, partner;
     bool first;
     rope_pair_of(d, rope_dim, neox, j, partner, first);
-    return rope_rotated(__ldg(x + d), __ldg(x + partner), cs[j], sn[j], first);
+    return rope_rotated(xd, xp, cs[j], sn[j], first);
+}
+
+// The new row's loads of warp 0 (K: x[d], x[partner], the key offset) and of warp WARPS - 1 (V), lane's dims
+// 32 r + lane: issued with q's, before the table's barrier, so their global round trip overlaps q's (they used to
+// start after q's rotation). Only the block that owns the new key loads; other warps' values stay unused.
+template <int NR>
+struct NewRowLoads {
+    float x[NR], y[NR], off[NR];
+};
+
+template <int NR>
+__device__ __forceinline__ void load_new_row(const Params& p, int kvh, int warp, int lane, bool own_key,
+                                             NewRowLoads<NR>& ld) {
+    constexpr int HD = 32 * NR;
+    if (!own_key || (warp != 0 && warp != WARPS - 1)) return;
+    const bool neox = p.neox != 0;
+    if (warp == 0) {
+        const float* kr = p.k_new + (size_t)kvh * HD;
+        const float* c = p.k_offset != nullptr ? p.k_offset + (size_t)kvh * HD : nullptr;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const int d = 32 * r + lane;
+            int j, partner;
+            bool first;
+            ld.x[r] = __ldg(kr + d);
+            ld.y[r] = 0.0f;
+            if (d < p.rope_dim) {
+                rope_pair_of(d, p.rope_dim, neox, j, partner, first);
+                ld.y[r] = __ldg(kr + partner);
+            }
+            ld.off[r] = c != nullptr ? __ldg(c + d) : 0.0f;
+        }
+    } else {
+        const float* vr = p.v_new + (size_t)kvh * HD;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) ld.x[r] = __ldg(vr + 32 * r + lane);
+    }
 }
 
 // The cos / sin table (tab: >= rope_dim floats of shared memory, see above): cs = tab[0, rope_dim / 2), sn after.
@@ -74,6 +113,8 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
     const float* cs = tab;
     const float* sn = tab + half;
     float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
+    NewRowLoads<NR> ld;
+    load_new_row<NR>(p, kvh, warp, lane, own_key, ld);
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first (they overlap the table's barrier)
         int r, d, pj, partner;
@@ -110,13 +151,11 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
     const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
     float x[NR];
     if (warp == 0) {                                    // K: RoPE, rotate, encode (kv_rotate.cuh, kv_quant.cuh)
-        const float* kr = p.k_new + (size_t)kvh * HD;
 #pragma unroll
-        for (int r = 0; r < NR; ++r) x[r] = rope_from_table(kr, 32 * r + lane, p.rope_dim, neox, cs, sn);
+        for (int r = 0; r < NR; ++r) x[r] = rope_from_table(ld.x[r], ld.y[r], 32 * r + lane, p.rope_dim, neox, cs, sn);
         if (p.k_offset != nullptr) {                    // the key offset, as fd_rope_kv_write subtracts it
-            const float* c = p.k_offset + (size_t)kvh * HD;
 #pragma unroll
-            for (int r = 0; r < NR; ++r) x[r] = __fsub_rn(x[r], __ldg(c + 32 * r + lane));
+            for (int r = 0; r < NR; ++r) x[r] = __fsub_rn(x[r], ld.off[r]);
         }
         kvq::hadamard_rotate<NR>(x, NR, block, lane);
 #pragma unroll
@@ -125,9 +164,8 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
                                                            store);
     }
     if (warp == WARPS - 1) {                            // V: as it is (float16 or q8_0 / q4_0)
-        const float* vr = p.v_new + (size_t)kvh * HD;
 #pragma unroll
-        for (int r = 0; r < NR; ++r) x[r] = __ldg(vr + 32 * r + lane);
+        for (int r = 0; r < NR; ++r) x[r] = ld.x[r];
 #pragma unroll
         for (int r = 0; r < NR; ++r)
             kv_new[HD + 32 * r + lane] = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r, x[r],
