@@ -20,6 +20,9 @@
 #   bench/gpu_host.sh ncu-src MODEL REGEX SKIP COUNT [BENCH ARGS]  ncu of COUNT launches of kernels matching REGEX
 #                  after SKIP of them (replayed alone, caches flushed), details + warp stalls by SASS line
 #                  (bench/lab/ncu_source_top.py)
+#   bench/gpu_host.sh carried-libs DIR  unpack DIR/*.so.gz (bench/prebuilt_lib.sh, built on the CPU machine) into
+#                  $HOST_DIR/libs/; then FLASHD_NATIVE_LIB=$HOST_DIR/libs/NAME.so picks one: an A/B of library versions
+#                  in one call without building here (a fresh host's build is ~130-210 s of the call)
 #   bench/gpu_host.sh bg NAME CMD...   run CMD in the background (survives the call), log $LOGS/NAME.log
 #   bench/gpu_host.sh train TARGET [ARGS]  flashd train-drafter TARGET in the background, from a copy of the code and a
 #                  working directory outside the checkout (the next call replaces the checkout, which removed a
@@ -109,6 +112,10 @@ kv)             # kv MODEL [TYPE ...]: tg128 at depth 0 and 32768 per KV type
         flashd bench -m "$model" -p "" -n 128 -d 0,32768 -r 3 --kv-type "$kv" 2>&1 | grep -E "^\| .*tg"
     done | tee -a "$OUT/kv.log"
     ;;
+carried-libs)   # carried-libs DIR: the prebuilt libraries carried in DIR, unpacked
+    mkdir -p $HOST_DIR/libs
+    for f in "$1"/*.so.gz; do gunzip -c "$f" > $HOST_DIR/libs/$(basename "$f" .gz) && echo "$HOST_DIR/libs/$(basename "$f" .gz)"; done
+    ;;
 clones-wait)   # the clones step, in the foreground (used after setup)
     "$0" clones
     ;;
@@ -177,7 +184,7 @@ logs)
     for f in $LOGS/*; do echo "== $f"; tail -n "$n" "$f"; done
     ;;
 *)
-    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|kv|profile|chain|ncu-src|bg|train|logs" >&2
+    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|kv|carried-libs|profile|chain|ncu-src|bg|train|logs" >&2
     exit 2
     ;;
 esac
