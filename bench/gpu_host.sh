@@ -8,7 +8,9 @@
 #   bench/gpu_host.sh llama        build llama-bench from the sdist in the background (setsid)
 #   bench/gpu_host.sh test [ARGS]  GPU test suite (pytest -m gpu), log under $OUT
 #   bench/gpu_host.sh bench        flashd vs llama.cpp table for the real models, under $OUT
-#   bench/gpu_host.sh clones       synthetic clones of the 1.5B and 0.5B files (shapes and formats) in $MODELS
+#   bench/gpu_host.sh clones [--random-blocks]  synthetic clones of the 1.5B and 0.5B files (shapes and formats) in
+#                  $MODELS; --random-blocks: random valid blocks instead of quantized random weights (seconds instead
+#                  of minutes; the kernels' work is the same, for speed runs; written as clone-*-rb.gguf)
 #   bench/gpu_host.sh ab MODEL [TUNING ...]  flashd bench tg128 per launch-tuning override (e.g. gemv_split_cols=8192;
 #                  "-" is the table's entry; default list: int8 activations, PDL, rounds, step bytes, the session-18 fields)
 #   bench/gpu_host.sh kv MODEL [TYPE ...]  tg128 at depth 0 and 32768 per KV cache type (default f16 q8_0 q4_0), one
@@ -20,6 +22,8 @@
 #   bench/gpu_host.sh ncu-src MODEL REGEX SKIP COUNT [BENCH ARGS]  ncu of COUNT launches of kernels matching REGEX
 #                  after SKIP of them (replayed alone, caches flushed), details + warp stalls by SASS line
 #                  (bench/lab/ncu_source_top.py)
+#   bench/gpu_host.sh ab-libs MODEL [BENCH ARGS] -- LIB ...  `flashd bench` per carried library (carried-libs), e.g.
+#                  `ab-libs M -n 128 -d 0,32768 --kv-type q8_0 -- main spread`
 #   bench/gpu_host.sh carried-libs DIR  unpack DIR/*.so.gz (bench/prebuilt_lib.sh, built on the CPU machine) into
 #                  $HOST_DIR/libs/; then FLASHD_NATIVE_LIB=$HOST_DIR/libs/NAME.so picks one: an A/B of library versions
 #                  in one call without building here (a fresh host's build is ~130-210 s of the call)
@@ -89,11 +93,22 @@ bench)
         --model $MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
     ;;
 clones)
+    sfx=""; [ "${1:-}" = --random-blocks ] && sfx=-rb
     for preset in qwen2.5-coder-1.5b-q4_k_m qwen2.5-coder-0.5b-q4_k_m; do
-        [ -f $MODELS/clone-$preset.gguf ] || python3 -m flashd.scripts.make_synthetic_gguf \
-            $MODELS/clone-$preset.gguf --preset $preset -q
+        [ -f $MODELS/clone-$preset$sfx.gguf ] || python3 -m flashd.scripts.make_synthetic_gguf \
+            $MODELS/clone-$preset$sfx.gguf --preset $preset -q "$@"
     done
     ls -la $MODELS
+    ;;
+ab-libs)        # ab-libs MODEL BENCH_ARGS -- LIB ...: `flashd bench` per carried library ($HOST_DIR/libs/LIB.so), one machine
+    model=$1; shift
+    args=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+    shift
+    for lib in "$@"; do
+        echo "== $lib ${args[*]}"
+        FLASHD_NATIVE_LIB=$HOST_DIR/libs/$lib.so flashd bench -m "$model" -p "" -r 3 "${args[@]}" 2>&1 | grep -E "^\| .*tg"
+    done | tee -a "$OUT/ab-libs.log"
     ;;
 ab)             # ab MODEL [TUNING ...]: tg128 per tuning override ("-": the table's entry), one build, one machine
     model=$1; shift
@@ -184,7 +199,7 @@ logs)
     for f in $LOGS/*; do echo "== $f"; tail -n "$n" "$f"; done
     ;;
 *)
-    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|kv|carried-libs|profile|chain|ncu-src|bg|train|logs" >&2
+    echo "usage: $0 setup|recv|assemble|llama|test|bench|clones|ab|ab-libs|kv|carried-libs|profile|chain|ncu-src|bg|train|logs" >&2
     exit 2
     ;;
 esac
