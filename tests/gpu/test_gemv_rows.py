@@ -18,8 +18,8 @@ from gguf import GGMLQuantizationType as T
 
 from flashd.scripts.random_weights import cols_of, random_weights
 
-from tests.gpu.test_gemv import (EPS, FD_E_ARG, assert_close, bits, call_gemv, int8_x_bound, normed64, rows_path,
-                                 run_multi, weights64)
+from tests.gpu.test_gemv import (EPS, FD_E_ARG, assert_close, bits, call_gemv, call_kind, call_swiglu, int8_x_bound,
+                                 normed64, rows_path, run_multi, weights64)
 
 ROWS_FORMATS = [T.Q4_K, T.Q6_K, T.Q8_0]
 
@@ -108,13 +108,6 @@ def test_multi_against_float64(native, dev, rng, poisoned, rows_on, case, n_x):
             want = xn @ W.T + (b if b is not None else 0)
             assert_close(dev.download(y), want, np.abs(xn) @ np.abs(W).T, np.abs(b) if b is not None else 0,
                          what=f"matrix {k} ({mats[k][0].name}) norm={use_norm}", bound=int8_x_bound(xn, W, rows=True))
-
-
-def call_swiglu(native, dev, y, dg, qg, du, qu, rows, cols, d_x, n_x, d_norm):
-    native.check(native.lib.fd_gemv_swiglu(dev.p(y, "float*"), dev.p(dg), int(qg), dev.p(du), int(qu), rows, cols,
-                                           dev.p(d_x, "float*"), n_x, dev.p(d_norm, "float*"), EPS, dev.stream),
-                 "fd_gemv_swiglu")
-    dev.synchronize()
 
 
 @pytest.mark.parametrize("n_x", [1, 5, 16, 32])
@@ -252,14 +245,8 @@ def test_the_ctas_own_x_copy_is_the_pre_pass_bit_for_bit(native, dev, rng, poiso
     d_norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
 
     def run(n_x, norm):
-        outs = [poisoned((n_x, rows)), poisoned((n_x, rows))]
-        if kind == "gemv":
-            call_gemv(native, dev, outs[0], d_a, qa, rows, cols, x, n_x, norm, None, None)
-        elif kind == "multi":
-            run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [None, None], cols, x, n_x, norm)
-        else:
-            call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, x, n_x, norm)
-        return [bits(dev.download(o)) for o in outs[:1 if kind != "multi" else 2]]
+        return [bits(o) for o in call_kind(native, dev, poisoned, kind, d_a, qa, d_b, qb, rows, cols, x, n_x, norm,
+                                           None)]
 
     cases = [(n_x, norm) for n_x in range(1, 10) for norm in (None, d_norm)]
     native.set_tuning(gemv_rows_fuse_nx=0)
