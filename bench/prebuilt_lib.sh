@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # prebuilt_lib.sh REF NAME [OUTDIR [PATCH ...]] -- build the CUDA library of git ref REF (with the lab's PATCHes applied,
-# e.g. bench/lab/attn_encode_spread.patch) for sm_90 on this (CPU-only) machine and
+# e.g. bench/lab/persistent_ports.patch) for sm_90 on this (CPU-only) machine and
 # write it gzipped to OUTDIR/NAME.so.gz (default OUTDIR .libs/, git-ignored locally), so that a GPU-host call can A/B
 # several versions without building there (bench/gpu_host.sh carried-libs; the host's toolkit and this nvcc must be
 # the same release, as flashd's build flags are). Two cores: ~6-9 minutes a library; ~17 MB gzipped each, so two fit

@@ -12,10 +12,10 @@
 //          start of the pipeline area, which the cp.async ring never writes and the main loop first writes
 //          after its first __syncthreads (so no thread can still be reading the table).
 //   new row (the block that owns the new key) its loads are issued with q's (load_new_row), then
-//          warp 0 forms the RoPE'd K row in registers, subtracts the key
-//          offset (p.k_offset, if any: flashd_attention.h), rotates it and
-//          encodes each 32-value block as a warp (kv_quant.cuh encode_block_warp: max by shuffles, a code per
-//          lane); warp WARPS - 1 does the same for the V row (no rotation; a float16 V is rounded). The values
+//          the K warps (the first half, SIDE_WARPS) each form the RoPE'd K row in registers, subtract the key
+//          offset (p.k_offset, if any: flashd_attention.h) and rotate it, and each encodes its share of the
+//          32-value blocks as a warp (kv_quant.cuh encode_block_warp: max by shuffles, a code per lane); the V
+//          warps do the same for the V row (no rotation; a float16 V is rounded). The values
 //          the tiles will hold (float16(d * q) or float16(x)) go to kv_new, read only after the main loop's
 //          first __syncthreads; the codes and scales (store) go to the cache at slot n_past.
 #pragma once
@@ -53,9 +53,17 @@ __device__ __forceinline__ float rope_from_table(float xd, float xp, int d, int 
     return rope_rotated(xd, xp, cs[j], sn[j], first);
 }
 
-// The new row's loads of warp 0 (K: x[d], x[partner], the key offset) and of warp WARPS - 1 (V), lane's dims
-// 32 r + lane: issued with q's, before the table's barrier, so their global round trip overlaps q's (they used to
-// start after q's rotation). Only the block that owns the new key loads; other warps' values stay unused.
+// The new row's side of a warp: warps [0, SIDE_WARPS) form the K row, warps [SIDE_WARPS, WARPS) the V row, and warp
+// part (its index within its side) encodes blocks [part NR / SIDE_WARPS, + NR / SIDE_WARPS) of it: the encoders (a
+// max by shuffles, two IEEE divisions, a code per lane) run on every warp instead of two, in half the sequence. Each
+// block is encoded and stored by one warp; the K warps each form the whole rotated row (its Hadamard rotation mixes
+// all of it), the same instructions on the same values.
+constexpr int SIDE_WARPS = WARPS / 2;
+static_assert(WARPS % 2 == 0, "K and V sides of equal size");
+
+// The new row's loads of a K warp (x[d], x[partner], the key offset) or a V warp (v[d]), lane's dims 32 r + lane:
+// issued with q's, before the table's barrier, so their global round trip overlaps q's (they used to start after
+// q's rotation). Only the block that owns the new key loads.
 template <int NR>
 struct NewRowLoads {
     float x[NR], y[NR], off[NR];
@@ -65,9 +73,9 @@ template <int NR>
 __device__ __forceinline__ void load_new_row(const Params& p, int kvh, int warp, int lane, bool own_key,
                                              NewRowLoads<NR>& ld) {
     constexpr int HD = 32 * NR;
-    if (!own_key || (warp != 0 && warp != WARPS - 1)) return;
+    if (!own_key) return;
     const bool neox = p.neox != 0;
-    if (warp == 0) {
+    if (warp < SIDE_WARPS) {
         const float* kr = p.k_new + (size_t)kvh * HD;
         const float* c = p.k_offset != nullptr ? p.k_offset + (size_t)kvh * HD : nullptr;
 #pragma unroll
@@ -147,10 +155,13 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
 #pragma unroll
         for (int r = 0; r < NR; ++r) qv[i * NR + r] = x[r];
     }
-    if (!own_key || (warp != 0 && warp != WARPS - 1)) return;
+    if (!own_key) return;
+    static_assert(NR % SIDE_WARPS == 0, "a side's blocks split evenly over its warps");
+    constexpr int NB = NR / SIDE_WARPS;                 // blocks a warp encodes
+    const int part = warp % SIDE_WARPS;                 // this warp's blocks: r / NB == part (r unrolled: registers)
     const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
     float x[NR];
-    if (warp == 0) {                                    // K: RoPE, rotate, encode (kv_rotate.cuh, kv_quant.cuh)
+    if (warp < SIDE_WARPS) {                            // K: RoPE, rotate, encode (kv_rotate.cuh, kv_quant.cuh)
 #pragma unroll
         for (int r = 0; r < NR; ++r) x[r] = rope_from_table(ld.x[r], ld.y[r], 32 * r + lane, p.rope_dim, neox, cs, sn);
         if (p.k_offset != nullptr) {                    // the key offset, as fd_rope_kv_write subtracts it
@@ -160,16 +171,15 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
         kvq::hadamard_rotate<NR>(x, NR, block, lane);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
-            kv_new[32 * r + lane] = kvq::encode_block_warp(p.kq, p.k_store + row * HD, k_type, row, r, x[r], lane,
-                                                           store);
-    }
-    if (warp == WARPS - 1) {                            // V: as it is (float16 or q8_0 / q4_0)
-#pragma unroll
-        for (int r = 0; r < NR; ++r) x[r] = ld.x[r];
+            if (r / NB == part)
+                kv_new[32 * r + lane] = kvq::encode_block_warp(p.kq, p.k_store + row * HD, k_type, row, r, x[r], lane,
+                                                               store);
+    } else {                                            // V: as it is (float16 or q8_0 / q4_0)
 #pragma unroll
         for (int r = 0; r < NR; ++r)
-            kv_new[HD + 32 * r + lane] = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r, x[r],
-                                                                lane, store);
+            if (r / NB == part)
+                kv_new[HD + 32 * r + lane] = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r,
+                                                                    ld.x[r], lane, store);
     }
 }
 
