@@ -172,6 +172,44 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
     }
 }
 
+// ---- the fragment step's tile (FRAG: attention_splitk_qfrag.cuh) -------------------------------------------
+// The warp's 16 keys v0 .. v0 + 15 of landed raw stage src (K side: codes [TILE][KCB + CODE_PAD], scales
+// [TILE][NB]; then V's alike). ROPE: if the new key (slot new_key) is one of them, its row in the stage -- the
+// cache's stale copy -- is first overwritten by the warp with the raw new row (rope_stage_rotated's, in raw_new;
+// the stage is refilled only after the next __syncthreads), as (a) below does on the float16 tile.
+template <int HD, int KT, int VT, bool ROPE>
+__device__ __forceinline__ void frag_tile(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, uint8_t* src,
+                                          const __half* raw_new, int new_key, int v0, int L) {
+#if FD_ATTN_MMA
+    constexpr int NB = HD / kvq::BLOCK;
+    constexpr int KCB = KT == FD_KV_Q8_0 ? HD : HD / 2, VCB = VT == FD_KV_Q8_0 ? HD : HD / 2;
+    constexpr int KS = KCB + CODE_PAD, VS = VCB + CODE_PAD;       // staged code row strides
+    const int lane = threadIdx.x & 31, row0 = (threadIdx.x >> 5) * WARP_SLOTS;   // the warp's first tile row
+    uint8_t* k_codes = src;
+    __half* k_scales = reinterpret_cast<__half*>(src + TILE * KS);
+    uint8_t* v_codes = src + TILE * (KS + 2 * NB);
+    __half* v_scales = reinterpret_cast<__half*>(v_codes + TILE * VS);
+    if constexpr (ROPE) {
+        if (new_key >= v0 && new_key < v0 + WARP_SLOTS) {          // warp-uniform: the new key is ours
+            const int i = row0 + new_key - v0;
+            const uint8_t* raw = reinterpret_cast<const uint8_t*>(raw_new);
+            const int vo = raw_new_v(HD, KT);
+            for (int w = lane; w < KCB / 4; w += 32)
+                reinterpret_cast<uint32_t*>(k_codes + i * KS)[w] = reinterpret_cast<const uint32_t*>(raw)[w];
+            for (int w = lane; w < VCB / 4; w += 32)
+                reinterpret_cast<uint32_t*>(v_codes + i * VS)[w] = reinterpret_cast<const uint32_t*>(raw + vo)[w];
+            if (lane < NB) {
+                k_scales[i * NB + lane] = reinterpret_cast<const __half*>(raw + KCB)[lane];
+                v_scales[i * NB + lane] = reinterpret_cast<const __half*>(raw + vo + VCB)[lane];
+            }
+            __syncwarp();
+        }
+    }
+    warp_step_q<HD, KT, VT>(st, q_hi, q_lo, k_codes + row0 * KS, k_scales + row0 * NB, v_codes + row0 * VS,
+                            v_scales + row0 * NB, v0, L);
+#endif
+}
+
 // ---- the block ----------------------------------------------------------------------------
 // grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
 //
@@ -208,6 +246,7 @@ template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");
     constexpr int k_type = KVT >> 2, v_type = KVT & 3;
+    constexpr bool FRAG = QKV && frag_types(KVT);     // both quantized: fragments from the raw ring (qfrag.cuh)
     using C = Cfg<HD>;
     constexpr int LD = C::LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -215,10 +254,10 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     __half* q_lo = q_hi + ROWS * LD;
     int* list = reinterpret_cast<int*>(q_lo + ROWS * LD);   // [MAX_NEW] visible new slots (masked mode)
     __half* pipe = reinterpret_cast<__half*>(list + MAX_NEW);   // STAGES x (K [TILE][LD], V [TILE][LD])
-    // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh)
+    // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh); FRAG: the raw ring alone
     constexpr int N_STAGES = QKV ? QCfg<HD>::STAGES : C::STAGES;
-    uint8_t* qring = reinterpret_cast<uint8_t*>(pipe + 2 * TILE * LD);
-    const QSide k_side = qside(p.k_cache, p.kq, k_type, HD), v_side = qside(p.v_cache, p.vq, v_type, HD);
+    uint8_t* qring = reinterpret_cast<uint8_t*>(FRAG ? pipe : pipe + 2 * TILE * LD);
+    const QSide k_side = qside(p.k_cache, p.kq, k_type, HD, FRAG), v_side = qside(p.v_cache, p.vq, v_type, HD, FRAG);
     const int q_stage_bytes = TILE * (k_side.row_bytes + v_side.row_bytes);
     float* m_s = reinterpret_cast<float*>(pipe);      // merge area, after the pipeline drains
     float* l_s = m_s + WARPS * ROWS;
@@ -303,12 +342,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
                 uint8_t* dst = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
                 const size_t head_row = (size_t)kvh * p.max_ctx;
                 if (v0 + TILE <= direct_end) {         // keys are slots, all visible: no per-row checks
-                    stage_tile<HD>(dst, k_side, v_side, [&](int i, bool& valid, size_t& row) {
+                    stage_tile<HD, FRAG ? CODE_PAD : 0>(dst, k_side, v_side, [&](int i, bool& valid, size_t& row) {
                         valid = true;
                         row = head_row + v0 + i;
                     }, tid);
                 } else {
-                    stage_tile<HD>(dst, k_side, v_side, [&](int i, bool& valid, size_t& row) {
+                    stage_tile<HD, FRAG ? CODE_PAD : 0>(dst, k_side, v_side, [&](int i, bool& valid, size_t& row) {
                         const int v = v0 + i;
                         valid = v < L;                 // past L: zero-filled
                         row = head_row + (!valid ? 0 : v < direct_end ? v : n_past + list[v - n_past]);
@@ -340,8 +379,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     for (int s = 0; s < N_STAGES - 1; ++s) load_tile(s);    // in flight while q is staged
     constexpr bool ROT_K = ROPE && QKV && k_type != FD_KV_F16;   // a quantized K: rope_stage_rotated's own coefficients
     RopeCoefs<HD> rc;
+    // ROT_K's cos / sin table: in the dequantized tile, or (FRAG, no such tile) in the ring's last stage -- neither is
+    // written before the main loop's first __syncthreads
+    float* rope_tab = reinterpret_cast<float*>(FRAG ? qring + (size_t)(N_STAGES - 1) * q_stage_bytes
+                                                    : reinterpret_cast<uint8_t*>(pipe));
     if constexpr (ROPE && !ROT_K) rope_coefs<HD>(p, tid, rc);
-    if constexpr (ROT_K) rope_table_rotated(p, reinterpret_cast<float*>(pipe), tid);   // the dequantized tile: free
+    if constexpr (ROT_K) rope_table_rotated(p, rope_tab, tid);
     if constexpr (ROPE) {
         pdl_wait();              // q and the new K/V row are the QKV projection's
         pdl_launch_dependents();
@@ -359,8 +402,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
         }
     } else if constexpr (ROT_K) {
-        rope_stage_rotated<HD>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
-                               reinterpret_cast<float*>(pipe), k_type, v_type);   // the dequantized tile: free until the main loop
+        rope_stage_rotated<HD, FRAG>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,
+                                     blockIdx.z % p.row_tiles == 0, rope_tab, k_type, v_type);
     } else {
         rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
                             reinterpret_cast<float*>(q_hi), k_type, v_type);   // q_hi is written only after this
@@ -372,8 +415,9 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         if (rot_layout) rot_elem<HD>(j, tid, r, d);
         const float v = qv[j] * p.q_scale;
         const __half hi = __float2half_rn(v);
-        q_hi[r * LD + d] = hi;
-        q_lo[r * LD + d] = __float2half_rn(v - __half2float(hi));
+        const int at = r * LD + (FRAG ? qfrag_pos(d) : d);      // FRAG: the fragments' dim order
+        q_hi[at] = hi;
+        q_lo[at] = __float2half_rn(v - __half2float(hi));
     }
 
     WarpState<HD> st;
@@ -385,7 +429,10 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         load_tile(k + N_STAGES - 1);
         const int v0 = comp_cur.v0 + warp * WARP_SLOTS;
         advance(comp_cur);
-        if (v0 < L) {
+        if constexpr (FRAG) {
+            if (v0 < L) frag_tile<HD, k_type, v_type, ROPE>(st, q_hi, q_lo, qring + (size_t)(k % N_STAGES) * q_stage_bytes,
+                                                             kv_new, new_key, v0, L);
+        } else if (v0 < L) {
             __half* ks = pipe + (size_t)(QKV ? 0 : k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
             if constexpr (QKV) {                       // this warp's rows of tile k, dequantized
                 const uint8_t* src = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
@@ -408,7 +455,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     }
     cp_async_wait<0>();
     __syncthreads();                                   // the pipeline area becomes the merge area
-    warp_store<HD>(st, m_s, l_s, o_s);
+    if constexpr (FRAG) warp_store_q<HD>(st, m_s, l_s, o_s);
+    else warp_store<HD>(st, m_s, l_s, o_s);
     __syncthreads();
 
     // merge the warps' states: per-row weights first, then float4 sweeps over the outputs

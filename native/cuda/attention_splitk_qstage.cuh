@@ -27,7 +27,7 @@
 // tests/emulation/test_kv_quant_stage_emulation.py emulates the copy mapping and the dequantizing reads.
 #pragma once
 
-#include "attention_splitk_warp.cuh"
+#include "attention_splitk_qfrag.cuh"
 
 namespace fd {
 namespace attn {
@@ -40,12 +40,20 @@ struct QCfg {
     static_assert(HD % kvq::BLOCK == 0, "quantized rows are whole 32-value blocks");
 };
 
-// Shared memory of splitk_kernel<HD, *, true> for these K and V types.
+// Bytes of one tile row of a side in a raw stage: kvq::staged_row_bytes, plus CODE_PAD after a quantized row's
+// codes where the fragment step reads them (pad).
+__host__ __device__ inline int raw_row_bytes(int type, int head_dim, bool pad) {
+    return kvq::staged_row_bytes(type, head_dim) + (pad && type != FD_KV_F16 ? CODE_PAD : 0);
+}
+
+// Shared memory of splitk_kernel<HD, *, true> for these K and V types: the float16 tile (none for the fragment
+// step: attention_splitk_qfrag.cuh), the raw ring, or the merge area if larger.
 template <int HD>
 size_t qkv_smem_bytes(int k_type, int v_type) {
     using C = Cfg<HD>;
-    const int row_bytes = kvq::staged_row_bytes(k_type, HD) + kvq::staged_row_bytes(v_type, HD);
-    const size_t pipe = C::STAGE_BYTES + (size_t)QCfg<HD>::STAGES * TILE * row_bytes;
+    const bool frag = frag_types(k_type * 4 + v_type);
+    const int row_bytes = raw_row_bytes(k_type, HD, frag) + raw_row_bytes(v_type, HD, frag);
+    const size_t pipe = (frag ? 0 : C::STAGE_BYTES) + (size_t)QCfg<HD>::STAGES * TILE * row_bytes;
     return C::Q_BYTES + C::LIST_BYTES + (pipe > C::MERGE_BYTES ? pipe : C::MERGE_BYTES);
 }
 
@@ -54,26 +62,27 @@ struct QSide {
     const uint8_t* codes;      // quantized: the plane's codes; float16: the cache's rows
     const uint8_t* scales;     // quantized: the plane's scales (unused for float16)
     int type;                  // FD_KV_*
-    int row_bytes;             // kvq::staged_row_bytes(type, HD): the side's bytes per tile row in a raw stage
+    int row_bytes;             // raw_row_bytes(type, HD, pad): the side's bytes per tile row in a raw stage
 };
 
-__host__ __device__ inline QSide qside(const __half* f16, const kvq::Plane& pl, int type, int head_dim) {
+__host__ __device__ inline QSide qside(const __half* f16, const kvq::Plane& pl, int type, int head_dim, bool pad) {
     if (type == FD_KV_F16) return QSide{reinterpret_cast<const uint8_t*>(f16), nullptr, type, 2 * head_dim};
-    return QSide{pl.codes, reinterpret_cast<const uint8_t*>(pl.scales), type, kvq::staged_row_bytes(type, head_dim)};
+    return QSide{pl.codes, reinterpret_cast<const uint8_t*>(pl.scales), type, raw_row_bytes(type, head_dim, pad)};
 }
 
-// Copies of one side of a tile into its raw stage dst: CC 16-byte chunks of a row's CC * 16 bytes, then
-// (SB > 0) SB bytes of its scales. Chunk c = tid + j * THREADS is row c / CC, chunk c % CC, at dst + 16 c; as
-// THREADS % CC == 0, a thread keeps chunk tid % CC of rows tid / CC + j * THREADS / CC. row_of(i, valid,
+// Copies of one side of a tile into its raw stage dst: CC 16-byte chunks of a row's CC * 16 bytes (rows
+// CC * 16 + PAD bytes apart in dst), then (SB > 0) SB bytes of its scales. Chunk c = tid + j * THREADS is row
+// c / CC, chunk c % CC, at dst + (c / CC) (CC * 16 + PAD) + 16 (c % CC); as THREADS % CC == 0, a thread keeps
+// chunk tid % CC of rows tid / CC + j * THREADS / CC. row_of(i, valid,
 // cache_row) gives tile row i's cache row (kv_head * max_ctx + slot; a valid address also when !valid).
 // An invalid row's codes are cp.async's zero fill, except q4_0's (Q4 true): there code byte 0 is the value
 // pair (-8, -8), which with the zero-filled scale dequantizes to -0.0; a plain shared store of 0x88 (code 8,
 // value +0.0) instead, so the tile holds +0.0 past the visible keys as the synchronous loader's zeros were
 // (the slot is free after the ring's barrier and the store is published by the next one, like the copies).
-template <int CC, int SB, bool Q4, class RowOf>
+template <int CC, int SB, bool Q4, int PAD, class RowOf>
 __device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* codes, const uint8_t* scales, RowOf row_of,
                                            int tid) {
-    constexpr int ROW_STEP = THREADS / CC;
+    constexpr int ROW_STEP = THREADS / CC, STRIDE = CC * 16 + PAD;
     static_assert(THREADS % CC == 0 && TILE % ROW_STEP == 0, "a side's chunks split evenly over the threads");
     const uint8_t* src = codes + (tid % CC) * 16;
 #pragma unroll 4   // (fully unrolled, HD 256 spills: the warp's o[] is live across the loader)
@@ -81,7 +90,7 @@ __device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* codes, c
         bool valid;
         size_t row;
         row_of(tid / CC + j * ROW_STEP, valid, row);
-        uint8_t* d = dst + 16 * (tid + j * THREADS);
+        uint8_t* d = dst + (tid / CC + j * ROW_STEP) * STRIDE + 16 * (tid % CC);
         if (!Q4 || valid)
             cp_async16(d, src + row * (CC * 16), valid);
         else
@@ -93,27 +102,28 @@ __device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* codes, c
             bool valid;
             size_t row;
             row_of(tid, valid, row);
-            cp_async_small<SB>(dst + TILE * CC * 16 + SB * tid, scales + row * SB, valid);
+            cp_async_small<SB>(dst + TILE * STRIDE + SB * tid, scales + row * SB, valid);
         }
     }
 }
 
-template <int HD, class RowOf>
+// PAD: CODE_PAD after each quantized row's codes (the fragment step's layout), else 0.
+template <int HD, int PAD, class RowOf>
 __device__ __forceinline__ void stage_side(uint8_t* dst, const QSide& s, RowOf row_of, int tid) {
     constexpr int SB = QCfg<HD>::SCALE_BYTES;
     if (s.type == FD_KV_Q8_0)
-        stage_rows<HD / 16, SB, false>(dst, s.codes, s.scales, row_of, tid);
+        stage_rows<HD / 16, SB, false, PAD>(dst, s.codes, s.scales, row_of, tid);
     else if (s.type == FD_KV_Q4_0)
-        stage_rows<HD / 32, SB, true>(dst, s.codes, s.scales, row_of, tid);
+        stage_rows<HD / 32, SB, true, PAD>(dst, s.codes, s.scales, row_of, tid);
     else
-        stage_rows<HD / 8, 0, false>(dst, s.codes, s.scales, row_of, tid);
+        stage_rows<HD / 8, 0, false, 0>(dst, s.codes, s.scales, row_of, tid);
 }
 
 // A tile's K side then V side into raw stage dst (TILE * k.row_bytes bytes of K first).
-template <int HD, class RowOf>
+template <int HD, int PAD, class RowOf>
 __device__ __forceinline__ void stage_tile(uint8_t* dst, const QSide& k, const QSide& v, RowOf row_of, int tid) {
-    stage_side<HD>(dst, k, row_of, tid);
-    stage_side<HD>(dst + TILE * k.row_bytes, v, row_of, tid);
+    stage_side<HD, PAD>(dst, k, row_of, tid);
+    stage_side<HD, PAD>(dst + TILE * k.row_bytes, v, row_of, tid);
 }
 
 // Tile rows [row0, row0 + WARP_SLOTS) of one side's raw stage src -> the float16 tile rows at tile (row

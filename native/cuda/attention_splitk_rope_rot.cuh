@@ -107,10 +107,17 @@ __device__ __forceinline__ void rope_table_rotated(const Params& p, float* tab, 
         rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, tab[j], tab[half + j]);
 }
 
+// The raw new row (RAW: both sides quantized, the fragment step) in the list area: K codes, K scales, then from
+// raw_new_v(HD, k_type) (16-byte aligned) V codes and V scales -- at most 2 (HD + HD / 16) + 16 bytes.
+__host__ __device__ inline int raw_new_v(int head_dim, int k_type) {
+    return (kvq::code_bytes(k_type, head_dim) + head_dim / 16 + 15) & ~15;
+}
+
 // qv <- the tile's q rows RoPE'd and rotated (rotated layout; rows past the group exactly 0); if own_key, the new
-// K | V rows are encoded into kv_new (2 HD halves) and, if store, the cache. tab: rope_table_rotated's table,
-// written by this block before (its barrier is here). Block-uniform: every thread calls it.
-template <int HD>
+// K | V rows are encoded into kv_new (2 HD halves; RAW: their codes and scales, laid out as raw_new_v says) and,
+// if store, the cache. tab: rope_table_rotated's table, written by this block before (its barrier is here).
+// Block-uniform: every thread calls it.
+template <int HD, bool RAW = false>
 __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[ROWS * HD / THREADS],
                                                    const float* q_tok, int row0, int kvh, int tid, bool own_key,
                                                    __half* kv_new, bool store, const float* tab, int k_type,
@@ -160,6 +167,10 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
     constexpr int NB = NR / SIDE_WARPS;                 // blocks a warp encodes
     const int part = warp % SIDE_WARPS;                 // this warp's blocks: r / NB == part (r unrolled: registers)
     const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
+    uint8_t* raw = reinterpret_cast<uint8_t*>(kv_new);
+    const int kcb = kvq::code_bytes(k_type, HD), vcb = kvq::code_bytes(v_type, HD), vo = raw_new_v(HD, k_type);
+    const kvq::Plane k_copy{raw, reinterpret_cast<__half*>(raw + kcb), kcb, HD / kvq::BLOCK};
+    const kvq::Plane v_copy{raw + vo, reinterpret_cast<__half*>(raw + vo + vcb), vcb, HD / kvq::BLOCK};
     float x[NR];
     if (warp < SIDE_WARPS) {                            // K: RoPE, rotate, encode (kv_rotate.cuh, kv_quant.cuh)
 #pragma unroll
@@ -171,15 +182,19 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
         kvq::hadamard_rotate<NR>(x, NR, block, lane);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
-            if (r / NB == part)
-                kv_new[32 * r + lane] = kvq::encode_block_warp(p.kq, p.k_store + row * HD, k_type, row, r, x[r], lane,
-                                                               store);
+            if (r / NB == part) {
+                const __half v = kvq::encode_block_warp(p.kq, p.k_store + row * HD, k_type, row, r, x[r], lane, store,
+                                                        RAW ? &k_copy : nullptr);
+                if constexpr (!RAW) kv_new[32 * r + lane] = v;
+            }
     } else {                                            // V: as it is (float16 or q8_0 / q4_0)
 #pragma unroll
         for (int r = 0; r < NR; ++r)
-            if (r / NB == part)
-                kv_new[HD + 32 * r + lane] = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r,
-                                                                    ld.x[r], lane, store);
+            if (r / NB == part) {
+                const __half v = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r, ld.x[r], lane,
+                                                        store, RAW ? &v_copy : nullptr);
+                if constexpr (!RAW) kv_new[HD + 32 * r + lane] = v;
+            }
     }
 }
 

@@ -95,15 +95,13 @@ struct WarpState {
     }
 };
 
-// One warp: 16 query rows x 16 keys (ks/vs point at the warp's first key row in shared memory);
-// keys v0 + i with v0 + i >= L are masked out.
+// S (16 q rows x the warp's 16 keys) = q k^T, q split into f16 hi + lo (ks: the warp's first key row in shared
+// memory). (hi, lo) x (even, odd k-step) x 2 slot groups: eight independent mma chains, so the tensor-core
+// latency overlaps within the warp.
 template <int HD>
-__device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, const __half* ks,
-                                          const __half* vs, int v0, int L) {
+__device__ __forceinline__ void warp_scores(float (&s)[2][4], const __half* q_hi, const __half* q_lo, const __half* ks) {
     constexpr int LD = Cfg<HD>::LD;
-    const int lane = threadIdx.x & 31, mi = lane >> 3, t2 = (lane & 3) * 2;
-    // (hi, lo) x (even, odd k-step) x 2 slot groups: eight independent mma chains, so the
-    // tensor-core latency overlaps within the warp
+    const int lane = threadIdx.x & 31, mi = lane >> 3;
     float acc[2][2][2][4];
 #pragma unroll
     for (int a = 0; a < 2; ++a)
@@ -124,13 +122,19 @@ __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi,
         mma16816(acc[0][kk & 1][1], ah, b[2], b[3]);
         mma16816(acc[1][kk & 1][1], al, b[2], b[3]);
     }
-    float s[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             s[j][e] = (acc[0][0][j][e] + acc[0][1][j][e]) + (acc[1][0][j][e] + acc[1][1][j][e]);
-    // mask, online softmax (log2 domain)
+}
+
+// The scores s of keys v0 .. v0 + 15 (v0 + i >= L masked out) into the online softmax (log2 domain): st's m, l
+// and o rescaled, P (16 rows x 16 slots, the A operand of P v: k = slot) split into f16 hi + lo.
+template <int HD>
+__device__ __forceinline__ void warp_softmax(WarpState<HD>& st, float (&s)[2][4], int v0, int L, uint32_t (&ph)[4],
+                                             uint32_t (&pl)[4]) {
+    const int t2 = (threadIdx.x & 3) * 2;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -168,12 +172,23 @@ __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi,
             st.o[nt][3] *= alpha[1];
         }
     }
-    // P (16 rows x 16 slots) as the A operand: k = slot
-    uint32_t ph[4], pl[4];
     split_pack(s[0][0], s[0][1], ph[0], pl[0]);
     split_pack(s[0][2], s[0][3], ph[1], pl[1]);
     split_pack(s[1][0], s[1][1], ph[2], pl[2]);
     split_pack(s[1][2], s[1][3], ph[3], pl[3]);
+}
+
+// One warp: 16 query rows x 16 keys (ks/vs point at the warp's first key row in shared memory);
+// keys v0 + i with v0 + i >= L are masked out.
+template <int HD>
+__device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, const __half* ks,
+                                          const __half* vs, int v0, int L) {
+    constexpr int LD = Cfg<HD>::LD;
+    const int lane = threadIdx.x & 31, mi = lane >> 3;
+    float s[2][4];
+    warp_scores<HD>(s, q_hi, q_lo, ks);
+    uint32_t ph[4], pl[4];
+    warp_softmax<HD>(st, s, v0, L, ph, pl);
 #pragma unroll
     for (int np = 0; np < HD / 16; ++np) {
         uint32_t b[4];
@@ -185,10 +200,10 @@ __device__ __forceinline__ void warp_step(WarpState<HD>& st, const __half* q_hi,
     }
 }
 
-// Writes the warp's state to the merge area: m_s[w][r], l_s[w][r], o_s[w][r][HD].
+// The warp's m and l (l quad-reduced) to the merge area: m_s[w][r], l_s[w][r].
 template <int HD>
-__device__ __forceinline__ void warp_store(WarpState<HD>& st, float* m_s, float* l_s, float* o_s) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t2 = (lane & 3) * 2;
+__device__ __forceinline__ void warp_store_ml(WarpState<HD>& st, float* m_s, float* l_s) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
@@ -200,6 +215,13 @@ __device__ __forceinline__ void warp_store(WarpState<HD>& st, float* m_s, float*
         l_s[w * ROWS + g] = st.l[0];
         l_s[w * ROWS + g + 8] = st.l[1];
     }
+}
+
+// Writes the warp's state to the merge area: m_s[w][r], l_s[w][r], o_s[w][r][HD].
+template <int HD>
+__device__ __forceinline__ void warp_store(WarpState<HD>& st, float* m_s, float* l_s, float* o_s) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t2 = (lane & 3) * 2;
+    warp_store_ml<HD>(st, m_s, l_s);
     float* ow = o_s + (size_t)w * ROWS * HD;
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt) {

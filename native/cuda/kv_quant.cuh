@@ -111,9 +111,10 @@ __device__ __forceinline__ int encode_q4_0_warp(float x, int lane, __half& d_out
 
 // Block b of row `row` of a quantized plane (or of a float16 row: f16 != nullptr) <- one warp's 32 values x (lane l:
 // value l). Returns the lane's value as the attention tiles see it: float16(d * q) (dequant8_codes' rounding) or
-// float16(x). Writes the cache only if store.
+// float16(x). Writes the cache only if store; a quantized block's codes and scale also to row 0 of copy, if given
+// (split-K attention's raw new row in shared memory, attention_splitk_rope_rot.cuh).
 __device__ __forceinline__ __half encode_block_warp(const Plane& p, __half* f16, int kv_type, size_t row, int b,
-                                                    float x, int lane, bool store) {
+                                                    float x, int lane, bool store, const Plane* copy = nullptr) {
     if (kv_type == FD_KV_F16) {
         const __half h = __float2half_rn(x);
         if (store) f16[b * BLOCK + lane] = h;
@@ -124,14 +125,17 @@ __device__ __forceinline__ __half encode_block_warp(const Plane& p, __half* f16,
     if (kv_type == FD_KV_Q8_0) {
         const int q = encode_q8_0_warp(x, dh);
         if (store) reinterpret_cast<int8_t*>(p.row_codes(row) + b * BLOCK)[lane] = (int8_t)q;
+        if (copy != nullptr) reinterpret_cast<int8_t*>(copy->codes + b * BLOCK)[lane] = (int8_t)q;
         val = __half2float(dh) * (float)q;
     } else {
         const int q = encode_q4_0_warp(x, lane, dh);
         const int hi = __shfl_down_sync(0xffffffffu, q, BLOCK / 2);
         if (store && lane < BLOCK / 2) p.row_codes(row)[b * (BLOCK / 2) + lane] = (uint8_t)(q | (hi << 4));
+        if (copy != nullptr && lane < BLOCK / 2) copy->codes[b * (BLOCK / 2) + lane] = (uint8_t)(q | (hi << 4));
         val = __half2float(dh) * (float)(q - 8);
     }
     if (store && lane == 0) p.row_scales(row)[b] = dh;
+    if (copy != nullptr && lane == 0) copy->scales[b] = dh;
     return __float2half_rn(val);
 }
 

@@ -47,16 +47,20 @@ def make_plane(rng, kind, n_kv_heads, max_ctx, hd):
     return planes_from_blocks(blocks, kind), decode_rows(blocks, kind).astype(np.float16).reshape(-1, hd)
 
 
-def stage_rows(dst, plane, kind, hd, n_rows_total, row_of, threads, tile, written):
-    """stage_rows<CC, SB> of one side into dst (its raw-stage bytes); written counts each byte's copies."""
+def stage_rows(dst, plane, kind, hd, n_rows_total, row_of, threads, tile, written, pad=0):
+    """stage_rows<CC, SB, Q4, PAD> of one side into dst (its raw-stage bytes; code rows cb + pad bytes apart, pad > 0
+    only for a quantized side: the fragment step's layout); written counts each byte's copies."""
     cc = cc_of(kind, hd)
     row_step = threads // cc
     assert threads % cc == 0 and tile % row_step == 0
     cb = cc * 16
+    assert pad == 0 or kind != "f16"
+    stride = cb + pad
     for tid in range(threads):
         for j in range(tile // row_step):
             valid, row = row_of(tid // cc + j * row_step)
-            d = 16 * (tid + j * threads)
+            d = (tid // cc + j * row_step) * stride + 16 * (tid % cc)
+            assert pad or d == 16 * (tid + j * threads)
             s = row * cb + (tid % cc) * 16
             assert s % 16 == 0 and d % 16 == 0 and s + 16 <= n_rows_total * cb
             dst[d:d + 16] = plane[s:s + 16] if valid else (0x88 if kind == "q4_0" else 0)   # q4_0: code 8
@@ -68,7 +72,7 @@ def stage_rows(dst, plane, kind, hd, n_rows_total, row_of, threads, tile, writte
     scale_base = n_rows_total * cb
     for tid in range(tile):
         valid, row = row_of(tid)
-        d, s = tile * cb + sb * tid, scale_base + row * sb
+        d, s = tile * stride + sb * tid, scale_base + row * sb
         assert d % sb == 0 and s % sb == 0 and s + sb <= plane.size
         dst[d:d + sb] = plane[s:s + sb] if valid else 0
         written[d:d + sb] += 1
@@ -176,6 +180,12 @@ def test_shared_memory_plan(hd):
     def qkv(k, v):
         return q_bytes + lst + max(merge, stage_f16 + q_stages * tile * (raw_row_bytes(k, hd) + raw_row_bytes(v, hd)))
 
+    def frag(k, v):   # both quantized (attention_splitk_qfrag.cuh): no float16 tile, code rows CODE_PAD longer
+        return q_bytes + lst + max(merge, q_stages * tile * (raw_row_bytes(k, hd) + raw_row_bytes(v, hd) + 32))
+
+    for k in ("q8_0", "q4_0"):
+        for v in ("q8_0", "q4_0"):
+            assert frag(k, v) < qkv(k, v) and frag(k, v) <= 227 * 1024
     if hd <= 128:
         assert qkv("q8_0", "q8_0") <= f16_smem and qkv("q4_0", "q4_0") < f16_smem
     if hd == 128:

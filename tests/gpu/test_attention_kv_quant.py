@@ -3,7 +3,9 @@ fd_attention_masked / fd_attention_prefill with fd_attention_shape_t.k_type / v_
 oracle.
 
 The kernels dequantize a quantized row into their float16 tile (attention_splitk_qstage.cuh: dequant_side,
-value = float16(d * q), from the codes and scales staged by cp.async), then run the float16 path's arithmetic; so the oracle is float64 attention over
+value = float16(d * q), from the codes and scales staged by cp.async) -- split-K decode / masked attention with
+both K and V quantized builds its mma fragments from the staged codes instead (attention_splitk_qfrag.cuh), the
+same values -- then run the float16 path's arithmetic; so the oracle is float64 attention over
 exactly those float16 values (kv_quant.decode_rows rounded to float16) and the tolerance is the float16
 path's (test_attention_decode.py: ATOL 3e-5, RTOL 1e-4; prefill: test_attention_prefill.py's 2e-3 * max|v|
 with q rounded to float16 in the oracle, as that test). Unwritten slots have NaN scales: a read would
@@ -270,6 +272,28 @@ def f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx):
     return planes, attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx)
 
 
+def frag_perm(d: int) -> np.ndarray:
+    """Split-K decode / masked attention over a quantized K and V (attention_splitk_qfrag.cuh) feeds q . k's mma
+    with position k of each 16-dim slice holding dim pi(k) = 4 (k % 8 // 2) + 2 (k // 8) + k % 2 (the order its
+    ldmatrix of the codes gives); the float16 kernels hold dim k there. The same products in other positions of
+    one instruction; so that the comparison stays bit for bit whatever the tensor core's internal order, the
+    float16 twin gets q and K with their dims in that order (a permutation of dims leaves q . k unchanged)."""
+    k = np.arange(d)
+    s = k % 16
+    return k - s + 4 * ((s % 8) // 2) + 2 * (s // 8) + s % 2
+
+
+def frag_twin(native, dev, types, seen, n_heads, n_kv_heads, d, max_ctx, q):
+    """f16_twin for decode / masked attention, and the q it takes: dims in frag_perm's order where both K and V
+    are quantized (the fragment step), else as they are."""
+    if "f16" in types:
+        return (*f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx), q)
+    perm = frag_perm(d)
+    twin, shape = f16_twin(native, dev, [np.ascontiguousarray(seen[0][..., perm]), seen[1]], n_heads, n_kv_heads, d,
+                           max_ctx)
+    return twin, shape, np.ascontiguousarray(q[..., perm])
+
+
 # awkward shapes for the staging pipeline: odd max_ctx (a KV head's scale rows only 2- or 4-byte aligned in
 # the plane), depths off the 64-key tile, one-tile and three-tile chunks, GQA groups 1, 7, 20 (two row tiles)
 @pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
@@ -278,21 +302,23 @@ def f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx):
                                                                 (24, 4, 256, 301, 64)])
 def test_quantized_decode_and_masked_are_the_float16_kernels_over_the_dequantized_values(
         native, dev, rng, types, n_heads, n_kv_heads, d, max_ctx, chunk):
-    """Bit for bit: the quantized kernels' tiles hold float16(d * q), then run the float16 kernels' arithmetic
-    with the same split plan, so they equal the float16 kernels over a cache of those values."""
+    """Bit for bit: the quantized kernels' tiles (or, both sides quantized, their mma fragments) hold float16(d * q),
+    then run the float16 kernels' arithmetic with the same split plan, so they equal the float16 kernels over a
+    cache of those values (frag_twin: with q and K in the fragment step's dim order)."""
     n_written = max_ctx - 20
     planes, seen = setup(native, dev, rng, n_kv_heads, max_ctx, d, n_written, types)
     shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
-    twin, twin_shape = f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx)
     q = rng.standard_normal((1, n_heads, d)).astype(np.float32)
+    twin, twin_shape, tq = frag_twin(native, dev, types, seen, n_heads, n_kv_heads, d, max_ctx, q)
     for n_past in (0, 62, 63, 64, 65, 191, n_written // 2 + 1, n_written - 1):
         got = decode(native, dev, q, planes, shape, n_past, chunk)
-        np.testing.assert_array_equal(got, decode(native, dev, q, twin, twin_shape, n_past, chunk))
+        np.testing.assert_array_equal(got, decode(native, dev, tq, twin, twin_shape, n_past, chunk))
     n, n_past = 19, n_written - 19 - 3
     qn = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     mask = tree_mask(rng, n)
+    twin, twin_shape, tqn = frag_twin(native, dev, types, seen, n_heads, n_kv_heads, d, max_ctx, qn)
     np.testing.assert_array_equal(masked(native, dev, qn, planes, shape, mask, n_past),
-                                  masked(native, dev, qn, twin, twin_shape, mask, n_past))
+                                  masked(native, dev, tqn, twin, twin_shape, mask, n_past))
 
 
 @pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
@@ -349,13 +375,15 @@ def test_dequantized_values_are_float16_of_d_times_q_bit_for_bit(native, dev, rn
     shape = attention_shape(native.ffi, n_heads, n_kv_heads, d, max_ctx, k_type=types[0], v_type=types[1])
     twin, twin_shape = f16_twin(native, dev, seen, n_heads, n_kv_heads, d, max_ctx)
     q = (rng.standard_normal((1, n_heads, d)) * 1e-2).astype(np.float32)
+    ftwin, ftwin_shape, fq = frag_twin(native, dev, types, seen, n_heads, n_kv_heads, d, max_ctx, q)
     for n_past in (0, 63, 200, max_ctx - 1):
         np.testing.assert_array_equal(decode(native, dev, q, planes, shape, n_past),
-                                      decode(native, dev, q, twin, twin_shape, n_past))
+                                      decode(native, dev, fq, ftwin, ftwin_shape, n_past))
     n, n_past = 9, 400
     qn = (rng.standard_normal((n, n_heads, d)) * 1e-2).astype(np.float32)
     mask = tree_mask(rng, n)
+    ftwin, ftwin_shape, fqn = frag_twin(native, dev, types, seen, n_heads, n_kv_heads, d, max_ctx, qn)
     np.testing.assert_array_equal(masked(native, dev, qn, planes, shape, mask, n_past),
-                                  masked(native, dev, qn, twin, twin_shape, mask, n_past))
+                                  masked(native, dev, fqn, ftwin, ftwin_shape, mask, n_past))
     np.testing.assert_array_equal(prefill(native, dev, qn, planes, shape, n_past),
                                   prefill(native, dev, qn, twin, twin_shape, n_past))
