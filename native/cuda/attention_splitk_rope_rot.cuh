@@ -12,7 +12,7 @@
 //          start of the pipeline area, which the cp.async ring never writes and the main loop first writes
 //          after its first __syncthreads (so no thread can still be reading the table).
 //   new row (the block that owns the new key) its loads are issued with q's (load_new_row), then
-//          the K warps (the first half, SIDE_WARPS) each form the RoPE'd K row in registers, subtract the key
+//          the K warps (the second half, SIDE_WARPS) each form the RoPE'd K row in registers, subtract the key
 //          offset (p.k_offset, if any: flashd_attention.h) and rotate it, and each encodes its share of the
 //          32-value blocks as a warp (kv_quant.cuh encode_block_warp: max by shuffles, a code per lane); the V
 //          warps do the same for the V row (no rotation; a float16 V is rounded). The values
@@ -53,11 +53,13 @@ __device__ __forceinline__ float rope_from_table(float xd, float xp, int d, int 
     return rope_rotated(xd, xp, cs[j], sn[j], first);
 }
 
-// The new row's side of a warp: warps [0, SIDE_WARPS) form the K row, warps [SIDE_WARPS, WARPS) the V row, and warp
+// The new row's side of a warp: warps [0, SIDE_WARPS) form the V row, warps [SIDE_WARPS, WARPS) the K row, and warp
 // part (its index within its side) encodes blocks [part NR / SIDE_WARPS, + NR / SIDE_WARPS) of it: the encoders (a
 // max by shuffles, two IEEE divisions, a code per lane) run on every warp instead of two, in half the sequence. Each
 // block is encoded and stored by one warp; the K warps each form the whole rotated row (its Hadamard rotation mixes
-// all of it), the same instructions on the same values.
+// all of it), the same instructions on the same values. K (RoPE + rotation + encode) is the longer side, so it goes
+// to the last warps, whose q rows are the ones past a small GQA group (all zeros, not rotated: 1.5B's group of 6
+// leaves warps 2 and 3 none).
 constexpr int SIDE_WARPS = WARPS / 2;
 static_assert(WARPS % 2 == 0, "K and V sides of equal size");
 
@@ -75,7 +77,7 @@ __device__ __forceinline__ void load_new_row(const Params& p, int kvh, int warp,
     constexpr int HD = 32 * NR;
     if (!own_key) return;
     const bool neox = p.neox != 0;
-    if (warp < SIDE_WARPS) {
+    if (warp >= SIDE_WARPS) {
         const float* kr = p.k_new + (size_t)kvh * HD;
         const float* c = p.k_offset != nullptr ? p.k_offset + (size_t)kvh * HD : nullptr;
 #pragma unroll
@@ -155,6 +157,7 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
     }
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {                     // each row of the warp: RoPE'd -> rotated, in registers
+        if (row0 + warp * RPW + i >= p.group) break;     // (warp-uniform) rows past the group: +0.0, rotated or not
         float x[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) x[r] = qv[i * NR + r];
@@ -172,7 +175,7 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
     const kvq::Plane k_copy{raw, reinterpret_cast<__half*>(raw + kcb), kcb, HD / kvq::BLOCK};
     const kvq::Plane v_copy{raw + vo, reinterpret_cast<__half*>(raw + vo + vcb), vcb, HD / kvq::BLOCK};
     float x[NR];
-    if (warp < SIDE_WARPS) {                            // K: RoPE, rotate, encode (kv_rotate.cuh, kv_quant.cuh)
+    if (warp >= SIDE_WARPS) {                           // K: RoPE, rotate, encode (kv_rotate.cuh, kv_quant.cuh)
 #pragma unroll
         for (int r = 0; r < NR; ++r) x[r] = rope_from_table(ld.x[r], ld.y[r], 32 * r + lane, p.rope_dim, neox, cs, sn);
         if (p.k_offset != nullptr) {                    // the key offset, as fd_rope_kv_write subtracts it

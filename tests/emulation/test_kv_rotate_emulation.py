@@ -139,13 +139,13 @@ def test_warp_encoders_are_ggml_rounding():
 @pytest.mark.parametrize("warps", [4, 2])                   # CUDA 4 warps, HIP 2
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_new_row_blocks_are_encoded_once_each(warps, head_dim):
-    """rope_stage_rotated's new row: warps [0, SIDE_WARPS) hold the K row, the rest the V row, and warp w encodes the
+    """rope_stage_rotated's new row: warps [0, SIDE_WARPS) hold the V row, the rest the K row, and warp w encodes the
     blocks r with r / NB == w % SIDE_WARPS (NB = NR / SIDE_WARPS): every block of each side exactly once."""
     nr, side_warps = head_dim // 32, warps // 2
     assert nr % side_warps == 0
     nb = nr // side_warps
     seen = {"k": [], "v": []}
     for w in range(warps):
-        side = "k" if w < side_warps else "v"
+        side = "v" if w < side_warps else "k"
         seen[side] += [r for r in range(nr) if r // nb == w % side_warps]
     assert sorted(seen["k"]) == list(range(nr)) and sorted(seen["v"]) == list(range(nr))
