@@ -184,6 +184,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--alpha", type=float, default=0.7, help="FlashPrefill alpha (headline, and --auto's)")
     ap.add_argument("--layers", default="0", help="headline drafter scoring layers: L (the first L, 0 = all) or F:L")
     ap.add_argument("--forward-chunk", type=int, default=4096, help="drafter tokens per forward (multiple of 128)")
+    ap.add_argument("--prefill-chunk", type=int, default=512,
+                    help="the target's prompt tokens per prefill forward (`flashd serve --prefill-chunk`)")
     ap.add_argument("--sweep-keeps", default="0.02,0.05,0.1", help="keep ratios of the sweep ('' = no sweep)")
     ap.add_argument("--sweep-alphas", default="0.12,0.5,0.7,0.85", help="alphas of the sweep")
     ap.add_argument("--sweep-layers", default="", help="scoring-layer windows of the sweep, e.g. 4:10,0 "
@@ -318,7 +320,7 @@ def main(argv=None) -> int:
     if args.vram_budget:
         extra["vram_budget"] = parse_size(args.vram_budget)
     engine = Engine(EngineConfig(model=str(args.target), device=args.device, max_ctx=max(args.lengths) + args.max_tokens,
-                                 **extra, prefill_drafter=str(args.drafter), prefill_chunk=512,
+                                 **extra, prefill_drafter=str(args.drafter), prefill_chunk=args.prefill_chunk,
                                  prefix_cache=False,     # every TTFT a cold prefill (cases may share a prefix)
                                  pflash=pflash))
     engine.load()
@@ -328,6 +330,7 @@ def main(argv=None) -> int:
     results: dict = {"device": engine.backend.info(), "target": str(args.target), "drafter": str(args.drafter),
                      "rope_scaling": rope, "vram_budget": args.vram_budget, "kv_type": args.kv_type or "f16",
                      "mode": "auto" if args.auto else "explicit", "kinds": args.kinds, "keep": args.keep,
+                     "prefill_chunk": args.prefill_chunk,
                      "alpha": args.alpha, "layers": window_label(*headline), "last_chunks": args.last_chunks,
                      "cases": args.cases, "max_tokens_per_value": args.max_tokens, "threshold": pflash.threshold,
                      "calibration": calibration, "bands_text": describe_bands(pflash.bands), "lengths": {}}

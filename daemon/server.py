@@ -72,6 +72,7 @@ class ServeConfig:
     max_queue: int = 64
     prefix_cache: bool = True           # keep the K/V of the last prompt's common prefix (SPEC.md)
     prefix_cache_ram_mb: int = 4096     # host copies of earlier prompts' prefixes
+    prefill_chunk: int = 512            # prompt tokens per prefill forward (EngineConfig); also prefix reuse's unit
     forward: str = "graph"              # cuda decode / verify forward: graph or persistent
     rope_override: tuple | None = None  # --rope-scaling / --rope-factor / --rope-orig-ctx (EngineConfig)
     max_request_bytes: int = wire.MAX_FRAME_BYTES  # a stdin line, a zmq frame, an @file
@@ -97,6 +98,8 @@ class ServeConfig:
             check_zmq_address(self.zmq, self.zmq_allow_remote)
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
         if self.max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
         if self.allow_files is not None and tuple(self.allow_files) != (NO_FILES,):
@@ -325,7 +328,7 @@ def serve(config: ServeConfig) -> int:
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
                                           pflash=pflash, prefix_cache=config.prefix_cache,
                                           prefix_cache_ram_mb=config.prefix_cache_ram_mb,
-                                          forward=config.forward, rope_override=config.rope_override,
+                                          prefill_chunk=config.prefill_chunk, forward=config.forward, rope_override=config.rope_override,
                                           vram_budget=config.vram_budget, vram_margin=config.vram_margin,
                                           kv_types=config.kv_types, max_tree_nodes=config.max_tree_nodes))
     except StartupError as exc:
