@@ -98,8 +98,8 @@ def size_option(ctx, param, value):
               help="Prompt tokens per prefill forward. Larger chunks prefill long prompts faster on a GPU (the "
                    "projections' matrix products get taller: on an H100, a 4K-token prompt of the 1.5B model goes "
                    "~2x faster at 4096 than at 512, bench/NOTES.md) but cost activation memory (part of the "
-                   "--vram-budget plan: ~0.19 MB a token for the 1.5B, 0.78 GB at 4096) and make prefix reuse coarser: a prompt "
-                   "reuses whole chunks of its common prefix only.")
+                   "--vram-budget plan: ~0.19 MB a token for the 1.5B, 0.78 GB at 4096) and make prefix reuse "
+                   "coarser: a prompt reuses whole chunks of its common prefix only.")
 @click.option("--prefix-cache-ram-mb", type=click.IntRange(min=0), default=4096, show_default=True,
               help="Host RAM for copies of earlier prompts' prefixes, so that interleaved conversations each keep "
                    "theirs (0: only the one in the KV cache).")
