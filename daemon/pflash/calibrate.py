@@ -17,7 +17,9 @@ So the setting is measured per drafter and length, not guessed:
      survive it;
   4. the chosen setting runs the fewest layers (hi), then keeps the least (the target's prefill is the
      rest of the time), then scores the most layers (lo smallest: the widest view); among equals the
-     one with a margin (it also passes at the next smaller keep) wins.
+     one with a margin (it also passes at the next smaller keep) wins. With require_margin only settings
+     with a margin count: slack for prompts the calibration did not see (at 128K tokens the cheapest
+     single-layer window that kept all 16 calibration cases kept 17 of 20 new ones, bench/NOTES.md).
 
 The result, one band per length, is stored with the drafter (calibration_store.py) and used by
 `flashd serve --prefill-drafter D` for whatever of --compress-layers, --compress-first-layer and
@@ -75,11 +77,12 @@ def _all_kept(wanted: np.ndarray, kept: np.ndarray) -> bool:
 
 
 def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Sequence[float],
-                   select: Callable[[np.ndarray, float], np.ndarray]) -> tuple[int, int, float, bool] | None:
+                   select: Callable[[np.ndarray, float], np.ndarray],
+                   require_margin: bool = False) -> tuple[int, int, float, bool] | None:
     """cases: (layer maxima (N, T, S), fact positions). select(probs, keep) -> kept positions.
     The passing (lo, hi, keep) that runs the fewest layers, then keeps least, then scores most
-    layers, preferring one that also passes at the next smaller keep; (lo, hi, keep, margin) or
-    None when nothing passes. Windows are tried by hi ascending and the search stops after the first hi
+    layers, preferring one that also passes at the next smaller keep (require_margin: only those count);
+    (lo, hi, keep, margin) or None when nothing passes. Windows are tried by hi ascending and the search stops after the first hi
     with a pass (the rank's first key); for one hi, the max over [lo, hi) grows one layer at a time as lo
     falls, so each window costs one elementwise max per case, not hi - lo."""
     n_layers = cases[0][0].shape[0]
@@ -104,6 +107,8 @@ def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Seq
                 continue
             i = keeps.index(keep)
             margin = i > 0 and passed[(lo, keeps[i - 1])]
+            if require_margin and not margin:
+                continue
             rank = (keep, not margin, lo)
             if best is None or rank < best[0]:
                 best = (rank, (lo, hi, keep, margin))
@@ -114,7 +119,7 @@ def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Seq
 
 def calibrate(drafter, tokenizer, template, drafter_path: str | Path, *, lengths: Sequence[int], cases: int,
               keeps: Sequence[float], alpha: float, kinds: Sequence[str] = ("single",), seed: int = 0,
-              log: Callable[[str], None] = lambda msg: None) -> Calibration:
+              require_margin: bool = False, log: Callable[[str], None] = lambda msg: None) -> Calibration:
     """Measure (steps 1-4 above), one band per length; CalibrationFailed, naming the lengths, if at some length
     nothing kept every case's facts (after measuring all of them: the log has every band found)."""
     from .needles import case_seed, fact_positions, make_case
@@ -139,19 +144,20 @@ def calibrate(drafter, tokenizer, template, drafter_path: str | Path, *, lengths
                 measured.append((layer_maxima(drafter, case.ids, alpha), where))
                 log(f"{n_tokens} tokens, {kind} case {i + 1}/{cases}: facts at tokens {where[0]}-{where[-1]} "
                     f"of {case.n_tokens}")
-        chosen = choose_setting(measured, keeps, select)
+        chosen = choose_setting(measured, keeps, select, require_margin)
         del measured
         if chosen is None:
             failed.append(n_tokens)
-            log(f"{n_tokens} tokens: no window kept every case's facts at keep <= {max(keeps)}")
+            log(f"{n_tokens} tokens: no window kept every case's facts at keep <= {max(keeps)}"
+                f"{' with a margin' if require_margin else ''}")
             continue
         lo, hi, keep, margin = chosen
         bands.append(CalibratedBand(length=n_tokens, score_from=lo, score_layers=hi, keep=keep, margin=margin))
         log(f"{n_tokens} tokens: layers [{lo}, {hi}) of {n_layers}, keep {keep:g}{' (margin)' if margin else ''}")
     if failed:
         raise CalibrationFailed(f"at {', '.join(map(str, failed))} tokens no drafter-layer window kept every case's "
-                                f"facts at keep <= {max(keeps)} ({len(kinds) * cases} cases a length); try larger "
-                                f"--keeps or another drafter")
+                                f"facts at keep <= {max(keeps)}{' with a margin' if require_margin else ''} "
+                                f"({len(kinds) * cases} cases a length); try larger --keeps or another drafter")
     return Calibration(bands=tuple(bands), n_layers=n_layers, cases=cases, kinds=tuple(kinds), alpha=alpha,
                        drafter=Path(drafter_path).name, identity=file_identity(drafter_path),
                        rope=rope_tag(drafter.model.config.rope_scaling), date=datetime.date.today().isoformat(),

@@ -68,9 +68,12 @@ def _kinds(text: str) -> list[str]:
 @click.option("--merge", is_flag=True,
               help="Add these lengths' bands to the stored calibration (same drafter file, scaling, kinds, cases, "
                    "alpha and seed; a band of the same length is replaced): calibrate a few lengths at a time.")
+@click.option("--require-margin", is_flag=True,
+              help="Count a setting only if the next smaller --keeps value also keeps every case's facts there: slack "
+                   "for prompts the calibration did not see, at the price of larger keeps or more layers.")
 @click.option("--dry-run", is_flag=True, help="Measure and print, but do not store.")
 def calibrate_command(drafter, device, lengths, kinds, cases, keeps, alpha, forward_chunk, seed, rope_scaling,
-                      rope_factor, rope_orig_ctx, merge, dry_run):
+                      rope_factor, rope_orig_ctx, merge, require_margin, dry_run):
     """Find, for each prompt length, the drafter-layer window and keep fraction that keep every generated
     needle-in-a-haystack case's facts at the least cost, and store them with the drafter for `flashd serve
     --prefill-drafter` (with the same --rope-* options), which uses them by the prompt's length for whatever of
@@ -111,7 +114,7 @@ def calibrate_command(drafter, device, lengths, kinds, cases, keeps, alpha, forw
     started = time.perf_counter()
     try:
         result = calibrate(model, tokenizer, template, path, lengths=lengths, cases=cases, keeps=keeps, alpha=alpha,
-                           kinds=kinds, seed=seed, log=log)
+                           kinds=kinds, seed=seed, require_margin=require_margin, log=log)
     except CalibrationFailed as exc:
         raise click.ClickException(str(exc)) from None
     n = result.n_layers

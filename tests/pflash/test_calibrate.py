@@ -63,14 +63,17 @@ def _run(*args, env):
                           timeout=TIMEOUT_S, env=env)
 
 
-def _brute_force(cases, keeps, select):
-    """The rule stated plainly: every window and keep, then the rank (hi, keep, no margin, lo)."""
+def _brute_force(cases, keeps, select, require_margin=False):
+    """The rule stated plainly: every window and keep, then the rank (hi, keep, no margin, lo); with
+    require_margin, only the settings whose next smaller keep passes too."""
     keeps = sorted(set(keeps))
     n = cases[0][0].shape[0]
     passed = {(lo, hi, k): all(np.isin(w, select(m[lo:hi].max(axis=0), k)).all() for m, w in cases)
               for hi in range(1, n + 1) for lo in range(hi) for k in keeps}
     ranked = sorted((hi, k, not (keeps.index(k) > 0 and passed[(lo, hi, keeps[keeps.index(k) - 1])]), lo)
                     for (lo, hi, k), ok in passed.items() if ok)
+    if require_margin:
+        ranked = [r for r in ranked if not r[2]]
     return None if not ranked else (ranked[0][3], ranked[0][0], ranked[0][1], not ranked[0][2])
 
 
@@ -90,6 +93,23 @@ def test_the_search_finds_what_trying_every_window_finds():
             cases.append((m, where))
         keeps = [0.05, 0.1, 0.2, 0.4, 0.7]
         assert choose_setting(cases, keeps, _select_top) == _brute_force(cases, keeps, _select_top), trial
+        assert (choose_setting(cases, keeps, _select_top, require_margin=True)
+                == _brute_force(cases, keeps, _select_top, require_margin=True)), trial
+
+
+def test_require_margin_skips_a_setting_that_passes_only_at_its_keep():
+    # layer 0 finds the needle (token 7) but also peaks on 3 other tokens: 4% (2 tokens) loses it, 10% (5) keeps
+    # it; layer 2 finds it alone: 2% (1 token) keeps it. Fewest layers first: [0, 1) at 10%, no margin (4% fails).
+    m = _maxima(4, 50, {2: 7})
+    m[0, 0, [7, 20, 30, 40]] = [0.9, 1.0, 1.0, 1.0]
+    cases = [(m, [7])]
+    assert choose_setting(cases, [0.04, 0.1], _select_top) == (0, 1, 0.1, False)
+    # with require_margin that setting does not count: no one-layer window has a margin, and at two layers neither
+    # (layer 1 adds nothing); at three layers [2, 3) keeps the needle at 4% and at 10%, so 10% there has a margin
+    lo, hi, keep, margin = choose_setting(cases, [0.04, 0.1], _select_top, require_margin=True)
+    assert (hi, keep, margin) == (3, 0.1, True) and lo == 0
+    assert choose_setting(cases, [0.04, 0.1], _select_top, require_margin=True) == _brute_force(
+        cases, [0.04, 0.1], _select_top, require_margin=True)
 
 
 def _calibrate(cache, *args) -> tuple[int, str]:
