@@ -52,6 +52,12 @@ __host__ __device__ __forceinline__ int qfrag_pos(int d) {
     return (d & ~15) | ((s & 2) << 2) | ((s >> 2) << 1) | (s & 1);
 }
 
+// The raw new row (RAW: both sides quantized, the fragment step) in the list area: K codes, K scales, then from
+// raw_new_v(HD, k_type) (16-byte aligned) V codes and V scales -- at most 2 (HD + HD / 16) + 16 bytes.
+__host__ __device__ inline int raw_new_v(int head_dim, int k_type) {
+    return (kvq::code_bytes(k_type, head_dim) + head_dim / 16 + 15) & ~15;
+}
+
 #if FD_ATTN_MMA
 
 __device__ __forceinline__ void ldsm_x4_u8(uint32_t (&r)[4], const uint8_t* p) {
@@ -244,6 +250,44 @@ __device__ __forceinline__ void warp_store_q(WarpState<HD>& st, float* m_s, floa
 template <int HD>
 __device__ void warp_store_q(WarpState<HD>& st, float* m_s, float* l_s, float* o_s);
 #endif  // FD_ATTN_MMA
+
+// ---- one tile of splitk_kernel's main loop (FRAG) ------------------------------------------------------
+// The warp's 16 keys v0 .. v0 + 15 of landed raw stage src (K side: codes [TILE][KCB + CODE_PAD], scales
+// [TILE][NB]; then V's alike). ROPE: if the new key (slot new_key) is one of them, its row in the stage -- the
+// cache's stale copy -- is first overwritten by the warp with the raw new row (rope_stage_rotated's, in raw_new;
+// the stage is refilled only after the next __syncthreads), as splitk_kernel's step (a) does on the float16 tile.
+template <int HD, int KT, int VT, bool ROPE>
+__device__ __forceinline__ void frag_tile(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, uint8_t* src,
+                                          const __half* raw_new, int new_key, int v0, int L) {
+#if FD_ATTN_MMA
+    constexpr int NB = HD / kvq::BLOCK;
+    constexpr int KCB = KT == FD_KV_Q8_0 ? HD : HD / 2, VCB = VT == FD_KV_Q8_0 ? HD : HD / 2;
+    constexpr int KS = KCB + CODE_PAD, VS = VCB + CODE_PAD;       // staged code row strides
+    const int lane = threadIdx.x & 31, row0 = (threadIdx.x >> 5) * WARP_SLOTS;   // the warp's first tile row
+    uint8_t* k_codes = src;
+    __half* k_scales = reinterpret_cast<__half*>(src + TILE * KS);
+    uint8_t* v_codes = src + TILE * (KS + 2 * NB);
+    __half* v_scales = reinterpret_cast<__half*>(v_codes + TILE * VS);
+    if constexpr (ROPE) {
+        if (new_key >= v0 && new_key < v0 + WARP_SLOTS) {          // warp-uniform: the new key is ours
+            const int i = row0 + new_key - v0;
+            const uint8_t* raw = reinterpret_cast<const uint8_t*>(raw_new);
+            const int vo = raw_new_v(HD, KT);
+            for (int w = lane; w < KCB / 4; w += 32)
+                reinterpret_cast<uint32_t*>(k_codes + i * KS)[w] = reinterpret_cast<const uint32_t*>(raw)[w];
+            for (int w = lane; w < VCB / 4; w += 32)
+                reinterpret_cast<uint32_t*>(v_codes + i * VS)[w] = reinterpret_cast<const uint32_t*>(raw + vo)[w];
+            if (lane < NB) {
+                k_scales[i * NB + lane] = reinterpret_cast<const __half*>(raw + KCB)[lane];
+                v_scales[i * NB + lane] = reinterpret_cast<const __half*>(raw + vo + VCB)[lane];
+            }
+            __syncwarp();
+        }
+    }
+    warp_step_q<HD, KT, VT>(st, q_hi, q_lo, k_codes + row0 * KS, k_scales + row0 * NB, v_codes + row0 * VS,
+                            v_scales + row0 * NB, v0, L);
+#endif
+}
 
 }  // namespace attn
 }  // namespace fd

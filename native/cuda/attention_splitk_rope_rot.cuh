@@ -22,6 +22,7 @@
 
 #include "attention_splitk_params.cuh"
 #include "kv_quant.cuh"
+#include "attention_splitk_qfrag.cuh"
 #include "kv_rotate.cuh"
 #include "rope_math.cuh"
 
@@ -107,12 +108,6 @@ __device__ __forceinline__ void rope_table_rotated(const Params& p, float* tab, 
     const int half = p.rope_dim / 2;
     for (int j = tid; j < half; j += THREADS)
         rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, tab[j], tab[half + j]);
-}
-
-// The raw new row (RAW: both sides quantized, the fragment step) in the list area: K codes, K scales, then from
-// raw_new_v(HD, k_type) (16-byte aligned) V codes and V scales -- at most 2 (HD + HD / 16) + 16 bytes.
-__host__ __device__ inline int raw_new_v(int head_dim, int k_type) {
-    return (kvq::code_bytes(k_type, head_dim) + head_dim / 16 + 15) & ~15;
 }
 
 // qv <- the tile's q rows RoPE'd and rotated (rotated layout; rows past the group exactly 0); if own_key, the new
