@@ -17,9 +17,10 @@ So the setting is measured per drafter and length, not guessed:
      survive it;
   4. the chosen setting runs the fewest layers (hi), then keeps the least (the target's prefill is the
      rest of the time), then scores the most layers (lo smallest: the widest view); among equals the
-     one with a margin (it also passes at the next smaller keep) wins. With require_margin only settings
-     with a margin count: slack for prompts the calibration did not see (at 128K tokens the cheapest
-     single-layer window that kept all 16 calibration cases kept 17 of 20 new ones, bench/NOTES.md).
+     one with a margin (it also passes at the next smaller keep) wins. From margin_from tokens on, only
+     settings with a margin count: slack for prompts the calibration did not see (at 128K tokens the
+     cheapest single-layer window that kept all 16 calibration cases kept 17 of 20 new ones, where the
+     margin's setting kept 20 of 20; at 32K the margin doubled the kept tokens: bench/NOTES.md, session 20).
 
 The result, one band per length, is stored with the drafter (calibration_store.py) and used by
 `flashd serve --prefill-drafter D` for whatever of --compress-layers, --compress-first-layer and
@@ -119,9 +120,10 @@ def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Seq
 
 def calibrate(drafter, tokenizer, template, drafter_path: str | Path, *, lengths: Sequence[int], cases: int,
               keeps: Sequence[float], alpha: float, kinds: Sequence[str] = ("single",), seed: int = 0,
-              require_margin: bool = False, log: Callable[[str], None] = lambda msg: None) -> Calibration:
-    """Measure (steps 1-4 above), one band per length; CalibrationFailed, naming the lengths, if at some length
-    nothing kept every case's facts (after measuring all of them: the log has every band found)."""
+              margin_from: int | None = None, log: Callable[[str], None] = lambda msg: None) -> Calibration:
+    """Measure (steps 1-4 above), one band per length (a margin required at lengths >= margin_from; None: at none);
+    CalibrationFailed, naming the lengths, if at some length nothing kept every case's facts (after measuring all
+    of them: the log has every band found)."""
     from .needles import case_seed, fact_positions, make_case
 
     pc = drafter.config
@@ -144,10 +146,11 @@ def calibrate(drafter, tokenizer, template, drafter_path: str | Path, *, lengths
                 measured.append((layer_maxima(drafter, case.ids, alpha), where))
                 log(f"{n_tokens} tokens, {kind} case {i + 1}/{cases}: facts at tokens {where[0]}-{where[-1]} "
                     f"of {case.n_tokens}")
+        require_margin = margin_from is not None and n_tokens >= margin_from
         chosen = choose_setting(measured, keeps, select, require_margin)
         del measured
         if chosen is None:
-            failed.append(n_tokens)
+            failed.append(f"{n_tokens} tokens{' (with a margin)' if require_margin else ''}")
             log(f"{n_tokens} tokens: no window kept every case's facts at keep <= {max(keeps)}"
                 f"{' with a margin' if require_margin else ''}")
             continue
@@ -155,9 +158,9 @@ def calibrate(drafter, tokenizer, template, drafter_path: str | Path, *, lengths
         bands.append(CalibratedBand(length=n_tokens, score_from=lo, score_layers=hi, keep=keep, margin=margin))
         log(f"{n_tokens} tokens: layers [{lo}, {hi}) of {n_layers}, keep {keep:g}{' (margin)' if margin else ''}")
     if failed:
-        raise CalibrationFailed(f"at {', '.join(map(str, failed))} tokens no drafter-layer window kept every case's "
-                                f"facts at keep <= {max(keeps)}{' with a margin' if require_margin else ''} "
-                                f"({len(kinds) * cases} cases a length); try larger --keeps or another drafter")
+        raise CalibrationFailed(f"no drafter-layer window kept every case's facts at keep <= {max(keeps)} at "
+                                f"{', '.join(failed)} ({len(kinds) * cases} cases a length); try larger --keeps or "
+                                f"another drafter")
     return Calibration(bands=tuple(bands), n_layers=n_layers, cases=cases, kinds=tuple(kinds), alpha=alpha,
                        drafter=Path(drafter_path).name, identity=file_identity(drafter_path),
                        rope=rope_tag(drafter.model.config.rope_scaling), date=datetime.date.today().isoformat(),

@@ -71,9 +71,12 @@ def _kinds(text: str) -> list[str]:
 @click.option("--require-margin", is_flag=True,
               help="Count a setting only if the next smaller --keeps value also keeps every case's facts there: slack "
                    "for prompts the calibration did not see, at the price of larger keeps or more layers.")
+@click.option("--margin-from", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+              help="--require-margin at the lengths of at least TOKENS only (e.g. past the drafter's native "
+                   "context, where a one-layer window proved fragile).")
 @click.option("--dry-run", is_flag=True, help="Measure and print, but do not store.")
 def calibrate_command(drafter, device, lengths, kinds, cases, keeps, alpha, forward_chunk, seed, rope_scaling,
-                      rope_factor, rope_orig_ctx, merge, require_margin, dry_run):
+                      rope_factor, rope_orig_ctx, merge, require_margin, margin_from, dry_run):
     """Find, for each prompt length, the drafter-layer window and keep fraction that keep every generated
     needle-in-a-haystack case's facts at the least cost, and store them with the drafter for `flashd serve
     --prefill-drafter` (with the same --rope-* options), which uses them by the prompt's length for whatever of
@@ -90,6 +93,10 @@ def calibrate_command(drafter, device, lengths, kinds, cases, keeps, alpha, forw
     from .service import PrefillCompressor, drafter_token_limit
 
     lengths, keeps, kinds = _ints(lengths), _floats(keeps), _kinds(kinds)
+    if require_margin and margin_from is not None:
+        raise click.UsageError("--require-margin and --margin-from: give one (--require-margin is every length)")
+    if require_margin:
+        margin_from = 0
     if forward_chunk % 128:
         raise click.BadParameter(f"must be a multiple of 128, got {forward_chunk}", param_hint="--forward-chunk")
     rope = rope_override(rope_scaling, rope_factor, rope_orig_ctx)
@@ -114,7 +121,7 @@ def calibrate_command(drafter, device, lengths, kinds, cases, keeps, alpha, forw
     started = time.perf_counter()
     try:
         result = calibrate(model, tokenizer, template, path, lengths=lengths, cases=cases, keeps=keeps, alpha=alpha,
-                           kinds=kinds, seed=seed, require_margin=require_margin, log=log)
+                           kinds=kinds, seed=seed, margin_from=margin_from, log=log)
     except CalibrationFailed as exc:
         raise click.ClickException(str(exc)) from None
     n = result.n_layers

@@ -175,6 +175,23 @@ def test_merge_adds_bands_and_refuses_another_setup(pflash_models, tmp_path):
     assert code == 0 and [b["length"] for b in _stored(cache)[0]["bands"]] == [400]
 
 
+def test_margin_from_requires_a_margin_at_the_long_lengths_only(pflash_models, tmp_path):
+    """With one keep nothing has a margin (no smaller keep to pass): --margin-from 400 makes 400 tokens fail and
+    leaves 300 calibrated as before; --require-margin fails both; the two options together are a usage error."""
+    cache, drafter = tmp_path / "cache", str(pflash_models["drafter"])
+    common = ["--drafter", drafter, "--device", "cpu", "--cases", "1", "--keeps", "1.0", "--kinds", "single",
+              "--lengths", "300,400"]
+    code, out = _calibrate(cache, *common, "--margin-from", "400")
+    assert code == 1 and "at 400 tokens (with a margin)" in out and "300 tokens" not in out.split("at 400")[1], out
+    assert "300 tokens: layers [0, 1)" in out and not (cache / "pflash").exists()
+    code, out = _calibrate(cache, *common, "--require-margin")
+    assert code == 1 and "at 300 tokens (with a margin), 400 tokens (with a margin)" in out, out
+    code, out = _calibrate(cache, *common, "--margin-from", "1000")             # no length reaches it: as before
+    assert code == 0 and [b["margin"] for b in _stored(cache)[0]["bands"]] == [False, False], out
+    code, out = _calibrate(cache, *common, "--require-margin", "--margin-from", "400")
+    assert code == 2 and "give one" in out, out
+
+
 def test_rope_scaling_reaches_the_drafter_and_names_the_file(tmp_path):
     """Under yarn x2 a drafter trained at 512 tokens scores 700-token cases, and the calibration is stored under the
     scaling's tag; without it 700 tokens is past the drafter's context."""
