@@ -328,7 +328,8 @@ def serve(config: ServeConfig) -> int:
                                           drafts=drafts, prefill_drafter=prefill, max_queue=config.max_queue,
                                           pflash=pflash, prefix_cache=config.prefix_cache,
                                           prefix_cache_ram_mb=config.prefix_cache_ram_mb,
-                                          prefill_chunk=config.prefill_chunk, forward=config.forward, rope_override=config.rope_override,
+                                          prefill_chunk=config.prefill_chunk, forward=config.forward,
+                                          rope_override=config.rope_override,
                                           vram_budget=config.vram_budget, vram_margin=config.vram_margin,
                                           kv_types=config.kv_types, max_tree_nodes=config.max_tree_nodes))
     except StartupError as exc:

@@ -20,7 +20,8 @@ So the setting is measured per drafter and length, not guessed:
      one with a margin (it also passes at the next smaller keep) wins. From margin_from tokens on, only
      settings with a margin count: slack for prompts the calibration did not see (at 128K tokens the
      cheapest single-layer window that kept all 16 calibration cases kept 17 of 20 new ones, where the
-     margin's setting kept 20 of 20; at 32K the margin doubled the kept tokens: bench/NOTES.md, session 20).
+     margin's setting kept 20 of 20; at 32K the margin raised the kept tokens by two thirds: bench/NOTES.md,
+     session 20).
 
 The result, one band per length, is stored with the drafter (calibration_store.py) and used by
 `flashd serve --prefill-drafter D` for whatever of --compress-layers, --compress-first-layer and
@@ -83,9 +84,9 @@ def choose_setting(cases: Sequence[tuple[np.ndarray, Sequence[int]]], keeps: Seq
     """cases: (layer maxima (N, T, S), fact positions). select(probs, keep) -> kept positions.
     The passing (lo, hi, keep) that runs the fewest layers, then keeps least, then scores most
     layers, preferring one that also passes at the next smaller keep (require_margin: only those count);
-    (lo, hi, keep, margin) or None when nothing passes. Windows are tried by hi ascending and the search stops after the first hi
-    with a pass (the rank's first key); for one hi, the max over [lo, hi) grows one layer at a time as lo
-    falls, so each window costs one elementwise max per case, not hi - lo."""
+    (lo, hi, keep, margin) or None when nothing passes. Windows are tried by hi ascending and the search stops after
+    the first hi with a pass (the rank's first key); for one hi, the max over [lo, hi) grows one layer at a time as
+    lo falls, so each window costs one elementwise max per case, not hi - lo."""
     n_layers = cases[0][0].shape[0]
     keeps = sorted(set(keeps))
     wanted = [np.asarray(where) for _, where in cases]

@@ -392,8 +392,9 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         const int v0 = comp_cur.v0 + warp * WARP_SLOTS;
         advance(comp_cur);
         if constexpr (FRAG) {
-            if (v0 < L) frag_tile<HD, k_type, v_type, ROPE>(st, q_hi, q_lo, qring + (size_t)(k % N_STAGES) * q_stage_bytes,
-                                                             kv_new, new_key, v0, L);
+            if (v0 < L)
+                frag_tile<HD, k_type, v_type, ROPE>(st, q_hi, q_lo, qring + (size_t)(k % N_STAGES) * q_stage_bytes,
+                                                    kv_new, new_key, v0, L);
         } else if (v0 < L) {
             __half* ks = pipe + (size_t)(QKV ? 0 : k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
             if constexpr (QKV) {                       // this warp's rows of tile k, dequantized
