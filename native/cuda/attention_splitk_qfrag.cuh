@@ -42,7 +42,8 @@ __host__ __device__ constexpr bool frag_types(int kvt) {
 #if FD_ATTN_MMA
     return (kvt >> 2) != FD_KV_F16 && (kvt & 3) != FD_KV_F16;
 #else
-    return kvt < 0;   // (false: SIMT builds keep the float16 tile)
+    (void)kvt;
+    return false;     // SIMT builds keep the float16 tile
 #endif
 }
 
@@ -59,19 +60,6 @@ __host__ __device__ inline int raw_new_v(int head_dim, int k_type) {
 }
 
 #if FD_ATTN_MMA
-
-__device__ __forceinline__ void ldsm_x4_u8(uint32_t (&r)[4], const uint8_t* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_trans_u8(uint32_t (&r)[4], const uint8_t* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 
 // NB float16 scales of one staged row (NB * 2 = 4, 8 or 16 bytes, aligned to that).
 template <int NB>
@@ -140,7 +128,7 @@ __device__ __forceinline__ void frag_scores(float (&s)[2][4], const __half* q_hi
 #pragma unroll
         for (int b = 0; b < NB; ++b) {                  // slices 2 b, 2 b + 1
             uint32_t r[4];
-            ldsm_x4_u8(r, k_addr + 32 * b);
+            ldsm_x4(r, k_addr + 32 * b);
             slice(2 * b, code_bytes_of<T>(r[0]), code_bytes_of<T>(r[2]), b);
             slice(2 * b + 1, code_bytes_of<T>(r[1]), code_bytes_of<T>(r[3]), b);
         }
@@ -148,7 +136,7 @@ __device__ __forceinline__ void frag_scores(float (&s)[2][4], const __half* q_hi
 #pragma unroll
         for (int b2 = 0; b2 < NB / 2; ++b2) {           // blocks 2 b2, 2 b2 + 1: slices 4 b2 .. 4 b2 + 3
             uint32_t r[4];
-            ldsm_x4_u8(r, k_addr + 32 * b2);
+            ldsm_x4(r, k_addr + 32 * b2);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int b = 2 * b2 + j;
@@ -197,7 +185,7 @@ __device__ __forceinline__ void frag_pv(WarpState<HD>& st, const uint32_t (&ph)[
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
             uint32_t r[4];
-            ldsm_x4_trans_u8(r, v_addr + 32 * b);
+            ldsm_x4_trans(r, v_addr + 32 * b);
             group(b, 0, code_bytes_of<T>(r[0]), code_bytes_of<T>(r[1]));
             group(b, 1, code_bytes_of<T>(r[2]), code_bytes_of<T>(r[3]));
         }
@@ -205,7 +193,7 @@ __device__ __forceinline__ void frag_pv(WarpState<HD>& st, const uint32_t (&ph)[
 #pragma unroll
         for (int b2 = 0; b2 < NB / 2; ++b2) {
             uint32_t r[4];
-            ldsm_x4_trans_u8(r, v_addr + 32 * b2);
+            ldsm_x4_trans(r, v_addr + 32 * b2);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int b = 2 * b2 + j;

@@ -49,13 +49,14 @@ __device__ __forceinline__ void cp_async_wait() {
 
 #if FD_ATTN_MMA
 // ---- tensor-core warp step ----------------------------------------------------------------
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half* p) {
+// ldmatrix of b16 elements at a shared address: float16 tiles, or code byte pairs (attention_splitk_qfrag.cuh)
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const __half* p) {
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
