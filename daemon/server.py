@@ -265,7 +265,7 @@ def _calibrated(config: ServeConfig, prefill: str | None) -> tuple[PFlashConfig,
     """config.pflash with the prefill drafter's stored calibration (under the drafter's RoPE scaling: --rope-scaling
     reaches it) for what the command line left unset, by prompt length (pflash/calibration_store.py)."""
     from .models import ModelLoadError, open_model
-    from .pflash.calibration_store import calibrated_pflash, describe_bands, load_calibration, rope_tag
+    from .pflash.calibration_store import SHIPPED_DIR, calibrated_pflash, describe_bands, find_calibration, rope_tag
 
     if prefill is None:
         return config.pflash, None
@@ -273,15 +273,17 @@ def _calibrated(config: ServeConfig, prefill: str | None) -> tuple[PFlashConfig,
         rope = rope_tag(open_model(prefill, config.rope_override)[1].rope_scaling)
     except (ModelLoadError, OSError):
         return config.pflash, None          # the engine's load says what is wrong with the file
-    calibration = load_calibration(prefill, rope)
-    if calibration is None:
+    found = find_calibration(prefill, rope)
+    if found is None:
         log.info("no PFlash calibration stored for %s%s (`flashd pflash-calibrate --drafter ...`%s)",
                  Path(prefill).name, f" under {rope}" if rope else "", " with the same --rope-* options" if rope else "")
         return config.pflash, None
+    calibration, path = found
     pflash = calibrated_pflash(config.pflash, calibration, config.pflash_given)
     if pflash.bands:
-        log.info("PFlash settings from %s's calibration (%s) by prompt length: %s", calibration.drafter,
-                 calibration.date, describe_bands(pflash.bands))
+        log.info("PFlash settings from %s's calibration (%s, %s) by prompt length: %s", calibration.drafter,
+                 calibration.date, "shipped with flashd" if path.parent == SHIPPED_DIR else path,
+                 describe_bands(pflash.bands))
     return pflash, calibration.as_dict()
 
 

@@ -133,7 +133,7 @@ def calibrate_command(drafter, device, lengths, kinds, cases, keeps, alpha, forw
     if dry_run:
         return
     if merge:
-        stored = load_calibration(path, result.rope)
+        stored = load_calibration(path, result.rope, shipped=False)   # the user's own bands only
         if stored is not None:
             try:
                 result = merge_bands(stored, result)

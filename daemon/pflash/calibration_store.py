@@ -7,6 +7,11 @@ own positions, `<name>-<identity>-<rope>.json` under a scaling (e.g. `-yarn4x327
 file is not matched, and the scaling changes the drafter's attention at every length, so a setting measured under
 one is not used under another.
 
+Calibrations measured by flashd's developers ship in `calibrations/` beside this file, named the same way (the
+published drafter files of the models flashd documents; bench/results names the run). A user's own record in the
+cache comes first; a shipped one is used for a file of the same identity and scaling, whatever its name, so
+`compress=auto` has measured settings for those files without running pflash-calibrate.
+
 A calibration holds one band per measured prompt length: the cheapest drafter-layer window and keep fraction that
 kept every case's facts at that length. A prompt uses the band of the nearest measured length on a log scale: band i
 covers [sqrt(L[i-1] * L[i]), sqrt(L[i] * L[i+1])), the first band everything below, the last everything above
@@ -26,11 +31,12 @@ from .config import PFlashBand, PFlashConfig
 from .needles import KINDS
 
 __all__ = ["Calibration", "CalibratedBand", "file_identity", "rope_tag", "calibration_path", "save_calibration",
-           "load_calibration", "pflash_bands", "calibrated_pflash",
+           "load_calibration", "find_calibration", "shipped_calibration_paths", "pflash_bands", "calibrated_pflash",
            "describe_bands"]
 
 IDENTITY_BYTES = 4 << 20
 FORMAT = 2
+SHIPPED_DIR = Path(__file__).parent / "calibrations"
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,15 +139,41 @@ def save_calibration(calibration: Calibration, drafter_path: str | Path) -> Path
     return path
 
 
-def load_calibration(drafter_path: str | Path, rope: str | None = None) -> Calibration | None:
-    """The stored calibration of this exact drafter file under this scaling (rope_tag), or None (none stored, or
-    unreadable)."""
+def shipped_calibration_paths(identity: str, rope: str | None = None) -> list[Path]:
+    """The shipped records (SHIPPED_DIR) of a file of this identity under this scaling, any file name."""
+    suffix = f"-{rope}" if rope else ""
+    return sorted(SHIPPED_DIR.glob(f"*-{identity}{suffix}.json"))
+
+
+def _read(path: Path, identity: str, rope: str | None) -> Calibration | None:
     try:
-        path = calibration_path(drafter_path, rope=rope)
         calibration = Calibration.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return calibration if calibration.rope == rope else None
+    return calibration if calibration.rope == rope and calibration.identity == identity else None
+
+
+def find_calibration(drafter_path: str | Path, rope: str | None = None,
+                     shipped: bool = True) -> tuple[Calibration, Path] | None:
+    """The calibration of this exact drafter file under this scaling (rope_tag) and the file it came from: the
+    user's own (the cache), else with `shipped` one that ships with flashd; None if neither (or unreadable)."""
+    try:
+        identity = file_identity(drafter_path)
+    except OSError:
+        return None
+    paths = [calibration_path(drafter_path, identity, rope)] + (shipped_calibration_paths(identity, rope)
+                                                                   if shipped else [])
+    for path in paths:
+        calibration = _read(path, identity, rope)
+        if calibration is not None:
+            return calibration, path
+    return None
+
+
+def load_calibration(drafter_path: str | Path, rope: str | None = None, shipped: bool = True) -> Calibration | None:
+    """find_calibration's record alone."""
+    found = find_calibration(drafter_path, rope, shipped)
+    return found[0] if found is not None else None
 
 
 def pflash_bands(calibration: Calibration) -> tuple[PFlashBand, ...]:

@@ -1,5 +1,6 @@
 """The stored PFlash calibration (daemon/pflash/calibration_store.py): the round trip, the file's identity and RoPE
 tag, format 1 files (one setting, before bands), the bands by prompt length and what serve builds from them, merge."""
+import dataclasses
 import json
 
 import pytest
@@ -128,3 +129,36 @@ def test_merge_replaces_bands_of_the_same_length_and_refuses_another_setup(tmp_p
         merge(stored, _calibration(drafter, rope="yarn4x32768"))
     with pytest.raises(ValueError, match="cases"):
         merge(stored, _calibration(drafter, cases=4))
+
+
+def test_shipped_calibrations_are_valid_records_named_for_their_file():
+    from flashd.daemon.pflash import calibration_store
+
+    shipped = sorted(calibration_store.SHIPPED_DIR.glob("*.json"))
+    assert shipped, "flashd ships at least the calibration measured for Qwen2.5-Coder-0.5B under YaRN x4"
+    for path in shipped:
+        c = Calibration.from_dict(json.loads(path.read_text()))
+        assert path.name == f"{c.drafter}-{c.identity}{'-' + c.rope if c.rope else ''}.json"
+        assert calibration_store.shipped_calibration_paths(c.identity, c.rope) == [path]
+
+
+def test_a_shipped_calibration_serves_a_file_of_its_identity_and_the_users_own_comes_first(tmp_path, monkeypatch):
+    from flashd.daemon.pflash import calibration_store
+
+    drafter = _drafter(tmp_path, monkeypatch)
+    shipped_dir = tmp_path / "shipped"
+    shipped_dir.mkdir()
+    monkeypatch.setattr(calibration_store, "SHIPPED_DIR", shipped_dir)
+    shipped = dataclasses.replace(_calibration(drafter, rope="yarn4x32768"), drafter="published-name.gguf")
+    (shipped_dir / f"published-name.gguf-{shipped.identity}-yarn4x32768.json").write_text(json.dumps(shipped.as_dict()))
+    assert load_calibration(drafter) is None                                # no record without the scaling
+    assert calibration_store.find_calibration(drafter, "yarn4x32768") == (
+        shipped, shipped_dir / f"published-name.gguf-{shipped.identity}-yarn4x32768.json")
+    assert load_calibration(drafter, "yarn4x32768", shipped=False) is None  # what --merge reads: the user's own only
+    own = _calibration(drafter, rope="yarn4x32768", lengths=(65536,))
+    assert calibration_store.find_calibration(drafter, "yarn4x32768")[1].parent == shipped_dir
+    save_calibration(own, drafter)
+    assert calibration_store.find_calibration(drafter, "yarn4x32768") == (own, calibration_path(drafter,
+                                                                                          rope="yarn4x32768"))
+    drafter.write_bytes(drafter.read_bytes() + b"x")                        # another file: neither matches
+    assert calibration_store.find_calibration(drafter, "yarn4x32768") is None
