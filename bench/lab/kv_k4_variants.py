@@ -19,7 +19,10 @@ calibration text, dcal2 rounded to powers of two, dcalh ^(1/8)), dw / dw2 (D fro
 offset: calibrated mean of k - c), dcal2off2; sink4 / sinkN (first N slots' K in q8_0), sink1f16 / sink4f16 (in
 f16), sinkabs (slot 0's q4_0 error folded into c); l01q8, q8:a.b.c (those layers' K q8_0), only:a-b (q4_0 K in
 layers a..b only, f16 elsewhere); mse (34 step factors, least squared error), search (the daemon's 8-factor
-encoder, daemon/backends/kv_quant_search.py: only with bench/lab/kv_q4_searched_scale.patch applied), signs (random +-1 D: a randomized Hadamard), msedcal / msedcalh / searchdcal.
+encoder, daemon/backends/kv_quant_search.py: only with bench/lab/kv_q4_searched_scale.patch applied), signs (random +-1 D: a randomized Hadamard), msedcal / msedcalh / searchdcal;
+winN (a KIVI-style recent window, e.g. win32, win64, win128, win256: query row at slot p reads the keys of slots
+t > p - N in f16, older ones as base stores them; per query row, so a prefill chunk's row sees what a one-row decode
+step at its slot would) and winNsinkM (e.g. win64sink4: also the first M slots in q8_0 as sinkM): WindowVariant.
 Each run prints argmax agreement and the mean KL(f16 || variant) in nats, a smoother figure: at 1024 tokens the
 argmax count moves by 5-10 tokens between variants whose KL differs by under 5%. --layer-errors instead prints
 each layer's local attention error on the calibration text.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -53,6 +57,8 @@ def _attention(self, q, k, v, cache_layer, batch):
     if STATE.get("capture") is not None:
         STATE["capture"].setdefault(STATE["layer"], []).append((q, k, v))
     hook = STATE["hook"]
+    if isinstance(hook, WindowVariant):           # computes the attention itself (two key sets per row)
+        return hook.attention(STATE["layer"], q, k, v, cache_layer, batch)
     if hook is not None:
         q, k = hook(STATE["layer"], int(batch.n_past[0]), q, k)
     return ORIG_ATTENTION(self, q, k, v, cache_layer, batch)
@@ -114,6 +120,11 @@ class Variant:
         self.sink, self.sink_type, self.rotate = sink, sink_type, rotate
 
     def __call__(self, layer, n_past, q, k):
+        q, k = self.transform(layer, q, k)
+        return q, self.quantize(layer, n_past, k)
+
+    def transform(self, layer, q, k):
+        """q, k after the exact transforms (scale D, offset c + o2, rotation), float32: what is quantized."""
         D = None if self.D is None else self.D[layer]                       # (Hkv, d)
         off = self.c[layer] if self.c is not None else np.zeros(k.shape[1:], np.float32)
         if self.o2 is not None:
@@ -126,11 +137,62 @@ class Variant:
         k = (k - off).astype(np.float32)
         if self.rotate:
             q, k = hadamard_rotate(q), hadamard_rotate(k)
+        return q.astype(np.float32), k
+
+    def quantize(self, layer, n_past, k):
+        """What the cache reads back for transformed keys k at slots n_past.. (the first `sink` slots in sink_type)."""
         out = fake_quant(k, self.types[layer])
         n_sink = max(0, min(self.sink - n_past, k.shape[0]))
         if n_sink:
             out[:n_sink] = fake_quant(k[:n_sink], self.sink_type)
-        return q.astype(np.float32), out.astype(np.float32)
+        return out.astype(np.float32)
+
+
+class WindowVariant(Variant):
+    """A KIVI-style recent window of full-precision keys: query row i of a forward (slot p = n_past + i) reads key
+    slot t as f16 (the transformed key, float32 as the f16 cache is here) if t > p - window, else as the variant
+    stores it (q4_0; the first `sink` slots in sink_type). Per query row, not per chunk: a prefill chunk's row sees
+    what a one-row decode step at its slot would. The cache holds the transformed keys unquantized, a side array per
+    layer what the quantized cache would read back; the attention is ReferenceOps.attention's arithmetic with each
+    score taken from one of the two key sets. Window 0 is the variant's own path bit for bit (win0 = base); a window
+    of the whole context is the f16 cache with offset + rotation (the f16 run up to float32 rounding)."""
+
+    def __init__(self, name, n_layers, c, window, **kw):
+        super().__init__(name, n_layers, c, **kw)
+        self.window, self.side = window, {}
+
+    def attention(self, layer, q, k, v, cache_layer, batch):
+        k_cache, v_cache = cache_layer
+        q, k = self.transform(layer, q, k)
+        n, n_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        n_past = int(batch.n_past[0])
+        if n_past + n > k_cache.shape[0]:
+            raise ValueError(f"KV cache overflow: {n_past} + {n} > {k_cache.shape[0]} slots")
+        side = self.side.get(layer)
+        if side is None or side.shape != k_cache.shape:
+            side = self.side[layer] = np.zeros(k_cache.shape, np.float32)
+        k_cache[n_past:n_past + n] = k                           # before quantize (an f16 type returns k itself)
+        v_cache[n_past:n_past + n] = v
+        side[n_past:n_past + n] = self.quantize(layer, n_past, k)
+        n_ctx = n_past + n
+        visible = np.ones((n, n_ctx), dtype=bool)                # (n, T)
+        new = np.tril(np.ones((n, n), bool)) if batch.mask is None else np.asarray(batch.mask, bool)
+        visible[:, n_past:] = new
+        recent = np.arange(n_ctx)[None, :] > (n_past + np.arange(n))[:, None] - self.window   # (n, T): f16 keys
+        group = n_heads // n_kv_heads
+        qg = q.reshape(n, n_kv_heads, group, head_dim)
+        scale = np.float32(1.0 / np.sqrt(head_dim))
+        scores = np.einsum("nkgd,tkd->kgnt", qg, side[:n_ctx]) * scale
+        if recent.any():
+            full = np.einsum("nkgd,tkd->kgnt", qg, k_cache[:n_ctx]) * scale
+            scores = np.where(recent[None, None], full, scores)
+        scores = np.where(visible[None, None], scores, np.float32(-np.inf))
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = np.einsum("kgnt,tkd->nkgd", probs, v_cache[:n_ctx])
+        return out.reshape(n, n_heads * head_dim).astype(np.float32, copy=False)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -252,6 +314,8 @@ def _causal_attention(q, k, v):
 def layer_errors(runner, ids, variants):
     """Per layer and variant: |attn(q4 K) - attn(f16 K)| / |attn(f16 K)| (Frobenius) over ids from slot 0, each
     layer on the f16 forward's own q, k, v (no propagation): where a q4_0 K hurts locally."""
+    if any(isinstance(var, WindowVariant) for var in variants):
+        raise SystemExit("--layer-errors: window variants (winN) are not supported")
     STATE["capture"] = {}
     argmax_run(runner, ids, None)
     cap, STATE["capture"] = STATE["capture"], None
@@ -322,6 +386,9 @@ def make_variants(names, lm, cfg, c, q2, k2, km):
             table[n] = lambda n=n, sel=sel: Variant(n, L, c, types=["q8_0" if i in sel else "q4_0" for i in range(L)])
         elif n.startswith("sink") and n not in table:
             table[n] = lambda n=n: Variant(n, L, c, sink=int(n[4:]))
+        elif re.fullmatch(r"win\d+(sink\d+)?", n):           # winN, winNsinkM: recent window (+ q8_0 sinks)
+            w, _, m = n[3:].partition("sink")
+            table[n] = lambda n=n, w=int(w), m=int(m or 0): WindowVariant(n, L, c, w, sink=m)
     return [table[n]() for n in names]
 
 
