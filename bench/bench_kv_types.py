@@ -1,9 +1,10 @@
 """KV cache types side by side: teacher-forced argmax agreement with the f16 cache, and decode speed at depth.
 
-    python bench/bench_kv_types.py --model qwen2.5-coder-1.5b --text FILE [--tokens 8192] [--types f16,q8_0,q4_0]
+    python bench/bench_kv_types.py --model qwen2.5-coder-1.5b --text FILE [--tokens 8192] [--types f16,q8_0,q4_0,q4_0@256]
         [--device auto|cpu|cuda] [--depth 32768] [--gen 128] [--reps 3] [--out bench/results/]
 
-One weight load; per KV type (K and V both in that type, `--kv-type`) a fresh runner and cache:
+One weight load; per KV type (K and V both in that type, `--kv-type`; 'K/V' for two types; '@U' adds a
+full-precision window of U positions, KVTypes.window: the reference backend only so far) a fresh runner and cache:
 
 - agreement: the first --tokens tokens of the text file are fed teacher-forced (chunked prefill, every
   position's logits); at each position the argmax is compared with the f16 cache's argmax there. The f16 row
@@ -53,13 +54,21 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(a == b))
 
 
+def parse_type(kind: str):
+    """'T' (K and V both), 'K/V', either with '@U': a full-precision window of U positions (KVTypes.window)."""
+    from flashd.daemon.backends.kv_types import KVTypes
+
+    types, _, window = kind.partition("@")
+    k, _, v = types.partition("/")
+    return KVTypes(k, v or k, int(window) if window else 0)
+
+
 def run_type(backend, cfg, weights, weight_bytes: int, kind: str, ids: list[int], args) -> dict:
     """One KV type's row: {'type', 'argmax' or 'refused', 'tok_s', 'kv_bytes'}."""
-    from flashd.daemon.backends.kv_types import KVTypes
     from flashd.daemon.bench import run_bench
     from flashd.daemon.models.gguf_file import ModelLoadError
-    types = KVTypes(*kind.split("/")) if "/" in kind else KVTypes(kind, kind)   # 'K/V' or one type for both
     try:
+        types = parse_type(kind)
         plan = backend.plan(cfg, weight_bytes, args.max_ctx, args.chunk, kv_types=types)
         runner = backend.make_runner(cfg, weights, args.max_ctx, args.chunk, plan, kv_types=types)
     except (ModelLoadError, ValueError) as exc:

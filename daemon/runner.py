@@ -70,6 +70,10 @@ class ModelRunner:
             raise ValueError(f"max_tree_nodes must be None or an int >= 0, got {max_tree_nodes!r}")
         self.ops, self.cfg, self.weights = ops, cfg, weights
         self.max_ctx, self.prefill_chunk = max_ctx, prefill_chunk
+        window = getattr(kv_types, "window", 0)
+        if window and prefill_chunk % window:
+            # reusable prefixes end on chunk boundaries; a window needs them on its own (kv_types.py)
+            raise ValueError(f"prefill_chunk {prefill_chunk} must be a multiple of the KV window {window}")
         self.tree_nodes_cap = max_tree_nodes    # None: no cap but the backend's
         # kv_types: backends.kv_types.KVTypes (None: f16); a hybrid's cache sizes its tree node states by the cap
         self.cache = make_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes)

@@ -9,16 +9,24 @@ store a row as whole ggml blocks of 32 values, byte for byte ggml's layout:
                                                         nibble) and j + 16 (high nibble)
 
 so a quantized type needs head_dim % 32 == 0. The rounding (ggml's reference encoders) is in kv_quant.py.
+
+A window (`KVTypes.window`, U positions, 0: none) keeps the current block of the context at full precision: a
+query at position p reads a quantized side's row of position t from its full-precision copy when t and p lie in
+the same U-aligned block (t // U == p // U), and its stored blocks otherwise. So the keys and values of the most
+recent 1..U positions are exact, every completed block is read quantized, and a prefix that ends on a multiple of U
+needs no full-precision copy (prefix reuse and host copies keep only the stored bytes). Per query row, by position:
+a prefill chunk's row, a tree node and a one-row decode step at the same position read the same values.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KV_CACHE_TYPES", "QUANT_BLOCK", "BLOCK_BYTES", "KVTypes", "row_bytes", "parse_kv_types"]
+__all__ = ["KV_CACHE_TYPES", "QUANT_BLOCK", "BLOCK_BYTES", "WINDOW_UNIT", "KVTypes", "row_bytes", "parse_kv_types"]
 
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 QUANT_BLOCK = 32                                 # values per block of a quantized type
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}           # bytes per block
+WINDOW_UNIT = 64                                 # a window is whole key tiles of the attention kernels
 
 
 def row_bytes(kv_type: str, head_dim: int) -> int:
@@ -38,6 +46,7 @@ class KVTypes:
 
     k: str = "f16"
     v: str = "f16"
+    window: int = 0          # the full-precision block (positions; a multiple of WINDOW_UNIT), 0: none
 
     def __post_init__(self):
         for name in ("k", "v"):
@@ -45,6 +54,10 @@ class KVTypes:
             if value not in KV_CACHE_TYPES:
                 raise ValueError(f"kv type of {name.upper()} must be one of {', '.join(KV_CACHE_TYPES)}, "
                                  f"got {value!r}")
+        if type(self.window) is not int or self.window < 0 or self.window % WINDOW_UNIT:
+            raise ValueError(f"the KV window must be 0 or a positive multiple of {WINDOW_UNIT}, got {self.window!r}")
+        if self.window and not self.quantized:
+            raise ValueError("a KV window needs a quantized K or V (an f16 cache is full precision already)")
 
     @property
     def quantized(self) -> bool:
@@ -55,11 +68,16 @@ class KVTypes:
         for kind in (self.k, self.v):
             row_bytes(kind, head_dim)
 
+    def windowed(self, side: str) -> bool:
+        """Whether side "k" or "v" keeps full-precision copies of the current block."""
+        return self.window > 0 and getattr(self, side) != "f16"
+
     def as_dict(self) -> dict:
-        return {"k": self.k, "v": self.v}
+        return {"k": self.k, "v": self.v, **({"window": self.window} if self.window else {})}
 
     def __str__(self) -> str:
-        return self.k if self.k == self.v else f"k={self.k},v={self.v}"
+        types = self.k if self.k == self.v else f"k={self.k},v={self.v}"
+        return f"{types},window={self.window}" if self.window else types
 
 
 def parse_kv_types(both: str | None, k: str | None, v: str | None) -> KVTypes:

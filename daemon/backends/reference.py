@@ -14,11 +14,24 @@ from gguf.quants import dequantize
 
 from .base import Batch, HybridFusedDefaults, KVCacheSpec, RecurrentStateSpec
 from .kv_rotate import hadamard_rotate
-from .reference_kv import ReferenceKVCache, is_rotated
+from .reference_kv import ReferenceKVCache, WindowedRows, is_rotated
 from .reference_recurrent import causal_conv1d, delta_rule_chunked, delta_rule_recurrent
 from .reference_recurrent_tree import causal_conv1d_tree, delta_rule_tree
 
 __all__ = ["ReferenceOps", "ReferenceKVCache", "ReferenceRecurrentState"]
+
+
+def _window_block(k_cache, v_cache, n_past: int, n_ctx: int, batch: Batch):
+    """(n, T) bool: query row i and key slot t lie in the same window block by position (KVTypes.window: those
+    pairs read the full-precision copies), or None without a window. Slots below n_past hold the positions of their
+    own number; the batch's rows (slots n_past..) are at batch.positions (a tree's nodes: by depth)."""
+    window = next((c.window for c in (k_cache, v_cache) if isinstance(c, WindowedRows)), 0)
+    if not window:
+        return None
+    q_pos = np.asarray(batch.positions, np.int64)
+    k_pos = np.arange(n_ctx, dtype=np.int64)
+    k_pos[n_past:] = q_pos
+    return (k_pos[None, :] // window) == (q_pos[:, None] // window)
 
 
 class ReferenceRecurrentState:
@@ -201,12 +214,21 @@ class ReferenceOps(HybridFusedDefaults):   # the hybrid's fused ops composed fro
         visible[:, n_past:] = new
         group = n_heads // n_kv_heads
         qg = q.reshape(n, n_kv_heads, group, head_dim)
-        scores = np.einsum("nkgd,tkd->kgnt", qg, keys) * np.float32(1.0 / np.sqrt(head_dim))
+        scale = np.float32(1.0 / np.sqrt(head_dim))
+        scores = np.einsum("nkgd,tkd->kgnt", qg, keys) * scale
+        near = _window_block(k_cache, v_cache, n_past, n_ctx, batch)      # (n, T) or None: full-precision pairs
+        if near is not None and isinstance(k_cache, WindowedRows):
+            scores = np.where(near[None, None], np.einsum("nkgd,tkd->kgnt", qg, k_cache.full[:n_ctx]) * scale, scores)
         scores = np.where(visible[None, None], scores, np.float32(-np.inf))
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
-        out = np.einsum("kgnt,tkd->nkgd", probs, values)
+        if near is not None and isinstance(v_cache, WindowedRows):
+            out = (np.einsum("kgnt,tkd->nkgd", np.where(near[None, None], 0.0, probs).astype(np.float32), values)
+                   + np.einsum("kgnt,tkd->nkgd", np.where(near[None, None], probs, 0.0).astype(np.float32),
+                               v_cache.full[:n_ctx]))
+        else:
+            out = np.einsum("kgnt,tkd->nkgd", probs, values)
         return out.reshape(n, n_heads * head_dim).astype(np.float32, copy=False)
 
     def flashprefill_attention(self, q, k, v, cache_layer, batch: Batch, step) -> np.ndarray:

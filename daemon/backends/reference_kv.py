@@ -7,6 +7,11 @@ they meet it, so whoever reads K rows gets rotated ones. Such a K may also carry
 `layer(i)` gives (K, V) of one layer, each (max_ctx, Hkv, d) as the ops index it: a float32 array, or a
 QuantizedRows whose item assignment encodes and whose slicing decodes, so ReferenceOps' attention is the
 same code for every type. Prefix copies, moves and park keep the stored bytes (no re-rounding).
+
+With a window (kv_types.py KVTypes.window) a quantized side is a WindowedRows: besides its stored bytes it keeps
+every row's full-precision copy (float32, as the f16 cache is here; `full`), which ReferenceOps.attention reads for
+the keys and values in the query's own window block. Moves carry the copies; prefix copies do not need them (a
+reusable prefix ends on a multiple of the window).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from .kv_quant import decode_rows, encode_rows
 from .kv_rotate import rotates_k
 from .kv_types import row_bytes
 
-__all__ = ["ReferenceKVCache", "QuantizedRows", "is_rotated"]
+__all__ = ["ReferenceKVCache", "QuantizedRows", "WindowedRows", "is_rotated"]
 
 
 def is_rotated(rows) -> bool:
@@ -52,6 +57,22 @@ class QuantizedRows:
         self.data[slots] = encode_rows(np.asarray(x, np.float32), self.kv_type)
 
 
+class WindowedRows(QuantizedRows):
+    """A quantized side with a full-precision copy of every row (a window, KVTypes.window): `rows[slots] = x`
+    stores x's bytes and x itself; reading gives the stored (quantized) values, `full[slots]` the copies.
+    window: the block size U in positions."""
+
+    def __init__(self, data: np.ndarray, kv_type: str, head_dim: int, full: np.ndarray, window: int,
+                 rotated: bool = False, offset=None):
+        super().__init__(data, kv_type, head_dim, rotated, offset)
+        self.full, self.window = full, window
+
+    def __setitem__(self, slots, x) -> None:
+        x = np.asarray(x, np.float32)
+        super().__setitem__(slots, x)
+        self.full[slots] = x
+
+
 class ReferenceKVCache:
     """K and V for every layer: (n_layers, max_ctx, Hkv, d) float32 for f16, or (n_layers, max_ctx, Hkv,
     row_bytes) uint8 for a quantized type; K and V have their own types (spec.kv_types)."""
@@ -60,6 +81,8 @@ class ReferenceKVCache:
         self.spec = spec
         self.k = self._storage(spec.kv_types.k)
         self.v = self._storage(spec.kv_types.v)
+        # full-precision copies of a windowed side's rows (n_layers, max_ctx, Hkv, d) float32, or None
+        self.k_full, self.v_full = (self._full() if spec.kv_types.windowed(side) else None for side in ("k", "v"))
         self.k_offset: np.ndarray | None = None     # (n_layers, Hkv, d) float32 key offsets (kv_offset.py)
 
     def set_key_offset(self, offsets) -> None:
@@ -73,22 +96,34 @@ class ReferenceKVCache:
             return np.zeros((s.n_layers, s.max_ctx, s.n_kv_heads, s.head_dim), np.float32)
         return np.zeros((s.n_layers, s.max_ctx, s.n_kv_heads, row_bytes(kv_type, s.head_dim)), np.uint8)
 
+    def _full(self) -> np.ndarray:
+        s = self.spec
+        return np.zeros((s.n_layers, s.max_ctx, s.n_kv_heads, s.head_dim), np.float32)
+
     @property
     def n_bytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(a.nbytes for a in (self.k, self.v, self.k_full, self.v_full) if a is not None)
 
-    def _view(self, store: np.ndarray, kv_type: str, i: int, rotated: bool = False, offset=None):
-        return store[i] if kv_type == "f16" else QuantizedRows(store[i], kv_type, self.spec.head_dim, rotated, offset)
+    def _view(self, store: np.ndarray, kv_type: str, i: int, full=None, rotated: bool = False, offset=None):
+        if kv_type == "f16":
+            return store[i]
+        if full is not None:
+            return WindowedRows(store[i], kv_type, self.spec.head_dim, full[i], self.spec.kv_types.window, rotated,
+                                offset)
+        return QuantizedRows(store[i], kv_type, self.spec.head_dim, rotated, offset)
 
     def layer(self, i: int):
         types = self.spec.kv_types
         offset = None if self.k_offset is None else self.k_offset[i]
-        return self._view(self.k, types.k, i, rotates_k(types.k), offset), self._view(self.v, types.v, i)
+        return (self._view(self.k, types.k, i, self.k_full, rotates_k(types.k), offset),
+                self._view(self.v, types.v, i, self.v_full))
 
     def move(self, src_slots, dst_slots) -> None:
-        """Copy slots src -> dst in every layer (speculative decoding's commit): the stored bytes."""
-        self.k[:, dst_slots] = self.k[:, src_slots]
-        self.v[:, dst_slots] = self.v[:, src_slots]
+        """Copy slots src -> dst in every layer (speculative decoding's commit): the stored bytes (and a window's
+        full-precision copies)."""
+        for store in (self.k, self.v, self.k_full, self.v_full):
+            if store is not None:
+                store[:, dst_slots] = store[:, src_slots]
 
     def save_prefix(self, n_slots: int) -> np.ndarray:
         """A host copy of slots [0, n_slots) of every layer, K and V. Both f16: float32 (2, n_layers,

@@ -43,3 +43,22 @@ def test_bench_rows_per_type(model, tmp_path, capsys):
     assert by["f16"]["agreement"] == 1.0 and 0.0 <= by["q4_0"]["agreement"] <= 1.0
     assert by["f16"]["kv_bytes"] > by["q8_0"]["kv_bytes"] > by["q4_0"]["kv_bytes"]
     assert all(row["tok_s"] > 0 for row in data)
+
+
+def test_type_names_parse_with_a_window():
+    assert str(bench.parse_type("q4_0@256")) == "q4_0,window=256"
+    assert str(bench.parse_type("q8_0/q4_0@64")) == "k=q8_0,v=q4_0,window=64"
+    assert str(bench.parse_type("q4_0/f16")) == "k=q4_0,v=f16"
+    with pytest.raises(ValueError, match="window"):
+        bench.parse_type("q4_0@100")
+
+
+def test_a_window_row_on_the_cpu(model, tmp_path):
+    text = tmp_path / "code.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 40)
+    out = tmp_path / "out"
+    assert bench.main(["--model", str(model), "--text", str(text), "--tokens", "150", "--device", "cpu",
+                       "--gen", "0", "--chunk", "64", "--types", "f16,q4_0,q4_0@64", "--out", str(out)]) == 0
+    by = {row["type"]: row for row in json.loads(next(out.glob("*-kv-types.json")).read_text())}
+    assert by["q4_0@64"]["kv_bytes"] > by["q4_0"]["kv_bytes"]       # the reference keeps full-precision copies
+    assert 0.0 <= by["q4_0@64"]["agreement"] <= 1.0
