@@ -3,6 +3,7 @@ the CPU reference backend. Not part of the daemon; it patches ReferenceOps.atten
 
     python bench/lab/kv_k4_variants.py --model M.gguf --text EVAL.py --calib CALIB.py [--tokens 512]
         [--calib-tokens 256] [--variants base,dcal,...] [--out FILE.json]
+    python bench/lab/kv_k4_variants.py --self-test        # the window variants' checks on random data (no model)
 
 How a variant is run: the cache is an f16 one (float32 rows) and the patched attention "fake-quantizes" each key
 before it is stored: k_stored = decode(encode(R(k * D - c * D - o2))) and the query becomes R(q / D), R the
@@ -20,9 +21,15 @@ offset: calibrated mean of k - c), dcal2off2; sink4 / sinkN (first N slots' K in
 f16), sinkabs (slot 0's q4_0 error folded into c); l01q8, q8:a.b.c (those layers' K q8_0), only:a-b (q4_0 K in
 layers a..b only, f16 elsewhere); mse (34 step factors, least squared error), search (the daemon's 8-factor
 encoder, daemon/backends/kv_quant_search.py: only with bench/lab/kv_q4_searched_scale.patch applied), signs (random +-1 D: a randomized Hadamard), msedcal / msedcalh / searchdcal;
-winN (a KIVI-style recent window, e.g. win32, win64, win128, win256: query row at slot p reads the keys of slots
-t > p - N in f16, older ones as base stores them; per query row, so a prefill chunk's row sees what a one-row decode
-step at its slot would) and winNsinkM (e.g. win64sink4: also the first M slots in q8_0 as sinkM): WindowVariant.
+window variants (WindowVariant, names RULE[sinkM][+v4|+v4nw], WINDOW_NAME): RULE winN (a KIVI-style sliding
+window, e.g. win32, win128: query row at slot p reads the keys of slots t > p - N in f16, older ones as base stores
+them), blkU (a block-aligned window, e.g. blk128, blk256, blk512: slot t in f16 iff floor(t / U) == floor(p / U), the
+current U-aligned block; a prefix ending on a multiple of U needs no f16 copies, rows early in a block see almost no
+window) or base (no window); sinkM: also the first M slots' K in q8_0 as sinkM; +v4: V stored as q4_0 too (ggml's
+plain q4_0 of the value rows, no offset or rotation), read in f16 inside the same window as K; +v4nw: V q4_0 with no
+window (K keeps its own). base+v4 is today's K q4_0 + V q4_0. All per query row: a prefill chunk's row sees what a
+one-row decode step at its slot would (--self-test checks it, and blk1 == win1, win0 == base, a window over the
+whole context == the f16 cache, with or without +v4).
 Each run prints argmax agreement and the mean KL(f16 || variant) in nats, a smoother figure: at 1024 tokens the
 argmax count moves by 5-10 tokens between variants whose KL differs by under 5%. --layer-errors instead prints
 each layer's local attention error on the calibration text.
@@ -149,17 +156,44 @@ class Variant:
 
 
 class WindowVariant(Variant):
-    """A KIVI-style recent window of full-precision keys: query row i of a forward (slot p = n_past + i) reads key
-    slot t as f16 (the transformed key, float32 as the f16 cache is here) if t > p - window, else as the variant
-    stores it (q4_0; the first `sink` slots in sink_type). Per query row, not per chunk: a prefill chunk's row sees
-    what a one-row decode step at its slot would. The cache holds the transformed keys unquantized, a side array per
-    layer what the quantized cache would read back; the attention is ReferenceOps.attention's arithmetic with each
-    score taken from one of the two key sets. Window 0 is the variant's own path bit for bit (win0 = base); a window
-    of the whole context is the f16 cache with offset + rotation (the f16 run up to float32 rounding)."""
+    """A window of full-precision K (and V) rows per query row, the rest read back quantized. Query row i of a
+    forward (slot p = n_past + i) reads key slot t <= p as f16 (the transformed key, float32 as the f16 cache is
+    here) if t is in p's window, else as the variant stores it (q4_0; the first `sink` slots in sink_type). The
+    window rule, `full_mask`: sliding (window W, winN: t > p - W, KIVI-style) or block-aligned (block U, blkU:
+    floor(t / U) == floor(p / U), the current U-aligned block of the context in full precision, every completed block
+    quantized: a prefix ending on a multiple of U needs no full-precision copies). v_type: the V cache's type (f16,
+    or q4_0: plain ggml q4_0 of the value rows, no offset or rotation); a quantized V is read in full precision
+    inside the same window when v_window, else everywhere quantized (+v4nw). Per query row, not per chunk: a prefill
+    chunk's row sees what a one-row decode step at its slot would. The cache holds the transformed keys and the values
+    unquantized, side arrays per layer what the quantized caches would read back; the attention is
+    ReferenceOps.attention's arithmetic with each score (and each value row) taken from one of the two sets. An empty
+    window (win0) is the variant's own path bit for bit (win0 = base; win0+v4 = base+v4); a window covering the whole
+    context (winN, blkU with N, U >= the context) is the f16 cache with offset + rotation (the f16 run up to float32
+    rounding), with V q4_0 too (+v4: the full-precision V rows are read, the quantized ones weigh 0 exactly)."""
 
-    def __init__(self, name, n_layers, c, window, **kw):
+    def __init__(self, name, n_layers, c, window=0, block=0, v_type="f16", v_window=True, **kw):
         super().__init__(name, n_layers, c, **kw)
-        self.window, self.side = window, {}
+        if window and block:
+            raise ValueError("a sliding window or a block-aligned one, not both")
+        self.window, self.block, self.v_type, self.v_window = window, block, v_type, v_window
+        self.side, self.v_side = {}, {}
+
+    def full_mask(self, n_past, n, n_ctx):
+        """(n, n_ctx) bool: query row i (slot n_past + i) reads slot t in full precision (t > slot is masked
+        anyway), and the first column any row reads so (n_ctx if none)."""
+        p = (n_past + np.arange(n))[:, None]
+        t = np.arange(n_ctx)[None, :]
+        if self.block:
+            full, lo = t // self.block == p // self.block, n_past // self.block * self.block
+        else:
+            full, lo = t > p - self.window, (max(0, n_past - self.window + 1) if self.window > 0 else n_ctx)
+        return full, min(lo, n_ctx)
+
+    def _side(self, store, layer, like):
+        side = store.get(layer)
+        if side is None or side.shape != like.shape:
+            side = store[layer] = np.zeros(like.shape, np.float32)
+        return side
 
     def attention(self, layer, q, k, v, cache_layer, batch):
         k_cache, v_cache = cache_layer
@@ -169,30 +203,58 @@ class WindowVariant(Variant):
         n_past = int(batch.n_past[0])
         if n_past + n > k_cache.shape[0]:
             raise ValueError(f"KV cache overflow: {n_past} + {n} > {k_cache.shape[0]} slots")
-        side = self.side.get(layer)
-        if side is None or side.shape != k_cache.shape:
-            side = self.side[layer] = np.zeros(k_cache.shape, np.float32)
+        side = self._side(self.side, layer, k_cache)
         k_cache[n_past:n_past + n] = k                           # before quantize (an f16 type returns k itself)
         v_cache[n_past:n_past + n] = v
         side[n_past:n_past + n] = self.quantize(layer, n_past, k)
+        v_side = None
+        if self.v_type != "f16":
+            v_side = self._side(self.v_side, layer, v_cache)
+            v_side[n_past:n_past + n] = fake_quant(np.asarray(v, np.float32), self.v_type)
         n_ctx = n_past + n
         visible = np.ones((n, n_ctx), dtype=bool)                # (n, T)
         new = np.tril(np.ones((n, n), bool)) if batch.mask is None else np.asarray(batch.mask, bool)
         visible[:, n_past:] = new
-        recent = np.arange(n_ctx)[None, :] > (n_past + np.arange(n))[:, None] - self.window   # (n, T): f16 keys
+        full, lo = self.full_mask(n_past, n, n_ctx)              # (n, T): full-precision slots; columns lo.. hold any
         group = n_heads // n_kv_heads
         qg = q.reshape(n, n_kv_heads, group, head_dim)
         scale = np.float32(1.0 / np.sqrt(head_dim))
         scores = np.einsum("nkgd,tkd->kgnt", qg, side[:n_ctx]) * scale
-        if recent.any():
-            full = np.einsum("nkgd,tkd->kgnt", qg, k_cache[:n_ctx]) * scale
-            scores = np.where(recent[None, None], full, scores)
+        if lo < n_ctx:                                           # einsum's dot per (row, slot): slicing t is exact
+            f16 = np.einsum("nkgd,tkd->kgnt", qg, k_cache[lo:n_ctx]) * scale
+            scores[..., lo:] = np.where(full[None, None, :, lo:], f16, scores[..., lo:])
         scores = np.where(visible[None, None], scores, np.float32(-np.inf))
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
-        out = np.einsum("kgnt,tkd->nkgd", probs, v_cache[:n_ctx])
+        if v_side is None:
+            out = np.einsum("kgnt,tkd->nkgd", probs, v_cache[:n_ctx])
+        elif not self.v_window or lo == n_ctx:
+            out = np.einsum("kgnt,tkd->nkgd", probs, v_side[:n_ctx])
+        else:                                                    # quantized rows outside the window, f16 inside
+            fm = full[None, None]
+            zero = np.float32(0)
+            out = np.einsum("kgnt,tkd->nkgd", np.where(fm, zero, probs), v_side[:n_ctx])
+            out += np.einsum("kgnt,tkd->nkgd", np.where(fm[..., lo:], probs[..., lo:], zero), v_cache[lo:n_ctx])
         return out.reshape(n, n_heads * head_dim).astype(np.float32, copy=False)
+
+
+WINDOW_NAME = re.compile(r"(base|win\d+|blk\d+)(sink\d+)?(\+v4(nw)?)?")
+
+
+def window_variant(name, n_layers, c):
+    """A WindowVariant from its name (WINDOW_NAME): base | winN | blkU, then sinkM (the first M slots' K in q8_0),
+    then +v4 (V q4_0, full precision in the K window) or +v4nw (V q4_0 everywhere); None if the name is not one."""
+    m = WINDOW_NAME.fullmatch(name)
+    if m is None:
+        return None
+    rule, sink, v4, nw = m.groups()
+    window = int(rule[3:]) if rule.startswith("win") else 0
+    block = int(rule[3:]) if rule.startswith("blk") else 0
+    if rule.startswith("blk") and block < 1:
+        raise ValueError(f"{name}: a block of at least 1 slot")
+    return WindowVariant(name, n_layers, c, window=window, block=block, v_type="q4_0" if v4 else "f16",
+                         v_window=not nw, sink=int(sink[4:]) if sink else 0)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -315,7 +377,7 @@ def layer_errors(runner, ids, variants):
     """Per layer and variant: |attn(q4 K) - attn(f16 K)| / |attn(f16 K)| (Frobenius) over ids from slot 0, each
     layer on the f16 forward's own q, k, v (no propagation): where a q4_0 K hurts locally."""
     if any(isinstance(var, WindowVariant) for var in variants):
-        raise SystemExit("--layer-errors: window variants (winN) are not supported")
+        raise SystemExit("--layer-errors: window variants (winN, blkU, +v4) are not supported")
     STATE["capture"] = {}
     argmax_run(runner, ids, None)
     cap, STATE["capture"] = STATE["capture"], None
@@ -328,6 +390,87 @@ def layer_errors(runner, ids, variants):
             err = np.linalg.norm(_causal_attention(qv, kv, v) - ref_o) / np.linalg.norm(ref_o)
             out.setdefault(var.name, []).append(float(err))
     return out
+
+
+def self_test(seed=16):
+    """Random data, no model (--self-test). Returns the checks' lines; raises AssertionError on a failure.
+    (1) Per-row semantics: every window rule and V type, a forward in chunks of 13 rows (crossing block and window
+    edges) equals one-row decode steps, and both equal an independent per-row float64 evaluation of the rule
+    (row p: K and V rows t <= p from the full-precision set where the rule says, else the quantized one).
+    (2) Bit for bit: blk1 == win1 (each row's own slot only), blkU == winN for U, N >= the context, +v4 with a
+    window covering the context == without it, win0 == base and win0+v4 == base+v4 (base through
+    ReferenceOps.attention, the path the non-window variants take)."""
+    from types import SimpleNamespace
+    rng = np.random.default_rng(seed)
+    L, H, Hkv, d, T = 2, 4, 2, 128, 80
+    c = rng.normal(size=(L, Hkv, d)).astype(np.float32)
+    q = (rng.normal(size=(T, H, d)) * 3).astype(np.float32)
+    k = (rng.normal(size=(T, Hkv, d)) * 2 + c[1]).astype(np.float32)
+    v = rng.normal(size=(T, Hkv, d)).astype(np.float32)
+    layer, lines = 1, []
+
+    def run(var, chunk):
+        kc, vc = np.zeros((T, Hkv, d), np.float32), np.zeros((T, Hkv, d), np.float32)
+        out = []
+        for s0 in range(0, T, chunk):
+            batch = SimpleNamespace(n_past=np.array([s0], np.int32), mask=None)
+            sl = slice(s0, s0 + chunk)
+            if isinstance(var, WindowVariant):
+                out.append(var.attention(layer, q[sl], k[sl], v[sl], (kc, vc), batch))
+            else:                                     # the hook path of _attention
+                qv, kv = var(layer, s0, q[sl], k[sl])
+                out.append(ORIG_ATTENTION(ref.ReferenceOps(), qv, kv, v[sl], (kc, vc), batch))
+        return np.concatenate(out)
+
+    def per_row(var):
+        qt, kt = var.transform(layer, q, k)
+        kq = var.quantize(layer, 0, kt)
+        vq = v if var.v_type == "f16" else fake_quant(v, var.v_type)
+        out = np.zeros((T, H, d))
+        g = H // Hkv
+        for p in range(T):
+            t = np.arange(p + 1)
+            full = (t // var.block == p // var.block) if var.block else (t > p - var.window)
+            keys = np.where(full[:, None, None], kt[:p + 1], kq[:p + 1]).astype(np.float64)
+            vfull = full if var.v_window else np.zeros_like(full)
+            vals = np.where(vfull[:, None, None], v[:p + 1], vq[:p + 1]).astype(np.float64)
+            for h in range(H):
+                sc = keys[:, h // g] @ qt[p, h].astype(np.float64) / np.sqrt(d)
+                w = np.exp(sc - sc.max())
+                out[p, h] = (w / w.sum()) @ vals[:, h // g]
+        return out.reshape(T, H * d)
+
+    names = ["win0", "win1", "win8", "win32", "blk1", "blk8", "blk16", "blk64", "win8+v4", "win8+v4nw", "blk8+v4",
+             "blk16+v4", "blk16+v4nw", "blk16sink4+v4", "base+v4", "blk1000", "blk1000+v4", "win1000", "win1000+v4"]
+    outs = {}
+    for name in names:
+        a, b = run(window_variant(name, L, c), 13), run(window_variant(name, L, c), 1)
+        r = per_row(window_variant(name, L, c))
+        e1 = float(np.abs(a - b).max() / np.abs(b).max())
+        e2 = float(np.abs(a - r).max() / np.abs(r).max())
+        assert e1 < 1e-5 and e2 < 1e-4, (name, e1, e2)
+        outs[name] = a
+        lines.append(f"{name}: chunks of 13 vs one-row steps max rel diff {e1:.1e}, vs per-row float64 {e2:.1e}")
+    base, base_v4 = run(Variant("base", L, c), 13), outs["base+v4"]
+    for x, y in [("blk1", "win1"), ("blk1000", "win1000"), ("blk1000+v4", "blk1000"), ("win1000+v4", "win1000"),
+                 ("win0", "base")]:
+        ox, oy = outs[x], base if y == "base" else outs[y]
+        assert np.array_equal(ox, oy), (x, y, float(np.abs(ox - oy).max()))
+        lines.append(f"{x} == {y} bit for bit")
+    assert np.array_equal(run(window_variant("win0+v4", L, c), 13), base_v4)
+    lines.append("win0+v4 == base+v4 bit for bit")
+    for x, y in [("blk8", "win8"), ("blk16", "blk8"), ("blk16+v4", "blk16+v4nw"), ("blk16+v4", "blk16"),
+                 ("blk16sink4+v4", "blk16+v4"), ("win8+v4", "win8+v4nw")]:     # the checks above can tell these apart
+        e = float(np.abs(outs[x] - outs[y]).max() / np.abs(outs[y]).max())
+        assert e > 1e-3, (x, y, e)
+        lines.append(f"{x} vs {y}: max rel diff {e:.1e} (distinct)")
+    f16 = ORIG_ATTENTION(ref.ReferenceOps(), q, k, v, (np.zeros_like(k), np.zeros_like(v)),
+                         SimpleNamespace(n_past=np.array([0], np.int32), mask=None))
+    for name in ["blk1000", "blk1000+v4", "base", "blk16", "blk16+v4", "blk16+v4nw", "base+v4"]:
+        o = base if name == "base" else outs[name]
+        lines.append(f"{name} vs the f16 cache (no offset, no rotation): max rel diff "
+                     f"{float(np.abs(o - f16).max() / np.abs(f16).max()):.1e}")
+    return lines
 
 
 def load(args):
@@ -386,24 +529,30 @@ def make_variants(names, lm, cfg, c, q2, k2, km):
             table[n] = lambda n=n, sel=sel: Variant(n, L, c, types=["q8_0" if i in sel else "q4_0" for i in range(L)])
         elif n.startswith("sink") and n not in table:
             table[n] = lambda n=n: Variant(n, L, c, sink=int(n[4:]))
-        elif re.fullmatch(r"win\d+(sink\d+)?", n):           # winN, winNsinkM: recent window (+ q8_0 sinks)
-            w, _, m = n[3:].partition("sink")
-            table[n] = lambda n=n, w=int(w), m=int(m or 0): WindowVariant(n, L, c, w, sink=m)
+        elif n not in table and WINDOW_NAME.fullmatch(n):    # winN / blkU / base, [sinkM], [+v4 | +v4nw]
+            table[n] = lambda n=n: window_variant(n, L, c)
     return [table[n]() for n in names]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--text", required=True)
-    ap.add_argument("--calib", required=True)
+    ap.add_argument("--model")
+    ap.add_argument("--text")
+    ap.add_argument("--calib")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--calib-tokens", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--variants", default="base,dcal2")
     ap.add_argument("--out", default=None)
     ap.add_argument("--layer-errors", action="store_true", help="per-layer local attention error on the calib text")
+    ap.add_argument("--self-test", action="store_true", help="the window variants' checks on random data, no model")
     args = ap.parse_args(argv)
+    if args.self_test:
+        for line in self_test():
+            log(line)
+        return 0
+    if not (args.model and args.text and args.calib):
+        ap.error("--model, --text and --calib are required (but for --self-test)")
     t0 = time.perf_counter()
     lm, cfg, runner, ids, cal, c = load(args)
     log(f"loaded in {time.perf_counter() - t0:.0f} s; eval {len(ids)} tokens, calib {len(cal)}")
@@ -420,16 +569,17 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     f16, ref_logp = argmax_run(runner, ids, None)
     log(f"f16 in {time.perf_counter() - t0:.0f} s")
-    results, kl = {}, {}
+    results, kl, differ, secs = {}, {}, {}, {}
     for var in make_variants(args.variants.split(","), lm, cfg, c, q2, k2, km):
         t0 = time.perf_counter()
         top, kl[var.name] = argmax_run(runner, ids, var, ref_logp)
-        results[var.name] = float(np.mean(top == f16))
-        log(f"{var.name}: {100 * results[var.name]:.2f}% ({int((top != f16).sum())} of {len(ids)} differ), "
-            f"KL {kl[var.name]:.5f} nats, in {time.perf_counter() - t0:.0f} s")
+        results[var.name], differ[var.name] = float(np.mean(top == f16)), int((top != f16).sum())
+        secs[var.name] = round(time.perf_counter() - t0, 1)
+        log(f"{var.name}: {100 * results[var.name]:.2f}% ({differ[var.name]} of {len(ids)} differ), "
+            f"KL {kl[var.name]:.5f} nats, in {secs[var.name]:.0f} s")
         if args.out:
-            json.dump({"tokens": len(ids), "calib_tokens": len(cal), "agreement": results, "kl_nats": kl},
-                      open(args.out, "w"), indent=1)
+            json.dump({"tokens": len(ids), "calib_tokens": len(cal), "agreement": results, "kl_nats": kl,
+                       "differ": differ, "seconds": secs}, open(args.out, "w"), indent=1)
     return 0
 
 
