@@ -42,11 +42,9 @@ def batch(n: int, n_past: int, mask=None) -> Batch:
                  n_past=np.array([n_past], np.int32), mask=mask)
 
 
-@pytest.mark.parametrize("types", TYPES, ids=str)
-@pytest.mark.parametrize("n,n_past,heads,kv_heads,d", [(1, 37, 6, 2, 64), (7, 13, 4, 1, 32), (5, 0, 3, 3, 96),
-                                                        (13, 29, 8, 2, 128)])
-@pytest.mark.parametrize("masked", [False, True])
-def test_attention_over_each_kv_type_vs_float64(types, n, n_past, heads, kv_heads, d, masked):
+def random_case(types: KVTypes, n: int, n_past: int, heads: int, kv_heads: int, d: int):
+    """A one-layer cache of `types` holding n_past random K/V rows, and n new rows' q, k, v (float32; K scaled by 3):
+    (rng, cache, layer, k_past, v_past, q, k, v), seeded by the shape."""
     rng = np.random.default_rng(n * 1000 + n_past + d)
     cache = ops.kv_cache(KVCacheSpec(1, n_past + n + 3, kv_heads, d, types))
     layer = cache.layer(0)
@@ -57,6 +55,15 @@ def test_attention_over_each_kv_type_vs_float64(types, n, n_past, heads, kv_head
     q = rng.standard_normal((n, heads, d)).astype(np.float32)
     k = (rng.standard_normal((n, kv_heads, d)) * 3).astype(np.float32)
     v = rng.standard_normal((n, kv_heads, d)).astype(np.float32)
+    return rng, cache, layer, k_past, v_past, q, k, v
+
+
+@pytest.mark.parametrize("types", TYPES, ids=str)
+@pytest.mark.parametrize("n,n_past,heads,kv_heads,d", [(1, 37, 6, 2, 64), (7, 13, 4, 1, 32), (5, 0, 3, 3, 96),
+                                                        (13, 29, 8, 2, 128)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_over_each_kv_type_vs_float64(types, n, n_past, heads, kv_heads, d, masked):
+    rng, cache, layer, k_past, v_past, q, k, v = random_case(types, n, n_past, heads, kv_heads, d)
     new_visible = np.tril(rng.random((n, n)) < 0.5) | np.eye(n, dtype=bool) if masked else np.tril(np.ones((n, n), bool))
     out = ops.attention(q, k, v, layer, batch(n, n_past, new_visible if masked else None))
     k_all = np.concatenate([k_past, k])

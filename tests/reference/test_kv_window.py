@@ -14,22 +14,18 @@ import numpy as np
 import pytest
 
 from flashd.daemon.backends.base import Batch, KVCacheSpec
-from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
 from flashd.daemon.backends.kv_rotate import hadamard_matrix, hadamard_rotate, rotates_k
 from flashd.daemon.backends.kv_types import KVTypes
 from flashd.daemon.backends.reference import ReferenceOps
 from flashd.daemon.models import load_model
 from flashd.daemon.runner import ModelRunner
 from flashd.scripts.make_synthetic_gguf import SyntheticSpec, write_synthetic_model
+from tests.reference.test_kv_types_cache import random_case, stored
 from tests.reference.test_reference_ops import brute_attention
 
 ops = ReferenceOps()
 WINDOWED = [KVTypes("q4_0", "q4_0", 64), KVTypes("q4_0", "f16", 64), KVTypes("f16", "q4_0", 128),
             KVTypes("q8_0", "q4_0", 64)]
-
-
-def stored(x: np.ndarray, kv_type: str) -> np.ndarray:
-    return x if kv_type == "f16" else decode_rows(encode_rows(x, kv_type), kv_type)
 
 
 def window_oracle(q, k_all, v_all, types: KVTypes, k_pos, q_pos, visible):
@@ -54,16 +50,7 @@ def window_oracle(q, k_all, v_all, types: KVTypes, k_pos, q_pos, visible):
                                                         (70, 250, 8, 2, 128)])
 @pytest.mark.parametrize("masked", [False, True])
 def test_window_attention_vs_float64(types, n, n_past, heads, kv_heads, d, masked):
-    rng = np.random.default_rng(n * 1000 + n_past + d)
-    cache = ops.kv_cache(KVCacheSpec(1, n_past + n + 3, kv_heads, d, types))
-    layer = cache.layer(0)
-    k_past = (rng.standard_normal((n_past, kv_heads, d)) * 3).astype(np.float32)
-    v_past = rng.standard_normal((n_past, kv_heads, d)).astype(np.float32)
-    if n_past:
-        ops.kv_write(k_past, v_past, layer, np.array([0], np.int32))
-    q = rng.standard_normal((n, heads, d)).astype(np.float32)
-    k = (rng.standard_normal((n, kv_heads, d)) * 3).astype(np.float32)
-    v = rng.standard_normal((n, kv_heads, d)).astype(np.float32)
+    rng, cache, layer, k_past, v_past, q, k, v = random_case(types, n, n_past, heads, kv_heads, d)
     if masked:        # a tree: node i's parent is an earlier node, its position n_past + depth
         parent = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
         depth = [0] * n
