@@ -4,7 +4,7 @@
         [--device auto|cpu|cuda] [--depth 32768] [--gen 128] [--reps 3] [--out bench/results/]
 
 One weight load; per KV type (K and V both in that type, `--kv-type`; 'K/V' for two types; '@U' adds a
-full-precision window of U positions, KVTypes.window: the reference backend only so far) a fresh runner and cache:
+full-precision window of U positions, KVTypes.window; --chunk must be a multiple of U) a fresh runner and cache:
 
 - agreement: the first --tokens tokens of the text file are fed teacher-forced (chunked prefill, every
   position's logits); at each position the argmax is compared with the f16 cache's argmax there. The f16 row

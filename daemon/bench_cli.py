@@ -5,8 +5,7 @@ import sys
 
 import click
 
-from .backends.kv_types import parse_kv_types
-from .serve_command import kv_type_options, size_option
+from .serve_command import kv_type_options, kv_types_option, size_option
 from .vram_budget import DEFAULT_MARGIN
 
 
@@ -30,7 +29,7 @@ from .vram_budget import DEFAULT_MARGIN
                    "fd_tuning_t; the table prints the tuning in effect).")
 @kv_type_options
 def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx, prefill_chunk, forward, vram_budget,
-                  vram_margin, tuning, kv_type, kv_type_k, kv_type_v):
+                  vram_margin, tuning, kv_type, kv_type_k, kv_type_v, kv_window):
     """llama-bench-like table of prefill and decode throughput, with % of the bandwidth roofline."""
     from ..clients.registry import DEFAULT_MODEL, resolve_model
     from .bench import format_table, run_bench
@@ -46,7 +45,7 @@ def bench_command(model, device, prompt_sizes, gen_sizes, depths, reps, max_ctx,
     engine = Engine(EngineConfig(model=str(path), device=device, max_ctx=max_ctx or need,
                                  prefill_chunk=prefill_chunk, prefix_cache=False,   # every prefill measured cold
                                  forward=forward, vram_budget=vram_budget, vram_margin=vram_margin,
-                                 kv_types=parse_kv_types(kv_type, kv_type_k, kv_type_v)))
+                                 kv_types=kv_types_option(kv_type, kv_type_k, kv_type_v, kv_window)))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     in_effect = apply_tuning(engine.backend, tuning)   # before load: graphs are captured with it
     log(f"loading {path} on {engine.backend.name}")

@@ -39,6 +39,8 @@ from .models.weights import ModelWeights
 from .prefix_cache import PrefixStore, reusable_tokens
 from .sampling import log_softmax, sample
 
+MAX_FORWARD_TREE = 256      # the most draft-tree rows one verify forward writes (the GPU's masked attention takes 256)
+
 __all__ = ["ModelRunner", "Sampled"]
 
 
@@ -73,10 +75,12 @@ class ModelRunner:
         window = getattr(kv_types, "window", 0)
         if window and prefill_chunk % window:
             # reusable prefixes end on chunk boundaries; a window needs them on its own (kv_types.py)
-            raise ValueError(f"prefill_chunk {prefill_chunk} must be a multiple of the KV window {window}")
+            raise ValueError(f"prefill_chunk {prefill_chunk} must be a multiple of the KV window {window} "
+                             f"(--kv-window sets it; 0: none)")
         self.tree_nodes_cap = max_tree_nodes    # None: no cap but the backend's
         # kv_types: backends.kv_types.KVTypes (None: f16); a hybrid's cache sizes its tree node states by the cap
-        self.cache = make_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes)
+        # the most rows one forward writes: a prefill chunk, or a verified tree (masked attention's 256 at most)
+        self.cache = make_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes, max_rows=max(prefill_chunk, MAX_FORWARD_TREE))
         if hasattr(self.cache, "set_key_offset") and self.cache.spec.kv_types.k != "f16":
             self.cache.set_key_offset(model_key_offsets(ops, cfg, weights))   # a quantized K's (kv_offset.py)
         self._model_forward = forward_of(cfg)

@@ -15,7 +15,7 @@ from .process import LOG_LEVELS
 from .server import ServeConfig, serve
 from .vram_budget import DEFAULT_MARGIN, SIZE_HELP, parse_size
 
-__all__ = ["serve_command", "size_option", "kv_type_options", "rope_options", "rope_override"]
+__all__ = ["serve_command", "size_option", "kv_type_options", "kv_types_option", "rope_options", "rope_override"]
 
 KV_TYPE_HELP = ("KV cache storage of K and V: f16 (the backend's unquantized cache), q8_0 (34 bytes per 32 values, "
                 "~1.9x smaller) or q4_0 (18 bytes per 32, ~3.6x smaller); ggml's block formats and rounding. "
@@ -24,13 +24,26 @@ KV_TYPE_HELP = ("KV cache storage of K and V: f16 (the backend's unquantized cac
 
 
 def kv_type_options(command):
-    """--kv-type (both), --kv-type-k, --kv-type-v: shared by `flashd serve` and `flashd bench`."""
+    """--kv-type (both), --kv-type-k, --kv-type-v, --kv-window: shared by `flashd serve` and `flashd bench`."""
+    command = click.option("--kv-window", type=click.IntRange(0, 1 << 20), default=None,
+                           help="Keep the current block of this many positions (a multiple of 64) at full precision "
+                                "beside a quantized K / V: each token reads its own block's keys and values exact, "
+                                "older blocks quantized. Default: 512 when K or V is q4_0, else none; 0: none. "
+                                "--prefill-chunk must be a multiple of it.")(command)
     command = click.option("--kv-type-v", type=click.Choice(KV_CACHE_TYPES), default=None,
                            help="V's storage (default: --kv-type).")(command)
     command = click.option("--kv-type-k", type=click.Choice(KV_CACHE_TYPES), default=None,
                            help="K's storage (default: --kv-type).")(command)
     return click.option("--kv-type", type=click.Choice(KV_CACHE_TYPES), default=None,
                         help=KV_TYPE_HELP + " Default: f16.")(command)
+
+
+def kv_types_option(kv_type, kv_type_k, kv_type_v, kv_window):
+    """The KVTypes of the --kv-type* and --kv-window options (click.BadParameter for a window they cannot take)."""
+    try:
+        return parse_kv_types(kv_type, kv_type_k, kv_type_v, kv_window)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kv-window") from None
 
 
 def rope_options(command):
@@ -157,7 +170,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                   prefix_cache_ram_mb, forward, keep_alive, ready_file, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
                   rope_scaling, rope_factor, rope_orig_ctx, drafter_policy, vram_budget, vram_margin,
-                  max_tree_nodes, kv_type, kv_type_k, kv_type_v):
+                  max_tree_nodes, kv_type, kv_type_k, kv_type_v, kv_window):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     rope = rope_override(rope_scaling, rope_factor, rope_orig_ctx)
     given = {name: value for name, value in (("keep", compress_keep), ("score_layers", compress_layers),
@@ -171,7 +184,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              prefill_chunk=prefill_chunk,
                              forward=forward, log_level=log_level, rope_override=rope,
                              vram_budget=vram_budget, vram_margin=vram_margin,
-                             kv_types=parse_kv_types(kv_type, kv_type_k, kv_type_v), max_tree_nodes=max_tree_nodes,
+                             kv_types=kv_types_option(kv_type, kv_type_k, kv_type_v, kv_window), max_tree_nodes=max_tree_nodes,
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold,
                                                  alpha=compress_alpha, drafter_policy=drafter_policy, **given),

@@ -92,6 +92,16 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, slots: int, kv
     return n_layers * n_kv_heads * slots * row
 
 
+def kv_window_bytes(n_layers: int, n_kv_heads: int, head_dim: int, window: int, max_rows: int, n_sides: int) -> int:
+    """A KV window's rings (backends/kv_types.py): per layer and windowed side, float16 [n_kv_heads][window_slots]
+    [head_dim] on a 256-byte boundary (CudaQuantKVCache's layout); 0 without a window."""
+    from .backends.kv_types import window_slots
+    if not window or not n_sides:
+        return 0
+    ring = n_kv_heads * window_slots(window, max_rows) * 2 * head_dim
+    return n_layers * n_sides * (-(-ring // 256) * 256)
+
+
 class BudgetExceeded(Exception):
     """Loading this would exceed --vram-budget; the message names the components and what would fit."""
 

@@ -30,7 +30,8 @@ import os
 from dataclasses import dataclass
 
 from .config import MIN_TREE_NODES
-from .vram_budget import GiB, MiB, BudgetExceeded, Component, VramPlan, format_size, largest_fitting, refusal
+from .vram_budget import (GiB, MiB, BudgetExceeded, Component, VramPlan, format_size, kv_window_bytes, largest_fitting,
+                          refusal)
 from .vram_sizes import CudaSizes, DFlashDesc, HostSizes, ModelDesc, MTPDesc, describe_dflash, describe_model, describe_mtp
 
 __all__ = ["LedgerState", "VramLedger", "sizes_for", "describe_draft", "TREE_NODES_FLOOR"]
@@ -174,6 +175,7 @@ class VramLedger:
         comps, needs, draft_needs = [], [], []
         if state.target:
             parts, need = sizes.model(self.target, ctx, chunk, target_kv, tree)
+            parts = parts + self._window_parts(kv_type, chunk)
             comps.append(Component("target", self.target.name, tuple(parts), with_target, self.target.path))
             needs.append(need)
         for name, desc in drafters.items():
@@ -207,6 +209,21 @@ class VramLedger:
             settings.append(("prefill_drafter_tokens", n_tokens))
         return VramPlan(tuple(comps), self.margin, self.budget if budget == -1 else budget, sizes.where,
                         tuple(settings))
+
+    def _window_parts(self, what_if: str | None, chunk: int) -> list:
+        """The target's KV window rings as a plan part (none without a window): --kv-window's, or for a what-if type
+        the window that type gets by default."""
+        from .backends.kv_types import parse_kv_types
+        from .runner import MAX_FORWARD_TREE
+        types = parse_kv_types(what_if, None, None) if what_if is not None else self.kv_types
+        if types is None or not types.window:
+            return []
+        cfg = self.target.cfg
+        lin = getattr(cfg, "linear", None)
+        n_layers = max(1, len(lin.attention_layers)) if lin is not None else cfg.n_layers
+        sides = sum(types.windowed(side) for side in "kv")
+        return [("kv_window", kv_window_bytes(n_layers, cfg.n_kv_heads, cfg.head_dim, types.window,
+                                              max(chunk, MAX_FORWARD_TREE), sides))]
 
     def _target_kv(self, what_if: str | None) -> tuple[str, str]:
         """The target's (K, V) types as the sizes name them: a what-if type for both, else --kv-type with f16

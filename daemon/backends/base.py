@@ -46,9 +46,11 @@ class KVCacheSpec:
     n_kv_heads: int
     head_dim: int
     kv_types: KVTypes = KVTypes()    # storage of K and V (kv_types.py): f16 or ggml's q8_0 / q4_0 blocks
+    max_rows: int = 512              # the most rows one forward writes (a prefill chunk, a verified tree): a KV
+                                     # window's ring holds window + max_rows (kv_types.window_slots)
 
     def __post_init__(self):
-        for name in ("n_layers", "max_ctx", "n_kv_heads", "head_dim"):
+        for name in ("n_layers", "max_ctx", "n_kv_heads", "head_dim", "max_rows"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"KVCacheSpec.{name} must be positive")
         if not isinstance(self.kv_types, KVTypes):

@@ -21,17 +21,19 @@ def forward_of(cfg: ModelConfig) -> Callable:
     return forward
 
 
-def make_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None, max_tree_nodes: int | None = None):
+def make_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None, max_tree_nodes: int | None = None,
+               max_rows: int = 512):
     """The model's cache: the backend's KV cache (dense), or K/V + recurrent state (models.qwen35.HybridCache).
     kv_types: the storage of K and V (backends.kv_types.KVTypes; None: f16). max_tree_nodes: a hybrid's bound on a
-    verify forward's nodes, a recurrent state each (None: qwen35_tree.MAX_TREE_NODES); a dense cache has none."""
+    verify forward's nodes, a recurrent state each (None: qwen35_tree.MAX_TREE_NODES); a dense cache has none.
+    max_rows: the most rows one forward writes (KVCacheSpec.max_rows: a KV window's ring)."""
     from ..backends.base import KVCacheSpec
     from ..backends.kv_types import KVTypes
     kv_types = kv_types or KVTypes()
     if cfg.linear is not None:
         from .qwen35 import make_hybrid_cache
-        return make_hybrid_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes)
-    return ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim, kv_types))
+        return make_hybrid_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes, max_rows)
+    return ops.kv_cache(KVCacheSpec(cfg.n_layers, max_ctx, cfg.n_kv_heads, cfg.head_dim, kv_types, max_rows))
 
 
 @dataclass(slots=True)

@@ -61,7 +61,8 @@ class HybridCache:
 
     reusable_prefix = True        # at prefix_state_slots only (runner.py)
 
-    def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None, max_tree_nodes: int | None = None):
+    def __init__(self, ops, cfg: ModelConfig, max_ctx: int, kv_types=None, max_tree_nodes: int | None = None,
+                 max_rows: int = 512):
         """max_tree_nodes: the most nodes a verify forward may have, each one's state kept (qwen35_tree.py); None:
         MAX_TREE_NODES, 0: no tree is verified (a model loaded only to draft). The node buffers are allocated on the
         first verify and grow to the largest tree verified, never past this."""
@@ -74,7 +75,7 @@ class HybridCache:
             self._index[i] = j
         for j, i in enumerate(lin.linear_layers):
             self._index[i] = j
-        spec = KVCacheSpec(max(1, len(lin.attention_layers)), max_ctx, cfg.n_kv_heads, cfg.head_dim)
+        spec = KVCacheSpec(max(1, len(lin.attention_layers)), max_ctx, cfg.n_kv_heads, cfg.head_dim, max_rows=max_rows)
         self.kv = ops.kv_cache(spec if kv_types is None else dataclasses.replace(spec, kv_types=kv_types))
         self.state = ops.recurrent_state(RecurrentStateSpec(max(1, len(lin.linear_layers)), lin.conv_kernel,
                                                             lin.conv_channels, lin.n_v_heads, lin.head_dim))
@@ -168,8 +169,8 @@ class HybridCache:
 
 
 def make_hybrid_cache(ops, cfg: ModelConfig, max_ctx: int, kv_types=None,
-                      max_tree_nodes: int | None = None) -> HybridCache:
-    return HybridCache(ops, cfg, max_ctx, kv_types, max_tree_nodes)
+                      max_tree_nodes: int | None = None, max_rows: int = 512) -> HybridCache:
+    return HybridCache(ops, cfg, max_ctx, kv_types, max_tree_nodes, max_rows)
 
 
 def gated_attention(ops, cfg: ModelConfig, x, w: AttentionLayerWeights, cache_layer, batch: Batch,

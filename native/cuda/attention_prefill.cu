@@ -65,12 +65,45 @@ struct FlashCfg {
 // QKV: a q8_0 / q4_0 K or V (kr / vr), staged as stored through a raw ring of STAGES - 1 stages and
 // dequantized into two float16 tiles (attention_tile.cuh kv_ring_raw; shared memory qkv_smem_bytes); the float16
 // kernel (QKV false) loads as it always did.
-template <class C, bool QKV = false>
+//
+// WIN (a window, flashd_attention.h: QKV with window > 0): a block's rows lie in one window block of positions
+// (window_rows_of: the grid holds a few more blocks than rows need, idle ones return), so they share win_start =
+// window * (position / window), a multiple of 64: tiles below it are read as stored (the raw ring), the tiles from it
+// on from the window's float16 rows through the double-buffered float16 tiles (flash::kv_ring of 2 stages), in
+// key order, into the same online softmax.
+struct Window {
+    int window;                  // U (0: none)
+    flash::WinSide k, v;
+};
+
+// WIN: flattened rows [row0, row_end) of block b (b = 0 .. gridDim.x - 1), or row0 = row_end = -1 for an idle block.
+// Tokens split at positions p0 + t that are multiples of U: segment lengths f = min(n, U - p0 % U), then U, ..., each
+// ceil(len * group / BQ) blocks of BQ rows (the last one short). At most ceil(n / U) + 1 segments: the launcher's
+// grid (window_grid) has a block for every one of them. tests/emulation/test_prefill_window_rows.py checks the map.
+__device__ __forceinline__ void window_rows_of(int b, int p0, int n, int group, int bq, int window, int& row0,
+                                               int& row_end) {
+    int t0 = 0, len = min(n, window - p0 % window);
+    while (t0 < n) {
+        const int blocks = (len * group + bq - 1) / bq;
+        if (b < blocks) {
+            row0 = t0 * group + b * bq;
+            row_end = min(row0 + bq, (t0 + len) * group);
+            return;
+        }
+        b -= blocks;
+        t0 += len;
+        len = min(window, n - t0);
+    }
+    row0 = row_end = -1;
+}
+
+template <class C, bool QKV = false, bool WIN = false>
 __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill_mma_kernel(
     float* __restrict__ o, const float* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int32_t* __restrict__ n_past, int n, int n_heads, int n_kv_heads,
-    int max_ctx, float scale_log2, const kvq::Rows kr, const kvq::Rows vr) {
+    int max_ctx, float scale_log2, const kvq::Rows kr, const kvq::Rows vr, const Window win) {
 #if FD_MMA_DEVICE_OK
+    static_assert(!WIN || QKV, "a window reads a quantized side");
     using namespace fd::mma;
     constexpr int HD = C::HD, KW = C::KW, BK = C::BK, LD = flash::KV_LD<HD>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -85,9 +118,13 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
     const int g = lane / 4, t = lane % 4;
     const int group = n_heads / n_kv_heads;
     const int kvh = blockIdx.y;
-    const int n_rows = n * group;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * C::BQ;     // latest rows (most keys) first
     const int p0 = max(*n_past, 0);
+    int row0 = (gridDim.x - 1 - blockIdx.x) * C::BQ;           // latest rows (most keys) first
+    int n_rows = n * group;                                    // (WIN: the end of the block's rows)
+    if constexpr (WIN) {
+        window_rows_of(gridDim.x - 1 - blockIdx.x, p0, n, group, C::BQ, win.window, row0, n_rows);
+        if (row0 < 0) return;                                  // past the last segment's blocks
+    }
     // last visible slot of a token, clamped into the cache (only a caller breaking
     // *n_past + n <= max_ctx could need the clamp; it keeps every read in bounds)
     auto last_slot = [&](int token) { return min(p0 + token, max_ctx - 1); };
@@ -140,8 +177,10 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
         const int k_bytes = BK * kvq::staged_row_bytes(kr.type, HD);
         const int stage_bytes = k_bytes + BK * kvq::staged_row_bytes(vr.type, HD);
         const size_t head_row = (size_t)kvh * max_ctx;
+        // WIN: tiles [n_raw, n_tiles) are the window's (the block's first row's block start, a multiple of BK)
+        const int n_raw = WIN ? min(n_tiles, win.window * ((p0 + row0 / group) / win.window) / BK) : n_tiles;
         flash::kv_ring_raw<C::STAGES - 1>(
-            n_tiles,
+            n_raw,
             [&](int tile, int slot) {
                 uint8_t* dst = raw + (size_t)slot * stage_bytes;
                 flash::stage_raw_side<HD, C::n_threads, BK>(dst, kr, head_row, tile * BK, kv_len, tid);
@@ -154,6 +193,14 @@ __global__ void __launch_bounds__(C::n_threads, C::MIN_BLOCKS) attention_prefill
                                                               tid);
             },
             attend);
+        if constexpr (WIN) {
+            cp_async_wait<0>();
+            __syncthreads();                                   // every warp done with the float16 tiles
+            flash::kv_ring<2>(n_tiles - n_raw, [&](int tile, int stage) {
+                flash::load_window_tile<HD, C::n_threads, BK>(k_smem, v_smem, stage, win.k, win.v, kvh,
+                                                              (n_raw + tile) * BK, kv_len, tid);
+            }, [&](int tile, int stage) { attend(n_raw + tile, stage); });
+        }
     } else {
         flash::kv_ring<C::STAGES>(n_tiles, [&](int tile, int stage) {
             flash::load_kv_tile<HD, C::n_threads, false, BK>(k_smem, v_smem, stage, k_cache, v_cache, kvh, max_ctx,
@@ -302,19 +349,25 @@ size_t smem_bytes_for(const kvq::Rows& kr, const kvq::Rows& vr) {
 }
 
 // FD_E_SHAPE where the device's per-block shared memory (smem_optin) cannot hold the configuration
+// WIN's grid: a block per BQ rows of each window segment (window_rows_of), whatever *n_past is
+inline int window_grid(int n, int group, int bq, int window) {
+    return ceil_div(n * group, bq) + ceil_div(n, window) + 1;
+}
+
 template <class C, bool QKV = false>
 int launch_mma(int smem_optin, float* o, const float* q, const __half* k_cache, const __half* v_cache,
                const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
-               cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr) {
-    const auto kernel = attention_prefill_mma_kernel<C, QKV>;
+               cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr, const Window& win) {
+    const bool windowed = QKV && win.window > 0;
+    const auto kernel = windowed ? attention_prefill_mma_kernel<C, QKV, QKV> : attention_prefill_mma_kernel<C, QKV>;
     const size_t smem = smem_bytes_for<C, QKV>(kr, vr);
     if (smem > (size_t)smem_optin) return FD_E_SHAPE;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return (int)err;
-    const int n_rows = n * (n_heads / n_kv_heads);
-    const dim3 grid(ceil_div(n_rows, C::BQ), n_kv_heads);
+    const int group = n_heads / n_kv_heads;
+    const dim3 grid(windowed ? window_grid(n, group, C::BQ, win.window) : ceil_div(n * group, C::BQ), n_kv_heads);
     kernel<<<grid, C::n_threads, smem, stream>>>(o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
-                                                          max_ctx, scale_log2, kr, vr);
+                                                          max_ctx, scale_log2, kr, vr, win);
     return FD_LAUNCH_STATUS();
 }
 
@@ -337,22 +390,22 @@ int launch_mma(int smem_optin, float* o, const float* q, const __half* k_cache, 
 template <int HD, bool QKV = false>
 int launch_mma_for(const MmaDevice& dev, float* o, const float* q, const __half* k_cache, const __half* v_cache,
                    const int32_t* n_past, int n, int n_heads, int n_kv_heads, int max_ctx, float scale_log2,
-                   cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr) {
+                   cudaStream_t stream, const kvq::Rows& kr, const kvq::Rows& vr, const Window& win) {
     const int blocks_64 = ceil_div(n * (n_heads / n_kv_heads), 64) * n_kv_heads;
     if constexpr (HD == 256) {
         using Wide = FlashCfg<256, 4, 2, 3, 1, 32, true>;
         using Narrow = FlashCfg<256, 2, 2, QKV ? 3 : 2, 1, 32, true>;   // QKV: STAGES - 1 = 2 raw stages
         if (smem_bytes_for<Wide, QKV>(kr, vr) <= (size_t)dev.smem_optin && blocks_64 >= dev.n_sms)
             return launch_mma<Wide, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
-                                         max_ctx, scale_log2, stream, kr, vr);
+                                         max_ctx, scale_log2, stream, kr, vr, win);
         return launch_mma<Narrow, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads, n_kv_heads,
-                                       max_ctx, scale_log2, stream, kr, vr);
+                                       max_ctx, scale_log2, stream, kr, vr, win);
     } else {
         if (blocks_64 >= dev.n_sms)
             return launch_mma<FlashCfg<HD, 4, 1, 3, 2>, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n,
-                                                              n_heads, n_kv_heads, max_ctx, scale_log2, stream, kr, vr);
+                                                              n_heads, n_kv_heads, max_ctx, scale_log2, stream, kr, vr, win);
         return launch_mma<FlashCfg<HD, 4, 2, 4, 1>, QKV>(dev.smem_optin, o, q, k_cache, v_cache, n_past, n, n_heads,
-                                                          n_kv_heads, max_ctx, scale_log2, stream, kr, vr);
+                                                          n_kv_heads, max_ctx, scale_log2, stream, kr, vr, win);
     }
 }
 
@@ -382,24 +435,31 @@ extern "C" int fd_attention_prefill(float* o, const float* q, const void* k_cach
                          fd::is_aligned(vc, 16);
     const fd::kvq::Rows kr = fd::kvq::rows_of(k_cache, shape->k_type, n_kv_heads, max_ctx, head_dim);
     const fd::kvq::Rows vr = fd::kvq::rows_of(v_cache, shape->v_type, n_kv_heads, max_ctx, head_dim);
+    // the window's float16 rows: a quantized side's ring, a float16 side's cache
+    const auto win_side = [&](const void* cache, int type) {
+        __half* ring = fd::kvq::ring_of(cache, type, n_kv_heads, max_ctx, head_dim, shape->window);
+        return ring != nullptr ? fd::flash::WinSide{ring, shape->window_slots, shape->window_slots}
+                               : fd::flash::WinSide{static_cast<const __half*>(cache), max_ctx, 0};
+    };
+    const fd::Window win{shape->window, win_side(k_cache, shape->k_type), win_side(v_cache, shape->v_type)};
     if (dev.has_mma && aligned) {   // tensor cores; a quantized K or V: the dequantizing loader (QKV)
         const bool quant = !fd::kv_f16(shape);
         switch (head_dim) {
             case 64:
                 return quant ? fd::launch_mma_for<64, true>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                            scale_log2, s, kr, vr)
+                                                            scale_log2, s, kr, vr, win)
                              : fd::launch_mma_for<64>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                      scale_log2, s, kr, vr);
+                                                      scale_log2, s, kr, vr, win);
             case 128:
                 return quant ? fd::launch_mma_for<128, true>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                             scale_log2, s, kr, vr)
+                                                             scale_log2, s, kr, vr, win)
                              : fd::launch_mma_for<128>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                       scale_log2, s, kr, vr);
+                                                       scale_log2, s, kr, vr, win);
             default:
                 return quant ? fd::launch_mma_for<256, true>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                             scale_log2, s, kr, vr)
+                                                             scale_log2, s, kr, vr, win)
                              : fd::launch_mma_for<256>(dev, o, q, kc, vc, n_past, n, n_heads, n_kv_heads, max_ctx,
-                                                       scale_log2, s, kr, vr);
+                                                       scale_log2, s, kr, vr, win);
         }
     }
 #endif

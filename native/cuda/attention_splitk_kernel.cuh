@@ -204,11 +204,18 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
 // its own types' loaders, dequantizers and encoders (p.k_type / p.v_type must agree: the launcher picks it). One
 // kernel for every type pair was 187 KB of SASS at HD 128 with ROPE (the float16 one 54 KB), and a decode step runs
 // it once per CTA: at short depth its time was instruction fetch (bench/NOTES.md, session 13).
-template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0>
+//
+// WIN (a window, p.window > 0; QKV without ROPE: fd_attention_decode_rope refuses a window): the query's position is
+// L - 1 (decode: n_past; a masked row: its path's last node), and a tile at or past win_start = window * ((L - 1) /
+// window) -- tiles are 64 keys, 64-aligned, so wholly in or out -- is not staged raw but copied from the window's
+// float16 rows by each warp when it attends it (window_rows), then attended as a dequantized tile is. No FRAG step:
+// the float16 tile is kept.
+template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");
+    static_assert(!WIN || (QKV && !ROPE), "a window: the QKV kernel without the fused rope");
     constexpr int k_type = KVT >> 2, v_type = KVT & 3;
-    constexpr bool FRAG = QKV && frag_types(KVT);     // both quantized: fragments from the raw ring (qfrag.cuh)
+    constexpr bool FRAG = QKV && frag_types(KVT) && !WIN;   // both quantized: fragments from the raw ring (qfrag.cuh)
     using C = Cfg<HD>;
     constexpr int LD = C::LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -252,6 +259,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     // A row of at most p.single_chunks chunks is attended by split 0 alone, over all its chunks in order (ns = 1:
     // no partials, the output written here, the combine skips the row); a function of the row's key count only,
     // so decode and masked rows agree.
+    const int win_start = WIN ? p.window * ((L - 1) / p.window) : INT_MAX;   // keys read from float16 copies
     const bool single = n_chunks <= p.single_chunks;
     const int ns = single ? 1 : p.n_splits;
     if (split >= (single ? 1 : n_chunks)) return;    // this split has no key at this depth
@@ -303,7 +311,9 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             if constexpr (QKV) {                       // raw rows into ring stage k % N_STAGES (see above)
                 uint8_t* dst = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
                 const size_t head_row = (size_t)kvh * p.max_ctx;
-                if (v0 + TILE <= direct_end) {         // keys are slots, all visible: no per-row checks
+                if (WIN && v0 >= win_start) {
+                    // a window tile: its warps copy their rows when they attend it (window_rows)
+                } else if (v0 + TILE <= direct_end) {  // keys are slots, all visible: no per-row checks
                     stage_tile<HD, FRAG ? CODE_PAD : 0>(dst, k_side, v_side, [&](int i, bool& valid, size_t& row) {
                         valid = true;
                         row = head_row + v0 + i;
@@ -398,10 +408,15 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         } else if (v0 < L) {
             __half* ks = pipe + (size_t)(QKV ? 0 : k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
             if constexpr (QKV) {                       // this warp's rows of tile k, dequantized
-                const uint8_t* src = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
-                dequant_side<HD>(ks, src, k_type, warp * WARP_SLOTS, tid & 31);
-                dequant_side<HD>(ks + TILE * LD, src + TILE * k_side.row_bytes, v_type, warp * WARP_SLOTS, tid & 31);
-                __syncwarp();
+                if (WIN && v0 >= win_start) {          // (or the window's float16 rows)
+                    window_rows<HD>(ks, p, kvh, v0, L, direct_end, n_past, list, tid & 31);
+                } else {
+                    const uint8_t* src = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
+                    dequant_side<HD>(ks, src, k_type, warp * WARP_SLOTS, tid & 31);
+                    dequant_side<HD>(ks + TILE * LD, src + TILE * k_side.row_bytes, v_type, warp * WARP_SLOTS,
+                                     tid & 31);
+                    __syncwarp();
+                }
             }
             if constexpr (ROPE) {
                 if (new_key >= v0 && new_key < v0 + WARP_SLOTS) {    // warp-uniform: the new key is ours

@@ -74,6 +74,12 @@ struct Params {
     // dequantized into the float16 tile (splitk_kernel<HD, false, true>: load_tile)
     int k_type, v_type;
     kvq::Plane kq, vq;
+    // the window (flashd_attention.h; window 0: none): a query at position p reads keys v >= window * (p / window)
+    // from float16 copies -- a quantized side's ring (k_ring / v_ring, slot s in row s % ring_slots), a float16
+    // side's cache rows (splitk_kernel<..., WIN>: window_rows)
+    int window, ring_slots;
+    const __half* k_ring;
+    const __half* v_ring;
 };
 
 // The number of visible keys L of `token` (all threads of the block call it; uniform result). In

@@ -101,21 +101,25 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.v_type = shape.v_type;
     p.kq = kvq::plane(const_cast<void*>(k_cache), shape.k_type, n_kv_heads, max_ctx, head_dim);
     p.vq = kvq::plane(const_cast<void*>(v_cache), shape.v_type, n_kv_heads, max_ctx, head_dim);
+    p.window = shape.window;
+    p.ring_slots = shape.window_slots;
+    p.k_ring = kvq::ring_of(k_cache, shape.k_type, n_kv_heads, max_ctx, head_dim, shape.window);
+    p.v_ring = kvq::ring_of(v_cache, shape.v_type, n_kv_heads, max_ctx, head_dim, shape.window);
     return p;
 }
 
 // FD_E_SHAPE where the device cannot give a block the kernel's shared memory (cudaFuncSetAttribute refuses it):
 // head_dim 256 takes ~150 KB (float16; Cfg<256>), more than sm_86 / sm_89's 99 KB and HIP's 64 KB of LDS; the
 // refusal is cleared from the runtime's last error so no later launch reports it.
-template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0>
+template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
 int launch(const Params& p, cudaStream_t stream) {
-    const size_t smem = QKV ? qkv_smem_bytes<HD>(p.k_type, p.v_type) : Cfg<HD>::SMEM_BYTES;
-    if (cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const size_t smem = QKV ? qkv_smem_bytes<HD>(p.k_type, p.v_type, WIN) : Cfg<HD>::SMEM_BYTES;
+    if (cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT, WIN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem) != cudaSuccess) {
         (void)cudaGetLastError();
         return FD_E_SHAPE;
     }
-    int st = launch_pdl(splitk_kernel<HD, ROPE, QKV, KVT>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
+    int st = launch_pdl(splitk_kernel<HD, ROPE, QKV, KVT, WIN>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
                         dim3(THREADS), smem, stream, p);
     // no combine where every row is short enough for split 0 alone (the row's keys never exceed max_ctx)
     if (st == 0 && p.n_splits > 1 && n_chunks_for(p.max_ctx, p.chunk_len) > p.single_chunks)
@@ -125,19 +129,29 @@ int launch(const Params& p, cudaStream_t stream) {
 
 // A quantized K or V runs the dequantizing loader (and, with ROPE, the quantizing new-row staging), one kernel per
 // (K type, V type) pair: KVT = k_type * 4 + v_type (splitk_kernel says why).
-template <int HD, bool ROPE>
+// WIN: a window's kernels (fd_attention_decode and fd_attention_masked; never with ROPE).
+template <int HD, bool ROPE, bool WIN = false>
 int launch_quant(const Params& p, cudaStream_t stream) {
     constexpr int F = FD_KV_F16, Q8 = FD_KV_Q8_0, Q4 = FD_KV_Q4_0;
     switch (p.k_type * 4 + p.v_type) {
-        case F * 4 + Q8: return launch<HD, ROPE, true, F * 4 + Q8>(p, stream);
-        case F * 4 + Q4: return launch<HD, ROPE, true, F * 4 + Q4>(p, stream);
-        case Q8 * 4 + F: return launch<HD, ROPE, true, Q8 * 4 + F>(p, stream);
-        case Q8 * 4 + Q8: return launch<HD, ROPE, true, Q8 * 4 + Q8>(p, stream);
-        case Q8 * 4 + Q4: return launch<HD, ROPE, true, Q8 * 4 + Q4>(p, stream);
-        case Q4 * 4 + F: return launch<HD, ROPE, true, Q4 * 4 + F>(p, stream);
-        case Q4 * 4 + Q8: return launch<HD, ROPE, true, Q4 * 4 + Q8>(p, stream);
-        case Q4 * 4 + Q4: return launch<HD, ROPE, true, Q4 * 4 + Q4>(p, stream);
+        case F * 4 + Q8: return launch<HD, ROPE, true, F * 4 + Q8, WIN>(p, stream);
+        case F * 4 + Q4: return launch<HD, ROPE, true, F * 4 + Q4, WIN>(p, stream);
+        case Q8 * 4 + F: return launch<HD, ROPE, true, Q8 * 4 + F, WIN>(p, stream);
+        case Q8 * 4 + Q8: return launch<HD, ROPE, true, Q8 * 4 + Q8, WIN>(p, stream);
+        case Q8 * 4 + Q4: return launch<HD, ROPE, true, Q8 * 4 + Q4, WIN>(p, stream);
+        case Q4 * 4 + F: return launch<HD, ROPE, true, Q4 * 4 + F, WIN>(p, stream);
+        case Q4 * 4 + Q8: return launch<HD, ROPE, true, Q4 * 4 + Q8, WIN>(p, stream);
+        case Q4 * 4 + Q4: return launch<HD, ROPE, true, Q4 * 4 + Q4, WIN>(p, stream);
         default: return FD_E_ARG;
+    }
+}
+
+template <int HD, bool ROPE>
+int launch_quant_or_window(const Params& p, cudaStream_t stream) {
+    if constexpr (ROPE) {
+        return p.window > 0 ? FD_E_SHAPE : launch_quant<HD, true>(p, stream);
+    } else {
+        return p.window > 0 ? launch_quant<HD, false, true>(p, stream) : launch_quant<HD, false>(p, stream);
     }
 }
 
@@ -145,9 +159,9 @@ template <bool ROPE = false>
 int launch_head_dim(const Params& p, int head_dim, cudaStream_t stream) {
     const bool quant = p.k_type != FD_KV_F16 || p.v_type != FD_KV_F16;
     switch (head_dim) {
-        case 64: return quant ? launch_quant<64, ROPE>(p, stream) : launch<64, ROPE>(p, stream);
-        case 128: return quant ? launch_quant<128, ROPE>(p, stream) : launch<128, ROPE>(p, stream);
-        case 256: return quant ? launch_quant<256, ROPE>(p, stream) : launch<256, ROPE>(p, stream);
+        case 64: return quant ? launch_quant_or_window<64, ROPE>(p, stream) : launch<64, ROPE>(p, stream);
+        case 128: return quant ? launch_quant_or_window<128, ROPE>(p, stream) : launch<128, ROPE>(p, stream);
+        case 256: return quant ? launch_quant_or_window<256, ROPE>(p, stream) : launch<256, ROPE>(p, stream);
         default: return FD_E_SHAPE;
     }
 }

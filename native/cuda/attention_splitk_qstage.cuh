@@ -49,9 +49,9 @@ __host__ __device__ inline int raw_row_bytes(int type, int head_dim, bool pad) {
 // Shared memory of splitk_kernel<HD, *, true> for these K and V types: the float16 tile (none for the fragment
 // step: attention_splitk_qfrag.cuh), the raw ring, or the merge area if larger.
 template <int HD>
-size_t qkv_smem_bytes(int k_type, int v_type) {
+size_t qkv_smem_bytes(int k_type, int v_type, bool win = false) {
     using C = Cfg<HD>;
-    const bool frag = frag_types(k_type * 4 + v_type);
+    const bool frag = frag_types(k_type * 4 + v_type) && !win;   // a window keeps the float16 tile
     const int row_bytes = raw_row_bytes(k_type, HD, frag) + raw_row_bytes(v_type, HD, frag);
     const size_t pipe = (frag ? 0 : C::STAGE_BYTES) + (size_t)QCfg<HD>::STAGES * TILE * row_bytes;
     return C::Q_BYTES + C::LIST_BYTES + (pipe > C::MERGE_BYTES ? pipe : C::MERGE_BYTES);
@@ -150,6 +150,33 @@ __device__ __forceinline__ void dequant_side(__half* tile, const uint8_t* src, i
         *reinterpret_cast<uint4*>(tile + r * LD + piece * 8) =
             kvq::dequant8_codes(src + i * cb, scales[i * NB + (piece >> 2)], type, piece);
     }
+}
+
+// A window tile (splitk_kernel<..., WIN>; flashd_attention.h): this warp's WARP_SLOTS rows, virtual keys v0 .. v0 +
+// 15, straight into the float16 K | V tile (tile: the warp's first row; V TILE rows below) from the window's copies:
+// a quantized side's ring row slot % ring_slots, a float16 side's cache row; rows at or past L zero-filled (+0.0).
+// The slot of a key is the loader's (committed keys below direct_end are their own slots; then the list of visible
+// new slots). By cp.async, waited here for all of this thread's groups: the raw ring's tiles in flight were issued
+// before these, so the wait is about one round trip, once per window tile (a window is a few tiles of a row's
+// keys, spread over splits); the ring's later waits then find their tiles landed.
+template <int HD>
+__device__ __forceinline__ void window_rows(__half* tile, const Params& p, int kvh, int v0, int L, int direct_end,
+                                            int n_past, const int* list, int lane) {
+    constexpr int PIECES = HD / 8, LD = Cfg<HD>::LD, N = WARP_SLOTS * PIECES;
+#pragma unroll 4
+    for (int c = lane; c < 2 * N; c += 32) {
+        const int side = c / N, r = (c % N) / PIECES, piece = c % PIECES;
+        const int v = v0 + r;
+        const bool valid = v < L;
+        const int slot = !valid ? 0 : v < direct_end ? v : n_past + list[v - n_past];
+        const __half* ring = side == 0 ? p.k_ring : p.v_ring;
+        const __half* src = ring != nullptr ? ring + ((size_t)kvh * p.ring_slots + slot % p.ring_slots) * HD
+                                            : (side == 0 ? p.k_cache : p.v_cache) + ((size_t)kvh * p.max_ctx + slot) * HD;
+        cp_async16(tile + side * TILE * LD + r * LD + piece * 8, src + piece * 8, valid);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
 }
 
 }  // namespace attn

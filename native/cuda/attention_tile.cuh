@@ -93,6 +93,36 @@ __device__ __forceinline__ void load_kv_tile(__half* k_smem, __half* v_smem, int
     }
 }
 
+// ---- a window's float16 rows (attention_prefill.cu's WIN kernel; flashd_attention.h) ---------
+// One side as a window tile reads it: a quantized side's ring (ring > 0: slot s in row s % ring of head_rows = ring
+// rows per KV head), or a float16 side's cache (ring 0, head_rows = max_ctx).
+struct WinSide {
+    const __half* rows;
+    int head_rows, ring;
+};
+
+// load_kv_tile over the window's rows: tile rows base .. base + BK - 1 (cache slots) of kv head kvh into stage
+// `stage`; rows at or past kv_len zero-filled.
+template <int HD, int N_THREADS, int BK>
+__device__ __forceinline__ void load_window_tile(__half* k_smem, __half* v_smem, int stage, const WinSide& wk,
+                                                 const WinSide& wv, int kvh, int base, int kv_len, int tid) {
+    using namespace fd::mma;
+    constexpr int chunks = BK * (HD / 8) / N_THREADS;    // 16 B chunks per thread per tile and side
+    static_assert(BK * (HD / 8) % N_THREADS == 0, "K/V tile must split evenly over threads");
+#pragma unroll
+    for (int i = 0; i < chunks; ++i) {
+        const int c = tid + i * N_THREADS;
+        const int row = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        const int slot = base + row;
+        const bool ok = slot < kv_len;
+        const int s_off = stage * BK * KV_LD<HD> + row * KV_LD<HD> + col;
+        const size_t k_off = ((size_t)kvh * wk.head_rows + (wk.ring ? slot % wk.ring : slot)) * HD + col;
+        const size_t v_off = ((size_t)kvh * wv.head_rows + (wv.ring ? slot % wv.ring : slot)) * HD + col;
+        cp_async_16(smem_u32(k_smem + s_off), ok ? wk.rows + k_off : wk.rows, ok);
+        cp_async_16(smem_u32(v_smem + s_off), ok ? wv.rows + v_off : wv.rows, ok);
+    }
+}
+
 // ---- quantized rows (attention_prefill.cu's QKV kernel) ------------------------------------
 // A K or V that is q8_0 / q4_0 (kv_quant.cuh) is staged as stored into a raw ring by cp.async and
 // dequantized from shared memory into a double-buffered float16 tile (kv_ring_raw below), so the copies of

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "../include/flashd.h"
@@ -28,9 +29,17 @@ namespace fd {
 inline bool kv_type_valid(int kv_type, int head_dim) {
     return kv_type == FD_KV_F16 || ((kv_type == FD_KV_Q8_0 || kv_type == FD_KV_Q4_0) && head_dim % 32 == 0);
 }
+// The window (flashd_attention.h): 0, or whole 64-key tiles beside a quantized side, its ring a whole number of
+// tiles holding the block and at least one more tile of new rows.
+inline bool window_valid(const fd_attention_shape_t* s) {
+    if (s->window == 0) return true;
+    return s->window > 0 && s->window % 64 == 0 && (s->k_type != FD_KV_F16 || s->v_type != FD_KV_F16) &&
+           s->window_slots % 64 == 0 && s->window_slots >= s->window + 64;
+}
 inline bool shape_valid(const fd_attention_shape_t* s) {
     return s != nullptr && s->n_heads > 0 && s->n_kv_heads > 0 && s->n_heads % s->n_kv_heads == 0 && s->head_dim > 0 &&
-           s->max_ctx > 0 && kv_type_valid(s->k_type, s->head_dim) && kv_type_valid(s->v_type, s->head_dim);
+           s->max_ctx > 0 && kv_type_valid(s->k_type, s->head_dim) && kv_type_valid(s->v_type, s->head_dim) &&
+           window_valid(s);
 }
 // Whether K and V are float16: every entry point that reads the cache needs it (FD_E_SHAPE otherwise) until
 // its kernel reads quantized rows (flashd_attention.h; fd_rope_kv_write writes every type).

@@ -16,6 +16,8 @@
 // Launch: grid (n_kv_heads, 2 * n_layers), block min(head_dim / 2, 128) threads striding over the
 // head_dim / 2 columns. n_past is read from device memory (graph-replayable, like every per-step
 // scalar); a source or destination slot at or past max_ctx is skipped (the host checks bounds).
+// fd_kv_compact_ring makes the same moves in a KV window's rings, slot s at row s % ring_slots: a tree's
+// slots are fewer than ring_slots apart, so a wrapped destination is never a later source.
 #include "common.cuh"
 
 namespace {
@@ -40,6 +42,8 @@ kv_compact_kernel(uint32_t* cache, const int32_t* __restrict__ src_offsets, cons
 
 // fd_kv_compact_rows: the same moves over n_planes planes of [n_kv_heads][max_ctx] rows of row_bytes bytes,
 // plane p at base + p * plane_stride (a quantized cache's codes or scales of every layer), 16-bit columns.
+// RING (fd_kv_compact_ring): max_ctx is the ring's rows and slot s is row s % max_ctx (a window ring).
+template <bool RING>
 __global__ void __launch_bounds__(KVC_MAX_THREADS)
 kv_compact_rows_kernel(unsigned char* base, size_t plane_stride, const int32_t* __restrict__ src_offsets,
                        const int32_t* __restrict__ n_past, int n_keep, int max_ctx, int n_cols) {
@@ -48,11 +52,34 @@ kv_compact_rows_kernel(unsigned char* base, size_t plane_stride, const int32_t* 
     const int start = n_past[0];
     for (int i = 0; i < n_keep; ++i) {
         const int src = src_offsets[i];
-        if (src == i || start + src >= max_ctx || start + i >= max_ctx) continue;
-        const uint16_t* from = rows + (int64_t)(start + src) * n_cols;
-        uint16_t* to = rows + (int64_t)(start + i) * n_cols;
+        if (src == i) continue;
+        int from_row = start + src, to_row = start + i;
+        if (RING) {
+            if (from_row < 0 || to_row < 0) continue;
+            from_row %= max_ctx;
+            to_row %= max_ctx;
+        } else if (from_row >= max_ctx || to_row >= max_ctx) {
+            continue;
+        }
+        const uint16_t* from = rows + (int64_t)from_row * n_cols;
+        uint16_t* to = rows + (int64_t)to_row * n_cols;
         for (int c = threadIdx.x; c < n_cols; c += blockDim.x) to[c] = from[c];
     }
+}
+
+int launch_compact_rows(bool ring, void* base, size_t plane_stride, int n_planes, int n_kv_heads, int max_ctx,
+                        int row_bytes, const int32_t* src_offsets, const int32_t* n_past, int n_keep, void* stream) {
+    if (n_keep == 0) return 0;
+    const int n_cols = row_bytes / 2;
+    const int threads = n_cols < KVC_MAX_THREADS ? n_cols : KVC_MAX_THREADS;
+    const dim3 grid(n_kv_heads, n_planes);
+    if (ring)
+        kv_compact_rows_kernel<true><<<grid, threads, 0, (cudaStream_t)stream>>>(
+            (unsigned char*)base, plane_stride, src_offsets, n_past, n_keep, max_ctx, n_cols);
+    else
+        kv_compact_rows_kernel<false><<<grid, threads, 0, (cudaStream_t)stream>>>(
+            (unsigned char*)base, plane_stride, src_offsets, n_past, n_keep, max_ctx, n_cols);
+    return FD_LAUNCH_STATUS();
 }
 
 }  // namespace
@@ -63,12 +90,18 @@ extern "C" int fd_kv_compact_rows(void* base, size_t plane_stride, int n_planes,
     FD_CHECK_ARG(base && src_offsets && n_past && n_keep >= 0 && n_planes > 0 && n_kv_heads > 0 && max_ctx > 0);
     FD_CHECK_ARG(row_bytes > 0 && row_bytes % 2 == 0 && plane_stride % 2 == 0 && ((uintptr_t)base & 1u) == 0);
     FD_CHECK_ARG(n_kv_heads <= 65535 && n_planes <= 65535);
-    if (n_keep == 0) return 0;
-    const int n_cols = row_bytes / 2;
-    const int threads = n_cols < KVC_MAX_THREADS ? n_cols : KVC_MAX_THREADS;
-    kv_compact_rows_kernel<<<dim3(n_kv_heads, n_planes), threads, 0, (cudaStream_t)stream>>>(
-        (unsigned char*)base, plane_stride, src_offsets, n_past, n_keep, max_ctx, n_cols);
-    return FD_LAUNCH_STATUS();
+    return launch_compact_rows(false, base, plane_stride, n_planes, n_kv_heads, max_ctx, row_bytes, src_offsets,
+                               n_past, n_keep, stream);
+}
+
+extern "C" int fd_kv_compact_ring(void* base, size_t plane_stride, int n_planes, int n_kv_heads, int ring_slots,
+                                  int row_bytes, const int32_t* src_offsets, const int32_t* n_past, int n_keep,
+                                  void* stream) {
+    FD_CHECK_ARG(base && src_offsets && n_past && n_keep >= 0 && n_planes > 0 && n_kv_heads > 0 && ring_slots > 0);
+    FD_CHECK_ARG(row_bytes > 0 && row_bytes % 2 == 0 && plane_stride % 2 == 0 && ((uintptr_t)base & 1u) == 0);
+    FD_CHECK_ARG(n_kv_heads <= 65535 && n_planes <= 65535);
+    return launch_compact_rows(true, base, plane_stride, n_planes, n_kv_heads, ring_slots, row_bytes, src_offsets,
+                               n_past, n_keep, stream);
 }
 
 extern "C" int fd_kv_compact(void* cache, const int32_t* src_offsets, const int32_t* n_past, int n_keep,

@@ -139,6 +139,20 @@ __device__ __forceinline__ __half encode_block_warp(const Plane& p, __half* f16,
     return __float2half_rn(val);
 }
 
+// Where a quantized side's window ring starts in its allocation (flashd_attention.h: fd_kv_window_offset): after the
+// codes and scales, rounded up to 256 bytes.
+inline size_t window_offset(int kv_type, int n_kv_heads, int max_ctx, int head_dim) {
+    const size_t plane = (size_t)n_kv_heads * max_ctx * (code_bytes(kv_type, head_dim) + 2 * (head_dim / BLOCK));
+    return (plane + 255) / 256 * 256;
+}
+
+// A side's window ring, float16 [n_kv_heads][window_slots][head_dim] (nullptr: none -- no window, or a float16 side).
+inline __half* ring_of(const void* base, int kv_type, int n_kv_heads, int max_ctx, int head_dim, int window) {
+    if (window == 0 || kv_type == FD_KV_F16) return nullptr;
+    return reinterpret_cast<__half*>(static_cast<uint8_t*>(const_cast<void*>(base)) +
+                                     window_offset(kv_type, n_kv_heads, max_ctx, head_dim));
+}
+
 // One layer's K or V cache as the attention loaders read it: float16 rows, or a quantized plane.
 struct Rows {
     const __half* f16;           // FD_KV_F16: [n_kv_heads][max_ctx][head_dim]

@@ -31,6 +31,8 @@
 // The float16 path runs the instructions it always ran. A quantized K adds the rotation between the two: a
 // __syncthreads (RoPE'd q and k are in global memory), then one warp per head of q and of k rotates its row
 // (kv_rotate.cuh: registers and shuffles, head_dim <= 32 * ROTATE_RMAX).
+// A window (flashd_attention.h) adds, for each quantized side, the float16 copy of the values each block encodes,
+// written by the same thread into the side's ring at row slot % window_slots.
 
 #include "common.cuh"
 #include "kv_quant.cuh"
@@ -48,7 +50,8 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
                      __half* __restrict__ v_cache, const int32_t* __restrict__ positions,
                      const int32_t* __restrict__ n_past, int n_heads, int n_kv_heads, int head_dim, int rope_dim,
                      double theta, int neox, const fd::RopeScaling scaling, int max_ctx, int k_type, int v_type,
-                     const fd::kvq::Plane kq, const fd::kvq::Plane vq, const float* __restrict__ k_offset) {
+                     const fd::kvq::Plane kq, const fd::kvq::Plane vq, const float* __restrict__ k_offset,
+                     __half* __restrict__ k_ring, __half* __restrict__ v_ring, int ring_slots) {
     __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
     const int i = blockIdx.x;                 // token
     const int half = rope_dim / 2;
@@ -128,6 +131,11 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
         const int h = hb / n_blocks, b = hb % n_blocks;
         const float* x = (is_k ? ki : vi) + (size_t)h * head_dim + b * fd::kvq::BLOCK;
         fd::kvq::encode_block(is_k ? kq : vq, type, (size_t)h * max_ctx + slot, b, x);
+        __half* ring = is_k ? k_ring : v_ring;   // the window's float16 copy of the same values
+        if (ring != nullptr) {
+            __half* dst = ring + ((size_t)h * ring_slots + slot % ring_slots) * head_dim + b * fd::kvq::BLOCK;
+            for (int j = 0; j < fd::kvq::BLOCK; ++j) dst[j] = __float2half_rn(x[j]);
+        }
     }
 }
 
@@ -146,8 +154,17 @@ extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cach
         q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, shape->n_heads, shape->n_kv_heads,
         shape->head_dim, rope->rope_dim, (double)rope->theta, rope->neox != 0, fd::rope_scaling_from(rope->scaling),
         shape->max_ctx, shape->k_type, shape->v_type, fd::kvq::plane(k_cache, shape->k_type, kvh, ctx, hd),
-        fd::kvq::plane(v_cache, shape->v_type, kvh, ctx, hd), shape->k_type != FD_KV_F16 ? k_offset : nullptr);
+        fd::kvq::plane(v_cache, shape->v_type, kvh, ctx, hd), shape->k_type != FD_KV_F16 ? k_offset : nullptr,
+        fd::kvq::ring_of(k_cache, shape->k_type, kvh, ctx, hd, shape->window),
+        fd::kvq::ring_of(v_cache, shape->v_type, kvh, ctx, hd, shape->window), shape->window_slots);
     return FD_LAUNCH_STATUS();
+}
+
+extern "C" size_t fd_kv_window_offset(int kv_type, int n_kv_heads, int max_ctx, int head_dim) {
+    if (n_kv_heads <= 0 || max_ctx <= 0 || head_dim <= 0 || kv_type == FD_KV_F16 ||
+        !fd::kv_type_valid(kv_type, head_dim))
+        return 0;
+    return fd::kvq::window_offset(kv_type, n_kv_heads, max_ctx, head_dim);
 }
 
 extern "C" size_t fd_kv_plane_bytes(int kv_type, int n_kv_heads, int max_ctx, int head_dim) {

@@ -55,7 +55,25 @@ typedef struct {
     float scale;       /* softmax scale, usually 1 / sqrt(head_dim) (not read by fd_rope_kv_write) */
     int k_type;        /* FD_KV_*: K's row format (0: float16, what a zero-filled struct gets) */
     int v_type;        /* FD_KV_*: V's row format */
+    int window;        /* U: the full-precision window block in positions (0: none; see below) */
+    int window_slots;  /* R: rows per KV head of each window ring (with a window) */
 } fd_attention_shape_t;
+
+/* The window (ABI 21; window > 0: a multiple of 64, a quantized K or V, window_slots a multiple of 64 and
+   >= window + 64, else FD_E_ARG). A query at position p reads the key / value at position t from a float16 copy
+   instead of the stored codes iff t >= window * (p / window), i.e. t lies in p's own window block: the most recent
+   1..U positions are exact, every completed block is read quantized. Each quantized side keeps those copies in a
+   ring: float16 [n_kv_heads][window_slots][head_dim], slot s in row s % window_slots, at byte offset
+   fd_kv_window_offset(...) of the side's allocation (after its codes and scales; an FD_KV_F16 side has no ring and
+   is read as it is). Writers: fd_rope_kv_write stores every written slot's copy -- the float32 value it encodes (a
+   K: RoPE'd, minus k_offset, rotated), rounded to float16 -- beside its codes; fd_kv_compact_ring moves ring rows.
+   A reader needs rows [window * (p0 / window), p0 + n) of the ring to be the copies of those slots (p0 = *n_past,
+   n the rows of the forward), so window_slots >= window + the most rows one forward writes. Positions, per
+   reader: decode p = *n_past; prefill row i p = *n_past + i (keys by slot); masked token i p = *n_past + c_i - 1
+   with c_i its visible new slots, the k-th of them at position *n_past + k (a tree node's path, which a
+   verify mask is). fd_attention_decode_rope returns FD_E_SHAPE with a window (run fd_rope_kv_write +
+   fd_attention_decode); so do the FlashPrefill entry points (float16 only). */
+size_t fd_kv_window_offset(int kv_type, int n_kv_heads, int max_ctx, int head_dim);
 
 /* Bytes of one layer's K or V cache of n_kv_heads * max_ctx rows of head_dim values in kv_type (both planes
    of a quantized type); 0 if the arguments are invalid. */
@@ -147,6 +165,12 @@ int fd_kv_compact(void* cache, const int32_t* src_offsets, const int32_t* n_past
    [n_kv_heads][max_ctx] rows of row_bytes bytes (even; base and plane_stride even) -- a quantized cache's
    codes, or its scales, of every layer (one call per such group). */
 int fd_kv_compact_rows(void* base, size_t plane_stride, int n_planes, int n_kv_heads, int max_ctx, int row_bytes,
+                       const int32_t* src_offsets, const int32_t* n_past, int n_keep, void* stream);
+/* The same moves over window rings (flashd_attention.h's window): n_planes rings, ring p at base + p *
+   plane_stride bytes, each [n_kv_heads][ring_slots] rows of row_bytes bytes, slot s in row s % ring_slots:
+   row (*n_past + src_offsets[i]) % ring_slots -> row (*n_past + i) % ring_slots, i ascending (src_offsets[n_keep
+   - 1] < ring_slots: no wrapped row is read after it is written). */
+int fd_kv_compact_ring(void* base, size_t plane_stride, int n_planes, int n_kv_heads, int ring_slots, int row_bytes,
                        const int32_t* src_offsets, const int32_t* n_past, int n_keep, void* stream);
 
 /* --- cdef end --- */

@@ -21,7 +21,8 @@ from flashd.daemon.models.weights import total_weight_bytes
 from flashd.daemon.runner import ModelRunner
 from flashd.protocol.messages import SamplingParams
 
-TYPES = [KVTypes("q8_0", "q8_0"), KVTypes("q4_0", "q4_0"), KVTypes("q8_0", "f16")]
+TYPES = [KVTypes("q8_0", "q8_0"), KVTypes("q4_0", "q4_0"), KVTypes("q8_0", "f16"),
+         KVTypes("q4_0", "q4_0", 64), KVTypes("q4_0", "f16", 64)]        # a window: blocks of 64 (chunk 64)
 Q4_REL_TOL = 5e-2                                                      # a q4_0 code flip: see above
 
 
@@ -104,6 +105,53 @@ def test_commit_moves_the_quantized_rows(cuda_backend, model):
     for i, src in enumerate([0, 2, 5, 6]):
         want[30 + i] = before[30 + src]
     np.testing.assert_array_equal(after, want)
+
+
+def test_commit_moves_the_window_rings(cuda_backend, model):
+    """With a window the commit also moves each ring's rows, slot s at row s % window_slots (fd_kv_compact_ring)."""
+    types = KVTypes("q4_0", "q4_0", 64)
+    _, cuda = make_runners(cuda_backend, model, types)
+    cache = cuda.cache
+    cuda.start(np.random.default_rng(6).integers(0, 1000, 40).tolist())
+
+    def rings():
+        raw = cuda_backend.ops.to_numpy(cache.storage).reshape(cache.spec.n_layers, cache.layer_bytes)
+        spec, r = cache.spec, cache.window_slots
+        return [layer[off:off + spec.n_kv_heads * r * spec.head_dim * 2].view(np.float16).reshape(
+            spec.n_kv_heads, r, spec.head_dim).copy() for layer in raw for off in cache.rings]
+
+    before = rings()
+    assert len(before) == 2 * cache.spec.n_layers and not np.isnan(before[0][:, 30]).any()
+    cuda.n_past = 30
+    cuda.commit_tree([0, 2, 5, 6])
+    for b, a in zip(before, rings()):
+        want = b.copy()
+        for i, src in enumerate([0, 2, 5, 6]):
+            want[:, (30 + i) % cache.window_slots] = b[:, (30 + src) % cache.window_slots]
+        np.testing.assert_array_equal(a, want)
+
+
+@pytest.mark.parametrize("mode,budget", [("chain", None), ("ddtree", 12)])
+def test_spec_decoding_with_a_window_equals_plain_greedy(cuda_backend, model, mode, budget):
+    """Speculative decoding over a windowed q4_0 cache is exact on the GPU: the target drafts for itself (every
+    token accepted, trees committed off the spine too), across window blocks (64), and the output is the same
+    runner's plain greedy decoding token for token."""
+    from flashd.daemon.models import load_model, open_model
+    from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+    from flashd.daemon.speculative.loader import DrafterContext, load_drafter
+    _, cuda = make_runners(cuda_backend, model, KVTypes("q4_0", "q4_0", 64))
+    f, cfg = open_model(model)
+    ctx = DrafterContext(backend=cuda_backend, target_file=f, target_model=load_model((f, cfg),
+                         cuda_backend.ops.load_weight), max_ctx=256, prefill_chunk=64)
+    drafter = load_drafter(str(model), ctx)
+    for r in (cuda, drafter.runner):
+        r.drop_graphs()
+    prompt = np.random.default_rng(9).integers(0, 1000, 30).tolist()
+    want = [s.token for s in cuda.generate(prompt, SamplingParams(), 150)]
+    dec = SpecDecoder(cuda, drafter, SpecConfig(mode, budget if budget is not None else drafter.max_depth))
+    got = [s.token for s in dec.generate(prompt, SamplingParams(), 150)]
+    assert got == want
+    assert dec.stats.accepted > 0
 
 
 def test_persistent_forward_falls_back_to_the_graph(cuda_backend, model):

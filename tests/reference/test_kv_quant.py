@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
-from flashd.daemon.backends.kv_types import KVTypes, parse_kv_types, row_bytes
+from flashd.daemon.backends.kv_types import KVTypes, parse_kv_types, row_bytes, window_slots
 
 QTYPE = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
 f32 = np.float32
@@ -118,8 +118,16 @@ def test_encode_keeps_leading_axes_and_refuses_partial_blocks():
 
 def test_kv_types_parse_and_check():
     assert parse_kv_types(None, None, None) == KVTypes("f16", "f16")
-    assert parse_kv_types("q8_0", None, "q4_0") == KVTypes("q8_0", "q4_0")
-    assert parse_kv_types(None, "q4_0", None) == KVTypes("q4_0", "f16")
+    # a q4_0 side gets the default window (DEFAULT_Q4_WINDOW) unless --kv-window says otherwise
+    assert parse_kv_types("q8_0", None, "q4_0") == KVTypes("q8_0", "q4_0", 512)
+    assert parse_kv_types(None, "q4_0", None, 0) == KVTypes("q4_0", "f16")
+    assert parse_kv_types("q8_0", None, None) == KVTypes("q8_0", "q8_0")
+    assert parse_kv_types("q8_0", None, None, 128) == KVTypes("q8_0", "q8_0", 128)
+    with pytest.raises(ValueError, match="quantized"):
+        parse_kv_types(None, None, None, 64)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        parse_kv_types("q4_0", None, None, 100)
+    assert window_slots(0, 512) == 0 and window_slots(512, 512) == 1024 and window_slots(512, 65) == 640
     assert str(KVTypes("q8_0", "q8_0")) == "q8_0" and str(KVTypes("q8_0", "f16")) == "k=q8_0,v=f16"
     with pytest.raises(ValueError, match="one of"):
         KVTypes("q5_1")

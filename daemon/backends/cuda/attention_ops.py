@@ -4,7 +4,8 @@ of the C ABI, named as the entry point is (CudaOps.attention_decode runs fd_atte
 `Ops.attention` dispatches: a one-row step without a mask (the decode step) runs `attention_decode_rope`
 (RoPE, the K/V write and split-K attention in one launch) while `fuse_decode_rope` is on; every other
 batch runs `rope_kv_write` first, then `attention_masked` (a mask: tree verification, DFlash blocks),
-`attention_decode` (one row) or `attention_prefill` (several rows, causal). The decode, decode_rope and
+`attention_decode` (one row) or `attention_prefill` (several rows, causal); a KV window (kv_window) never takes the
+fused step (its kernel keeps no window). The decode, decode_rope and
 masked kernels share the split-K machinery of native/cuda/attention_splitk.cuh, which splits a row's
 keys in chunks of DECODE_CHUNK_SLOTS slots; masked attention splits them exactly as decode does, so a
 tree node's output is bitwise the decode step's at its position.
@@ -24,7 +25,7 @@ from .kv_cache_quant import kv_type_of
 from .tensor import DeviceTensor
 
 __all__ = ["AttentionOps", "Roped", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS", "attention_workspace_bytes",
-           "attention_shape", "rope_struct", "rope_scaling_struct"]
+           "attention_shape", "kv_window", "rope_struct", "rope_scaling_struct"]
 
 DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
 MAX_MASKED_TOKENS = 65        # masked attention's workspace: a tree of a root + 64 drafted nodes, a DFlash block
@@ -35,15 +36,25 @@ KV_TYPE_CODES = {"f16": 0, "q8_0": 1, "q4_0": 2}     # FD_KV_F16, FD_KV_Q8_0, FD
 
 
 def attention_shape(ffi, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int, scale: float | None = None,
-                    k_type: str = "f16", v_type: str = "f16"):
+                    k_type: str = "f16", v_type: str = "f16", window: int = 0, window_slots: int = 0):
     """The C ABI's `const fd_attention_shape_t*` (scale None: 1 / sqrt(head_dim); k_type / v_type: the cache's
-    row formats, backends/kv_types.py names). Not checked here: the wrappers check tensors against each other
-    (AttentionOps._shape), the kernels the values (FD_E_ARG)."""
+    row formats, backends/kv_types.py names; window / window_slots: the KV window and its ring, flashd_attention.h).
+    Not checked here: the wrappers check tensors against each other (AttentionOps._shape), the kernels the values
+    (FD_E_ARG)."""
     if scale is None:
         scale = float(1.0 / np.sqrt(head_dim)) if head_dim > 0 else 0.0
     return ffi.new("fd_attention_shape_t*", {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
                                              "max_ctx": max_ctx, "scale": scale, "k_type": KV_TYPE_CODES[k_type],
-                                             "v_type": KV_TYPE_CODES[v_type]})
+                                             "v_type": KV_TYPE_CODES[v_type], "window": window,
+                                             "window_slots": window_slots})
+
+
+def kv_window(cache_layer) -> tuple[int, int]:
+    """(window, window_slots) of one layer's (K, V) caches: a windowed quantized side's (KVPlane), or (0, 0)."""
+    for c in cache_layer:
+        if getattr(c, "window", 0):
+            return c.window, c.window_slots
+    return 0, 0
 
 
 def rope_struct(ffi, rope_dim: int, theta: float, neox: bool, scaling=None):
@@ -128,10 +139,12 @@ class AttentionOps:
                              f"{k_cache.dtype} / {tuple(v_cache.shape)} ([n_kv_heads][max_ctx][head_dim], float16 "
                              f"or a quantized plane)")
         key = (n_heads, k_cache.shape[0], head_dim, k_cache.shape[1])
+        window = kv_window(cache_layer)
         if types != ("f16", "f16"):
-            key += types
+            key += types + window
         if key not in self._attention_shapes:
-            self._attention_shapes[key] = attention_shape(self.ffi, *key[:4], k_type=types[0], v_type=types[1])
+            self._attention_shapes[key] = attention_shape(self.ffi, *key[:4], k_type=types[0], v_type=types[1],
+                                                          window=window[0], window_slots=window[1])
         return self._attention_shapes[key]
 
     @staticmethod
@@ -160,8 +173,8 @@ class AttentionOps:
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
         _roped("attention", q, k)
         n = q.x.shape[0]
-        if n == 1 and batch.mask is None and self.fuse_decode_rope:
-            return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)
+        if n == 1 and batch.mask is None and self.fuse_decode_rope and not kv_window(cache_layer)[0]:
+            return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)   # (not with a KV window)
         self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
         if batch.mask is not None:
             return self.attention_masked(q.x, cache_layer, batch.mask, batch.n_past)
@@ -185,6 +198,10 @@ class AttentionOps:
         shape = self._shape(k.x.shape if q is None else q.x.shape, cache_layer, "rope_kv_write")
         if cache_layer[0].shape[0] != n_kv_heads:
             raise ValueError(f"rope_kv_write: k {k.x.shape} vs cache {cache_layer[0].shape}")
+        window, slots = kv_window(cache_layer)
+        if window and n > slots - window:
+            raise ValueError(f"rope_kv_write: {n} rows in one forward, but the KV window's ring holds {window} + "
+                             f"{slots - window} (KVCacheSpec.max_rows)")
         self._check(self.lib.fd_rope_kv_write(self.p(None if q is None else q.x), self.p(k.x), self.p(v),
                                               self.p(cache_layer[0]), self.p(cache_layer[1]),
                                               self.p(self._k_offset(cache_layer, "rope_kv_write")), self.p(k.positions),
@@ -244,6 +261,9 @@ class AttentionOps:
             raise ValueError(f"attention_decode_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
                              f"one token over a cache of {k_cache.shape}")
         shape = self._shape(q.x.shape, cache_layer, "attention_decode_rope")
+        if kv_window(cache_layer)[0]:
+            raise ValueError("attention_decode_rope: not with a KV window (fd_attention_decode_rope returns FD_E_SHAPE); "
+                             "rope_kv_write + attention_decode run a windowed step")
         if ((k.rope_dim, k.theta, k.neox, k.scaling) != (q.rope_dim, q.theta, q.neox, q.scaling)
                 or k.positions.ptr != q.positions.ptr):
             raise ValueError("attention_decode_rope: q and k must be roped alike (one position, one rope)")

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ...models.config import ModelConfig
 from ...models.gguf_file import ModelLoadError, ModelUnsupported
-from ...vram_budget import kv_cache_bytes
+from ...vram_budget import kv_cache_bytes, kv_window_bytes
 from ..base import Backend
 from .attention_ops import PFLASH_HEAD_DIMS
 from .hybrid_plan import (check_hybrid, hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes,
@@ -124,6 +124,10 @@ class CudaBackend(Backend):
         n_kv_layers = max(1, len(cfg.linear.attention_layers)) if hybrid else cfg.n_layers
         kv = kv_cache_bytes(n_kv_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *(
             (kv_types.k, kv_types.v) if kv_types is not None else ("f16", "f16")))
+        if kv_types is not None and kv_types.window:       # the window's rings (kv_cache_quant.py)
+            from ...runner import MAX_FORWARD_TREE
+            kv += kv_window_bytes(n_kv_layers, cfg.n_kv_heads, cfg.head_dim, kv_types.window,
+                                  max(prefill_chunk, MAX_FORWARD_TREE), sum(kv_types.windowed(s) for s in "kv"))
         largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
         workspace = (attention_workspace_bytes(self.device.native, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                                max_ctx)

@@ -8,6 +8,12 @@ byte size at a fixed offset in every layer, which fd_kv_compact_rows moves and t
 starts on a 256-byte boundary (a q4_0 row of head_dim 64 is 36 bytes: without the padding the next plane could
 start 4-byte aligned, and the kernels load codes 8 bytes and float16 rows 16 bytes at a time).
 
+With a KV window (kv_types.py KVTypes.window; flashd_attention.h) each quantized side also holds its window ring
+after its planes, at the next 256-byte boundary (fd_kv_window_offset): float16 [n_kv_heads][window_slots][head_dim],
+slot s in row s % window_slots, window_slots = kv_types.window_slots(window, spec.max_rows). The commit moves its
+rows too (fd_kv_compact_ring); host prefix copies keep only the codes and scales (a reusable prefix ends on a multiple
+of the window, so no query after it reads a copy from before it).
+
 A quantized K may carry a key offset per layer (backends/kv_offset.py; set_key_offset): float32 (n_layers, Hkv, d)
 in its own device buffer, handed to the K writers (fd_rope_kv_write, fd_attention_decode_rope) as the K plane's
 `offset`, a (Hkv, d) view of its layer.
@@ -20,7 +26,7 @@ import numpy as np
 
 from ..base import KVCacheSpec
 from ..kv_offset import cache_key_offsets
-from ..kv_types import QUANT_BLOCK, row_bytes
+from ..kv_types import QUANT_BLOCK, row_bytes, window_slots
 from .tensor import Device, DeviceTensor
 
 ALIGN = 256                    # bytes: where every layer's K and V start
@@ -39,6 +45,8 @@ class KVPlane:
     kv_type: str
     owner: object = None
     offset: DeviceTensor | None = None
+    window: int = 0                 # the KV window (0: none) and its ring's rows per KV head
+    window_slots: int = 0
     dtype = np.dtype(np.uint8)
 
 
@@ -51,8 +59,15 @@ class CudaQuantKVCache:
     def __init__(self, device: Device, spec: KVCacheSpec):
         self.spec, self.device = spec, device
         rows = spec.n_kv_heads * spec.max_ctx
-        self.side_bytes = [-(-rows * row_bytes(t, spec.head_dim) // ALIGN) * ALIGN
-                           for t in (spec.kv_types.k, spec.kv_types.v)]
+        self.window = spec.kv_types.window
+        self.window_slots = window_slots(self.window, spec.max_rows)
+        self.ring_bytes = -(-spec.n_kv_heads * self.window_slots * 2 * spec.head_dim // ALIGN) * ALIGN
+        plane_bytes = [-(-rows * row_bytes(t, spec.head_dim) // ALIGN) * ALIGN for t in (spec.kv_types.k, spec.kv_types.v)]
+        self.side_bytes = [plane_bytes[side] + (self.ring_bytes if spec.kv_types.windowed(name) else 0)
+                           for side, name in enumerate("kv")]
+        # the offset in a layer of each windowed side's ring: after the side's planes
+        self.rings = [(0 if side == 0 else self.side_bytes[0]) + plane_bytes[side]
+                      for side, name in enumerate("kv") if spec.kv_types.windowed(name)]
         self.layer_bytes = sum(self.side_bytes)
         self.storage = device.empty((spec.n_layers * self.layer_bytes,), np.uint8)
         # (offset in a layer, bytes per row) of every row group, K's then V's
@@ -91,7 +106,8 @@ class CudaQuantKVCache:
         for side, kind in enumerate((spec.kv_types.k, spec.kv_types.v)):
             ptr = base + (0 if side == 0 else self.side_bytes[0])
             out.append(DeviceTensor(ptr, shape, np.dtype(np.float16), self.storage.owner) if kind == "f16"
-                       else KVPlane(ptr, shape, kind, self.storage.owner, self._layer_offset(i) if side == 0 else None))
+                       else KVPlane(ptr, shape, kind, self.storage.owner, self._layer_offset(i) if side == 0 else None,
+                                    self.window, self.window_slots))
         return tuple(out)
 
     def compact(self, src_offsets: DeviceTensor, n_past: DeviceTensor, n_keep: int) -> None:
@@ -103,6 +119,11 @@ class CudaQuantKVCache:
                                                         self.layer_bytes, spec.n_layers, spec.n_kv_heads,
                                                         spec.max_ctx, rb, dev.p(src_offsets), dev.p(n_past), n_keep,
                                                         dev.stream), "fd_kv_compact_rows")
+        for offset in self.rings:
+            dev.native.check(dev.lib.fd_kv_compact_ring(dev.ffi.cast("void*", self.storage.ptr + offset),
+                                                        self.layer_bytes, spec.n_layers, spec.n_kv_heads,
+                                                        self.window_slots, 2 * spec.head_dim, dev.p(src_offsets),
+                                                        dev.p(n_past), n_keep, dev.stream), "fd_kv_compact_ring")
 
     def _pieces(self, n_slots: int):
         """(column, DeviceTensor (n_slots, row bytes) uint8) of slots [0, n_slots) of every (layer, row group, KV

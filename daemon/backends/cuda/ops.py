@@ -181,10 +181,8 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps, FusedOps):   # top
         return QuantWeight(data=data, qtype=int(info.qtype), rows=rows, cols=cols)
 
     def kv_cache(self, spec: KVCacheSpec):
-        """float16 K and V: CudaKVCache; a q8_0 / q4_0 K or V: CudaQuantKVCache (kv_cache_quant.py)."""
-        if spec.kv_types.window:
-            raise ValueError("a KV window (KVTypes.window) runs on the reference backend only so far: the CUDA "
-                             "attention kernels do not read full-precision window copies yet")
+        """float16 K and V: CudaKVCache; a q8_0 / q4_0 K or V (with or without a window): CudaQuantKVCache
+        (kv_cache_quant.py)."""
         return CudaQuantKVCache(self.dev, spec) if spec.kv_types.quantized else CudaKVCache(self.dev, spec)
 
     def from_numpy(self, array: np.ndarray) -> DeviceTensor:
