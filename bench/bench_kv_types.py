@@ -35,14 +35,15 @@ def log(msg: str) -> None:
     print(f"[kv-types {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def teacher_forced_argmax(runner, ids: list[int]) -> np.ndarray:
-    """int64 (len(ids),): the argmax of the logits at every position, fed in the runner's prefill chunks from an
-    empty context (only one chunk's logits are on the host at a time)."""
+def teacher_forced_argmax(runner, ids: list[int], rows: int | None = None) -> np.ndarray:
+    """int64 (len(ids),): the argmax of the logits at every position, fed in forwards of `rows` tokens (None: the
+    runner's prefill chunk) from an empty context (only one forward's logits are on the host at a time)."""
     runner.reset()
     out = []
+    step = min(rows or runner.prefill_chunk, runner.prefill_chunk)
     try:
-        for start in range(0, len(ids), runner.prefill_chunk):
-            logits = runner.prefill(ids[start:start + runner.prefill_chunk], all_logits=True)
+        for start in range(0, len(ids), step):
+            logits = runner.prefill(ids[start:start + step], all_logits=True)
             out.append(np.argmax(np.asarray(logits), axis=-1))
     finally:
         runner.reset()
@@ -76,7 +77,7 @@ def run_type(backend, cfg, weights, weight_bytes: int, kind: str, ids: list[int]
         return {"type": kind, "refused": str(exc)}
     try:
         t0 = time.perf_counter()
-        top = teacher_forced_argmax(runner, ids)
+        top = teacher_forced_argmax(runner, ids, args.logit_rows)
         log(f"{kind}: teacher-forced {len(ids)} tokens in {time.perf_counter() - t0:.1f} s")
         tests = [f"tg{args.gen}@d{args.depth}"] if args.gen > 0 else []
         speed = run_bench(runner, cfg, tests, reps=args.reps, log=log) if tests else []
@@ -118,9 +119,12 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=32768, help="decode speed measured after this many tokens")
     ap.add_argument("--gen", type=int, default=128, help="decode tokens timed (0: no decode timing)")
     ap.add_argument("--reps", type=int, default=3)
-    # every position's logits of a chunk (chunk x vocab float32, 39 MB at 64 x 151936) must fit the runner's
-    # activation arena: 512 rows overflowed it on the 1.5B
-    ap.add_argument("--chunk", type=int, default=64, help="prefill chunk (all-position logits must fit the arena)")
+    # every position's logits of a forward (rows x vocab float32, 39 MB at 64 x 151936) must fit the runner's
+    # activation arena: 512 rows overflowed it on the 1.5B; so the text goes in forwards of --logit-rows, while --chunk
+    # (the runner's prefill chunk, a multiple of any window) sizes the runner as the daemon would
+    ap.add_argument("--chunk", type=int, default=512, help="the runner's prefill chunk (a multiple of a window)")
+    ap.add_argument("--logit-rows", type=int, default=64, help="tokens per teacher-forced forward (their logits "
+                                                               "must fit the arena)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 

@@ -27,6 +27,7 @@ def test_teacher_forced_argmax_is_score_argmax(model):
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 512, 37)]
     r = ModelRunner(ops, lm.config, lm.weights, 64, 8)
     np.testing.assert_array_equal(bench.teacher_forced_argmax(r, ids), np.argmax(r.score(ids), axis=-1))
+    np.testing.assert_array_equal(bench.teacher_forced_argmax(r, ids, 5), np.argmax(r.score(ids), axis=-1))
     assert r.n_past == 0
 
 
