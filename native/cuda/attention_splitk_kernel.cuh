@@ -62,6 +62,10 @@ __device__ __forceinline__ void encode_new_rows(const Params& p, const float* st
             for (int j = 0; j < kvq::BLOCK / 2; ++j) pl.row_codes(row)[b * (kvq::BLOCK / 2) + j] = q[j];
     }
     if (store) pl.row_scales(row)[b] = d;
+    const __half* ring = is_k ? p.k_ring : p.v_ring;  // a window: the new row is in its own block, read exact
+    if (ring != nullptr)
+        for (int j = 0; j < kvq::BLOCK; ++j)
+            out[j] = window_value<HD>(ring, p, kvh, b * kvq::BLOCK + j, x[j], out[j], store);
 }
 
 // Thread tid's rope coefficients: for each of its NU distinct dims, cos / sin at the new token's position (double
@@ -205,15 +209,16 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
 // kernel for every type pair was 187 KB of SASS at HD 128 with ROPE (the float16 one 54 KB), and a decode step runs
 // it once per CTA: at short depth its time was instruction fetch (bench/NOTES.md, session 13).
 //
-// WIN (a window, p.window > 0; QKV without ROPE: fd_attention_decode_rope refuses a window): the query's position is
+// WIN (a window, p.window > 0; QKV): the query's position is
 // L - 1 (decode: n_past; a masked row: its path's last node), and a tile at or past win_start = window * ((L - 1) /
 // window) -- tiles are 64 keys, 64-aligned, so wholly in or out -- is not staged raw but copied from the window's
 // float16 rows by each warp when it attends it (window_rows), then attended as a dequantized tile is. No FRAG step:
-// the float16 tile is kept.
+// the float16 tile is kept. With ROPE the new row's tile values are float16(x) and its ring row is stored
+// (window_value), as fd_rope_kv_write + fd_attention_decode.
 template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");
-    static_assert(!WIN || (QKV && !ROPE), "a window: the QKV kernel without the fused rope");
+    static_assert(!WIN || QKV, "a window is beside a quantized side");
     constexpr int k_type = KVT >> 2, v_type = KVT & 3;
     constexpr bool FRAG = QKV && frag_types(KVT) && !WIN;   // both quantized: fragments from the raw ring (qfrag.cuh)
     using C = Cfg<HD>;

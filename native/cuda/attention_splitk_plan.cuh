@@ -129,7 +129,7 @@ int launch(const Params& p, cudaStream_t stream) {
 
 // A quantized K or V runs the dequantizing loader (and, with ROPE, the quantizing new-row staging), one kernel per
 // (K type, V type) pair: KVT = k_type * 4 + v_type (splitk_kernel says why).
-// WIN: a window's kernels (fd_attention_decode and fd_attention_masked; never with ROPE).
+// WIN: a window's kernels.
 template <int HD, bool ROPE, bool WIN = false>
 int launch_quant(const Params& p, cudaStream_t stream) {
     constexpr int F = FD_KV_F16, Q8 = FD_KV_Q8_0, Q4 = FD_KV_Q4_0;
@@ -148,11 +148,7 @@ int launch_quant(const Params& p, cudaStream_t stream) {
 
 template <int HD, bool ROPE>
 int launch_quant_or_window(const Params& p, cudaStream_t stream) {
-    if constexpr (ROPE) {
-        return p.window > 0 ? FD_E_SHAPE : launch_quant<HD, true>(p, stream);
-    } else {
-        return p.window > 0 ? launch_quant<HD, false, true>(p, stream) : launch_quant<HD, false>(p, stream);
-    }
+    return p.window > 0 ? launch_quant<HD, ROPE, true>(p, stream) : launch_quant<HD, ROPE>(p, stream);
 }
 
 template <bool ROPE = false>

@@ -29,6 +29,21 @@
 namespace fd {
 namespace attn {
 
+// The new row's value at dim d as its tile holds it: with a window ring (p.k_ring / p.v_ring: the new key always lies
+// in its own window block) float16(x), the copy fd_rope_kv_write puts in the ring -- also written there if store --,
+// else `as_stored` (the dequantized code, or a float16 side's value).
+template <int HD>
+__device__ __forceinline__ __half window_value(const __half* ring, const Params& p, int kvh, int d, float x,
+                                               __half as_stored, bool store) {
+    if (ring == nullptr) return as_stored;
+    const __half h = __float2half_rn(x);
+    if (store) {
+        const int slot = p.n_past[0];
+        const_cast<__half*>(ring)[((size_t)kvh * p.ring_slots + slot % p.ring_slots) * HD + d] = h;
+    }
+    return h;
+}
+
 template <int HD>
 struct RotLayout {
     static constexpr int NR = HD / 32;            // registers per row (values per lane)
@@ -183,7 +198,8 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
             if (r / NB == part) {
                 const __half v = kvq::encode_block_warp(p.kq, p.k_store + row * HD, k_type, row, r, x[r], lane, store,
                                                         RAW ? &k_copy : nullptr);
-                if constexpr (!RAW) kv_new[32 * r + lane] = v;
+                if constexpr (!RAW)
+                    kv_new[32 * r + lane] = window_value<HD>(p.k_ring, p, kvh, 32 * r + lane, x[r], v, store);
             }
     } else {                                            // V: as it is (float16 or q8_0 / q4_0)
 #pragma unroll
@@ -191,7 +207,8 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
             if (r / NB == part) {
                 const __half v = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r, ld.x[r], lane,
                                                         store, RAW ? &v_copy : nullptr);
-                if constexpr (!RAW) kv_new[HD + 32 * r + lane] = v;
+                if constexpr (!RAW)
+                    kv_new[HD + 32 * r + lane] = window_value<HD>(p.v_ring, p, kvh, 32 * r + lane, ld.x[r], v, store);
             }
     }
 }

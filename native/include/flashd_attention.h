@@ -71,8 +71,8 @@ typedef struct {
    n the rows of the forward), so window_slots >= window + the most rows one forward writes. Positions, per
    reader: decode p = *n_past; prefill row i p = *n_past + i (keys by slot); masked token i p = *n_past + c_i - 1
    with c_i its visible new slots, the k-th of them at position *n_past + k (a tree node's path, which a
-   verify mask is). fd_attention_decode_rope returns FD_E_SHAPE with a window (run fd_rope_kv_write +
-   fd_attention_decode); so do the FlashPrefill entry points (float16 only). */
+   verify mask is). fd_attention_decode_rope stores the new row's copy as fd_rope_kv_write does and attends it exact
+   (bit for bit fd_rope_kv_write + fd_attention_decode). The FlashPrefill entry points take float16 caches only. */
 size_t fd_kv_window_offset(int kv_type, int n_kv_heads, int max_ctx, int head_dim);
 
 /* Bytes of one layer's K or V cache of n_kv_heads * max_ctx rows of head_dim values in kv_type (both planes

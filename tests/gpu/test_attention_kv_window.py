@@ -254,8 +254,54 @@ def test_a_bad_window_is_refused(native, dev):
         shape = attention_shape(ffi, 12, 2, 128, 1000, k_type=kt, v_type=kt, window=window, window_slots=slots)
         assert lib.fd_attention_decode(dev.p(o, "float*"), dev.p(q, "float*"), dev.p(buf), dev.p(buf),
                                        dev.p(npast, "int32_t*"), shape, CHUNK, dev.p(ws), dev.stream) == -1
-    shape = attention_shape(ffi, 12, 2, 128, 1000, k_type="q4_0", v_type="q4_0", window=64, window_slots=128)
-    rope = rope_struct(ffi, 128, 1e6, True)
-    assert lib.fd_attention_decode_rope(dev.p(o, "float*"), dev.p(q, "float*"), dev.p(q, "float*"), dev.p(q, "float*"),
-                                        dev.p(buf), dev.p(buf), ffi.NULL, dev.p(npast, "int32_t*"),
-                                        dev.p(npast, "int32_t*"), shape, rope, CHUNK, dev.p(ws), dev.stream) == -3
+
+
+@pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
+@pytest.mark.parametrize("n_heads,n_kv_heads,d,max_ctx,n_past,window", [(12, 2, 128, 1100, 777, 512),
+                                                                         (12, 2, 128, 1100, 512, 512),
+                                                                         (14, 2, 64, 300, 0, 64),
+                                                                         (8, 1, 256, 400, 130, 64),
+                                                                         (32, 1, 64, 300, 200, 128)])
+def test_fused_decode_rope_is_rope_kv_write_then_decode(native, dev, rng, types, n_heads, n_kv_heads, d, max_ctx,
+                                                        n_past, window):
+    """fd_attention_decode_rope with a window: o and every byte of both sides (codes, scales and ring) bit for bit
+    fd_rope_kv_write + fd_attention_decode's -- the new row attended as its float16 copy, that copy stored in the
+    ring."""
+    ffi, lib = native.ffi, native.lib
+    slots = window + 64
+    lo = window * (n_past // window)
+    rope = rope_struct(ffi, d, 1e6, True)
+    q = rng.standard_normal((1, n_heads, d)).astype(np.float32)
+    k = (rng.standard_normal((1, n_kv_heads, d)) * 3).astype(np.float32)
+    v = rng.standard_normal((1, n_kv_heads, d)).astype(np.float32)
+    pos, npast = dev.upload(np.array([n_past + 3], np.int32)), dev.upload(np.array([n_past], np.int32))
+    results = []
+    for fused in (True, False):
+        wc = WindowCache(native, dev, np.random.default_rng(11), types, n_kv_heads, max_ctx, d, n_past, window, slots,
+                         lo, n_past)
+        shape = wc.shape(native, n_heads, n_kv_heads, d, max_ctx)
+        ws = dev.empty((max(lib.fd_attention_decode_workspace_bytes(shape, CHUNK), 16),), np.uint8)
+        o = dev.empty((n_heads * d,))
+        dq, dk, dv = dev.upload(q), dev.upload(k), dev.upload(v)
+        if fused:
+            native.check(lib.fd_attention_decode_rope(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(dk, "float*"),
+                                                      dev.p(dv, "float*"), dev.p(wc.bufs[0]), dev.p(wc.bufs[1]),
+                                                      ffi.NULL, dev.p(pos, "int32_t*"), dev.p(npast, "int32_t*"),
+                                                      shape, rope, CHUNK, dev.p(ws), dev.stream),
+                         "fd_attention_decode_rope")
+        else:
+            native.check(lib.fd_rope_kv_write(dev.p(dq, "float*"), dev.p(dk, "float*"), dev.p(dv, "float*"),
+                                              dev.p(wc.bufs[0]), dev.p(wc.bufs[1]), ffi.NULL, dev.p(pos, "int32_t*"),
+                                              dev.p(npast, "int32_t*"), 1, shape, rope, dev.stream), "fd_rope_kv_write")
+            native.check(lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(wc.bufs[0]),
+                                                 dev.p(wc.bufs[1]), dev.p(npast, "int32_t*"), shape, CHUNK, dev.p(ws),
+                                                 dev.stream), "fd_attention_decode")
+        dev.synchronize()
+        results.append((dev.download(o), dev.download(wc.bufs[0]), dev.download(wc.bufs[1])))
+    for fused, plain in zip(*results):
+        np.testing.assert_array_equal(fused, plain)
+    for kind, raw in zip(types, results[0][1:]):                       # the new row's copy is in the ring
+        if kind != "f16":
+            off = lib.fd_kv_window_offset(KV_TYPE_CODES[kind], n_kv_heads, max_ctx, d)
+            ring = raw[off:].view(np.float16).reshape(n_kv_heads, slots, d)
+            assert not np.isnan(ring[:, n_past % slots]).any()

@@ -34,7 +34,7 @@ def test_every_declared_function_is_defined_once():
         assert len(defs) == 1, f"{name}: {len(defs)} definitions in native/cuda/*.cu"
 
 
-ABI_VERSION = 20   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
+ABI_VERSION = 21   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
 
 
 def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
@@ -45,7 +45,8 @@ def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
     fused ops (fd_causal_conv1d_silu*, fd_gated_delta_rule_fused*, fd_gated_qk_norm); 16 fd_tuning_t.delta_cluster; 17
     fd_tuning_t.gemv_prewait; 18 gemv_prewait removed, fd_tuning_t.gemv_xq_prepass_cols,
     gemv_xq_prepass_norm_cols, gemv_swiglu_stage_bytes; 19 fd_tuning_t.gemv_swiglu_pair; 20 fd_tuning_t.gemv_xq_direct,
-    gemv_split_cols."""
+    gemv_split_cols; 21 the KV window (fd_attention_shape_t.window / window_slots, fd_kv_window_offset,
+    fd_kv_compact_ring)."""
     ffi = cffi.FFI()
     ffi.cdef(cdef_source())
     lib = ffi.dlopen(None)          # integer constants only: no symbol is looked up
@@ -54,7 +55,7 @@ def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
     assert {"fd_causal_conv1d", "fd_causal_conv1d_tree", "fd_gated_delta_rule_decode", "fd_gated_delta_rule_prefill",
             "fd_gated_delta_rule_tree", "fd_mul", "fd_silu", "fd_sigmoid", "fd_sigmoid_mul", "fd_copy_cols",
             "fd_delta_decay", "fd_causal_conv1d_silu", "fd_causal_conv1d_silu_tree", "fd_gated_delta_rule_fused",
-            "fd_gated_delta_rule_fused_tree", "fd_gated_qk_norm"} <= names
+            "fd_gated_delta_rule_fused_tree", "fd_gated_qk_norm", "fd_kv_window_offset", "fd_kv_compact_ring"} <= names
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the compile check needs it")

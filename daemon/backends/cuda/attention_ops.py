@@ -4,8 +4,7 @@ of the C ABI, named as the entry point is (CudaOps.attention_decode runs fd_atte
 `Ops.attention` dispatches: a one-row step without a mask (the decode step) runs `attention_decode_rope`
 (RoPE, the K/V write and split-K attention in one launch) while `fuse_decode_rope` is on; every other
 batch runs `rope_kv_write` first, then `attention_masked` (a mask: tree verification, DFlash blocks),
-`attention_decode` (one row) or `attention_prefill` (several rows, causal); a KV window (kv_window) never takes the
-fused step (its kernel keeps no window). The decode, decode_rope and
+`attention_decode` (one row) or `attention_prefill` (several rows, causal). The decode, decode_rope and
 masked kernels share the split-K machinery of native/cuda/attention_splitk.cuh, which splits a row's
 keys in chunks of DECODE_CHUNK_SLOTS slots; masked attention splits them exactly as decode does, so a
 tree node's output is bitwise the decode step's at its position.
@@ -173,8 +172,8 @@ class AttentionOps:
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
         _roped("attention", q, k)
         n = q.x.shape[0]
-        if n == 1 and batch.mask is None and self.fuse_decode_rope and not kv_window(cache_layer)[0]:
-            return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)   # (not with a KV window)
+        if n == 1 and batch.mask is None and self.fuse_decode_rope:
+            return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)
         self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
         if batch.mask is not None:
             return self.attention_masked(q.x, cache_layer, batch.mask, batch.n_past)
@@ -261,9 +260,6 @@ class AttentionOps:
             raise ValueError(f"attention_decode_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
                              f"one token over a cache of {k_cache.shape}")
         shape = self._shape(q.x.shape, cache_layer, "attention_decode_rope")
-        if kv_window(cache_layer)[0]:
-            raise ValueError("attention_decode_rope: not with a KV window (fd_attention_decode_rope returns FD_E_SHAPE); "
-                             "rope_kv_write + attention_decode run a windowed step")
         if ((k.rope_dim, k.theta, k.neox, k.scaling) != (q.rope_dim, q.theta, q.neox, q.scaling)
                 or k.positions.ptr != q.positions.ptr):
             raise ValueError("attention_decode_rope: q and k must be roped alike (one position, one rope)")
