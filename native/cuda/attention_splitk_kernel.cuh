@@ -176,6 +176,20 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
     }
 }
 
+// ROPE, step (a) below: if the new key is one of the warp's 16 keys v0 .. v0 + 15 (warp-uniform), its row of the
+// float16 K | V tile (ks: the warp's first row) -- the cache's stale copy -- becomes the new row's values, kv_new.
+template <int HD>
+__device__ __forceinline__ void new_row_override(__half* ks, const __half* kv_new, int new_key, int v0, int lane) {
+    constexpr int LD = Cfg<HD>::LD, CHUNKS = Cfg<HD>::CHUNKS;
+    if (new_key < v0 || new_key >= v0 + WARP_SLOTS) return;
+    __half* krow = ks + (new_key - v0) * LD;
+    for (int c = lane; c < 2 * CHUNKS; c += 32) {        // 16-byte pieces of K | V
+        __half* dst = c < CHUNKS ? krow + c * 8 : krow + TILE * LD + (c - CHUNKS) * 8;
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kv_new + c * 8);
+    }
+    __syncwarp();
+}
+
 // ---- the block ----------------------------------------------------------------------------
 // grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
 //
@@ -212,15 +226,17 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
 // WIN (a window, p.window > 0; QKV): the query's position is
 // L - 1 (decode: n_past; a masked row: its path's last node), and a tile at or past win_start = window * ((L - 1) /
 // window) -- tiles are 64 keys, 64-aligned, so wholly in or out -- is not staged raw but copied from the window's
-// float16 rows by each warp when it attends it (window_rows), then attended as a dequantized tile is. No FRAG step:
-// the float16 tile is kept. With ROPE the new row's tile values are float16(x) and its ring row is stored
-// (window_value), as fd_rope_kv_write + fd_attention_decode.
+// float16 rows by each warp when it attends it (window_rows) into the float16 tile (FRAG keeps one for these), then
+// attended as a dequantized tile is (FRAG: warp_step_qf16, fragments in the code step's order from those rows). With
+// ROPE the new row's tile values are float16(x) and its ring row is stored (window_value), as fd_rope_kv_write +
+// fd_attention_decode.
 template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");
     static_assert(!WIN || QKV, "a window is beside a quantized side");
     constexpr int k_type = KVT >> 2, v_type = KVT & 3;
-    constexpr bool FRAG = QKV && frag_types(KVT) && !WIN;   // both quantized: fragments from the raw ring (qfrag.cuh)
+    constexpr bool FRAG = QKV && frag_types(KVT);     // both quantized: fragments from the raw ring (qfrag.cuh)
+    constexpr bool F16_TILE = QKV && (!FRAG || WIN);  // a float16 K | V tile before the raw ring
     using C = Cfg<HD>;
     constexpr int LD = C::LD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -228,9 +244,10 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     __half* q_lo = q_hi + ROWS * LD;
     int* list = reinterpret_cast<int*>(q_lo + ROWS * LD);   // [MAX_NEW] visible new slots (masked mode)
     __half* pipe = reinterpret_cast<__half*>(list + MAX_NEW);   // STAGES x (K [TILE][LD], V [TILE][LD])
-    // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh); FRAG: the raw ring alone
+    // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh); FRAG: the raw ring alone (with
+    // WIN the tile too: a window tile's float16 rows)
     constexpr int N_STAGES = QKV ? QCfg<HD>::STAGES : C::STAGES;
-    uint8_t* qring = reinterpret_cast<uint8_t*>(FRAG ? pipe : pipe + 2 * TILE * LD);
+    uint8_t* qring = reinterpret_cast<uint8_t*>(F16_TILE ? pipe + 2 * TILE * LD : pipe);
     const QSide k_side = qside(p.k_cache, p.kq, k_type, HD, FRAG), v_side = qside(p.v_cache, p.vq, v_type, HD, FRAG);
     const int q_stage_bytes = TILE * (k_side.row_bytes + v_side.row_bytes);
     float* m_s = reinterpret_cast<float*>(pipe);      // merge area, after the pipeline drains
@@ -379,7 +396,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
         }
     } else if constexpr (ROT_K) {
-        rope_stage_rotated<HD, FRAG>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,
+        rope_stage_rotated<HD, FRAG && !WIN>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,   // (WIN: float16)
                                      blockIdx.z % p.row_tiles == 0, rope_tab, k_type, v_type);
     } else {
         rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
@@ -407,9 +424,16 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         const int v0 = comp_cur.v0 + warp * WARP_SLOTS;
         advance(comp_cur);
         if constexpr (FRAG) {
-            if (v0 < L)
-                frag_tile<HD, k_type, v_type, ROPE>(st, q_hi, q_lo, qring + (size_t)(k % N_STAGES) * q_stage_bytes,
-                                                    kv_new, new_key, v0, L);
+            if (WIN && v0 < L && v0 >= win_start) {    // a window tile: float16 rows, fragments in the code order
+                __half* ks = pipe + warp * WARP_SLOTS * LD;
+                window_rows<HD>(ks, p, kvh, v0, L, direct_end, n_past, list, tid & 31);
+                if constexpr (ROPE) new_row_override<HD>(ks, kv_new, new_key, v0, tid & 31);
+                warp_step_qf16<HD>(st, q_hi, q_lo, ks, ks + TILE * LD, v0, L);
+            } else if (v0 < L) {
+                frag_tile<HD, k_type, v_type, ROPE && !WIN>(st, q_hi, q_lo,
+                                                            qring + (size_t)(k % N_STAGES) * q_stage_bytes, kv_new,
+                                                            new_key, v0, L);
+            }
         } else if (v0 < L) {
             __half* ks = pipe + (size_t)(QKV ? 0 : k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
             if constexpr (QKV) {                       // this warp's rows of tile k, dequantized
@@ -423,16 +447,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
                     __syncwarp();
                 }
             }
-            if constexpr (ROPE) {
-                if (new_key >= v0 && new_key < v0 + WARP_SLOTS) {    // warp-uniform: the new key is ours
-                    __half* krow = ks + (new_key - v0) * LD;
-                    for (int c = tid & 31; c < 2 * C::CHUNKS; c += 32) {    // 16-byte pieces of K | V
-                        __half* dst = c < C::CHUNKS ? krow + c * 8 : krow + TILE * LD + (c - C::CHUNKS) * 8;
-                        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kv_new + c * 8);
-                    }
-                    __syncwarp();
-                }
-            }
+            if constexpr (ROPE) new_row_override<HD>(ks, kv_new, new_key, v0, tid & 31);
             warp_step<HD>(st, q_hi, q_lo, ks, ks + TILE * LD, v0, L);
         }
     }

@@ -217,6 +217,75 @@ __device__ __forceinline__ void warp_step_q(WarpState<HD>& st, const __half* q_h
     frag_pv<HD, VT>(st, ph, pl, vc, vs);
 }
 
+// A window tile in the fragment step (splitk_kernel<..., WIN>): the warp's 16 keys as float16 rows in kt / vt (its
+// first K and V row, rows LD halves apart: window_rows' copies), fragments in the code steps' order, so the same
+// q staging, mma order and output groups serve both kinds of tile. K slice kk: b0 | b1 = dims 16 kk + 4t .. + 3 of
+// key g (one 8-byte load: slice position k holds dim pi(k), above), b2 | b3 the same of key g + 8. V group (b, h, p):
+// (key 2t, key 2t + 1) and (2t + 8, 2t + 9) of dim 32 b + 16 h + 2 g + p.
+template <int HD>
+__device__ __forceinline__ void frag_scores_f16(float (&s)[2][4], const __half* q_hi, const __half* q_lo,
+                                                const __half* kt) {
+    constexpr int LD = Cfg<HD>::LD;
+    const int lane = threadIdx.x & 31, mi = lane >> 3, g = lane >> 2, t = lane & 3;
+    float acc[2][2][2][4];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) acc[a][b][j][0] = acc[a][b][j][1] = acc[a][b][j][2] = acc[a][b][j][3] = 0.f;
+    const int q_row_off = ((mi & 1) * 8 + (lane & 7)) * LD + (mi >> 1) * 8;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t ah[4], al[4];
+        ldsm_x4(ah, q_hi + q_row_off + kk * 16);
+        ldsm_x4(al, q_lo + q_row_off + kk * 16);
+        const uint2 k0 = *reinterpret_cast<const uint2*>(kt + g * LD + kk * 16 + 4 * t);
+        const uint2 k1 = *reinterpret_cast<const uint2*>(kt + (g + 8) * LD + kk * 16 + 4 * t);
+        mma16816(acc[0][kk & 1][0], ah, k0.x, k0.y);
+        mma16816(acc[1][kk & 1][0], al, k0.x, k0.y);
+        mma16816(acc[0][kk & 1][1], ah, k1.x, k1.y);
+        mma16816(acc[1][kk & 1][1], al, k1.x, k1.y);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            s[j][e] = (acc[0][0][j][e] + acc[0][1][j][e]) + (acc[1][0][j][e] + acc[1][1][j][e]);
+}
+
+template <int HD>
+__device__ __forceinline__ void frag_pv_f16(WarpState<HD>& st, const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                            const __half* vt) {
+    constexpr int LD = Cfg<HD>::LD, NB = HD / kvq::BLOCK;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                const int d = 32 * b + 16 * h + 2 * g + p;
+                const __half2 lo = __halves2half2(vt[t2 * LD + d], vt[(t2 + 1) * LD + d]);
+                const __half2 hi = __halves2half2(vt[(t2 + 8) * LD + d], vt[(t2 + 9) * LD + d]);
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&lo);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&hi);
+                float (&o)[4] = st.o[4 * b + 2 * h + p];
+                mma16816(o, ph, b0, b1);
+                mma16816(o, pl, b0, b1);
+            }
+}
+
+template <int HD>
+__device__ __forceinline__ void warp_step_qf16(WarpState<HD>& st, const __half* q_hi, const __half* q_lo,
+                                               const __half* kt, const __half* vt, int v0, int L) {
+    float s[2][4];
+    frag_scores_f16<HD>(s, q_hi, q_lo, kt);
+    uint32_t ph[4], pl[4];
+    warp_softmax<HD>(st, s, v0, L, ph, pl);
+    frag_pv_f16<HD>(st, ph, pl, vt);
+}
+
 // warp_store for the fragment step: group (b, h, p)'s columns 2t, 2t + 1 are dims 32 b + 16 h + 4t + p and
 // + 2 + p, so a (b, h) pair of groups is dims 32 b + 16 h + 4t .. + 3 of rows g and g + 8 (one float4 each).
 template <int HD>
@@ -234,9 +303,12 @@ __device__ __forceinline__ void warp_store_q(WarpState<HD>& st, float* m_s, floa
 }
 
 #else
-// (SIMT builds: frag_types is false, so splitk_kernel's FRAG branches are discarded; the name must still exist)
+// (SIMT builds: frag_types is false, so splitk_kernel's FRAG branches are discarded; the names must still exist)
 template <int HD>
 __device__ void warp_store_q(WarpState<HD>& st, float* m_s, float* l_s, float* o_s);
+template <int HD>
+__device__ void warp_step_qf16(WarpState<HD>& st, const __half* q_hi, const __half* q_lo, const __half* kt,
+                               const __half* vt, int v0, int L);
 #endif  // FD_ATTN_MMA
 
 // ---- one tile of splitk_kernel's main loop (FRAG) ------------------------------------------------------

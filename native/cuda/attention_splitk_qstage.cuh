@@ -51,9 +51,10 @@ __host__ __device__ inline int raw_row_bytes(int type, int head_dim, bool pad) {
 template <int HD>
 size_t qkv_smem_bytes(int k_type, int v_type, bool win = false) {
     using C = Cfg<HD>;
-    const bool frag = frag_types(k_type * 4 + v_type) && !win;   // a window keeps the float16 tile
+    const bool frag = frag_types(k_type * 4 + v_type);
     const int row_bytes = raw_row_bytes(k_type, HD, frag) + raw_row_bytes(v_type, HD, frag);
-    const size_t pipe = (frag ? 0 : C::STAGE_BYTES) + (size_t)QCfg<HD>::STAGES * TILE * row_bytes;
+    // the float16 tile: not with the fragment step, unless a window's tiles need it
+    const size_t pipe = (frag && !win ? 0 : C::STAGE_BYTES) + (size_t)QCfg<HD>::STAGES * TILE * row_bytes;
     return C::Q_BYTES + C::LIST_BYTES + (pipe > C::MERGE_BYTES ? pipe : C::MERGE_BYTES);
 }
 
