@@ -369,6 +369,23 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         }
         cp_async_commit();                             // empty groups keep the count uniform
     };
+    // FRAG && WIN: the split's first window tile (v0 = pre_v0) is copied into the float16 tile now, its group the
+    // oldest, so the ring's first wait covers it; only window tiles use that tile there, and a split attends its
+    // tiles in key order, so nothing overwrites it before. Later window tiles of the split (a short row's single
+    // split takes them all) are copied when attended (window_rows).
+    int pre_v0 = -1;
+    if constexpr (FRAG && WIN) {
+        const int c0 = win_start / p.chunk_len;
+        const int c = c0 + ((split - c0) % ns + ns) % ns;      // the split's first chunk at or past c0
+        const int v = c == c0 ? win_start : c * p.chunk_len;
+        if (c < n_chunks && v < L) {
+            pre_v0 = v;
+            if (v + warp * WARP_SLOTS < L)
+                window_rows_issue<HD>(pipe + warp * WARP_SLOTS * LD, p, kvh, v + warp * WARP_SLOTS, L, direct_end,
+                                      n_past, list, tid & 31);
+        }
+        cp_async_commit();
+    }
 #pragma unroll 1
     for (int s = 0; s < N_STAGES - 1; ++s) load_tile(s);    // in flight while q is staged
     constexpr bool ROT_K = ROPE && QKV && k_type != FD_KV_F16;   // a quantized K: rope_stage_rotated's own coefficients
@@ -426,7 +443,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         if constexpr (FRAG) {
             if (WIN && v0 < L && v0 >= win_start) {    // a window tile: float16 rows, fragments in the code order
                 __half* ks = pipe + warp * WARP_SLOTS * LD;
-                window_rows<HD>(ks, p, kvh, v0, L, direct_end, n_past, list, tid & 31);
+                if (v0 - warp * WARP_SLOTS != pre_v0) window_rows<HD>(ks, p, kvh, v0, L, direct_end, n_past, list,
+                                                                      tid & 31);
                 if constexpr (ROPE) new_row_override<HD>(ks, kv_new, new_key, v0, tid & 31);
                 warp_step_qf16<HD>(st, q_hi, q_lo, ks, ks + TILE * LD, v0, L);
             } else if (v0 < L) {

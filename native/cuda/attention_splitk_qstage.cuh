@@ -161,8 +161,8 @@ __device__ __forceinline__ void dequant_side(__half* tile, const uint8_t* src, i
 // before these, so the wait is about one round trip, once per window tile (a window is a few tiles of a row's
 // keys, spread over splits); the ring's later waits then find their tiles landed.
 template <int HD>
-__device__ __forceinline__ void window_rows(__half* tile, const Params& p, int kvh, int v0, int L, int direct_end,
-                                            int n_past, const int* list, int lane) {
+__device__ __forceinline__ void window_rows_issue(__half* tile, const Params& p, int kvh, int v0, int L,
+                                                  int direct_end, int n_past, const int* list, int lane) {
     constexpr int PIECES = HD / 8, LD = Cfg<HD>::LD, N = WARP_SLOTS * PIECES;
 #pragma unroll 4
     for (int c = lane; c < 2 * N; c += 32) {
@@ -175,6 +175,12 @@ __device__ __forceinline__ void window_rows(__half* tile, const Params& p, int k
                                             : (side == 0 ? p.k_cache : p.v_cache) + ((size_t)kvh * p.max_ctx + slot) * HD;
         cp_async16(tile + side * TILE * LD + r * LD + piece * 8, src + piece * 8, valid);
     }
+}
+
+template <int HD>
+__device__ __forceinline__ void window_rows(__half* tile, const Params& p, int kvh, int v0, int L, int direct_end,
+                                            int n_past, const int* list, int lane) {
+    window_rows_issue<HD>(tile, p, kvh, v0, L, direct_end, n_past, list, lane);
     cp_async_commit();
     cp_async_wait<0>();
     __syncwarp();
