@@ -63,6 +63,9 @@ class EngineConfig:
             raise ValueError(f"vram_margin must be a non-negative number of bytes, got {self.vram_margin!r}")
         if not isinstance(self.kv_types, KVTypes):
             raise ValueError(f"kv_types must be a KVTypes, got {self.kv_types!r}")
+        if self.kv_types.window and self.prefill_chunk % self.kv_types.window:
+            raise ValueError(f"--prefill-chunk {self.prefill_chunk} must be a multiple of the KV window "
+                             f"{self.kv_types.window} (--kv-window; 0: none)")
         if self.max_tree_nodes is not None and (type(self.max_tree_nodes) is not int
                                                 or not MIN_TREE_NODES <= self.max_tree_nodes <= MAX_TREE_NODES_OPTION):
             raise ValueError(f"max_tree_nodes must be None or an int in [{MIN_TREE_NODES}, {MAX_TREE_NODES_OPTION}] "

@@ -29,6 +29,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from .backends.kv_types import parse_kv_types
 from .config import MIN_TREE_NODES
 from .vram_budget import (GiB, MiB, BudgetExceeded, Component, VramPlan, format_size, kv_window_bytes, largest_fitting,
                           refusal)
@@ -159,9 +160,10 @@ class VramLedger:
 
     def plan(self, state: LedgerState = LedgerState(), *, max_ctx: int | None = None, kv_type: str | None = None,
              without: frozenset = frozenset(), policy: str | None = None, budget: int | None = -1,
-             tree_nodes: int | None = None) -> VramPlan:
-        """The plan in `state`; the keywords ask what-if: another max_ctx, KV type or drafter policy,
-        some --draft drafters left out, another budget, another target tree node count."""
+             tree_nodes: int | None = None, kv_window: int | None = None) -> VramPlan:
+        """The plan in `state`; the keywords ask what-if: another max_ctx, KV type (and its window: None, that
+        type's default) or drafter policy, some --draft drafters left out, another budget, another target tree
+        node count."""
         from .speculative.draft_model import DRAFT_TREE_NODES
         tree = self.tree_nodes if tree_nodes is None else tree_nodes
         sizes, chunk = self.sizes, self.prefill_chunk
@@ -175,7 +177,7 @@ class VramLedger:
         comps, needs, draft_needs = [], [], []
         if state.target:
             parts, need = sizes.model(self.target, ctx, chunk, target_kv, tree)
-            parts = parts + self._window_parts(kv_type, chunk)
+            parts = parts + self._window_parts(kv_type, chunk, kv_window)
             comps.append(Component("target", self.target.name, tuple(parts), with_target, self.target.path))
             needs.append(need)
         for name, desc in drafters.items():
@@ -210,12 +212,11 @@ class VramLedger:
         return VramPlan(tuple(comps), self.margin, self.budget if budget == -1 else budget, sizes.where,
                         tuple(settings))
 
-    def _window_parts(self, what_if: str | None, chunk: int) -> list:
+    def _window_parts(self, what_if: str | None, chunk: int, window: int | None = None) -> list:
         """The target's KV window rings as a plan part (none without a window): --kv-window's, or for a what-if type
-        the window that type gets by default."""
-        from .backends.kv_types import parse_kv_types
+        the window asked (None: the one that type gets by default)."""
         from .runner import MAX_FORWARD_TREE
-        types = parse_kv_types(what_if, None, None) if what_if is not None else self.kv_types
+        types = parse_kv_types(what_if, None, None, window) if what_if is not None else self.kv_types
         if types is None or not types.window:
             return []
         cfg = self.target.cfg
@@ -302,7 +303,11 @@ class VramLedger:
         for kv in QUANT_KV:
             if _KV_RANK[kv] <= smallest or self.target.cfg.head_dim % 32:
                 continue                      # only a smaller cache than configured, of whole 32-value blocks
-            offer(f"{restart}--kv-type {kv}", self.plan(state, kv_type=kv))
+            with_default = self.plan(state, kv_type=kv)
+            if with_default.fits or not parse_kv_types(kv, None, None).window:
+                offer(f"{restart}--kv-type {kv}", with_default)
+            else:                             # its default window's rings do not fit: without them
+                offer(f"{restart}--kv-type {kv} --kv-window 0", self.plan(state, kv_type=kv, kv_window=0))
         if self.hybrid_target:
             top = self.target_tree_nodes()
             if top > MIN_TREE_NODES:

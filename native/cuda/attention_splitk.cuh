@@ -61,8 +61,9 @@
 //
 // Files: attention_splitk_params.cuh (block shape, shared-memory plan, Params, visible keys),
 // attention_splitk_warp.cuh (pipeline primitives, the tensor-core and SIMT warp steps),
-// attention_splitk_qstage.cuh (the cp.async staging and dequantizing of quantized rows),
-// attention_splitk_kernel.cuh (splitk_kernel, the fused-rope staging), attention_splitk_combine.cuh
+// attention_splitk_qstage.cuh (the cp.async staging and dequantizing of quantized rows, a window's tiles),
+// attention_splitk_rope.cuh / attention_splitk_rope_rot.cuh (the fused rope's staging: float16 / quantized K),
+// attention_splitk_kernel.cuh (splitk_kernel), attention_splitk_combine.cuh
 // (combine_kernel), attention_splitk_plan.cuh (host: split count, workspace, parameters, launch); this
 // file includes them all.
 #pragma once

@@ -27,8 +27,10 @@ def target(tmp_path_factory):
 
 
 @pytest.mark.parametrize("args,want", [([], KVTypes()), (["--kv-type", "q8_0"], KVTypes("q8_0", "q8_0")),
-                                       (["--kv-type", "q8_0", "--kv-type-v", "q4_0"], KVTypes("q8_0", "q4_0")),
-                                       (["--kv-type-k", "q4_0"], KVTypes("q4_0", "f16"))])
+                                       (["--kv-type", "q8_0", "--kv-type-v", "q4_0"], KVTypes("q8_0", "q4_0", 512)),
+                                       (["--kv-type-k", "q4_0"], KVTypes("q4_0", "f16", 512)),
+                                       (["--kv-type", "q4_0", "--kv-window", "0"], KVTypes("q4_0", "q4_0")),
+                                       (["--kv-type", "q8_0", "--kv-window", "128"], KVTypes("q8_0", "q8_0", 128))])
 def test_serve_flags_give_the_kv_types(monkeypatch, target, args, want):
     seen = []
     monkeypatch.setattr(serve_module, "serve", lambda config: seen.append(config) or 0)
@@ -43,9 +45,25 @@ def test_serve_and_bench_refuse_an_unknown_type(target):
         assert result.exit_code == 2 and "q5_1" in result.output
 
 
+@pytest.mark.parametrize("args,why", [(["--kv-type", "q4_0", "--kv-window", "100"], "multiple of 64"),
+                                      (["--kv-window", "64"], "quantized")])
+def test_serve_and_bench_refuse_a_window_they_cannot_keep(target, args, why):
+    for command in (serve_command, bench_command):
+        result = CliRunner().invoke(command, ["--model", target, *args])
+        assert result.exit_code == 2 and "--kv-window" in result.output and why in result.output, result.output
+
+
 def test_engine_config_checks_kv_types():
     with pytest.raises(ValueError, match="KVTypes"):
         EngineConfig(model="m.gguf", kv_types="q8_0")
+    with pytest.raises(ValueError, match="multiple of the KV window 512"):
+        EngineConfig(model="m.gguf", kv_types=KVTypes("q4_0", "q4_0", 512), prefill_chunk=256)
+    EngineConfig(model="m.gguf", kv_types=KVTypes("q4_0", "q4_0", 256), prefill_chunk=512)
+
+
+def test_serve_refuses_a_chunk_the_window_does_not_divide(target):
+    result = CliRunner().invoke(serve_command, ["--model", target, "--kv-type", "q4_0", "--prefill-chunk", "256"])
+    assert result.exit_code == 2 and "multiple of the KV window 512" in result.output, result.output
 
 
 def test_bench_runs_with_a_quantized_kv_on_the_cpu(target):
@@ -73,3 +91,8 @@ def test_the_plan_sizes_the_targets_k_and_v_per_type(target):
     assert any(f.startswith("--kv-type q8_0") for f in fixes) and any(f.startswith("--kv-type q4_0") for f in fixes)
     assert not any("--kv-type q8_0" in f for f in ledger(KVTypes("q8_0", "q8_0"), budget=1).fixes(
         LedgerState(), runtime=False))             # only smaller than what is configured
+    # a window: its rings are a part of the target (float16 [Hkv][window + max(chunk, 256)][d], K and V, per layer)
+    win = ledger(KVTypes("q4_0", "q4_0", 512)).plan(LedgerState())
+    parts = dict(next(c for c in win.components if c.role == "target").parts)
+    assert parts["kv_window"] == 2 * 2 * 1 * (512 + 512) * 64 * 2
+    assert "kv_window" not in dict(next(c for c in plan.components if c.role == "target").parts)

@@ -1,0 +1,193 @@
+// attention_splitk_rope.cuh -- fd_attention_decode_rope's staging in split-K attention (attention_splitk.cuh
+// describes the design) where K is float16: the new token's q and K rows RoPE'd in the block (rope_math.cuh, bit for
+// bit fd_rope_kv_write's), the new K / V rows encoded and stored (encode_new_rows: a quantized V), and the new row's
+// override of its tile row (new_row_override, also the quantized-K path's: attention_splitk_rope_rot.cuh stages
+// that K). splitk_kernel (attention_splitk_kernel.cuh) calls them.
+#pragma once
+
+#include "attention_splitk_params.cuh"
+#include "attention_splitk_rope_rot.cuh"
+
+namespace fd {
+namespace attn {
+
+// ---- fd_attention_decode_rope's staging -----------------------------------------------------
+// Thread tid's q elements are e = tid + j * THREADS (row e / HD of the tile, dim e % HD), i.e. the
+// NU = max(1, HD / THREADS) distinct dims dim_u = (tid + u * THREADS) % HD, u = j % NU: one cos/sin
+// (double pow + sincos) per distinct dim, computed in registers. qv[j] receives the rotated q value
+// (unscaled, as the plain kernel loads it). If own_key: the new token's K (rotated) | V rows of KV head
+// kvh, as float16, go to kv_new[0, 2 HD) (element c = tid + i * THREADS; K dims c < HD are the dims
+// dim_i above), and if store also to the cache at slot *n_past.
+// QKV (a q8_0 / q4_0 K or V): the new token's rotated K row and V row go to `stage` (2 HD floats of shared
+// memory) first; then one thread per 32-value block encodes it (kv_quant.cuh, fd_rope_kv_write's rounding), puts
+// the dequantized values -- float16(d * q), what dequant8 gives for the stored codes -- into kv_new, and (store)
+// writes the codes and scale to the cache. A float16 side's block is rounded and stored as the plain kernel does.
+// Only a float16 K with a quantized V comes here: a quantized K holds rotated keys and is staged by
+// rope_stage_rotated (attention_splitk_rope_rot.cuh) instead.
+template <int HD>
+__device__ __forceinline__ void encode_new_rows(const Params& p, const float* stage, __half* kv_new, int kvh, int tid,
+                                                bool store, int k_type, int v_type) {
+    constexpr int NB = HD / kvq::BLOCK;              // blocks per row
+    if (tid >= 2 * NB) return;
+    const bool is_k = tid < NB;
+    const int type = is_k ? k_type : v_type, b = is_k ? tid : tid - NB;
+    const float* x = stage + tid * kvq::BLOCK;
+    __half* out = kv_new + tid * kvq::BLOCK;
+    const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
+    if (type == FD_KV_F16) {
+        __half* cache = (is_k ? p.k_store : p.v_store) + row * HD + b * kvq::BLOCK;
+        for (int j = 0; j < kvq::BLOCK; ++j) {
+            out[j] = __float2half_rn(x[j]);
+            if (store) cache[j] = out[j];
+        }
+        return;
+    }
+    const kvq::Plane& pl = is_k ? p.kq : p.vq;
+    __half d;
+    if (type == FD_KV_Q8_0) {
+        int8_t q[kvq::BLOCK];
+        kvq::encode_q8_0(x, q, &d);
+        for (int j = 0; j < kvq::BLOCK; ++j) out[j] = __float2half_rn(__half2float(d) * (float)q[j]);
+        if (store)
+            for (int j = 0; j < kvq::BLOCK; ++j) reinterpret_cast<int8_t*>(pl.row_codes(row) + b * kvq::BLOCK)[j] = q[j];
+    } else {
+        uint8_t q[kvq::BLOCK / 2];
+        kvq::encode_q4_0(x, q, &d);
+        for (int j = 0; j < kvq::BLOCK; ++j) {
+            const int code = j < kvq::BLOCK / 2 ? (q[j] & 15) : (q[j - kvq::BLOCK / 2] >> 4);
+            out[j] = __float2half_rn(__half2float(d) * (float)(code - 8));
+        }
+        if (store)
+            for (int j = 0; j < kvq::BLOCK / 2; ++j) pl.row_codes(row)[b * (kvq::BLOCK / 2) + j] = q[j];
+    }
+    if (store) pl.row_scales(row)[b] = d;
+    const __half* ring = is_k ? p.k_ring : p.v_ring;  // a window: the new row is in its own block, read exact
+    if (ring != nullptr)
+        for (int j = 0; j < kvq::BLOCK; ++j)
+            out[j] = window_value<HD>(ring, p, kvh, b * kvq::BLOCK + j, x[j], out[j], store);
+}
+
+// Thread tid's rope coefficients: for each of its NU distinct dims, cos / sin at the new token's position (double
+// pow + sincos: computed before pdl_wait, see splitk_kernel), the pair partner and the pair side.
+template <int HD>
+struct RopeCoefs {
+    static constexpr int NU = HD > THREADS ? HD / THREADS : 1;
+    float cs[NU], sn[NU];
+    int partner[NU];
+    bool first[NU], rot[NU];
+};
+
+template <int HD>
+__device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<HD>& rc) {
+    static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
+    const bool neox = p.neox != 0;
+    const int pos = p.positions[0];
+#pragma unroll
+    for (int u = 0; u < RopeCoefs<HD>::NU; ++u) {
+        const int d = (tid + u * THREADS) % HD;
+        int j = 0;
+        rc.rot[u] = d < p.rope_dim;
+        rc.partner[u] = d;
+        rc.first[u] = true;
+        rc.cs[u] = 1.0f;
+        rc.sn[u] = 0.0f;
+        if (rc.rot[u]) {
+            rope_pair_of(d, p.rope_dim, neox, j, rc.partner[u], rc.first[u]);
+            rope_cos_sin(pos, j, p.rope_dim, p.theta, p.rope_scaling, rc.cs[u], rc.sn[u]);
+        }
+    }
+}
+
+template <int HD, bool QKV = false>
+__device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>& rc, float (&qv)[ROWS * HD / THREADS],
+                                           const float* q_tok, int row0, int kvh, int tid, bool own_key,
+                                           __half* kv_new, bool store, float* stage, int k_type, int v_type) {
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    constexpr int NU = RopeCoefs<HD>::NU;
+    const float* cs = rc.cs;
+    const float* sn = rc.sn;
+    const int* partner = rc.partner;
+    const bool* first = rc.first;
+    const bool* rot = rc.rot;
+    float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
+    // the new K | V row's values (own_key): element c = tid + i * THREADS, K dim c (and its rope partner) or V dim
+    // c - HD, loaded here with q's so that both global round trips overlap (they used to follow q's rotation)
+    constexpr int NI = (2 * HD + THREADS - 1) / THREADS;
+    float kv_x[NI], kv_y[NI];
+    const float* kr = p.k_new + (size_t)kvh * HD;
+    const float* vr = p.v_new + (size_t)kvh * HD;
+    if (own_key) {
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const int c = tid + i * THREADS, u = i < NU ? i : 0;
+            kv_x[i] = kv_y[i] = 0.0f;
+            if (c >= 2 * HD) continue;
+            if (c < HD) {
+                kv_x[i] = __ldg(kr + c);
+                if (rot[u]) kv_y[i] = __ldg(kr + partner[u]);
+            } else {
+                kv_x[i] = __ldg(vr + (c - HD));
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first
+        const int e = tid + j * THREADS, r = e / HD, d = e % HD, u = j % NU;
+        const bool in = row0 + r < p.group;
+        const float* row = q_tok + (size_t)(row0 + r) * HD;
+        xv[j] = in ? __ldg(row + d) : 0.0f;
+        yv[j] = in && rot[u] ? __ldg(row + partner[u]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < Q_PER_THREAD; ++j) {          // rows past the group stay exactly 0 (as plain)
+        const int u = j % NU, r = (tid + j * THREADS) / HD;
+        qv[j] = rot[u] && row0 + r < p.group ? rope_rotated(xv[j], yv[j], cs[u], sn[u], first[u]) : xv[j];
+    }
+    if (own_key) {
+        const int slot = p.n_past[0];
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const int c = tid + i * THREADS;
+            if (c >= 2 * HD) break;
+            float val;
+            if (c < HD) {                               // K dim c == dim_i of the table above
+                const int u = i < NU ? i : 0;
+                val = rot[u] ? rope_rotated(kv_x[i], kv_y[i], cs[u], sn[u], first[u]) : kv_x[i];
+            } else {
+                val = kv_x[i];
+            }
+            if constexpr (QKV) {
+                stage[c] = val;
+            } else {
+                const __half h = __float2half_rn(val);
+                kv_new[c] = h;
+                if (store) {
+                    __half* cache = c < HD ? p.k_store : p.v_store;
+                    cache[((size_t)kvh * p.max_ctx + slot) * HD + (c < HD ? c : c - HD)] = h;
+                }
+            }
+        }
+        if constexpr (QKV) {                            // own_key is block-uniform: the barriers are too
+            __syncthreads();                            // both rows staged
+            encode_new_rows<HD>(p, stage, kv_new, kvh, tid, store, k_type, v_type);
+            __syncthreads();                            // stage (q_hi's area) free again, kv_new written
+        }
+    }
+}
+
+// ROPE, step (a) below: if the new key is one of the warp's 16 keys v0 .. v0 + 15 (warp-uniform), its row of the
+// float16 K | V tile (ks: the warp's first row) -- the cache's stale copy -- becomes the new row's values, kv_new.
+template <int HD>
+__device__ __forceinline__ void new_row_override(__half* ks, const __half* kv_new, int new_key, int v0, int lane) {
+    constexpr int LD = Cfg<HD>::LD, CHUNKS = Cfg<HD>::CHUNKS;
+    if (new_key < v0 || new_key >= v0 + WARP_SLOTS) return;
+    __half* krow = ks + (new_key - v0) * LD;
+    for (int c = lane; c < 2 * CHUNKS; c += 32) {        // 16-byte pieces of K | V
+        __half* dst = c < CHUNKS ? krow + c * 8 : krow + TILE * LD + (c - CHUNKS) * 8;
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kv_new + c * 8);
+    }
+    __syncwarp();
+}
+
+}  // namespace attn
+}  // namespace fd
