@@ -100,9 +100,10 @@ class ServeConfig:
             raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         if self.prefill_chunk < 1:
             raise ValueError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
-X
-            raise ValueError(f"--prefill-chunk {self.prefill_chunk} must be a multiple of the KV window "
-                             f"{self.kv_types.window} (--kv-window; 0: none)")
+        window = getattr(self.kv_types, "window", 0)          # (EngineConfig's check, before anything loads)
+        if window and self.prefill_chunk % window:
+            raise ValueError(f"--prefill-chunk {self.prefill_chunk} must be a multiple of the KV window {window} "
+                             f"(--kv-window; 0: none)")
         if self.max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
         if self.allow_files is not None and tuple(self.allow_files) != (NO_FILES,):
