@@ -97,12 +97,7 @@ __device__ __forceinline__ void frag_scores(float (&s)[2][4], const __half* q_hi
     constexpr int CBP = (T == FD_KV_Q8_0 ? HD : HD / 2) + CODE_PAD;
     const int lane = threadIdx.x & 31, mi = lane >> 3, g = lane >> 2;
     float acc[2][2][2][4];
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) acc[a][b][j][0] = acc[a][b][j][1] = acc[a][b][j][2] = acc[a][b][j][3] = 0.f;
+    zero_score_acc(acc);
     __half dk[2][NB];
     load_scales<NB>(ks + g * NB, dk[0]);
     load_scales<NB>(ks + (g + 8) * NB, dk[1]);
@@ -145,11 +140,7 @@ __device__ __forceinline__ void frag_scores(float (&s)[2][4], const __half* q_hi
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            s[j][e] = (acc[0][0][j][e] + acc[0][1][j][e]) + (acc[1][0][j][e] + acc[1][1][j][e]);
+    sum_score_acc(s, acc);
 }
 
 // O += P v with v's fragments from the staged codes vc / scales vs (as frag_scores'); o[4 b + 2 h + p] is output
@@ -228,12 +219,7 @@ __device__ __forceinline__ void frag_scores_f16(float (&s)[2][4], const __half* 
     constexpr int LD = Cfg<HD>::LD;
     const int lane = threadIdx.x & 31, mi = lane >> 3, g = lane >> 2, t = lane & 3;
     float acc[2][2][2][4];
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) acc[a][b][j][0] = acc[a][b][j][1] = acc[a][b][j][2] = acc[a][b][j][3] = 0.f;
+    zero_score_acc(acc);
     const int q_row_off = ((mi & 1) * 8 + (lane & 7)) * LD + (mi >> 1) * 8;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
@@ -247,11 +233,7 @@ __device__ __forceinline__ void frag_scores_f16(float (&s)[2][4], const __half* 
         mma16816(acc[0][kk & 1][1], ah, k1.x, k1.y);
         mma16816(acc[1][kk & 1][1], al, k1.x, k1.y);
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            s[j][e] = (acc[0][0][j][e] + acc[0][1][j][e]) + (acc[1][0][j][e] + acc[1][1][j][e]);
+    sum_score_acc(s, acc);
 }
 
 template <int HD>

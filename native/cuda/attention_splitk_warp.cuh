@@ -96,6 +96,26 @@ struct WarpState {
     }
 };
 
+// A score step's accumulators, acc[q part (hi, lo)][16-dim slice parity][keys 0-7 | 8-15]: eight independent mma
+// chains (warp_scores, and attention_splitk_qfrag.cuh's code and window steps), zeroed, then summed in one fixed
+// order into s.
+__device__ __forceinline__ void zero_score_acc(float (&acc)[2][2][2][4]) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) acc[a][b][j][0] = acc[a][b][j][1] = acc[a][b][j][2] = acc[a][b][j][3] = 0.f;
+}
+
+__device__ __forceinline__ void sum_score_acc(float (&s)[2][4], const float (&acc)[2][2][2][4]) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            s[j][e] = (acc[0][0][j][e] + acc[0][1][j][e]) + (acc[1][0][j][e] + acc[1][1][j][e]);
+}
+
 // S (16 q rows x the warp's 16 keys) = q k^T, q split into f16 hi + lo (ks: the warp's first key row in shared
 // memory). (hi, lo) x (even, odd k-step) x 2 slot groups: eight independent mma chains, so the tensor-core
 // latency overlaps within the warp.
@@ -104,12 +124,7 @@ __device__ __forceinline__ void warp_scores(float (&s)[2][4], const __half* q_hi
     constexpr int LD = Cfg<HD>::LD;
     const int lane = threadIdx.x & 31, mi = lane >> 3;
     float acc[2][2][2][4];
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) acc[a][b][j][0] = acc[a][b][j][1] = acc[a][b][j][2] = acc[a][b][j][3] = 0.f;
+    zero_score_acc(acc);
     const int q_row_off = ((mi & 1) * 8 + (lane & 7)) * LD + (mi >> 1) * 8;
     const int k_row_off = ((mi >> 1) * 8 + (lane & 7)) * LD + (mi & 1) * 8;
 #pragma unroll
@@ -123,11 +138,7 @@ __device__ __forceinline__ void warp_scores(float (&s)[2][4], const __half* q_hi
         mma16816(acc[0][kk & 1][1], ah, b[2], b[3]);
         mma16816(acc[1][kk & 1][1], al, b[2], b[3]);
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            s[j][e] = (acc[0][0][j][e] + acc[0][1][j][e]) + (acc[1][0][j][e] + acc[1][1][j][e]);
+    sum_score_acc(s, acc);
 }
 
 // The scores s of keys v0 .. v0 + 15 (v0 + i >= L masked out) into the online softmax (log2 domain): st's m, l

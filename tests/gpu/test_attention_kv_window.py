@@ -16,7 +16,7 @@ from flashd.daemon.backends.cuda.ops import attention_shape, rope_struct
 from flashd.daemon.backends.kv_quant import decode_rows, encode_rows
 from flashd.daemon.backends.cuda.kv_planes import planes_from_blocks
 from tests.gpu.attention_oracle import attention_oracle, tree_mask
-from tests.gpu.test_attention_kv_quant import ATOL, CHUNK, NAN_F16, RTOL
+from tests.gpu.test_attention_kv_quant import ATOL, CHUNK, NAN_F16, RTOL, decode, masked, prefill
 
 NAN16 = np.float16(np.nan)
 
@@ -67,42 +67,6 @@ class WindowCache:
                 for full, stored in zip(self.full, self.stored)]
 
 
-def run_decode(native, dev, q1, wc, shape, n_past):
-    ws = dev.empty((max(native.lib.fd_attention_decode_workspace_bytes(shape, CHUNK), 16),), np.uint8)
-    o = dev.empty((q1.size,))
-    dq, dnp = dev.upload(np.ascontiguousarray(q1, np.float32)), dev.upload(np.array([n_past], np.int32))
-    native.check(native.lib.fd_attention_decode(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(wc.bufs[0]),
-                                                dev.p(wc.bufs[1]), dev.p(dnp, "int32_t*"), shape, CHUNK, dev.p(ws),
-                                                dev.stream), "fd_attention_decode")
-    dev.synchronize()
-    return dev.download(o)
-
-
-def run_masked(native, dev, q, wc, shape, mask, n_past):
-    n = q.shape[0]
-    ws_bytes = native.lib.fd_attention_workspace_bytes(n, shape, CHUNK)
-    ws = dev.empty((max(ws_bytes, 16),), np.uint8)
-    o = dev.empty((n, q.shape[1] * q.shape[2]))
-    dq, dm, dnp = dev.upload(q), dev.upload(mask), dev.upload(np.array([n_past], np.int32))
-    native.check(native.lib.fd_attention_masked(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(wc.bufs[0]),
-                                                dev.p(wc.bufs[1]), dev.p(dm, "uint8_t*"), dev.p(dnp, "int32_t*"), n,
-                                                shape, CHUNK, dev.p(ws), ws_bytes, dev.stream), "fd_attention_masked")
-    dev.synchronize()
-    return dev.download(o)
-
-
-def run_prefill(native, dev, q, wc, shape, p0):
-    n = q.shape[0]
-    o = dev.empty((n, q.shape[1] * q.shape[2]))
-    dev.fill_bytes(o, 0xFF)                                                # NaN poison: every output written
-    dq, dnp = dev.upload(q), dev.upload(np.array([p0], np.int32))
-    native.check(native.lib.fd_attention_prefill(dev.p(o, "float*"), dev.p(dq, "float*"), dev.p(wc.bufs[0]),
-                                                 dev.p(wc.bufs[1]), dev.p(dnp, "int32_t*"), n, shape, dev.stream),
-                 "fd_attention_prefill")
-    dev.synchronize()
-    return dev.download(o)
-
-
 TYPES = [("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "f16"), ("f16", "q8_0")]
 # (n_heads, n_kv_heads, d, max_ctx, n_past, window)
 DECODE_CASES = [(12, 2, 128, 1100, 777, 512), (12, 2, 128, 1100, 512, 512), (12, 2, 128, 1100, 511, 512),
@@ -122,7 +86,7 @@ def test_decode_reads_its_block_from_the_ring(native, dev, rng, types, n_heads, 
     visible = np.ones((1, n_past + 1), bool)
     kc, vc = wc.seen(np.arange(n_past + 1), n_past)
     expect = attention_oracle(q, kc, vc, visible, 1 / np.sqrt(d))[0]
-    got = run_decode(native, dev, q, wc, shape, n_past)
+    got = decode(native, dev, q, wc.bufs, shape, n_past)
     np.testing.assert_allclose(got, expect, rtol=RTOL, atol=ATOL)
     if "q4_0" in types and n_past - lo >= 64:                         # the window is visible in the output
         kq, vq = wc.seen(np.arange(n_past + 1), n_past, window=False)
@@ -142,7 +106,7 @@ def test_masked_tree_rows_read_by_position_and_chain_rows_are_decode_rows(native
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
     mask = tree_mask(rng, n)
     depth = mask.sum(axis=1) - 1                                       # node i sits at position n_past + depth[i]
-    got = run_masked(native, dev, q, wc, shape, mask, n_past)
+    got = masked(native, dev, q, wc.bufs, shape, mask, n_past)
     key_pos = np.concatenate([np.arange(n_past), n_past + depth])      # slot -> position
     visible = np.zeros((1, n_past + n), bool)
     for i in range(n):
@@ -152,9 +116,9 @@ def test_masked_tree_rows_read_by_position_and_chain_rows_are_decode_rows(native
         expect = attention_oracle(q[i:i + 1], kc, vc, visible, 1 / np.sqrt(d))[0]
         np.testing.assert_allclose(got[i], expect, rtol=RTOL, atol=ATOL, err_msg=f"node {i} depth {depth[i]}")
     chain = np.tril(np.ones((n, n), np.uint8))
-    rows = run_masked(native, dev, q, wc, shape, chain, n_past)
+    rows = masked(native, dev, q, wc.bufs, shape, chain, n_past)
     for i in (0, n // 2, n - 1):
-        np.testing.assert_array_equal(rows[i], run_decode(native, dev, q[i:i + 1], wc, shape, n_past + i))
+        np.testing.assert_array_equal(rows[i], decode(native, dev, q[i:i + 1], wc.bufs, shape, n_past + i))
 
 
 @pytest.mark.parametrize("types", TYPES, ids=lambda t: f"k={t[0]},v={t[1]}")
@@ -169,7 +133,7 @@ def test_prefill_rows_read_their_own_block(native, dev, rng, types, n_heads, n_k
     wc = WindowCache(native, dev, rng, types, n_kv_heads, max_ctx, d, p0 + n, window, slots, lo, p0 + n)
     shape = wc.shape(native, n_heads, n_kv_heads, d, max_ctx)
     q = rng.standard_normal((n, n_heads, d)).astype(np.float32)
-    got = run_prefill(native, dev, q, wc, shape, p0)
+    got = prefill(native, dev, q, wc.bufs, shape, p0)
     assert not np.isnan(got).any()
     q16 = q.astype(np.float16).astype(np.float32)                          # the kernel's q fragments
     atol = 2e-3 * np.abs(wc.full[1][:, :p0 + n].astype(np.float64)).max()
