@@ -41,7 +41,13 @@ from .sampling import log_softmax, sample
 
 MAX_FORWARD_TREE = 256      # the most draft-tree rows one verify forward writes (the GPU's masked attention takes 256)
 
-__all__ = ["ModelRunner", "Sampled"]
+
+def max_forward_rows(prefill_chunk: int) -> int:
+    """The most cache rows one forward writes: a prefill chunk or a verified tree (KVCacheSpec.max_rows, which
+    sizes a KV window's ring; the VRAM plans count the same)."""
+    return max(prefill_chunk, MAX_FORWARD_TREE)
+
+__all__ = ["ModelRunner", "Sampled", "max_forward_rows"]
 
 
 def _capped(n: int, cap: int | None) -> int:
@@ -80,7 +86,7 @@ class ModelRunner:
         self.tree_nodes_cap = max_tree_nodes    # None: no cap but the backend's
         # kv_types: backends.kv_types.KVTypes (None: f16); a hybrid's cache sizes its tree node states by the cap
         # the most rows one forward writes: a prefill chunk, or a verified tree (masked attention's 256 at most)
-        self.cache = make_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes, max_rows=max(prefill_chunk, MAX_FORWARD_TREE))
+        self.cache = make_cache(ops, cfg, max_ctx, kv_types, max_tree_nodes, max_rows=max_forward_rows(prefill_chunk))
         if hasattr(self.cache, "set_key_offset") and self.cache.spec.kv_types.k != "f16":
             self.cache.set_key_offset(model_key_offsets(ops, cfg, weights))   # a quantized K's (kv_offset.py)
         self._model_forward = forward_of(cfg)

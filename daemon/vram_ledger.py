@@ -215,7 +215,7 @@ class VramLedger:
     def _window_parts(self, what_if: str | None, chunk: int, window: int | None = None) -> list:
         """The target's KV window rings as a plan part (none without a window): --kv-window's, or for a what-if type
         the window asked (None: the one that type gets by default)."""
-        from .runner import MAX_FORWARD_TREE
+        from .runner import max_forward_rows
         types = parse_kv_types(what_if, None, None, window) if what_if is not None else self.kv_types
         if types is None or not types.window:
             return []
@@ -224,7 +224,7 @@ class VramLedger:
         n_layers = max(1, len(lin.attention_layers)) if lin is not None else cfg.n_layers
         sides = sum(types.windowed(side) for side in "kv")
         return [("kv_window", kv_window_bytes(n_layers, cfg.n_kv_heads, cfg.head_dim, types.window,
-                                              max(chunk, MAX_FORWARD_TREE), sides))]
+                                              max_forward_rows(chunk), sides))]
 
     def _target_kv(self, what_if: str | None) -> tuple[str, str]:
         """The target's (K, V) types as the sizes name them: a what-if type for both, else --kv-type with f16

@@ -125,9 +125,9 @@ class CudaBackend(Backend):
         kv = kv_cache_bytes(n_kv_layers, cfg.n_kv_heads, cfg.head_dim, max_ctx, *(
             (kv_types.k, kv_types.v) if kv_types is not None else ("f16", "f16")))
         if kv_types is not None and kv_types.window:       # the window's rings (kv_cache_quant.py)
-            from ...runner import MAX_FORWARD_TREE
+            from ...runner import max_forward_rows
             kv += kv_window_bytes(n_kv_layers, cfg.n_kv_heads, cfg.head_dim, kv_types.window,
-                                  max(prefill_chunk, MAX_FORWARD_TREE), sum(kv_types.windowed(s) for s in "kv"))
+                                  max_forward_rows(prefill_chunk), sum(kv_types.windowed(s) for s in "kv"))
         largest = max(cfg.q_dim * cfg.hidden, cfg.ffn * cfg.hidden, cfg.kv_dim * cfg.hidden)
         workspace = (attention_workspace_bytes(self.device.native, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                                max_ctx)
