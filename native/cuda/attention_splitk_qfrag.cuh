@@ -244,18 +244,23 @@ __device__ __forceinline__ void frag_pv_f16(WarpState<HD>& st, const uint32_t (&
 #pragma unroll
     for (int b = 0; b < NB; ++b)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h) {
+            // dims d, d + 1 (p = 0, 1) of keys 2t, 2t + 1, 2t + 8, 2t + 9: one 32-bit load each (conflict free: rows
+            // LD = HD + 8 halves apart put the 4 t's 8 banks apart), their halves paired by byte permutes
+            const int d = 32 * b + 16 * h + 2 * g;
+            const uint32_t r0 = *reinterpret_cast<const uint32_t*>(vt + t2 * LD + d);
+            const uint32_t r1 = *reinterpret_cast<const uint32_t*>(vt + (t2 + 1) * LD + d);
+            const uint32_t r8 = *reinterpret_cast<const uint32_t*>(vt + (t2 + 8) * LD + d);
+            const uint32_t r9 = *reinterpret_cast<const uint32_t*>(vt + (t2 + 9) * LD + d);
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
-                const int d = 32 * b + 16 * h + 2 * g + p;
-                const __half2 lo = __halves2half2(vt[t2 * LD + d], vt[(t2 + 1) * LD + d]);
-                const __half2 hi = __halves2half2(vt[(t2 + 8) * LD + d], vt[(t2 + 9) * LD + d]);
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&lo);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&hi);
+                const uint32_t sel = p == 0 ? 0x5410u : 0x7632u;     // the low (p 0) or high (p 1) halves
+                const uint32_t b0 = __byte_perm(r0, r1, sel), b1 = __byte_perm(r8, r9, sel);
                 float (&o)[4] = st.o[4 * b + 2 * h + p];
                 mma16816(o, ph, b0, b1);
                 mma16816(o, pl, b0, b1);
             }
+        }
 }
 
 template <int HD>

@@ -163,17 +163,29 @@ __device__ __forceinline__ void dequant_side(__half* tile, const uint8_t* src, i
 template <int HD>
 __device__ __forceinline__ void window_rows_issue(__half* tile, const Params& p, int kvh, int v0, int L,
                                                   int direct_end, int n_past, const int* list, int lane) {
-    constexpr int PIECES = HD / 8, LD = Cfg<HD>::LD, N = WARP_SLOTS * PIECES;
+    constexpr int PIECES = HD / 8, LD = Cfg<HD>::LD, RPP = 32 / PIECES;   // rows one pass of the warp covers
+    static_assert(32 % PIECES == 0 && WARP_SLOTS % RPP == 0, "a row's pieces within one pass");
+    const int piece = lane % PIECES;
+    // ring rows without a division per row: committed keys v0 + r are slots v0 + r, row (v0 % R + r) wrapped once
+    // (r < WARP_SLOTS <= R); a masked row's new slot (rare: tree rows) takes its own modulo
+    const int R = p.ring_slots, base = v0 % R;
 #pragma unroll 4
-    for (int c = lane; c < 2 * N; c += 32) {
-        const int side = c / N, r = (c % N) / PIECES, piece = c % PIECES;
-        const int v = v0 + r;
+    for (int j = 0; j < WARP_SLOTS / RPP; ++j) {
+        const int r = lane / PIECES + RPP * j, v = v0 + r;
         const bool valid = v < L;
-        const int slot = !valid ? 0 : v < direct_end ? v : n_past + list[v - n_past];
-        const __half* ring = side == 0 ? p.k_ring : p.v_ring;
-        const __half* src = ring != nullptr ? ring + ((size_t)kvh * p.ring_slots + slot % p.ring_slots) * HD
-                                            : (side == 0 ? p.k_cache : p.v_cache) + ((size_t)kvh * p.max_ctx + slot) * HD;
-        cp_async16(tile + side * TILE * LD + r * LD + piece * 8, src + piece * 8, valid);
+        int slot = 0, at = 0;
+        if (valid && v < direct_end) {
+            slot = v;
+            at = base + r >= R ? base + r - R : base + r;
+        } else if (valid) {
+            slot = n_past + list[v - n_past];
+            at = slot % R;
+        }
+        __half* dst = tile + r * LD + piece * 8;
+        const size_t ring_off = ((size_t)kvh * R + at) * HD + piece * 8;
+        const size_t cache_off = ((size_t)kvh * p.max_ctx + slot) * HD + piece * 8;
+        cp_async16(dst, p.k_ring != nullptr ? p.k_ring + ring_off : p.k_cache + cache_off, valid);
+        cp_async16(dst + TILE * LD, p.v_ring != nullptr ? p.v_ring + ring_off : p.v_cache + cache_off, valid);
     }
 }
 

@@ -33,7 +33,8 @@ __device__ __forceinline__ void encode_new_rows(const Params& p, const float* st
     const int type = is_k ? k_type : v_type, b = is_k ? tid : tid - NB;
     const float* x = stage + tid * kvq::BLOCK;
     __half* out = kv_new + tid * kvq::BLOCK;
-    const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
+    const int slot = p.n_past[0];
+    const size_t row = (size_t)kvh * p.max_ctx + slot;
     if (type == FD_KV_F16) {
         __half* cache = (is_k ? p.k_store : p.v_store) + row * HD + b * kvq::BLOCK;
         for (int j = 0; j < kvq::BLOCK; ++j) {
@@ -62,9 +63,11 @@ __device__ __forceinline__ void encode_new_rows(const Params& p, const float* st
     }
     if (store) pl.row_scales(row)[b] = d;
     const __half* ring = is_k ? p.k_ring : p.v_ring;  // a window: the new row is in its own block, read exact
-    if (ring != nullptr)
+    if (ring != nullptr) {
+        const size_t ring_row = window_ring_row(p, kvh, slot);
         for (int j = 0; j < kvq::BLOCK; ++j)
-            out[j] = window_value<HD>(ring, p, kvh, b * kvq::BLOCK + j, x[j], out[j], store);
+            out[j] = window_value<HD>(ring, ring_row, b * kvq::BLOCK + j, x[j], out[j], store);
+    }
 }
 
 // Thread tid's rope coefficients: for each of its NU distinct dims, cos / sin at the new token's position (double

@@ -32,16 +32,18 @@ namespace attn {
 // The new row's value at dim d as its tile holds it: with a window ring (p.k_ring / p.v_ring: the new key always lies
 // in its own window block) float16(x), the copy fd_rope_kv_write puts in the ring -- also written there if store --,
 // else `as_stored` (the dequantized code, or a float16 side's value).
+// ring_row: the new row's ring row, kv_head * ring_slots + n_past % ring_slots (window_ring_row, once per block).
 template <int HD>
-__device__ __forceinline__ __half window_value(const __half* ring, const Params& p, int kvh, int d, float x,
-                                               __half as_stored, bool store) {
+__device__ __forceinline__ __half window_value(const __half* ring, size_t ring_row, int d, float x, __half as_stored,
+                                               bool store) {
     if (ring == nullptr) return as_stored;
     const __half h = __float2half_rn(x);
-    if (store) {
-        const int slot = p.n_past[0];
-        const_cast<__half*>(ring)[((size_t)kvh * p.ring_slots + slot % p.ring_slots) * HD + d] = h;
-    }
+    if (store) const_cast<__half*>(ring)[ring_row * HD + d] = h;
     return h;
+}
+
+__device__ __forceinline__ size_t window_ring_row(const Params& p, int kvh, int slot) {
+    return p.ring_slots > 0 ? (size_t)kvh * p.ring_slots + slot % p.ring_slots : 0;
 }
 
 template <int HD>
@@ -179,7 +181,9 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
     static_assert(NR % SIDE_WARPS == 0, "a side's blocks split evenly over its warps");
     constexpr int NB = NR / SIDE_WARPS;                 // blocks a warp encodes
     const int part = warp % SIDE_WARPS;                 // this warp's blocks: r / NB == part (r unrolled: registers)
-    const size_t row = (size_t)kvh * p.max_ctx + p.n_past[0];
+    const int slot = p.n_past[0];
+    const size_t row = (size_t)kvh * p.max_ctx + slot;
+    const size_t ring_row = RAW ? 0 : window_ring_row(p, kvh, slot);
     uint8_t* raw = reinterpret_cast<uint8_t*>(kv_new);
     const int kcb = kvq::code_bytes(k_type, HD), vcb = kvq::code_bytes(v_type, HD), vo = raw_new_v(HD, k_type);
     const kvq::Plane k_copy{raw, reinterpret_cast<__half*>(raw + kcb), kcb, HD / kvq::BLOCK};
@@ -199,7 +203,7 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
                 const __half v = kvq::encode_block_warp(p.kq, p.k_store + row * HD, k_type, row, r, x[r], lane, store,
                                                         RAW ? &k_copy : nullptr);
                 if constexpr (!RAW)
-                    kv_new[32 * r + lane] = window_value<HD>(p.k_ring, p, kvh, 32 * r + lane, x[r], v, store);
+                    kv_new[32 * r + lane] = window_value<HD>(p.k_ring, ring_row, 32 * r + lane, x[r], v, store);
             }
     } else {                                            // V: as it is (float16 or q8_0 / q4_0)
 #pragma unroll
@@ -208,7 +212,7 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
                 const __half v = kvq::encode_block_warp(p.vq, p.v_store + row * HD, v_type, row, r, ld.x[r], lane,
                                                         store, RAW ? &v_copy : nullptr);
                 if constexpr (!RAW)
-                    kv_new[HD + 32 * r + lane] = window_value<HD>(p.v_ring, p, kvh, 32 * r + lane, ld.x[r], v, store);
+                    kv_new[HD + 32 * r + lane] = window_value<HD>(p.v_ring, ring_row, 32 * r + lane, ld.x[r], v, store);
             }
     }
 }
