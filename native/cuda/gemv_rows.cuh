@@ -134,15 +134,22 @@ __global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
     if (lane == 0) xsc[(size_t)blk * ROWS_NX + i] = sc;
 }
 
-// The same codes and scales, made by one GEMV CTA (all its threads, after pdl_wait) for its own use: x rows
-// 0 .. n - 1 (n <= ROWS_FX_MAX_NX) into shared memory (rows_fx_bytes; scales at (block, row), ROWS_FX_SC a block).
-// Every CTA reads the whole x (n x cols floats, from L2) but no pre-pass launch, scratch or its round trip is
-// needed; the bits are the pre-pass's: the norm replays block_sum's partition over this CTA's warps.
-__device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx) {
+// A barrier over the CTA's computing warps: all threads (n_threads 0: __syncthreads) or the first n_threads, named
+// barrier 1 (gemv_rows_tma.cuh: its copy warp does not take part).
+__device__ __forceinline__ void rows_bar(int n_threads) {
+    if (n_threads == 0) __syncthreads();
+    else asm volatile("bar.sync 1, %0;" ::"r"(n_threads) : "memory");
+}
+
+// The same codes and scales, made by one GEMV CTA (warps 0 .. W - 1, after pdl_wait; bar_threads: rows_bar's) for
+// its own use: x rows 0 .. n - 1 (n <= ROWS_FX_MAX_NX) into shared memory (rows_fx_bytes; scales at (block, row),
+// ROWS_FX_SC a block). Every CTA reads the whole x (n x cols floats, from L2) but no pre-pass launch, scratch or
+// its round trip is needed; the bits are the pre-pass's: the norm replays block_sum's partition over these warps.
+__device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx, int W, int bar_threads) {
     int8_t* xq = reinterpret_cast<int8_t*>(fx);
     float2* xsc = reinterpret_cast<float2*>(fx + a.n * a.cols);
     float* red = reinterpret_cast<float*>(fx + a.n * a.cols + (a.cols / 32) * ROWS_FX_SC * 8);
-    const int W = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nblk = a.cols / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nblk = a.cols / 32;
     constexpr int U = 4;   // blocks a warp loads before it quantizes them (loads in flight, not one L2 trip each)
     for (int i = 0; i < a.n; ++i) {
         const float* xr = a.xin + (size_t)i * a.cols;
@@ -152,10 +159,10 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
                 const float p = warp_sum(rows_norm_part(xr, a.cols, 32 * vw + lane));
                 if (lane == 0) red[vw] = p;
             }
-            __syncthreads();
+            rows_bar(bar_threads);
             const float ss = warp_sum(lane < ROWS_PREPASS_THREADS / 32 ? red[lane] : 0.0f);
             scale = rows_norm_scale(ss, a.cols, a.eps);
-            __syncthreads();   // every thread has read red before the next row writes it
+            rows_bar(bar_threads);   // every thread has read red before the next row writes it
         }
         for (int b0 = warp; b0 < nblk; b0 += U * W) {
             float v[U], w[U];   // x and norm_w loaded together: one L2 round trip for the batch, not one a block
@@ -175,7 +182,7 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
             }
         }
     }
-    __syncthreads();
+    rows_bar(bar_threads);
 }
 
 // ---- the GEMV ----------------------------------------------------------------------------------------------------
@@ -246,6 +253,15 @@ __device__ __forceinline__ void rows_stage_mat(const RowsArgs& a, const RowsMat&
     }
 }
 
+// One item's arithmetic from the staged bytes of rows g (r0) and g + 8 (r1) at the chunk's first byte.
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_item_at(const RowsX& x, const RowsMat& m, int u0, int nu, const uint8_t* r0,
+                                             const uint8_t* r1, int g, int t, float (&acc)[NT][4]) {
+    if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else rows_item_q80<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+}
+
 template <int NT, bool ODD, bool SX>
 __device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsX& x, const RowsMat& m, int tile_local,
                                           int chunk, const uint8_t* slot, int g, int t, float (&acc)[NT][4]) {
@@ -256,11 +272,41 @@ __device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsX& x, con
     const long long rb = m.row_bytes;
     const int h0 = (int)(reinterpret_cast<uintptr_t>(m.w + (long long)(tile_local * 16 + g) * rb + off) & 15);
     const int h1 = (int)(reinterpret_cast<uintptr_t>(m.w + (long long)(tile_local * 16 + g + 8) * rb + off) & 15);
-    const uint8_t* r0 = slot + g * m.stride + h0;
-    const uint8_t* r1 = slot + (g + 8) * m.stride + h1;
-    if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
-    else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
-    else rows_item_q80<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    rows_item_at<NT, ODD, SX>(x, m, u0, nu, slot + g * m.stride + h0, slot + (g + 8) * m.stride + h1, g, t, acc);
+}
+
+// Folds a round's tiles (rd: the round, its tiles t0 = rd * R ..): chunks added in chunk order, then the epilogue;
+// one thread (tid < n_threads) per (tile, fragment element kk = nt * 4 + e, lane), the fragment's (row, x row) from
+// (lane, kk). part: [round-local item][r][nt * 4 + e][lane] floats, PF a item.
+template <int NTT, bool SWIGLU>
+__device__ __forceinline__ void rows_fold(const RowsArgs& a, const float* part, int b, int G, int rd, int n_mine,
+                                          int tid, int n_threads) {
+    constexpr int PF = (SWIGLU ? 2 : 1) * NTT * 4 * 32;
+    const int t0 = rd * a.R, nt_round = min(a.R, n_mine - t0);
+    const int n_out = nt_round * (NTT * 4) * 32;
+    for (int o = tid; o < n_out; o += n_threads) {
+        const int ln = o & 31, kk = (o >> 5) % (NTT * 4), tl = (o >> 5) / (NTT * 4);
+        const int xr = (kk >> 2) * 8 + 2 * (ln & 3) + (kk & 1);
+        if (xr >= a.n) continue;
+        const int tile = b + (t0 + tl) * G;
+        const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
+        const int row = (tile - m.tile_first) * 16 + (ln >> 2) + 8 * ((kk & 3) >> 1);
+        if (row >= m.rows) continue;
+        const float* pp = part + (size_t)tl * a.C * PF + kk * 32 + ln;
+        float s = pp[0];
+        for (int c = 1; c < a.C; ++c) s = __fadd_rn(s, pp[(size_t)c * PF]);
+        const size_t yo = (size_t)xr * m.rows + row;
+        if (SWIGLU) {
+            const float* pu = pp + NTT * 4 * 32;
+            float su = pu[0];
+            for (int c = 1; c < a.C; ++c) su = __fadd_rn(su, pu[(size_t)c * PF]);
+            m.y[yo] = __fmul_rn(silu(s), su);
+        } else {
+            if (m.bias) s = __fadd_rn(s, m.bias[row]);
+            if (a.residual) s = __fadd_rn(s, __ldcg(a.residual + yo));   // read then written by this thread
+            m.y[yo] = s;
+        }
+    }
 }
 
 // NT N-tiles of 8 x rows (NT = 0: n == 1, one N-tile whose odd fragment columns are skipped -- the same operations
@@ -299,7 +345,7 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
     pdl_launch_dependents();
     RowsX x = a.x;
     if (FX) {   // while the first slots stream
-        rows_quantize_cta(a, smem + a.fx_off);
+        rows_quantize_cta(a, smem + a.fx_off, W, 0);
         x = RowsX{reinterpret_cast<const int8_t*>(smem + a.fx_off),
                   reinterpret_cast<const float2*>(smem + a.fx_off + a.n * a.cols), a.cols, a.n - 1};
     }
@@ -337,34 +383,8 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
 #pragma unroll
                     for (int e = 0; e < 4; ++e) pp[((r * NTT + nt) * 4 + e) * 32] = acc[r][nt][e];
         }
-        // fold the round's tiles: chunks added in chunk order, then the epilogue; one thread per (tile, fragment
-        // element kk = nt * 4 + e, lane), the fragment's (row, x row) from (lane, kk)
         __syncthreads();
-        const int t0 = rd * a.R, nt_round = min(a.R, n_mine - t0);
-        const int n_out = nt_round * (NTT * 4) * 32;
-        for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
-            const int ln = o & 31, kk = (o >> 5) % (NTT * 4), tl = (o >> 5) / (NTT * 4);
-            const int xr = (kk >> 2) * 8 + 2 * (ln & 3) + (kk & 1);
-            if (xr >= a.n) continue;
-            const int tile = b + (t0 + tl) * G;
-            const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
-            const int row = (tile - m.tile_first) * 16 + (ln >> 2) + 8 * ((kk & 3) >> 1);
-            if (row >= m.rows) continue;
-            const float* pp = part + (size_t)tl * a.C * PF + kk * 32 + ln;
-            float s = pp[0];
-            for (int c = 1; c < a.C; ++c) s = __fadd_rn(s, pp[(size_t)c * PF]);
-            const size_t yo = (size_t)xr * m.rows + row;
-            if (SWIGLU) {
-                const float* pu = pp + NTT * 4 * 32;
-                float su = pu[0];
-                for (int c = 1; c < a.C; ++c) su = __fadd_rn(su, pu[(size_t)c * PF]);
-                m.y[yo] = __fmul_rn(silu(s), su);
-            } else {
-                if (m.bias) s = __fadd_rn(s, m.bias[row]);
-                if (a.residual) s = __fadd_rn(s, __ldcg(a.residual + yo));   // read then written by this thread
-                m.y[yo] = s;
-            }
-        }
+        rows_fold<NTT, SWIGLU>(a, part, b, G, rd, n_mine, threadIdx.x, blockDim.x);
         __syncthreads();
     }
     q::cp_async_wait<0>();

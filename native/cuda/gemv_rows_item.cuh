@@ -125,9 +125,15 @@ __device__ __forceinline__ const int8_t* rows_xrow(const RowsX& x, int g) {
 template <int NT, bool ODD, bool SX>
 __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
                                               int g, int t, float (&acc)[NT][4]) {
-    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
+    // x addresses from one base a super-block plus compile-time offsets (the loads and their order are the same
+    // as indexing by column; fewer address instructions: bench/lab/gemv_rows_tma_lab.cu "hoist")
+    constexpr int SCS = rows_sc_stride<SX>();
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t + sb0 * ROWS_QK;
+    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;
 #pragma unroll 1
     for (int k = 0; k < nk; ++k) {
+        const int8_t* xk = xb + k * ROWS_QK;      // column (sb0 + k) * 256 + 8t of x row g (or 0)
+        const float2* sk = sb + k * 8 * SCS;      // scales of the super-block's first 32 columns
         const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
         const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
         const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
@@ -140,7 +146,6 @@ __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0,
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const int j = 2 * p + hh;
-                const int col0 = (sb0 + k) * ROWS_QK + 32 * j;
                 uint32_t A[4];
                 rows_q4k_a(qa, qb, hh, A);
                 const uint32_t s0 = j < 4 ? sm0.x : sm0.y, s1 = j < 4 ? sm1.x : sm1.y;   // j: compile-time
@@ -151,9 +156,8 @@ __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0,
                                      -__fmul_rn(dm1.y, rows_byte2f(m1, j & 3))};
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
-                    const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(col0 >> 5) * rows_sc_stride<SX>() + nt * 8
-                                                                   + 2 * t);
+                    const uint2 B = rows_ldx<SX, uint2>(xk + nt * 8 * x.cols + 32 * j);
+                    const float4 xs = rows_ldx<SX, float4>(sk + j * SCS + nt * 8);
                     int c[4];
                     rows_mma_k32_u8s8(A, B.x, B.y, c);
 #pragma unroll
@@ -175,9 +179,13 @@ __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0,
 template <int NT, bool ODD, bool SX>
 __device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
                                               int g, int t, float (&acc)[NT][4]) {
-    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 4 * t;
+    constexpr int SCS = rows_sc_stride<SX>();
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 4 * t + sb0 * ROWS_QK;
+    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;
 #pragma unroll 1
     for (int k = 0; k < nk; ++k) {
+        const int8_t* xk = xb + k * ROWS_QK;   // as rows_item_q4k: one base a super-block
+        const float2* sk = sb + k * 8 * SCS;
         const uint8_t* b0 = r0 + k * 210;
         const uint8_t* b1 = r1 + k * 210;
         const float d0 = __half2float(*reinterpret_cast<const __half*>(b0 + 208));
@@ -196,12 +204,11 @@ __device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0,
                     const int sci = 8 * h + 2 * s + u;
                     const float w[2] = {__fmul_rn(d0, rows_i2f((int)(int8_t)b0[192 + sci])),
                                         __fmul_rn(d1, rows_i2f((int)(int8_t)b1[192 + sci]))};
-                    const int colb = (sb0 + k) * ROWS_QK + 128 * h + 32 * s + 16 * u;
+                    const int colb = 128 * h + 32 * s + 16 * u;   // within the super-block
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        const uint32_t B = rows_ldx<SX, uint32_t>(xb + (size_t)nt * 8 * x.cols + colb);
-                        const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(colb >> 5) * rows_sc_stride<SX>()
-                                                                       + nt * 8 + 2 * t);
+                        const uint32_t B = rows_ldx<SX, uint32_t>(xk + nt * 8 * x.cols + colb);
+                        const float4 xs = rows_ldx<SX, float4>(sk + (colb >> 5) * SCS + nt * 8);
                         int c[4];
                         rows_mma_k16_s8s8(a0, a1, B, c);
 #pragma unroll

@@ -7,6 +7,7 @@
 
 #include "gemv_plan.cuh"
 #include "gemv_rows.cuh"
+#include "gemv_rows_tma.cuh"
 #include "gemv_scratch.cuh"
 
 #include <mutex>
@@ -91,6 +92,71 @@ inline int rows_shape(const RowsArgs& a, bool swiglu, int n, int fx_bytes, const
     }
 }
 
+// The bulk-copy kernel's plan (gemv_rows_tma.cuh) for a call of n x rows (a.tiles, a.C and the matrices set;
+// fx_bytes: the CTAs' own x copy, else 0), or false where the call keeps gemv_rows_kernel: look (the tuning's
+// gemv_rows_tma) 0, a GPU before sm_90, a matrix not 16-byte aligned or whose last tile's bytes are not whole
+// 16-byte units, or n > 8 with one tile a CTA (the lab lost there: attn q/k/v, o and ffn_down at n = 32 -- one tile
+// a CTA leaves nothing to stream under the computing -- while gate/up, 4-5 tiles a CTA, won at every n; bench/
+// results/2026-11-27-h200-session24-gemv-rows-tma-lab.txt). Warps as rows_shape's (4..16 for the CTA's items), plus
+// the copy warp; all of a CTA's tiles in stages where they fit (<= ROWS_TMA_MAX_STAGES), R tiles a fold round in
+// what is left. The launch shape never changes a bit.
+inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, int look, const DeviceFacts& dev,
+                          RowsTmaArgs* out, RowsShape* sh) {
+    if (look <= 0 || dev.cc_major < 9) return false;
+    for (int k = 0; k < a.n_mats; ++k) {
+        const RowsMat& m = a.mat[k];
+        if (reinterpret_cast<uintptr_t>(m.w) % 16 != 0 || ((m.rows % 16) * m.row_bytes) % 16 != 0) return false;
+    }
+    const int ctas = min(a.tiles, dev.n_sms);
+    const int per_cta = ceil_div(a.tiles, ctas);
+    if ((n > 8 && per_cta < 2) || per_cta > ROWS_TMA_MAX_PIECES) return false;
+    const int items = per_cta * a.C;
+    const int warps = min(max((items + 3) & ~3, 4), ROWS_MAX_WARPS);
+    RowsTmaArgs t{};
+    t.look = look;
+    long long stage = 0;
+    if (swiglu) {
+        t.mat_off = (int)(16 * a.mat[0].row_bytes);
+        stage = t.mat_off + 16 * a.mat[1].row_bytes;
+    } else {
+        for (int k = 0; k < a.n_mats; ++k) stage = std::max(stage, 16 * a.mat[k].row_bytes);
+    }
+    const int NTT = n == 1 ? 1 : (n <= 8 ? 1 : (n <= 16 ? 2 : 4));
+    const long long per_tile = (long long)a.C * (swiglu ? 2 : 1) * NTT * 4 * 32 * 4;
+    const long long bars = 8LL * (per_cta + ROWS_TMA_MAX_STAGES);   // a full mbarrier a piece, an empty one a stage
+    const long long budget = (long long)dev.max_smem - 1024 - fx_bytes - bars;
+    for (int R = min(per_cta, 8); R >= 1; --R) {
+        const long long left = budget - R * per_tile;
+        if (left < stage) continue;
+        const int S = (int)std::min<long long>(std::min(per_cta, ROWS_TMA_MAX_STAGES), left / stage);
+        if (S < min(per_cta, 2)) continue;
+        t.S = S;
+        t.stage_bytes = (int)stage;
+        t.bar_off = (int)(S * stage + R * per_tile);   // multiples of 16
+        *out = t;
+        *sh = RowsShape{ctas, warps, 0, R, (size_t)t.bar_off + 8 * (per_cta + S)};
+        return true;
+    }
+    return false;
+}
+
+template <int NT, bool SWIGLU, bool FX>
+int rows_tma_launch(const RowsTmaArgs& t, const RowsShape& sh, int max_smem, cudaStream_t stream) {
+    if (int st = raise_smem_once<gemv_rows_tma_kernel<NT, SWIGLU, FX>>(max_smem)) return st;
+    return launch_pdl(gemv_rows_tma_kernel<NT, SWIGLU, FX>, dim3(sh.ctas), dim3((sh.warps + 1) * 32), sh.smem, stream, t);
+}
+
+template <bool SWIGLU>
+int rows_tma_launch_n(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
+    const int n = t.a.n;
+    if (fx) return n == 1 ? rows_tma_launch<0, SWIGLU, true>(t, sh, max_smem, stream)
+                          : rows_tma_launch<1, SWIGLU, true>(t, sh, max_smem, stream);
+    if (n == 1) return rows_tma_launch<0, SWIGLU, false>(t, sh, max_smem, stream);
+    if (n <= 8) return rows_tma_launch<1, SWIGLU, false>(t, sh, max_smem, stream);
+    if (n <= 16) return rows_tma_launch<2, SWIGLU, false>(t, sh, max_smem, stream);
+    return rows_tma_launch<4, SWIGLU, false>(t, sh, max_smem, stream);
+}
+
 // The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS int8 codes, then their (ROWS_MAX_COLS / 32) x ROWS_NX float2
 // scales, in one StreamScratch allocation (cudaMalloc's alignment; q_bytes is a multiple of 65536, so the scales
 // stay 8-byte aligned).
@@ -130,7 +196,7 @@ int rows_launch_n(const RowsArgs& a, const RowsShape& sh, bool fx, int max_smem,
 // shape). 1 <= n_x <= ROWS_NX.
 inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x,
                          const float* norm_w, float eps, const float* residual, int gemv_rows, int fuse_nx,
-                         bool evict_first, const DeviceFacts& dev, cudaStream_t stream) {
+                         int tma_look, bool evict_first, const DeviceFacts& dev, cudaStream_t stream) {
     FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && n_x >= 1 && n_x <= ROWS_NX);
     FD_CHECK_ARG(eps >= 0.0f && (!swiglu || (n_mats == 2 && mats[0].rows == mats[1].rows)));
     RowsArgs a{};
@@ -163,6 +229,30 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     a.up_off = 16 * stride_max;
     a.slot_bytes = a.up_off * (swiglu ? 2 : 1);
     RowsShape sh;
+    // the bulk-copy kernel where it applies (sm_90), with the CTAs' own x copy under the same rule as below
+    const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms;
+    RowsTmaArgs ta;
+    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, tma_look, dev, &ta, &sh)) {
+        if (fx_wanted) {
+            a.xin = x;
+            a.norm_w = norm_w;
+            a.eps = eps;
+            a.fx_off = (int)sh.smem;
+            sh.smem += (size_t)rows_fx_bytes(n_x, cols);
+        } else {
+            RowsScratch s;
+            if (int st = rows_scratch(stream, &s)) return st;
+            a.x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1};
+            const dim3 pre_grid(ceil_div(cols, ROWS_PREPASS_THREADS), n_x);
+            if (int st = launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w,
+                                    eps, cols, s.xq, s.xsc))
+                return st;
+        }
+        a.R = sh.R;
+        ta.a = a;
+        return swiglu ? rows_tma_launch_n<true>(ta, sh, fx_wanted, dev.max_smem, stream)
+                      : rows_tma_launch_n<false>(ta, sh, fx_wanted, dev.max_smem, stream);
+    }
     // the CTAs' own x copy where asked for, the launch has more than ROWS_FX_MIN_TILES_PER_SM tiles an SM and it
     // leaves room for a shape (else the pre-pass: the same bits either way). Every CTA normalizes and quantizes all
     // of x, which pays only where each CTA has many tiles to amortize it over: H100, n = 1 (bench/NOTES.md session

@@ -62,6 +62,11 @@ typedef struct {
                                this many columns whose rows take a whole warp compute each row on a pair of warps, each
                                over half the row's blocks, summed in slice order; 0: never. It changes those rows'
                                summation order (their bits), the same way for every n_x: never row invariance */
+    int gemv_rows_tma;      /* 0 .. 8: gemv_rows calls (gemv_rows > 0) stage their weights as whole 16-row tiles by bulk
+                               copies (sm_90 and later; a copy warp, the other warps compute) with this many tiles in
+                               flight beyond those landed, where the shapes allow (gemv_rows_tma.cuh); 0: every warp
+                               copies its own items (cp.async). The same arithmetic either way, so never changes a
+                               result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -1,0 +1,223 @@
+// gemv_rows_tma.cuh -- gemv_rows.cuh's GEMV with its weights staged by the copy engine (sm_90: cp.async.bulk, the
+// "TMA" 1-D form) instead of every warp's 16-byte cp.async: the same items, the same arithmetic (rows_item_at) and
+// the same fold (rows_fold), so the same bits; only where the bytes come from in shared memory differs.
+//
+// Why (bench/lab/gemv_rows_tma_lab.cu, bench/NOTES.md session 24): 16 consecutive rows of a matrix are one
+// contiguous span, so a whole 16-row tile is one bulk copy (a 1.5B gate/up tile: 2 x 13.8 KB). Issued by one
+// lane, it leaves the computing warps free of copy instructions (the cp.async kernel's warps stall on them: ncu,
+// session 23), and lands at copy bandwidth (the lab's copy-only kernel: 15.5 MB in 5.5 us on an H100).
+//
+// Roles: warps 0 .. W - 1 compute, warp W copies. Pieces are the CTA's tiles in order (tile b + p G); piece p goes
+// to stage p % S of a ring of S stages. Each piece has its own "full" mbarrier (its copies' bytes land:
+// complete_tx), used once, so a warp may wait on it whichever pieces it skipped (items go to warps round-robin, so
+// a warp's next piece can be S or more ahead of the last it read: one barrier a stage would alias its phases).
+// Each stage has an "empty" mbarrier (each of a tile's C items arrives once it has read its rows), waited on only by
+// the copy warp, stage uses in order. The copy warp issues piece p once piece p - S is consumed and piece p - look
+// has landed (look: the tuning's gemv_rows_tma; fewer pieces in flight make the first ones land sooner, so
+// computing starts under the stream: lab, look 1 vs all at once, 8.4 -> 7.9 us). Weights do not depend on the
+// previous kernel, so the copy warp never waits for it (PDL) before copying. tests/emulation/test_gemv_rows_tma_
+// protocol.py plays this protocol with adversarial landing orders and warp speeds.
+//
+// Stage layout: matrix k's tile (SwiGLU: gate, then up at mat_off) with row r at r * row_bytes -- the global bytes
+// as they are, so a staged row keeps its global alignment modulo 16 (the item loaders' contract, as with cp.async).
+// A bulk copy needs 16-byte aligned addresses and a size a multiple of 16: rows_tma_plan takes a call only where
+// every matrix starts 16-byte aligned and its last tile's bytes are a multiple of 16 (always for Q4_K's 144-byte
+// blocks; Q6_K / Q8_0 where rows % 16 == 0 or the row bytes allow), and only on sm_90 and later.
+#pragma once
+
+#include "gemv_rows.cuh"
+
+namespace fd {
+namespace {
+
+constexpr int ROWS_TMA_MAX_STAGES = 16;
+constexpr int ROWS_TMA_MAX_PIECES = 256;   // tiles a CTA (one "full" mbarrier each): larger calls keep cp.async
+
+struct RowsTmaArgs {
+    RowsArgs a;          // the call (st, slot_bytes, up_off unused; R: tiles a fold round)
+    int S;               // stages
+    int look;            // pieces in flight beyond those landed (>= 1)
+    int stage_bytes;     // one stage: every matrix's 16 rows (the largest), SwiGLU both matrices
+    int mat_off;         // SwiGLU: the up tile's offset in a stage
+    int bar_off;         // bytes: the CTA's pieces' "full" mbarriers (ceil(tiles / grid)), then S "empty" ones
+};
+
+// ---- mbarrier and bulk copy (sm_90); other targets compile these empty -- the plan never launches the kernel there
+#if FD_HAS_MMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FD_ROWS_TMA_DEVICE 1
+#else
+#define FD_ROWS_TMA_DEVICE 0
+#endif
+
+__device__ __forceinline__ unsigned rows_smem_u32(const void* p) {
+#if FD_ROWS_TMA_DEVICE
+    return (unsigned)__cvta_generic_to_shared(p);
+#else
+    (void)p;
+    return 0;
+#endif
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+#if FD_ROWS_TMA_DEVICE
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(rows_smem_u32(bar)), "r"(count) : "memory");
+#else
+    (void)bar, (void)count;
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if FD_ROWS_TMA_DEVICE
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// one arrival that also expects `bytes` of copies to complete on the barrier's current phase
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if FD_ROWS_TMA_DEVICE
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(rows_smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#else
+    (void)bar, (void)bytes;
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar, unsigned count) {
+#if FD_ROWS_TMA_DEVICE
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(rows_smem_u32(bar)), "r"(count) : "memory");
+#else
+    (void)bar, (void)count;
+#endif
+}
+// until the phase of parity `parity` has completed
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if FD_ROWS_TMA_DEVICE
+    unsigned ok = 0;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(rows_smem_u32(bar)), "r"(parity) : "memory");
+    } while (!ok);
+#else
+    (void)bar, (void)parity;
+#endif
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory, completing on bar
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar,
+                                              bool evict_first, uint64_t pol) {
+#if FD_ROWS_TMA_DEVICE
+    if (evict_first)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                     " [%0], [%1], %2, [%3], %4;" ::"r"(rows_smem_u32(dst)), "l"(src), "r"(bytes),
+                     "r"(rows_smem_u32(bar)), "l"(pol) : "memory");
+    else
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(rows_smem_u32(dst)), "l"(src), "r"(bytes), "r"(rows_smem_u32(bar)) : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar, (void)evict_first, (void)pol;
+#endif
+}
+
+// NT, SWIGLU, FX as gemv_rows_kernel's. Shared memory: S stages, R x C item partials, the mbarriers (a full one a
+// piece, an empty one a stage), then (FX) the CTA's x copy at a.fx_off.
+template <int NT, bool SWIGLU, bool FX>
+__global__ void __launch_bounds__((ROWS_MAX_WARPS + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
+    static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
+    extern __shared__ __align__(16) uint8_t smem[];
+    const RowsArgs& a = ta.a;
+    constexpr int NTT = NT == 0 ? 1 : NT;
+    constexpr bool ODD = NT != 0;
+    constexpr int NR = SWIGLU ? 2 : 1;
+    constexpr int PF = NR * NTT * 4 * 32;
+    const int W = (blockDim.x >> 5) - 1;   // computing warps
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int G = gridDim.x, b = blockIdx.x;
+    float* part = reinterpret_cast<float*>(smem + (size_t)ta.S * ta.stage_bytes);
+    const int n_mine = b < a.tiles ? (a.tiles - 1 - b) / G + 1 : 0;
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + ta.bar_off);   // [piece]
+    uint64_t* empty = full + (a.tiles - 1) / G + 1;                       // [stage]
+    if (threadIdx.x == 0) {
+        for (int p = 0; p < n_mine; ++p) mbar_init(&full[p], 1);
+        for (int s = 0; s < ta.S; ++s) mbar_init(&empty[s], a.C);   // one arrival an item of the tile
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp == W) {   // the copy warp: piece p = tile b + p G into stage p % S
+        const uint64_t pol = a.evict_first ? q::l2_evict_first_policy() : 0;
+        for (int p = 0; p < n_mine; ++p) {
+            const int s = p % ta.S;
+            if (p >= ta.S) mbar_wait(&empty[s], (p / ta.S - 1) & 1);   // uses of stage s in order
+            if (p >= ta.look) mbar_wait(&full[p - ta.look], 0);
+            const int tile = b + p * G;
+            const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
+            const int tl = tile - m.tile_first, rows = min(16, m.rows - tl * 16);
+            const unsigned bytes = (unsigned)(rows * m.row_bytes);   // SwiGLU: up has gate's rows and formats' bytes
+            const unsigned up_bytes = SWIGLU ? (unsigned)(rows * a.mat[1].row_bytes) : 0u;
+            if (lane == 0) mbar_arrive_expect_tx(&full[p], bytes + up_bytes);
+            __syncwarp();
+            uint8_t* dst = smem + (size_t)s * ta.stage_bytes;
+            if (lane == 0) bulk_copy_g2s(dst, m.w + (long long)tl * 16 * m.row_bytes, bytes, &full[p], a.evict_first, pol);
+            if (SWIGLU && lane == 1)
+                bulk_copy_g2s(dst + ta.mat_off, a.mat[1].w + (long long)tl * 16 * a.mat[1].row_bytes, up_bytes, &full[p],
+                              a.evict_first, pol);
+        }
+        pdl_wait();
+        pdl_launch_dependents();
+        return;
+    }
+
+    pdl_wait();                // the pre-pass's codes (FX: x itself), the residual
+    pdl_launch_dependents();
+    RowsX x = a.x;
+    if (FX) {   // while the first tiles stream
+        rows_quantize_cta(a, smem + a.fx_off, W, W * 32);
+        x = RowsX{reinterpret_cast<const int8_t*>(smem + a.fx_off),
+                  reinterpret_cast<const float2*>(smem + a.fx_off + a.n * a.cols), a.cols, a.n - 1};
+    }
+    const int total = n_mine * a.C;   // items j = tile_local_cta * C + chunk, as gemv_rows_kernel's
+    const int n_rounds = (n_mine + a.R - 1) / a.R;
+    int q = 0;
+    for (int rd = 0; rd < n_rounds; ++rd) {
+        const int jend = min(total, (rd + 1) * a.R * a.C);
+        for (;; ++q) {
+            const int j = warp + q * W;
+            if (j >= jend) break;
+            const int p = j / a.C, chunk = j % a.C, s = p % ta.S;
+            mbar_wait(&full[p], 0);
+            const int tile = b + p * G;
+            const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
+            long long off;
+            int bytes, u0, nu;
+            rows_chunk(a, m, chunk, off, bytes, u0, nu);
+            const uint8_t* st = smem + (size_t)s * ta.stage_bytes;
+            float acc[NR][NTT][4];
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+            const uint8_t* r0 = st + g * m.row_bytes + off;
+            rows_item_at<NTT, ODD, FX>(x, m, u0, nu, r0, r0 + 8 * m.row_bytes, g, t, acc[0]);
+            if (SWIGLU) {
+                const RowsMat& mu = a.mat[1];
+                long long offu;
+                int bu, u0u, nuu;
+                rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
+                const uint8_t* ru = st + ta.mat_off + g * mu.row_bytes + offu;
+                rows_item_at<NTT, ODD, FX>(x, mu, u0u, nuu, ru, ru + 8 * mu.row_bytes, g, t, acc[NR - 1]);
+            }
+            __syncwarp();      // every lane has read the stage
+            if (lane == 0) mbar_arrive(&empty[s], 1);
+            float* pp = part + (size_t)(j - rd * a.R * a.C) * PF + lane;
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pp[((r * NTT + nt) * 4 + e) * 32] = acc[r][nt][e];
+        }
+        rows_bar(W * 32);
+        rows_fold<NTT, SWIGLU>(a, part, b, G, rd, n_mine, threadIdx.x, W * 32);
+        rows_bar(W * 32);
+    }
+}
+
+}  // namespace
+}  // namespace fd

@@ -1,0 +1,159 @@
+"""gemv_rows_tma's plan (gemv_rows_plan.cuh rows_tma_plan), computed on the CPU by a host-only program compiled with
+nvcc: for the real 1.5B / 0.5B decode and verify launches and a sweep of shapes, every plan it returns fits the
+kernel's limits (shared memory, warps, stages for every matrix's 16 rows, 16-byte aligned offsets), and it refuses
+what the bulk copy cannot do (a GPU before sm_90, look 0, a last tile of bytes not whole 16-byte units, a misaligned
+matrix, n > 8 with one tile a CTA, more tiles a CTA than it has mbarriers for).
+"""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from flashd.native import CUDA_DIR, NATIVE_DIR
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the host program needs it")
+
+PROGRAM = r"""
+#include "gemv_rows_plan.cuh"
+#include <cstdio>
+using namespace fd;
+
+// row bytes of cols columns in each format (ggml blocks)
+static long long rb(int fmt, int cols) { return fmt == ROWS_Q4K ? cols / 256 * 144 : fmt == ROWS_Q6K ? cols / 256 * 210 : cols / 32 * 34; }
+
+struct Call { const char* name; int n_mats; int fmt[3]; int rows[3]; int cols; bool swiglu; uintptr_t base = 0x10000; };
+
+static void plan(const Call& c, int n, bool fx, int look, const DeviceFacts& dev) {
+    RowsArgs a{};
+    a.n_mats = c.n_mats;
+    a.n = n;
+    a.cols = c.cols;
+    a.ks = rows_ks(c.cols, 1);
+    a.C = ceil_div(c.cols, ROWS_QK * a.ks);
+    int tiles = 0;
+    for (int k = 0; k < c.n_mats; ++k) {
+        RowsMat& m = a.mat[k];
+        m.w = reinterpret_cast<const uint8_t*>(c.base + 0x100000 * k);
+        m.fmt = c.fmt[k];
+        m.rows = c.rows[k];
+        m.row_bytes = rb(c.fmt[k], c.cols);
+        m.tile_first = c.swiglu ? 0 : tiles;
+        if (!c.swiglu || k == 0) tiles += ceil_div(m.rows, 16);
+    }
+    a.tiles = tiles;
+    const int fx_bytes = fx ? rows_fx_bytes(n, c.cols) : 0;
+    RowsTmaArgs t;
+    RowsShape sh;
+    const bool ok = rows_tma_plan(a, c.swiglu, n, fx_bytes, look, dev, &t, &sh);
+    long long rbs[3] = {0, 0, 0};
+    for (int k = 0; k < c.n_mats; ++k) rbs[k] = a.mat[k].row_bytes;
+    printf("{\"name\": \"%s\", \"n\": %d, \"fx\": %d, \"look\": %d, \"sms\": %d, \"smem_max\": %d, \"cc\": %d, "
+           "\"ok\": %d, \"tiles\": %d, \"C\": %d, \"swiglu\": %d, \"n_mats\": %d, \"rows\": [%d, %d, %d], "
+           "\"rb\": [%lld, %lld, %lld], \"fx_bytes\": %d",
+           c.name, n, fx ? 1 : 0, look, dev.n_sms, dev.max_smem, dev.cc_major, ok ? 1 : 0, tiles, a.C, c.swiglu ? 1 : 0,
+           c.n_mats, c.rows[0], c.rows[1], c.rows[2], rbs[0], rbs[1], rbs[2], fx_bytes);
+    if (ok)
+        printf(", \"S\": %d, \"R\": %d, \"warps\": %d, \"ctas\": %d, \"smem\": %zu, \"stage\": %d, \"mat_off\": %d, "
+               "\"bar_off\": %d", t.S, sh.R, sh.warps, sh.ctas, sh.smem, t.stage_bytes, t.mat_off, t.bar_off);
+    printf("}\n");
+}
+
+int main() {
+    const int Q4 = ROWS_Q4K, Q6 = ROWS_Q6K, Q8 = ROWS_Q80;
+    const Call calls[] = {
+        {"gate_up_1.5b", 2, {Q4, Q4}, {8960, 8960}, 1536, true},
+        {"down_1.5b_q4k", 1, {Q4}, {1536}, 8960, false},
+        {"down_1.5b_q6k", 1, {Q6}, {1536}, 8960, false},
+        {"qkv_1.5b", 3, {Q4, Q4, Q6}, {1536, 256, 256}, 1536, false},
+        {"o_1.5b", 1, {Q4}, {1536}, 1536, false},
+        {"lm_head_1.5b", 1, {Q6}, {151936}, 1536, false},
+        {"gate_up_0.5b_q8", 2, {Q8, Q8}, {4864, 4864}, 896, true},
+        {"down_0.5b_q8", 1, {Q8}, {896}, 4864, false},
+        {"swiglu_mixed", 2, {Q4, Q6}, {4864, 4864}, 1024, true},
+        {"q6k_awkward", 1, {Q6}, {333}, 768, false},     // 9 rows in the last tile x 630 bytes: not whole 16-byte units
+        {"q8_awkward", 1, {Q8}, {100}, 96, false},       // 4 rows x 102 bytes: refused
+        {"q4k_awkward", 1, {Q4}, {333}, 768, false},     // Q4_K: always whole units
+        {"misaligned", 1, {Q4}, {1536}, 1536, false, 0x10008},
+        {"vocab_256k", 1, {Q6}, {262144}, 4096, false},  // 16384 tiles: 125 a CTA
+        {"huge_vocab", 1, {Q6}, {600000}, 1024, false},  // 285 tiles a CTA: more than the mbarriers
+        {"down_wide_q6k", 1, {Q6}, {4096}, 18944, false},  // a tile of 249 KB: no stage fits
+    };
+    const DeviceFacts devs[] = {{132, 232448, 9}, {114, 232448, 9}, {108, 166912, 8}};
+    for (const DeviceFacts& d : devs)
+        for (const Call& c : calls)
+            for (int n : {1, 2, 8, 9, 16, 17, 32})
+                for (int look : {0, 1, 4})
+                    for (int fx = 0; fx < 2; ++fx) {
+                        if (fx && n > ROWS_FX_MAX_NX) continue;
+                        plan(c, n, fx != 0, look, d);
+                    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rows_tma_plan")
+    (d / "main.cu").write_text(PROGRAM)
+    exe = d / "main"
+    # sm_90: the header's non-template kernels (the x pre-pass) use instructions older targets lack
+    subprocess.run(["nvcc", "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_90", "-I", str(CUDA_DIR), "-I",
+                    str(NATIVE_DIR / "include"), "-o", str(exe), str(d / "main.cu")], check=True, capture_output=True,
+                   text=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def per_cta(p):
+    return -(-p["tiles"] // min(p["tiles"], p["sms"]))
+
+
+def test_every_plan_fits_the_kernels_limits(plans):
+    made = [p for p in plans if p["ok"]]
+    assert len(made) > 100
+    for p in made:
+        pc = per_cta(p)
+        ntt = 1 if p["n"] <= 8 else (2 if p["n"] <= 16 else 4)
+        nr = 2 if p["swiglu"] else 1
+        per_tile = p["C"] * nr * ntt * 4 * 32 * 4
+        assert p["ctas"] == min(p["tiles"], p["sms"]), p
+        assert min(pc, 2) <= p["S"] <= min(pc, 16), p
+        assert 1 <= p["R"] <= min(pc, 8), p
+        assert p["warps"] in (4, 8, 12, 16), p
+        rbs = p["rb"][:p["n_mats"]]
+        if p["swiglu"]:
+            assert p["mat_off"] == 16 * rbs[0] and p["stage"] == 16 * (rbs[0] + rbs[1]), p
+        else:
+            assert p["stage"] == 16 * max(rbs), p
+        assert p["stage"] % 16 == 0 and p["bar_off"] % 16 == 0, p
+        assert p["bar_off"] == p["S"] * p["stage"] + p["R"] * per_tile, p
+        assert p["smem"] == p["bar_off"] + 8 * (pc + p["S"]), p
+        assert p["smem"] + p["fx_bytes"] <= p["smem_max"] - 1024, p
+        assert pc <= 256, p
+
+
+def test_what_the_bulk_copy_cannot_do_is_refused(plans):
+    for p in plans:
+        if p["cc"] < 9 or p["look"] == 0 or p["name"] in ("q6k_awkward", "q8_awkward", "misaligned", "huge_vocab",
+                                                          "down_wide_q6k"):
+            assert not p["ok"], p
+        if p["n"] > 8 and per_cta(p) < 2:
+            assert not p["ok"], p
+
+
+def test_the_real_decode_launches_take_it_on_an_h100(plans):
+    """The 1.5B's launches at one row (look 1, an H100's 132 SMs): the lab's shapes (bench/results/
+    2026-11-27-h200-session24-gemv-rows-tma-lab.txt) -- gate / up 5 tiles a CTA all in flight on 16 warps, ffn_down
+    one tile a CTA on 16 warps, q/k/v and o one tile a CTA on 8 warps, lm_head a ring of stages."""
+    h100 = {(p["name"], p["fx"]): p for p in plans if p["sms"] == 132 and p["n"] == 1 and p["look"] == 1}
+    g = h100[("gate_up_1.5b", 1)]
+    assert g["ok"] and g["S"] == 5 and g["R"] == 5 and g["warps"] == 16
+    for name in ("down_1.5b_q4k", "down_1.5b_q6k"):
+        d = h100[(name, 0)]
+        assert d["ok"] and d["S"] == 1 and d["warps"] == 16, d
+    for name in ("qkv_1.5b", "o_1.5b"):
+        assert h100[(name, 0)]["ok"] and h100[(name, 0)]["warps"] == 8
+    lm = h100[("lm_head_1.5b", 0)]
+    assert lm["ok"] and 2 <= lm["S"] < per_cta(lm)
+    assert h100[("q4k_awkward", 0)]["ok"]
