@@ -20,6 +20,10 @@
 // prints us a launch (a CUDA graph of PDL launches over weight copies that together exceed L2) and GB/s; "nocomp"
 // rows are the bulk-copy kernel with the arithmetic skipped (its streaming floor; outputs not checked).
 //
+// It includes the library's headers: as measured, those of e4b59f8 (git show e4b59f8:native/cuda/...). From the
+// four-chain Q4_K arithmetic on (bench/NOTES.md session 24), its item_q4k_h (the one-chain arithmetic with hoisted
+// addresses) no longer matches the library kernel, so the "hoist" rows report MISMATCH against today's headers.
+//
 //   nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math --expt-relaxed-constexpr -Inative/cuda \
 //        -o /tmp/gemv_rows_tma_lab bench/lab/gemv_rows_tma_lab.cu && /tmp/gemv_rows_tma_lab
 #include "gemv_rows_plan.cuh"

@@ -12,7 +12,7 @@
 //
 // Row invariance by construction: every output (weight row r, x row i) is one fixed float expression of W's row r
 // and x row i alone. A row is cut into C chunks of KS super-blocks (256 columns; a row's last chunk may be
-// shorter); an item is (16-row tile, chunk); its float chain per (r, i) starts at 0 (gemv_rows_item.cuh), and a
+// shorter); an item is (16-row tile, chunk); its float chains per (r, i) start at 0 (gemv_rows_item.cuh), and a
 // tile's C chunk partials are added in chunk order in shared memory, then the epilogue runs in a fixed order:
 // (+ bias[r]) (+ residual[i, r]), or silu(gate) * up. So the bits depend on KS (gemv_rows_plan.cuh: a function
 // of cols and the tuning table only) and on nothing else: not on n, the warps, CTAs, slots or rounds. The RMSNorm

@@ -1,5 +1,5 @@
 // gemv_rows_item.cuh -- what one warp of gemv_rows.cuh computes for one item: the integer dot products of 16 weight
-// rows x one chunk of columns x up to 32 x rows on int8 tensor cores, and the float chain of each (row, x row)
+// rows x one chunk of columns x up to 32 x rows on int8 tensor cores, and the float chains of each (row, x row)
 // over the chunk's sub-blocks. Q4_K: mma.m16n8k32 u8 x s8 per 32-column sub-block; Q6_K: m16n8k16 s8 x s8 per 16
 // columns (Q6_K has a scale per 16 values); Q8_0: m16n8k32 s8 x s8 per 32-column block. Ported from
 // bench/lab/gemv_mma_rows_lab.cu (its --host-check emulated these fragment builders against the PTX tables and the
@@ -12,9 +12,11 @@
 // rows are B), so extra x rows cost one mma and one float chain step each, no weight decoding.
 //
 // Numerics (why a row's bits depend on nothing but its own x row and the chunk): the mma's integer sums are exact
-// and column i depends only on x row i; the float work per (row, x row) is a chain of explicitly rounded operations
-// (__fmul_rn, fmaf) in sub-block order; int32 -> float by the 1.5 * 2^23 trick (exact for |v| < 2^22: |isum| <=
-// 32 * 15 * 127 or 16 * 32 * 127).
+// and column i depends only on x row i; the float work per (row, x row) is explicitly rounded operations (__fmul_rn,
+// fmaf, __fadd_rn) in a fixed order -- Q4_K and Q6_K: four chains over the sub-blocks (every fourth), added as
+// (C0 + C1) + (C2 + C3), so that at n == 1, where the fragment's four column pairs hold the same x row, each lane of
+// a group runs one chain (a quarter of the float work; bench/NOTES.md session 24); Q8_0: one chain in block order.
+// int32 -> float by the 1.5 * 2^23 trick (exact for |v| < 2^22: |isum| <= 32 * 15 * 127 or 16 * 32 * 127).
 #pragma once
 
 #include "quant_stage.cuh"
@@ -120,25 +122,116 @@ __device__ __forceinline__ const int8_t* rows_xrow(const RowsX& x, int g) {
 }
 
 // ---- items: r0 / r1 = the staged bytes of rows g and g + 8 at the chunk's first byte ---------------------------
-// Q4_K: super-blocks sb0 .. sb0 + nk - 1 of the row. Per sub-block: acc = fmaf(d*sc, xd*isum, acc);
-// acc = fmaf(-(dmin*m), xd * sum(x codes), acc).
-template <int NT, bool ODD, bool SX>
-__device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                              int g, int t, float (&acc)[NT][4]) {
-    // x addresses from one base a super-block plus compile-time offsets (the loads and their order are the same
-    // as indexing by column; fewer address instructions: bench/lab/gemv_rows_tma_lab.cu "hoist")
+// Q4_K: super-blocks sb0 .. sb0 + nk - 1 of the row, 8 sub-blocks j of 32 columns each. A (row, x row)'s partial is
+// four chains added as (C0 + C1) + (C2 + C3); chain c runs over the sub-blocks j = c and j = c + 4 of each
+// super-block in order, each step acc = fmaf(d*sc_j, xd*isum, acc); acc = fmaf(-(dmin*m_j), xd * sum(x codes), acc).
+// Why four chains: at n == 1 the fragment's four column pairs (t = 0..3) all hold x row 0, so lane t runs chain t
+// alone -- a quarter of the float work of one chain a lane -- and two shuffles add the chains; with more x rows
+// each lane runs the four chains of its own columns (rows_q4k_chains: together up to 16 x rows, one after another
+// beyond), the same operations on the same values in the same order, so a row's bits never depend on n. The partial
+// is written to acc.
+// The four chains' sum, added in the fixed order as chain c's accumulators arrive (c = 0, 1, 2, 3): tot = C0,
+// tot = C0 + C1, keep = C2, tot = (C0 + C1) + (C2 + C3).
+template <int NT>
+__device__ __forceinline__ void rows_chain_add(int c, const float (&cc)[NT][4], float (&tot)[NT][4],
+                                               float (&keep)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (c == 0) tot[nt][e] = cc[nt][e];
+            else if (c == 1) tot[nt][e] = __fadd_rn(tot[nt][e], cc[nt][e]);
+            else if (c == 2) keep[nt][e] = cc[nt][e];
+            else tot[nt][e] = __fadd_rn(tot[nt][e], __fadd_rn(keep[nt][e], cc[nt][e]));
+        }
+}
+
+// Chains a pass over the chunk: all four where their accumulators fit (NT <= 2: the steps in sub-block order, each
+// into its chain's), else one (a pass a chain, so three chains' accumulators are alive at most). Each chain's steps
+// run in the same order either way.
+template <int NT>
+constexpr int rows_chains_a_pass() { return NT <= 2 ? 4 : 1; }
+
+template <int NT, bool SX>
+__device__ __forceinline__ void rows_q4k_chains(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                                int g, int t, float (&acc)[NT][4]) {
+    constexpr int SCS = rows_sc_stride<SX>(), CPP = rows_chains_a_pass<NT>();
+    const int8_t* xb = rows_xrow<true, SX>(x, g) + 8 * t + sb0 * ROWS_QK;
+    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;   // x rows 2t, 2t + 1 of N-tile 0
+    float tot[NT][4], keep[NT][4];
+#pragma unroll
+    for (int pass = 0; pass < 4 / CPP; ++pass) {
+        float cc[CPP][NT][4];
+#pragma unroll
+        for (int ci = 0; ci < CPP; ++ci)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) cc[ci][nt][e] = 0.0f;
+#pragma unroll 1
+        for (int k = 0; k < nk; ++k) {
+            const int8_t* xk = xb + k * ROWS_QK;      // column (sb0 + k) * 256 + 8t of x row g
+            const float2* sk = sb + k * 8 * SCS;      // scales of the super-block's first 32 columns
+            const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
+            const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
+            const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
+            const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+            const uint4 sm0 = rows_scales_mins(h0), sm1 = rows_scales_mins(h1);
+#pragma unroll
+            for (int jj = 0; jj < 2 * CPP; ++jj) {
+                const int j = CPP == 4 ? jj : pass + 4 * jj;   // compile-time: sub-block, its chain j & 3
+                const int c = j & 3, ci = CPP == 4 ? c : 0, p = j >> 1, hh = j & 1, half = j >> 2;
+                const uint2 qa = *reinterpret_cast<const uint2*>(r0 + k * 144 + 16 + 32 * p + 8 * t);
+                const uint2 qb = *reinterpret_cast<const uint2*>(r1 + k * 144 + 16 + 32 * p + 8 * t);
+                uint32_t A[4];
+                rows_q4k_a(qa, qb, hh, A);
+                const uint32_t s0 = half ? sm0.y : sm0.x, s1 = half ? sm1.y : sm1.x;
+                const uint32_t m0 = half ? sm0.w : sm0.z, m1 = half ? sm1.w : sm1.z;
+                const float wa[2] = {__fmul_rn(dm0.x, rows_byte2f(s0, c)), __fmul_rn(dm1.x, rows_byte2f(s1, c))};
+                const float wb[2] = {-__fmul_rn(dm0.y, rows_byte2f(m0, c)), -__fmul_rn(dm1.y, rows_byte2f(m1, c))};
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint2 B = rows_ldx<SX, uint2>(xk + nt * 8 * x.cols + 32 * j);
+                    const float4 xs = rows_ldx<SX, float4>(sk + j * SCS + nt * 8);
+                    int cs[4];
+                    rows_mma_k32_u8s8(A, B.x, B.y, cs);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e >> 1;
+                        const float xd = (e & 1) ? xs.z : xs.x, xsum = (e & 1) ? xs.w : xs.y;
+                        cc[ci][nt][e] = fmaf(wa[r], __fmul_rn(xd, rows_i2f(cs[e])), cc[ci][nt][e]);
+                        cc[ci][nt][e] = fmaf(wb[r], xsum, cc[ci][nt][e]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int ci = 0; ci < CPP; ++ci) rows_chain_add<NT>(CPP == 4 ? ci : pass, cc[ci], tot, keep);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = tot[nt][e];
+}
+
+// n == 1: every B column is x row 0, so every lane's mma results are x row 0's; lane t keeps those of its sub-blocks
+// j = t and t + 4 (selects), runs chain t on them, and the lanes add their chains: (C0 + C1) + (C2 + C3) in lanes 0
+// and 1 as in 2 and 3 (the additions commute bit for bit). acc[0][0] / [0][2]: rows g / g + 8.
+template <bool SX>
+__device__ __forceinline__ void rows_q4k_one(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                             int g, int t, float (&acc)[1][4]) {
     constexpr int SCS = rows_sc_stride<SX>();
-    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t + sb0 * ROWS_QK;
-    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;
+    const int8_t* xb = rows_xrow<false, SX>(x, g) + 8 * t + sb0 * ROWS_QK;
+    const float2* sb = x.sc + sb0 * 8 * SCS;           // x row 0's scales
+    float a0 = 0.0f, a1 = 0.0f;                         // chain t of rows g and g + 8
 #pragma unroll 1
     for (int k = 0; k < nk; ++k) {
-        const int8_t* xk = xb + k * ROWS_QK;      // column (sb0 + k) * 256 + 8t of x row g (or 0)
-        const float2* sk = sb + k * 8 * SCS;      // scales of the super-block's first 32 columns
+        const int8_t* xk = xb + k * ROWS_QK;
+        const float2* sk = sb + k * 8 * SCS;
+        const float2 xlo = rows_ldx<SX, float2>(sk + t * SCS), xhi = rows_ldx<SX, float2>(sk + (t + 4) * SCS);
         const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
         const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
-        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
-        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
-        const uint4 sm0 = rows_scales_mins(h0), sm1 = rows_scales_mins(h1);
+        int lo0 = 0, lo1 = 0, hi0 = 0, hi1 = 0;   // isum of sub-blocks t / t + 4, rows g / g + 8
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
             const uint2 qa = *reinterpret_cast<const uint2*>(r0 + k * 144 + 16 + 32 * p + 8 * t);
@@ -148,43 +241,117 @@ __device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0,
                 const int j = 2 * p + hh;
                 uint32_t A[4];
                 rows_q4k_a(qa, qb, hh, A);
-                const uint32_t s0 = j < 4 ? sm0.x : sm0.y, s1 = j < 4 ? sm1.x : sm1.y;   // j: compile-time
-                const uint32_t m0 = j < 4 ? sm0.z : sm0.w, m1 = j < 4 ? sm1.z : sm1.w;
-                const float wa[2] = {__fmul_rn(dm0.x, rows_byte2f(s0, j & 3)),
-                                     __fmul_rn(dm1.x, rows_byte2f(s1, j & 3))};
-                const float wb[2] = {-__fmul_rn(dm0.y, rows_byte2f(m0, j & 3)),
-                                     -__fmul_rn(dm1.y, rows_byte2f(m1, j & 3))};
+                const uint2 B = rows_ldx<SX, uint2>(xk + 32 * j);
+                int cs[4];
+                rows_mma_k32_u8s8(A, B.x, B.y, cs);
+                if (j == t) { lo0 = cs[0]; lo1 = cs[2]; }
+                if (j == t + 4) { hi0 = cs[0]; hi1 = cs[2]; }
+            }
+        }
+        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
+        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+        const uint4 sm0 = rows_scales_mins(h0), sm1 = rows_scales_mins(h1);
+        a0 = fmaf(__fmul_rn(dm0.x, rows_byte2f(sm0.x, t)), __fmul_rn(xlo.x, rows_i2f(lo0)), a0);
+        a0 = fmaf(-__fmul_rn(dm0.y, rows_byte2f(sm0.z, t)), xlo.y, a0);
+        a1 = fmaf(__fmul_rn(dm1.x, rows_byte2f(sm1.x, t)), __fmul_rn(xlo.x, rows_i2f(lo1)), a1);
+        a1 = fmaf(-__fmul_rn(dm1.y, rows_byte2f(sm1.z, t)), xlo.y, a1);
+        a0 = fmaf(__fmul_rn(dm0.x, rows_byte2f(sm0.y, t)), __fmul_rn(xhi.x, rows_i2f(hi0)), a0);
+        a0 = fmaf(-__fmul_rn(dm0.y, rows_byte2f(sm0.w, t)), xhi.y, a0);
+        a1 = fmaf(__fmul_rn(dm1.x, rows_byte2f(sm1.y, t)), __fmul_rn(xhi.x, rows_i2f(hi1)), a1);
+        a1 = fmaf(-__fmul_rn(dm1.y, rows_byte2f(sm1.w, t)), xhi.y, a1);
+    }
+    a0 = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 1));
+    a1 = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 1));
+    acc[0][0] = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 2));
+    acc[0][2] = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 2));
+}
+
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                              int g, int t, float (&acc)[NT][4]) {
+    if constexpr (ODD) rows_q4k_chains<NT, SX>(x, r0, r1, sb0, nk, g, t, acc);
+    else rows_q4k_one<SX>(x, r0, r1, sb0, nk, g, t, acc);
+}
+
+// Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d = 210 B, only 2-byte aligned): 16 sub-blocks of 16
+// columns (h, u, s: columns 128h + 32s + 16u), each step acc = fmaf(d*sc, xd*isum, acc). As Q4_K's, four chains
+// added as (C0 + C1) + (C2 + C3): chain c runs over the sub-blocks with s = c, in the order super-block, h, u -- at
+// n == 1 lane t runs chain t alone (rows_q6k_one), with more x rows each lane all four (rows_q6k_chains).
+template <int NT, bool SX>
+__device__ __forceinline__ void rows_q6k_chains(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                                int g, int t, float (&acc)[NT][4]) {
+    constexpr int SCS = rows_sc_stride<SX>(), CPP = rows_chains_a_pass<NT>();
+    const int8_t* xb = rows_xrow<true, SX>(x, g) + 4 * t + sb0 * ROWS_QK;
+    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;
+    float tot[NT][4], keep[NT][4];
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const uint2 B = rows_ldx<SX, uint2>(xk + nt * 8 * x.cols + 32 * j);
-                    const float4 xs = rows_ldx<SX, float4>(sk + j * SCS + nt * 8);
-                    int c[4];
-                    rows_mma_k32_u8s8(A, B.x, B.y, c);
+    for (int pass = 0; pass < 4 / CPP; ++pass) {
+        float cc[CPP][NT][4];
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if (!ODD && (e & 1)) continue;   // n == 1: x rows 2t + 1 are never written
-                        const int r = e >> 1;
-                        const float xd = (e & 1) ? xs.z : xs.x, xsum = (e & 1) ? xs.w : xs.y;
-                        acc[nt][e] = fmaf(wa[r], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
-                        acc[nt][e] = fmaf(wb[r], xsum, acc[nt][e]);
+        for (int ci = 0; ci < CPP; ++ci)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) cc[ci][nt][e] = 0.0f;
+#pragma unroll 1
+        for (int k = 0; k < nk; ++k) {
+            const int8_t* xk = xb + k * ROWS_QK;   // as rows_item_q4k: one base a super-block
+            const float2* sk = sb + k * 8 * SCS;
+            const uint8_t* b0 = r0 + k * 210;
+            const uint8_t* b1 = r1 + k * 210;
+            const float d0 = __half2float(*reinterpret_cast<const __half*>(b0 + 208));
+            const float d1 = __half2float(*reinterpret_cast<const __half*>(b1 + 208));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const uint32_t l00 = rows_ld32u(b0 + 64 * h + 16 * u + 4 * t), l01 = rows_ld32u(b0 + 64 * h + 32 + 16 * u + 4 * t);
+                    const uint32_t l10 = rows_ld32u(b1 + 64 * h + 16 * u + 4 * t), l11 = rows_ld32u(b1 + 64 * h + 32 + 16 * u + 4 * t);
+                    const uint32_t qh0 = rows_ld32u(b0 + 128 + 32 * h + 16 * u + 4 * t);
+                    const uint32_t qh1 = rows_ld32u(b1 + 128 + 32 * h + 16 * u + 4 * t);
+#pragma unroll
+                    for (int ci = 0; ci < CPP; ++ci) {
+                        const int c = CPP == 4 ? ci : pass;   // s: the sub-block's chain (compile-time)
+                        const uint32_t a0 = rows_q6k_a(l00, l01, qh0, c), a1 = rows_q6k_a(l10, l11, qh1, c);
+                        const int sci = 8 * h + 2 * c + u;
+                        const float w[2] = {__fmul_rn(d0, rows_i2f((int)(int8_t)b0[192 + sci])),
+                                            __fmul_rn(d1, rows_i2f((int)(int8_t)b1[192 + sci]))};
+                        const int colb = 128 * h + 32 * c + 16 * u;   // within the super-block
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const uint32_t B = rows_ldx<SX, uint32_t>(xk + nt * 8 * x.cols + colb);
+                            const float4 xs = rows_ldx<SX, float4>(sk + (colb >> 5) * SCS + nt * 8);
+                            int cs[4];
+                            rows_mma_k16_s8s8(a0, a1, B, cs);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const float xd = (e & 1) ? xs.z : xs.x;
+                                cc[ci][nt][e] = fmaf(w[e >> 1], __fmul_rn(xd, rows_i2f(cs[e])), cc[ci][nt][e]);
+                            }
+                        }
                     }
                 }
             }
         }
+#pragma unroll
+        for (int ci = 0; ci < CPP; ++ci) rows_chain_add<NT>(CPP == 4 ? ci : pass, cc[ci], tot, keep);
     }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = tot[nt][e];
 }
 
-// Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d = 210 B, only 2-byte aligned): per 16 columns
-// acc = fmaf(d*sc, xd*isum, acc), sub-blocks in the order h, u, s.
-template <int NT, bool ODD, bool SX>
-__device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                              int g, int t, float (&acc)[NT][4]) {
+template <bool SX>
+__device__ __forceinline__ void rows_q6k_one(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                             int g, int t, float (&acc)[1][4]) {
     constexpr int SCS = rows_sc_stride<SX>();
-    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 4 * t + sb0 * ROWS_QK;
-    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;
+    const int8_t* xb = rows_xrow<false, SX>(x, g) + 4 * t + sb0 * ROWS_QK;
+    const float2* sb = x.sc + sb0 * 8 * SCS;            // x row 0's scales
+    float a0 = 0.0f, a1 = 0.0f;                          // chain t of rows g and g + 8
 #pragma unroll 1
     for (int k = 0; k < nk; ++k) {
-        const int8_t* xk = xb + k * ROWS_QK;   // as rows_item_q4k: one base a super-block
+        const int8_t* xk = xb + k * ROWS_QK;
         const float2* sk = sb + k * 8 * SCS;
         const uint8_t* b0 = r0 + k * 210;
         const uint8_t* b1 = r1 + k * 210;
@@ -198,30 +365,32 @@ __device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0,
                 const uint32_t l10 = rows_ld32u(b1 + 64 * h + 16 * u + 4 * t), l11 = rows_ld32u(b1 + 64 * h + 32 + 16 * u + 4 * t);
                 const uint32_t qh0 = rows_ld32u(b0 + 128 + 32 * h + 16 * u + 4 * t);
                 const uint32_t qh1 = rows_ld32u(b1 + 128 + 32 * h + 16 * u + 4 * t);
+                int i0 = 0, i1 = 0;   // isum of sub-block (h, u, s = t), rows g / g + 8
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
-                    const uint32_t a0 = rows_q6k_a(l00, l01, qh0, s), a1 = rows_q6k_a(l10, l11, qh1, s);
-                    const int sci = 8 * h + 2 * s + u;
-                    const float w[2] = {__fmul_rn(d0, rows_i2f((int)(int8_t)b0[192 + sci])),
-                                        __fmul_rn(d1, rows_i2f((int)(int8_t)b1[192 + sci]))};
-                    const int colb = 128 * h + 32 * s + 16 * u;   // within the super-block
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const uint32_t B = rows_ldx<SX, uint32_t>(xk + nt * 8 * x.cols + colb);
-                        const float4 xs = rows_ldx<SX, float4>(sk + (colb >> 5) * SCS + nt * 8);
-                        int c[4];
-                        rows_mma_k16_s8s8(a0, a1, B, c);
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            if (!ODD && (e & 1)) continue;
-                            const float xd = (e & 1) ? xs.z : xs.x;
-                            acc[nt][e] = fmaf(w[e >> 1], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
-                        }
-                    }
+                    const uint32_t B = rows_ldx<SX, uint32_t>(xk + 128 * h + 32 * s + 16 * u);
+                    int cs[4];
+                    rows_mma_k16_s8s8(rows_q6k_a(l00, l01, qh0, s), rows_q6k_a(l10, l11, qh1, s), B, cs);
+                    if (s == t) { i0 = cs[0]; i1 = cs[2]; }
                 }
+                const int sci = 8 * h + 2 * t + u;
+                const float xd = rows_ldx<SX, float2>(sk + (4 * h + t) * SCS).x;
+                a0 = fmaf(__fmul_rn(d0, rows_i2f((int)(int8_t)b0[192 + sci])), __fmul_rn(xd, rows_i2f(i0)), a0);
+                a1 = fmaf(__fmul_rn(d1, rows_i2f((int)(int8_t)b1[192 + sci])), __fmul_rn(xd, rows_i2f(i1)), a1);
             }
         }
     }
+    a0 = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 1));
+    a1 = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 1));
+    acc[0][0] = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 2));
+    acc[0][2] = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 2));
+}
+
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                              int g, int t, float (&acc)[NT][4]) {
+    if constexpr (ODD) rows_q6k_chains<NT, SX>(x, r0, r1, sb0, nk, g, t, acc);
+    else rows_q6k_one<SX>(x, r0, r1, sb0, nk, g, t, acc);
 }
 
 // Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned): blocks blk0 .. blk0 + nb - 1 of the row, k-slots as Q4_K's;

@@ -230,6 +230,8 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     a.slot_bytes = a.up_off * (swiglu ? 2 : 1);
     RowsShape sh;
     // the bulk-copy kernel where it applies (sm_90), with the CTAs' own x copy under the same rule as below
+    // (bulk copies: the same rule; quantizing x in the CTAs of the narrow launches too -- q/k/v, o -- lost: one-row
+    // forward 1.27 -> 1.35 ms on the 1.5B clone, bench/NOTES.md session 24)
     const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms;
     RowsTmaArgs ta;
     if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, tma_look, dev, &ta, &sh)) {
