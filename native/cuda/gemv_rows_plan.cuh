@@ -17,7 +17,8 @@ namespace {
 
 constexpr int ROWS_MAX_COLS = 65536;   // the x scratch's width (wider calls keep gemv.cuh's kernel)
 constexpr int ROWS_MAX_CHUNKS = 36;
-constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;   // CTAs quantize x themselves only above this many tiles an SM    // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
+constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;
+constexpr int ROWS_TMA_LOOK_MANY_ROWS = 4;   // bulk-copy tiles in flight for launches of more than 8 x rows (at least)   // CTAs quantize x themselves only above this many tiles an SM    // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
 
 // Whether a call runs here: the tuning has it on (gemv_rows > 0, an NVIDIA GPU of sm_80 or later: int8 mma.sync and
 // cp.async), every matrix is Q4_K, Q6_K or Q8_0 and cols fits the scratch. Never depends on n_x (row invariance
@@ -234,7 +235,11 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // forward 1.27 -> 1.35 ms on the 1.5B clone, bench/NOTES.md session 24)
     const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms;
     RowsTmaArgs ta;
-    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, tma_look, dev, &ta, &sh)) {
+    // more than 8 x rows (the bulk copies run only launches of several tiles a CTA there): at least
+    // ROWS_TMA_LOOK_MANY_ROWS tiles in flight -- each tile's compute is longer, so more bytes must stream under it
+    // (1.5B clone, 32 rows: 3.11 ms at 1, 2.99 at 4; one row lost at 4: bench/NOTES.md session 24)
+    const int look = tma_look > 0 && n_x > 8 ? max(tma_look, ROWS_TMA_LOOK_MANY_ROWS) : tma_look;
+    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, look, dev, &ta, &sh)) {
         if (fx_wanted) {
             a.xin = x;
             a.norm_w = norm_w;
