@@ -17,8 +17,7 @@ namespace {
 
 constexpr int ROWS_MAX_COLS = 65536;   // the x scratch's width (wider calls keep gemv.cuh's kernel)
 constexpr int ROWS_MAX_CHUNKS = 36;
-constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;
-constexpr int ROWS_TMA_LOOK_MANY_ROWS = 4;   // bulk-copy tiles in flight for launches of more than 8 x rows (at least)   // CTAs quantize x themselves only above this many tiles an SM    // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
+constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;   // CTAs quantize x themselves only above this many tiles an SM    // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
 
 // Whether a call runs here: the tuning has it on (gemv_rows > 0, an NVIDIA GPU of sm_80 or later: int8 mma.sync and
 // cp.async), every matrix is Q4_K, Q6_K or Q8_0 and cols fits the scratch. Never depends on n_x (row invariance
@@ -93,6 +92,10 @@ inline int rows_shape(const RowsArgs& a, bool swiglu, int n, int fx_bytes, const
     }
 }
 
+constexpr int ROWS_TMA_LOOK_MANY_ROWS = 4;   // bulk-copy tiles in flight above 8 x rows (at least)
+constexpr int ROWS_TMA_RING_TILES = 16;      // more tiles a CTA than this: a long ring ...
+constexpr int ROWS_TMA_LOOK_RING = 2;        // ... with at least this many tiles in flight
+
 // The bulk-copy kernel's plan (gemv_rows_tma.cuh) for a call of n x rows (a.tiles, a.C and the matrices set;
 // fx_bytes: the CTAs' own x copy, else 0), or false where the call keeps gemv_rows_kernel: look (the tuning's
 // gemv_rows_tma) 0, a GPU before sm_90, a matrix not 16-byte aligned or whose last tile's bytes are not whole
@@ -114,7 +117,13 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     const int items = per_cta * a.C;
     const int warps = min(max((items + 3) & ~3, 4), ROWS_MAX_WARPS);
     RowsTmaArgs t{};
-    t.look = look;
+    // tiles in flight: the tuning's, but at least ROWS_TMA_LOOK_MANY_ROWS above 8 x rows (each tile's compute is
+    // longer, so more bytes must stream under it) and ROWS_TMA_LOOK_RING in long rings (the lm_head: a steady stream
+    // matters there, not how soon the first tile lands). Chain, 1.5B clone, one row, tiles in flight 1 / 2 / 4:
+    // lm_head 76.0 / 64.6 / 66.6 us, gate/up (5 tiles a CTA) 8.8 / 9.9 / 10.5; 32 rows 3.11 ms at 1, 2.99 at 4
+    // (bench/NOTES.md session 24).
+    t.look = n > 8 ? max(look, ROWS_TMA_LOOK_MANY_ROWS) : per_cta > ROWS_TMA_RING_TILES ? max(look, ROWS_TMA_LOOK_RING)
+                                                                                       : look;
     long long stage = 0;
     if (swiglu) {
         t.mat_off = (int)(16 * a.mat[0].row_bytes);
@@ -235,11 +244,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // forward 1.27 -> 1.35 ms on the 1.5B clone, bench/NOTES.md session 24)
     const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms;
     RowsTmaArgs ta;
-    // more than 8 x rows (the bulk copies run only launches of several tiles a CTA there): at least
-    // ROWS_TMA_LOOK_MANY_ROWS tiles in flight -- each tile's compute is longer, so more bytes must stream under it
-    // (1.5B clone, 32 rows: 3.11 ms at 1, 2.99 at 4; one row lost at 4: bench/NOTES.md session 24)
-    const int look = tma_look > 0 && n_x > 8 ? max(tma_look, ROWS_TMA_LOOK_MANY_ROWS) : tma_look;
-    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, look, dev, &ta, &sh)) {
+    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, tma_look, dev, &ta, &sh)) {
         if (fx_wanted) {
             a.xin = x;
             a.norm_w = norm_w;

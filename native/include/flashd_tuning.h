@@ -64,7 +64,8 @@ typedef struct {
                                summation order (their bits), the same way for every n_x: never row invariance */
     int gemv_rows_tma;      /* 0 .. 8: gemv_rows calls (gemv_rows > 0) stage their weights as whole 16-row tiles by bulk
                                copies (sm_90 and later; a copy warp, the other warps compute) with this many tiles in
-                               flight beyond those landed (at least 4 for calls of more than 8 x rows), where the shapes
+                               flight beyond those landed (at least 4 for calls of more than 8 x rows, 2 for
+                               launches of many tiles a CTA), where the shapes
                                allow (gemv_rows_tma.cuh); 0: every warp
                                copies its own items (cp.async). The same arithmetic either way, so never changes a
                                result */

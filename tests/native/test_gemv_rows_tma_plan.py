@@ -55,7 +55,8 @@ static void plan(const Call& c, int n, bool fx, int look, const DeviceFacts& dev
            c.n_mats, c.rows[0], c.rows[1], c.rows[2], rbs[0], rbs[1], rbs[2], fx_bytes);
     if (ok)
         printf(", \"S\": %d, \"R\": %d, \"warps\": %d, \"ctas\": %d, \"smem\": %zu, \"stage\": %d, \"mat_off\": %d, "
-               "\"bar_off\": %d", t.S, sh.R, sh.warps, sh.ctas, sh.smem, t.stage_bytes, t.mat_off, t.bar_off);
+               "\"bar_off\": %d, \"tlook\": %d", t.S, sh.R, sh.warps, sh.ctas, sh.smem, t.stage_bytes, t.mat_off, t.bar_off,
+               t.look);
     printf("}\n");
 }
 
@@ -131,6 +132,9 @@ def test_every_plan_fits_the_kernels_limits(plans):
         assert p["smem"] == p["bar_off"] + 8 * (pc + p["S"]), p
         assert p["smem"] + p["fx_bytes"] <= p["smem_max"] - 1024, p
         assert pc <= 256, p
+        # tiles in flight: the tuning's, at least 4 above 8 x rows, at least 2 in rings of more than 16 tiles a CTA
+        want = max(p["look"], 4) if p["n"] > 8 else (max(p["look"], 2) if pc > 16 else p["look"])
+        assert p["tlook"] == want, p
 
 
 def test_what_the_bulk_copy_cannot_do_is_refused(plans):
@@ -155,5 +159,5 @@ def test_the_real_decode_launches_take_it_on_an_h100(plans):
     for name in ("qkv_1.5b", "o_1.5b"):
         assert h100[(name, 0)]["ok"] and h100[(name, 0)]["warps"] == 8
     lm = h100[("lm_head_1.5b", 0)]
-    assert lm["ok"] and 2 <= lm["S"] < per_cta(lm)
+    assert lm["ok"] and 2 <= lm["S"] < per_cta(lm) and lm["tlook"] == 2 and g["tlook"] == 1
     assert h100[("q4k_awkward", 0)]["ok"]
