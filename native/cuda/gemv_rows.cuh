@@ -275,6 +275,34 @@ __device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsX& x, con
     rows_item_at<NT, ODD, SX>(x, m, u0, nu, slot + g * m.stride + h0, slot + (g + 8) * m.stride + h1, g, t, acc);
 }
 
+// An item's accumulators, zeroed (the Q8_0 item adds into them; the chained Q4_K / Q6_K items write them).
+template <int NR, int NTT>
+__device__ __forceinline__ void rows_zero(float (&acc)[NR][NTT][4]) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+}
+// An item's partial into shared memory at round-local item jl: [jl][r][nt * 4 + e][lane] (conflict-free writes and
+// fold reads; rows_fold's layout).
+template <int NR, int NTT>
+__device__ __forceinline__ void rows_put_partial(float* part, int jl, int lane, const float (&acc)[NR][NTT][4]) {
+    float* pp = part + (size_t)jl * (NR * NTT * 4 * 32) + lane;
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NTT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pp[((r * NTT + nt) * 4 + e) * 32] = acc[r][nt][e];
+}
+// The CTA's own x copy (rows_quantize_cta's output at fx) as the items read it.
+__device__ __forceinline__ RowsX rows_fx_x(const RowsArgs& a, const uint8_t* fx) {
+    return RowsX{reinterpret_cast<const int8_t*>(fx), reinterpret_cast<const float2*>(fx + a.n * a.cols), a.cols,
+                 a.n - 1};
+}
+
 // Folds a round's tiles (rd: the round, its tiles t0 = rd * R ..): chunks added in chunk order, then the epilogue;
 // one thread (tid < n_threads) per (tile, fragment element kk = nt * 4 + e, lane), the fragment's (row, x row) from
 // (lane, kk). part: [round-local item][r][nt * 4 + e][lane] floats, PF a item.
@@ -319,7 +347,6 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
     constexpr int NTT = NT == 0 ? 1 : NT;
     constexpr bool ODD = NT != 0;
     constexpr int NR = SWIGLU ? 2 : 1;            // matrices an item computes
-    constexpr int PF = NR * NTT * 4 * 32;         // floats of one item's partial
     const int W = blockDim.x >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
@@ -346,8 +373,7 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
     RowsX x = a.x;
     if (FX) {   // while the first slots stream
         rows_quantize_cta(a, smem + a.fx_off, W, 0);
-        x = RowsX{reinterpret_cast<const int8_t*>(smem + a.fx_off),
-                  reinterpret_cast<const float2*>(smem + a.fx_off + a.n * a.cols), a.cols, a.n - 1};
+        x = rows_fx_x(a, smem + a.fx_off);
     }
     const int n_rounds = (n_mine + a.R - 1) / a.R;
     int q = 0;
@@ -362,26 +388,14 @@ __global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const
             const uint8_t* slot = ring + (q % a.st) * a.slot_bytes;
             const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
             float acc[NR][NTT][4];
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-#pragma unroll
-                for (int nt = 0; nt < NTT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+            rows_zero(acc);
             rows_item<NTT, ODD, FX>(a, x, m, tile - m.tile_first, chunk, slot, g, t, acc[0]);
             if (SWIGLU) rows_item<NTT, ODD, FX>(a, x, a.mat[1], tile, chunk, slot + a.up_off, g, t, acc[NR - 1]);
             __syncwarp();      // every lane has read the slot before it is refilled
             const int jn = warp + (q + a.st) * W;
             if (jn < total) stage(jn, q % a.st);
             q::cp_async_commit();
-            // partial of round-local item jl: [jl][r][nt * 4 + e][lane] (conflict-free writes and fold reads)
-            float* pp = part + (size_t)(j - rd * a.R * a.C) * PF + lane;
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-#pragma unroll
-                for (int nt = 0; nt < NTT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) pp[((r * NTT + nt) * 4 + e) * 32] = acc[r][nt][e];
+            rows_put_partial(part, j - rd * a.R * a.C, lane, acc);
         }
         __syncthreads();
         rows_fold<NTT, SWIGLU>(a, part, b, G, rd, n_mine, threadIdx.x, blockDim.x);

@@ -200,6 +200,18 @@ int rows_launch_n(const RowsArgs& a, const RowsShape& sh, bool fx, int max_smem,
     return rows_launch<4, SWIGLU, false>(a, sh, max_smem, stream);
 }
 
+// The x pre-pass: x (normalized with norm_w where given) -> the stream's scratch codes and scales, which a->x then
+// points at; one launch.
+inline int rows_prepass(cudaStream_t stream, const float* x, const float* norm_w, float eps, int cols, int n_x,
+                        RowsArgs* a) {
+    RowsScratch s;
+    if (int st = rows_scratch(stream, &s)) return st;
+    a->x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1};
+    const dim3 pre_grid(ceil_div(cols, ROWS_PREPASS_THREADS), n_x);
+    return launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w, eps, cols,
+                      s.xq, s.xsc);
+}
+
 // The whole call (validated as gemv_plan validates): one GEMV launch over every matrix, after the pre-pass (x ->
 // codes, with the norm) or, for n_x <= fuse_nx (the tuning's gemv_rows_fuse_nx, <= ROWS_FX_MAX_NX), with each CTA
 // quantizing x itself (no second launch and no scratch; the same codes, so the same bits: the choice is a launch
@@ -252,13 +264,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
             a.fx_off = (int)sh.smem;
             sh.smem += (size_t)rows_fx_bytes(n_x, cols);
         } else {
-            RowsScratch s;
-            if (int st = rows_scratch(stream, &s)) return st;
-            a.x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1};
-            const dim3 pre_grid(ceil_div(cols, ROWS_PREPASS_THREADS), n_x);
-            if (int st = launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w,
-                                    eps, cols, s.xq, s.xsc))
-                return st;
+            if (int st = rows_prepass(stream, x, norm_w, eps, cols, n_x, &a)) return st;
         }
         a.R = sh.R;
         ta.a = a;
@@ -286,13 +292,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     if (int st = rows_shape(a, swiglu, n_x, 0, dev, &sh)) return st;
     a.st = sh.st;
     a.R = sh.R;
-    RowsScratch s;
-    if (int st = rows_scratch(stream, &s)) return st;
-    a.x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1};
-    const dim3 pre_grid(ceil_div(cols, ROWS_PREPASS_THREADS), n_x);
-    if (int st = launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w, eps, cols,
-                            s.xq, s.xsc))
-        return st;
+    if (int st = rows_prepass(stream, x, norm_w, eps, cols, n_x, &a)) return st;
     return swiglu ? rows_launch_n<true>(a, sh, false, dev.max_smem, stream)
                   : rows_launch_n<false>(a, sh, false, dev.max_smem, stream);
 }

@@ -123,7 +123,6 @@ __global__ void __launch_bounds__((ROWS_MAX_WARPS + 1) * 32, 1) gemv_rows_tma_ke
     constexpr int NTT = NT == 0 ? 1 : NT;
     constexpr bool ODD = NT != 0;
     constexpr int NR = SWIGLU ? 2 : 1;
-    constexpr int PF = NR * NTT * 4 * 32;
     const int W = (blockDim.x >> 5) - 1;   // computing warps
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
@@ -167,8 +166,7 @@ __global__ void __launch_bounds__((ROWS_MAX_WARPS + 1) * 32, 1) gemv_rows_tma_ke
     RowsX x = a.x;
     if (FX) {   // while the first tiles stream
         rows_quantize_cta(a, smem + a.fx_off, W, W * 32);
-        x = RowsX{reinterpret_cast<const int8_t*>(smem + a.fx_off),
-                  reinterpret_cast<const float2*>(smem + a.fx_off + a.n * a.cols), a.cols, a.n - 1};
+        x = rows_fx_x(a, smem + a.fx_off);
     }
     const int total = n_mine * a.C;   // items j = tile_local_cta * C + chunk, as gemv_rows_kernel's
     const int n_rounds = (n_mine + a.R - 1) / a.R;
@@ -187,12 +185,7 @@ __global__ void __launch_bounds__((ROWS_MAX_WARPS + 1) * 32, 1) gemv_rows_tma_ke
             rows_chunk(a, m, chunk, off, bytes, u0, nu);
             const uint8_t* st = smem + (size_t)s * ta.stage_bytes;
             float acc[NR][NTT][4];
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-#pragma unroll
-                for (int nt = 0; nt < NTT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+            rows_zero(acc);
             const uint8_t* r0 = st + g * m.row_bytes + off;
             rows_item_at<NTT, ODD, FX>(x, m, u0, nu, r0, r0 + 8 * m.row_bytes, g, t, acc[0]);
             if (SWIGLU) {
@@ -205,13 +198,7 @@ __global__ void __launch_bounds__((ROWS_MAX_WARPS + 1) * 32, 1) gemv_rows_tma_ke
             }
             __syncwarp();      // every lane has read the stage
             if (lane == 0) mbar_arrive(&empty[s], 1);
-            float* pp = part + (size_t)(j - rd * a.R * a.C) * PF + lane;
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-#pragma unroll
-                for (int nt = 0; nt < NTT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) pp[((r * NTT + nt) * 4 + e) * 32] = acc[r][nt][e];
+            rows_put_partial(part, j - rd * a.R * a.C, lane, acc);
         }
         rows_bar(W * 32);
         rows_fold<NTT, SWIGLU>(a, part, b, G, rd, n_mine, threadIdx.x, W * 32);

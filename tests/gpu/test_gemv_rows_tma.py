@@ -16,20 +16,9 @@ from gguf import GGMLQuantizationType as T
 from flashd.scripts.random_weights import random_weights
 
 from tests.gpu.test_gemv import bits, call_gemv, call_kind
+from tests.gpu.test_gemv_rows import rows_on  # noqa: F401 (fixture: gemv_rows on, chunks of 1 or 2)
 
 N_XS = [1, 2, 8, 9, 17, 32]
-
-
-@pytest.fixture(params=[1, 2], ids=["ks1", "ks2"])
-def rows_tuning(request, native):
-    """gemv_rows on (chunks of 1 or 2 super-blocks), the tuning restored after; skipped below sm_90 (no bulk copies:
-    the plan never takes the path there, so there is nothing to compare)."""
-    before = native.tuning()
-    t = native.ffi.new("fd_tuning_t*", {**before, "gemv_rows": request.param})
-    if native.lib.fd_tuning_set(t) != 0:
-        pytest.skip("gemv_rows refused here (no int8 mma.sync: below sm_80)")
-    yield request.param
-    native.set_tuning(**before)
 
 
 def sm90(dev):
@@ -46,7 +35,7 @@ def sm90(dev):
     ("gemv", (T.Q6_K, None), 333, 768),         # rows % 16 != 0, last tile not whole 16-byte units: refused
     ("multi", (T.Q8_0, T.Q8_0), 100, 96),       # Q8_0 96 columns (a short chunk), rows % 16 != 0
 ], ids=["gate-up", "down-q6k", "lm-head", "qkv-mixed", "down-q8", "swiglu-mixed", "q6k-awkward", "q8-narrow"])
-def test_bulk_copies_never_change_a_result(native, dev, rng, poisoned, rows_tuning, kind, qtypes, rows, cols):
+def test_bulk_copies_never_change_a_result(native, dev, rng, poisoned, rows_on, kind, qtypes, rows, cols):
     if not sm90(dev):
         pytest.skip("bulk copies need sm_90: the cp.async kernel runs every call here")
     qa, qb = qtypes
@@ -70,7 +59,7 @@ def test_bulk_copies_never_change_a_result(native, dev, rng, poisoned, rows_tuni
                 assert np.array_equal(got, ref), f"look={look} n_x={n_x} norm={norm is not None} matrix {k}"
 
 
-def test_bulk_copies_with_an_aliased_residual(native, dev, rng, rows_tuning):
+def test_bulk_copies_with_an_aliased_residual(native, dev, rng, rows_on):
     """fd_gemv with y aliasing the residual (the decode step's o_proj / ffn_down), Q4_K and Q6_K: the same bits."""
     if not sm90(dev):
         pytest.skip("bulk copies need sm_90")
