@@ -2,7 +2,7 @@
 
     python bench/profile_dflash_step.py --device cpu|cuda [--target T.gguf --dflash D.gguf]
         [--mode chain|ddtree] [--budget 22] [--steps 24] [--prompt-len 64] [--sync]
-        [--capture device|host|both]
+        [--capture device|host|both] [--tuning FIELD=N,...]
 
 Without --target/--dflash it makes synthetic ones (scripts/make_synthetic_gguf.py and
 make_synthetic_dflash.py) in --workdir: by default tiny shapes; `--preset qwen2.5-1.5b --target-layers 6`
@@ -180,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--host-topk", choices=("fast", "reference"), default="fast",
                    help="reference: the full-argsort definition on the host (the cost before dflash_topk.py); "
                         "CUDA: also turns the device top-K off")
+    p.add_argument("--tuning", default="", metavar="FIELD=N,...",
+                   help="launch tuning overrides (flashd_tuning.h; cuda), set before anything is captured")
     p.add_argument("--capture", choices=("device", "host", "both"), default="device",
                    help="how verify forwards deliver the drafter's features: device-resident (graph verify), "
                         "host (eager verify, the path before), or both side by side")
@@ -195,6 +197,9 @@ def main(argv=None) -> int:
         target, dflash = make_synthetic(args.workdir, args.preset, args.target_layers)
     engine = Engine(EngineConfig(model=str(target), device=args.device, max_ctx=1024, prefill_chunk=256))
     engine.load()
+    if args.tuning:
+        from flashd.daemon.bench_cli import parse_tuning
+        print("# tuning:", engine.backend.device.native.set_tuning(**parse_tuning(args.tuning)))
     ctx = DrafterContext(backend=engine.backend, target_file=engine.model.file, target_model=engine.model,
                          max_ctx=engine.config.max_ctx, prefill_chunk=engine.config.prefill_chunk)
     drafter = load_drafter(str(dflash), ctx)
