@@ -16,16 +16,21 @@ second, E(d) / T(d), from two measured models:
 
 Exploration: until both d = 0 and d = max_depth are measured, those are tried first; after
 `explore_every` plain steps in a row the best positive depth is tried once, so a drafter whose
-drafts got better is noticed. An exploring step that leaves plain decoding the best choice doubles
-the gap before the next one (up to `max_explore_every`): drafts that keep losing cost a shrinking
-fraction of the steps (on an H100, one exploring step per 16 cost plain decoding ~4%), and the first
-exploring step that pays brings the gap back to `explore_every`. Plain steps up to that point are
+drafts got better is noticed. An exploring step that leaves plain decoding the best choice at least
+doubles the gap before the next one, and makes it long enough that such steps cost at most
+`explore_share` of the plain decoding time between them: a step that took x seconds more than plain
+decoding would have taken for the tokens it emitted buys a gap of x / (explore_share * T(0)) plain
+steps (up to `max_explore_every`). So a drafter that loses keeps costing ~1% however expensive its
+drafts are (on an H100 a 0.5B draft model's 7-deep step costs ~8 plain steps: with a gap that only
+doubled to 512, spec=auto ran at 0.96x plain); the first exploring step that pays brings the gap
+back to `explore_every`. Plain steps up to that point are
 known in advance (`plain_steps`), so the decoder runs them as one burst without a host round trip
 per token. The policy holds no per-request state and can serve consecutive
 requests (the engine keeps one per drafter and budget), so what it learned carries over.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["PolicyConfig", "DepthPolicy"]
@@ -35,7 +40,8 @@ __all__ = ["PolicyConfig", "DepthPolicy"]
 class PolicyConfig:
     ema: float = 0.2              # weight of a new step-time sample
     explore_every: int = 16       # plain steps in a row before one drafted step is tried again
-    max_explore_every: int = 512  # ... doubling after each exploring step that did not pay
+    max_explore_every: int = 4096  # ... growing after each exploring step that did not pay, up to this
+    explore_share: float = 0.01   # the most of the plain decoding time that losing exploring steps may cost
 
     def __post_init__(self):
         if not 0.0 < self.ema <= 1.0:
@@ -44,6 +50,8 @@ class PolicyConfig:
             raise ValueError(f"explore_every must be >= 1, got {self.explore_every}")
         if self.max_explore_every < self.explore_every:
             raise ValueError(f"max_explore_every must be >= explore_every, got {self.max_explore_every}")
+        if not 0.0 < self.explore_share <= 1.0:
+            raise ValueError(f"explore_share must be in (0, 1], got {self.explore_share}")
 
 
 class DepthPolicy:
@@ -126,17 +134,24 @@ class DepthPolicy:
             old = self.step_s[drafted]
             a = self.config.ema
             self.step_s[drafted] = seconds if old is None else (1 - a) * old + a * seconds
-        self._after_exploring()
+        self._after_exploring(accepted, seconds)
 
-    def _after_exploring(self) -> None:
-        """After an exploring step: double the gap if plain decoding is still the best choice."""
+    def _after_exploring(self, accepted: int, seconds: float) -> None:
+        """After an exploring step: if plain decoding is still the best choice, a longer gap -- at least twice the
+        last, and enough plain steps that this step's extra time is at most explore_share of theirs."""
         if not self._exploring:
             return
         self._exploring = False
-        if self._best(range(self.max_depth + 1)) == 0:      # it did not pay: wait twice as long
-            self.explore_gap = min(2 * self.explore_gap, self.config.max_explore_every)
+        cfg = self.config
+        if self._best(range(self.max_depth + 1)) == 0:      # it did not pay: wait longer
+            gap = 2 * self.explore_gap
+            plain = self.cost(0)
+            if plain:
+                extra = seconds - (accepted + 1) * plain      # beyond plain decoding of the tokens it emitted
+                gap = max(gap, math.ceil(extra / (cfg.explore_share * plain)))
+            self.explore_gap = min(gap, cfg.max_explore_every)
         else:
-            self.explore_gap = self.config.explore_every
+            self.explore_gap = cfg.explore_every
 
     def info(self) -> dict:
         return {"accept_prob": [round(self.accept_prob(k), 4) for k in range(1, self.max_depth + 1)],

@@ -115,16 +115,36 @@ def explore_once(p, deep_s):
 
 
 def test_exploring_steps_that_lose_come_ever_more_rarely():
-    p = DepthPolicy(4, PolicyConfig(explore_every=4, max_explore_every=16))
+    # a cheap exploring step (1 s more than plain) and a 100% share: the doubling decides
+    p = DepthPolicy(4, PolicyConfig(explore_every=4, max_explore_every=16, explore_share=1.0))
     bootstrap(p, plain_s=1.0, deep_s=10.0, deep_accepted=0)
-    gaps = [explore_once(p, 10.0) for _ in range(5)]
+    gaps = [explore_once(p, 2.0) for _ in range(5)]
     assert gaps == [4, 8, 16, 16, 16]                # doubling, capped at max_explore_every
 
 
+@pytest.mark.parametrize("share,deep_s", [(0.01, 10.0), (0.01, 3.0), (0.05, 8.7), (0.2, 3.0)])
+def test_losing_exploring_steps_cost_at_most_the_share_of_the_plain_time(share, deep_s):
+    """However expensive its drafts, a drafter that keeps losing costs at most explore_share of the time between
+    exploring steps (after the first, whose gap is explore_every)."""
+    p = DepthPolicy(4, PolicyConfig(explore_every=4, max_explore_every=1 << 20, explore_share=share))
+    bootstrap(p, plain_s=1.0, deep_s=deep_s, deep_accepted=0)
+    gaps = [explore_once(p, deep_s) for _ in range(4)]
+    assert gaps[0] == 4
+    for gap in gaps[1:]:
+        assert (deep_s - 1.0) / (gap * 1.0) <= share + 1e-12     # the step's extra over plain, per plain second
+    assert gaps[1] == max(8, -(-round((deep_s - 1.0) / share, 9) // 1))
+
+
+def test_explore_share_is_checked():
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="explore_share"):
+            PolicyConfig(explore_share=bad)
+
+
 def test_an_exploring_step_that_pays_resets_the_gap():
-    p = DepthPolicy(4, PolicyConfig(explore_every=4, max_explore_every=64, ema=1.0))
+    p = DepthPolicy(4, PolicyConfig(explore_every=4, max_explore_every=64, ema=1.0, explore_share=1.0))
     bootstrap(p, plain_s=1.0, deep_s=10.0, deep_accepted=0)
-    assert [explore_once(p, 10.0) for _ in range(3)] == [4, 8, 16]
+    assert [explore_once(p, 2.0) for _ in range(3)] == [4, 8, 16]
     # drafts got better: the next exploring step is all accepted and cheap -> drafting now wins
     while (d := p.depth(4)) == 0:
         p.observe(0, 0, 1.0)
