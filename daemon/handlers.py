@@ -1,8 +1,9 @@
 """The queued commands, one handler each (`_do_<verb>`), run on the engine thread.
 
 `execute` turns whatever a handler raises into the request's one error event -- a ProtocolError
-into its code, MemoryError into `oom`, anything else (a bug) into `internal` -- so a failing
-request never takes the engine down, and resets the runner so the next request starts clean.
+into its code, MemoryError into `oom`, NonFiniteLogits (a model whose logits are NaN) into `model_output`,
+anything else (a bug) into `internal` -- so a failing request never takes the engine down, and resets
+the runner so the next request starts clean.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..protocol import messages as m
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import error_event, result_event
 from .generation import generate
+from .sampling import NonFiniteLogits
 from .pflash.service import compressed_fields
 from .request_queue import Job
 
@@ -44,6 +46,9 @@ class Handlers:
         except MemoryError as exc:
             log.exception("out of memory in %s", req.id)
             job.send(error_event(req.id, "oom", f"out of memory: {exc}"))
+        except NonFiniteLogits as exc:
+            log.error("request %s: %s", req.id, exc)
+            job.send(error_event(req.id, "model_output", str(exc)))
         except Exception as exc:  # a bug: report it, keep serving
             log.exception("request %s failed", req.id)
             job.send(error_event(req.id, "internal", f"{type(exc).__name__}: {exc}"))

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..protocol.messages import SamplingParams
 
-__all__ = ["sample", "apply_penalties", "uniform", "candidate_probs", "log_softmax"]
+__all__ = ["sample", "apply_penalties", "uniform", "candidate_probs", "log_softmax", "NonFiniteLogits"]
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -89,11 +89,25 @@ def candidate_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndar
     return ids, kept / kept.sum()
 
 
+class NonFiniteLogits(RuntimeError):
+    """A token was to be chosen from logits that hold NaN (a broken or unsupported weight file): the request ends
+    with the protocol error `model_output` (handlers.py), the daemon keeps serving."""
+
+    def __init__(self, where: str):
+        super().__init__(f"the model's logits are NaN {where}: the weight file is broken or not supported")
+
+
 def sample(logits: np.ndarray, history: np.ndarray, params: SamplingParams, step: int) -> int:
-    """The token id chosen at generation step `step` (0 for the first generated token)."""
+    """The token id chosen at generation step `step` (0 for the first generated token). NonFiniteLogits if the
+    logits hold NaN (np.argmax would pick the first NaN; the device's argmax answers -1 for an all-NaN row)."""
     x = apply_penalties(logits, history, params)
     if params.greedy:
-        return int(np.argmax(x))
+        i = int(np.argmax(x))
+        if np.isnan(x[i]):
+            raise NonFiniteLogits(f"at generation step {step}")
+        return i
+    if np.isnan(x).any():
+        raise NonFiniteLogits(f"at generation step {step}")
     ids, probs = candidate_probs(x, params)
     u = uniform(params.seed, step)
     i = int(np.searchsorted(np.cumsum(probs), u, side="right"))

@@ -22,6 +22,8 @@ ERROR_CODE_MEANINGS: dict[str, str] = {
     "daemon keeps serving",
     "cancelled": "the request was cancelled by `cancel` (or its ZeroMQ client went away)",
     "internal": "a bug in flashd; the message says what failed; the daemon keeps serving",
+    "model_output": "the model's forward gave logits that are not numbers (NaN) where a token is chosen: a "
+    "broken or unsupported weight file; the request ends, the daemon keeps serving",
     "overloaded": "the request queue is full; retry later",
     "not_implemented": "a documented capability that this release does not have yet "
     "(e.g. a spec or compress mode)",

@@ -68,6 +68,7 @@ _DAEMON_STATUS = {
     "cancelled": (503, "cancelled"),
     "not_implemented": (400, "not_implemented"),
     "internal": (500, None),
+    "model_output": (500, "model_output"),
 }
 
 

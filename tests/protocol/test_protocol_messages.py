@@ -42,7 +42,7 @@ def raises_protocol(code, *, request_id="unset", match=None):
 def test_error_codes_are_the_documented_closed_set():
     assert ERROR_CODES == {
         "bad_request", "unknown_command", "ctx_overflow", "not_loaded", "parked", "oom",
-        "cancelled", "internal", "overloaded", "not_implemented",
+        "cancelled", "internal", "overloaded", "not_implemented", "model_output",
     }
     assert set(errors.ERROR_CODE_MEANINGS) == ERROR_CODES
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from flashd.daemon.sampling import apply_penalties, candidate_probs, sample, uniform
+from flashd.daemon.sampling import NonFiniteLogits, apply_penalties, candidate_probs, sample, uniform
 from flashd.protocol.messages import SamplingParams
 
 
@@ -103,3 +103,20 @@ def test_extreme_temperatures_stay_finite(rng):
             assert sample(x, np.array([]), SamplingParams(temperature=t, seed=step), step) == int(np.argmax(x))
     ids, probs = candidate_probs(x, SamplingParams(temperature=1e300))
     assert len(ids) == 100 and np.allclose(probs, 0.01)
+
+
+@pytest.mark.parametrize("where", ["all", "one", "first"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_nan_logits_are_an_error_not_a_token(rng, where, params):
+    """np.argmax would return the first NaN's index and the device's argmax -1: a model whose logits are NaN ends
+    the request (protocol error model_output), it never emits a token chosen from them."""
+    x = rng.standard_normal(1000).astype(np.float32)
+    if where == "all":
+        x[:] = np.nan
+    else:
+        x[0 if where == "first" else 517] = np.nan
+    with pytest.raises(NonFiniteLogits, match="NaN at generation step 5"):
+        sample(x, np.array([1, 2, 3]), params, 5)
+    x[np.isnan(x)] = 0.0
+    assert 0 <= sample(x, np.array([1, 2, 3]), params, 5) < 1000

@@ -24,6 +24,7 @@ import numpy as np
 
 from ....protocol.messages import SamplingParams
 from ...runner import ModelRunner, Sampled, _capped
+from ...sampling import NonFiniteLogits
 from ..base import Batch
 from ...models.dense import forward
 from .ops import MAX_MASKED_TOKENS, CudaOps
@@ -295,7 +296,10 @@ class CudaRunner(ModelRunner):
     def argmax_rows(self, logits) -> np.ndarray:
         n = logits.shape[0]
         self.ops.argmax(logits, self.t_argmax[:n])
-        return self.dev.download(self.t_argmax[:n])
+        out = self.dev.download(self.t_argmax[:n])
+        if (out < 0).any():              # fd_argmax: -1 for a row of NaNs
+            raise NonFiniteLogits(f"in verify row {int(np.flatnonzero(out < 0)[0])}")
+        return out
 
     def logits_to_host(self, logits) -> np.ndarray:
         return self.dev.download(logits)
@@ -338,7 +342,10 @@ class CudaRunner(ModelRunner):
             dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
         dev.synchronize()
         self.n_past = n0 + len(feed) + n_new - 1
-        return [int(t) for t in self.ring[skip:skip + n_new]]
+        tokens = [int(t) for t in self.ring[skip:skip + n_new]]
+        if min(tokens) < 0:              # fd_argmax: -1 for a row of NaNs
+            raise NonFiniteLogits(f"at continued step {tokens.index(min(tokens))}")
+        return tokens
 
     def commit_tree(self, node_offsets) -> None:
         offsets = np.asarray(node_offsets, np.int32)
@@ -490,6 +497,8 @@ class CudaRunner(ModelRunner):
                     launched += 1
                 dev.native.check(lib.fd_event_synchronize(self.events[read % RING_LEN]), "decode step")
                 token = int(self.ring[read % RING_LEN])
+                if token < 0:                # fd_argmax: -1 for a row of NaNs
+                    raise NonFiniteLogits(f"at generation step {read}")
                 read += 1
                 yield Sampled(token)
         finally:
