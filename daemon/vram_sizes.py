@@ -201,7 +201,8 @@ class CudaSizes:
 
     def runner_bytes(self, cfg, max_ctx: int, prefill_chunk: int, tree_nodes: int | None = None) -> int:
         """CudaRunner.__init__'s device buffers (the pinned ring is host memory)."""
-        from .backends.cuda.runner import STATE_FIELDS, tree_input_words
+        from .backends.cuda.runner import STATE_FIELDS
+        from .backends.cuda.tree_inputs import tree_input_words
         n_tree = max(self.tree_nodes(cfg, prefill_chunk, tree_nodes), 1)   # max_tree_nodes (one-node buffers at 0)
         words = (2 * prefill_chunk + 1                                  # p_ids, p_pos, p_n_past
                  + len(STATE_FIELDS) + (max_ctx + 1)                    # _state, history

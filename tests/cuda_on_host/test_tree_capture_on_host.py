@@ -11,7 +11,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from flashd.daemon.backends.cuda.runner import CudaRunner, tree_input_words
+from flashd.daemon.backends.cuda.runner import CudaRunner
+from flashd.daemon.backends.cuda.tree_inputs import tree_input_words
 from flashd.daemon.backends.cuda.tensor import Arena, Device
 from tests.cuda_on_host.test_cuda_kv_prefix_on_host import HostMemoryLib, HostNative
 

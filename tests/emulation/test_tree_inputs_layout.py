@@ -4,7 +4,7 @@ tree_input_views (checked here on the host, with a numpy buffer standing in for 
 import numpy as np
 import pytest
 
-from flashd.daemon.backends.cuda.runner import pack_tree_inputs, tree_input_views, tree_input_words
+from flashd.daemon.backends.cuda.tree_inputs import pack_tree_inputs, tree_input_views, tree_input_words
 from flashd.daemon.backends.cuda.tensor import DeviceTensor
 
 BASE = 1 << 20        # a fake device address: views are offsets from it

@@ -29,7 +29,7 @@ from ..base import Batch
 from ...models.dense import forward
 from .ops import MAX_MASKED_TOKENS, CudaOps
 from .persistent import FORWARD_PATHS, ForwardTuning, ForwardUnsupported, PersistentForward
-from .tensor import DeviceTensor
+from .tree_inputs import pack_tree_inputs, tree_input_views, tree_input_words
 
 __all__ = ["CudaRunner"]
 
@@ -43,30 +43,6 @@ STATE_FIELDS = ("tok", "pos", "n_past", "step", "n_history")   # the decode stat
 GRAPH_FEED_MAX = 8        # greedy_continue feeds up to this many tokens through the decode graph
 MAX_TREE_GRAPHS = 96      # verify forwards captured per tree size (sizes 1 .. budget + 1 recur)
 SCORE_CHUNK = 64          # rows of logits per forward when every position's logits are needed
-
-
-def tree_input_words(n_tree: int) -> int:
-    """int32 words of the verify inputs for trees of up to n_tree nodes: [ids (n_tree) | positions
-    (n_tree) | n_past (1) | mask (n_tree * n_tree bytes, row-major)]."""
-    return 2 * n_tree + 1 + -(-n_tree * n_tree // 4)
-
-
-def tree_input_views(t: DeviceTensor, n_tree: int) -> tuple[DeviceTensor, DeviceTensor, DeviceTensor, DeviceTensor]:
-    """(ids, positions, n_past, mask) views of a tree_input_words(n_tree) int32 tensor."""
-    mask = DeviceTensor(t.ptr + (2 * n_tree + 1) * 4, (n_tree * n_tree,), np.dtype(np.uint8), t.owner)
-    return t[:n_tree], t[n_tree:2 * n_tree], t[2 * n_tree:2 * n_tree + 1], mask
-
-
-def pack_tree_inputs(ids, positions, mask, n_past: int, n_tree: int) -> np.ndarray:
-    """The host image of the verify inputs of an n-node tree (n <= n_tree): mask (n, n) fills the
-    first n * n mask bytes, which the (n, n) view of tree_input_views reads."""
-    n = len(ids)
-    pack = np.zeros(tree_input_words(n_tree), np.int32)
-    pack[:n] = ids
-    pack[n_tree:n_tree + n] = np.asarray(positions, np.int32)
-    pack[2 * n_tree] = n_past
-    pack[2 * n_tree + 1:].view(np.uint8)[:n * n] = np.ascontiguousarray(mask, dtype=np.uint8).reshape(-1)
-    return pack
 
 
 def _uses_penalties(p: SamplingParams) -> bool:
