@@ -13,8 +13,9 @@ It runs one SpecDecoder request (random prompt ids, greedy) and wraps the step's
 
     propose            the whole drafter step, containing
       inject             the injection forward (context K/V of the newly committed positions)
-      block              the block's drafter layers (embed + layers)
-      lm_head            final norm + the target's lm_head over the B-1 masked rows
+      block              the block's drafter layers (embed + layers); with --replay graph (the default path on
+                         CUDA: the block is one replayed graph) also the lm_head
+      lm_head            final norm + the target's lm_head over the B-1 masked rows (--replay eager only)
       host_copy          logits to host memory (reference / fallback path)
       topk               log_softmax + top-K (host), or the device top-K with its small read-back
     tree               the chain / DDTree build
@@ -32,6 +33,10 @@ feature buffers, gathered on the device), `host` (the path before it: an eager v
 downloads every wanted layer, re-uploaded for injection), or `both` -- one request each on the same warm
 engine and drafter, printed side by side, so one run shows the gain. The prompt's features take the host
 path in both.
+
+--replay picks how the drafter's forwards run: `graph` (the default path: the block and the device rows'
+injections replay CUDA graphs, speculative/replay.py) or `eager` (every op launched from Python, the path
+before; the only one on the CPU backend, where both are the same).
 
 Times are per step, in ms, inclusive of the nested phases. With --sync every phase boundary
 synchronises the device, so each GPU phase is charged its own work; the sum then exceeds the real
@@ -97,27 +102,21 @@ def make_synthetic(workdir: Path, preset: str | None, target_layers: int) -> tup
     return target, dflash
 
 
-def instrument(ph: Phases, engine, drafter, host_topk: str) -> None:
+def instrument(ph: Phases, engine, drafter, host_topk: str, replay: str = "graph") -> None:
     """Wrap the step's parts (instance attributes and the drafter module's functions), once per process;
-    each request's decoder is wrapped by instrument_decoder."""
+    each request's decoder is wrapped by instrument_decoder. replay "graph": the block is one phase (its replay
+    cannot be split, nor synchronised inside); "eager": the drafter's forwards run op by op, block and lm_head
+    timed apart."""
     from flashd.daemon.models import dflash as model
     from flashd.daemon.speculative import dflash_drafter as dd
+    from flashd.daemon.speculative.replay import EagerReplay
 
     ops = drafter.ops
-
-    def draft_block(ops_, cfg, w, head, cache, batch):       # models/dflash.draft_block, split in two phases
-        def layers():
-            h = ops_.embed(head.token_embd, batch.ids)
-            for i, layer in enumerate(w.layers):
-                ops_.begin_layer(i)
-                h = model.decoder_layer(ops_, cfg.model, h, layer, cache.layer(i), batch)
-            ops_.begin_layer(len(w.layers))
-            return h
-        h = ph.wrap("block", layers)()
-        return ph.wrap("lm_head", lambda: ops_.linear(ops_.rmsnorm(h[1:], w.output_norm, cfg.model.rms_eps),
-                                                      head.output))()
-
-    dd.draft_block = draft_block
+    if replay == "graph":
+        drafter._block_forward = ph.wrap("block", drafter._block_forward)
+    else:
+        drafter._replay = EagerReplay()
+        instrument_block(ph, dd, model)
     if host_topk == "reference":
         from flashd.daemon.speculative.dflash_topk import topk_logprobs_reference
         dd.topk_logprobs, drafter._device_topk = topk_logprobs_reference, None
@@ -134,6 +133,24 @@ def instrument(ph: Phases, engine, drafter, host_topk: str) -> None:
     drafter._gather = ph.wrap("gather", drafter._gather)
     drafter.accept = ph.wrap("accept", drafter.accept)
     engine.runner.commit_tree = ph.wrap("commit", engine.runner.commit_tree)
+
+
+def instrument_block(ph: Phases, dd, model) -> None:
+    """The eager block split in two phases (models/dflash.draft_block's body)."""
+
+    def draft_block(ops_, cfg, w, head, cache, batch):       # models/dflash.draft_block, split in two phases
+        def layers():
+            h = ops_.embed(head.token_embd, batch.ids)
+            for i, layer in enumerate(w.layers):
+                ops_.begin_layer(i)
+                h = model.decoder_layer(ops_, cfg.model, h, layer, cache.layer(i), batch)
+            ops_.begin_layer(len(w.layers))
+            return h
+        h = ph.wrap("block", layers)()
+        return ph.wrap("lm_head", lambda: ops_.linear(ops_.rmsnorm(h[1:], w.output_norm, cfg.model.rms_eps),
+                                                      head.output))()
+
+    dd.draft_block = draft_block
 
 
 def instrument_decoder(ph: Phases, decoder) -> None:
@@ -185,6 +202,8 @@ def main(argv=None) -> int:
     p.add_argument("--capture", choices=("device", "host", "both"), default="device",
                    help="how verify forwards deliver the drafter's features: device-resident (graph verify), "
                         "host (eager verify, the path before), or both side by side")
+    p.add_argument("--replay", choices=("graph", "eager"), default="graph",
+                   help="the drafter's forwards as replayed CUDA graphs (the default path) or op by op")
     args = p.parse_args(argv)
 
     from flashd.daemon.config import EngineConfig
@@ -209,13 +228,13 @@ def main(argv=None) -> int:
     ph = Phases(dev.synchronize if (args.sync and dev is not None) else None)
     prompt = np.random.default_rng(0).integers(0, min(engine.model.config.vocab_size, 20000), args.prompt_len).tolist()
     cfg = SpecConfig(args.mode, args.budget)
-    instrument(ph, engine, drafter, args.host_topk)
+    instrument(ph, engine, drafter, args.host_topk, args.replay)
     paths = ("host", "device") if args.capture == "both" else (args.capture,)
     results = {}
     for path in paths:
         drafter.device_features = path == "device"
         results[path] = profile(ph, engine, drafter, cfg, prompt, args.steps)
-    print(f"# DFlash step profile: device {args.device}, {args.mode} budget {args.budget}, sync "
+    print(f"# DFlash step profile: device {args.device}, {args.mode} budget {args.budget}, replay {args.replay}, sync "
           f"{'on' if ph.sync else 'off'}; "
           + ", ".join(f"{p} capture: {r['steps']} steps, {r['tokens_per_step']:.2f} tokens/step"
                       for p, r in results.items()))

@@ -45,6 +45,7 @@ from ..models.dflash_config import DFlashConfig
 from ..models.dflash_weights import DFlashWeights, load_dflash_weights, open_dflash
 from ..models.gguf_file import ModelLoadError
 from .dflash_inputs import StagedInputs
+from .replay import forward_replay
 from .dflash_topk import device_topk, topk_logprobs
 from .drafter import Drafter, DrafterLoadError, Proposal
 
@@ -82,6 +83,10 @@ class DFlashDrafter(Drafter):
         # (logits tensor, n_depth, k, temperature) -> (ids, lp) on the device (CUDA), or None: the host path
         self._device_topk = device_topk(ops, self.max_depth)
         self._inputs = StagedInputs(ops)     # per-step inputs in kept buffers (no allocation per step on CUDA)
+        # the injection's inputs at their largest up front: a replayed graph reads these addresses
+        self._inputs.buffer("inject_positions", (inject_chunk,), np.int32)
+        self._inputs.buffer("inject_start", (1,), np.int32)
+        self._replay = forward_replay(ops)   # CUDA: the block and the device rows' injections as graphs
         # device-resident committed rows awaiting injection: one (pending_cap, hidden) float32 buffer per
         # target layer; a step commits at most block_size rows (root + max_depth accepted)
         self.pending_cap = max(inject_chunk, cfg.block_size)
@@ -168,6 +173,10 @@ class DFlashDrafter(Drafter):
         self._n_pos += len(tokens)              # the old root and tokens[:-1]: committed, no features
         self._root = int(tokens[-1])
 
+    def close(self) -> None:
+        self._replay.clear()
+        super().close()
+
     def end(self) -> None:
         self._n_ctx = self._n_pos = 0
         self._n_dev = 0           # rows [0, _n_dev) of each _dev_pending buffer await injection
@@ -215,36 +224,51 @@ class DFlashDrafter(Drafter):
         self._pending = [p[:0] for p in self._pending]
         for s in range(0, n_dev, self.inject_chunk):
             e = min(n_dev, s + self.inject_chunk)
-            self._inject([p[s:e] for p in self._dev_pending], e - s)
+            self._inject([p[s:e] for p in self._dev_pending], e - s, key=("inject", s, e - s))
         self._n_dev = 0
 
-    def _inject(self, feats, m: int) -> None:
+    def _inject(self, feats, m: int, key=None) -> None:
         """One injection forward: feats (one (m, hidden) tensor per target layer), positions n_pos .. n_pos + m - 1
-        into slots n_ctx .. n_ctx + m - 1 (the same numbers until a gap)."""
-        self.ops.begin_forward()
+        into slots n_ctx .. n_ctx + m - 1 (the same numbers until a gap). key: feats are rows of the kept
+        _dev_pending buffers, so the forward may replay a graph (one per key); None: eager (the prompt's rows
+        arrive through `feature{j}` buffers that grow with the prompt)."""
         put = self._inputs.put
-        inject_context(self.ops, self.cfg, self.weights, self.cache, feats,
-                       put("inject_positions", np.arange(self._n_pos, self._n_pos + m, dtype=np.int32)),
-                       put("inject_start", np.array([self._n_ctx], np.int32)))
+        positions = put("inject_positions", np.arange(self._n_pos, self._n_pos + m, dtype=np.int32))
+        start = put("inject_start", np.array([self._n_ctx], np.int32))
+
+        def body():
+            self.ops.begin_forward()
+            inject_context(self.ops, self.cfg, self.weights, self.cache, feats, positions, start)
+        if key is None:
+            body()
+        else:
+            self._replay.run(key, body)
         self._n_ctx += m
         self._n_pos += m
         self.injected_rows += m
 
     def _draft(self):
         """The backend tensor of logits (B-1, vocab) of the block [root, MASK x (B-1)] after the committed context."""
-        ops, cfg = self.ops, self.cfg
         self._inject_pending()
+        logits = self._block_forward()
+        self.forwards += 1
+        return logits
+
+    def _block_forward(self):
+        """The block's forward (embedding, layers, lm_head) on the injected context: logits (B-1, vocab)."""
+        ops, cfg = self.ops, self.cfg
         ids = np.full(cfg.block_size, cfg.mask_token_id, np.int32)
         ids[0] = self._root
         p = self._n_pos                         # the root's position; its slot is n_ctx (they differ after a gap)
-        ops.begin_forward()
         put = self._inputs.put
         batch = block_batch(cfg, put("block_ids", ids), put("block_positions", np.arange(p, p + cfg.block_size,
                                                                                          dtype=np.int32)),
                             put("block_n_ctx", np.array([self._n_ctx], np.int32)), self._mask)
-        logits = draft_block(ops, cfg, self.weights, self.head, self.cache, batch)
-        self.forwards += 1
-        return logits
+
+        def body():
+            ops.begin_forward()
+            return draft_block(ops, cfg, self.weights, self.head, self.cache, batch)
+        return self._replay.run("block", body)
 
 
 def load_dflash_drafter(path: str | Path, ops, target_cfg, target_weights, max_ctx: int, **kwargs) -> DFlashDrafter:

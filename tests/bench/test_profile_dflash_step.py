@@ -1,6 +1,7 @@
 """bench/profile_dflash_step.py on the CPU reference backend with its tiny synthetic models: every
 phase of a DFlash step is reported, for chain and DDTree, with the host top-K and with its
-full-argsort definition (no timing is asserted)."""
+full-argsort definition, with the drafter's forwards as one block phase (--replay graph, the default) and split
+into block and lm_head (--replay eager) (no timing is asserted)."""
 from __future__ import annotations
 
 import pytest
@@ -8,12 +9,14 @@ import pytest
 from flashd.bench.profile_dflash_step import main
 
 
-@pytest.mark.parametrize("mode,topk", [("ddtree", "fast"), ("chain", "reference")])
-def test_reports_every_phase(tmp_path, capsys, mode, topk):
+@pytest.mark.parametrize("mode,topk,replay", [("ddtree", "fast", "graph"), ("chain", "reference", "eager")])
+def test_reports_every_phase(tmp_path, capsys, mode, topk, replay):
     assert main(["--device", "cpu", "--steps", "2", "--prompt-len", "12", "--mode", mode, "--budget", "8",
-                 "--host-topk", topk, "--workdir", str(tmp_path)]) == 0
+                 "--host-topk", topk, "--workdir", str(tmp_path), "--replay", replay]) == 0
     out = capsys.readouterr().out
-    for phase in ("propose", "inject", "block", "lm_head", "host_copy", "topk", "tree", "verify", "capture",
-                  "commit", "accept", "step (wall)"):
+    phases = ["propose", "inject", "block", "host_copy", "topk", "tree", "verify", "capture", "commit", "accept",
+              "step (wall)"] + (["lm_head"] if replay == "eager" else [])
+    for phase in phases:
         assert f"\n{phase}" in out or f"    {phase}" in out, phase
-    assert f"{mode} budget 8," in out and "device capture: 2 steps" in out and f"top-K host ({topk})" in out
+    assert ("    lm_head" in out) == (replay == "eager")
+    assert f"{mode} budget 8, replay {replay}," in out and "device capture: 2 steps" in out and f"top-K host ({topk})" in out

@@ -16,7 +16,6 @@ two kernels).
 """
 from __future__ import annotations
 
-import gc
 from collections import OrderedDict
 from typing import Iterator
 
@@ -27,6 +26,7 @@ from ...runner import ModelRunner, Sampled, _capped
 from ...sampling import NonFiniteLogits
 from ..base import Batch
 from ...models.dense import forward
+from .graphs import capture as capture_graph
 from .ops import MAX_MASKED_TOKENS, CudaOps
 from .persistent import FORWARD_PATHS, ForwardTuning, ForwardUnsupported, PersistentForward
 from .tree_inputs import pack_tree_inputs, tree_input_views, tree_input_words
@@ -410,25 +410,8 @@ class CudaRunner(ModelRunner):
         return graph
 
     def _capture(self, body):
-        """(graph, body()) with body's launches captured from the stream. Python's cyclic garbage collector is
-        off meanwhile: a collection may run the __del__ of an unreachable runner, plan or allocation, whose
-        cudaFree / synchronize is illegal during a capture and invalidates it (the next launch then fails with
-        status 901, 'operation failed due to a previous error during capture', in whatever runner is capturing)."""
-        dev = self.dev
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            dev.native.check(dev.lib.fd_graph_begin_capture(dev.stream), "begin capture")
-            try:
-                result = body()
-            finally:
-                out = dev.ffi.new("void**")
-                status = dev.lib.fd_graph_end_capture(dev.stream, out)
-        finally:
-            if was_enabled:
-                gc.enable()
-        dev.native.check(status, "end capture")
-        return out[0], result
+        """(graph, body()) with body's launches captured from the stream (graphs.capture)."""
+        return capture_graph(self.dev, body)
 
     # -- generation ------------------------------------------------------------------------------
     def _prefill_prompt(self, prompt):
