@@ -41,8 +41,8 @@ def test_replayed_drafts_equal_eager_drafts(native, synthetic_model, tmp_path):
     prompt = rng.integers(0, 1000, 37).tolist()
     prompt_f = {l: rng.standard_normal((37, hidden)).astype(np.float32) for l in layers}
     for d in (graphed, eager):
-        for l in sorted(layers):
-            d.capture_hidden(l, prompt_f[l])
+        for l in sorted(layers):                            # as a prefill's hidden sink hands them over
+            d.capture_hidden(l, ops.dev.upload(prompt_f[l]))
         d.begin(prompt, 5)
 
     commits = [1, 3, 16, 2, 1, 7, 16, 5, 1, 1]           # rows a verify commits (root + accepted)
