@@ -1,7 +1,7 @@
 """Self-distillation data: the target's own greedy answers to the prompts of data.py, saved in shards.
 
 Route: batched greedy decoding of the torch target (target.py) with a KV cache, `gen_batch` prompts at a time
-(left-padded; each sequence at its own RoPE positions). flashd's engine decodes one sequence at a time (~800
+(left-padded; each sequence at its own RoPE positions), one CUDA graph replay per token on the GPU (batch_decode.py). flashd's engine decodes one sequence at a time (~800
 tok/s for the 1.5B on an H100), so 20 minutes would give < 1 M tokens; a batch of 256 decodes 256 sequences per
 step for a few times the cost of one, which is what makes minutes of generation enough. The answers are the bf16 torch
 target's greedy tokens: where two logits are within bf16 rounding they may differ from flashd's own greedy
@@ -24,15 +24,11 @@ import numpy as np
 from flashd.clients.chat_template import ChatTemplate
 from flashd.clients.tokenizer import Tokenizer
 
-from . import require_torch
+from .batch_decode import BatchDecoder
 from .data import build_prompts, data_sources
 from .recipe import TrainConfig
 
-torch = require_torch()
-
 __all__ = ["render_prompts", "generate", "load_samples", "gen_state"]
-
-TAIL_FRACTION = 8     # a batch stops once at most 1/8 of its sequences are still answering (after max_new / 4)
 
 
 def render_prompts(target_path: Path, tc: TrainConfig, n: int) -> list[np.ndarray]:
@@ -76,41 +72,10 @@ def gen_state(work: Path) -> dict:
     return json.loads(p.read_text()) if p.exists() else {"seconds": 0.0, "tokens": 0, "done": False}
 
 
-@torch.no_grad()
-def _answer(target, prompts: list[np.ndarray], max_new: int, stop_ids: list[int]):
-    """Greedy answers (each ends with its stop token, or is max_new long) for a batch of prompts."""
-    dev = target.device
-    n, width = len(prompts), max(len(p) for p in prompts)
-    ids = torch.zeros(n, width, dtype=torch.long)
-    pos = torch.zeros(n, width, dtype=torch.long)
-    valid = torch.ones(n, width + max_new, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        pad = width - len(p)
-        ids[i, pad:] = torch.from_numpy(p.astype(np.int64))
-        pos[i, pad:] = torch.arange(len(p))
-        valid[i, :pad] = False
-    plen = torch.tensor([len(p) for p in prompts], device=dev)
-    ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
-    cache = target.new_cache(n, width + max_new)
-    stops = torch.tensor(stop_ids or [-1], device=dev)
-    tok = target.step(ids, pos, cache, 0, valid).argmax(-1)
-    out = [tok]
-    done = torch.isin(tok, stops)
-    for s in range(1, max_new):
-        # stop when all are done, or when a long tail of few sequences would keep a whole batch busy
-        # (those answers are kept cut short: still the target's own tokens)
-        n_active = int((~done).sum())
-        if n_active == 0 or (s >= max_new // 4 and n_active <= n // TAIL_FRACTION):
-            break
-        tok = target.step(tok[:, None], (plen + s - 1)[:, None], cache, width + s - 1, valid).argmax(-1)
-        out.append(tok)
-        done = done | torch.isin(tok, stops)
-    answers = torch.stack(out, dim=1).cpu().numpy().astype(np.int32)
-    result = []
-    for row in answers:
-        hit = np.nonzero(np.isin(row, stop_ids))[0]
-        result.append(row[:hit[0] + 1] if len(hit) else row)
-    return result
+def _answer(target, prompts: list[np.ndarray], max_new: int, stop_ids: list[int], graph: bool | None = None):
+    """Greedy answers (each ends with its stop token, or is max_new long) for a batch of prompts (batch_decode.py;
+    graph None: a CUDA graph per step on the GPU)."""
+    return BatchDecoder(target, prompts, max_new, stop_ids, graph=graph).run()
 
 
 def generate(target, target_path: Path, work: Path, tc: TrainConfig, deadline: float,

@@ -181,3 +181,21 @@ class TorchTarget:
             h = h + F.linear(attend(q, kc[i, :, :end], vc[i, :, :end], mask), lw.wo)
             h = self._mlp(lw, h)
         return self.logits(h[:, -1])
+
+    @torch.no_grad()
+    def step_static(self, ids, positions, cache, slot, key_mask):
+        """One new token per sequence with every shape fixed (batch_decode.py: a CUDA graph replays it): ids /
+        positions int64 (N, 1), slot a 0-d int64 tensor (the cache slot written, the same for every sequence),
+        key_mask bool (N, t_max): the slots each token attends (its own included). Attention runs over the whole
+        cache, masked, so nothing depends on how many slots are filled. -> logits (N, V)."""
+        h = self.embed[ids]
+        kc, vc = cache
+        index = slot.view(1)
+        mask = key_mask[:, None, :]
+        for i, lw in enumerate(self.layers):
+            q, k, v = self._qkv(lw, rmsnorm(h, lw.attn_norm, self.cfg.rms_eps), positions)
+            kc[i].index_copy_(1, index, k)
+            vc[i].index_copy_(1, index, v)
+            h = h + F.linear(attend(q, kc[i], vc[i], mask), lw.wo)
+            h = self._mlp(lw, h)
+        return self.logits(h[:, -1])

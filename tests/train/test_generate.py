@@ -47,3 +47,27 @@ def test_bfloat16_paths_run(synthetic_model):
     tr = Trainer(t, drafter_config(t.cfg, tc, 319), tc, samples, log=lambda m: None, autocast=True)
     r = tr.train_step(tr.next_batch())
     assert np.isfinite(r["loss"])
+
+
+def test_batch_decoder_stops_and_trims(synthetic_model):
+    """Every answer ends at its first stop token; a batch whose sequences are all done stops within CHECK_EVERY
+    steps; on the CPU the step runs eagerly (no CUDA graph)."""
+    from flashd.train.batch_decode import CHECK_EVERY, BatchDecoder
+
+    t = TorchTarget(synthetic_model(**TARGET))
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 300, n).astype(np.int32) for n in (5, 2, 8, 6)]
+    free = BatchDecoder(t, prompts, 40, []).run()                  # no stop ids: every answer max_new long
+    assert not BatchDecoder(t, prompts, 4, []).graph_on
+    assert [len(a) for a in free] == [40] * 4
+    stop = sorted({int(a[2]) for a in free})                       # each answer's third token stops it (or earlier)
+    dec = BatchDecoder(t, prompts, 40, stop)
+    got = dec.run()
+    for a, f in zip(got, free):
+        hit = int(np.nonzero(np.isin(f, stop))[0][0])
+        assert hit <= 2 and a.tolist() == f[:hit + 1].tolist()
+    assert int(dec.col) <= 3 + CHECK_EVERY                         # stopped soon after the last one finished
+    with pytest.raises(ValueError):
+        BatchDecoder(t, prompts, 0, [])
+    with pytest.raises(ValueError, match="CUDA graph needs a CUDA target"):
+        BatchDecoder(t, prompts, 4, [], graph=True)

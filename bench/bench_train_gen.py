@@ -1,0 +1,68 @@
+"""Self-distillation data generation speed (train/batch_decode.py): answer tokens per second of the torch target's
+batched greedy decoding, the decode step replayed as a CUDA graph against the same step run eagerly, on the same
+prompt batches (rendered from the local sources as `flashd train-drafter` renders them).
+
+    python bench/bench_train_gen.py TARGET.gguf [--batches 2] [--gen-batch 256] [--max-new 512] [--device cuda]
+
+Prints one line per (mode, batch) and the totals; the answers of both modes are compared (equal on the same
+kernels except where two bf16 logits tie, which the count of differing answers shows).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("target", type=Path)
+    ap.add_argument("--batches", type=int, default=2)
+    ap.add_argument("--gen-batch", type=int, default=256)
+    ap.add_argument("--max-new", type=int, default=512)
+    ap.add_argument("--max-prompt", type=int, default=512)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", default="graph,eager", help="comma list of graph / eager")
+    args = ap.parse_args(argv)
+
+    from flashd.clients.tokenizer import Tokenizer
+    from flashd.train import require_torch
+    from flashd.train.batch_decode import BatchDecoder
+    from flashd.train.generate import render_prompts
+    from flashd.train.recipe import TrainConfig
+    from flashd.train.target import TorchTarget
+
+    torch = require_torch()
+    tc = TrainConfig(gen_batch=args.gen_batch, max_new=args.max_new, max_prompt=args.max_prompt)
+    target = TorchTarget(args.target, device=args.device)
+    prompts = render_prompts(args.target, tc, args.batches * args.gen_batch)
+    stop_ids = sorted(Tokenizer.from_gguf(args.target).stop_ids)
+    batches = [sorted(prompts[i * args.gen_batch:(i + 1) * args.gen_batch], key=len) for i in range(args.batches)]
+    print(f"# {args.target.name} on {torch.cuda.get_device_name() if args.device == 'cuda' else args.device}, "
+          f"{target.dtype}; {len(batches)} batches of {args.gen_batch} prompts, max_new {args.max_new}")
+    answers = {}
+    for mode in args.modes.split(","):
+        total_tokens, total_s, answers[mode] = 0, 0.0, []
+        for i, batch in enumerate(batches):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            got = BatchDecoder(target, batch, args.max_new, stop_ids, graph=(mode == "graph")).run()
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            n = sum(len(a) for a in got)
+            total_tokens, total_s = total_tokens + n, total_s + dt
+            answers[mode] += got
+            print(f"{mode:6s} batch {i}: {n} answer tokens in {dt:.2f} s = {n / dt:,.0f} tok/s")
+        print(f"{mode:6s} total: {total_tokens} tokens in {total_s:.2f} s = {total_tokens / total_s:,.0f} tok/s")
+    if len(answers) == 2:
+        a, b = answers.values()
+        diff = sum(x.tolist() != y.tolist() for x, y in zip(a, b))
+        print(f"answers differing between the modes: {diff} of {len(a)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
