@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -24,6 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--modes", default="graph,eager", help="comma list of graph / eager")
+    ap.add_argument("--random-prompts", action="store_true",
+                    help="random token ids (lengths 64 .. --max-prompt) instead of rendered prompts: for synthetic "
+                         "targets, whose tokenizer cannot render the sources")
     args = ap.parse_args(argv)
 
     from flashd.clients.tokenizer import Tokenizer
@@ -36,8 +41,15 @@ def main(argv=None) -> int:
     torch = require_torch()
     tc = TrainConfig(gen_batch=args.gen_batch, max_new=args.max_new, max_prompt=args.max_prompt)
     target = TorchTarget(args.target, device=args.device)
-    prompts = render_prompts(args.target, tc, args.batches * args.gen_batch)
-    stop_ids = sorted(Tokenizer.from_gguf(args.target).stop_ids)
+    n_prompts = args.batches * args.gen_batch
+    if args.random_prompts:
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(0, target.cfg.vocab_size, int(n)).astype(np.int32)
+                   for n in rng.integers(min(64, args.max_prompt), args.max_prompt + 1, n_prompts)]
+        stop_ids = []
+    else:
+        prompts = render_prompts(args.target, tc, n_prompts)
+        stop_ids = sorted(Tokenizer.from_gguf(args.target).stop_ids)
     batches = [sorted(prompts[i * args.gen_batch:(i + 1) * args.gen_batch], key=len) for i in range(args.batches)]
     print(f"# {args.target.name} on {torch.cuda.get_device_name() if args.device == 'cuda' else args.device}, "
           f"{target.dtype}; {len(batches)} batches of {args.gen_batch} prompts, max_new {args.max_new}")

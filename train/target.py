@@ -26,7 +26,7 @@ from . import require_torch
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["TorchTarget", "rmsnorm", "rope", "rope_tables", "attend"]
+__all__ = ["TorchTarget", "rmsnorm", "rope", "rope_tables", "attend", "decode_attend"]
 
 
 def rmsnorm(x, w, eps: float):
@@ -70,6 +70,17 @@ def attend(q, k, v, mask=None, causal: bool = False):
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=None if mask is None else mask.unsqueeze(1), is_causal=causal)
     return o.transpose(1, 2).reshape(n, tq, h * d)
+
+
+def decode_attend(q, k, v, key_mask):
+    """One query row per sequence over a cache in (N, Hkv, T, d) layout: q (N, 1, H, d), key_mask bool (N, T) ->
+    (N, 1, H * d). attend's arithmetic (scores in the cache dtype, softmax in float32), as two batched matmuls
+    that read the cache in place."""
+    n, _, h, d = q.shape
+    hkv = k.shape[1]
+    s = torch.matmul(q.reshape(n, hkv, h // hkv, d), k.transpose(-1, -2)).float() * d ** -0.5  # (N, Hkv, g, T)
+    p = s.masked_fill(~key_mask[:, None, None, :], float("-inf")).softmax(-1).to(v.dtype)
+    return torch.matmul(p, v).reshape(n, 1, h * d)
 
 
 @dataclass(slots=True)
@@ -157,9 +168,11 @@ class TorchTarget:
 
     # -- decoding with a KV cache (data generation) -----------------------------------------------
     def new_cache(self, n: int, t_max: int):
-        """K and V (n_layers, N, t_max, Hkv, d) in the model's dtype."""
+        """K and V (n_layers, N, Hkv, t_max, d) in the model's dtype: a KV head's slots contiguous, the layout a
+        decode step's attention multiplies directly (decode_attend; (N, t, Hkv, d) made every einsum copy the
+        whole cache, half of a generation step's GPU time)."""
         c = self.cfg
-        shape = (c.n_layers, n, t_max, c.n_kv_heads, c.head_dim)
+        shape = (c.n_layers, n, c.n_kv_heads, t_max, c.head_dim)
         return (torch.zeros(shape, device=self.device, dtype=self.dtype),
                 torch.zeros(shape, device=self.device, dtype=self.dtype))
 
@@ -177,8 +190,9 @@ class TorchTarget:
         kc, vc = cache
         for i, lw in enumerate(self.layers):
             q, k, v = self._qkv(lw, rmsnorm(h, lw.attn_norm, self.cfg.rms_eps), positions)
-            kc[i, :, start:end], vc[i, :, start:end] = k, v
-            h = h + F.linear(attend(q, kc[i, :, :end], vc[i, :, :end], mask), lw.wo)
+            kc[i, :, :, start:end], vc[i, :, :, start:end] = k.transpose(1, 2), v.transpose(1, 2)
+            h = h + F.linear(attend(q, kc[i, :, :, :end].transpose(1, 2), vc[i, :, :, :end].transpose(1, 2), mask),
+                             lw.wo)
             h = self._mlp(lw, h)
         return self.logits(h[:, -1])
 
@@ -191,11 +205,10 @@ class TorchTarget:
         h = self.embed[ids]
         kc, vc = cache
         index = slot.view(1)
-        mask = key_mask[:, None, :]
         for i, lw in enumerate(self.layers):
             q, k, v = self._qkv(lw, rmsnorm(h, lw.attn_norm, self.cfg.rms_eps), positions)
-            kc[i].index_copy_(1, index, k)
-            vc[i].index_copy_(1, index, v)
-            h = h + F.linear(attend(q, kc[i], vc[i], mask), lw.wo)
+            kc[i].index_copy_(2, index, k.transpose(1, 2))
+            vc[i].index_copy_(2, index, v.transpose(1, 2))
+            h = h + F.linear(decode_attend(q, kc[i], vc[i], key_mask), lw.wo)
             h = self._mlp(lw, h)
         return self.logits(h[:, -1])
