@@ -242,15 +242,18 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps, FusedOps):   # top
                     "fd_dequant_f16")
         return buf
 
-    def _on_gemv(self, n: int) -> bool:
-        """Projections of n rows run on the GEMV kernels: decode-sized batches, and every batch of a
-        row-invariant forward (tree verification); other batches take the GEMM."""
-        return n <= GEMV_MAX_ROWS or self.row_invariant
+    def _on_gemv(self, n: int, weights) -> bool:
+        """Projections of n rows run on the GEMV kernels: decode-sized batches, every batch of a row-invariant
+        forward (tree verification), and batches of up to GEMV_ROWS_MAX_ROWS rows whose weights all run on
+        gemv_rows.cuh (it reads each weight once for all of them, where the GEMM path would dequantize every
+        weight to float16 first: the DFlash drafter's 16-row block); other batches take the GEMM."""
+        return (n <= GEMV_MAX_ROWS or self.row_invariant
+                or (n <= GEMV_ROWS_MAX_ROWS and self.gemv_group(weights) == GEMV_ROWS_MAX_ROWS))
 
     def linear(self, x, weight: QuantWeight, bias=None, residual=None) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, weight.rows))
-        if self._on_gemv(n) or weight.rows * weight.cols > self.scratch_elems:
+        if self._on_gemv(n, [weight]) or weight.rows * weight.cols > self.scratch_elems:
             # GEMV in groups of up to 8 (or 32) rows: decode, verification, and weights too large for the
             # dequantization scratch (the lm_head when every position's logits are wanted)
             xs, norm_w, eps = self._norm_parts(x)
@@ -268,7 +271,7 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps, FusedOps):   # top
 
     def linear_multi(self, x, weights, biases) -> tuple:
         n = x.shape[0]
-        if not self._on_gemv(n):
+        if not self._on_gemv(n, weights):
             xm = self.materialize(x)
             return tuple(self.linear(xm, w, b) for w, b in zip(weights, biases))
         floats = [w.qtype in FLOAT_QTYPES for w in weights]
@@ -297,7 +300,7 @@ class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps, FusedOps):   # top
     def linear_swiglu(self, x, w_gate: QuantWeight, w_up: QuantWeight) -> DeviceTensor:
         n = x.shape[0]
         y = self.take((n, w_gate.rows))
-        if self._on_gemv(n):
+        if self._on_gemv(n, [w_gate, w_up]):
             xs, norm_w, eps = self._norm_parts(x)
             for s, e in gemv_groups(n, self.gemv_group([w_gate, w_up])):
                 self._check(self.lib.fd_gemv_swiglu(self.p(y[s:e]), self.p(w_gate.data), w_gate.qtype,
