@@ -233,9 +233,10 @@ _POOL_ROWS = 256
 
 def random_block_rows(spec: SyntheticSpec, plan: TensorPlan) -> np.ndarray:
     """The matrix as rows drawn at random from a pool of _POOL_ROWS valid encoded rows (spec.random_blocks): a
-    quantized pool is random codes with sane float16 scales (random_weights.py), a float pool N(mean, std)
-    encoded. No quantizer runs, so a 27B-shape Q4_K_M file is written at the speed of the disk."""
-    from flashd.scripts.random_weights import FLOAT_FORMATS, random_weights
+    quantized pool is random codes with float16 scales scaled so the values' root mean square is the tensor's
+    init_std (random_weights.py), a float pool N(mean, std) encoded. No quantizer runs, so a 27B-shape Q4_K_M file
+    is written at the speed of the disk."""
+    from flashd.scripts.random_weights import FLOAT_FORMATS, random_weights, scaled_weights
 
     rng = np.random.default_rng([spec.seed, zlib.crc32(plan.name.encode()), 1])
     n_rows, n_cols = plan.shape
@@ -244,7 +245,8 @@ def random_block_rows(spec: SyntheticSpec, plan: TensorPlan) -> np.ndarray:
         pool = rng.standard_normal((n_pool, n_cols), dtype=np.float32) * np.float32(plan.init_std)
         pool = encode_tensor(pool + np.float32(plan.init_mean), plan.qtype).view(np.uint8).reshape(n_pool, -1)
     else:
-        pool = random_weights(rng, plan.qtype, n_pool, n_cols)
+        pool = scaled_weights(random_weights(rng, plan.qtype, n_pool, n_cols), plan.qtype, n_cols,
+                              float(np.hypot(plan.init_std, plan.init_mean)))
     return pool[rng.integers(0, n_pool, n_rows)]
 
 

@@ -40,5 +40,28 @@ def random_weights(rng, qtype, rows: int, cols: int) -> np.ndarray:
     return data.reshape(rows, nb * size)
 
 
+# byte ranges of each block's float16 scale fields (every value of a block is linear in them: d, and dmin / m)
+SCALE_FIELDS = {T.Q4_0: ((0, 2),), T.Q5_0: ((0, 2),), T.Q8_0: ((0, 2),), T.Q4_1: ((0, 2), (2, 4)),
+                T.Q4_K: ((0, 2), (2, 4)), T.Q5_K: ((0, 2), (2, 4)), T.Q6_K: ((208, 210),)}
+
+
+def scaled_weights(data: np.ndarray, qtype, cols: int, rms: float) -> np.ndarray:
+    """`data` ((rows, row_bytes) uint8 of random_weights) with every block's scale fields multiplied by one factor,
+    so that the dequantized values' root mean square is `rms` (random_weights' scales suit one kernel call; a
+    model's dozens of layers of them overflow float16 activations: a clone's logits came out NaN)."""
+    from gguf.quants import dequantize
+
+    rows = data.shape[0]
+    have = float(np.sqrt(np.mean(np.square(dequantize(data, qtype).astype(np.float64)))))
+    if not have > 0:
+        return data
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = data.reshape(rows, cols // block, size).copy()
+    for lo, hi in SCALE_FIELDS[qtype]:
+        field = np.ascontiguousarray(blocks[..., lo:hi]).view(np.float16)
+        blocks[..., lo:hi] = (field.astype(np.float32) * np.float32(rms / have)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def cols_of(qtype, n_blocks: int) -> int:
     return n_blocks if qtype in FLOAT_FORMATS else n_blocks * GGML_QUANT_SIZES[qtype][0]
