@@ -17,6 +17,38 @@ from pathlib import Path
 import numpy as np
 
 
+def profile(target, batches, max_new: int, stop_ids, torch) -> None:
+    """Where a batch's time goes: the prefill alone, then the op table of eager static decode steps."""
+    from flashd.train.batch_decode import BatchDecoder
+
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    for i, batch in enumerate(batches):
+        sync()
+        t0 = time.perf_counter()
+        BatchDecoder(target, batch, 1, stop_ids, graph=False).run()
+        sync()
+        print(f"prefill batch {i}: {time.perf_counter() - t0:.2f} s ({sum(len(p) for p in batch)} prompt tokens)")
+    dec = BatchDecoder(target, batches[0], max(max_new, 24), stop_ids, graph=False)   # 19 steps below
+    first = target.step(dec.prompt_ids, dec.prompt_pos, dec.cache, 0, dec.valid).argmax(-1)
+    dec.tok.copy_(first[:, None])
+    for _ in range(3):
+        dec._step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(8):
+        dec._step()
+    sync()
+    print(f"eager decode step: {(time.perf_counter() - t0) / 8 * 1e3:.2f} ms")
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if target.device.type == "cuda" else [])
+    with torch_profile(activities=acts) as prof:
+        for _ in range(8):
+            dec._step()
+        sync()
+    key = "cuda_time_total" if target.device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=50))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", type=Path)
@@ -26,6 +58,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--modes", default="graph,eager", help="comma list of graph / eager")
+    ap.add_argument("--profile", action="store_true",
+                    help="also: each batch's prefill alone (max_new 1), and torch.profiler's table of 8 eager decode "
+                         "steps of the first batch (CUDA time by op)")
     ap.add_argument("--random-prompts", action="store_true",
                     help="random token ids (lengths 64 .. --max-prompt) instead of rendered prompts: for synthetic "
                          "targets, whose tokenizer cannot render the sources")
@@ -69,6 +104,8 @@ def main(argv=None) -> int:
             answers[mode] += got
             print(f"{mode:6s} batch {i}: {n} answer tokens in {dt:.2f} s = {n / dt:,.0f} tok/s")
         print(f"{mode:6s} total: {total_tokens} tokens in {total_s:.2f} s = {total_tokens / total_s:,.0f} tok/s")
+    if args.profile:
+        profile(target, batches, args.max_new, stop_ids, torch)
     if len(answers) == 2:
         a, b = answers.values()
         diff = sum(x.tolist() != y.tolist() for x, y in zip(a, b))
