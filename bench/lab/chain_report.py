@@ -5,7 +5,8 @@
 A step is the kernels from one marker kernel (the step's last, fd_decode_advance) to the next. With
 programmatic dependent launch kernel k may start before k-1 ends; what it adds to the step is
 end[k] - end[k-1] ("adds"), of which end[k] - max(start[k], end[k-1]) ran after its predecessor ended
-("after"). Prints the median over the last --steps steps per position in the step, then sums per kernel name.
+("after"). Prints the median over the last --steps steps per position in the step, then sums per kernel name; and
+the token wall (one marker's end to the next's) as median, mean, p90 and max, since a median hides slow steps.
 """
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def main() -> None:
     steps = [s for s in steps if len(s) == n][-args.steps:]
     print(f"{len(steps)} steps of {n} kernels; step (end to end) median "
           f"{statistics.median(s[-1][1] - s[0][1] + (s[0][1] - s[0][0]) for s in steps) / 1e3:.1f} us")
+    # marker end to marker end (what a token costs, the gap between graphs included): a median hides a few slow
+    # steps that a tok/s figure (a mean) counts
+    walls = sorted((b[-1][1] - a[-1][1]) / 1e3 for a, b in zip(steps, steps[1:]))
+    if walls:
+        print(f"token wall (marker to marker) over {len(walls)}: median {statistics.median(walls):.1f} us, mean "
+              f"{statistics.fmean(walls):.1f}, p90 {walls[int(0.9 * (len(walls) - 1))]:.1f}, max {walls[-1]:.1f}")
     prev_end = [None] * len(steps)
     per_name = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     print(f"{'#':>4} {'adds us':>8} {'after':>7} {'dur':>7} {'grid':>6} {'blk':>5}  kernel")
