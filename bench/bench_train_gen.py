@@ -58,6 +58,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--modes", default="graph,eager", help="comma list of graph / eager")
+    ap.add_argument("--attention", default="matmul",
+                    help="comma list of the static step's decode attention kernels to compare (train/target.py "
+                         "DECODE_ATTENTION: matmul, kq, sdpa)")
     ap.add_argument("--profile", action="store_true",
                     help="also: each batch's prefill alone (max_new 1), and torch.profiler's table of 8 eager decode "
                          "steps of the first batch (CUDA time by op)")
@@ -89,13 +92,15 @@ def main(argv=None) -> int:
     print(f"# {args.target.name} on {torch.cuda.get_device_name() if args.device == 'cuda' else args.device}, "
           f"{target.dtype}; {len(batches)} batches of {args.gen_batch} prompts, max_new {args.max_new}")
     answers = {}
-    for mode in args.modes.split(","):
+    for how, mode in ((h, m) for h in args.attention.split(",") for m in args.modes.split(",")):
+        target.decode_attention = how
+        mode = f"{mode}/{how}" if "," in args.attention else mode
         total_tokens, total_s, answers[mode] = 0, 0.0, []
         for i, batch in enumerate(batches):
             if args.device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            got = BatchDecoder(target, batch, args.max_new, stop_ids, graph=(mode == "graph")).run()
+            got = BatchDecoder(target, batch, args.max_new, stop_ids, graph=mode.startswith("graph")).run()
             if args.device == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
@@ -105,11 +110,12 @@ def main(argv=None) -> int:
             print(f"{mode:6s} batch {i}: {n} answer tokens in {dt:.2f} s = {n / dt:,.0f} tok/s")
         print(f"{mode:6s} total: {total_tokens} tokens in {total_s:.2f} s = {total_tokens / total_s:,.0f} tok/s")
     if args.profile:
+        target.decode_attention = args.attention.split(",")[0]
         profile(target, batches, args.max_new, stop_ids, torch)
-    if len(answers) == 2:
-        a, b = answers.values()
-        diff = sum(x.tolist() != y.tolist() for x, y in zip(a, b))
-        print(f"answers differing between the modes: {diff} of {len(a)}")
+    runs = list(answers.items())
+    for name, got in runs[1:]:
+        diff = sum(x.tolist() != y.tolist() for x, y in zip(runs[0][1], got))
+        print(f"answers differing between {runs[0][0]} and {name}: {diff} of {len(got)}")
     return 0
 
 

@@ -26,7 +26,7 @@ from . import require_torch
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["TorchTarget", "rmsnorm", "rope", "rope_tables", "attend", "decode_attend"]
+__all__ = ["TorchTarget", "rmsnorm", "rope", "rope_tables", "attend", "decode_attend", "DECODE_ATTENTION"]
 
 
 def rmsnorm(x, w, eps: float):
@@ -72,13 +72,33 @@ def attend(q, k, v, mask=None, causal: bool = False):
     return o.transpose(1, 2).reshape(n, tq, h * d)
 
 
-def decode_attend(q, k, v, key_mask):
+DECODE_ATTENTION = ("matmul", "kq", "sdpa")
+
+
+def decode_attend(q, k, v, key_mask, how: str = "matmul"):
     """One query row per sequence over a cache in (N, Hkv, T, d) layout: q (N, 1, H, d), key_mask bool (N, T) ->
-    (N, 1, H * d). attend's arithmetic (scores in the cache dtype, softmax in float32), as two batched matmuls
-    that read the cache in place."""
+    (N, 1, H * d); query head h reads KV head h // (H / Hkv). `how` (DECODE_ATTENTION) picks the kernels, the
+    function is the same:
+        matmul  scores q k^T and p v as batched matmuls reading the cache in place (scores in the cache dtype,
+                softmax in float32, as attend)
+        kq      the same with the scores as k q^T (T x group per KV head: the cache operand untransposed; on an
+                H200 q k^T ran on a slow MAGMA batched GEMM, 8.5 of a ~20 ms generation step)
+        sdpa    F.scaled_dot_product_attention with enable_gqa: one fused kernel where the backend has one for a
+                boolean mask (its own rounding)"""
     n, _, h, d = q.shape
     hkv = k.shape[1]
-    s = torch.matmul(q.reshape(n, hkv, h // hkv, d), k.transpose(-1, -2)).float() * d ** -0.5  # (N, Hkv, g, T)
+    if how == "sdpa":
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=key_mask[:, None, None, :],
+                                           enable_gqa=True)                                   # (N, H, 1, d)
+        return o.transpose(1, 2).reshape(n, 1, h * d)
+    qg = q.reshape(n, hkv, h // hkv, d)
+    if how == "kq":
+        s = torch.matmul(k, qg.transpose(-1, -2)).float() * d ** -0.5                          # (N, Hkv, T, g)
+        p = s.masked_fill(~key_mask[:, None, :, None], float("-inf")).softmax(-2).to(v.dtype)
+        return torch.matmul(p.transpose(-1, -2), v).reshape(n, 1, h * d)
+    if how != "matmul":
+        raise ValueError(f"decode attention {how!r}: one of {', '.join(DECODE_ATTENTION)}")
+    s = torch.matmul(qg, k.transpose(-1, -2)).float() * d ** -0.5                              # (N, Hkv, g, T)
     p = s.masked_fill(~key_mask[:, None, None, :], float("-inf")).softmax(-1).to(v.dtype)
     return torch.matmul(p, v).reshape(n, 1, h * d)
 
@@ -104,7 +124,11 @@ class _Layer:
 class TorchTarget:
     """A dense target (llama / qwen2 / qwen3) in torch, frozen: no gradients, inference only."""
 
-    def __init__(self, path: str | Path, device="cpu", dtype=None, max_pos: int = 4096):
+    def __init__(self, path: str | Path, device="cpu", dtype=None, max_pos: int = 4096,
+                 decode_attention: str = "matmul"):
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode attention {decode_attention!r}: one of {', '.join(DECODE_ATTENTION)}")
+        self.decode_attention = decode_attention     # step_static's kernels (decode_attend)
         self.path = Path(path)
         self.file, self.cfg = open_model(self.path)
         if self.cfg.linear is not None:
@@ -209,6 +233,6 @@ class TorchTarget:
             q, k, v = self._qkv(lw, rmsnorm(h, lw.attn_norm, self.cfg.rms_eps), positions)
             kc[i].index_copy_(2, index, k.transpose(1, 2))
             vc[i].index_copy_(2, index, v.transpose(1, 2))
-            h = h + F.linear(decode_attend(q, kc[i], vc[i], key_mask), lw.wo)
+            h = h + F.linear(decode_attend(q, kc[i], vc[i], key_mask, self.decode_attention), lw.wo)
             h = self._mlp(lw, h)
         return self.logits(h[:, -1])

@@ -1,6 +1,7 @@
 """train/batch_decode.py on the GPU: the decode step replayed as a CUDA graph gives exactly the answers of the same
 step run eagerly (the same kernels on the same inputs), in float32 and in the bfloat16 the training uses, and those
-answers are each prompt's one-by-one greedy continuation (float32). Needs PyTorch with CUDA on the GPU host."""
+answers are each prompt's one-by-one greedy continuation (float32), for every decode attention (train/target.py
+DECODE_ATTENTION). Needs PyTorch with CUDA on the GPU host."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,9 +27,10 @@ def greedy(target, prompt, n, stop):
     return ids[len(prompt):]
 
 
+@pytest.mark.parametrize("how", ["matmul", "kq", "sdpa"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graph_replays_equal_eager_steps(synthetic_model, dtype):
-    t = TorchTarget(synthetic_model(**TARGET), device="cuda", dtype=getattr(torch, dtype))
+def test_graph_replays_equal_eager_steps(synthetic_model, dtype, how):
+    t = TorchTarget(synthetic_model(**TARGET), device="cuda", dtype=getattr(torch, dtype), decode_attention=how)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 300, n).astype(np.int32) for n in (3, 17, 9, 12, 1)]
     stop = [5, 17]

@@ -71,3 +71,16 @@ def test_batch_decoder_stops_and_trims(synthetic_model):
         BatchDecoder(t, prompts, 0, [])
     with pytest.raises(ValueError, match="CUDA graph needs a CUDA target"):
         BatchDecoder(t, prompts, 4, [], graph=True)
+
+
+@pytest.mark.parametrize("how", ["matmul", "kq", "sdpa"])
+def test_every_decode_attention_gives_the_greedy_answers(synthetic_model, how):
+    """TorchTarget(decode_attention=...): each kernel choice of the static decode step computes the same function,
+    so the batched answers are each prompt's one-by-one greedy continuation (float32, CPU)."""
+    t = TorchTarget(synthetic_model(**TARGET), decode_attention=how)
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 300, n).astype(np.int32) for n in (4, 13, 1)]
+    for p, a in zip(prompts, _answer(t, prompts, 10, [])):
+        assert a.tolist() == greedy(t, p, 10, [])
+    with pytest.raises(ValueError, match="decode attention"):
+        TorchTarget(synthetic_model(**TARGET), decode_attention="flash")
