@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from .serve_command import kv_type_options, kv_types_option, size_option
+from .serve_command import kv_type_options, kv_types_option, parse_tuning, size_option
 from .vram_budget import DEFAULT_MARGIN
 
 
@@ -89,17 +89,3 @@ def apply_tuning(backend, changes: dict[str, int]) -> dict[str, int] | None:
         raise click.UsageError(f"--tuning: {exc}") from exc
 
 
-def parse_tuning(text: str) -> dict[str, int]:
-    """'gemv_rounds=0,pdl=0' -> {'gemv_rounds': 0, 'pdl': 0}; field names are checked against the library."""
-    out = {}
-    for item in (t.strip() for t in (text or "").split(",")):
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        try:
-            out[name.strip()] = int(value)
-        except ValueError:
-            raise click.BadParameter(f"{item!r}: expected FIELD=INTEGER") from None
-        if not sep or not name.strip():
-            raise click.BadParameter(f"{item!r}: expected FIELD=INTEGER")
-    return out

@@ -34,6 +34,8 @@ class EngineConfig:
     vram_budget: int | None = None      # --vram-budget in bytes: plan everything up front, refuse what would not fit
     vram_margin: int = DEFAULT_MARGIN   # --vram-margin: the plan's allowance for what the backend does not track
     kv_types: KVTypes = KVTypes()       # --kv-type / --kv-type-k / --kv-type-v: the target's K and V storage
+    tuning: tuple[tuple[str, int], ...] = ()   # --tuning: (field, value) overrides of the CUDA launch tuning table
+                                        # (flashd_tuning.h), applied before anything is captured; e.g. gemv_rows 1
     max_tree_nodes: int | None = None   # --max-tree-nodes: nodes (root included) of the largest draft tree the target
                                         # verifies, a recurrent state each on a hybrid; None: the default (65 for a
                                         # hybrid, also bounded by prefill_chunk and the GPU's masked attention), which
@@ -57,6 +59,8 @@ class EngineConfig:
             raise ValueError(f"rope_override must be (none|linear|yarn, factor, orig_ctx), got {self.rope_override!r}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if any(not (isinstance(f, str) and f and type(v) is int) for f, v in self.tuning):
+            raise ValueError(f"tuning must be (field name, int) pairs, got {self.tuning!r}")
         if self.vram_budget is not None and (type(self.vram_budget) is not int or self.vram_budget <= 0):
             raise ValueError(f"vram_budget must be a positive number of bytes or None, got {self.vram_budget!r}")
         if type(self.vram_margin) is not int or self.vram_margin < 0:

@@ -78,6 +78,7 @@ class Engine:
         follows the target's weight upload."""
         from ..clients.tokenizer import Tokenizer
 
+        self._apply_tuning()
         f, cfg = open_model(self.config.model, self.config.rope_override)   # --rope-scaling over the GGUF's
         try:
             self.config.kv_types.check_head_dim(cfg.head_dim)      # q8_0 / q4_0 rows are whole 32-value blocks
@@ -247,10 +248,26 @@ class Engine:
                 "vocab_size": cfg.vocab_size, "pid": os.getpid(), "forward": self._forward_info(),
                 "kv_types": self.config.kv_types.as_dict()}
 
+    def _apply_tuning(self) -> None:
+        """--tuning: the CUDA launch tuning overrides, set before the runner captures its graphs (ModelLoadError on
+        another backend, an unknown field or a value the library refuses)."""
+        if not self.config.tuning:
+            return
+        if self.backend.name != "cuda":
+            raise ModelLoadError(f"--tuning applies to the CUDA backend only; this daemon runs on {self.backend.name}")
+        try:
+            self.backend.device.native.set_tuning(**dict(self.config.tuning))
+        except (KeyError, RuntimeError) as exc:
+            raise ModelLoadError(f"--tuning: {exc}") from None
+
     def _forward_info(self) -> dict:
-        """Which forward runs decode steps and verification: persistent (one launch) or the per-op graph."""
+        """Which forward runs decode steps and verification: persistent (one launch) or the per-op graph, and (CUDA)
+        the launch tuning in effect."""
         runner = self.runner
         info = {"path": getattr(runner, "forward_path", "reference"), "note": getattr(runner, "forward_note", "")}
+        native = getattr(getattr(self.backend, "device", None), "native", None)
+        if native is not None:
+            info["tuning"] = native.tuning()
         pf = getattr(runner, "persistent", None)
         if pf is not None:
             info["plan"] = pf.info()

@@ -15,12 +15,29 @@ from .process import LOG_LEVELS
 from .server import ServeConfig, serve
 from .vram_budget import DEFAULT_MARGIN, SIZE_HELP, parse_size
 
-__all__ = ["serve_command", "size_option", "kv_type_options", "kv_types_option", "rope_options", "rope_override"]
+__all__ = ["serve_command", "size_option", "kv_type_options", "kv_types_option", "rope_options", "rope_override",
+           "parse_tuning"]
 
 KV_TYPE_HELP = ("KV cache storage of K and V: f16 (the backend's unquantized cache), q8_0 (34 bytes per 32 values, "
                 "~1.9x smaller) or q4_0 (18 bytes per 32, ~3.6x smaller); ggml's block formats and rounding. "
                 "Quantized types need head_dim % 32 == 0. On CUDA a quantized cache runs the per-op graph decode "
                 "(not --forward persistent); its kernels are new and not yet measured on a GPU.")
+
+
+def parse_tuning(text: str) -> dict[str, int]:
+    """'gemv_rounds=0,pdl=0' -> {'gemv_rounds': 0, 'pdl': 0}; field names are checked against the library."""
+    out = {}
+    for item in (t.strip() for t in (text or "").split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected FIELD=INTEGER") from None
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{item!r}: expected FIELD=INTEGER")
+    return out
 
 
 def kv_type_options(command):
@@ -164,13 +181,19 @@ def size_option(ctx, param, value):
                    "node (~150 MB at the 27B shape). Default: 65 on the GPU and for a hybrid (the prefill chunk for a "
                    "dense model on the CPU), which --vram-budget lowers for a hybrid target that would not fit "
                    "otherwise (not below 9); a given N is kept as given.")
+@click.option("--tuning", "tuning", metavar="FIELD=N,...", default="",
+              callback=lambda ctx, param, v: parse_tuning(v),
+              help="CUDA launch tuning overrides (flashd_tuning.h; `status` reports the table in effect), set before "
+                   "anything is captured. E.g. gemv_rows=1: the multi-row tensor-core GEMVs, for a daemon that serves "
+                   "speculative decoding (a verify of 8-22 rows costs 1.25-2.5x a one-row step instead of 3-7.6x) at "
+                   "~3% of plain decoding speed (bench/results/2026-11-27-h100-session26-real-files.md).")
 @kv_type_options
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
                   max_queue, max_request_bytes, allow_files, allow_models, prefix_cache, prefill_chunk,
                   prefix_cache_ram_mb, forward, keep_alive, ready_file, log_level, compress_mode,
                   compress_threshold, compress_keep, compress_alpha, compress_layers, compress_first_layer,
                   rope_scaling, rope_factor, rope_orig_ctx, drafter_policy, vram_budget, vram_margin,
-                  max_tree_nodes, kv_type, kv_type_k, kv_type_v, kv_window):
+                  max_tree_nodes, tuning, kv_type, kv_type_k, kv_type_v, kv_window):
     """Run the daemon: requests on stdin (line dialect) and/or ZeroMQ, JSON events on stdout."""
     rope = rope_override(rope_scaling, rope_factor, rope_orig_ctx)
     given = {name: value for name, value in (("keep", compress_keep), ("score_layers", compress_layers),
@@ -185,7 +208,7 @@ def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, 
                              forward=forward, log_level=log_level, rope_override=rope,
                              vram_budget=vram_budget, vram_margin=vram_margin,
                              kv_types=kv_types_option(kv_type, kv_type_k, kv_type_v, kv_window),
-                             max_tree_nodes=max_tree_nodes,
+                             max_tree_nodes=max_tree_nodes, tuning=tuple(tuning.items()),
                              keep_alive_s=None if keep_alive < 0 else keep_alive, ready_file=ready_file,
                              pflash=PFlashConfig(mode=compress_mode, threshold=compress_threshold,
                                                  alpha=compress_alpha, drafter_policy=drafter_policy, **given),

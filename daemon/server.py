@@ -90,6 +90,7 @@ class ServeConfig:
     kv_types: KVTypes = KVTypes()       # --kv-type / --kv-type-k / --kv-type-v (EngineConfig)
     max_tree_nodes: int | None = None   # --max-tree-nodes (EngineConfig; None: the default, which --vram-budget may
                                         # lower for a hybrid target)
+    tuning: tuple[tuple[str, int], ...] = ()   # --tuning FIELD=N,... (EngineConfig)
 
     def __post_init__(self):
         if not self.stdin and self.zmq is None:
@@ -337,7 +338,8 @@ def serve(config: ServeConfig) -> int:
                                           prefill_chunk=config.prefill_chunk, forward=config.forward,
                                           rope_override=config.rope_override,
                                           vram_budget=config.vram_budget, vram_margin=config.vram_margin,
-                                          kv_types=config.kv_types, max_tree_nodes=config.max_tree_nodes))
+                                          kv_types=config.kv_types, max_tree_nodes=config.max_tree_nodes,
+                                          tuning=config.tuning))
     except StartupError as exc:
         log.error("%s", exc)
         if zmq_frontend is not None:
