@@ -26,13 +26,34 @@ def target(tmp_path_factory):
     return str(write_synthetic_model(tmp_path_factory.mktemp("chunk") / "chunk.gguf", TARGET))
 
 
-@pytest.mark.parametrize("args,want", [([], 512), (["--prefill-chunk", "4096"], 4096), (["--prefill-chunk", "16"], 16)])
-def test_serve_flag_sets_the_prefill_chunk(monkeypatch, target, args, want):
+def serve_config_of(monkeypatch, target: str, args: list[str]) -> ServeConfig:
+    """The ServeConfig `flashd serve --model target *args` builds (serve itself stubbed out)."""
     seen = []
     monkeypatch.setattr(serve_module, "serve", lambda config: seen.append(config) or 0)
     result = CliRunner().invoke(serve_command, ["--model", target, *args])
     assert result.exit_code == 0, result.output
-    assert seen[0].prefill_chunk == want
+    return seen[0]
+
+
+def engine_config_of(monkeypatch, config: ServeConfig) -> EngineConfig:
+    """The EngineConfig serve(config) hands to load_engine (stopped there)."""
+    seen = []
+
+    def fake_load(engine_config):
+        seen.append(engine_config)
+        raise StartupError("stop here")
+
+    monkeypatch.setattr(server_module, "load_engine", fake_load)
+    monkeypatch.setattr(server_module, "claim_stdout", io.BytesIO)      # (the real one repoints fd 1 for good)
+    monkeypatch.setattr(server_module, "setup_logging", lambda level: None)
+    assert serve(config) == 1
+    assert isinstance(seen[0], EngineConfig)
+    return seen[0]
+
+
+@pytest.mark.parametrize("args,want", [([], 512), (["--prefill-chunk", "4096"], 4096), (["--prefill-chunk", "16"], 16)])
+def test_serve_flag_sets_the_prefill_chunk(monkeypatch, target, args, want):
+    assert serve_config_of(monkeypatch, target, args).prefill_chunk == want
 
 
 @pytest.mark.parametrize("value", ["8", "0", "20000"])
@@ -47,17 +68,8 @@ def test_serve_config_checks_the_prefill_chunk():
 
 
 def test_serve_hands_the_prefill_chunk_to_the_engine(monkeypatch, target):
-    seen = []
-
-    def fake_load(config):
-        seen.append(config)
-        raise StartupError("stop here")
-
-    monkeypatch.setattr(server_module, "load_engine", fake_load)
-    monkeypatch.setattr(server_module, "claim_stdout", io.BytesIO)      # (the real one repoints fd 1 for good)
-    monkeypatch.setattr(server_module, "setup_logging", lambda level: None)
-    assert serve(ServeConfig(model=target, device="cpu", prefill_chunk=96, stdin=True)) == 1
-    assert isinstance(seen[0], EngineConfig) and seen[0].prefill_chunk == 96
+    config = ServeConfig(model=target, device="cpu", prefill_chunk=96, stdin=True)
+    assert engine_config_of(monkeypatch, config).prefill_chunk == 96
 
 
 def test_the_engine_prefills_in_chunks_of_that_size(target):

@@ -4,31 +4,24 @@ runner exists on it (a stand-in backend records the call; the library's own chec
 tests/gpu/test_tuning.py), and `status` / ready report the CUDA tuning in effect under `forward.tuning`."""
 from __future__ import annotations
 
-import io
 import types
 
 import pytest
 from click.testing import CliRunner
 
-import flashd.daemon.serve_command as serve_module
-import flashd.daemon.server as server_module
 from flashd.daemon.config import EngineConfig
 from flashd.daemon.engine import Engine
 from flashd.daemon.models import ModelLoadError
-from flashd.daemon.process import StartupError
 from flashd.daemon.serve_command import serve_command
-from flashd.daemon.server import ServeConfig, serve
+from flashd.daemon.server import ServeConfig
+from tests.daemon.test_prefill_chunk_option import engine_config_of, serve_config_of
 from tests.daemon.test_prefill_chunk_option import target  # noqa: F401  (the fixture)
 
 
 @pytest.mark.parametrize("args,want", [([], ()), (["--tuning", "gemv_rows=1"], (("gemv_rows", 1),)),
                                        (["--tuning", "gemv_rows=1, pdl=0"], (("gemv_rows", 1), ("pdl", 0)))])
 def test_serve_flag_sets_the_tuning(monkeypatch, target, args, want):  # noqa: F811
-    seen = []
-    monkeypatch.setattr(serve_module, "serve", lambda config: seen.append(config) or 0)
-    result = CliRunner().invoke(serve_command, ["--model", target, *args])
-    assert result.exit_code == 0, result.output
-    assert seen[0].tuning == want
+    assert serve_config_of(monkeypatch, target, args).tuning == want
 
 
 @pytest.mark.parametrize("bad", ["gemv_rows", "gemv_rows=on", "=1"])
@@ -38,17 +31,8 @@ def test_a_malformed_tuning_is_a_usage_error(target, bad):  # noqa: F811
 
 
 def test_serve_hands_the_tuning_to_the_engine(monkeypatch, target):  # noqa: F811
-    seen = []
-
-    def fake_load(config):
-        seen.append(config)
-        raise StartupError("stop here")
-
-    monkeypatch.setattr(server_module, "load_engine", fake_load)
-    monkeypatch.setattr(server_module, "claim_stdout", io.BytesIO)
-    monkeypatch.setattr(server_module, "setup_logging", lambda level: None)
-    assert serve(ServeConfig(model=target, device="cpu", tuning=(("gemv_rows", 1),), stdin=True)) == 1
-    assert isinstance(seen[0], EngineConfig) and seen[0].tuning == (("gemv_rows", 1),)
+    config = ServeConfig(model=target, device="cpu", tuning=(("gemv_rows", 1),), stdin=True)
+    assert engine_config_of(monkeypatch, config).tuning == (("gemv_rows", 1),)
 
 
 def test_engine_config_checks_the_pairs():
