@@ -8,6 +8,7 @@ from ...models.gguf_file import ModelLoadError, ModelUnsupported
 from ...vram_budget import kv_cache_bytes, kv_window_bytes
 from ..base import Backend
 from .attention_ops import PFLASH_HEAD_DIMS
+from .graphs import memory_token
 from .hybrid_plan import (check_hybrid, hybrid_largest_weight, hybrid_layer_bytes, hybrid_state_bytes,
                           hybrid_tree_nodes, hybrid_workspace_bytes)
 from .hybrid_runner import CudaHybridRunner
@@ -96,7 +97,7 @@ class CudaBackend(Backend):
         self.native = load(lib_path)
         self.device = Device(self.native, device_index)
         self.ops = CudaOps(self.device)
-        self._graph_memory = None           # identity of the shared memory when graphs were last checked
+        self._graph_memory = None           # graphs.memory_token of the shared memory when graphs were last checked
 
     def info(self) -> dict:
         return self.device.info()
@@ -174,9 +175,9 @@ class CudaBackend(Backend):
                 runner.drop_graphs()
 
     def drop_stale_graphs(self, runners) -> None:
-        # the buffers' identities: reserve_* and release replace the objects, never resize them in place
-        ops = self.ops
-        token = (id(ops.arena), id(ops.attn_workspace), tuple(id(t) for t in ops.scratch))
+        # where the shared buffers are (graphs.memory_token, as the drafters' GraphCache checks them): reserve_* and
+        # release replace them, never resize them in place
+        token = memory_token(self.ops)
         if token != self._graph_memory:
             self.drop_graphs(runners)
             self._graph_memory = token
