@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--modes", default="graph,eager", help="comma list of graph / eager")
-    ap.add_argument("--attention", default="matmul",
+    ap.add_argument("--attention", default="sdpa",
                     help="comma list of the static step's decode attention kernels to compare (train/target.py "
                          "DECODE_ATTENTION: matmul, kq, sdpa)")
     ap.add_argument("--profile", action="store_true",

@@ -2,6 +2,7 @@
 
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 9] [--resume] [--max-tokens N]
                          [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 4] [--train-minutes 9.5]
+                         [--loss-rows N]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
 by shard), train, checkpoint, export. `--minutes` bounds this call (it stops, checkpoints and exports before);
@@ -75,9 +76,12 @@ class _Log:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cuda when available, else cpu)")
 @click.option("--outtype", type=click.Choice(["q8_0", "f32", "f16", "bf16"]), default="q8_0", show_default=True)
+@click.option("--loss-rows", type=click.IntRange(min=0), default=0, show_default=True,
+              help="0: a step's logits all at once (fastest; ~34 GB peak for a 1.5B target); N: the loss over N "
+                   "block rows at a time, recomputed in the backward pass (~11 GB at 2048: for 24 GB cards)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
                   features, max_mb, max_new, max_prompt, raw_fraction, batch_seqs, anchors, gen_batch, seed, device,
-                  outtype):
+                  outtype, loss_rows):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation."""
     from . import TorchMissing, require_torch
     try:
@@ -98,13 +102,13 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
         raise click.ClickException(f"{work} holds an earlier run: pass --resume to continue it, or another --work")
     work.mkdir(parents=True, exist_ok=True)
     try:
-        train_drafter(target, out, work, tc, minutes, device, outtype)
+        train_drafter(target, out, work, tc, minutes, device, outtype, loss_rows)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
 
 
 def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, device: str | None,
-                  outtype: str = "q8_0") -> dict | None:
+                  outtype: str = "q8_0", loss_rows: int = 0) -> dict | None:
     """The whole call; returns the report (None when the call ended during data generation)."""
     import torch
 
@@ -144,7 +148,7 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     log(f"drafter: {cfg.model.n_layers} layers, ffn {cfg.model.ffn}, block {cfg.block_size}, target layers "
         f"{list(cfg.target_layer_ids)}, mask id {mask_id}; {(matrices + norms) / 1e6:.1f} M parameters, "
         f"{q8_0_bytes(cfg) / 1e6:.1f} MB as Q8_0; {len(samples)} samples, {state['tokens']} answer tokens")
-    trainer = Trainer(target, cfg, tc, samples, log)
+    trainer = Trainer(target, cfg, tc, samples, log, loss_rows=loss_rows)
     ckpt = work / "checkpoint.pt"
     if ckpt.exists():
         trainer.load(ckpt)

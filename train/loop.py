@@ -32,13 +32,18 @@ F = torch.nn.functional
 
 __all__ = ["Trainer"]
 
+PAD_T = 64      # sequence lengths of a step are padded to a multiple of this (see Trainer._tensors)
+
 
 class Trainer:
     """The drafter being trained on `samples` ((ids int32, prompt_len) pairs) against a frozen TorchTarget."""
 
     def __init__(self, target, drafter_cfg, tc: TrainConfig, samples, log: Callable[[str], None] = print,
-                 autocast: bool | None = None):
+                 autocast: bool | None = None, loss_rows: int = 0):
         self.target, self.cfg, self.tc, self.log = target, drafter_cfg, tc, log
+        if not isinstance(loss_rows, int) or loss_rows < 0:
+            raise ValueError(f"loss_rows must be an int >= 0, got {loss_rows!r}")
+        self.loss_rows = loss_rows       # 0: the block's logits at once; else labelled rows in chunks (_chunked_ce)
         self.dev = target.device
         held = [i for i in range(len(samples)) if i % tc.eval_every == 0]
         self.eval_set = [samples[i] for i in held]
@@ -75,8 +80,11 @@ class Trainer:
         return batches
 
     def _tensors(self, samples):
-        """ids int64 (N, T) right-padded with 0, lengths (N,), prompt lengths (N,) on the device."""
+        """ids int64 (N, T) right-padded with 0, lengths (N,), prompt lengths (N,) on the device. T is the longest
+        sample rounded up to a multiple of PAD_T (not beyond max_seq): the attention kernels build a plan per shape
+        (cuDNN: ~0.45 s for a new T on an H100, bench/bench_train_step.py), so few distinct T keep steps fast."""
         t = max(len(ids) for ids, _ in samples)
+        t = max(t, min(-(-t // PAD_T) * PAD_T, self.tc.max_seq))
         ids = np.zeros((len(samples), t), np.int64)
         for i, (s, _) in enumerate(samples):
             ids[i, :len(s)] = s
@@ -106,16 +114,46 @@ class Trainer:
         tok = ids.gather(1, where.clamp(max=ids.shape[1] - 1).flatten(1)).view_as(where)
         block = torch.full_like(tok, self.cfg.mask_token_id)
         block[:, :, 0] = tok[:, :, 0]
+        labels, mask = tok[:, :, 1:], labelled[:, :, 1:]
+        w = self.weights * mask
         with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.autocast):
             h = self.drafter.blocks(self.drafter.context(feats), self.target.embed[block], anchors, keep)
-            logits = self.drafter.logits(h[:, :, 1:], self.target.lm_head)       # (N, A, B-1, V)
-        labels, mask = tok[:, :, 1:], labelled[:, :, 1:]
-        ce = F.cross_entropy(logits.float().flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
-        w = self.weights * mask
-        loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
-        hit = (logits.argmax(-1) == labels) & mask
+            if self.loss_rows:
+                ce_sum, hit = self._chunked_ce(h[:, :, 1:], labels, mask, w)
+                loss = ce_sum / w.sum().clamp(min=1e-9)
+            else:
+                logits = self.drafter.logits(h[:, :, 1:], self.target.lm_head)   # (N, A, B-1, V)
+        if not self.loss_rows:
+            ce = F.cross_entropy(logits.float().flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
+            loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
+            hit = (logits.argmax(-1) == labels) & mask
         lead = hit.int().cumprod(dim=-1).sum(-1)[keep]                             # leading agreements per block
         return loss, hit.sum((0, 1)), mask.sum((0, 1)), lead
+
+    def _chunk_ce(self, h, labels, w):
+        """sum_r w_r CE(logits_r, label_r) and argmax_r == label_r for hidden rows h (R, D)."""
+        logits = self.drafter.logits(h, self.target.lm_head)
+        ce = F.cross_entropy(logits.float(), labels, reduction="none")
+        return (ce * w).sum(), (logits.detach().argmax(-1) == labels)
+
+    def _chunked_ce(self, h, labels, mask, w):
+        """The weighted CE sum and the hit mask (N, A, B-1) from the labelled rows only, `loss_rows` at a time, each
+        chunk's logits recomputed in the backward pass (torch.utils.checkpoint) instead of kept: the whole block's
+        float32 logits are N * A * (B-1) * V * 4 bytes (8 x 128 x 15 x 151,936: 9.3 GB for the 1.5B)."""
+        from torch.utils.checkpoint import checkpoint
+        where = mask.flatten().nonzero().squeeze(1)                                  # labelled rows
+        rows, lab, wr = h.flatten(0, 2)[where], labels.flatten()[where], w.flatten()[where]
+        total = h.new_zeros((), dtype=torch.float32)
+        hits = []
+        for s in range(0, len(where), self.loss_rows):
+            e = s + self.loss_rows
+            part, hit = checkpoint(self._chunk_ce, rows[s:e], lab[s:e], wr[s:e], use_reentrant=False)
+            total = total + part
+            hits.append(hit)
+        hit = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+        if hits:
+            hit[where] = torch.cat(hits)
+        return total, hit.view_as(mask)
 
     def lr_at(self, progress: float) -> float:
         w = self.tc.warmup

@@ -78,7 +78,8 @@ DECODE_ATTENTION = ("matmul", "kq", "sdpa")
 def decode_attend(q, k, v, key_mask, how: str = "matmul"):
     """One query row per sequence over a cache in (N, Hkv, T, d) layout: q (N, 1, H, d), key_mask bool (N, T) ->
     (N, 1, H * d); query head h reads KV head h // (H / Hkv). `how` (DECODE_ATTENTION) picks the kernels, the
-    function is the same:
+    function is the same (TorchTarget's default, sdpa, measured fastest: H100, synthetic 1.5B shapes, 256 sequences,
+    graph replay, 21,412 answer tok/s against kq 19,792 and matmul 11,182; bench/bench_train_gen.py --attention):
         matmul  scores q k^T and p v as batched matmuls reading the cache in place (scores in the cache dtype,
                 softmax in float32, as attend)
         kq      the same with the scores as k q^T (T x group per KV head: the cache operand untransposed; on an
@@ -125,7 +126,7 @@ class TorchTarget:
     """A dense target (llama / qwen2 / qwen3) in torch, frozen: no gradients, inference only."""
 
     def __init__(self, path: str | Path, device="cpu", dtype=None, max_pos: int = 4096,
-                 decode_attention: str = "matmul"):
+                 decode_attention: str = "sdpa"):
         if decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode attention {decode_attention!r}: one of {', '.join(DECODE_ATTENTION)}")
         self.decode_attention = decode_attention     # step_static's kernels (decode_attend)
