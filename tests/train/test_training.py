@@ -135,3 +135,21 @@ def test_command_end_to_end_and_resume(tmp_path, synthetic_model):
     m = load_model(path, ops.load_weight)
     d = load_dflash_drafter(out, ops, m.config, m.weights, 64)
     assert d.cfg.block_size == 4 and d.cfg.model.n_layers == 1
+
+
+def test_load_drafter_reads_back_what_export_wrote(target, tmp_path):
+    """export -> load_drafter: f32 files give the parameters back bit for bit; Q8_0 files within one Q8_0 step
+    (absmax / 127 of each 32-value block; bounded here by the tensor's absmax / 127)."""
+    from flashd.train.export import export, load_drafter
+    trainer = make_trainer(target)
+    params = {k: v.detach().clone() for k, v in trainer.drafter.gguf_tensors().items()}
+    export(trainer.drafter, tmp_path / "f32.gguf", "f32")
+    back, cfg = load_drafter(tmp_path / "f32.gguf")
+    assert cfg == trainer.cfg
+    for name, p in back.gguf_tensors().items():
+        assert torch.equal(p.detach(), params[name]), name
+    export(trainer.drafter, tmp_path / "q8.gguf", "q8_0")
+    back, _ = load_drafter(tmp_path / "q8.gguf")
+    for name, p in back.gguf_tensors().items():
+        step = params[name].abs().max() / 127
+        assert (p.detach() - params[name]).abs().max() <= step + 1e-6, name
