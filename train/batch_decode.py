@@ -33,16 +33,25 @@ TAIL_FRACTION = 8     # a batch stops once at most 1/8 of its sequences are stil
 
 
 class BatchDecoder:
-    """Greedy answers of one prompt batch; `graph` None: a CUDA graph on a CUDA target, eager otherwise."""
+    """Greedy answers of one prompt batch; `graph` None: a CUDA graph on a CUDA target, eager otherwise.
 
-    def __init__(self, target, prompts: list[np.ndarray], max_new: int, stop_ids: list[int], graph: bool | None = None):
+    temperature > 0 samples instead (the prompts the target writes itself, self_prompts.py): each token is
+    argmax(logits / temperature + Gumbel noise), which draws from softmax(logits / temperature); the noise comes from
+    `generator` (a torch.Generator on the target's device). Sampling runs eagerly (no graph): it is used for short
+    prefixes only."""
+
+    def __init__(self, target, prompts: list[np.ndarray], max_new: int, stop_ids: list[int], graph: bool | None = None,
+                 temperature: float = 0.0, generator=None):
         if max_new < 1 or not prompts:
             raise ValueError("a batch needs prompts and max_new >= 1")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         self.target, self.max_new = target, max_new
+        self.temperature, self.generator = float(temperature), generator
         dev = target.device
-        self.graph_on = (dev.type == "cuda") if graph is None else graph
-        if self.graph_on and dev.type != "cuda":
-            raise ValueError(f"a CUDA graph needs a CUDA target, not {dev}")
+        self.graph_on = (dev.type == "cuda" and not temperature) if graph is None else graph
+        if self.graph_on and (dev.type != "cuda" or temperature):
+            raise ValueError(f"a CUDA graph needs a CUDA target ({dev}) and greedy decoding (temperature 0)")
         n, width = len(prompts), max(len(p) for p in prompts)
         self.n, self.width = n, width
         t_max = width + max_new
@@ -70,9 +79,17 @@ class BatchDecoder:
     def _stopped(self, tok):
         return (tok[:, None] == self.stops[None, :]).any(-1)
 
+    def _choose(self, logits):
+        """The next token of every sequence: the greedy argmax, or a sample (Gumbel-max) at temperature > 0."""
+        if not self.temperature:
+            return logits.argmax(-1)
+        u = torch.rand(logits.shape, generator=self.generator, device=logits.device, dtype=torch.float32)
+        gumbel = -torch.log(-torch.log(u.clamp(min=1e-20)))
+        return (logits.float() / self.temperature + gumbel).argmax(-1)
+
     def _step(self) -> None:
         key_mask = self.valid & (self.slots[None, :] <= self.slot)
-        nxt = self.target.step_static(self.tok, self.pos, self.cache, self.slot, key_mask).argmax(-1)
+        nxt = self._choose(self.target.step_static(self.tok, self.pos, self.cache, self.slot, key_mask))
         self.out.index_copy_(1, self.col.view(1), nxt[:, None])
         self.done |= self._stopped(nxt)
         self.tok.copy_(nxt[:, None])
@@ -101,7 +118,7 @@ class BatchDecoder:
     @torch.no_grad()
     def run(self) -> list[np.ndarray]:
         """The answers: each ends with its stop token, or is max_new long (or cut short by the tail rule)."""
-        first = self.target.step(self.prompt_ids, self.prompt_pos, self.cache, 0, self.valid).argmax(-1)
+        first = self._choose(self.target.step(self.prompt_ids, self.prompt_pos, self.cache, 0, self.valid))
         self.out[:, 0] = first
         self.done |= self._stopped(first)
         self.tok.copy_(first[:, None])

@@ -69,6 +69,8 @@ class _Log:
 @click.option("--max-prompt", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("--raw-fraction", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="share of raw code-completion prompts (bench_spec.py prompts raw code); the rest are chat")
+@click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.4, show_default=True,
+              help="share of prompts the target writes itself after a generic opener (train/self_prompts.py)")
 @click.option("--batch-seqs", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--anchors", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--gen-batch", type=click.IntRange(min=1), default=256, show_default=True,
@@ -80,7 +82,7 @@ class _Log:
               help="0: a step's logits all at once (fastest; ~34 GB peak for a 1.5B target); N: the loss over N "
                    "block rows at a time, recomputed in the backward pass (~11 GB at 2048: for 24 GB cards)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
-                  features, max_mb, max_new, max_prompt, raw_fraction, batch_seqs, anchors, gen_batch, seed, device,
+                  features, max_mb, max_new, max_prompt, raw_fraction, self_prompt_fraction, batch_seqs, anchors, gen_batch, seed, device,
                   outtype, loss_rows):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation."""
     from . import TorchMissing, require_torch
@@ -93,7 +95,7 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
         tc = TrainConfig(block_size=block_size, n_layers=layers, n_features=features, max_mb=max_mb,
                          anchors=anchors, batch_seqs=batch_seqs, max_seq=max_prompt + max_new, seed=seed,
                          max_tokens=max_tokens, max_prompt=max_prompt, max_new=max_new, gen_batch=gen_batch,
-                         raw_fraction=raw_fraction,
+                         raw_fraction=raw_fraction, self_prompt_fraction=self_prompt_fraction,
                          gen_minutes=gen_minutes, train_minutes=train_minutes)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

@@ -8,7 +8,9 @@ target's greedy tokens: where two logits are within bf16 rounding they may diffe
 choice, which only adds a little label noise (the drafter's labels are the target's argmax either way).
 
 Files in the work folder:
-    prompts.npz              the rendered prompt ids (tokens int32 concatenated, offsets int64), built once
+    prompts.npz              the prompt plan, built once: ids (tokens int32 concatenated, offsets int64), kind int8
+                             (0 rendered from data.py; self_prompts.RAW / CHAT: written by the target when its shard
+                             is generated, ids empty) and opener (str, the start of a RAW one)
     data/shard-NNNNN.npz     tokens int32 (prompt + answer, concatenated), offsets int64 (n + 1,), prompt_len int32
     gen_state.json           {"seconds": generation time so far, "tokens": answer tokens so far, "done": bool}
 """
@@ -24,11 +26,13 @@ import numpy as np
 from flashd.clients.chat_template import ChatTemplate
 from flashd.clients.tokenizer import Tokenizer
 
+from . import require_torch
 from .batch_decode import BatchDecoder
 from .data import build_prompts, data_sources
 from .recipe import TrainConfig
+from .self_prompts import complete_prompts, opener_kinds
 
-__all__ = ["render_prompts", "generate", "load_samples", "gen_state"]
+__all__ = ["render_prompts", "plan_prompts", "generate", "load_samples", "gen_state"]
 
 
 def render_prompts(target_path: Path, tc: TrainConfig, n: int) -> list[np.ndarray]:
@@ -49,6 +53,30 @@ def render_prompts(target_path: Path, tc: TrainConfig, n: int) -> list[np.ndarra
                 break
             p = p.shortened()
     return out
+
+
+def plan_prompts(target_path: Path, tc: TrainConfig, n: int) -> tuple[list[np.ndarray], np.ndarray, list[str]]:
+    """The run's n prompts: (ids, kind int8 (n,), opener): kind 0 a rendered prompt (its ids), kind RAW / CHAT one
+    the target writes itself at generation time (ids empty, opener its start; self_prompts.py), a share
+    tc.self_prompt_fraction spread evenly through the list."""
+    n_self = round(n * tc.self_prompt_fraction)
+    rendered = iter(render_prompts(target_path, tc, n - n_self))
+    openers = iter(opener_kinds(n_self, tc.seed))
+    ids, kinds, texts = [], [], []
+    for j in range(n):
+        own = (j * n_self) // n != ((j + 1) * n_self) // n
+        item = next(openers, None) if own else next(rendered, None)
+        if item is None:
+            continue
+        if own:
+            ids.append(np.zeros(0, np.int32))
+            kinds.append(item[0])
+            texts.append(item[1])
+        else:
+            ids.append(item)
+            kinds.append(0)
+            texts.append("")
+    return ids, np.asarray(kinds, np.int8), texts
 
 
 def _save_npz(path: Path, **arrays) -> None:
@@ -90,12 +118,17 @@ def generate(target, target_path: Path, work: Path, tc: TrainConfig, deadline: f
     if not pfile.exists():
         t0 = time.monotonic()
         log("data sources: " + ", ".join(f"{s.kind}={s.root}" for s in data_sources()))
-        prompts = render_prompts(target_path, tc, max(tc.gen_batch, tc.max_tokens // 200))
-        _save_npz(pfile, **_ragged(prompts))
-        log(f"{len(prompts)} prompts rendered in {time.monotonic() - t0:.0f} s")
+        prompts, kinds, openers = plan_prompts(target_path, tc, max(tc.gen_batch, tc.max_tokens // 200))
+        _save_npz(pfile, **_ragged(prompts), kind=kinds, opener=np.asarray(openers, dtype=str))
+        log(f"{int((kinds == 0).sum())} prompts rendered, {int((kinds != 0).sum())} to be written by the target, "
+            f"in {time.monotonic() - t0:.0f} s")
     z = np.load(pfile)
     prompts = _unragged(z["tokens"], z["offsets"])
-    stop_ids = sorted(Tokenizer.from_gguf(target_path).stop_ids)
+    kinds = z["kind"] if "kind" in z else np.zeros(len(prompts), np.int8)
+    openers = z["opener"].tolist() if "opener" in z else [""] * len(prompts)
+    tok = Tokenizer.from_gguf(target_path)
+    template = ChatTemplate.from_gguf(target_path)
+    stop_ids = sorted(tok.stop_ids)
     n_shards = (len(prompts) + tc.gen_batch - 1) // tc.gen_batch
     for i in range(n_shards):
         path = work / "data" / f"shard-{i:05d}.npz"
@@ -106,8 +139,16 @@ def generate(target, target_path: Path, work: Path, tc: TrainConfig, deadline: f
         if time.monotonic() >= deadline:
             return state
         t0 = time.monotonic()
-        batch = sorted(prompts[i * tc.gen_batch:(i + 1) * tc.gen_batch], key=len)
-        answers = _answer(target, batch, tc.max_new, stop_ids)
+        part = range(i * tc.gen_batch, min(len(prompts), (i + 1) * tc.gen_batch))
+        batch = [prompts[j] for j in part if kinds[j] == 0]
+        own = [(int(kinds[j]), openers[j]) for j in part if kinds[j] != 0]
+        if own:       # the shard's self-written prompts, sampled with a generator seeded by (seed, shard)
+            torch = require_torch()
+            g = torch.Generator(device=target.device).manual_seed(tc.seed * 1_000_003 + i)
+            batch += complete_prompts(target, tok, template, own, tc.self_prompt_tokens, tc.self_prompt_temperature,
+                                      tc.max_prompt, stop_ids, g)
+        batch = sorted(batch, key=len)
+        answers = _answer(target, batch, tc.max_new, stop_ids) if batch else []
         seqs = [np.concatenate([p, a]) for p, a in zip(batch, answers)]
         _save_npz(path, **_ragged(seqs), prompt_len=np.array([len(p) for p in batch], np.int32))
         dt = time.monotonic() - t0

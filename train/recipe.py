@@ -20,7 +20,9 @@ Where each choice comes from (facts from the paper and the open DFlash trainers;
                              the cosine decay to 0 after warm-up, betas (0.9, 0.95) and the grad-norm clip at 1.0
                              are our choices
     data                     self-distillation: the target's own greedy answers (the paper regenerates its training
-                             responses with the target); ours are prompts built from local sources (data.py)
+                             responses with the target); ours are prompts built from local sources (data.py) and
+                             a share the target writes itself after a generic opener (self_prompts.py: the chat
+                             request the way Magpie samples one; the fraction, 0.4, and temperature, 0.8, are ours)
     drafter depth            the paper uses 5 layers for 4B-8B targets; 3 here, with the SwiGLU width chosen so the
                              Q8_0 file stays under `max_mb` (the issue's 60 MB for the 1.5B target) and one H100
                              trains it in minutes
@@ -67,6 +69,9 @@ class TrainConfig:
     max_new: int = 512            # answer tokens per prompt
     gen_batch: int = 256          # prompts decoded together
     raw_fraction: float = 0.5     # share of raw-completion prompts (the rest go through the chat template)
+    self_prompt_fraction: float = 0.4   # share of prompts the target writes itself (self_prompts.py), half raw
+    self_prompt_tokens: int = 64        # tokens sampled after an opener (a chat request: up to its end of turn)
+    self_prompt_temperature: float = 0.8
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
     gen_minutes: float = 4.0
@@ -74,7 +79,7 @@ class TrainConfig:
 
     def __post_init__(self):
         ints = ("block_size", "n_layers", "n_features", "anchors", "batch_seqs", "max_seq", "max_tokens",
-                "max_prompt", "max_new", "gen_batch", "eval_every")
+                "max_prompt", "max_new", "gen_batch", "eval_every", "self_prompt_tokens")
         for name in ints:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -88,8 +93,10 @@ class TrainConfig:
         for name in ("max_mb", "lr", "epochs", "gen_minutes", "train_minutes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 <= self.warmup < 1 or not 0 <= self.raw_fraction <= 1:
-            raise ValueError("warmup must be in [0, 1) and raw_fraction in [0, 1]")
+        if not 0 <= self.warmup < 1 or not 0 <= self.raw_fraction <= 1 or not 0 <= self.self_prompt_fraction <= 1:
+            raise ValueError("warmup must be in [0, 1), raw_fraction and self_prompt_fraction in [0, 1]")
+        if not self.self_prompt_temperature > 0:
+            raise ValueError(f"self_prompt_temperature must be > 0, got {self.self_prompt_temperature!r}")
         if self.weight_decay < 0 or not self.grad_clip > 0:
             raise ValueError("weight_decay must be >= 0 and grad_clip > 0")
 
