@@ -69,8 +69,9 @@ class _Log:
 @click.option("--max-prompt", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("--raw-fraction", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="share of raw code-completion prompts (bench_spec.py prompts raw code); the rest are chat")
-@click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.4, show_default=True,
-              help="share of prompts the target writes itself after a generic opener (train/self_prompts.py)")
+@click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of prompts the target writes itself after a generic opener (train/self_prompts.py; "
+                   "experimental: 0.4 lost in its one measured run)")
 @click.option("--batch-seqs", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--anchors", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--gen-batch", type=click.IntRange(min=1), default=256, show_default=True,
