@@ -1,7 +1,7 @@
 """`flashd train-drafter TARGET`: train a DFlash block drafter for TARGET and export the GGUF `--draft` loads.
 
-    flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 9] [--resume] [--max-tokens N]
-                         [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 4] [--train-minutes 9.5]
+    flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 19.5] [--resume] [--max-tokens N]
+                         [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 7] [--train-minutes 10.5]
                          [--loss-rows N]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
@@ -53,13 +53,13 @@ class _Log:
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="work folder (data, checkpoint, log); default OUT.work")
 @click.option("--resume", is_flag=True, help="continue the run in the work folder (data, checkpoint)")
-@click.option("--minutes", type=click.FloatRange(min=0.5), default=9.0, show_default=True,
+@click.option("--minutes", type=click.FloatRange(min=0.5), default=19.5, show_default=True,
               help="wall-clock limit of this call; it checkpoints and exports before")
-@click.option("--gen-minutes", type=click.FloatRange(min=0.05), default=4.0, show_default=True,
+@click.option("--gen-minutes", type=click.FloatRange(min=0.05), default=7.0, show_default=True,
               help="data generation budget, summed over calls")
-@click.option("--train-minutes", type=click.FloatRange(min=0.05), default=9.5, show_default=True,
+@click.option("--train-minutes", type=click.FloatRange(min=0.05), default=10.5, show_default=True,
               help="training budget, summed over calls (the learning-rate schedule's clock)")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=4_000_000, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(min=1), default=6_000_000, show_default=True,
               help="answer tokens to generate at most")
 @click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True, help="drafter layers")
 @click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True)
