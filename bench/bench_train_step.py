@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--anchors", type=int, default=128)
     ap.add_argument("--loss-rows", default="0",
                     help="comma list of Trainer loss_rows values to compare (0: the whole block's logits at once)")
+    ap.add_argument("--ce", default="float32",
+                    help="comma list: float32 (the log-softmax on a float32 copy of the logits) and/or bfloat16 "
+                         "(on the autocast logits as they are); with loss_rows 0 only")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
@@ -49,8 +52,12 @@ def main(argv=None) -> int:
     print(f"# {args.target.name} on {dev_name}: drafter {cfg.model.n_layers} layers, ffn {cfg.model.ffn}; "
           f"{args.batch_seqs} sequences x {args.anchors} anchors x block {cfg.block_size} a step")
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    for rows in (int(r) for r in args.loss_rows.split(",")):
-        trainer = Trainer(target, cfg, tc, samples, log=lambda m: None, loss_rows=rows)
+    configs = [(int(r), ce) for r in args.loss_rows.split(",") for ce in args.ce.split(",")
+               if int(r) == 0 or ce == "float32"]
+    for rows, ce in configs:
+        if ce not in ("float32", "bfloat16"):
+            raise SystemExit(f"--ce {ce!r}: float32 or bfloat16")
+        trainer = Trainer(target, cfg, tc, samples, log=lambda m: None, loss_rows=rows, ce_float32=ce == "float32")
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         batches = [trainer._epoch_order(0)[i % trainer.per_epoch] for i in range(args.steps)]
@@ -63,7 +70,7 @@ def main(argv=None) -> int:
         sync()
         dt = (time.perf_counter() - t0) / args.steps
         peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
-        print(f"loss_rows {rows}: {dt * 1e3:.1f} ms a step, {tokens / args.steps / dt:,.0f} sequence tok/s, "
+        print(f"loss_rows {rows}, ce {ce}: {dt * 1e3:.1f} ms a step, {tokens / args.steps / dt:,.0f} sequence tok/s, "
               f"peak {peak:.1f} GiB")
         if args.profile:
             from torch.profiler import ProfilerActivity, profile

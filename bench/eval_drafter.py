@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--anchors", type=int, default=128)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--per-prompt", action="store_true", help="also each prompt's accept_len and first line")
     ap.add_argument("--loss-rows", type=int, default=1024,
                     help="block rows whose logits are formed at once (Trainer loss_rows; memory only)")
     args = ap.parse_args(argv)
@@ -83,6 +84,13 @@ def main(argv=None) -> int:
     print("top-1 agreement by block position: " + " ".join(f"{a:.2f}" for a in ev["acc"]))
     print(f"accept_len {ev['accept_len']:.2f} over {ev['blocks']} blocks (a chain step: {1 + ev['accept_len']:.2f} "
           f"tokens)")
+    if args.per_prompt:
+        for ids, plen in samples:
+            trainer.eval_set = [(ids, plen)]
+            one = trainer.evaluate(max_samples=1)
+            first = tok.decode(ids[:plen].tolist()).strip().splitlines()
+            print(f"  {one.get('accept_len', float('nan')):5.2f}  {len(ids) - plen:4d} tokens  "
+                  f"{(first[0] if first else '')[:70]!r}")
     return 0
 
 

@@ -39,11 +39,14 @@ class Trainer:
     """The drafter being trained on `samples` ((ids int32, prompt_len) pairs) against a frozen TorchTarget."""
 
     def __init__(self, target, drafter_cfg, tc: TrainConfig, samples, log: Callable[[str], None] = print,
-                 autocast: bool | None = None, loss_rows: int = 0):
+                 autocast: bool | None = None, loss_rows: int = 0, ce_float32: bool = True):
         self.target, self.cfg, self.tc, self.log = target, drafter_cfg, tc, log
         if not isinstance(loss_rows, int) or loss_rows < 0:
             raise ValueError(f"loss_rows must be an int >= 0, got {loss_rows!r}")
         self.loss_rows = loss_rows       # 0: the block's logits at once; else labelled rows in chunks (_chunked_ce)
+        # the whole-block loss's log-softmax on a float32 copy of the logits (True), or on the autocast dtype's
+        # logits as they are (False: no 4-byte copy of N*A*(B-1)*V values; the kernel still sums in float32)
+        self.ce_float32 = bool(ce_float32)
         self.dev = target.device
         held = [i for i in range(len(samples)) if i % tc.eval_every == 0]
         self.eval_set = [samples[i] for i in held]
@@ -124,7 +127,8 @@ class Trainer:
             else:
                 logits = self.drafter.logits(h[:, :, 1:], self.target.lm_head)   # (N, A, B-1, V)
         if not self.loss_rows:
-            ce = F.cross_entropy(logits.float().flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
+            flat = (logits.float() if self.ce_float32 else logits).flatten(0, 2)
+            ce = F.cross_entropy(flat, labels.flatten(), reduction="none").float().view_as(labels)
             loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
             hit = (logits.argmax(-1) == labels) & mask
         lead = hit.int().cumprod(dim=-1).sum(-1)[keep]                             # leading agreements per block
