@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from flashd.train.recipe import TrainConfig
     from flashd.train.target import TorchTarget
 
-    torch = require_torch()
+    require_torch()                     # a clear message when torch is missing
     tok = Tokenizer.from_gguf(args.target)
     if args.training:
         tc0 = TrainConfig(seed=1)
