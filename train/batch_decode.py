@@ -36,9 +36,9 @@ class BatchDecoder:
     """Greedy answers of one prompt batch; `graph` None: a CUDA graph on a CUDA target, eager otherwise.
 
     temperature > 0 samples instead (the prompts the target writes itself, self_prompts.py): each token is
-    argmax(logits / temperature + Gumbel noise), which draws from softmax(logits / temperature); the noise comes from
-    `generator` (a torch.Generator on the target's device). Sampling runs eagerly (no graph): it is used for short
-    prefixes only."""
+    argmax(logits / temperature + Gumbel noise), which draws from softmax(logits / temperature). The noise comes from
+    `generator` (a torch.Generator on the target's device; the steps then run eagerly), or with generator None from
+    the device's default generator, which a CUDA graph may replay (torch advances its offsets per replay)."""
 
     def __init__(self, target, prompts: list[np.ndarray], max_new: int, stop_ids: list[int], graph: bool | None = None,
                  temperature: float = 0.0, generator=None):
@@ -49,9 +49,11 @@ class BatchDecoder:
         self.target, self.max_new = target, max_new
         self.temperature, self.generator = float(temperature), generator
         dev = target.device
-        self.graph_on = (dev.type == "cuda" and not temperature) if graph is None else graph
-        if self.graph_on and (dev.type != "cuda" or temperature):
-            raise ValueError(f"a CUDA graph needs a CUDA target ({dev}) and greedy decoding (temperature 0)")
+        own_rng = bool(temperature) and generator is not None
+        self.graph_on = (dev.type == "cuda" and not own_rng) if graph is None else graph
+        if self.graph_on and (dev.type != "cuda" or own_rng):
+            raise ValueError(f"a CUDA graph needs a CUDA target ({dev}) and, to sample, the default generator "
+                             f"(generator None)")
         n, width = len(prompts), max(len(p) for p in prompts)
         self.n, self.width = n, width
         t_max = width + max_new

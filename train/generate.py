@@ -26,7 +26,6 @@ import numpy as np
 from flashd.clients.chat_template import ChatTemplate
 from flashd.clients.tokenizer import Tokenizer
 
-from . import require_torch
 from .batch_decode import BatchDecoder
 from .data import build_prompts, data_sources
 from .recipe import TrainConfig
@@ -142,11 +141,9 @@ def generate(target, target_path: Path, work: Path, tc: TrainConfig, deadline: f
         part = range(i * tc.gen_batch, min(len(prompts), (i + 1) * tc.gen_batch))
         batch = [prompts[j] for j in part if kinds[j] == 0]
         own = [(int(kinds[j]), openers[j]) for j in part if kinds[j] != 0]
-        if own:       # the shard's self-written prompts, sampled with a generator seeded by (seed, shard)
-            torch = require_torch()
-            g = torch.Generator(device=target.device).manual_seed(tc.seed * 1_000_003 + i)
+        if own:       # the shard's self-written prompts, sampled with a seed of (seed, shard)
             batch += complete_prompts(target, tok, template, own, tc.self_prompt_tokens, tc.self_prompt_temperature,
-                                      tc.max_prompt, stop_ids, g)
+                                      tc.max_prompt, stop_ids, tc.seed * 1_000_003 + i)
         batch = sorted(batch, key=len)
         answers = _answer(target, batch, tc.max_new, stop_ids) if batch else []
         seqs = [np.concatenate([p, a]) for p, a in zip(batch, answers)]

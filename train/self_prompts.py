@@ -14,7 +14,7 @@ write the prompt itself gives data from the distribution it writes in, with noth
            the request is rendered as a normal user turn and the greedy assistant answer is the answer.
 
 Only the answers are trained on (the sampled part is prompt, as any prompt is): the labels stay the target's greedy
-tokens. Sampling uses BatchDecoder's Gumbel-max at temperature > 0 with a generator seeded per shard.
+tokens. Sampling uses BatchDecoder's Gumbel-max at temperature > 0, seeded per shard.
 
 Measured once, and lost (`train-drafter --self-prompts 0.4`, H100, session 27; the default is 0): in 5 generation
 minutes the data was 3.66 M answer tokens instead of ~6 M (the eager sampling before each shard's answers, and
@@ -66,10 +66,18 @@ def chat_user_prefix(template) -> str | None:
 
 
 def complete_prompts(target, tok, template, kinds: list[tuple[int, str]], tokens: int, temperature: float,
-                     max_prompt: int, stop_ids: list[int], generator) -> list[np.ndarray]:
+                     max_prompt: int, stop_ids: list[int], seed: int) -> list[np.ndarray]:
     """The finished prompts (token ids) for (kind, opener) pairs: each opener's sampled continuation, and for chat
     the sampled request rendered as a user turn with the generation prompt. A chat request that comes out empty,
-    or a prompt over max_prompt tokens, is dropped."""
+    or a prompt over max_prompt tokens, is dropped. `seed` seeds the sampler: on CUDA the device's default
+    generator (so the steps replay a CUDA graph, as greedy decoding does), elsewhere a torch.Generator."""
+    from . import require_torch
+    torch = require_torch()
+    if target.device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+        generator = None
+    else:
+        generator = torch.Generator(device=target.device).manual_seed(seed)
     prefix = chat_user_prefix(template)
     starts, kind_of = [], []
     for kind, opener in kinds:

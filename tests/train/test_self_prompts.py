@@ -75,8 +75,8 @@ def test_complete_prompts_raw_and_chat(target, synthetic_model):
     tok = Tokenizer.from_gguf(synthetic_model(**TARGET))
     template = ChatTemplate(TEMPLATE)
     kinds = [(RAW, "def "), (RAW, "// Rust\n"), (CHAT, ""), (CHAT, "")]
-    g = torch.Generator().manual_seed(0)
-    out = complete_prompts(target, tok, template, kinds, 8, 1.0, 400, [], g)
+    out = complete_prompts(target, tok, template, kinds, 8, 1.0, 400, [], 0)
+    out_first = out
     raw = [o for o in out if not tok.decode(o.tolist()).startswith("<|im_start|>")]
     chat = [o for o in out if tok.decode(o.tolist()).startswith("<|im_start|>")]
     assert len(raw) == 2 and len(out) >= 3               # a chat request may come out empty and be dropped
@@ -87,11 +87,13 @@ def test_complete_prompts_raw_and_chat(target, synthetic_model):
         text = tok.decode(c.tolist())
         assert text.endswith("<|im_end|>\n<|im_start|>assistant\n") and text.startswith("<|im_start|>user\n")
     # no template: chat openers become raw ones (the first opener)
-    out = complete_prompts(target, tok, None, [(CHAT, "")], 5, 1.0, 400, [], torch.Generator().manual_seed(0))
+    out = complete_prompts(target, tok, None, [(CHAT, "")], 5, 1.0, 400, [], 0)
     first = tok.encode(RAW_OPENERS[0], add_special=True)
     assert len(out) == 1 and out[0][:len(first)].tolist() == first
     # a prompt over max_prompt is dropped
-    assert complete_prompts(target, tok, None, [(RAW, "def ")], 5, 1.0, 3, [], g) == []
+    assert complete_prompts(target, tok, None, [(RAW, "def ")], 5, 1.0, 3, [], 0) == []
+    again = complete_prompts(target, tok, template, kinds, 8, 1.0, 400, [], 0)                 # seeded
+    assert [o.tolist() for o in again] == [o.tolist() for o in out_first]
 
 
 def test_opener_kinds_and_the_prompt_plan(synthetic_model):
