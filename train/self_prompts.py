@@ -21,7 +21,7 @@ minutes the data was 3.66 M answer tokens instead of ~6 M (the eager sampling be
 shorter answers: 12.6 K tok/s against ~20 K), 3,700 training steps in 9 minutes, and on bench/spec_prompts.jsonl
 the drafter accepted less than the file-only drafter trained with 6.1 M tokens and 4,051 steps (chain 15: 1.82
 tokens a step against 2.04; DDTree 22: 2.30 against 2.42). The comparison is confounded by the data volume; a
-fair one keeps the tokens and steps equal.
+fair one keeps the tokens and steps equal; the sampling has since moved into the CUDA graph (BatchDecoder with the default generator).
 """
 from __future__ import annotations
 
