@@ -69,6 +69,9 @@ class _Log:
 @click.option("--max-prompt", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("--raw-fraction", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="share of raw code-completion prompts (bench_spec.py prompts raw code); the rest are chat")
+@click.option("--data-mix", type=click.Choice(["code", "wide"]), default="code", show_default=True,
+              help="code: Python and C sources (the shipped drafter's data); wide: also the packages' C++ and "
+                   "documentation, and answers in other languages (train/data.py; not yet measured)")
 @click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of prompts the target writes itself after a generic opener (train/self_prompts.py; "
                    "experimental: 0.4 lost in its one measured run)")
@@ -83,8 +86,8 @@ class _Log:
               help="0: a step's logits all at once (fastest; ~34 GB peak for a 1.5B target); N: the loss over N "
                    "block rows at a time, recomputed in the backward pass (~11 GB at 2048: for 24 GB cards)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
-                  features, max_mb, max_new, max_prompt, raw_fraction, self_prompt_fraction, batch_seqs, anchors, gen_batch, seed, device,
-                  outtype, loss_rows):
+                  features, max_mb, max_new, max_prompt, raw_fraction, data_mix, self_prompt_fraction, batch_seqs,
+                  anchors, gen_batch, seed, device, outtype, loss_rows):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation."""
     from . import TorchMissing, require_torch
     try:
@@ -96,7 +99,7 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
         tc = TrainConfig(block_size=block_size, n_layers=layers, n_features=features, max_mb=max_mb,
                          anchors=anchors, batch_seqs=batch_seqs, max_seq=max_prompt + max_new, seed=seed,
                          max_tokens=max_tokens, max_prompt=max_prompt, max_new=max_new, gen_batch=gen_batch,
-                         raw_fraction=raw_fraction, self_prompt_fraction=self_prompt_fraction,
+                         raw_fraction=raw_fraction, self_prompt_fraction=self_prompt_fraction, data_mix=data_mix,
                          gen_minutes=gen_minutes, train_minutes=train_minutes)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
@@ -128,7 +131,7 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     deadline = start + minutes * 60 - EXPORT_RESERVE_S
     log = _Log(work / "log.txt")
     (work / "sources.json").write_text(json.dumps([{"kind": s.kind, "root": str(s.root), "suffix": s.suffix}
-                                                   for s in data_sources()], indent=1))
+                                                   for s in data_sources(tc.data_mix)], indent=1))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -159,7 +162,7 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     ev = trainer.run(deadline, ckpt)
     export(trainer.drafter, out, outtype)
     report = {"target": target_path.name, "out": str(out), "bytes": out.stat().st_size,
-              "params": matrices + norms, "gen": state, "sources": [str(s.root) for s in data_sources()],
+              "params": matrices + norms, "gen": state, "sources": [f"{s.root}/*{s.suffix}" for s in data_sources(tc.data_mix)],
               "done": trainer.progress() >= 1.0}
     trainer.write_report(work / "report.json", ev, report)
     log(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); training {trainer.progress():.0%} done"

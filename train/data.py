@@ -46,6 +46,30 @@ C_TASKS = (
     "Continue this C header:\n\n```c\n{code}\n```",
 )
 
+# data_mix "wide" (TrainConfig.data_mix): answers in the languages users start the target in, and prose. Python
+# snippets may also be translated (the answer is then Rust, Go, ...), C++ from the packages' headers and sources,
+# and the packages' documentation (.rst / .md) explained, summarised or continued as plain text.
+LANGS = ("Rust", "Go", "JavaScript", "TypeScript", "Java", "C++", "a bash script", "SQL where it fits, or Python")
+WIDE_PY_TASKS = tuple(f"Rewrite this Python code in {lang}:\n\n```python\n{{code}}\n```" for lang in LANGS) + (
+    "Write a short tutorial, in prose with small examples, explaining the ideas behind this code:\n\n"
+    "```python\n{code}\n```",
+)
+CPP_TASKS = (
+    "Explain what this C++ code does:\n\n```cpp\n{code}\n```",
+    "Continue this C++ code:\n\n```cpp\n{code}\n```",
+    "Write a small program that uses the code below, with comments:\n\n```cpp\n{code}\n```",
+    "Rewrite this C++ code in Rust:\n\n```cpp\n{code}\n```",
+    "Rewrite this C++ code in Go:\n\n```cpp\n{code}\n```",
+    "Find possible bugs in this C++ code and explain them:\n\n```cpp\n{code}\n```",
+)
+DOC_TASKS = (
+    "Summarise this documentation in five bullet points:\n\n{code}",
+    "Explain this to a new programmer, step by step, with an example:\n\n{code}",
+    "Write a short code example that shows what this documentation describes:\n\n{code}",
+    "What questions would a user have after reading this? Answer each of them:\n\n{code}",
+)
+DATA_MIXES = ("code", "wide")
+
 
 @dataclass(slots=True, frozen=True)
 class Source:
@@ -83,8 +107,12 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
-def data_sources() -> list[Source]:
-    """The source folders, in order, without duplicates and without the flashd repository."""
+def data_sources(mix: str = "code") -> list[Source]:
+    """The source folders, in order, without duplicates and without the flashd repository. mix "code": Python
+    (stdlib, site-packages) and the interpreter's C headers; "wide" adds the packages' C / C++ headers and
+    sources (kind "cpp") and their documentation (kind "docs", .rst and .md)."""
+    if mix not in DATA_MIXES:
+        raise ValueError(f"data mix {mix!r}: one of {', '.join(DATA_MIXES)}")
     paths = sysconfig.get_paths()
     out: list[Source] = []
     seen: set[Path] = set()
@@ -95,6 +123,15 @@ def data_sources() -> list[Source]:
             continue
         seen.add(root)
         out.append(Source(kind, root, suffix))
+    if mix == "wide":
+        extra: set[tuple[Path, str]] = set()
+        for kind, suffixes in (("cpp", (".h", ".hpp", ".cuh", ".cpp", ".cc")), ("docs", (".rst", ".md"))):
+            for key in ("purelib", "platlib"):
+                root = Path(paths.get(key, "")).resolve()
+                for suffix in suffixes:
+                    if root.is_dir() and (root, suffix) not in extra and not _inside(root, REPO_ROOT):
+                        extra.add((root, suffix))
+                        out.append(Source(kind, root, suffix))
     return out
 
 
@@ -129,11 +166,23 @@ def _snippets(text: str, rng: random.Random, n: int) -> Iterator[str]:
             yield chunk
 
 
-def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2) -> list[Prompt]:
-    """n prompts, deterministic for (machine's sources, seed): files shuffled over every source,
-    `per_file` snippets each, a task drawn per snippet."""
+def _tasks(src: Source, mix: str) -> tuple[str, ...]:
+    if src.kind == "docs":
+        return DOC_TASKS
+    if src.kind == "cpp":
+        return CPP_TASKS
+    if src.suffix == ".py":
+        return PY_TASKS + WIDE_PY_TASKS if mix == "wide" else PY_TASKS
+    return C_TASKS
+
+
+def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2,
+                  mix: str = "code") -> list[Prompt]:
+    """n prompts, deterministic for (machine's sources, seed, mix): files shuffled over every source,
+    `per_file` snippets each, a task drawn per snippet (data_sources(mix); "code" draws exactly as before "wide"
+    existed)."""
     rng = random.Random(seed)
-    files = [(src, p) for src in data_sources() for p in source_files(src)]
+    files = [(src, p) for src in data_sources(mix) for p in source_files(src)]
     rng.shuffle(files)
     prompts: list[Prompt] = []
     for src, path in files:
@@ -149,7 +198,7 @@ def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: in
                 lines = code.splitlines()
                 prompts.append(Prompt("{code}", "\n".join(lines[:max(6, len(lines) // 2)]) + "\n", origin))
             else:
-                prompts.append(Prompt(rng.choice(PY_TASKS if src.suffix == ".py" else C_TASKS), code, origin))
+                prompts.append(Prompt(rng.choice(_tasks(src, mix)), code, origin))
             if len(prompts) >= n:
                 break
     return prompts

@@ -74,6 +74,8 @@ class TrainConfig:
                                         # 0.4 lost in its one run (session 27: less data in the same minutes)
     self_prompt_tokens: int = 64        # tokens sampled after an opener (a chat request: up to its end of turn)
     self_prompt_temperature: float = 0.8
+    data_mix: str = "code"        # data.DATA_MIXES: "code" (Python + C, the shipped drafter's) or "wide" (+ C++,
+                                  # docs, answers in other languages): not yet measured
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
     gen_minutes: float = 7.0      # the shipped 1.5B drafter's recipe (session 27): the token cap ended
@@ -97,6 +99,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.warmup < 1 or not 0 <= self.raw_fraction <= 1 or not 0 <= self.self_prompt_fraction <= 1:
             raise ValueError("warmup must be in [0, 1), raw_fraction and self_prompt_fraction in [0, 1]")
+        if self.data_mix not in ("code", "wide"):
+            raise ValueError(f"data_mix must be 'code' or 'wide', got {self.data_mix!r}")
         if not self.self_prompt_temperature > 0:
             raise ValueError(f"self_prompt_temperature must be > 0, got {self.self_prompt_temperature!r}")
         if self.weight_decay < 0 or not self.grad_clip > 0:

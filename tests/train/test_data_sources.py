@@ -36,3 +36,28 @@ def test_the_daemon_and_cli_never_import_torch():
     code = ("import sys, flashd.clients.cli, flashd.daemon.server, flashd.train.data, flashd.train.command; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_wide_mix_adds_cpp_and_docs_and_other_answer_languages():
+    """data_mix "wide": the packages' C++ and docs join (where installed), Python snippets may ask for a translation,
+    still no benchmark prompt; "code" draws exactly the prompts it drew before "wide" existed (same tasks, same
+    random draws: the shipped drafter's data)."""
+    import pytest
+    from flashd.train.data import CPP_TASKS, DOC_TASKS, PY_TASKS, WIDE_PY_TASKS
+    code = build_prompts(300, seed=2)
+    assert all(p.origin.split(":", 1)[0] in ("stdlib", "site", "include") for p in code)
+    assert all(p.task in PY_TASKS or p.task == "{code}" or p.origin.startswith("include") for p in code)
+    kinds = {s.kind for s in data_sources("wide")}
+    assert kinds >= {s.kind for s in data_sources()}
+    wide = build_prompts(2000, seed=2, mix="wide")
+    bench = [json.loads(line)["text"].strip() for line in BENCH_PROMPTS.read_text().splitlines() if line.strip()]
+    for p in wide:
+        assert not any(b in p.text for b in bench), p.origin
+    tasks = {p.task for p in wide}
+    assert tasks & set(WIDE_PY_TASKS)
+    if "cpp" in kinds:
+        assert any(p.origin.startswith("cpp:") for p in wide) and tasks & set(CPP_TASKS)
+    if "docs" in kinds:
+        assert any(p.origin.startswith("docs:") for p in wide) and tasks & set(DOC_TASKS)
+    with pytest.raises(ValueError, match="data mix"):
+        data_sources("everything")
