@@ -1,8 +1,9 @@
 """Self-distillation data: the target's own greedy answers to the prompts of data.py, saved in shards.
 
 Route: batched greedy decoding of the torch target (target.py) with a KV cache, `gen_batch` prompts at a time
-(left-padded; each sequence at its own RoPE positions), one CUDA graph replay per token on the GPU (batch_decode.py). flashd's engine decodes one sequence at a time (~800
-tok/s for the 1.5B on an H100), so 20 minutes would give < 1 M tokens; a batch of 256 decodes 256 sequences per
+(left-padded; each sequence at its own RoPE positions), one CUDA graph replay per token on the GPU
+(batch_decode.py). flashd's engine decodes one sequence at a time (~800 tok/s for the 1.5B on an H100), so 20
+minutes would give < 1 M tokens; a batch of 256 decodes 256 sequences per
 step for a few times the cost of one, which is what makes minutes of generation enough. The answers are the bf16 torch
 target's greedy tokens: where two logits are within bf16 rounding they may differ from flashd's own greedy
 choice, which only adds a little label noise (the drafter's labels are the target's argmax either way).
