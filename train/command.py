@@ -2,7 +2,7 @@
 
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 19.5] [--resume] [--max-tokens N]
                          [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 7] [--train-minutes 10.5]
-                         [--loss-rows N]
+                         [--loss-rows N] [--ce float32|bfloat16]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
 by shard), train, checkpoint, export. `--minutes` bounds this call (it stops, checkpoints and exports before);
@@ -71,7 +71,7 @@ class _Log:
               help="share of raw code-completion prompts (bench_spec.py prompts raw code); the rest are chat")
 @click.option("--data-mix", type=click.Choice(["code", "wide"]), default="code", show_default=True,
               help="code: Python and C sources (the shipped drafter's data); wide: also the packages' C++ and "
-                   "documentation, and answers in other languages (train/data.py; not yet measured)")
+                   "documentation, and answers in other languages (train/data.py; its one run lost to code: README)")
 @click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of prompts the target writes itself after a generic opener (train/self_prompts.py; "
                    "experimental: 0.4 lost in its one measured run)")
@@ -82,13 +82,19 @@ class _Log:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cuda when available, else cpu)")
 @click.option("--outtype", type=click.Choice(["q8_0", "f32", "f16", "bf16"]), default="q8_0", show_default=True)
-@click.option("--loss-rows", type=click.IntRange(min=0), default=0, show_default=True,
-              help="0: a step's logits all at once (fastest; ~34 GB peak for a 1.5B target); N: the loss over N "
-                   "block rows at a time, recomputed in the backward pass (~11 GB at 2048: for 24 GB cards)")
+@click.option("--loss-rows", type=click.IntRange(min=0), default=4096, show_default=True,
+              help="the loss over N block rows at a time (train/linear_ce.py: each chunk's gradient formed at once; "
+                   "~14 GiB peak for a 1.5B target at 4096, ~11 at 2048 for 24 GB cards); 0: the whole block's "
+                   "logits at once (~34 GiB, ~10% slower)")
+@click.option("--ce", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="with --loss-rows 0 only: the whole block's log-softmax on a float32 copy of the logits, or on "
+                   "the bf16 logits as they are (no copy: 21 GiB, the fastest step; session 28's one run used it)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
                   features, max_mb, max_new, max_prompt, raw_fraction, data_mix, self_prompt_fraction, batch_seqs,
-                  anchors, gen_batch, seed, device, outtype, loss_rows):
+                  anchors, gen_batch, seed, device, outtype, loss_rows, ce):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation."""
+    if ce == "bfloat16" and loss_rows:
+        raise click.UsageError("--ce bfloat16 applies to the whole block's logits: add --loss-rows 0")
     from . import TorchMissing, require_torch
     try:
         require_torch()
@@ -108,13 +114,13 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
         raise click.ClickException(f"{work} holds an earlier run: pass --resume to continue it, or another --work")
     work.mkdir(parents=True, exist_ok=True)
     try:
-        train_drafter(target, out, work, tc, minutes, device, outtype, loss_rows)
+        train_drafter(target, out, work, tc, minutes, device, outtype, loss_rows, ce == "float32")
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
 
 
 def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, device: str | None,
-                  outtype: str = "q8_0", loss_rows: int = 0) -> dict | None:
+                  outtype: str = "q8_0", loss_rows: int = 4096, ce_float32: bool = True) -> dict | None:
     """The whole call; returns the report (None when the call ended during data generation)."""
     import torch
 
@@ -154,7 +160,7 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     log(f"drafter: {cfg.model.n_layers} layers, ffn {cfg.model.ffn}, block {cfg.block_size}, target layers "
         f"{list(cfg.target_layer_ids)}, mask id {mask_id}; {(matrices + norms) / 1e6:.1f} M parameters, "
         f"{q8_0_bytes(cfg) / 1e6:.1f} MB as Q8_0; {len(samples)} samples, {state['tokens']} answer tokens")
-    trainer = Trainer(target, cfg, tc, samples, log, loss_rows=loss_rows)
+    trainer = Trainer(target, cfg, tc, samples, log, loss_rows=loss_rows, ce_float32=ce_float32)
     ckpt = work / "checkpoint.pt"
     if ckpt.exists():
         trainer.load(ckpt)

@@ -75,7 +75,8 @@ class TrainConfig:
     self_prompt_tokens: int = 64        # tokens sampled after an opener (a chat request: up to its end of turn)
     self_prompt_temperature: float = 0.8
     data_mix: str = "code"        # data.DATA_MIXES: "code" (Python + C, the shipped drafter's) or "wide" (+ C++,
-                                  # docs, answers in other languages): not yet measured
+                                  # docs, answers in other languages): its one run lost on the benchmark prompts
+                                  # (session 28: better on Rust / C++ / SQL / bash, worse on Python and prose)
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
     gen_minutes: float = 7.0      # the shipped 1.5B drafter's recipe (session 27): the token cap ended

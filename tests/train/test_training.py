@@ -72,7 +72,8 @@ def test_training_steps_lower_the_loss(target):
 
 @pytest.mark.parametrize("rows", [1, 7, 10_000])
 def test_chunked_loss_matches_the_whole_block(target, rows):
-    """loss_rows > 0 (labelled rows in chunks, logits recomputed in backward) is the same loss, the same gradient
+    """loss_rows > 0 (labelled rows in chunks through linear_cross_entropy, the gradient formed in forward) is the
+    same loss, the same gradient
     and the same hit counts as the whole block's logits at once (float32 on the CPU: 1e-5 relative, summation
     order only). 7 does not divide the labelled row count, 10,000 exceeds it (one chunk)."""
     results = []
@@ -92,12 +93,14 @@ def test_chunked_loss_matches_the_whole_block(target, rows):
         make_trainer(target, loss_rows=-1)
 
 
-def test_bf16_log_softmax_is_the_float32_loss_within_bf16_rounding(target):
-    """ce_float32=False (the log-softmax on the bf16 autocast logits) against the float32 copy: the same loss to
-    bf16 rounding of log-probabilities (2^-8 relative; 1e-2 here), gradients within 5e-2 of the largest."""
+@pytest.mark.parametrize("ce32, loss_rows", [(False, 0), (True, 13)])
+def test_bf16_losses_are_the_float32_loss_within_bf16_rounding(target, ce32, loss_rows):
+    """Under bf16 autocast, ce_float32=False (the log-softmax on the bf16 logits) and loss_rows > 0
+    (linear_cross_entropy: bf16 probabilities into the second product) against the whole block's float32 copy:
+    the same loss to bf16 rounding (2^-8 relative; 1e-2 here), gradients within 5e-2 of the largest."""
     results = []
-    for ce32 in (True, False):
-        trainer = make_trainer(target, autocast=True, ce_float32=ce32)
+    for ce32, loss_rows in ((True, 0), (ce32, loss_rows)):
+        trainer = make_trainer(target, autocast=True, ce_float32=ce32, loss_rows=loss_rows)
         ids, lens, plen = trainer._tensors(trainer.train_set[:4])
         loss = trainer._forward(ids, lens, plen, torch.Generator().manual_seed(5))[0]
         loss.backward()
@@ -147,6 +150,8 @@ def test_command_end_to_end_and_resume(tmp_path, synthetic_model):
     # the chunked loss is not part of the recipe: a resume may switch it (a smaller card)
     r = CliRunner().invoke(train_command, args + ["--resume", "--loss-rows", "5"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(train_command, args + ["--resume", "--ce", "bfloat16"], catch_exceptions=False)
+    assert r.exit_code != 0 and "--loss-rows 0" in r.output      # bf16 CE is the whole block's option only
     ops = ReferenceOps()
     m = load_model(path, ops.load_weight)
     d = load_dflash_drafter(out, ops, m.config, m.weights, 64)

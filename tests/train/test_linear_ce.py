@@ -1,0 +1,80 @@
+"""linear_cross_entropy (train/linear_ce.py) against torch's F.linear + F.cross_entropy in float64 (CPU).
+
+Tolerances: float64 inputs give the oracle's loss and input gradient to summation order (1e-12 relative). With a
+bfloat16 weight (the GPU's dtype) the probabilities are rounded to bfloat16 before the second product, as the
+whole-block path's backward rounds its gradient: the input gradient within 2^-7 of the largest entry's size.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from flashd.train.linear_ce import linear_cross_entropy           # noqa: E402
+
+
+def problem(rows=37, dim=24, vocab=301, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, dim, generator=g, dtype=torch.float64)
+    weight = torch.randn(vocab, dim, generator=g, dtype=torch.float64) * 0.7
+    labels = torch.randint(0, vocab, (rows,), generator=g)
+    labels[:5] = (x[:5] @ weight.t()).argmax(-1)                 # some rows right (hit True, p near 1)
+    w = torch.rand(rows, generator=g, dtype=torch.float64)
+    w[3] = 0.0                                                    # a row that is not in the loss
+    return x.to(dtype), weight.to(dtype), labels, w
+
+
+def oracle(x, weight, labels, w):
+    x = x.double().detach().requires_grad_(True)
+    logits = F.linear(x, weight.double())
+    loss = (F.cross_entropy(logits, labels, reduction="none") * w.double()).sum()
+    loss.backward()
+    return float(loss), x.grad, logits.argmax(-1) == labels
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 37, 1000])
+def test_float64_is_the_oracle(chunk):
+    """Any chunking (1 row, a chunk not dividing the rows, exactly the rows, more than the rows)."""
+    x, weight, labels, w = problem()
+    ref_loss, ref_grad, ref_hit = oracle(x, weight, labels, w)
+    xg = x.clone().requires_grad_(True)
+    loss, hit = linear_cross_entropy(xg, weight, labels, w, chunk=chunk)
+    (2.5 * loss).backward()                                       # backward scales by the incoming gradient
+    assert float(loss) == pytest.approx(ref_loss, rel=1e-12)
+    assert torch.equal(hit, ref_hit) and hit.sum() >= 5
+    torch.testing.assert_close(xg.grad, 2.5 * ref_grad, rtol=1e-10, atol=1e-12)
+    assert torch.all(xg.grad[3] == 0)                             # a zero-weight row gets no gradient
+
+
+def test_bfloat16_weight_within_rounding():
+    x, weight, labels, w = problem(rows=64, dim=32, vocab=517, seed=1)
+    ref_loss, ref_grad, _ = oracle(x.bfloat16(), weight.bfloat16(), labels, w)
+    xg = x.bfloat16().requires_grad_(True)
+    loss, _ = linear_cross_entropy(xg, weight.bfloat16(), labels, w.float(), chunk=24)
+    loss.backward()
+    assert xg.grad.dtype == torch.bfloat16
+    assert float(loss) == pytest.approx(ref_loss, rel=2e-2)
+    err = float((xg.grad.double() - ref_grad).abs().max())
+    assert err <= 2 ** -7 * float(ref_grad.abs().max())
+
+
+def test_without_a_gradient_only_the_loss():
+    """The evaluation path (no_grad): the same loss and hits, no input gradient formed."""
+    x, weight, labels, w = problem()
+    ref_loss, _, ref_hit = oracle(x, weight, labels, w)
+    with torch.no_grad():
+        loss, hit = linear_cross_entropy(x, weight, labels, w, chunk=8)
+    assert float(loss) == pytest.approx(ref_loss, rel=1e-12) and torch.equal(hit, ref_hit)
+
+
+def test_bad_arguments():
+    x, weight, labels, w = problem()
+    with pytest.raises(ValueError, match="chunk"):
+        linear_cross_entropy(x, weight, labels, w, chunk=0)
+    with pytest.raises(ValueError, match=r"\(R, D\)"):
+        linear_cross_entropy(x, weight[:, :5], labels, w)
+    with pytest.raises(ValueError, match="labels and w"):
+        linear_cross_entropy(x, weight, labels[:-1], w)
+    with pytest.raises(ValueError, match="frozen"):
+        linear_cross_entropy(x, weight.clone().requires_grad_(True), labels, w)
