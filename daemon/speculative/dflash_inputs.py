@@ -3,10 +3,12 @@ newly committed target features) in buffers it keeps, and its kept buffers (`buf
 device-resident features).
 
 On a backend with device memory (ops.dev: CUDA) each named input lives in one persistent device
-buffer, grown to the largest input seen and filled by Device.upload(out=...): a step allocates
+buffer, grown to the largest input seen and filled by Device.upload_staged(out=...): a step allocates
 nothing, where `ops.from_numpy` would cudaMalloc a block per input and cudaFree it when the
-tensor is dropped (cudaFree synchronises the whole device: ~10 per step before this). Other
-backends get `ops.from_numpy` (the reference backend: the array itself).
+tensor is dropped (cudaFree synchronises the whole device: ~10 per step before this), and waits for
+nothing (a synchronising upload made the host wait for the GPU at every input, ~6 times a draft
+step, so each launch after it found the GPU idle). Other backends get `ops.from_numpy` (the
+reference backend: the array itself).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class StagedInputs:
         buf = self.buffers.get(name)
         if buf is None or buf.shape[0] < n or buf.shape[1:] != array.shape[1:] or buf.dtype != array.dtype:
             buf = self.buffers[name] = self.dev.empty((max(n, 1),) + array.shape[1:], array.dtype)
-        return self.dev.upload(array, out=buf[:n])      # stream-ordered after the kernels that read it last
+        return self.dev.upload_staged(array, buf[:n])   # stream-ordered after the kernels that read it last
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype=np.float32):
         """A kept backend tensor `name` of `shape` (contents undefined until written): device memory on

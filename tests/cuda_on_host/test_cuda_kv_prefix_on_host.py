@@ -45,6 +45,9 @@ class HostMemoryLib:
         self.blocks.pop(self._addr(p), None)
         return 0
 
+    def fd_host_alloc(self, out, n_bytes):           # pinned host memory: plain host memory here
+        return self.fd_malloc(out, n_bytes)
+
     def fd_memcpy_h2d(self, dst, src, n_bytes, stream):
         self.ffi.memmove(self.ffi.cast("char*", dst), self.ffi.cast("char*", src), n_bytes)
         return 0

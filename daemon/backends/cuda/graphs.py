@@ -25,9 +25,11 @@ def capture(dev, body: Callable):
     gc.disable()
     try:
         dev.native.check(dev.lib.fd_graph_begin_capture(dev.stream), "begin capture")
+        dev.capturing = True
         try:
             result = body()
         finally:
+            dev.capturing = False
             out = dev.ffi.new("void**")
             status = dev.lib.fd_graph_end_capture(dev.stream, out)
     finally:

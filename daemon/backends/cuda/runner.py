@@ -186,7 +186,8 @@ class CudaRunner(ModelRunner):
 
     def _upload_tree(self, ids, positions, mask, capture) -> tuple[int, tuple]:
         """forward_tree's inputs checked (at most max_tree_nodes nodes; capture's layers, whose feature buffers are
-        allocated here, never inside a capture) and uploaded in one copy; returns (n, capture as ints)."""
+        allocated here, never inside a capture) and uploaded in one staged copy (no synchronisation: the host goes
+        on to launch the forward); returns (n, capture as ints)."""
         ids = np.asarray(ids, np.int32)
         n = len(ids)
         if n > self.max_tree_nodes:
@@ -195,7 +196,7 @@ class CudaRunner(ModelRunner):
         if capture:
             self.tree_features(capture)
         self._will_write(n)
-        self.dev.upload(pack_tree_inputs(ids, positions, mask, self.n_past, self._tree_slots), out=self._t_inputs)
+        self.dev.upload_staged(pack_tree_inputs(ids, positions, mask, self.n_past, self._tree_slots), self._t_inputs)
         return n, capture
 
     def _feature_rows(self, n_layers: int) -> list:
@@ -303,7 +304,7 @@ class CudaRunner(ModelRunner):
             graph = self._graph(None)
             for t in feed[1:]:                          # a replay per feed token; its choice is overwritten
                 dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
-                dev.upload(np.array([t], np.int32), out=self.tok)
+                dev.upload_staged(np.array([t], np.int32), self.tok)
             n_launch = n_new
         else:
             self._set_state(n0 + len(feed) - 1, 0)      # advance() moves pos/n_past to the next slot
@@ -331,7 +332,7 @@ class CudaRunner(ModelRunner):
             if np.any(np.diff(offsets) <= 0) or np.any(offsets < np.arange(n)):
                 raise ValueError(f"kv_compact offsets must increase with offsets[i] >= i, got {offsets.tolist()}")
             dev, spec = self.dev, self.cache.spec
-            dev.upload(np.concatenate([np.array([self.n_past], np.int32), offsets]), out=self._t_commit[:n + 1])
+            dev.upload_staged(np.concatenate([np.array([self.n_past], np.int32), offsets]), self._t_commit[:n + 1])
             if hasattr(self.cache, "compact"):            # a quantized K or V (kv_cache_quant.py)
                 self.cache.compact(self.t_offsets, self.c_n_past, n)
                 self.n_past += n
@@ -385,7 +386,7 @@ class CudaRunner(ModelRunner):
 
     def _set_state(self, n_past: int, n_history: int, tok: int = 0) -> None:
         state = dict(tok=tok, pos=n_past, n_past=n_past, step=0, n_history=n_history)
-        self.dev.upload(np.array([state[f] for f in STATE_FIELDS], np.int32), out=self._state)
+        self.dev.upload_staged(np.array([state[f] for f in STATE_FIELDS], np.int32), self._state)
 
     def _warm_up(self) -> None:
         """Run the step once eagerly (first-use kernel setup happens outside capture), then

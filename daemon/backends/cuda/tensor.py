@@ -16,6 +16,11 @@ from .lib import NativeLib
 __all__ = ["Device", "DeviceTensor", "Allocation", "Arena"]
 
 ALIGN_BYTES = 256
+# Device.upload_staged's pinned staging ring: the per-step inputs of speculative decoding (a verify tree's ~5 KB,
+# a DFlash draft's few hundred bytes) pass through it; the ring is reused from its start after a synchronisation,
+# so it wraps about once per few hundred steps. Larger uploads take upload()'s synchronous path.
+STAGE_BYTES = 1 << 22
+STAGE_MAX = 1 << 18
 
 # The cffi pointer type of a tensor of each dtype (Device.p): a tensor passed where the C ABI declares another
 # pointer type is a TypeError before the call. The ABI's `void*` parameters (weights, the float16 KV cache,
@@ -133,6 +138,9 @@ class Device:
         out = self.ffi.new("void**")
         native.check(self.lib.fd_stream_create(out), "cudaStreamCreate")
         self.stream = out[0]
+        self.capturing = False       # set by graphs.capture while a graph is being recorded from the stream
+        self._stage = None           # upload_staged's pinned ring (made on first use; lives with the process)
+        self._stage_bytes = self._stage_off = 0
 
     # -- info ------------------------------------------------------------------------------------
     def info(self) -> dict:
@@ -175,6 +183,33 @@ class Device:
         self.native.check(self.lib.fd_memcpy_h2d(self.p(t), src, array.nbytes, self.stream), "memcpy H2D")
         self.synchronize()   # the host buffer may be freed as soon as we return
         return t
+
+    def upload_staged(self, array: np.ndarray, out: DeviceTensor) -> DeviceTensor:
+        """upload() into `out` without the synchronisation: the bytes are copied into a pinned staging ring first,
+        so the stream-ordered copy (after every kernel queued before it, e.g. the last readers of `out`) reads
+        memory that nothing frees or rewrites before it runs -- the ring is rewritten only after a synchronize.
+        The host can then queue the kernels that read `out` while the GPU still works on earlier ones. Not during a
+        graph capture (the copy would be recorded reading the ring, which later replays would not refill)."""
+        array = np.ascontiguousarray(array)
+        if out.nbytes != array.nbytes:
+            raise ValueError(f"upload of {array.nbytes} bytes into a {out.nbytes}-byte tensor")
+        if self.capturing:
+            raise RuntimeError("upload_staged during a graph capture: inputs are uploaded before a replay")
+        n = array.nbytes
+        if n > min(STAGE_MAX, self._stage_bytes or STAGE_BYTES):
+            return self.upload(array, out)
+        if self._stage is None:
+            ring = self.ffi.new("void**")
+            self.native.check(self.lib.fd_host_alloc(ring, STAGE_BYTES), "cudaHostAlloc(staging ring)")
+            self._stage, self._stage_bytes = self.ffi.cast("char*", ring[0]), STAGE_BYTES
+        start = (self._stage_off + 63) // 64 * 64
+        if start + n > self._stage_bytes:
+            self.synchronize()          # every earlier staged copy has run: the ring is free again
+            start = 0
+        self.ffi.memmove(self._stage + start, self.ffi.from_buffer("char[]", array), n)
+        self.native.check(self.lib.fd_memcpy_h2d(self.p(out), self._stage + start, n, self.stream), "memcpy H2D")
+        self._stage_off = start + n
+        return out
 
     def download(self, t: DeviceTensor, out: np.ndarray | None = None) -> np.ndarray:
         """t's contents in a new host array, or in `out` (C-contiguous, t's shape and dtype)."""
