@@ -29,11 +29,17 @@ def main(argv=None) -> int:
     ap.add_argument("--ce", default="float32",
                     help="comma list: float32 (the log-softmax on a float32 copy of the logits) and/or bfloat16 "
                          "(on the autocast logits as they are); with loss_rows 0 only")
+    ap.add_argument("--rmsnorm", default="fused",
+                    help="comma list: fused (train/target.py's rmsnorm, F.rms_norm) and/or composite (the casts, powers "
+                         "and products it replaced in session 28: the A/B's baseline)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
 
+    from flashd.train import drafter as train_drafter
+    from flashd.train import loop as train_loop
     from flashd.train import require_torch
+    from flashd.train import target as train_target
     from flashd.train.loop import Trainer
     from flashd.train.recipe import TrainConfig, drafter_config
     from flashd.train.target import TorchTarget
@@ -52,11 +58,19 @@ def main(argv=None) -> int:
     print(f"# {args.target.name} on {dev_name}: drafter {cfg.model.n_layers} layers, ffn {cfg.model.ffn}; "
           f"{args.batch_seqs} sequences x {args.anchors} anchors x block {cfg.block_size} a step")
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    configs = [(int(r), ce) for r in args.loss_rows.split(",") for ce in args.ce.split(",")
-               if int(r) == 0 or ce == "float32"]
-    for rows, ce in configs:
-        if ce not in ("float32", "bfloat16"):
-            raise SystemExit(f"--ce {ce!r}: float32 or bfloat16")
+    fused = train_target.rmsnorm
+
+    def composite(x, w, eps: float):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    norms = {"fused": fused, "composite": composite}
+    configs = [(int(r), ce, nm) for nm in args.rmsnorm.split(",") for r in args.loss_rows.split(",")
+               for ce in args.ce.split(",") if int(r) == 0 or ce == "float32"]
+    for rows, ce, nm in configs:
+        if ce not in ("float32", "bfloat16") or nm not in norms:
+            raise SystemExit(f"--ce {ce!r}: float32 or bfloat16; --rmsnorm {nm!r}: fused or composite")
+        for mod in (train_target, train_drafter, train_loop):       # every module that calls it by name
+            mod.rmsnorm = norms[nm]
         trainer = Trainer(target, cfg, tc, samples, log=lambda m: None, loss_rows=rows, ce_float32=ce == "float32")
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -70,7 +84,8 @@ def main(argv=None) -> int:
         sync()
         dt = (time.perf_counter() - t0) / args.steps
         peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
-        print(f"loss_rows {rows}, ce {ce}: {dt * 1e3:.1f} ms a step, {tokens / args.steps / dt:,.0f} sequence tok/s, "
+        print(f"loss_rows {rows}, ce {ce}, rmsnorm {nm}: {dt * 1e3:.1f} ms a step, "
+              f"{tokens / args.steps / dt:,.0f} sequence tok/s, "
               f"peak {peak:.1f} GiB")
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
