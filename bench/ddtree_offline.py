@@ -1,8 +1,8 @@
 """DDTree acceptance offline: tokens a step at a node budget, from a DFlash drafter's per-depth candidates.
 
     python bench/ddtree_offline.py TARGET.gguf DRAFTER.gguf [--prompts bench/spec_prompts.jsonl] [--n-prompts 8]
-        [--max-new 128] [--anchors 48] [--budgets 8,16,22,32] [--temperatures 0.5,0.7,1,1.5] [--top-k 8]
-        [--device cpu|cuda] [--answers CACHE.npz]
+        [--max-new 128] [--anchors 0] [--budgets 8,16,22,32] [--temperatures 0.5,0.7,1,1.5] [--top-k 8[,16...]]
+        [--device cpu|cuda] [--answers CACHE.npz] [--dump STEPS.npz]
 
 The target (train/target.py) answers each prompt greedily (as bench/eval_drafter.py; --answers keeps the answers
 in a file, so a rerun on the CPU skips the slow part). At up to --anchors random answer positions a of each
@@ -12,9 +12,14 @@ through the runtime's own tree build (speculative/tree.py build_tree: best first
 and greedy walk (accept.py) against the target's actual continuation a+1, a+2, ... Printed: tokens a step (1 +
 accepted) per draft temperature and budget, and for the top-1 chain of depth 15. The temperature only reshapes
 the tree (which candidates a budget buys), never the candidates, so this tunes DFlashDrafter's `temperature`
-for tokens a step without a GPU. Offline steps are rooted at random answer positions, runtime steps where the
-previous step ended: absolute numbers differ from bench_spec's (session 27: chain 2.35 offline vs 2.04), the
-comparison between settings is what this is for.
+for tokens a step without a GPU.
+
+Two averages. Rooted anywhere: every drafted position alike (the trainer's held-out accept_len is this kind).
+Along the walk (with --anchors 0, a draft at every answer position): steps tile each answer as the runtime's do
+-- a step rooted at a emits 1 + accepted tokens and the next is rooted where it ended -- so easy stretches take
+few long steps and hard ones many short ones; this is the runtime's tokens a step (the speculative decoder on the
+CPU reference backend over the same 8 prompts x 128 tokens: 2.546 at DDTree 32, the walk 2.546; bench/results/
+2026-11-28-cpu-session28-ddtree-offline.md), lower than rooted anywhere (3.10 there).
 """
 from __future__ import annotations
 
@@ -52,6 +57,23 @@ def accepted_in_tree(root: int, ids: np.ndarray, lp: np.ndarray, cont: np.ndarra
     return len(path) - 1
 
 
+def walk(where: list[tuple[int, int, int, int]], accepted: list[int]) -> float | None:
+    """Tokens a step of the runtime's sequence of steps: from each answer's first position, a step rooted at a
+    emits 1 + accepted(a) tokens and the next step is rooted where it ended (None unless every position of every
+    answer was drafted: --anchors 0). Per-position averages weight every position alike; the runtime's steps
+    cover easy stretches in few long steps and hard ones in many short ones, so its figure is lower."""
+    at = {(si, a): k for (si, a, _, _), k in zip(where, accepted)}
+    tokens = steps = 0
+    for si, p, n in sorted({(w[0], w[2], w[3]) for w in where}):
+        a = p
+        while a < n - 1:
+            if (si, a) not in at:
+                return None
+            step = 1 + at[(si, a)]
+            tokens, steps, a = tokens + min(step, n - 1 - a), steps + 1, a + step
+    return tokens / steps if steps else None
+
+
 def chain_accepted(ids: np.ndarray, cont: np.ndarray) -> int:
     """Leading agreements of the top-1 chain with the continuation."""
     n = 0
@@ -67,16 +89,19 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=Path, default=ROOT / "bench" / "spec_prompts.jsonl")
     ap.add_argument("--n-prompts", type=int, default=8, help="first N prompts (0: all)")
     ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--anchors", type=int, default=48)
+    ap.add_argument("--anchors", type=int, default=0,
+                    help="draft steps rooted at this many random answer positions a sequence; 0: at every position, "
+                         "which also gives the walk (the runtime's steps)")
     ap.add_argument("--budgets", default="8,16,22,32")
     ap.add_argument("--temperatures", default="0.5,0.7,1,1.5")
-    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--top-k", default="8", help="comma list: candidates per depth (the runtime asks 8)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--answers", type=Path, help="npz cache of the target's answers (written if missing)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--dump", type=Path, help="npz of every draft step's root, continuation, candidates and normalisers")
     args = ap.parse_args(argv)
-    budgets, temps = _ints(args.budgets), _floats(args.temperatures)
-    if not budgets or min(budgets) < 1 or not temps or min(temps) <= 0 or args.top_k < 1:
+    budgets, temps, top_ks = _ints(args.budgets), _floats(args.temperatures), _ints(args.top_k)
+    if not budgets or min(budgets) < 1 or not temps or min(temps) <= 0 or not top_ks or min(top_ks) < 1:
         raise SystemExit("--budgets >= 1, --temperatures > 0, --top-k >= 1")
 
     from flashd.clients.tokenizer import Tokenizer
@@ -109,14 +134,16 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(args.seed)
     blocks = []        # (root, cont (B-1,), ids (B-1, K), top logits (B-1, K), lse (len(temps), B-1))
+    where = []         # (sequence, anchor position) of each block
     with torch.no_grad():
-        for prompt, answer in zip(prompts, answers):
+        for si, (prompt, answer) in enumerate(zip(prompts, answers)):
             seq = np.concatenate([prompt, answer]).astype(np.int64)
             p, n = len(prompt), len(seq)
             if n - p < 2:
                 continue
             pos = np.arange(p, n - 1)                     # anchors: answer tokens with a next token
-            pos = np.sort(rng.choice(pos, min(args.anchors, len(pos)), replace=False))
+            if args.anchors:
+                pos = np.sort(rng.choice(pos, min(args.anchors, len(pos)), replace=False))
             ids = torch.from_numpy(seq)[None].to(args.device)
             feats, _ = target.forward(ids, capture=cfg.target_layer_ids)
             ctx = drafter.context(torch.cat(feats, dim=-1).float())
@@ -127,24 +154,45 @@ def main(argv=None) -> int:
             h = drafter.blocks(ctx, target.embed[block].float(), anchors, keep)          # (1, A, B, D)
             for j, a in enumerate(pos.tolist()):
                 logits = drafter.logits(h[0, j, 1:].float(), target.lm_head.float())      # (B-1, V)
-                top = logits.topk(args.top_k, dim=-1)
+                top = logits.topk(max(top_ks), dim=-1)             # best first: [:k] is the top-k
                 lse = torch.stack([torch.logsumexp(logits / t, dim=-1) for t in temps])   # (n_temps, B-1)
                 cont = np.full(B - 1, -1, np.int64)
                 tail = seq[a + 1:a + B]
                 cont[:len(tail)] = tail
                 blocks.append((int(seq[a]), cont, top.indices.cpu().numpy().astype(np.int32),
                                top.values.double().cpu().numpy(), lse.double().cpu().numpy()))
-    print(f"{len(blocks)} draft steps (anchors), top-{args.top_k} candidates per depth")
-    chain = np.mean([chain_accepted(b[2], b[1]) for b in blocks])
-    print(f"chain (top-1, depth {B - 1}): {1 + chain:.3f} tokens a step")
-    print("draft temperature | " + " | ".join(f"budget {b}" for b in budgets))
+                where.append((si, a, p, n))
+    print(f"{len(blocks)} draft steps (anchors), top-{','.join(map(str, top_ks))} candidates per depth")
+    if args.dump is not None:
+        np.savez(args.dump, roots=np.array([b[0] for b in blocks]), cont=np.stack([b[1] for b in blocks]),
+                 ids=np.stack([b[2] for b in blocks]), vals=np.stack([b[3] for b in blocks]),
+                 lse=np.stack([b[4] for b in blocks]), temperatures=np.array(temps))
+    chain = [chain_accepted(b[2], b[1]) for b in blocks]
+    w = walk(where, chain)
+    print(f"chain (top-1, depth {B - 1}): {1 + np.mean(chain):.3f} tokens a step rooted anywhere"
+          + (f", {w:.3f} along the runtime's walk" if w else ""))
+    print("tokens a step rooted anywhere" + (" (along the runtime's walk)" if w else ""))
+    print("| draft temperature | K | " + " | ".join(f"budget {b}" for b in budgets) + " |")
+    print("|---:|---:|" + "---:|" * len(budgets))
     for ti, t in enumerate(temps):
-        row = []
-        for budget in budgets:
-            acc = [accepted_in_tree(root, ids, vals / t - lse[ti][:, None], cont, budget)
-                   for root, cont, ids, vals, lse in blocks]
-            row.append(1 + float(np.mean(acc)))
-        print(f"{t:g} | " + " | ".join(f"{x:.3f}" for x in row))
+        for k in top_ks:
+            row = []
+            for budget in budgets:
+                acc = [accepted_in_tree(root, ids[:, :k], vals[:, :k] / t - lse[ti][:, None], cont, budget)
+                       for root, cont, ids, vals, lse in blocks]
+                w = walk(where, acc)
+                row.append(f"{1 + float(np.mean(acc)):.3f}" + (f" ({w:.3f})" if w else ""))
+            print(f"| {t:g} | {k} | " + " | ".join(row) + " |")
+    # the most a tree of these candidates could accept: every depth's true token among the top-K (no budget)
+    for k in top_ks:
+        reach = []
+        for _, cont, ids, _, _ in blocks:
+            n = 0
+            while n < len(ids) and cont[n] >= 0 and cont[n] in ids[n, :k]:
+                n += 1
+            reach.append(n)
+        print(f"top-{k} ceiling (the true path inside the candidates, any budget): {1 + float(np.mean(reach)):.3f} "
+              f"tokens a step")
     return 0
 
 
