@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--answers", type=Path, help="npz cache of the target's answers (written if missing)")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--dump", type=Path, help="npz of every draft step's root, continuation, candidates and normalisers")
+    ap.add_argument("--dump", type=Path,
+                    help="npz of every draft step's root, continuation, candidates and normalisers")
     args = ap.parse_args(argv)
     budgets, temps, top_ks = _ints(args.budgets), _floats(args.temperatures), _ints(args.top_k)
     if not budgets or min(budgets) < 1 or not temps or min(temps) <= 0 or not top_ks or min(top_ks) < 1:

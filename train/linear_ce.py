@@ -65,8 +65,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(x, weight, labels, w, chunk: int = 4096):
-    """(weighted CE sum float32 (float64 for a float64 weight), hit bool (R,)) of rows x (R, D) through the frozen `weight` (V, D); labels int64
-    (R,), w float32 (R,) the rows' loss weights; `chunk` rows' logits at a time. The weight gets no gradient."""
+    """(weighted CE sum float32 (float64 for a float64 weight), hit bool (R,)) of rows x (R, D) through the frozen
+    `weight` (V, D); labels int64 (R,), w float32 (R,) the rows' loss weights; `chunk` rows' logits at a time.
+    The weight gets no gradient."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x (R, D) and weight (V, D) expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if labels.shape != (x.shape[0],) or w.shape != (x.shape[0],):

@@ -9,11 +9,13 @@ conditioned on the path (DDTree builds its tree from exactly that). dflash_topk.
 computes them on the host (the reference backend); on CUDA fd_topk_logprobs computes them on the
 device and only K ids and log-probs per depth come back (not the (B-1) x vocab logits).
 
-State, kept consistent with the committed sequence (drafter.py): n_ctx rows are in the drafter's
-cache (slots [0, n_ctx)), covering committed positions [0, n_pos) except the gaps below; the target features of committed positions n_pos .. not yet injected wait for
-the next propose's injection forward: first `_pending` (host rows: the prompt's, from prefill), then
-rows [0, _n_dev) of `_dev_pending` (device-resident rows: the verify forwards'); `_captured` holds
-the host rows of the target forward in flight, until begin/accept says which rows were kept.
+State, kept consistent with the committed sequence (drafter.py): n_pos positions are committed (the
+root sits at n_pos); n_ctx rows are in the drafter's cache (slots [0, n_ctx)); the committed rows
+with features not yet injected wait, each with its absolute position, for the next propose's
+injection forward: first `_pending` (host rows: the prompt's, from prefill; positions
+`_pending_pos`), then rows [0, _n_dev) of `_dev_pending` (device-resident rows: the verify
+forwards'; positions `_dev_pos`); `_captured` holds the host rows of the target forward in flight,
+until begin/accept says which rows were kept.
 
 Features (device_features, drafter.py). The prompt's arrive through capture_hidden and are copied to
 host memory (ops.to_numpy). A verify forward's stay on the device: capture_device hands over the
@@ -27,10 +29,12 @@ next rows would not fit it is injected first (then the chunks differ: the drafts
 rounding, never the output, which the target verifies).
 
 Gaps (drafter.py). spec=auto's plain bursts run on the runner's decode path without features and
-call skip(): the pending rows are injected first (they precede the gap), then n_pos advances by the
-burst's committed positions while n_ctx does not. Every injected row keeps its absolute position
-(RoPE), and the block [root, MASK x (B-1)] sits at positions n_pos .. n_pos + B - 1 in slots
-n_ctx .., so it attends to the context it has, with the burst's positions absent.
+call skip(): n_pos advances by the burst's committed positions, nothing is injected and n_ctx does
+not move; the rows pending from before the gap stay pending and the next propose injects them, in
+commit order, each at its own absolute position (RoPE) in the next slots -- what injecting them
+before the gap would have written, so a request whose policy never drafts again injects nothing more
+(the prompt's rows included). The block [root, MASK x (B-1)] sits at positions n_pos .. n_pos + B - 1
+in slots n_ctx .., so it attends to the context it has, with the burst's positions absent.
 """
 from __future__ import annotations
 
@@ -119,8 +123,10 @@ class DFlashDrafter(Drafter):
         if rows[0].shape[0] != len(prompt):
             raise RuntimeError(f"DFlash drafter: {rows[0].shape[0]} captured feature rows for a prompt of "
                                f"{len(prompt)} tokens (the target prefill must run with the drafter's hidden sink)")
-        self._n_ctx = self._n_pos = 0
+        self._n_ctx = 0
+        self._n_pos = len(prompt)                # committed positions: the root sits at len(prompt)
         self._pending = rows
+        self._pending_pos = np.arange(len(prompt), dtype=np.int64)
         self._n_dev = 0
         self._verify_features = None
         self._root = int(root)
@@ -160,6 +166,8 @@ class DFlashDrafter(Drafter):
             if self._n_dev:                 # host rows may not follow device rows (injection order)
                 self._inject_pending()
             self._pending = [np.concatenate([p, c[rows]]) for p, c in zip(self._pending, captured)]
+            self._pending_pos = np.concatenate([self._pending_pos, self._n_pos + np.arange(len(rows))])
+        self._n_pos += len(rows)                # root + accepted: committed, their rows pending
         self._root = int(bonus)
 
     def skip(self, tokens: Sequence[int]) -> None:
@@ -169,8 +177,9 @@ class DFlashDrafter(Drafter):
             return
         self._take_captured()                   # a decode path forward captures nothing; drop strays
         self._verify_features = None
-        self._inject_pending()                  # rows before the gap keep their positions
         self._n_pos += len(tokens)              # the old root and tokens[:-1]: committed, no features
+        # the pending rows stay pending with their positions: the next propose injects them (a request whose
+        # policy never drafts again injects nothing more)
         self._root = int(tokens[-1])
 
     def close(self) -> None:
@@ -180,6 +189,8 @@ class DFlashDrafter(Drafter):
     def end(self) -> None:
         self._n_ctx = self._n_pos = 0
         self._n_dev = 0           # rows [0, _n_dev) of each _dev_pending buffer await injection
+        self._dev_pos = np.zeros(self.pending_cap, np.int64)     # their absolute positions
+        self._pending_pos = np.zeros(0, np.int64)                # the host rows' positions
         self._verify_features = None
         self._root: int | None = None
         self._captured: list[list[np.ndarray]] = [[] for _ in self.target_layer_ids]
@@ -210,6 +221,7 @@ class DFlashDrafter(Drafter):
         ids = self._inputs.put("accepted_rows", rows.astype(np.int32))
         for f, buf in zip(features, self._dev_pending):
             self.ops.gather_rows(f, ids, buf[self._n_dev:self._n_dev + m])
+        self._dev_pos[self._n_dev:self._n_dev + m] = self._n_pos + np.arange(m)
         self._n_dev += m
 
     def _inject_pending(self) -> None:
@@ -220,20 +232,22 @@ class DFlashDrafter(Drafter):
         put = self._inputs.put
         for s in range(0, n_host, self.inject_chunk):
             e = min(n_host, s + self.inject_chunk)
-            self._inject([put(f"feature{j}", p[s:e]) for j, p in enumerate(self._pending)], e - s)
+            self._inject([put(f"feature{j}", p[s:e]) for j, p in enumerate(self._pending)], self._pending_pos[s:e])
         self._pending = [p[:0] for p in self._pending]
+        self._pending_pos = self._pending_pos[:0]
         for s in range(0, n_dev, self.inject_chunk):
             e = min(n_dev, s + self.inject_chunk)
-            self._inject([p[s:e] for p in self._dev_pending], e - s, key=("inject", s, e - s))
+            self._inject([p[s:e] for p in self._dev_pending], self._dev_pos[s:e], key=("inject", s, e - s))
         self._n_dev = 0
 
-    def _inject(self, feats, m: int, key=None) -> None:
-        """One injection forward: feats (one (m, hidden) tensor per target layer), positions n_pos .. n_pos + m - 1
-        into slots n_ctx .. n_ctx + m - 1 (the same numbers until a gap). key: feats are rows of the kept
-        _dev_pending buffers, so the forward may replay a graph (one per key); None: eager (the prompt's rows
-        arrive through `feature{j}` buffers that grow with the prompt)."""
+    def _inject(self, feats, positions_host: np.ndarray, key=None) -> None:
+        """One injection forward: feats (one (m, hidden) tensor per target layer) at the rows' absolute positions
+        positions_host (m,) into slots n_ctx .. n_ctx + m - 1 (the same numbers until a gap). key: feats are rows
+        of the kept _dev_pending buffers, so the forward may replay a graph (one per key); None: eager (the
+        prompt's rows arrive through `feature{j}` buffers that grow with the prompt)."""
         put = self._inputs.put
-        positions = put("inject_positions", np.arange(self._n_pos, self._n_pos + m, dtype=np.int32))
+        m = len(positions_host)
+        positions = put("inject_positions", np.asarray(positions_host, np.int32))
         start = put("inject_start", np.array([self._n_ctx], np.int32))
 
         def body():
@@ -244,7 +258,6 @@ class DFlashDrafter(Drafter):
         else:
             self._replay.run(key, body)
         self._n_ctx += m
-        self._n_pos += m
         self.injected_rows += m
 
     def _draft(self):

@@ -41,7 +41,8 @@ class PositionLog:
 
 def test_skip_keeps_absolute_positions(make_runner, dflash_path, monkeypatch):
     """begin (5 prompt rows), a verify step, a plain burst of 3, then a draft: the rows before the gap
-    are injected first at positions 0..6 in slots 0..6; the block sits at position 10 in slot 7."""
+    wait through the burst (skip injects nothing) and go in at the next draft at positions 5, 6 in slots 5, 6;
+    the block sits at position 10 in slot 7."""
     log = PositionLog(monkeypatch)
     rng = np.random.default_rng(201)
     runner = make_runner(TARGET)
@@ -56,8 +57,9 @@ def test_skip_keeps_absolute_positions(make_runner, dflash_path, monkeypatch):
     drafter.capture_device(feats, 3)
     drafter.accept([11], 12, [0, 2])                     # committed: root (5) and one accepted node (6)
     drafter.skip([13, 14, 15])                           # committed: 12 (7), 13 (8), 14 (9); root 15 at 10
-    assert log.injected[-1] == (5, [5, 6])               # the rows before the gap, injected at skip
+    assert len(log.injected) == 1                        # the rows before the gap wait for the next draft
     drafter.propose(4, 1)
+    assert log.injected[-1] == (5, [5, 6])               # ... at their own positions, in the next slots
     assert [s for s, _ in log.injected] == [0, 5] and log.injected[0][1] == [0, 1, 2, 3, 4]
     block_positions, n_ctx = log.blocks[-1]
     assert n_ctx == 7 and block_positions[0] == 10 and block_positions == list(range(10, 10 + drafter.cfg.block_size))
@@ -104,3 +106,22 @@ def test_auto_bursts_skip_capture_and_stay_exact(make_runner, dflash_path, monke
     assert len(verifies) + sum(bursts) == stats.steps    # a step is a verify forward or a burst's token
     # context rows: the prompt's, then each verify step's committed rows; none for burst tokens
     assert drafter.injected_rows <= len(prompt) + len(verifies) + stats.accepted
+
+
+def test_a_request_that_never_drafts_injects_nothing(make_runner, dflash_path, monkeypatch):
+    """begin, then only plain bursts: the prompt's rows stay pending (no injection forward runs), and a draft
+    after two gaps injects the prompt at positions 0..4 and roots the block at the committed count."""
+    log = PositionLog(monkeypatch)
+    rng = np.random.default_rng(203)
+    runner = make_runner(TARGET)
+    drafter = make_drafter(dflash_path, runner)
+    for layer in drafter.cfg.target_layer_ids:
+        drafter.capture_hidden(layer, rng.standard_normal((5, TARGET["hidden"])).astype(np.float32))
+    drafter.begin([1, 2, 3, 4, 5], 9)
+    drafter.skip([10, 11])
+    drafter.skip([12, 13, 14])
+    assert log.injected == [] and drafter.injected_rows == 0
+    drafter.propose(4, 1)
+    assert log.injected == [(0, [0, 1, 2, 3, 4])]
+    assert log.blocks[-1] == (list(range(10, 10 + drafter.cfg.block_size)), 5)
+    drafter.end()
