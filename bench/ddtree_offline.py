@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flashd.train.walk import walk
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,23 +57,6 @@ def accepted_in_tree(root: int, ids: np.ndarray, lp: np.ndarray, cont: np.ndarra
     tree = build_tree(root, Proposal(ids, lp), budget, chain_seed=True, max_depth=max_depth)
     path, _ = greedy_walk(tree, lambda node: int(cont[tree.depths[node]]) if tree.depths[node] < len(cont) else -1)
     return len(path) - 1
-
-
-def walk(where: list[tuple[int, int, int, int]], accepted: list[int]) -> float | None:
-    """Tokens a step of the runtime's sequence of steps: from each answer's first position, a step rooted at a
-    emits 1 + accepted(a) tokens and the next step is rooted where it ended (None unless every position of every
-    answer was drafted: --anchors 0). Per-position averages weight every position alike; the runtime's steps
-    cover easy stretches in few long steps and hard ones in many short ones, so its figure is lower."""
-    at = {(si, a): k for (si, a, _, _), k in zip(where, accepted)}
-    tokens = steps = 0
-    for si, p, n in sorted({(w[0], w[2], w[3]) for w in where}):
-        a = p
-        while a < n - 1:
-            if (si, a) not in at:
-                return None
-            step = 1 + at[(si, a)]
-            tokens, steps, a = tokens + min(step, n - 1 - a), steps + 1, a + step
-    return tokens / steps if steps else None
 
 
 def chain_accepted(ids: np.ndarray, cont: np.ndarray) -> int:

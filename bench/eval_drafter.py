@@ -84,6 +84,10 @@ def main(argv=None) -> int:
     print("top-1 agreement by block position: " + " ".join(f"{a:.2f}" for a in ev["acc"]))
     print(f"accept_len {ev['accept_len']:.2f} over {ev['blocks']} blocks (a chain step: {1 + ev['accept_len']:.2f} "
           f"tokens)")
+    wk = trainer.walk_eval(max_samples=len(samples))
+    if wk:
+        print(f"chain tokens a step along the runtime's walk: {wk['walk']:.3f} ({wk['anywhere']:.3f} per position, "
+              f"{wk['drafts']} drafts; train/walk.py)")
     if args.per_prompt:
         for ids, plen in samples:
             trainer.eval_set = [(ids, plen)]

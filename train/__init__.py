@@ -9,6 +9,8 @@ package, and inside it torch is imported only through `require_torch()`, which n
     generate.py  self-distillation data: the target's own greedy answers, batched, saved in shards
     drafter.py   the DFlash drafter in torch: the function flashd's reference backend computes
     loop.py      loss, anchors, the optimiser, evaluation (the acceptance proxy), checkpoints, the time budget
+    linear_ce.py the loss's vocabulary projection and cross-entropy a chunk of rows at a time
+    walk.py      the runtime's steps over an answer: tokens a step from per-position acceptance
     export.py    the drafter to the DFlash GGUF that `--draft` loads (Q8_0 or F32)
     command.py   the click command
 """

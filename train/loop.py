@@ -107,12 +107,21 @@ class Trainer:
         return idx.to(self.dev), (top >= 0).to(self.dev)
 
     # -- the loss --------------------------------------------------------------------------------
-    def _forward(self, ids, lens, plen, gen):
-        """(loss, correct (B-1,), counted (B-1,), per-block leading agreements, blocks) for one batch."""
+    def _all_anchors(self, lens, plen):
+        """anchors int64 (N, A), keep bool (N, A): every answer position with a next token (prompt_len <= a <=
+        len - 2), for the walk (walk_eval)."""
+        a = int((lens - 1 - plen).clamp(min=0).max())
+        offs = torch.arange(max(a, 1), device=self.dev)
+        keep = offs[None] < (lens - 1 - plen)[:, None]
+        return torch.where(keep, plen[:, None] + offs, plen[:, None]), keep
+
+    def _forward(self, ids, lens, plen, gen, anchored=None):
+        """(loss, correct (B-1,), counted (B-1,), per-block leading agreements of the kept blocks in (sequence,
+        anchor) order) for one batch; anchored: (anchors, keep) instead of drawing them."""
         B = self.tc.block_size
         feats, _ = self.target.forward(ids, capture=self.cfg.target_layer_ids)
         feats = torch.cat(feats, dim=-1)                                           # (N, T, n_features * D)
-        anchors, keep = self._anchors(lens, plen, ids.shape[1], gen)
+        anchors, keep = anchored if anchored is not None else self._anchors(lens, plen, ids.shape[1], gen)
         offs = torch.arange(B, device=self.dev)
         where = anchors[:, :, None] + offs                                         # (N, A, B)
         labelled = (where < lens[:, None, None]) & keep[:, :, None]
@@ -193,6 +202,29 @@ class Trainer:
         acc = (hit / cnt.clamp(min=1)).tolist()
         return {"acc": acc, "accept_len": float(torch.cat(leads).mean()), "blocks": int(sum(len(x) for x in leads))}
 
+    @torch.no_grad()
+    def walk_eval(self, max_samples: int = 32, batch_seqs: int = 2) -> dict:
+        """The held-out chain acceptance the way speculative decoding will see it: a draft rooted at every answer
+        position, then each answer walked with the runtime's steps (train/walk.py). {"walk": chain tokens a step
+        along the walk, "anywhere": 1 + the mean leading agreements over every position, "drafts": count}."""
+        from .walk import walk
+        samples = [(s[:self.tc.max_seq], p) for s, p in self.eval_set[:max_samples]
+                   if min(len(s), self.tc.max_seq) - p >= 2]
+        where, leads = [], []
+        for j in range(0, len(samples), batch_seqs):
+            part = samples[j:j + batch_seqs]
+            ids, lens, plen = self._tensors(part)
+            anchors, keep = self._all_anchors(lens, plen)
+            lead = self._forward(ids, lens, plen, None, anchored=(anchors, keep))[3].tolist()
+            kept = keep.nonzero().tolist()                              # (sequence, anchor index), row-major
+            for (i, k), n_acc in zip(kept, lead):
+                s, p = part[i]
+                where.append((j + i, p + k, p, min(len(s), self.tc.max_seq)))
+                leads.append(int(n_acc))
+        if not leads:
+            return {}
+        return {"walk": walk(where, leads), "anywhere": 1 + float(np.mean(leads)), "drafts": len(leads)}
+
     # -- the loop --------------------------------------------------------------------------------
     def run(self, deadline: float, ckpt: Path, save_every_s: float = 120.0, log_every_s: float = 20.0,
             eval_every_s: float = 180.0) -> dict:
@@ -225,6 +257,11 @@ class Trainer:
         self.save(ckpt)
         ev = self.evaluate()
         self.log_eval(ev)
+        wk = self.walk_eval()
+        if wk:
+            ev["chain_walk"] = wk
+            self.log(f"held-out chain, tokens a step: {wk['walk']:.3f} along the runtime's walk, "
+                     f"{wk['anywhere']:.3f} per position ({wk['drafts']} drafts; train/walk.py)")
         return ev
 
     def log_eval(self, ev: dict) -> None:

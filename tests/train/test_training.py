@@ -174,3 +174,32 @@ def test_load_drafter_reads_back_what_export_wrote(target, tmp_path):
     for name, p in back.gguf_tensors().items():
         step = params[name].abs().max() / 127
         assert (p.detach() - params[name]).abs().max() <= step + 1e-6, name
+
+
+def test_walk_eval_is_the_runtime_drafts_walked(target):
+    """Trainer.walk_eval (every answer position drafted in one batched forward, then the walk) against the
+    runtime's draft step (TorchDrafter.draft: one block after the context of positions < a) at every position,
+    walked by train/walk.py: the same leading agreements, so the same figures (float32 on the CPU)."""
+    from flashd.train.walk import walk
+    trainer = make_trainer(target)
+    for _ in range(200):                                       # a drafter that accepts something
+        trainer.train_step(trainer.next_batch())
+    samples = [(s[:trainer.tc.max_seq], p) for s, p in trainer.train_set[:3]]   # seen in training: some accepted
+    trainer.eval_set = samples
+    got = trainer.walk_eval(max_samples=3, batch_seqs=2)
+    where, leads = [], []
+    with torch.no_grad():
+        for si, (seq, p) in enumerate(samples):
+            ids = torch.from_numpy(seq.astype(np.int64))[None]
+            feats = torch.cat(target.forward(ids, capture=trainer.cfg.target_layer_ids)[0], dim=-1)
+            for a in range(p, len(seq) - 1):
+                logits = trainer.drafter.draft(feats[:, :a], target.embed, target.lm_head, int(seq[a]))
+                chain, cont = logits.argmax(-1).numpy(), seq[a + 1:]
+                n = 0
+                while n < min(len(chain), len(cont)) and chain[n] == cont[n]:
+                    n += 1
+                where.append((si, a, p, len(seq)))
+                leads.append(n)
+    assert got["drafts"] == len(leads) and sum(leads) > 0
+    assert got["anywhere"] == pytest.approx(1 + np.mean(leads))
+    assert got["walk"] == pytest.approx(walk(where, leads)) and got["walk"] >= 1
