@@ -203,10 +203,11 @@ class Trainer:
         return {"acc": acc, "accept_len": float(torch.cat(leads).mean()), "blocks": int(sum(len(x) for x in leads))}
 
     @torch.no_grad()
-    def walk_eval(self, max_samples: int = 32, batch_seqs: int = 2) -> dict:
+    def walk_eval(self, max_samples: int = 32, batch_seqs: int = 1) -> dict:
         """The held-out chain acceptance the way speculative decoding will see it: a draft rooted at every answer
         position, then each answer walked with the runtime's steps (train/walk.py). {"walk": chain tokens a step
-        along the walk, "anywhere": 1 + the mean leading agreements over every position, "drafts": count}."""
+        along the walk, "anywhere": 1 + the mean leading agreements over every position, "drafts": count}. One
+        sequence a forward by default: every position is a block, so a 512-token answer is ~8 K block rows."""
         from .walk import walk
         samples = [(s[:self.tc.max_seq], p) for s, p in self.eval_set[:max_samples]
                    if min(len(s), self.tc.max_seq) - p >= 2]
