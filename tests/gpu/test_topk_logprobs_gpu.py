@@ -6,7 +6,8 @@ The ids must be equal (dividing float32 logits by a positive double keeps their 
 lower id on both sides). The log-probs are float64 on both sides but the kernel sums exp() in a
 different order than numpy's pairwise sum and uses the device's exp/log: a few ulps of the sum,
 so rtol 1e-13 (values are O(10); float64 ulp 2e-15). Outputs are poisoned first (NaN bytes), so an
-element the kernel forgot to write fails.
+element the kernel forgot to write fails. k <= 32 takes the two-kernel path (chunks, then a merge), k = 40
+the single kernel (topk.cu).
 """
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ def ops(dev):
 
 
 @pytest.mark.parametrize("n_rows,n_vocab", [(15, 151936), (5, 1000), (4, 4099), (4, 7)])
-@pytest.mark.parametrize("k,temperature", [(1, 1.0), (8, 1.0), (8, 0.6), (16, 2.5)])
+@pytest.mark.parametrize("k,temperature", [(1, 1.0), (8, 1.0), (8, 0.6), (16, 2.5), (40, 1.0)])
 def test_kernel_matches_the_definition(ops, rng, poisoned, n_rows, n_vocab, k, temperature):
     k = min(k, n_vocab)
     host = awkward(rng, n_rows, n_vocab)
