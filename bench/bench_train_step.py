@@ -1,12 +1,15 @@
 """Drafter training speed (train/loop.py): time of one training step and where it goes.
 
     python bench/bench_train_step.py TARGET.gguf [--steps 12] [--batch-seqs 8] [--anchors 128] [--profile]
+                                     [--compile off,on]
 
 The samples are random token ids shaped like the self-distillation data (prompts of 64-512 tokens, answers of
 256-512), so a synthetic target serves as well as the real one: the step's cost depends on shapes only. Prints
 the mean step time over --steps batches, each already run once (cuDNN builds an attention plan per new shape:
 the first pass pays it, see Trainer._tensors), sequence tokens per second (the trainer log's "tok/s"), the peak
-memory, and with --profile torch.profiler's CUDA-time table of three steps.
+memory, and with --profile torch.profiler's CUDA-time table of three steps. Each configuration also prints how
+long its warm-up pass took: with --compile on (Trainer(compile=True): one layer of the target and of the drafter
+through torch.compile) that pass includes the compilation, which a training run pays out of its time budget.
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rmsnorm", default="fused",
                     help="comma list: fused (train/target.py's rmsnorm, F.rms_norm) and/or composite (the casts, powers "
                          "and products it replaced in session 28: the A/B's baseline)")
+    ap.add_argument("--compile", default="off",
+                    help="comma list: off (eager layers) and/or on (Trainer(compile=True): the target's and the "
+                         "drafter's layer functions through torch.compile)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
@@ -64,29 +70,38 @@ def main(argv=None) -> int:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
     norms = {"fused": fused, "composite": composite}
-    configs = [(int(r), ce, nm) for nm in args.rmsnorm.split(",") for r in args.loss_rows.split(",")
-               for ce in args.ce.split(",") if int(r) == 0 or ce == "float32"]
-    for rows, ce, nm in configs:
-        if ce not in ("float32", "bfloat16") or nm not in norms:
-            raise SystemExit(f"--ce {ce!r}: float32 or bfloat16; --rmsnorm {nm!r}: fused or composite")
+    configs = [(int(r), ce, nm, cp) for cp in args.compile.split(",") for nm in args.rmsnorm.split(",")
+               for r in args.loss_rows.split(",") for ce in args.ce.split(",") if int(r) == 0 or ce == "float32"]
+    for rows, ce, nm, cp in configs:
+        if ce not in ("float32", "bfloat16") or nm not in norms or cp not in ("off", "on"):
+            raise SystemExit(f"--ce {ce!r}: float32 or bfloat16; --rmsnorm {nm!r}: fused or composite; "
+                             f"--compile {cp!r}: off or on")
         for mod in (train_target, train_drafter, train_loop):       # every module that calls it by name
             mod.rmsnorm = norms[nm]
-        trainer = Trainer(target, cfg, tc, samples, log=lambda m: None, loss_rows=rows, ce_float32=ce == "float32")
+        trainer = Trainer(target, cfg, tc, samples, log=lambda m: None, loss_rows=rows, ce_float32=ce == "float32",
+                          compile=cp == "on")          # sets the shared target's layers too
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         batches = [trainer._epoch_order(0)[i % trainer.per_epoch] for i in range(args.steps)]
-        for b in batches:                   # warm-up over the same batches: every shape's kernel plans built
-            trainer.train_step(b)
         sync()
+        t0 = time.perf_counter()
+        first = None
+        for b in batches:                   # warm-up over the same batches: every shape's kernel plans built
+            trainer.train_step(b)           # (and with --compile on, the compiled graphs: the first step compiles)
+            if first is None:
+                sync()
+                first = time.perf_counter() - t0
+        sync()
+        warm = time.perf_counter() - t0
         t0, tokens = time.perf_counter(), 0
         for b in batches:
             tokens += trainer.train_step(b)["tokens"]
         sync()
         dt = (time.perf_counter() - t0) / args.steps
         peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
-        print(f"loss_rows {rows}, ce {ce}, rmsnorm {nm}: {dt * 1e3:.1f} ms a step, "
+        print(f"loss_rows {rows}, ce {ce}, rmsnorm {nm}, compile {cp}: {dt * 1e3:.1f} ms a step, "
               f"{tokens / args.steps / dt:,.0f} sequence tok/s, "
-              f"peak {peak:.1f} GiB")
+              f"peak {peak:.1f} GiB; warm-up {warm:.1f} s for {args.steps} steps (the first {first:.1f} s)")
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])

@@ -2,13 +2,16 @@
 
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 19.5] [--resume] [--max-tokens N]
                          [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 7] [--train-minutes 10.5]
-                         [--loss-rows N] [--ce float32|bfloat16]
+                         [--loss-rows N] [--ce float32|bfloat16] [--compile]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
 by shard), train, checkpoint, export. `--minutes` bounds this call (it stops, checkpoints and exports before);
 `--gen-minutes` and `--train-minutes` are the totals over all calls, so a run split into calls of 10 minutes
 (`--resume`) does the same work as one. Everything lives in the work folder (default OUT.work/): prompts, data
 shards, checkpoint.pt, log.txt, sources.json, report.json. torch is imported only when the command runs.
+`--compile` runs one layer of the target's training forward and of the drafter through torch.compile (the
+elementwise work fused; the first steps pay the compilation); off by default until it is timed on a GPU, and not
+part of the recipe: a resume may switch it.
 """
 from __future__ import annotations
 
@@ -89,10 +92,16 @@ class _Log:
 @click.option("--ce", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="with --loss-rows 0 only: the whole block's log-softmax on a float32 copy of the logits, or on "
                    "the bf16 logits as they are (no copy: 21 GiB, the fastest step; session 28's one run used it)")
+@click.option("--compile/--no-compile", "compile_layers", default=False, show_default=True,
+              help="torch.compile one layer's function of the target's forward and of the drafter (reused by every "
+                   "layer: norms, RoPE, SwiGLU and casts fused); the first steps include the compilation. "
+                   "Experimental: not yet timed on a GPU")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
                   features, max_mb, max_new, max_prompt, raw_fraction, data_mix, self_prompt_fraction, batch_seqs,
-                  anchors, gen_batch, seed, device, outtype, loss_rows, ce):
-    """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation."""
+                  anchors, gen_batch, seed, device, outtype, loss_rows, ce, compile_layers):
+    """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation.
+
+    --compile runs one layer of the target's training forward and of the drafter through torch.compile."""
     if ce == "bfloat16" and loss_rows:
         raise click.UsageError("--ce bfloat16 applies to the whole block's logits: add --loss-rows 0")
     from . import TorchMissing, require_torch
@@ -114,13 +123,14 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
         raise click.ClickException(f"{work} holds an earlier run: pass --resume to continue it, or another --work")
     work.mkdir(parents=True, exist_ok=True)
     try:
-        train_drafter(target, out, work, tc, minutes, device, outtype, loss_rows, ce == "float32")
+        train_drafter(target, out, work, tc, minutes, device, outtype, loss_rows, ce == "float32", compile_layers)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
 
 
 def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, device: str | None,
-                  outtype: str = "q8_0", loss_rows: int = 4096, ce_float32: bool = True) -> dict | None:
+                  outtype: str = "q8_0", loss_rows: int = 4096, ce_float32: bool = True,
+                  compile_layers: bool = False) -> dict | None:
     """The whole call; returns the report (None when the call ended during data generation)."""
     import torch
 
@@ -160,7 +170,10 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     log(f"drafter: {cfg.model.n_layers} layers, ffn {cfg.model.ffn}, block {cfg.block_size}, target layers "
         f"{list(cfg.target_layer_ids)}, mask id {mask_id}; {(matrices + norms) / 1e6:.1f} M parameters, "
         f"{q8_0_bytes(cfg) / 1e6:.1f} MB as Q8_0; {len(samples)} samples, {state['tokens']} answer tokens")
-    trainer = Trainer(target, cfg, tc, samples, log, loss_rows=loss_rows, ce_float32=ce_float32)
+    trainer = Trainer(target, cfg, tc, samples, log, loss_rows=loss_rows, ce_float32=ce_float32,
+                      compile=compile_layers)
+    if compile_layers:
+        log("layers compiled (torch.compile): the first steps include the compilation")
     ckpt = work / "checkpoint.pt"
     if ckpt.exists():
         trainer.load(ckpt)

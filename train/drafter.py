@@ -20,13 +20,13 @@ import math
 from flashd.daemon.models.dflash_config import DFlashConfig
 
 from . import require_torch
-from .target import attend, rmsnorm, rope, rope_tables
+from .target import attend, compile_layer, rmsnorm, rope, rope_tables
 
 torch = require_torch()
 nn = torch.nn
 F = torch.nn.functional
 
-__all__ = ["TorchDrafter", "block_visibility"]
+__all__ = ["TorchDrafter", "block_visibility", "drafter_layer"]
 
 # layer parameter -> GGUF tensor name suffix (blk.N.<suffix>.weight)
 LAYER_NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
@@ -67,6 +67,32 @@ def block_visibility(anchors, keep, n_ctx: int, block_size: int, ctx_valid=None)
     return torch.cat([ctx, own], dim=-1)
 
 
+def _heads(x, w, norm, positions, cos, sin, *, n_heads: int, head_dim: int, eps: float):
+    """x (N, T, D) -> (N, T, heads, d); with `norm`: RMSNorm per head, then NeoX RoPE at positions (N, T)."""
+    y = F.linear(x, w).view(*x.shape[:2], n_heads, head_dim)
+    if norm is not None:
+        y = rope(rmsnorm(y, norm, eps), positions, cos, sin, head_dim, True)
+    return y
+
+
+def drafter_layer(h, ctx, mask, ctx_pos, blk_pos, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm,
+                  gate, up, down, *, n_heads: int, n_kv_heads: int, head_dim: int, eps: float):
+    """One drafter layer: block rows h (N, R, D) at blk_pos (N, R) read the context ctx (N, T, D) at ctx_pos
+    (N, T) and the block rows, as mask bool (N, R, T + R) lets them (block_visibility) -> h after the layer.
+    The layer's tensors in LAYER_NAMES order; the keywords are the config's constants. TorchDrafter.blocks calls
+    it once a layer, eagerly or compiled (target.compile_layer; gradients flow to the tensors passed)."""
+    kv = dict(n_heads=n_kv_heads, head_dim=head_dim, eps=eps)
+    x = rmsnorm(h, attn_norm, eps)
+    q = _heads(x, wq, q_norm, blk_pos, cos, sin, n_heads=n_heads, head_dim=head_dim, eps=eps)
+    k = torch.cat([_heads(ctx, wk, k_norm, ctx_pos, cos, sin, **kv),
+                   _heads(x, wk, k_norm, blk_pos, cos, sin, **kv)], dim=1)
+    v = torch.cat([_heads(ctx, wv, None, ctx_pos, cos, sin, **kv),
+                   _heads(x, wv, None, blk_pos, cos, sin, **kv)], dim=1)
+    h = h + F.linear(attend(q, k, v, mask), wo)
+    x2 = rmsnorm(h, ffn_norm, eps)
+    return h + F.linear(F.silu(F.linear(x2, gate)) * F.linear(x2, up), down)
+
+
 class TorchDrafter(nn.Module):
     """Trainable drafter weights (float32 masters); the target's embedding and lm_head are passed in, frozen."""
 
@@ -83,18 +109,17 @@ class TorchDrafter(nn.Module):
         cos, sin = rope_tables(max_pos, m.rope_theta, m.head_dim, None, "cpu")
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self._layer_fn = drafter_layer            # blocks' layer: compile_layers swaps in the compiled one
+
+    def compile_layers(self, enabled: bool = True) -> None:
+        """blocks' layers through torch.compile (target.compile_layer(drafter_layer)), or eagerly again (enabled
+        False). Not nn.Module.compile (which compiles a forward this module does not have)."""
+        self._layer_fn = compile_layer(drafter_layer) if enabled else drafter_layer
 
     # -- the forward -----------------------------------------------------------------------------
     def context(self, feats):
         """feats (N, T, n_features * D): the target layer outputs concatenated in target_layer_ids order."""
         return rmsnorm(F.linear(feats, self.fc), self.hidden_norm, self.cfg.model.rms_eps)
-
-    def _heads(self, x, w, norm, n_heads, positions):
-        m = self.cfg.model
-        y = F.linear(x, w).view(*x.shape[:2], n_heads, m.head_dim)
-        if norm is not None:
-            y = rope(rmsnorm(y, norm, m.rms_eps), positions, self.cos, self.sin, m.head_dim, True)
-        return y
 
     def blocks(self, ctx, block_emb, anchors, keep, ctx_valid=None):
         """Hidden states (N, A, B, D) of A blocks per sequence.
@@ -109,16 +134,12 @@ class TorchDrafter(nn.Module):
         blk_pos = (anchors[:, :, None] + torch.arange(B, device=ctx.device)).reshape(n, a * B)
         mask = block_visibility(anchors, keep, t, B, ctx_valid)
         h = block_emb.reshape(n, a * B, -1)
-        for lw in self.layers:
-            x = rmsnorm(h, lw.attn_norm, m.rms_eps)
-            q = self._heads(x, lw.wq, lw.q_norm, m.n_heads, blk_pos)
-            k = torch.cat([self._heads(ctx, lw.wk, lw.k_norm, m.n_kv_heads, ctx_pos),
-                           self._heads(x, lw.wk, lw.k_norm, m.n_kv_heads, blk_pos)], dim=1)
-            v = torch.cat([self._heads(ctx, lw.wv, None, m.n_kv_heads, ctx_pos),
-                           self._heads(x, lw.wv, None, m.n_kv_heads, blk_pos)], dim=1)
-            h = h + F.linear(attend(q, k, v, mask), lw.wo)
-            x2 = rmsnorm(h, lw.ffn_norm, m.rms_eps)
-            h = h + F.linear(F.silu(F.linear(x2, lw.gate)) * F.linear(x2, lw.up), lw.down)
+        if self._layer_fn is not drafter_layer:   # compiled: dynamo guards a view input on its base, so layer 0's
+            h = h.clone()                          # view would be a variant of its own (no_grad: 2 where 1 does)
+        consts = dict(n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, eps=m.rms_eps)
+        for lw in self.layers:                    # drafter_layer, eager or compiled
+            h = self._layer_fn(h, ctx, mask, ctx_pos, blk_pos, self.cos, self.sin,
+                               *(getattr(lw, name) for name in LAYER_NAMES), **consts)
         return h.view(n, a, B, -1)
 
     def logits(self, h, lm_head):

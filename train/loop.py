@@ -41,7 +41,7 @@ class Trainer:
     """The drafter being trained on `samples` ((ids int32, prompt_len) pairs) against a frozen TorchTarget."""
 
     def __init__(self, target, drafter_cfg, tc: TrainConfig, samples, log: Callable[[str], None] = print,
-                 autocast: bool | None = None, loss_rows: int = 0, ce_float32: bool = True):
+                 autocast: bool | None = None, loss_rows: int = 0, ce_float32: bool = True, compile: bool = False):
         self.target, self.cfg, self.tc, self.log = target, drafter_cfg, tc, log
         if not isinstance(loss_rows, int) or loss_rows < 0:
             raise ValueError(f"loss_rows must be an int >= 0, got {loss_rows!r}")
@@ -57,6 +57,12 @@ class Trainer:
         if not self.train_set:
             raise ValueError("no training samples with an answer of >= 2 tokens")
         self.drafter = TorchDrafter(drafter_cfg, max_pos=tc.max_seq + tc.block_size, seed=tc.seed).to(self.dev)
+        # compile: one layer's function of the target's forward and of the drafter's blocks through torch.compile
+        # (target.compile_layer), reused by every layer. It sets the target's mode too: a shared target follows
+        # the last Trainer made. Not part of the recipe: a checkpoint resumes either way.
+        self.compiled = bool(compile)
+        target.compile_layers(self.compiled)
+        self.drafter.compile_layers(self.compiled)
         self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=tc.lr, betas=(0.9, 0.95),
                                      weight_decay=tc.weight_decay)
         self.weights = torch.tensor(position_weights(tc.block_size), device=self.dev)

@@ -12,6 +12,7 @@ the layer (HF hidden_states[i + 1]), which is what the daemon's feature sink cap
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from . import require_torch
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["TorchTarget", "rmsnorm", "rope", "rope_tables", "attend", "decode_attend", "DECODE_ATTENTION"]
+__all__ = ["TorchTarget", "rmsnorm", "rope", "rope_tables", "attend", "decode_attend", "DECODE_ATTENTION",
+           "target_layer", "compile_layer"]
 
 
 def rmsnorm(x, w, eps: float):
@@ -109,6 +111,58 @@ def decode_attend(q, k, v, key_mask, how: str = "matmul"):
     return torch.matmul(p, v).reshape(n, 1, h * d)
 
 
+# -- one layer as a function of tensors (torch.compile fuses its elementwise work; see compile_layer) -------------
+def qkv_heads(x, positions, cos, sin, wq, wk, wv, bq, bk, bv, q_norm, k_norm, *, n_heads: int, n_kv_heads: int,
+              head_dim: int, rope_dim: int, neox: bool, eps: float):
+    """x (N, T, D) -> q (N, T, H, d), k / v (N, T, Hkv, d): projections (biases None when absent), q/k RMSNorm
+    per head when q_norm / k_norm are given (qwen3), RoPE at int64 positions (N, T) from the (cos, sin) tables."""
+    n, t = x.shape[:2]
+    q, k, v = F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
+    q = q.view(n, t, n_heads, head_dim)
+    k = k.view(n, t, n_kv_heads, head_dim)
+    v = v.view(n, t, n_kv_heads, head_dim)
+    if q_norm is not None:
+        q, k = rmsnorm(q, q_norm, eps), rmsnorm(k, k_norm, eps)
+    q = rope(q, positions, cos, sin, rope_dim, neox)
+    k = rope(k, positions, cos, sin, rope_dim, neox)
+    return q, k, v
+
+
+def mlp(h, ffn_norm, gate, up, down, eps: float):
+    """h (N, T, D) + down(silu(gate(x)) * up(x)), x = ffn_norm(h): the SwiGLU block with its residual."""
+    x = rmsnorm(h, ffn_norm, eps)
+    return h + F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def target_layer(h, positions, cos, sin, attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, ffn_norm, gate,
+                 up, down, *, n_heads: int, n_kv_heads: int, head_dim: int, rope_dim: int, neox: bool, eps: float):
+    """One causal layer over full sequences: h (N, T, D) at positions (N, T) -> the residual stream after it.
+    The layer's tensors in this order (TorchTarget._layer_tensors; biases and q/k norms None when the model has
+    none); the keywords are the config's constants. TorchTarget.forward calls it once a layer, eagerly or
+    compiled (compile_layer)."""
+    q, k, v = qkv_heads(rmsnorm(h, attn_norm, eps), positions, cos, sin, wq, wk, wv, bq, bk, bv, q_norm, k_norm,
+                        n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, rope_dim=rope_dim, neox=neox,
+                        eps=eps)
+    h = h + F.linear(attend(q, k, v, causal=True), wo)
+    return mlp(h, ffn_norm, gate, up, down, eps)
+
+
+@functools.cache
+def compile_layer(fn):
+    """torch.compile(fn, dynamic=True): one compiled layer that every layer of a forward reuses (its tensors are
+    arguments), its elementwise work (norms, RoPE, SwiGLU, residual adds, casts) fused; sizes symbolic, so a new
+    N or T does not recompile. Python ints and floats among the arguments (head counts, eps) are kept constants:
+    under dynamic=True dynamo would make ints symbolic and floats 0-d tensors read back with .item() (a device
+    sync a call on the GPU), hence specialize_int / specialize_float around each call. No duck sizing: by default
+    input sizes of equal value share one symbol, so a mask's T + R that happens to equal the hidden size would be
+    pinned to it (the hidden size is a constant) and every other T would recompile, until dynamo's recompile
+    limit left the layer eager. Cached per function: one wrapper, so every model in the process shares its compiled
+    graphs (and that limit: 8 variants, e.g. grad mode, N = 1, an input that requires grad or not)."""
+    from torch.fx.experimental import _config as fx_config
+    compiled = fx_config.patch(use_duck_shape=False)(torch.compile(fn, dynamic=True))
+    return torch._dynamo.config.patch(specialize_int=True, specialize_float=True)(compiled)
+
+
 @dataclass(slots=True)
 class _Layer:
     attn_norm: object
@@ -153,24 +207,30 @@ class TorchTarget:
                               lw.ffn_gate, lw.ffn_up, lw.ffn_down) for lw in w.layers]
         c = self.cfg
         self.cos, self.sin = rope_tables(max_pos, c.rope_theta, c.rope_dim, c.rope_scaling, self.device)
+        # qkv_heads' / target_layer's constants; forward's layer (compile_layers swaps in the compiled one)
+        self._consts = dict(n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, rope_dim=c.rope_dim,
+                            neox=c.rope_neox, eps=c.rms_eps)
+        self._layer_fn = target_layer
+
+    def compile_layers(self, enabled: bool = True) -> None:
+        """forward's layers through torch.compile (compile_layer(target_layer)), or eagerly again (enabled False).
+        step / step_static (generation, CUDA-graph captured) stay eager either way."""
+        self._layer_fn = compile_layer(target_layer) if enabled else target_layer
+
+    def _layer_tensors(self, lw: _Layer) -> tuple:
+        """lw's tensors in target_layer's order; the q/k norms None unless the config applies them."""
+        qn, kn = (lw.q_norm, lw.k_norm) if self.cfg.qk_norm else (None, None)
+        return (lw.attn_norm, lw.wq, lw.wk, lw.wv, lw.bq, lw.bk, lw.bv, qn, kn, lw.wo, lw.ffn_norm, lw.gate, lw.up,
+                lw.down)
 
     # -- one layer -------------------------------------------------------------------------------
     def _qkv(self, lw: _Layer, x, positions):
-        c = self.cfg
-        n, t = x.shape[:2]
-        q, k, v = F.linear(x, lw.wq, lw.bq), F.linear(x, lw.wk, lw.bk), F.linear(x, lw.wv, lw.bv)
-        q = q.view(n, t, c.n_heads, c.head_dim)
-        k = k.view(n, t, c.n_kv_heads, c.head_dim)
-        v = v.view(n, t, c.n_kv_heads, c.head_dim)
-        if c.qk_norm:
-            q, k = rmsnorm(q, lw.q_norm, c.rms_eps), rmsnorm(k, lw.k_norm, c.rms_eps)
-        q = rope(q, positions, self.cos, self.sin, c.rope_dim, c.rope_neox)
-        k = rope(k, positions, self.cos, self.sin, c.rope_dim, c.rope_neox)
-        return q, k, v
+        qn, kn = (lw.q_norm, lw.k_norm) if self.cfg.qk_norm else (None, None)
+        return qkv_heads(x, positions, self.cos, self.sin, lw.wq, lw.wk, lw.wv, lw.bq, lw.bk, lw.bv, qn, kn,
+                         **self._consts)
 
     def _mlp(self, lw: _Layer, h):
-        x = rmsnorm(h, lw.ffn_norm, self.cfg.rms_eps)
-        return h + F.linear(F.silu(F.linear(x, lw.gate)) * F.linear(x, lw.up), lw.down)
+        return mlp(h, lw.ffn_norm, lw.gate, lw.up, lw.down, self.cfg.rms_eps)
 
     def logits(self, h):
         """lm_head(output_norm(h)) -> (..., vocab)."""
@@ -188,10 +248,8 @@ class TorchTarget:
         feats = {}
         want = set(capture)
         last = max(want) if want and not logits else len(self.layers) - 1
-        for i, lw in enumerate(self.layers[:last + 1]):
-            q, k, v = self._qkv(lw, rmsnorm(h, lw.attn_norm, self.cfg.rms_eps), positions)
-            h = h + F.linear(attend(q, k, v, causal=True), lw.wo)
-            h = self._mlp(lw, h)
+        for i, lw in enumerate(self.layers[:last + 1]):        # target_layer, eager or compiled
+            h = self._layer_fn(h, positions, self.cos, self.sin, *self._layer_tensors(lw), **self._consts)
             if i in want:
                 feats[i] = h
         return [feats[i] for i in capture], (self.logits(h) if logits else None)
