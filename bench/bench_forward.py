@@ -9,7 +9,7 @@ bandwidth (read + write bytes, the same yardstick flashd bench uses).
     python bench/bench_forward.py MODEL.gguf [--rows 1,2,4,8,16,32] [--depth 128] [--tuning gemv_rows=1] [--out DIR]
 
 --tuning FIELD=N,... overrides the launch tuning (flashd_tuning.h) before anything is captured; the tuning in
-effect is printed with the table (e.g. gemv_rows=1: Q4_K / Q6_K / Q8_0 projections on gemv_rows.cuh, in groups of
+effect is printed with the table (e.g. gemv_rows=1: Q4_K / Q6_K / Q8_0 / Q5_0 projections on gemv_rows.cuh, in groups of
 up to 32 rows, to compare with the default: gemv.cuh's kernels in groups of 8).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ rows (a decode step, then chains / trees of verify rows; above GEMV_MAX_ROWS = 8
 launches once per group of 8, and so does this benchmark), plus an awkward one (cols 2080 = 65 blocks
 of 32, not a multiple of 256: q 333 rows Q8_0, k 37 Q5_0, v 37 Q4_0; n_x = 3). --quick: n_x = 1 and 8.
 --paths rows,dp4a times every case twice, side by side: with the tuning's gemv_rows on (native/cuda/gemv_rows.cuh
-for Q4_K / Q6_K / Q8_0 launches, groups of up to 32 rows; its table value, else 1) and off (gemv.cuh's kernels,
+for Q4_K / Q6_K / Q8_0 / Q5_0 launches, groups of up to 32 rows; its table value, else 1) and off (gemv.cuh's kernels,
 groups of 8); the case name ends in [rows] / [dp4a]. A launch on gemv_rows.cuh quantizes xn to one int8 code per
 column (bound / 254 instead of / (127 * 2 * 254): tests/gpu/test_gemv_rows.py). --tuning sets other fields first.
 Each launch sequence is captured once in a CUDA graph and replayed (as in the captured decode step), L2

@@ -1,4 +1,4 @@
-// gemv_rows.cuh -- the GEMV of every x-row count n = 1..32 on int8 tensor cores for Q4_K, Q6_K and Q8_0 weights
+// gemv_rows.cuh -- the GEMV of every x-row count n = 1..32 on int8 tensor cores for Q4_K, Q6_K, Q8_0 and Q5_0 weights
 // (gemv.cu runs it for fd_gemv, fd_gemv_multi and fd_gemv_swiglu when the tuning table's gemv_rows says so and
 // every matrix of the call has one of these formats). The design is bench/lab/gemv_mma_rows_lab.cu's (bench/NOTES.md
 // session 12); gemv_rows_item.cuh holds the per-item arithmetic, gemv_rows_plan.cuh the host side.
@@ -24,7 +24,7 @@
 // cp.async (its first ST items are issued before griddepcontrol.wait, i.e. under the previous kernel), computes
 // item q while items q+1 .. q+ST-1 are in flight, and writes the item's partial (16 rows x 8 NT x rows) to shared
 // memory; after a barrier the CTA folds each tile's chunks and writes y. Staging: a row's chunk is copied from its
-// 16-byte floor (Q6_K and Q8_0 rows are 2-byte aligned), at a per-matrix row stride chosen for conflict-free reads
+// 16-byte floor (Q6_K, Q8_0 and Q5_0 rows are 2-byte aligned), at a per-matrix row stride chosen for conflict-free reads
 // (gemv_rows_plan.cuh rows_stride); rows past a matrix's end are not staged and their outputs not written.
 #pragma once
 
@@ -82,7 +82,7 @@ struct RowsMat {
     float* y;                 // (n, rows); SwiGLU: the up matrix's is unused
     const float* bias;        // (rows,) or NULL
     long long row_bytes;
-    int fmt;                  // ROWS_Q4K / ROWS_Q6K / ROWS_Q80
+    int fmt;                  // ROWS_Q4K / ROWS_Q6K / ROWS_Q80 / ROWS_Q50
     int rows;
     int tile_first;           // first tile of this matrix in the launch's tile order
     int stride;               // bytes between staged rows in a slot (rows_stride)
@@ -209,12 +209,12 @@ __device__ __forceinline__ RowsMat rows_mat_of(const RowsArgs& a, int tile) {
 // bytes and first byte of chunk `chunk` within a row of matrix m
 __device__ __forceinline__ void rows_chunk(const RowsArgs& a, const RowsMat& m, int chunk, long long& off, int& bytes,
                                            int& u0, int& nu) {
-    if (m.fmt == ROWS_Q80) {   // units of one 32-column block
-        const int nblk = a.cols / 32;
+    if (rows_blk32(m.fmt)) {   // units of one 32-column block
+        const int nblk = a.cols / 32, bb = rows_blk32_bytes(m.fmt);
         u0 = chunk * 8 * a.ks;
         nu = min(8 * a.ks, nblk - u0);
-        off = 34LL * u0;
-        bytes = 34 * nu;
+        off = (long long)bb * u0;
+        bytes = bb * nu;
     } else {
         const int nsb = a.cols / ROWS_QK, bb = m.fmt == ROWS_Q4K ? 144 : 210;
         u0 = chunk * a.ks;
@@ -259,7 +259,8 @@ __device__ __forceinline__ void rows_item_at(const RowsX& x, const RowsMat& m, i
                                              const uint8_t* r1, int g, int t, float (&acc)[NT][4]) {
     if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
     else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
-    else rows_item_q80<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else if (m.fmt == ROWS_Q80) rows_item_q80<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else rows_item_q50<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
 }
 
 template <int NT, bool ODD, bool SX>

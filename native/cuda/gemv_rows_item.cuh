@@ -1,7 +1,8 @@
 // gemv_rows_item.cuh -- what one warp of gemv_rows.cuh computes for one item: the integer dot products of 16 weight
 // rows x one chunk of columns x up to 32 x rows on int8 tensor cores, and the float chains of each (row, x row)
 // over the chunk's sub-blocks. Q4_K: mma.m16n8k32 u8 x s8 per 32-column sub-block; Q6_K: m16n8k16 s8 x s8 per 16
-// columns (Q6_K has a scale per 16 values); Q8_0: m16n8k32 s8 x s8 per 32-column block. Ported from
+// columns (Q6_K has a scale per 16 values); Q8_0 and Q5_0: m16n8k32 s8 x s8 per 32-column block (Q5_0's 5-bit
+// codes q - 16 in [-16, 15] are int8 values as they are). Ported from
 // bench/lab/gemv_mma_rows_lab.cu (its --host-check emulated these fragment builders against the PTX tables and the
 // ggml layouts; its GPU run checked them against float64), with the chunk length a runtime count (a row's last
 // chunk may be shorter) and the rows' shared-memory addresses passed in.
@@ -15,7 +16,8 @@
 // and column i depends only on x row i; the float work per (row, x row) is explicitly rounded operations (__fmul_rn,
 // fmaf, __fadd_rn) in a fixed order -- Q4_K and Q6_K: four chains over the sub-blocks (every fourth), added as
 // (C0 + C1) + (C2 + C3), so that at n == 1, where the fragment's four column pairs hold the same x row, each lane of
-// a group runs one chain (a quarter of the float work; bench/NOTES.md session 24); Q8_0: one chain in block order.
+// a group runs one chain (a quarter of the float work; bench/NOTES.md session 24); Q8_0 / Q5_0: one chain in block
+// order.
 // int32 -> float by the 1.5 * 2^23 trick (exact for |v| < 2^22: |isum| <= 32 * 15 * 127 or 16 * 32 * 127).
 #pragma once
 
@@ -30,12 +32,18 @@ constexpr int ROWS_NX = 32;       // x rows a launch takes (4 N-tiles of 8); the
 constexpr int ROWS_QK = 256;      // columns of a "super-block": the chunk unit (Q8_0: 8 blocks of 32)
 
 // The formats this path runs, as gemv_rows.cuh numbers them (FD_Q_* -> ROWS_*).
-enum { ROWS_Q4K = 0, ROWS_Q6K = 1, ROWS_Q80 = 2 };
+enum { ROWS_Q4K = 0, ROWS_Q6K = 1, ROWS_Q80 = 2, ROWS_Q50 = 3 };
 inline int rows_fmt(int qtype) {
-    return qtype == FD_Q_Q4_K ? ROWS_Q4K : qtype == FD_Q_Q6_K ? ROWS_Q6K : qtype == FD_Q_Q8_0 ? ROWS_Q80 : -1;
+    return qtype == FD_Q_Q4_K ? ROWS_Q4K : qtype == FD_Q_Q6_K ? ROWS_Q6K : qtype == FD_Q_Q8_0 ? ROWS_Q80
+         : qtype == FD_Q_Q5_0 ? ROWS_Q50 : -1;
 }
+// formats of 32-column blocks (chunks count blocks; cols need only be a multiple of 32) and a block's bytes
+__host__ __device__ constexpr bool rows_blk32(int f) { return f == ROWS_Q80 || f == ROWS_Q50; }
+__host__ __device__ constexpr int rows_blk32_bytes(int f) { return f == ROWS_Q80 ? 34 : 22; }
 // bytes of one chunk unit (256 columns) in each format
-__host__ __device__ constexpr int rows_unit_bytes(int f) { return f == ROWS_Q4K ? 144 : (f == ROWS_Q6K ? 210 : 272); }
+__host__ __device__ constexpr int rows_unit_bytes(int f) {
+    return f == ROWS_Q4K ? 144 : (f == ROWS_Q6K ? 210 : 8 * rows_blk32_bytes(f));
+}
 
 // ---- exact arithmetic -----------------------------------------------------------------------------------------
 __device__ __forceinline__ float rows_i2f(int v) { return __fsub_rn(__uint_as_float((uint32_t)(v + 0x4B400000)), 12582912.0f); }
@@ -393,8 +401,29 @@ __device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0,
     else rows_q6k_one<SX>(x, r0, r1, sb0, nk, g, t, acc);
 }
 
-// Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned): blocks blk0 .. blk0 + nb - 1 of the row, k-slots as Q4_K's;
-// acc = fmaf(d, xd*isum, acc).
+// One 32-column block of a Q8_0 / Q5_0 item: A = the int8 codes of rows g, g + 8 (k-slots as Q4_K's: thread t's
+// words hold columns 8t..8t+3 and 8t+4..8t+7), d = their scales; acc = fmaf(d, xd * isum, acc) per x row.
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_blk32_step(const RowsX& x, const int8_t* xb, const uint32_t (&A)[4],
+                                                const float (&d)[2], int col0, int t, float (&acc)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
+        const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(col0 >> 5) * rows_sc_stride<SX>() + nt * 8 + 2 * t);
+        int c[4];
+        rows_mma_k32_s8s8(A, B.x, B.y, c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (!ODD && (e & 1)) continue;
+            const float xd = (e & 1) ? xs.z : xs.x;
+            acc[nt][e] = fmaf(d[e >> 1], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
+        }
+    }
+}
+
+__device__ __forceinline__ float rows_f16(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
+
+// Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned): blocks blk0 .. blk0 + nb - 1 of the row.
 template <int NT, bool ODD, bool SX>
 __device__ __forceinline__ void rows_item_q80(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
                                               int g, int t, float (&acc)[NT][4]) {
@@ -403,24 +432,37 @@ __device__ __forceinline__ void rows_item_q80(const RowsX& x, const uint8_t* r0,
     for (int bl = 0; bl < nb; ++bl) {
         const uint8_t* b0 = r0 + 34 * bl;
         const uint8_t* b1 = r1 + 34 * bl;
-        const float d[2] = {__half2float(*reinterpret_cast<const __half*>(b0)), __half2float(*reinterpret_cast<const __half*>(b1))};
+        const float d[2] = {rows_f16(b0), rows_f16(b1)};
         const uint32_t A[4] = {rows_ld32u(b0 + 2 + 8 * t), rows_ld32u(b1 + 2 + 8 * t), rows_ld32u(b0 + 6 + 8 * t),
                                rows_ld32u(b1 + 6 + 8 * t)};
-        const int col0 = (blk0 + bl) * 32;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
-            const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(col0 >> 5) * rows_sc_stride<SX>() + nt * 8
-                                                                   + 2 * t);
-            int c[4];
-            rows_mma_k32_s8s8(A, B.x, B.y, c);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (!ODD && (e & 1)) continue;
-                const float xd = (e & 1) ? xs.z : xs.x;
-                acc[nt][e] = fmaf(d[e >> 1], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
-            }
-        }
+        rows_blk32_step<NT, ODD, SX>(x, xb, A, d, (blk0 + bl) * 32, t, acc);
+    }
+}
+
+// Q5_0 (f16 d, qh = the 32 high bits, qs = 16 bytes of low nibbles: column c's nibble is qs[c % 16] >> 4 (c / 16),
+// its high bit qh >> c; 22 B, 2-byte aligned): the 4 codes q - 16 of columns c0 .. c0 + 3 (c0 = 8t or 8t + 4) as
+// int8 bytes. lo = the nibbles; the high bits h (4 bits of qh) spread to one per byte by a multiply (bit i lands on
+// bit 8i; no two partial products overlap, so nothing carries); q - 16 = lo where h = 1, lo - 16 = lo | 0xF0 (mod
+// 256) where h = 0.
+__device__ __forceinline__ uint32_t rows_q50_a(const uint8_t* b, uint32_t qh, int c0) {
+    const uint32_t lo = (rows_ld32u(b + 6 + (c0 & 15)) >> (4 * (c0 >> 4))) & 0x0F0F0F0Fu;
+    const uint32_t h = (((qh >> c0) & 0xFu) * 0x00204081u) & 0x01010101u;
+    return lo | ((h ^ 0x01010101u) * 0xF0u);
+}
+
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_item_q50(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
+                                              int g, int t, float (&acc)[NT][4]) {
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
+#pragma unroll 4
+    for (int bl = 0; bl < nb; ++bl) {
+        const uint8_t* b0 = r0 + 22 * bl;
+        const uint8_t* b1 = r1 + 22 * bl;
+        const float d[2] = {rows_f16(b0), rows_f16(b1)};
+        const uint32_t h0 = rows_ld32u(b0 + 2), h1 = rows_ld32u(b1 + 2);
+        const uint32_t A[4] = {rows_q50_a(b0, h0, 8 * t), rows_q50_a(b1, h1, 8 * t), rows_q50_a(b0, h0, 8 * t + 4),
+                               rows_q50_a(b1, h1, 8 * t + 4)};
+        rows_blk32_step<NT, ODD, SX>(x, xb, A, d, (blk0 + bl) * 32, t, acc);
     }
 }
 

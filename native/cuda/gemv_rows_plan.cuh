@@ -20,13 +20,13 @@ constexpr int ROWS_MAX_CHUNKS = 36;
 constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;   // CTAs quantize x themselves only above this many tiles an SM    // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
 
 // Whether a call runs here: the tuning has it on (gemv_rows > 0, an NVIDIA GPU of sm_80 or later: int8 mma.sync and
-// cp.async), every matrix is Q4_K, Q6_K or Q8_0 and cols fits the scratch. Never depends on n_x (row invariance
+// cp.async), every matrix is Q4_K, Q6_K, Q8_0 or Q5_0 and cols fits the scratch. Never depends on n_x (row invariance
 // between a verify row and a decode step). Malformed shapes (cols % block) are left to gemv.cu's checks.
 inline bool rows_eligible(int gemv_rows, int cc_major, int n_mats, const MatIn* mats, int cols) {
     if (gemv_rows <= 0 || cc_major < 8 || cols < 32 || cols > ROWS_MAX_COLS) return false;
     for (int k = 0; k < n_mats; ++k) {
         const int f = rows_fmt(mats[k].qtype);
-        if (f < 0 || cols % (f == ROWS_Q80 ? 32 : ROWS_QK) != 0) return false;
+        if (f < 0 || cols % (rows_blk32(f) ? 32 : ROWS_QK) != 0) return false;
     }
     return true;
 }
@@ -36,7 +36,7 @@ inline int rows_ks(int cols, int gemv_rows) { return max(gemv_rows, ceil_div(cei
 
 // Bytes between staged rows of a slot: the most 16-byte pieces a row's chunk takes (from its 16-byte floor), padded
 // for conflict-free reads -- Q4_K: 8-byte loads at row g, offset 8t (rows g..g+3 of a half-warp 8 banks apart:
-// stride = 32 mod 64 bytes); Q6_K / Q8_0: 2-byte loads at 4t / 8t (stride = 16 mod 32).
+// stride = 32 mod 64 bytes); Q6_K / Q8_0 / Q5_0: 2-byte loads at 4t / 8t (stride = 16 mod 32).
 inline int rows_stride(int fmt, int ks) {
     int b = fmt == ROWS_Q4K ? ks * 144 : ((ks * rows_unit_bytes(fmt) + 14 + 15) / 16) * 16;
     if (fmt == ROWS_Q4K) { while (b % 64 != 32) b += 16; }

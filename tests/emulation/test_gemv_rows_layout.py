@@ -1,7 +1,8 @@
 """CPU emulation of native/cuda/gemv_rows.cuh's index math and integer fragments (the lab's --host-check idea,
 bench/lab/gemv_mma_rows_lab.cu, at the level of one item and one launch's bookkeeping).
 
-  - fragments: the kernel's A builders (gemv_rows_item.cuh rows_q4k_a, rows_q6k_a's SWAR q - 32, Q8_0's words)
+  - fragments: the kernel's A builders (gemv_rows_item.cuh rows_q4k_a, rows_q6k_a's SWAR q - 32, Q8_0's words,
+    rows_q50_a's nibbles + spread high bits - 16)
     and B loads (8 or 4 consecutive x codes at 8t / 4t), fed through the PTX ISA's mma.m16n8k32 / m16n8k16 8-bit
     fragment tables (written down here from the ISA, not from the kernel), against integer dot products of the codes
     read straight from the ggml block layouts -- whose decoding is itself checked against gguf.quants.dequantize;
@@ -141,16 +142,46 @@ def q4k_a(qa: tuple, qb: tuple, hh: int) -> list:
     return [(qa[0] >> s) & 0x0F0F0F0F, (qb[0] >> s) & 0x0F0F0F0F, (qa[1] >> s) & 0x0F0F0F0F, (qb[1] >> s) & 0x0F0F0F0F]
 
 
+def q50_a(blk: np.ndarray, c0: int) -> int:
+    """rows_q50_a, transcribed: the int8 codes q - 16 of columns c0 .. c0 + 3 of one Q5_0 block (22 bytes)."""
+    qh = u32(blk, 2)
+    lo = (u32(blk, 6 + (c0 & 15)) >> (4 * (c0 >> 4))) & 0x0F0F0F0F
+    h = (((qh >> c0) & 0xF) * 0x00204081) & 0x01010101
+    return (lo | ((h ^ 0x01010101) * 0xF0)) & MASK
+
+
+def codes_q50(row: np.ndarray, n_blocks: int) -> np.ndarray:
+    """ggml's Q5_0 layout spelled out: column j < 16 of a block is qs[j] & 15 with qh bit j as bit 4, column j + 16
+    is qs[j] >> 4 with qh bit j + 16; the code is that 5-bit value - 16."""
+    out = np.empty(32 * n_blocks, np.int64)
+    for b in range(n_blocks):
+        blk = row[22 * b:22 * b + 22]
+        qh = u32(blk, 2)
+        for j in range(16):
+            out[32 * b + j] = (int(blk[6 + j]) & 15 | ((qh >> j) & 1) << 4) - 16
+            out[32 * b + j + 16] = (int(blk[6 + j]) >> 4 | ((qh >> (j + 16)) & 1) << 4) - 16
+    return out
+
+
+def test_q50_codes_are_ggml_dequantize():
+    rng = np.random.default_rng(5)
+    w = random_weights(rng, T.Q5_0, 3, 256).reshape(3, -1)
+    d = np.array([[np.frombuffer(bytes(w[r, 22 * b:22 * b + 2]), np.float16)[0] for b in range(8)] for r in range(3)])
+    want = dequantize(w, T.Q5_0).reshape(3, 256)
+    for r in range(3):
+        np.testing.assert_array_equal(codes_q50(w[r], 8) * np.repeat(d[r].astype(np.float64), 32), want[r])
+
+
 def q6k_a(ql0: int, ql1: int, qh: int, s: int) -> int:
     lo = ((ql1 if s & 1 else ql0) >> (4 * (s >> 1))) & 0x0F0F0F0F
     hi = ((((qh >> (2 * s)) & 0x03030303) + 0x0E0E0E0E) << 4) & 0xF0F0F0F0
     return (lo | hi) & MASK
 
 
-@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
 def test_fragments_give_the_integer_dot_products(fmt):
     rng = np.random.default_rng(2)
-    qtype = {"Q4_K": T.Q4_K, "Q6_K": T.Q6_K, "Q8_0": T.Q8_0}[fmt]
+    qtype = {"Q4_K": T.Q4_K, "Q6_K": T.Q6_K, "Q8_0": T.Q8_0, "Q5_0": T.Q5_0}[fmt]
     w = random_weights(rng, qtype, 16, 256).reshape(16, -1)
     x = rng.integers(-127, 128, (8, 256)).astype(np.int8)
     xb = x.view(np.uint8)
@@ -160,9 +191,12 @@ def test_fragments_give_the_integer_dot_products(fmt):
     elif fmt == "Q6_K":
         codes = np.stack([codes_q6k(w[r]) for r in range(16)])
         subs = [(128 * h + 32 * s + 16 * u, 16, (h, u, s)) for h in range(2) for u in range(2) for s in range(4)]
-    else:
+    elif fmt == "Q8_0":
         codes = np.stack([np.array([int(np.int8(w[r][34 * (v // 32) + 2 + v % 32])) for v in range(256)])
                           for r in range(16)])
+        subs = [(32 * bl, 32, bl) for bl in range(8)]
+    else:
+        codes = np.stack([codes_q50(w[r], 8) for r in range(16)])
         subs = [(32 * bl, 32, bl) for bl in range(8)]
     for c0, n, key in subs:
         A, B = [], []
@@ -183,10 +217,14 @@ def test_fragments_give_the_integer_dot_products(fmt):
                            u32(r1, 128 + 32 * h + 16 * u + 4 * t), s)
                 A.append([a0, a1])
                 B.append((u32(xb[g], c0 + 4 * t),))
-            else:
+            elif fmt == "Q8_0":
                 bl = key
                 A.append([u32(r0, 34 * bl + 2 + 8 * t), u32(r1, 34 * bl + 2 + 8 * t), u32(r0, 34 * bl + 6 + 8 * t),
                           u32(r1, 34 * bl + 6 + 8 * t)])
+                B.append((u32(xb[g], c0 + 8 * t), u32(xb[g], c0 + 8 * t + 4)))
+            else:
+                b0, b1 = r0[22 * key:22 * key + 22], r1[22 * key:22 * key + 22]
+                A.append([q50_a(b0, 8 * t), q50_a(b1, 8 * t), q50_a(b0, 8 * t + 4), q50_a(b1, 8 * t + 4)])
                 B.append((u32(xb[g], c0 + 8 * t), u32(xb[g], c0 + 8 * t + 4)))
         got = mma(n, A, B, a_signed=fmt != "Q4_K")
         want = codes[:, c0:c0 + n] @ x[:, c0:c0 + n].astype(np.int64).T
@@ -194,9 +232,10 @@ def test_fragments_give_the_integer_dot_products(fmt):
 
 
 # ---- gemv_rows_plan.cuh / gemv_rows.cuh bookkeeping, transcribed ------------------------------------------------
-UNIT = {"Q4_K": 144, "Q6_K": 210, "Q8_0": 272}
-BLOCK = {"Q4_K": 144, "Q6_K": 210, "Q8_0": 34}        # bytes of one ggml block
-BLOCK_COLS = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32}
+UNIT = {"Q4_K": 144, "Q6_K": 210, "Q8_0": 272, "Q5_0": 176}
+BLOCK = {"Q4_K": 144, "Q6_K": 210, "Q8_0": 34, "Q5_0": 22}        # bytes of one ggml block
+BLOCK_COLS = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32, "Q5_0": 32}
+BLK32 = ("Q8_0", "Q5_0")                                          # formats whose chunks count 32-column blocks
 
 
 def rows_ks(cols: int, gemv_rows: int) -> int:
@@ -212,24 +251,24 @@ def rows_stride(fmt: str, ks: int) -> int:
 
 def rows_chunk(fmt: str, cols: int, ks: int, chunk: int) -> tuple[int, int, int, int]:
     """(byte offset in the row, bytes, first unit, units)"""
-    if fmt == "Q8_0":
+    if fmt in BLK32:
         nblk = cols // 32
         u0 = chunk * 8 * ks
         nu = min(8 * ks, nblk - u0)
-        return 34 * u0, 34 * nu, u0, nu
+        return BLOCK[fmt] * u0, BLOCK[fmt] * nu, u0, nu
     nsb = cols // 256
     u0 = chunk * ks
     nu = min(ks, nsb - u0)
     return BLOCK[fmt] * u0, BLOCK[fmt] * nu, u0, nu
 
 
-@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
 @pytest.mark.parametrize("ks", [1, 2, 3, 8])
 @pytest.mark.parametrize("base", [0, 2, 6, 14])
 def test_staging_puts_each_row_chunk_inside_its_stride(fmt, ks, base):
-    if fmt != "Q8_0" and base % 16:
+    if fmt not in BLK32 and base % 16:
         pytest.skip("K-quant weights are 16-byte aligned (flashd.h)")
-    for cols in ([256, 768, 2560, 8960] if fmt != "Q8_0" else [32, 96, 800, 1536, 8960]):
+    for cols in ([256, 768, 2560, 8960] if fmt not in BLK32 else [32, 96, 800, 896, 1536, 4864, 8960]):
         row_bytes = cols // BLOCK_COLS[fmt] * BLOCK[fmt]
         C = -(-cols // (256 * ks))
         stride = rows_stride(fmt, ks)
@@ -267,7 +306,7 @@ def test_chunks_cover_every_column_once(cols, gemv_rows):
     ks = rows_ks(cols, gemv_rows)
     C = -(-cols // (256 * ks))
     assert C <= 36 and ks <= 8
-    for fmt in (["Q8_0"] if cols % 256 else ["Q4_K", "Q6_K", "Q8_0"]):
+    for fmt in (list(BLK32) if cols % 256 else ["Q4_K", "Q6_K", "Q8_0", "Q5_0"]):
         covered = []
         for chunk in range(C):
             _, _, u0, nu = rows_chunk(fmt, cols, ks, chunk)

@@ -8,7 +8,7 @@ plus a shuffle tree, and the norm scale uses rsqrtf (a few ulp): both stay well 
 sum |W||xn|. When every matrix of a launch is quantized, the kernel stages xn as int8 hi + lo codes
 per 32-column block (gemv_stage.cuh stage_xq): each staged x' is within max|xn over its block| / (127 * 2 * 254) of
 xn, so |y - oracle| gains at most |W| @ that (int8_x_bound). Calls on gemv_rows.cuh (tuning gemv_rows on, every
-matrix Q4_K / Q6_K / Q8_0: test_gemv_rows.py) quantize xn to one int8 code per column with a per-32-column scale:
+matrix Q4_K / Q6_K / Q8_0 / Q5_0: test_gemv_rows.py) quantize xn to one int8 code per column with a per-32-column scale:
 within max |xn over its block| / 254 of xn (int8_x_bound with rows=True).
 Outputs are poisoned with NaN bytes first (except where y aliases the residual).
 """
@@ -37,7 +37,7 @@ def normed64(x, norm_w):
 
 XQ_DEN = 127 * 2 * 254
 ROWS_XQ_DEN = 127 * 2          # gemv_rows.cuh: one code, rounded to nearest, step max / 127
-ROWS_QTYPES = (T.Q4_K, T.Q6_K, T.Q8_0)
+ROWS_QTYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)   # the formats gemv_rows.cuh runs (ops.GEMV_ROWS_QTYPES)
 
 
 def rows_path(native, qtypes, cols) -> bool:

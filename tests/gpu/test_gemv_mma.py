@@ -4,7 +4,7 @@ blocks (groups with no block), every x-row count, bias and residual (y aliasing 
 formats in one launch, SwiGLU, a wide input that takes passes. Oracle: the same launch with the tensor-core path
 off (gemv_mma_rows = 0) and the one-row launch of each x row; a float format in a launch keeps the whole launch
 on the one-row kernel. Accuracy against float64 is test_gemv.py's (its multi-row cases run this path). With the
-tuning's gemv_rows on, Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh instead: these tests turn it off."""
+tuning's gemv_rows on, Q4_K / Q6_K / Q8_0 / Q5_0 calls run gemv_rows.cuh instead: these tests turn it off."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -18,7 +18,7 @@ QUANT = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 
 @pytest.fixture
 def restore_tuning(native):
-    """The tuning as it was, restored after the test; during it gemv_rows is off, so Q4_K / Q6_K / Q8_0 calls run the
+    """The tuning as it was, restored after the test; during it gemv_rows is off, so Q4_K / Q6_K / Q8_0 / Q5_0 calls run the
     kernels this file compares (gemv_rows.cuh is test_gemv_rows.py's)."""
     before = native.tuning()
     native.set_tuning(gemv_rows=0)

@@ -1,5 +1,5 @@
-"""gemv_rows.cuh -- the int8 tensor-core GEMV that fd_gemv, fd_gemv_multi and fd_gemv_swiglu run for Q4_K, Q6_K and
-Q8_0 weights at every n_x (1..32) where the tuning's gemv_rows is on (the sm_90 table entry; each test here turns it
+"""gemv_rows.cuh -- the int8 tensor-core GEMV that fd_gemv, fd_gemv_multi and fd_gemv_swiglu run for Q4_K, Q6_K, Q8_0
+and Q5_0 weights at every n_x (1..32) where the tuning's gemv_rows is on (the sm_90 table entry; each test here turns it
 on and restores the tuning after).
 
 Oracle (test_gemv.py's): W = gguf.quants.dequantize in float64, xn = x (or rmsnorm(x) * norm_w) in float64,
@@ -21,7 +21,7 @@ from flashd.scripts.random_weights import cols_of, random_weights
 from tests.gpu.test_gemv import (EPS, FD_E_ARG, assert_close, bits, call_gemv, call_kind, call_swiglu, int8_x_bound,
                                  normed64, rows_path, run_multi, weights64)
 
-ROWS_FORMATS = [T.Q4_K, T.Q6_K, T.Q8_0]
+ROWS_FORMATS = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0]
 
 
 @pytest.fixture(params=[1, 2], ids=["ks1", "ks2"])
@@ -37,7 +37,8 @@ def rows_on(request, native):
 
 
 def blocks_for(qtype, n_units):
-    """cols of n_units chunk units (256 columns; Q8_0: n_units blocks of 32, so cols need not be a multiple of 256)."""
+    """cols of n_units chunk units (256 columns; Q8_0 / Q5_0: n_units blocks of 32, so cols need not be a multiple of
+    256)."""
     return cols_of(qtype, n_units)
 
 
@@ -85,7 +86,8 @@ def test_every_epilogue_against_float64(native, dev, rng, poisoned, rows_on, qty
     (1536, [(T.Q4_K, 1536, True), (T.Q4_K, 256, True), (T.Q6_K, 256, True)]),
     (896, [(T.Q8_0, 896, True), (T.Q8_0, 128, True)]),
     (512, [(T.Q4_K, 129, False), (T.Q6_K, 7, True), (T.Q8_0, 33, True), (T.Q4_K, 1, True)]),
-], ids=["qwen1.5b-qkv", "q8_0-qk", "four-odd"])
+    (896, [(T.Q5_0, 896, True), (T.Q5_0, 128, True), (T.Q8_0, 128, True)]),     # Qwen 0.5B Q4_K_M q/k/v
+], ids=["qwen1.5b-qkv", "q8_0-qk", "four-odd", "qwen0.5b-qkv"])
 def test_multi_against_float64(native, dev, rng, poisoned, rows_on, case, n_x):
     cols, mats = case
     x = rng.standard_normal((n_x, cols)).astype(np.float32)
@@ -115,7 +117,8 @@ def test_multi_against_float64(native, dev, rng, poisoned, rows_on, case, n_x):
     ((T.Q4_K, T.Q4_K), 8960, 1536),      # the 1.5B model's gate / up
     ((T.Q4_K, T.Q6_K), 129, 512),
     ((T.Q8_0, T.Q8_0), 100, 96),         # Q8_0 cols not a multiple of 256
-], ids=["q4k-1.5b", "mixed-k", "q8_0-narrow"])
+    ((T.Q5_0, T.Q5_0), 4864, 896),       # the 0.5B model's gate / up
+], ids=["q4k-1.5b", "mixed-k", "q8_0-narrow", "q5_0-0.5b"])
 def test_swiglu_against_float64(native, dev, rng, poisoned, rows_on, qtypes, rows, cols, n_x):
     qg, qu = qtypes
     dg, du = random_weights(rng, qg, rows, cols), random_weights(rng, qu, rows, cols)
@@ -139,7 +142,8 @@ def test_swiglu_against_float64(native, dev, rng, poisoned, rows_on, qtypes, row
     ((T.Q4_K, T.Q6_K), 1536, 1536),      # attention shapes
     ((T.Q6_K, T.Q4_K), 1536, 8960),      # ffn_down-wide: 35 chunks a row
     ((T.Q8_0, T.Q8_0), 333, 800),        # Q8_0, cols not a multiple of 256 (a short last chunk), rows % 16 != 0
-], ids=["q4k-q6k", "wide", "q8_0-awkward"])
+    ((T.Q5_0, T.Q8_0), 333, 800),        # Q5_0 (22-byte blocks: rows 2-byte aligned), the same awkward shape
+], ids=["q4k-q6k", "wide", "q8_0-awkward", "q5_0-awkward"])
 def test_rows_are_bitwise_the_one_row_call_for_every_n(native, dev, rng, poisoned, rows_on, kind, qtypes, rows, cols):
     """Row i of an n_x-row call == the one-row call on x[i], bit for bit, n_x = 1..32, with the norm, bias and (gemv)
     an aliased residual."""
@@ -207,13 +211,14 @@ def test_row_limits(native, dev, rng, rows_on):
     Y, X, W, N, s = dev.p(y, "float*"), dev.p(x, "float*"), dev.p(w), ffi.NULL, dev.stream
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 32, N, EPS, N, N, s) == 0
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 33, N, EPS, N, N, s) == FD_E_ARG
-    assert lib.fd_gemv(Y, W, int(T.Q5_0), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
+    assert lib.fd_gemv(Y, W, int(T.Q4_0), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
     native.set_tuning(gemv_rows=0)
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
     dev.synchronize()
 
 
-@pytest.mark.parametrize("qtype,rows,cols", [(T.Q4_K, 8960, 1536), (T.Q6_K, 1536, 8960), (T.Q8_0, 896, 896)])
+@pytest.mark.parametrize("qtype,rows,cols", [(T.Q4_K, 8960, 1536), (T.Q6_K, 1536, 8960), (T.Q8_0, 896, 896),
+                                             (T.Q5_0, 4864, 896)])
 def test_pdl_never_changes_a_result(native, dev, rng, poisoned, rows_on, qtype, rows, cols):
     w = dev.upload(random_weights(rng, qtype, rows, cols))
     x = dev.upload(rng.standard_normal((17, cols)).astype(np.float32))

@@ -46,7 +46,7 @@ __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "D
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows (gemv.cuh's kernels) ...
 GEMV_ROWS_MAX_ROWS = 32       # ... and up to 32 where gemv_rows.cuh runs the call (flashd_linear.h)
-GEMV_ROWS_QTYPES = frozenset({8, 12, 14})   # GGML Q8_0, Q4_K, Q6_K: the formats gemv_rows.cuh runs
+GEMV_ROWS_QTYPES = frozenset({6, 8, 12, 14})   # GGML Q5_0, Q8_0, Q4_K, Q6_K: the formats gemv_rows.cuh runs
 GEMV_ROWS_MAX_COLS = 65536    # gemv_rows_plan.cuh ROWS_MAX_COLS
 GGML_F32 = 0                  # the GGML type id of float32 (gguf.GGMLQuantizationType.F32)
 FLOAT_QTYPES = frozenset({0, 1, 30})   # F32, F16, BF16: GEMV launches with one of these stage x as floats
@@ -60,7 +60,7 @@ def gemv_groups(n: int, size: int = GEMV_MAX_ROWS):
 
 def gemv_rows_call(gemv_rows: int, qtypes, cols: int) -> bool:
     """Whether the library runs a GEMV call on gemv_rows.cuh (gemv_rows_plan.cuh rows_eligible): the tuning's
-    gemv_rows on (the library refuses it where the GPU lacks the kernel), every weight Q4_K / Q6_K / Q8_0,
+    gemv_rows on (the library refuses it where the GPU lacks the kernel), every weight Q4_K / Q6_K / Q8_0 / Q5_0,
     cols within the x scratch."""
     return gemv_rows > 0 and cols <= GEMV_ROWS_MAX_COLS and all(int(q) in GEMV_ROWS_QTYPES for q in qtypes)
 
