@@ -2,7 +2,8 @@
 
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 19.5] [--resume] [--max-tokens N]
                          [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 7] [--train-minutes 10.5]
-                         [--loss-rows N] [--ce float32|bfloat16] [--compile]
+                         [--loss-rows N] [--ce float32|bfloat16] [--compile] [--data-mix code|wide]
+                         [--wide-fraction F] [--self-prompts F]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
 by shard), train, checkpoint, export. `--minutes` bounds this call (it stops, checkpoints and exports before);
@@ -75,6 +76,9 @@ class _Log:
 @click.option("--data-mix", type=click.Choice(["code", "wide"]), default="code", show_default=True,
               help="code: Python and C sources (the shipped drafter's data); wide: also the packages' C++ and "
                    "documentation, and answers in other languages (train/data.py; its one run lost to code: README)")
+@click.option("--wide-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="with --data-mix code: this share of the prompts is what wide adds (C++ and documentation sources, "
+                   "Python snippets translated into other languages), the rest code's own (experimental)")
 @click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of prompts the target writes itself after a generic opener (train/self_prompts.py; "
                    "experimental: 0.4 lost in its one measured run)")
@@ -94,11 +98,11 @@ class _Log:
                    "the bf16 logits as they are (no copy: 21 GiB, the fastest step; session 28's one run used it)")
 @click.option("--compile/--no-compile", "compile_layers", default=False, show_default=True,
               help="torch.compile one layer's function of the target's forward and of the drafter (reused by every "
-                   "layer: norms, RoPE, SwiGLU and casts fused); the first steps include the compilation. "
-                   "Experimental: not yet timed on a GPU")
+                   "layer: norms, RoPE, SwiGLU and casts fused); the compilation is paid out of the training "
+                   "budget, and at the recipe's budget it costs more steps than it saves (bench/NOTES.md, session 29)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
-                  features, max_mb, max_new, max_prompt, raw_fraction, data_mix, self_prompt_fraction, batch_seqs,
-                  anchors, gen_batch, seed, device, outtype, loss_rows, ce, compile_layers):
+                  features, max_mb, max_new, max_prompt, raw_fraction, data_mix, wide_fraction, self_prompt_fraction,
+                  batch_seqs, anchors, gen_batch, seed, device, outtype, loss_rows, ce, compile_layers):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation.
 
     --compile runs one layer of the target's training forward and of the drafter through torch.compile."""
@@ -115,6 +119,7 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
                          anchors=anchors, batch_seqs=batch_seqs, max_seq=max_prompt + max_new, seed=seed,
                          max_tokens=max_tokens, max_prompt=max_prompt, max_new=max_new, gen_batch=gen_batch,
                          raw_fraction=raw_fraction, self_prompt_fraction=self_prompt_fraction, data_mix=data_mix,
+                         wide_fraction=wide_fraction,
                          gen_minutes=gen_minutes, train_minutes=train_minutes)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
@@ -147,7 +152,7 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     deadline = start + minutes * 60 - EXPORT_RESERVE_S
     log = _Log(work / "log.txt")
     (work / "sources.json").write_text(json.dumps([{"kind": s.kind, "root": str(s.root), "suffix": s.suffix}
-                                                   for s in data_sources(tc.data_mix)], indent=1))
+                                                   for s in data_sources(tc.sources_mix)], indent=1))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -181,7 +186,7 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     ev = trainer.run(deadline, ckpt)
     export(trainer.drafter, out, outtype)
     report = {"target": target_path.name, "out": str(out), "bytes": out.stat().st_size,
-              "params": matrices + norms, "gen": state, "sources": [f"{s.root}/*{s.suffix}" for s in data_sources(tc.data_mix)],
+              "params": matrices + norms, "gen": state, "sources": [f"{s.root}/*{s.suffix}" for s in data_sources(tc.sources_mix)],
               "done": trainer.progress() >= 1.0}
     trainer.write_report(work / "report.json", ev, report)
     log(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); training {trainer.progress():.0%} done"

@@ -176,13 +176,18 @@ def _tasks(src: Source, mix: str) -> tuple[str, ...]:
     return C_TASKS
 
 
-def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2,
-                  mix: str = "code") -> list[Prompt]:
-    """n prompts, deterministic for (machine's sources, seed, mix): files shuffled over every source,
-    `per_file` snippets each, a task drawn per snippet (data_sources(mix); "code" draws exactly as before "wide"
-    existed)."""
-    rng = random.Random(seed)
-    files = [(src, p) for src in data_sources(mix) for p in source_files(src)]
+def _wide_extra_tasks(src: Source) -> tuple[str, ...]:
+    """What "wide" adds to "code": its C++ and docs sources' tasks, and the translations / tutorial of a Python
+    snippet (C headers: none)."""
+    if src.kind in ("docs", "cpp"):
+        return _tasks(src, "wide")
+    return WIDE_PY_TASKS if src.suffix == ".py" else ()
+
+
+def _draw(n: int, rng: random.Random, sources: list[Source], tasks_of, raw_of, per_file: int) -> list[Prompt]:
+    """Up to n prompts: the sources' files shuffled, `per_file` snippets each; a snippet becomes a raw completion
+    (its first half) with probability raw_of(src), else a task drawn from tasks_of(src)."""
+    files = [(src, p) for src in sources for p in source_files(src)]
     rng.shuffle(files)
     prompts: list[Prompt] = []
     for src, path in files:
@@ -194,11 +199,35 @@ def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: in
             continue
         for code in _snippets(text, rng, per_file):
             origin = f"{src.kind}:{path.relative_to(src.root)}:{code.splitlines()[0][:60]}"
-            if rng.random() < raw_fraction:    # raw completion: the first half of the snippet
+            if rng.random() < raw_of(src):    # raw completion: the first half of the snippet
                 lines = code.splitlines()
                 prompts.append(Prompt("{code}", "\n".join(lines[:max(6, len(lines) // 2)]) + "\n", origin))
             else:
-                prompts.append(Prompt(rng.choice(_tasks(src, mix)), code, origin))
+                prompts.append(Prompt(rng.choice(tasks_of(src)), code, origin))
             if len(prompts) >= n:
                 break
     return prompts
+
+
+def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2,
+                  mix: str = "code", wide_fraction: float = 0.0) -> list[Prompt]:
+    """n prompts, deterministic for (machine's sources, seed, mix, wide_fraction): files shuffled over every source,
+    `per_file` snippets each, a task drawn per snippet (data_sources(mix); "code" draws exactly as before "wide"
+    existed). wide_fraction > 0 with mix "code": that share of the n prompts is what "wide" adds (its C++ and docs
+    sources -- raw completions of them at raw_fraction, docs continued as prose -- and Python snippets asked for a
+    translation or a tutorial), the rest "code"'s own first prompts; the two lists interleaved by a seeded
+    shuffle."""
+    if not 0.0 <= wide_fraction <= 1.0:
+        raise ValueError(f"wide_fraction must be in [0, 1], got {wide_fraction!r}")
+    if wide_fraction == 0.0 or mix == "wide":
+        return _draw(n, random.Random(seed), data_sources(mix), lambda src: _tasks(src, mix),
+                     lambda src: raw_fraction, per_file)
+    n_wide = round(n * wide_fraction)
+    code = _draw(n - n_wide, random.Random(seed), data_sources(mix), lambda src: _tasks(src, mix),
+                 lambda src: raw_fraction, per_file)
+    extra_sources = [s for s in data_sources("wide") if _wide_extra_tasks(s)]
+    extra = _draw(n_wide, random.Random(f"{seed}:wide"), extra_sources, _wide_extra_tasks,
+                  lambda src: raw_fraction if src.kind in ("docs", "cpp") else 0.0, per_file)
+    out = code + extra
+    random.Random(f"{seed}:blend").shuffle(out)
+    return out

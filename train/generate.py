@@ -41,7 +41,8 @@ def render_prompts(target_path: Path, tc: TrainConfig, n: int) -> list[np.ndarra
     tok = Tokenizer.from_gguf(target_path)
     template = ChatTemplate.from_gguf(target_path)
     out = []
-    for p in build_prompts(n, seed=tc.seed, raw_fraction=tc.raw_fraction, mix=tc.data_mix):
+    for p in build_prompts(n, seed=tc.seed, raw_fraction=tc.raw_fraction, mix=tc.data_mix,
+                           wide_fraction=tc.wide_fraction):
         while p is not None:
             if p.chat and template is not None:
                 text = template.render([{"role": "user", "content": p.text}], add_generation_prompt=True)
@@ -117,7 +118,7 @@ def generate(target, target_path: Path, work: Path, tc: TrainConfig, deadline: f
     pfile = work / "prompts.npz"
     if not pfile.exists():
         t0 = time.monotonic()
-        log("data sources: " + ", ".join(f"{s.kind}={s.root}/*{s.suffix}" for s in data_sources(tc.data_mix)))
+        log("data sources: " + ", ".join(f"{s.kind}={s.root}/*{s.suffix}" for s in data_sources(tc.sources_mix)))
         prompts, kinds, openers = plan_prompts(target_path, tc, max(tc.gen_batch, tc.max_tokens // 200))
         _save_npz(pfile, **_ragged(prompts), kind=kinds, opener=np.asarray(openers, dtype=str))
         log(f"{int((kinds == 0).sum())} prompts rendered, {int((kinds != 0).sum())} to be written by the target, "

@@ -296,7 +296,9 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         state = torch.load(path, map_location=self.dev, weights_only=False)
-        fixed = {k: v for k, v in state["recipe"].items() if k not in TrainConfig.RESUMABLE}
+        # a checkpoint written before a recipe field existed holds that field's default
+        fixed = {k: v for k, v in {**TrainConfig().to_dict(), **state["recipe"]}.items()
+                 if k not in TrainConfig.RESUMABLE}
         now = {k: v for k, v in self.tc.to_dict().items() if k not in TrainConfig.RESUMABLE}
         if fixed != now or state["mask_token_id"] != self.cfg.mask_token_id or state["ffn"] != self.cfg.model.ffn:
             diff = sorted(k for k in fixed if fixed[k] != now.get(k))

@@ -23,7 +23,9 @@ Where each choice comes from (facts from the paper and the open DFlash trainers;
                              responses with the target); ours are prompts built from local sources (data.py) and
                              optionally a share the target writes itself after a generic opener (self_prompts.py:
                              the chat request the way Magpie samples one; temperature 0.8 is ours; off by default:
-                             its one run, at 0.4, accepted less on the benchmark prompts, see that module)
+                             its one run, at 0.4, accepted less on the benchmark prompts, see that module), and
+                             optionally a share of what data_mix "wide" adds (wide_fraction; all of "wide" lost to
+                             "code" in its one run: better on the other languages, worse on Python and prose)
     drafter depth            the paper uses 5 layers for 4B-8B targets; 3 here, with the SwiGLU width chosen so the
                              Q8_0 file stays under `max_mb` (the issue's 60 MB for the 1.5B target) and one H100
                              trains it in minutes
@@ -77,6 +79,8 @@ class TrainConfig:
     data_mix: str = "code"        # data.DATA_MIXES: "code" (Python + C, the shipped drafter's) or "wide" (+ C++,
                                   # docs, answers in other languages): its one run lost on the benchmark prompts
                                   # (session 28: better on Rust / C++ / SQL / bash, worse on Python and prose)
+    wide_fraction: float = 0.0    # with data_mix "code": this share of the prompts is what "wide" adds (data.py
+                                  # build_prompts: C++ / docs sources, Python translated), the rest "code"'s
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
     gen_minutes: float = 7.0      # the shipped 1.5B drafter's recipe (session 27): the token cap ended
@@ -102,6 +106,9 @@ class TrainConfig:
             raise ValueError("warmup must be in [0, 1), raw_fraction and self_prompt_fraction in [0, 1]")
         if self.data_mix not in ("code", "wide"):
             raise ValueError(f"data_mix must be 'code' or 'wide', got {self.data_mix!r}")
+        if not 0 <= self.wide_fraction <= 1 or (self.wide_fraction and self.data_mix != "code"):
+            raise ValueError(f"wide_fraction must be in [0, 1] and used with data_mix 'code', got "
+                             f"{self.wide_fraction!r} with {self.data_mix!r}")
         if not self.self_prompt_temperature > 0:
             raise ValueError(f"self_prompt_temperature must be > 0, got {self.self_prompt_temperature!r}")
         if self.weight_decay < 0 or not self.grad_clip > 0:
@@ -109,6 +116,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def sources_mix(self) -> str:
+        """The data mix whose sources the run reads (data.data_sources): "wide" as soon as a share of it is drawn."""
+        return "wide" if self.wide_fraction else self.data_mix
 
     # what a resume may change (budget and batching) vs what defines the drafter being trained
     RESUMABLE = ("max_tokens", "gen_minutes", "train_minutes", "epochs", "gen_batch", "batch_seqs", "anchors")

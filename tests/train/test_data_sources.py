@@ -61,3 +61,27 @@ def test_the_wide_mix_adds_cpp_and_docs_and_other_answer_languages():
         assert any(p.origin.startswith("docs:") for p in wide) and tasks & set(DOC_TASKS)
     with pytest.raises(ValueError, match="data mix"):
         data_sources("everything")
+
+
+def test_a_wide_fraction_blends_what_wide_adds_into_code():
+    """wide_fraction F with mix "code": round(F n) prompts are what "wide" adds (C++ / docs sources, Python
+    translated or explained in prose), the rest exactly "code"'s first prompts, the lists interleaved; F = 0 is
+    "code" itself; deterministic; no benchmark prompt; out-of-range fractions refused."""
+    import pytest
+    from flashd.train.data import C_TASKS, PY_TASKS, WIDE_PY_TASKS
+    from flashd.train.recipe import TrainConfig
+    assert build_prompts(200, seed=3, wide_fraction=0.0) == build_prompts(200, seed=3)
+    blend = build_prompts(400, seed=3, wide_fraction=0.25)
+    assert len(blend) == 400 and blend == build_prompts(400, seed=3, wide_fraction=0.25)
+    extra = [p for p in blend if p.origin.split(":", 1)[0] in ("cpp", "docs") or p.task in WIDE_PY_TASKS]
+    assert len(extra) == 100
+    rest = [p for p in blend if p not in extra]
+    assert sorted(rest, key=repr) == sorted(build_prompts(300, seed=3), key=repr)
+    assert all(p.task in PY_TASKS + C_TASKS or p.task == "{code}" for p in rest)
+    bench = [json.loads(line)["text"].strip() for line in BENCH_PROMPTS.read_text().splitlines() if line.strip()]
+    assert not any(b in p.text for p in blend for b in bench)
+    with pytest.raises(ValueError, match="wide_fraction"):
+        build_prompts(10, wide_fraction=1.5)
+    with pytest.raises(ValueError, match="wide_fraction"):
+        TrainConfig(wide_fraction=0.2, data_mix="wide")
+    assert TrainConfig(wide_fraction=0.2).sources_mix == "wide" and TrainConfig().sources_mix == "code"

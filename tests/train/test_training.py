@@ -127,6 +127,13 @@ def test_checkpoint_resume_continues_the_same_run(target, tmp_path):
         assert torch.equal(pa, pb), name
     with pytest.raises(ValueError, match="another recipe"):
         make_trainer(target, block_size=5).load(tmp_path / "ckpt.pt")
+    # a checkpoint from before a recipe field existed (here wide_fraction) resumes as that field's default
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    del state["recipe"]["wide_fraction"]
+    torch.save(state, tmp_path / "old.pt")
+    make_trainer(target).load(tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="wide_fraction"):
+        make_trainer(target, wide_fraction=0.5).load(tmp_path / "old.pt")
 
 
 def test_mask_token_skips_used_and_degenerate_rows():
