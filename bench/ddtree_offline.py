@@ -92,7 +92,7 @@ def main(argv=None) -> int:
 
     from flashd.clients.tokenizer import Tokenizer
     from flashd.train import require_torch
-    from flashd.train.batch_decode import BatchDecoder
+    from flashd.train.batch_decode import greedy_answers
     from flashd.train.export import load_drafter
     from flashd.train.target import TorchTarget
 
@@ -108,11 +108,7 @@ def main(argv=None) -> int:
         cached = np.load(args.answers)
         answers = [cached[f"a{i}"] for i in range(len(prompts))]
     else:
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        out = BatchDecoder(target, [prompts[i] for i in order], args.max_new, sorted(tok.stop_ids)).run()
-        answers = [None] * len(prompts)
-        for i, a in zip(order, out):
-            answers[i] = np.asarray(a, np.int32)
+        answers = greedy_answers(target, prompts, args.max_new, tok.stop_ids)
         if args.answers is not None:
             np.savez(args.answers, **{f"a{i}": a for i, a in enumerate(answers)})
     print(f"# {args.drafter.name} on {args.target.name}, {target.dtype} on {args.device}: {len(prompts)} prompts of "

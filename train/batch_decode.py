@@ -26,7 +26,7 @@ from . import require_torch
 
 torch = require_torch()
 
-__all__ = ["BatchDecoder", "CHECK_EVERY", "TAIL_FRACTION"]
+__all__ = ["BatchDecoder", "greedy_answers", "CHECK_EVERY", "TAIL_FRACTION"]
 
 CHECK_EVERY = 16      # decode steps between the host's looks at `done`
 TAIL_FRACTION = 8     # a batch stops once at most 1/8 of its sequences are still answering (after max_new / 4)
@@ -139,3 +139,14 @@ class BatchDecoder:
             hit = np.nonzero(np.isin(row, stop_ids))[0]
             result.append(row[:hit[0] + 1] if len(hit) else row)
         return result
+
+
+def greedy_answers(target, prompts: list[np.ndarray], max_new: int, stop_ids) -> list[np.ndarray]:
+    """The target's greedy answers (int32) to `prompts`, in their order, decoded as one batch sorted by length (the
+    shortest prompts first: the left padding is least); the evaluation tools' way to get a prompt set's answers."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out = BatchDecoder(target, [prompts[i] for i in order], max_new, sorted(stop_ids)).run()
+    answers: list[np.ndarray] = [np.empty(0, np.int32)] * len(prompts)
+    for i, a in zip(order, out):
+        answers[i] = np.asarray(a, np.int32)
+    return answers
