@@ -3,7 +3,7 @@
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 19.5] [--resume] [--max-tokens N]
                          [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 7] [--train-minutes 10.5]
                          [--loss-rows N] [--ce float32|bfloat16] [--compile] [--data-mix code|wide]
-                         [--wide-fraction F] [--self-prompts F]
+                         [--wide-fraction F] [--self-prompts F] [--distill F]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
 by shard), train, checkpoint, export. `--minutes` bounds this call (it stops, checkpoints and exports before);
@@ -76,6 +76,9 @@ class _Log:
 @click.option("--data-mix", type=click.Choice(["code", "wide"]), default="code", show_default=True,
               help="code: Python and C sources (the shipped drafter's data); wide: also the packages' C++ and "
                    "documentation, and answers in other languages (train/data.py; its one run lost to code: README)")
+@click.option("--distill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="the share of the loss that learns the target's whole distribution at each labelled position "
+                   "instead of its greedy token alone (soft targets; needs --loss-rows > 0; experimental)")
 @click.option("--wide-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="with --data-mix code: this share of the prompts is what wide adds (C++ and documentation sources, "
                    "Python snippets translated into other languages), the rest code's own (experimental)")
@@ -101,13 +104,16 @@ class _Log:
                    "layer: norms, RoPE, SwiGLU and casts fused); the compilation is paid out of the training "
                    "budget, and at the recipe's budget it costs more steps than it saves (bench/NOTES.md, session 29)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
-                  features, max_mb, max_new, max_prompt, raw_fraction, data_mix, wide_fraction, self_prompt_fraction,
-                  batch_seqs, anchors, gen_batch, seed, device, outtype, loss_rows, ce, compile_layers):
+                  features, max_mb, max_new, max_prompt, raw_fraction, data_mix, distill, wide_fraction,
+                  self_prompt_fraction, batch_seqs, anchors, gen_batch, seed, device, outtype, loss_rows, ce,
+                  compile_layers):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation.
 
     --compile runs one layer of the target's training forward and of the drafter through torch.compile."""
     if ce == "bfloat16" and loss_rows:
         raise click.UsageError("--ce bfloat16 applies to the whole block's logits: add --loss-rows 0")
+    if distill and not loss_rows:
+        raise click.UsageError("--distill runs in the chunked loss: --loss-rows must be > 0")
     from . import TorchMissing, require_torch
     try:
         require_torch()
@@ -119,7 +125,7 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
                          anchors=anchors, batch_seqs=batch_seqs, max_seq=max_prompt + max_new, seed=seed,
                          max_tokens=max_tokens, max_prompt=max_prompt, max_new=max_new, gen_batch=gen_batch,
                          raw_fraction=raw_fraction, self_prompt_fraction=self_prompt_fraction, data_mix=data_mix,
-                         wide_fraction=wide_fraction,
+                         wide_fraction=wide_fraction, distill=distill,
                          gen_minutes=gen_minutes, train_minutes=train_minutes)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

@@ -49,6 +49,8 @@ class Trainer:
         # the whole-block loss's log-softmax on a float32 copy of the logits (True), or on the autocast dtype's
         # logits as they are (False: no 4-byte copy of N*A*(B-1)*V values; the kernel still sums in float32)
         self.ce_float32 = bool(ce_float32)
+        if tc.distill and not loss_rows:
+            raise ValueError("distill (soft targets) runs in the chunked loss: loss_rows must be > 0")
         self.dev = target.device
         held = [i for i in range(len(samples)) if i % tc.eval_every == 0]
         self.eval_set = [samples[i] for i in held]
@@ -121,11 +123,13 @@ class Trainer:
         keep = offs[None] < (lens - 1 - plen)[:, None]
         return torch.where(keep, plen[:, None] + offs, plen[:, None]), keep
 
-    def _forward(self, ids, lens, plen, gen, anchored=None):
+    def _forward(self, ids, lens, plen, gen, anchored=None, soft: bool = True):
         """(loss, correct (B-1,), counted (B-1,), per-block leading agreements of the kept blocks in (sequence,
-        anchor) order) for one batch; anchored: (anchors, keep) instead of drawing them."""
+        anchor) order) for one batch; anchored: (anchors, keep) instead of drawing them; soft False: no soft targets
+        (the evaluations, which use the agreements only)."""
         B = self.tc.block_size
-        feats, _ = self.target.forward(ids, capture=self.cfg.target_layer_ids)
+        soft = soft and self.tc.distill > 0
+        feats, tlogits = self.target.forward(ids, capture=self.cfg.target_layer_ids, logits=soft)   # (N, T, V)
         feats = torch.cat(feats, dim=-1)                                           # (N, T, n_features * D)
         anchors, keep = anchored if anchored is not None else self._anchors(lens, plen, ids.shape[1], gen)
         offs = torch.arange(B, device=self.dev)
@@ -139,7 +143,7 @@ class Trainer:
         with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.autocast):
             h = self.drafter.blocks(self.drafter.context(feats), self.target.embed[block], anchors, keep)
             if self.loss_rows:
-                ce_sum, hit = self._chunked_ce(h[:, :, 1:], labels, mask, w)
+                ce_sum, hit = self._chunked_ce(h[:, :, 1:], labels, mask, w, anchors, tlogits)
                 loss = ce_sum / w.sum().clamp(min=1e-9)
             else:
                 logits = self.drafter.logits(h[:, :, 1:], self.target.lm_head)   # (N, A, B-1, V)
@@ -151,14 +155,25 @@ class Trainer:
         lead = hit.int().cumprod(dim=-1).sum(-1)[keep]                             # leading agreements per block
         return loss, hit.sum((0, 1)), mask.sum((0, 1)), lead
 
-    def _chunked_ce(self, h, labels, mask, w):
+    def _chunked_ce(self, h, labels, mask, w, anchors=None, tlogits=None):
         """The weighted CE sum and the hit mask (N, A, B-1) from the labelled rows only, through
         linear_cross_entropy: `loss_rows` rows' logits at a time, each chunk's input gradient formed in forward, so
-        the block's logits (N * A * (B-1) * V: 2.3 G values for the 1.5B) are never alive at once."""
+        the block's logits (N * A * (B-1) * V: 2.3 G values for the 1.5B) are never alive at once. With the target's
+        logits tlogits (N, T, V) (distill > 0): block row (n, j, k) (k = 1 .. B-1, labelled token a_j + k) also
+        learns the target's distribution at a_j + k, i.e. softmax of its logits at position a_j + k - 1."""
         where = mask.flatten().nonzero().squeeze(1)                                  # labelled rows
         rows = rmsnorm(h.flatten(0, 2)[where], self.drafter.output_norm, self.cfg.model.rms_eps)
+        soft = None
+        if tlogits is not None:
+            n_a, n_k = mask.shape[1], mask.shape[2]
+            seq, blk, k0 = where // (n_a * n_k), (where // n_k) % n_a, where % n_k     # k0 = k - 1
+            pos = anchors[seq, blk] + k0
+
+            def soft(i0, i1):
+                return torch.softmax(tlogits[seq[i0:i1], pos[i0:i1]], dim=-1)
         total, hit_rows = linear_cross_entropy(rows, self.target.lm_head, labels.flatten()[where],
-                                               w.flatten()[where], chunk=self.loss_rows)
+                                               w.flatten()[where], chunk=self.loss_rows, soft=soft,
+                                               alpha=self.tc.distill if soft is not None else 0.0)
         hit = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
         hit[where] = hit_rows
         return total, hit.view_as(mask)
@@ -200,7 +215,7 @@ class Trainer:
         leads = []
         for j in range(0, len(samples), self.tc.batch_seqs):
             ids, lens, plen = self._tensors(samples[j:j + self.tc.batch_seqs])
-            _, h, c, lead = self._forward(ids, lens, plen, gen)
+            _, h, c, lead = self._forward(ids, lens, plen, gen, soft=False)
             hit, cnt = hit + h.cpu(), cnt + c.cpu()
             leads.append(lead.float().cpu())
         if not leads:
@@ -222,7 +237,7 @@ class Trainer:
             part = samples[j:j + batch_seqs]
             ids, lens, plen = self._tensors(part)
             anchors, keep = self._all_anchors(lens, plen)
-            lead = self._forward(ids, lens, plen, None, anchored=(anchors, keep))[3].tolist()
+            lead = self._forward(ids, lens, plen, None, anchored=(anchors, keep), soft=False)[3].tolist()
             kept = keep.nonzero().tolist()                              # (sequence, anchor index), row-major
             for (i, k), n_acc in zip(kept, lead):
                 s, p = part[i]

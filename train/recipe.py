@@ -12,7 +12,8 @@ Where each choice comes from (facts from the paper and the open DFlash trainers;
     target layers            n_features (5) layers spread evenly from layer 1 to L - 3, z-lab's rule
                              (scripts/make_synthetic_dflash.evenly_spaced_layers); never the last layer
     KV injection, fc + hidden_norm, shared frozen embedding and lm_head: the paper's architecture
-    loss                     cross-entropy of each masked position against the target's token, weighted by
+    loss                     cross-entropy of each masked position against the target's token (optionally mixed
+                             with the target's whole distribution there: `distill`, ours, off by default), weighted by
                              exp(-(k - 1) / gamma) over block position k = 1 .. B-1 (earlier positions decide
                              acceptance); gamma 7 for B = 16, 5 for B = 10, 4 for B = 8 (the paper's decay; the
                              values used by the open DFlash trainers), linear in B between and beyond
@@ -79,6 +80,8 @@ class TrainConfig:
     data_mix: str = "code"        # data.DATA_MIXES: "code" (Python + C, the shipped drafter's) or "wide" (+ C++,
                                   # docs, answers in other languages): its one run lost on the benchmark prompts
                                   # (session 28: better on Rust / C++ / SQL / bash, worse on Python and prose)
+    distill: float = 0.0          # the soft targets' share in the loss: the target's own distribution at each
+                                  # labelled position (linear_ce alpha); 0: its greedy token only (as shipped)
     wide_fraction: float = 0.0    # with data_mix "code": this share of the prompts is what "wide" adds (data.py
                                   # build_prompts: C++ / docs sources, Python translated), the rest "code"'s
     eval_every: int = 32          # every eval_every-th sample is held out
@@ -106,6 +109,8 @@ class TrainConfig:
             raise ValueError("warmup must be in [0, 1), raw_fraction and self_prompt_fraction in [0, 1]")
         if self.data_mix not in ("code", "wide"):
             raise ValueError(f"data_mix must be 'code' or 'wide', got {self.data_mix!r}")
+        if not 0 <= self.distill <= 1:
+            raise ValueError(f"distill must be in [0, 1], got {self.distill!r}")
         if not 0 <= self.wide_fraction <= 1 or (self.wide_fraction and self.data_mix != "code"):
             raise ValueError(f"wide_fraction must be in [0, 1] and used with data_mix 'code', got "
                              f"{self.wide_fraction!r} with {self.data_mix!r}")

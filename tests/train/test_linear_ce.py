@@ -78,3 +78,57 @@ def test_bad_arguments():
         linear_cross_entropy(x, weight, labels[:-1], w)
     with pytest.raises(ValueError, match="frozen"):
         linear_cross_entropy(x, weight.clone().requires_grad_(True), labels, w)
+
+
+def soft_problem(rows=37, vocab=301, seed=3, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 2, -1).to(dtype)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0])
+@pytest.mark.parametrize("chunk", [1, 10, 1000])
+def test_soft_targets_float64_are_the_oracle(alpha, chunk):
+    """Distillation: CE against (1 - alpha) onehot(label) + alpha s, s from soft(i0, i1) a chunk at a time."""
+    x, weight, labels, w = problem()
+    s = soft_problem()
+    asked = []
+
+    def soft(i0, i1):
+        asked.append((i0, i1))
+        return s[i0:i1]
+    xr = x.double().detach().requires_grad_(True)
+    logp = torch.log_softmax(F.linear(xr, weight.double()), -1)
+    target = alpha * s + (1 - alpha) * F.one_hot(labels, weight.shape[0]).double()
+    ref = (-(target * logp).sum(-1) * w).sum()
+    ref.backward()
+    xg = x.clone().requires_grad_(True)
+    loss, hit = linear_cross_entropy(xg, weight, labels, w, chunk=chunk, soft=soft, alpha=alpha)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-12)
+    torch.testing.assert_close(xg.grad, xr.grad, rtol=1e-10, atol=1e-12)
+    assert torch.equal(hit, logp.argmax(-1) == labels)
+    assert sorted(asked) == [(i, min(i + chunk, 37)) for i in range(0, 37, chunk)]
+
+
+def test_soft_targets_bfloat16_within_rounding():
+    x, weight, labels, w = problem(rows=64, dim=32, vocab=517, seed=1)
+    s = soft_problem(rows=64, vocab=517)
+    xr = x.bfloat16().double().detach().requires_grad_(True)
+    logp = torch.log_softmax(F.linear(xr, weight.bfloat16().double()), -1)
+    target = 0.5 * s + 0.5 * F.one_hot(labels, 517).double()
+    ref = (-(target * logp).sum(-1) * w).sum()
+    ref.backward()
+    xg = x.bfloat16().requires_grad_(True)
+    loss, _ = linear_cross_entropy(xg, weight.bfloat16(), labels, w.float(), chunk=24,
+                                   soft=lambda i0, i1: s[i0:i1].float(), alpha=0.5)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=2e-2)
+    assert float((xg.grad.double() - xr.grad).abs().max()) <= 2 ** -7 * float(xr.grad.abs().max())
+
+
+def test_soft_arguments():
+    x, weight, labels, w = problem()
+    with pytest.raises(ValueError, match="alpha"):
+        linear_cross_entropy(x, weight, labels, w, alpha=0.5)                  # no soft targets
+    with pytest.raises(ValueError, match="alpha"):
+        linear_cross_entropy(x, weight, labels, w, soft=lambda a, b: None, alpha=1.5)

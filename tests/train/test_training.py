@@ -159,6 +159,11 @@ def test_command_end_to_end_and_resume(tmp_path, synthetic_model):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(train_command, args + ["--resume", "--ce", "bfloat16"], catch_exceptions=False)
     assert r.exit_code != 0 and "--loss-rows 0" in r.output      # bf16 CE is the whole block's option only
+    r = CliRunner().invoke(train_command, args + ["--resume", "--distill", "0.5", "--loss-rows", "0"],
+                           catch_exceptions=False)
+    assert r.exit_code != 0 and "--loss-rows must be > 0" in r.output
+    r = CliRunner().invoke(train_command, args + ["--resume", "--distill", "0.5"], catch_exceptions=False)
+    assert r.exit_code != 0 and "another recipe" in r.output      # distill defines the run: not a resume's choice
     ops = ReferenceOps()
     m = load_model(path, ops.load_weight)
     d = load_dflash_drafter(out, ops, m.config, m.weights, 64)
@@ -210,3 +215,38 @@ def test_walk_eval_is_the_runtime_drafts_walked(target):
     assert got["drafts"] == len(leads) and sum(leads) > 0
     assert got["anywhere"] == pytest.approx(1 + np.mean(leads))
     assert got["walk"] == pytest.approx(walk(where, leads)) and got["walk"] >= 1
+
+
+@pytest.mark.parametrize("alpha", [0.4, 1.0])
+def test_distill_learns_the_targets_distribution_at_each_label(target, alpha):
+    """distill = alpha: block row (n, j, k)'s target is (1 - alpha) onehot(token a_j + k) + alpha softmax(the target's
+    logits at a_j + k - 1). The loss against an independent computation with explicit loops over the rows (float32,
+    CPU), and a step runs; evaluations skip the target's logits (their agreements are the same either way)."""
+    tr = make_trainer(target, loss_rows=7, distill=alpha)
+    ids, lens, plen = tr._tensors(tr.train_set[:4])
+    anchors, keep = tr._anchors(lens, plen, ids.shape[1], torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        loss = float(tr._forward(ids, lens, plen, None, anchored=(anchors, keep))[0])
+        feats, tl = target.forward(ids, capture=tr.cfg.target_layer_ids, logits=True)
+        B = tr.tc.block_size
+        block = torch.full((*anchors.shape, B), tr.cfg.mask_token_id, dtype=torch.long)
+        block[:, :, 0] = ids.gather(1, anchors)
+        h = tr.drafter.blocks(tr.drafter.context(torch.cat(feats, -1)), target.embed[block], anchors, keep)
+        logp = torch.log_softmax(tr.drafter.logits(h[:, :, 1:], target.lm_head).double(), -1)
+        num = den = 0.0
+        for n in range(anchors.shape[0]):
+            for j in range(anchors.shape[1]):
+                for k in range(1, B):
+                    a = int(anchors[n, j])
+                    if not keep[n, j] or a + k >= int(lens[n]):
+                        continue
+                    wk = tr.weights[k - 1].item()
+                    s = torch.softmax(tl[n, a + k - 1].double(), -1)
+                    ce = -(1 - alpha) * logp[n, j, k - 1, ids[n, a + k]] - alpha * (s * logp[n, j, k - 1]).sum()
+                    num, den = num + wk * float(ce), den + wk
+    assert loss == pytest.approx(num / den, rel=1e-4)            # the trainer in float32, the loops in float64
+    assert tr.evaluate() == make_trainer(target, loss_rows=7).evaluate()          # the same drafter: the same figures
+    r = tr.train_step(tr.next_batch())
+    assert np.isfinite(r["loss"])
+    with pytest.raises(ValueError, match="loss_rows"):
+        make_trainer(target, loss_rows=0, distill=alpha)
