@@ -3,7 +3,8 @@
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 19.5] [--resume] [--max-tokens N]
                          [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 7] [--train-minutes 10.5]
                          [--loss-rows N] [--ce float32|bfloat16] [--compile] [--data-mix code|wide]
-                         [--wide-fraction F] [--self-prompts F] [--distill F]
+                         [--wide-fraction F] [--header-fraction F] [--problem-fraction F] [--self-prompts F]
+                         [--distill F]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
 by shard), train, checkpoint, export. `--minutes` bounds this call (it stops, checkpoints and exports before);
@@ -82,6 +83,12 @@ class _Log:
 @click.option("--wide-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="with --data-mix code: this share of the prompts is what wide adds (C++ and documentation sources, "
                    "Python snippets translated into other languages), the rest code's own (experimental)")
+@click.option("--header-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of prompts that are a function's signature and docstring line from the Python sources, "
+                   "completed raw: the target writes the body (train/styles.py; experimental)")
+@click.option("--problem-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of prompts that are arithmetic / logic word problems built from train/styles.py's "
+                   "templates, raw (Question: ... Answer:) or chat (experimental)")
 @click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of prompts the target writes itself after a generic opener (train/self_prompts.py; "
                    "experimental: 0.4 lost in its one measured run)")
@@ -105,8 +112,8 @@ class _Log:
                    "budget, and at the recipe's budget it costs more steps than it saves (bench/NOTES.md, session 29)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
                   features, max_mb, max_new, max_prompt, raw_fraction, data_mix, distill, wide_fraction,
-                  self_prompt_fraction, batch_seqs, anchors, gen_batch, seed, device, outtype, loss_rows, ce,
-                  compile_layers):
+                  header_fraction, problem_fraction, self_prompt_fraction, batch_seqs, anchors, gen_batch, seed,
+                  device, outtype, loss_rows, ce, compile_layers):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation.
 
     --compile runs one layer of the target's training forward and of the drafter through torch.compile."""
@@ -125,7 +132,8 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
                          anchors=anchors, batch_seqs=batch_seqs, max_seq=max_prompt + max_new, seed=seed,
                          max_tokens=max_tokens, max_prompt=max_prompt, max_new=max_new, gen_batch=gen_batch,
                          raw_fraction=raw_fraction, self_prompt_fraction=self_prompt_fraction, data_mix=data_mix,
-                         wide_fraction=wide_fraction, distill=distill,
+                         wide_fraction=wide_fraction, header_fraction=header_fraction,
+                         problem_fraction=problem_fraction, distill=distill,
                          gen_minutes=gen_minutes, train_minutes=train_minutes)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
@@ -157,8 +165,10 @@ def train_drafter(target_path: Path, out: Path, work: Path, tc, minutes: float, 
     start = time.monotonic()
     deadline = start + minutes * 60 - EXPORT_RESERVE_S
     log = _Log(work / "log.txt")
-    (work / "sources.json").write_text(json.dumps([{"kind": s.kind, "root": str(s.root), "suffix": s.suffix}
-                                                   for s in data_sources(tc.sources_mix)], indent=1))
+    listed = [{"kind": s.kind, "root": str(s.root), "suffix": s.suffix} for s in data_sources(tc.sources_mix)]
+    if tc.problem_fraction:
+        listed.append({"kind": "problems", "root": "flashd/train/styles.py", "suffix": "PROBLEM_TEMPLATES"})
+    (work / "sources.json").write_text(json.dumps(listed, indent=1))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .styles import function_headers, word_problems
+
 __all__ = ["Prompt", "Source", "data_sources", "source_files", "build_prompts", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]     # the flashd checkout: never a data source
@@ -209,25 +211,38 @@ def _draw(n: int, rng: random.Random, sources: list[Source], tasks_of, raw_of, p
     return prompts
 
 
-def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2,
-                  mix: str = "code", wide_fraction: float = 0.0) -> list[Prompt]:
-    """n prompts, deterministic for (machine's sources, seed, mix, wide_fraction): files shuffled over every source,
+def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2, mix: str = "code",
+                  wide_fraction: float = 0.0, header_fraction: float = 0.0, problem_fraction: float = 0.0
+                  ) -> list[Prompt]:
+    """n prompts, deterministic for (machine's sources, seed, mix, fractions): files shuffled over every source,
     `per_file` snippets each, a task drawn per snippet (data_sources(mix); "code" draws exactly as before "wide"
-    existed). wide_fraction > 0 with mix "code": that share of the n prompts is what "wide" adds (its C++ and docs
-    sources -- raw completions of them at raw_fraction, docs continued as prose -- and Python snippets asked for a
-    translation or a tutorial), the rest "code"'s own first prompts; the two lists interleaved by a seeded
-    shuffle."""
-    if not 0.0 <= wide_fraction <= 1.0:
-        raise ValueError(f"wide_fraction must be in [0, 1], got {wide_fraction!r}")
-    if wide_fraction == 0.0 or mix == "wide":
-        return _draw(n, random.Random(seed), data_sources(mix), lambda src: _tasks(src, mix),
-                     lambda src: raw_fraction, per_file)
-    n_wide = round(n * wide_fraction)
-    code = _draw(n - n_wide, random.Random(seed), data_sources(mix), lambda src: _tasks(src, mix),
-                 lambda src: raw_fraction, per_file)
-    extra_sources = [s for s in data_sources("wide") if _wide_extra_tasks(s)]
-    extra = _draw(n_wide, random.Random(f"{seed}:wide"), extra_sources, _wide_extra_tasks,
-                  lambda src: raw_fraction if src.kind in ("docs", "cpp") else 0.0, per_file)
-    out = code + extra
+    existed). Shares of the n prompts may be other kinds, the rest mix's own first prompts, all interleaved by a
+    seeded shuffle: wide_fraction (mix "code" only) what "wide" adds (its C++ and docs sources -- raw completions
+    of them at raw_fraction, docs continued as prose -- and Python snippets asked for a translation or a
+    tutorial); header_fraction function headers from the Python sources, raw (styles.function_headers);
+    problem_fraction word problems from styles.py's templates, raw at raw_fraction, else chat."""
+    fractions = (wide_fraction, header_fraction, problem_fraction)
+    if not all(0.0 <= f <= 1.0 for f in fractions) or sum(fractions) > 1.0:
+        raise ValueError(f"wide_fraction, header_fraction, problem_fraction must be in [0, 1] and sum to <= 1, "
+                         f"got {fractions}")
+    if wide_fraction and mix == "wide":
+        raise ValueError("wide_fraction draws what mix 'wide' adds to 'code': use it with mix 'code'")
+    n_wide, n_head, n_prob = (round(n * f) for f in fractions)
+    out = _draw(n - n_wide - n_head - n_prob, random.Random(seed), data_sources(mix), lambda src: _tasks(src, mix),
+                lambda src: raw_fraction, per_file)
+    if not (n_wide or n_head or n_prob):
+        return out
+    if n_wide:
+        extra_sources = [s for s in data_sources("wide") if _wide_extra_tasks(s)]
+        out += _draw(n_wide, random.Random(f"{seed}:wide"), extra_sources, _wide_extra_tasks,
+                     lambda src: raw_fraction if src.kind in ("docs", "cpp") else 0.0, per_file)
+    if n_head:
+        rng = random.Random(f"{seed}:headers")
+        files = [p for src in data_sources("code") if src.suffix == ".py" for p in source_files(src)]
+        rng.shuffle(files)
+        out += [Prompt("{code}", text, f"headers:{origin}") for text, origin in function_headers(files, rng, n_head)]
+    if n_prob:
+        for i, (text, chat) in enumerate(word_problems(n_prob, random.Random(f"{seed}:problems"), raw_fraction)):
+            out.append(Prompt(text, "", f"problems:{i}") if chat else Prompt("{code}", text, f"problems:{i}"))
     random.Random(f"{seed}:blend").shuffle(out)
     return out

@@ -84,6 +84,8 @@ class TrainConfig:
                                   # labelled position (linear_ce alpha); 0: its greedy token only (as shipped)
     wide_fraction: float = 0.0    # with data_mix "code": this share of the prompts is what "wide" adds (data.py
                                   # build_prompts: C++ / docs sources, Python translated), the rest "code"'s
+    header_fraction: float = 0.0  # this share: function headers from the Python sources, completed raw (styles.py)
+    problem_fraction: float = 0.0 # this share: word problems built from styles.py's templates (raw or chat)
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
     gen_minutes: float = 7.0      # the shipped 1.5B drafter's recipe (session 27): the token cap ended
@@ -111,6 +113,10 @@ class TrainConfig:
             raise ValueError(f"data_mix must be 'code' or 'wide', got {self.data_mix!r}")
         if not 0 <= self.distill <= 1:
             raise ValueError(f"distill must be in [0, 1], got {self.distill!r}")
+        shares = (self.wide_fraction, self.header_fraction, self.problem_fraction)
+        if not all(0 <= f <= 1 for f in shares) or sum(shares) > 1:
+            raise ValueError(f"wide_fraction, header_fraction and problem_fraction must be in [0, 1] and sum to "
+                             f"<= 1, got {shares}")
         if not 0 <= self.wide_fraction <= 1 or (self.wide_fraction and self.data_mix != "code"):
             raise ValueError(f"wide_fraction must be in [0, 1] and used with data_mix 'code', got "
                              f"{self.wide_fraction!r} with {self.data_mix!r}")

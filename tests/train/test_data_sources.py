@@ -85,3 +85,29 @@ def test_a_wide_fraction_blends_what_wide_adds_into_code():
     with pytest.raises(ValueError, match="wide_fraction"):
         TrainConfig(wide_fraction=0.2, data_mix="wide")
     assert TrainConfig(wide_fraction=0.2).sources_mix == "wide" and TrainConfig().sources_mix == "code"
+
+
+def test_headers_and_problems_join_as_shares():
+    """header_fraction / problem_fraction: those shares of the prompts are function headers from the installed
+    Python sources (a def line and its docstring's first line, completed raw) and word problems from styles.py's
+    templates (raw "Question: ... Answer:" or chat); the rest the mix's own first prompts; none contains a benchmark
+    prompt; shares summing over 1 are refused."""
+    import ast
+
+    import pytest
+    mixed = build_prompts(300, seed=4, header_fraction=0.2, problem_fraction=0.1)
+    assert len(mixed) == 300 and mixed == build_prompts(300, seed=4, header_fraction=0.2, problem_fraction=0.1)
+    heads = [p for p in mixed if p.origin.startswith("headers:")]
+    probs = [p for p in mixed if p.origin.startswith("problems:")]
+    assert len(heads) == 60 and len(probs) == 30
+    for p in heads:
+        assert not p.chat and p.text.startswith(("def ", "async def ")) and p.text.rstrip().endswith('"""')
+        ast.parse(p.text + "    pass\n" if p.text.startswith("def") else p.text.replace("async ", "") + "    pass\n")
+    assert all("Question:" in p.text or p.chat for p in probs)
+    assert any(p.chat for p in probs) and any(not p.chat for p in probs)
+    rest = [p for p in mixed if p not in heads and p not in probs]
+    assert sorted(rest, key=repr) == sorted(build_prompts(210, seed=4), key=repr)
+    bench = [json.loads(line)["text"].strip() for line in BENCH_PROMPTS.read_text().splitlines() if line.strip()]
+    assert not any(b in p.text or p.text.strip() in b for p in heads + probs for b in bench)
+    with pytest.raises(ValueError, match="sum to"):
+        build_prompts(10, header_fraction=0.6, problem_fraction=0.5)
