@@ -1,7 +1,7 @@
 """Offline acceptance of a DFlash drafter: the trainer's held-out measure on any prompt set.
 
     python bench/eval_drafter.py TARGET.gguf DRAFTER.gguf [--prompts bench/spec_prompts.jsonl | --training N]
-                                 [--max-new 256] [--device cuda] [--anchors 128]
+                                 [--max-new 256] [--device cuda] [--anchors 128] [--per-prompt]
 
 The target (train/target.py: the GGUF dequantized, bf16 on the GPU, float32 on the CPU) answers each prompt
 greedily (train/batch_decode.py, as the trainer's data generation), then the drafter (its GGUF dequantized into
@@ -11,7 +11,8 @@ accept_len, the mean count of leading agreements of a block (chain acceptance wi
 step then yields 1 + accept_len tokens on average). This is the number `flashd train-drafter` logs as
 "held-out"; run on bench/spec_prompts.jsonl (encoded raw, as bench/bench_spec.py does) it says what the runtime
 should accept there, so the two can be compared: a gap means a difference between training and the runtime (or
-between prompt sets, which --training N, N training-style prompts from data.py, shows).
+between prompt sets, which --training N, N training-style prompts from data.py, shows). The prompts' `kind`
+(the benchmark's "code" and "reasoning") also gets a line each: accept_len and the walk of its prompts alone.
 """
 from __future__ import annotations
 
@@ -53,14 +54,16 @@ def main(argv=None) -> int:
 
     require_torch()                     # a clear message when torch is missing
     tok = Tokenizer.from_gguf(args.target)
+    kinds: list[str] = []
     if args.training:
         tc0 = TrainConfig(seed=1)
         prompts = render_prompts(args.target, tc0, args.training)
         source = f"{len(prompts)} training-style prompts (data.py, seed 1)"
     else:
-        texts = [json.loads(line)["text"] for line in args.prompts.read_text().splitlines() if line.strip()]
-        texts = texts[:args.n_prompts or None]
-        prompts = [np.asarray(tok.encode(t), np.int32) for t in texts]
+        rows = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+        rows = rows[:args.n_prompts or None]
+        prompts = [np.asarray(tok.encode(r["text"]), np.int32) for r in rows]
+        kinds = [r.get("kind", "") for r in rows]
         source = f"{len(prompts)} prompts of {args.prompts.name} (raw)"
     drafter, cfg = load_drafter(args.drafter, args.device)
     max_prompt = max(len(p) for p in prompts)
@@ -90,6 +93,12 @@ def main(argv=None) -> int:
     if wk:
         print(f"chain tokens a step along the runtime's walk: {wk['walk']:.3f} ({wk['anywhere']:.3f} per position, "
               f"{wk['drafts']} drafts; train/walk.py)")
+    if len(set(kinds)) > 1:
+        for kind in sorted(set(kinds)):
+            trainer.eval_set = [samples[j] for j, i in enumerate(order) if kinds[i] == kind]
+            ev_k, wk_k = trainer.evaluate(max_samples=len(samples)), trainer.walk_eval(max_samples=len(samples))
+            acc_k, walk_k = ev_k.get("accept_len", float("nan")), wk_k.get("walk") or float("nan")
+            print(f"  kind {kind!r}: {len(trainer.eval_set)} prompts, accept_len {acc_k:.2f}, walk {walk_k:.3f}")
     if args.per_prompt:
         for ids, plen in samples:
             trainer.eval_set = [(ids, plen)]

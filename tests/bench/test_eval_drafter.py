@@ -26,12 +26,14 @@ def tiny(tmp_path, synthetic_model):
 def test_runs_on_tiny_models(tmp_path, capsys, tiny):
     target, drafter = tiny
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("def f(x):", "a longer prompt, a b c d e")))
+    prompts.write_text("".join(json.dumps({"text": t, "kind": k}) + "\n"
+                               for t, k in (("def f(x):", "code"), ("a longer prompt, a b c d e", "prose"))))
     assert main([str(target), str(drafter), "--prompts", str(prompts), "--max-new", "10", "--device", "cpu",
                  "--per-prompt"]) == 0
     out = capsys.readouterr().out
     assert "2 prompts of p.jsonl" in out and "accept_len" in out and "along the runtime's walk" in out
     assert out.count(" tokens  '") == 2                         # one line a prompt
+    assert "kind 'code': 1 prompts" in out and "kind 'prose': 1 prompts" in out
 
 
 def test_greedy_answers_keep_the_prompt_order(tiny):
