@@ -52,6 +52,11 @@ class _Log:
             fh.write(line + "\n")
 
 
+def _defaulted(param: str) -> bool:
+    """The option was not given on the command line (its value is the default)."""
+    return click.get_current_context().get_parameter_source(param) == click.core.ParameterSource.DEFAULT
+
+
 @click.command("train-drafter")
 @click.argument("target", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="the drafter GGUF to write")
@@ -80,15 +85,15 @@ class _Log:
 @click.option("--distill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="the share of the loss that learns the target's whole distribution at each labelled position "
                    "instead of its greedy token alone (soft targets; needs --loss-rows > 0; experimental)")
-@click.option("--wide-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--wide-fraction", type=click.FloatRange(0, 1), default=0.15, show_default=True,
               help="with --data-mix code: this share of the prompts is what wide adds (C++ and documentation sources, "
-                   "Python snippets translated into other languages), the rest code's own (experimental)")
-@click.option("--header-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+                   "Python snippets translated into other languages), the rest code's own")
+@click.option("--header-fraction", type=click.FloatRange(0, 1), default=0.2, show_default=True,
               help="share of prompts that are a function's signature and docstring line from the Python sources, "
-                   "completed raw: the target writes the body (train/styles.py; experimental)")
-@click.option("--problem-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+                   "completed raw: the target writes the body (train/styles.py)")
+@click.option("--problem-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True,
               help="share of prompts that are arithmetic / logic word problems built from train/styles.py's "
-                   "templates, raw (Question: ... Answer:) or chat (experimental)")
+                   "templates, raw (Question: ... Answer:) or chat")
 @click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of prompts the target writes itself after a generic opener (train/self_prompts.py; "
                    "experimental: 0.4 lost in its one measured run)")
@@ -127,6 +132,8 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
     except TorchMissing as exc:
         raise click.ClickException(str(exc)) from None
     from .recipe import TrainConfig
+    if data_mix == "wide" and _defaulted("wide_fraction"):
+        wide_fraction = 0.0         # the whole wide mix: no share of it to blend in
     try:
         tc = TrainConfig(block_size=block_size, n_layers=layers, n_features=features, max_mb=max_mb,
                          anchors=anchors, batch_seqs=batch_seqs, max_seq=max_prompt + max_new, seed=seed,

@@ -311,8 +311,8 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         state = torch.load(path, map_location=self.dev, weights_only=False)
-        # a checkpoint written before a recipe field existed holds that field's default
-        fixed = {k: v for k, v in {**TrainConfig().to_dict(), **state["recipe"]}.items()
+        # a checkpoint written before a recipe field existed: that field as such runs had it (TrainConfig.ABSENT)
+        fixed = {k: v for k, v in {**TrainConfig().to_dict(), **TrainConfig.ABSENT, **state["recipe"]}.items()
                  if k not in TrainConfig.RESUMABLE}
         now = {k: v for k, v in self.tc.to_dict().items() if k not in TrainConfig.RESUMABLE}
         if fixed != now or state["mask_token_id"] != self.cfg.mask_token_id or state["ffn"] != self.cfg.model.ffn:

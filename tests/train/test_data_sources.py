@@ -84,7 +84,7 @@ def test_a_wide_fraction_blends_what_wide_adds_into_code():
         build_prompts(10, wide_fraction=1.5)
     with pytest.raises(ValueError, match="wide_fraction"):
         TrainConfig(wide_fraction=0.2, data_mix="wide")
-    assert TrainConfig(wide_fraction=0.2).sources_mix == "wide" and TrainConfig().sources_mix == "code"
+    assert TrainConfig(wide_fraction=0.2).sources_mix == "wide" and TrainConfig(wide_fraction=0.0).sources_mix == "code"
 
 
 def test_headers_and_problems_join_as_shares():

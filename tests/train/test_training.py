@@ -127,13 +127,15 @@ def test_checkpoint_resume_continues_the_same_run(target, tmp_path):
         assert torch.equal(pa, pb), name
     with pytest.raises(ValueError, match="another recipe"):
         make_trainer(target, block_size=5).load(tmp_path / "ckpt.pt")
-    # a checkpoint from before a recipe field existed (here wide_fraction) resumes as that field's default
+    # a checkpoint from before a recipe field existed (here wide_fraction, whose default is no longer what such runs
+    # did) resumes as those runs had it (TrainConfig.ABSENT: 0)
     state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert state["recipe"]["wide_fraction"] == TrainConfig().wide_fraction != TrainConfig.ABSENT["wide_fraction"]
     del state["recipe"]["wide_fraction"]
     torch.save(state, tmp_path / "old.pt")
-    make_trainer(target).load(tmp_path / "old.pt")
+    make_trainer(target, wide_fraction=0.0).load(tmp_path / "old.pt")
     with pytest.raises(ValueError, match="wide_fraction"):
-        make_trainer(target, wide_fraction=0.5).load(tmp_path / "old.pt")
+        make_trainer(target).load(tmp_path / "old.pt")
 
 
 def test_mask_token_skips_used_and_degenerate_rows():
@@ -168,6 +170,25 @@ def test_command_end_to_end_and_resume(tmp_path, synthetic_model):
     m = load_model(path, ops.load_weight)
     d = load_dflash_drafter(out, ops, m.config, m.weights, 64)
     assert d.cfg.block_size == 4 and d.cfg.model.n_layers == 1
+
+
+def test_command_wide_mix_takes_no_wide_share(tmp_path, synthetic_model, monkeypatch):
+    """--data-mix wide is the whole wide mix: the default --wide-fraction (a share of it blended into "code") is
+    dropped, an explicit one is an error."""
+    import flashd.train.target as target_mod
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+    monkeypatch.setattr(target_mod, "TorchTarget", stop)     # the recipe was accepted: stop before the target
+    path = synthetic_model(**TARGET)
+    args = [str(path), "--out", str(tmp_path / "d.gguf"), "--device", "cpu", "--data-mix", "wide"]
+    r = CliRunner().invoke(train_command, args)
+    assert isinstance(r.exception, Stop), r.output
+    r = CliRunner().invoke(train_command, args + ["--wide-fraction", "0.2"])
+    assert r.exit_code != 0 and "wide_fraction" in r.output
 
 
 def test_load_drafter_reads_back_what_export_wrote(target, tmp_path):
