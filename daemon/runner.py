@@ -316,6 +316,13 @@ class ModelRunner:
             out.append(int(np.argmax(self._forward([out[-1]], all_logits=False)[0])))
         return out
 
+    def greedy_stream(self, feed, n_new: int) -> Iterator[int]:
+        """greedy_continue's tokens one at a time, each as soon as it is chosen (spec=auto's plain steps: the
+        consumer streams them while the next ones are computed). The context afterwards is greedy_continue's; a
+        consumer that closes the iterator early leaves it holding what was forwarded by then (n_past counts it).
+        Here: greedy_continue, then its tokens."""
+        yield from self.greedy_continue(feed, n_new)
+
     def checkpoint(self) -> None:
         """Remember the context's length (a hybrid: and a copy of its recurrent state) for rewind()."""
         self._checkpoint = (self.n_past, self.cache.save_state() if self._state_prefix else None)

@@ -13,7 +13,7 @@ cache slots:
    capture= and no sink (on CUDA a replayed graph), then capture_device (drafter.py);
 3. accept.py walks the tree (greedy, or rejection sampling at temperature > 0): path + bonus;
    a step with nothing drafted is a plain greedy step where the runner has a faster one
-   (`greedy_continue`: the CUDA decode graph) and no drafter needs the target's hidden states;
+   (`greedy_stream`: the CUDA decode graph, steps in flight) and no drafter needs the target's hidden states;
 4. commit: the path's K/V move to slots n_past .. n_past + len(path) - 1 (`Ops.kv_compact`),
    n_past += len(path); the drafter hears accepted + bonus (and which verify rows were committed,
    for its target features); bonus becomes the root;
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -50,8 +51,6 @@ DEFAULT_DDTREE_BUDGET = 22      # the anchor's default; the chain default is the
 # decoding's (seed, step) so the first token (drawn as in plain decoding, step 0) is independent.
 SPEC_STEP_BASE = 1 << 62
 MAX_HISTOGRAM = 64
-PLAIN_BURST_MAX = 32            # plain steps run back to back before the loop looks again (CUDA ring: 64);
-                                # each burst ends in a synchronisation (~0.1 ms of host work with the GPU idle)
 
 
 @dataclass(slots=True, frozen=True)
@@ -178,20 +177,26 @@ class SpecDecoder:
                 t1 = time.perf_counter()
                 host = None
                 if tree.n_nodes == 1 and plain_step:
-                    # plain steps: as many as the policy would take in a row, in one burst (one
-                    # synchronisation, like plain decoding), each counted as its own step
+                    # plain steps: as many as the policy would take in a row, streamed as plain decoding
+                    # streams (the runner keeps steps in flight while each token is handed on: no host round
+                    # trip in between); each is its own step, timed from the token before it to its arrival
+                    # (the rate plain steps come at, the consumer's share included where it is the slower)
                     burst = 1 if policy is None else policy.plain_steps(
-                        min(max_new_tokens - n_out, runner.max_ctx - runner.n_past, PLAIN_BURST_MAX))
-                    tokens = runner.greedy_continue([root], burst)     # forwards root + burst - 1 tokens
-                    seconds = (time.perf_counter() - t0) / burst
+                        min(max_new_tokens - n_out, runner.max_ctx - runner.n_past))
+                    tokens = []
+                    # closed here if the consumer stops mid-run: the runner settles its context at once
+                    with closing(runner.greedy_stream([root], burst)) as run:   # forwards root + burst - 1
+                        for tok in run:
+                            now = time.perf_counter()
+                            stats.add(0, 0, 0.0, now - t0)
+                            if policy is not None:
+                                policy.observe(0, 0, now - t0)
+                            t0 = now
+                            tokens.append(tok)
+                            history.append(tok)
+                            yield Sampled(tok)
+                            n_out += 1
                     drafter.skip(tokens)
-                    for tok in tokens:
-                        stats.add(0, 0, 0.0, seconds)
-                        if policy is not None:
-                            policy.observe(0, 0, seconds)
-                        history.append(tok)
-                        yield Sampled(tok)
-                        n_out += 1
                     root = tokens[-1]
                     continue
                 else:

@@ -1,5 +1,5 @@
 """A model whose logits are NaN on the CUDA backend: fd_argmax answers -1 for such rows (documented), and every
-path that picks a token on the device -- plain decoding's graph, greedy_continue's replays, the verify forward's
+path that picks a token on the device -- plain decoding's graph, greedy_continue's and greedy_stream's replays, the verify forward's
 argmax_rows -- raises NonFiniteLogits (protocol error `model_output`) instead of handing -1 on as a token."""
 import numpy as np
 import pytest
@@ -27,6 +27,10 @@ def test_device_token_choice_refuses_nan_logits(backend, synthetic_model, tmp_pa
     run.prefill([1, 2, 3, 4])
     with pytest.raises(NonFiniteLogits):
         run.greedy_continue([5], 4)
+    run.reset()
+    run.prefill([1, 2, 3, 4])
+    with pytest.raises(NonFiniteLogits):
+        list(run.greedy_stream([5], 4))
     run.reset()
     run.prefill([1, 2, 3, 4])
     mask = np.tril(np.ones((3, 3), np.uint8))

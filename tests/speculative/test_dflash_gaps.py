@@ -74,18 +74,18 @@ def test_skip_keeps_absolute_positions(make_runner, dflash_path, monkeypatch):
 
 def test_auto_bursts_skip_capture_and_stay_exact(make_runner, dflash_path, monkeypatch):
     """A policy that settles on plain steps (the synthetic drafter's drafts are poor; step costs are
-    modelled, not timed): the plain tokens come from greedy_continue bursts, the drafter is told
+    modelled, not timed): the plain tokens come from greedy_stream runs, the drafter is told
     through skip(), no verify forward runs for them, and the output is plain greedy decoding's."""
     runner = make_runner(TARGET)
     prompt = np.random.default_rng(202).integers(0, TARGET["vocab_size"], 12).tolist()
     want = [s.token for s in runner.generate(prompt, SamplingParams(), 60)]
     drafter = make_drafter(dflash_path, runner)
     bursts, verifies, skipped = [], [], []
-    greedy_continue, forward_tree, skip = runner.greedy_continue, runner.forward_tree, drafter.skip
+    greedy_stream, forward_tree, skip = runner.greedy_stream, runner.forward_tree, drafter.skip
 
-    def rec_continue(feed, n_new):
+    def rec_stream(feed, n_new):
         bursts.append(n_new)
-        return greedy_continue(feed, n_new)
+        return greedy_stream(feed, n_new)
 
     def rec_tree(ids, *a, **k):
         verifies.append(len(ids))
@@ -94,7 +94,7 @@ def test_auto_bursts_skip_capture_and_stay_exact(make_runner, dflash_path, monke
     def rec_skip(tokens):
         skipped.append(len(tokens))
         skip(tokens)
-    monkeypatch.setattr(runner, "greedy_continue", rec_continue)
+    monkeypatch.setattr(runner, "greedy_stream", rec_stream)
     monkeypatch.setattr(runner, "forward_tree", rec_tree)
     monkeypatch.setattr(drafter, "skip", rec_skip)
     policy = ModeledCostPolicy(6, PolicyConfig(explore_every=4))

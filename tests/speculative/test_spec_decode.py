@@ -145,7 +145,7 @@ def test_drafter_errors_propagate_and_end_still_runs(target):
 
 
 def test_undrafted_steps_take_the_runners_plain_step(target):
-    """A step with nothing drafted (no n-gram match) is one greedy_continue of the root, not a
+    """A step with nothing drafted (no n-gram match) is one greedy_stream of the root, not a
     one-node verify forward; with penalties (host-side argmax) it stays a verify forward."""
     calls = {"plain": 0, "tree": 0}
 
@@ -162,9 +162,9 @@ def test_undrafted_steps_take_the_runners_plain_step(target):
             else:
                 setattr(self._runner, name, value)
 
-        def greedy_continue(self, feed, n_new):
+        def greedy_stream(self, feed, n_new):
             calls["plain"] += 1
-            return self._runner.greedy_continue(feed, n_new)
+            return self._runner.greedy_stream(feed, n_new)
 
         def forward_tree(self, *args, **kwargs):
             calls["tree"] += 1

@@ -22,6 +22,8 @@ speculative decoding gives this runner's plain greedy tokens.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from ...models.qwen35 import forward as qwen35_forward
@@ -61,10 +63,18 @@ class CudaHybridRunner(CudaRunner):
     def greedy_continue(self, feed, n_new: int) -> list[int]:
         """CudaRunner.greedy_continue (graph replays), with what the eager forward would decide on the host done
         first: the node states are stale, and a chain from an empty context starts a new sequence."""
+        self._before_replays()
+        return super().greedy_continue(feed, n_new)
+
+    def greedy_stream(self, feed, n_new: int) -> Iterator[int]:
+        """CudaRunner.greedy_stream, after what greedy_continue does first."""
+        self._before_replays()
+        yield from super().greedy_stream(feed, n_new)
+
+    def _before_replays(self) -> None:
         self.cache.end_tree()
         if self.n_past == 0:
             self.cache.clear_state()
-        return super().greedy_continue(feed, n_new)
 
     # -- draft trees: eager ----------------------------------------------------------------------------------
     def forward_tree(self, ids, positions, mask, *, hidden_sink=None, capture=()):

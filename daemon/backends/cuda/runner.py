@@ -324,6 +324,47 @@ class CudaRunner(ModelRunner):
             raise NonFiniteLogits(f"at continued step {tokens.index(min(tokens))}")
         return tokens
 
+    def greedy_stream(self, feed, n_new: int) -> Iterator[int]:
+        """ModelRunner.greedy_stream as generate() runs: replays of the decode graph with PIPELINE_DEPTH in flight,
+        token k read from the ring once its event completes -- no synchronisation between tokens and none at the
+        end of a run, so a run of plain steps costs what plain decoding does whatever its length (no ring limit).
+        A short feed goes through the graph as in greedy_continue (its replays' ring entries are skipped); a long
+        one (a prompt) is greedy_continue's."""
+        feed = [int(t) for t in feed]
+        if n_new < 1 or not feed:
+            raise ValueError("greedy_stream needs a non-empty feed and n_new >= 1")
+        if len(feed) > GRAPH_FEED_MAX:
+            yield from self.greedy_continue(feed, n_new)
+            return
+        if self.n_past + len(feed) + n_new - 1 > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {len(feed)} + {n_new - 1} > max_ctx {self.max_ctx}")
+        dev, lib = self.dev, self.dev.lib
+        n0, skip = self.n_past, len(feed) - 1
+        self._overwrite_from(n0)
+        self._set_state(n0, 0, tok=feed[0])             # the first replay forwards feed[0] at slot n0
+        graph = self._graph(None)
+        for t in feed[1:]:                              # a replay per feed token; its choice is overwritten
+            dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+            dev.upload_staged(np.array([t], np.int32), self.tok)
+        launched = read = 0                             # of the n_new replays; replay j writes ring[skip + j]
+        try:
+            while read < n_new:
+                while launched < n_new and launched - read < PIPELINE_DEPTH:
+                    dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+                    dev.native.check(lib.fd_event_record(self.events[(skip + launched) % RING_LEN], dev.stream),
+                                     "event record")
+                    launched += 1
+                slot = (skip + read) % RING_LEN
+                dev.native.check(lib.fd_event_synchronize(self.events[slot]), "decode step")
+                token = int(self.ring[slot])
+                if token < 0:                           # fd_argmax: -1 for a row of NaNs
+                    raise NonFiniteLogits(f"at continued step {read}")
+                read += 1
+                yield token
+        finally:
+            dev.synchronize()                           # nothing may still write the cache after this
+            self.n_past = n0 + skip + launched          # the slots forwarded: the feed and all but the last token
+
     def commit_tree(self, node_offsets) -> None:
         offsets = np.asarray(node_offsets, np.int32)
         n = len(offsets)
