@@ -79,10 +79,11 @@ def test_dflash_forward_cuda_matches_reference(cuda_ops, synthetic_model, tmp_pa
         assert_logits_close(g, w)
 
 
-@pytest.mark.parametrize("mode,budget", [("chain", 15), ("ddtree", 8), ("ddtree", 22), ("ddtree", 64)])
+@pytest.mark.parametrize("mode,budget", [("chain", 15), ("ddtree", 8), ("ddtree", 22), ("ddtree", 64), ("auto", 15)])
 def test_dflash_spec_decoding_on_cuda_equals_greedy(native, synthetic_model, tmp_path, mode, budget):
     """The DFlash drafter on the CUDA backend inside the speculative decoder: the output equals the
-    CUDA runner's plain greedy decoding token for token (verification is row-invariant)."""
+    CUDA runner's plain greedy decoding token for token (verification is row-invariant); auto mixes plain runs
+    (greedy_stream, the drafter told by skip) with drafted steps."""
     from flashd.daemon.backends.cuda.backend import CudaBackend
     from flashd.daemon.models import open_model
     from flashd.daemon.models.weights import total_weight_bytes
