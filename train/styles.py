@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 from pathlib import Path
 
 __all__ = ["function_headers", "word_problems", "PROBLEM_TEMPLATES"]
 
 MAX_HEADER_LINES = 8     # a signature longer than this (decorated, many parameters) is skipped
+# A module-level def starts a line (a form feed or the file's byte-order mark may come first): a file without such
+# a public one has no header to give, and is not parsed (ast.parse is most of the time spent here).
+_PUBLIC_DEF = re.compile(r"^[\ufeff\f]?(?:async[ \t]+)?def[ \t]+(?!_|test)", re.M)
 
 
 MAX_DOC_CHARS = 200      # the docstring's first paragraph, cut at a sentence's end within this
@@ -60,6 +64,8 @@ def function_headers(files: list[Path], rng: random.Random, n: int, per_file: in
             break
         try:
             text = path.read_text(encoding="utf-8")
+            if not _PUBLIC_DEF.search(text):
+                continue
             tree = ast.parse(text)
         except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
             continue

@@ -3,6 +3,7 @@ prompt set in particular); the rendered prompts contain no benchmark prompt."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from flashd.train.data import REPO_ROOT, build_prompts, data_sources
@@ -111,3 +112,37 @@ def test_headers_and_problems_join_as_shares():
     assert not any(b in p.text or p.text.strip() in b for p in heads + probs for b in bench)
     with pytest.raises(ValueError, match="sum to"):
         build_prompts(10, header_fraction=0.6, problem_fraction=0.5)
+
+
+def test_header_files_without_a_public_def_are_not_parsed(tmp_path, monkeypatch):
+    """function_headers skips a file whose text has no line starting a public module-level def (styles._PUBLIC_DEF)
+    without parsing it, and that changes nothing: the same headers as parsing every file, on crafted edge cases
+    (a form feed or byte-order mark before the def, async, decorated, indented defs, private names) and the first
+    400 stdlib files."""
+    import random
+    import sysconfig
+
+    from flashd.train import styles
+    cases = {
+        "ff.py": '\fdef ff(x):\n    """Form feed first."""\n',
+        "bom.py": '\ufeffdef bom(x):\n    """Mark first."""\n',
+        "asy.py": 'async  def run(x):\n    """Awaits x."""\n',
+        "deco.py": '@staticmethod\ndef deco(x):\n    """Decorated."""\n',
+        "inner.py": 'class A:\n    def m(self):\n        """Method."""\n\nif True:\n    def g():\n        """Nested."""\n',
+        "priv.py": 'def _p():\n    """Private."""\n\ndef test_t():\n    """A test."""\n',
+    }
+    files = []
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        files.append(tmp_path / name)
+    stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:400]
+    for batch in (files, files + stdlib):
+        got = styles.function_headers(batch, random.Random(5), 10_000)
+        with monkeypatch.context() as m:
+            m.setattr(styles, "_PUBLIC_DEF", re.compile(""))         # matches every text: parse them all
+            want = styles.function_headers(batch, random.Random(5), 10_000)
+        assert got == want
+    names = {o.split(":")[1] for _, o in styles.function_headers(files, random.Random(5), 100)}
+    assert names == {"run", "deco"}          # the form feed / mark files reach ast (which gives none of them)
+    assert all(styles._PUBLIC_DEF.search(t) for n, t in cases.items() if n in ("ff.py", "bom.py", "asy.py", "deco.py"))
+    assert not any(styles._PUBLIC_DEF.search(t) for n, t in cases.items() if n in ("inner.py", "priv.py"))
