@@ -1,7 +1,7 @@
 """Drafter training speed (train/loop.py): time of one training step and where it goes.
 
     python bench/bench_train_step.py TARGET.gguf [--steps 12] [--batch-seqs 8] [--anchors 128] [--profile]
-                                     [--compile off,on] [--distill 0,0.5]
+                                     [--compile off,on] [--distill 0,0.5] [--distill-top 32,0]
 
 The samples are random token ids shaped like the self-distillation data (prompts of 64-512 tokens, answers of
 256-512), so a synthetic target serves as well as the real one: the step's cost depends on shapes only. Prints
@@ -37,6 +37,9 @@ def main(argv=None) -> int:
                          "and products it replaced in session 28: the A/B's baseline)")
     ap.add_argument("--distill", default="0",
                     help="comma list of TrainConfig.distill values (soft targets' share; > 0 needs loss_rows > 0)")
+    ap.add_argument("--distill-top", default="32",
+                    help="comma list of TrainConfig.distill_top values (the target's top tokens kept a position; 0: "
+                         "the whole vocabulary); with distill > 0 only")
     ap.add_argument("--compile", default="off",
                     help="comma list: off (eager layers) and/or on (Trainer(compile=True): the target's and the "
                          "drafter's layer functions through torch.compile)")
@@ -72,16 +75,18 @@ def main(argv=None) -> int:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
     norms = {"fused": fused, "composite": composite}
-    configs = [(int(r), ce, nm, cp, float(dl)) for dl in args.distill.split(",") for cp in args.compile.split(",")
+    tops = [int(k) for k in args.distill_top.split(",")]
+    configs = [(int(r), ce, nm, cp, float(dl), k) for dl in args.distill.split(",") for cp in args.compile.split(",")
                for nm in args.rmsnorm.split(",") for r in args.loss_rows.split(",") for ce in args.ce.split(",")
+               for k in (tops if float(dl) else tops[:1])
                if (int(r) == 0 or ce == "float32") and (int(r) > 0 or not float(dl))]
-    for rows, ce, nm, cp, dl in configs:
+    for rows, ce, nm, cp, dl, top in configs:
         if ce not in ("float32", "bfloat16") or nm not in norms or cp not in ("off", "on"):
             raise SystemExit(f"--ce {ce!r}: float32 or bfloat16; --rmsnorm {nm!r}: fused or composite; "
                              f"--compile {cp!r}: off or on")
         for mod in (train_target, train_drafter, train_loop):       # every module that calls it by name
             mod.rmsnorm = norms[nm]
-        tcd = TrainConfig(batch_seqs=args.batch_seqs, anchors=args.anchors, distill=dl)
+        tcd = TrainConfig(batch_seqs=args.batch_seqs, anchors=args.anchors, distill=dl, distill_top=top)
         trainer = Trainer(target, cfg, tcd, samples, log=lambda m: None, loss_rows=rows, ce_float32=ce == "float32",
                           compile=cp == "on")          # sets the shared target's layers too
         if args.device == "cuda":
@@ -103,7 +108,8 @@ def main(argv=None) -> int:
         sync()
         dt = (time.perf_counter() - t0) / args.steps
         peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
-        print(f"loss_rows {rows}, ce {ce}, rmsnorm {nm}, compile {cp}, distill {dl:g}: {dt * 1e3:.1f} ms a step, "
+        dtxt = f"distill {dl:g}" + (f" top {top}" if dl else "")
+        print(f"loss_rows {rows}, ce {ce}, rmsnorm {nm}, compile {cp}, {dtxt}: {dt * 1e3:.1f} ms a step, "
               f"{tokens / args.steps / dt:,.0f} sequence tok/s, "
               f"peak {peak:.1f} GiB; warm-up {warm:.1f} s for {args.steps} steps (the first {first:.1f} s)")
         if args.profile:

@@ -5,7 +5,9 @@
 
     t_r = onehot(label_r), or with soft targets (alpha > 0: distillation) (1 - alpha) onehot(label_r) + alpha s_r,
     s_r a distribution over the vocabulary (the target's own at that position) that soft(i0, i1) gives for rows
-    i0 .. i1 - 1, a chunk at a time (never all rows' at once). CE(z, t) = -sum_v t_v log softmax(z)_v.
+    i0 .. i1 - 1, a chunk at a time (never all rows' at once): dense, (r, V), or sparse, (ids (r, k) distinct
+    within a row, probabilities (r, k) summing to 1): s_r is zero outside its k tokens.
+    CE(z, t) = -sum_v t_v log softmax(z)_v.
 
 Why: the loss rows of one training step are N * A * (B - 1) (8 x 128 x 15 = 15,360) against a vocabulary of
 151,936, so the logits are 2.3 G values. Formed whole (Trainer loss_rows=0), they are written in bfloat16, copied
@@ -22,7 +24,7 @@ product's float32 rows. The loss is -log p_label from the rounded p (2^-9 relati
 the loss is logged, its gradient is the kept one), floored at the dtype's smallest normal (a row's CE <= ~87).
 In float32 or float64 (the CPU tests) this is the whole-block path to rounding. Soft targets: the row's soft term
 is logsumexp(z) - sum_v s_v z_v (float32 sums), and the logit gradient q - (1 - alpha) onehot - alpha s is formed
-in the logits' dtype.
+in the logits' dtype (sparse: s_v z_v over the row's k tokens, gathered, and alpha s scattered into the gradient).
 """
 from __future__ import annotations
 
@@ -50,11 +52,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             lab = labels[s:e, None]
             logits = xw[s:e] @ weight.t()                                    # (r, V) in the weight's dtype
             hit[s:e] = logits.argmax(-1) == labels[s:e]
-            t = None
+            t = t_ids = None
             if alpha:
-                t = soft(s, e).to(logits.dtype)                               # (r, V): the rows' soft targets
+                t = soft(s, e)
                 lse = torch.logsumexp(logits.to(acc), dim=-1)
-                tz = torch.bmm(t.unsqueeze(1), logits.unsqueeze(2)).view(-1).to(acc)   # sum_v s_v z_v
+                if isinstance(t, tuple):                                      # (r, k) ids and probabilities
+                    t_ids, t = t
+                    tz = (t.to(acc) * logits.gather(1, t_ids).to(acc)).sum(-1)
+                else:
+                    t = t.to(logits.dtype)                                    # (r, V): the rows' soft targets
+                    tz = torch.bmm(t.unsqueeze(1), logits.unsqueeze(2)).view(-1).to(acc)   # sum_v s_v z_v
                 total += alpha * ((lse - tz) * w[s:e]).sum()
             p = torch.softmax(logits, dim=-1)                                # one pass, float32 inside
             del logits
@@ -64,7 +71,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if t is None:
                     p.scatter_(1, lab, (p_label - 1).to(p.dtype)[:, None])  # p - onehot
                 else:                                                        # p - (1 - alpha) onehot - alpha s
-                    p.sub_(t, alpha=alpha)
+                    if t_ids is None:
+                        p.sub_(t, alpha=alpha)
+                    else:
+                        p.scatter_add_(1, t_ids, (-alpha * t.to(acc)).to(p.dtype))
                     p.scatter_add_(1, lab, torch.full(lab.shape, alpha - 1, dtype=p.dtype, device=p.device))
                 grad[s:e] = (p @ weight).to(acc) * w[s:e, None]
             del p, t
@@ -83,7 +93,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(x, weight, labels, w, chunk: int = 4096, soft=None, alpha: float = 0.0):
     """(weighted CE sum float32 (float64 for a float64 weight), hit bool (R,)) of rows x (R, D) through the frozen
     `weight` (V, D); labels int64 (R,), w float32 (R,) the rows' loss weights; `chunk` rows' logits at a time.
-    alpha in [0, 1]: the soft targets' share, soft(i0, i1) -> (i1 - i0, V) distributions (needed when alpha > 0).
+    alpha in [0, 1]: the soft targets' share, soft(i0, i1) -> (i1 - i0, V) distributions or (ids, probabilities)
+    (i1 - i0, k) each (needed when alpha > 0).
     The weight gets no gradient."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x (R, D) and weight (V, D) expected, got {tuple(x.shape)} and {tuple(weight.shape)}")

@@ -129,7 +129,9 @@ class Trainer:
         (the evaluations, which use the agreements only)."""
         B = self.tc.block_size
         soft = soft and self.tc.distill > 0
-        feats, tlogits = self.target.forward(ids, capture=self.cfg.target_layer_ids, logits=soft)   # (N, T, V)
+        # the target's logits (N, T, V), or its top distill_top tokens' distribution at each position
+        feats, tsoft = self.target.forward(ids, capture=self.cfg.target_layer_ids, logits=soft,
+                                           top=self.tc.distill_top)
         feats = torch.cat(feats, dim=-1)                                           # (N, T, n_features * D)
         anchors, keep = anchored if anchored is not None else self._anchors(lens, plen, ids.shape[1], gen)
         offs = torch.arange(B, device=self.dev)
@@ -143,7 +145,7 @@ class Trainer:
         with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.autocast):
             h = self.drafter.blocks(self.drafter.context(feats), self.target.embed[block], anchors, keep)
             if self.loss_rows:
-                ce_sum, hit = self._chunked_ce(h[:, :, 1:], labels, mask, w, anchors, tlogits)
+                ce_sum, hit = self._chunked_ce(h[:, :, 1:], labels, mask, w, anchors, tsoft)
                 loss = ce_sum / w.sum().clamp(min=1e-9)
             else:
                 logits = self.drafter.logits(h[:, :, 1:], self.target.lm_head)   # (N, A, B-1, V)
@@ -155,22 +157,28 @@ class Trainer:
         lead = hit.int().cumprod(dim=-1).sum(-1)[keep]                             # leading agreements per block
         return loss, hit.sum((0, 1)), mask.sum((0, 1)), lead
 
-    def _chunked_ce(self, h, labels, mask, w, anchors=None, tlogits=None):
+    def _chunked_ce(self, h, labels, mask, w, anchors=None, tsoft=None):
         """The weighted CE sum and the hit mask (N, A, B-1) from the labelled rows only, through
         linear_cross_entropy: `loss_rows` rows' logits at a time, each chunk's input gradient formed in forward, so
         the block's logits (N * A * (B-1) * V: 2.3 G values for the 1.5B) are never alive at once. With the target's
-        logits tlogits (N, T, V) (distill > 0): block row (n, j, k) (k = 1 .. B-1, labelled token a_j + k) also
-        learns the target's distribution at a_j + k, i.e. softmax of its logits at position a_j + k - 1."""
+        distributions tsoft (distill > 0): block row (n, j, k) (k = 1 .. B-1, labelled token a_j + k) also learns
+        the target's distribution at a_j + k, the one its position a_j + k - 1 predicts: tsoft is the target's
+        logits (N, T, V) (distill_top 0: the softmax of the row) or (ids, probabilities) (N, T, top) each (the
+        renormalized top tokens, linear_ce's sparse targets)."""
         where = mask.flatten().nonzero().squeeze(1)                                  # labelled rows
         rows = rmsnorm(h.flatten(0, 2)[where], self.drafter.output_norm, self.cfg.model.rms_eps)
         soft = None
-        if tlogits is not None:
+        if tsoft is not None:
             n_a, n_k = mask.shape[1], mask.shape[2]
             seq, blk, k0 = where // (n_a * n_k), (where // n_k) % n_a, where % n_k     # k0 = k - 1
             pos = anchors[seq, blk] + k0
 
-            def soft(i0, i1):
-                return torch.softmax(tlogits[seq[i0:i1], pos[i0:i1]], dim=-1)
+            def sparse(i0, i1):
+                return tsoft[0][seq[i0:i1], pos[i0:i1]], tsoft[1][seq[i0:i1], pos[i0:i1]]
+
+            def dense(i0, i1):
+                return torch.softmax(tsoft[seq[i0:i1], pos[i0:i1]], dim=-1)
+            soft = sparse if isinstance(tsoft, tuple) else dense
         total, hit_rows = linear_cross_entropy(rows, self.target.lm_head, labels.flatten()[where],
                                                w.flatten()[where], chunk=self.loss_rows, soft=soft,
                                                alpha=self.tc.distill if soft is not None else 0.0)

@@ -238,10 +238,12 @@ class TorchTarget:
 
     # -- full sequences (training features) -------------------------------------------------------
     @torch.no_grad()
-    def forward(self, ids, capture=(), logits: bool = False):
+    def forward(self, ids, capture=(), logits: bool = False, top: int = 0, top_rows: int = 4096):
         """Causal forward over ids int64 (N, T) at positions 0 .. T-1 (right padding is harmless: no position
         attends a later one). Returns ([layer output (N, T, D) for each layer in `capture`], logits (N, T, V) or
-        None)."""
+        None); with top > 0 (and logits) instead of the logits the distribution over each position's top `top`
+        tokens, renormalized: (ids int64 (N, T, top), probabilities float32 (N, T, top)), formed top_rows positions
+        at a time (the whole (N, T, V) logits are never alive)."""
         n, t = ids.shape
         positions = torch.arange(t, device=ids.device).expand(n, t)
         h = self.embed[ids]
@@ -252,7 +254,18 @@ class TorchTarget:
             h = self._layer_fn(h, positions, self.cos, self.sin, *self._layer_tensors(lw), **self._consts)
             if i in want:
                 feats[i] = h
-        return [feats[i] for i in capture], (self.logits(h) if logits else None)
+        if not logits:
+            return [feats[i] for i in capture], None
+        if not top:
+            return [feats[i] for i in capture], self.logits(h)
+        top = min(top, self.cfg.vocab_size)
+        flat = h.reshape(n * t, -1)
+        idx = torch.empty((n * t, top), dtype=torch.long, device=h.device)
+        prob = torch.empty((n * t, top), dtype=torch.float32, device=h.device)
+        for s in range(0, n * t, top_rows):
+            val, idx[s:s + top_rows] = self.logits(flat[s:s + top_rows]).topk(top, dim=-1)
+            prob[s:s + top_rows] = torch.softmax(val.float(), dim=-1)
+        return [feats[i] for i in capture], (idx.view(n, t, top), prob.view(n, t, top))
 
     # -- decoding with a KV cache (data generation) -----------------------------------------------
     def new_cache(self, n: int, t_max: int):

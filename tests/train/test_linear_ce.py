@@ -110,6 +110,27 @@ def test_soft_targets_float64_are_the_oracle(alpha, chunk):
     assert sorted(asked) == [(i, min(i + chunk, 37)) for i in range(0, 37, chunk)]
 
 
+@pytest.mark.parametrize("chunk", [1, 10, 1000])
+def test_sparse_soft_targets_are_the_dense_ones_they_stand_for(chunk):
+    """soft(i0, i1) -> (ids (r, k), probabilities (r, k)): the same loss and input gradient as the dense targets with
+    those probabilities at those ids and zeros elsewhere (float64, to rounding)."""
+    x, weight, labels, w = problem()
+    g = torch.Generator().manual_seed(9)
+    k = 6
+    ids = torch.stack([torch.randperm(weight.shape[0], generator=g)[:k] for _ in range(x.shape[0])])
+    prob = torch.softmax(torch.randn(x.shape[0], k, generator=g, dtype=torch.float64), -1)
+    dense = torch.zeros(x.shape[0], weight.shape[0], dtype=torch.float64).scatter_(1, ids, prob)
+    out = []
+    for soft in (lambda i0, i1: dense[i0:i1], lambda i0, i1: (ids[i0:i1], prob[i0:i1])):
+        xg = x.clone().requires_grad_(True)
+        loss, hit = linear_cross_entropy(xg, weight, labels, w, chunk=chunk, soft=soft, alpha=0.6)
+        loss.backward()
+        out.append((float(loss.detach()), xg.grad, hit))
+    assert out[1][0] == pytest.approx(out[0][0], rel=1e-12)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-10, atol=1e-12)
+    assert torch.equal(out[1][2], out[0][2])
+
+
 def test_soft_targets_bfloat16_within_rounding():
     x, weight, labels, w = problem(rows=64, dim=32, vocab=517, seed=1)
     s = soft_problem(rows=64, vocab=517)

@@ -238,12 +238,13 @@ def test_walk_eval_is_the_runtime_drafts_walked(target):
     assert got["walk"] == pytest.approx(walk(where, leads)) and got["walk"] >= 1
 
 
-@pytest.mark.parametrize("alpha", [0.4, 1.0])
-def test_distill_learns_the_targets_distribution_at_each_label(target, alpha):
+@pytest.mark.parametrize("alpha, top", [(0.4, 0), (1.0, 0), (0.4, 5)])
+def test_distill_learns_the_targets_distribution_at_each_label(target, alpha, top):
     """distill = alpha: block row (n, j, k)'s target is (1 - alpha) onehot(token a_j + k) + alpha softmax(the target's
-    logits at a_j + k - 1). The loss against an independent computation with explicit loops over the rows (float32,
-    CPU), and a step runs; evaluations skip the target's logits (their agreements are the same either way)."""
-    tr = make_trainer(target, loss_rows=7, distill=alpha)
+    logits at a_j + k - 1) -- with distill_top > 0 that softmax over the position's top tokens only. The loss against
+    an independent computation with explicit loops over the rows (float32, CPU), and a step runs; evaluations skip
+    the target's logits (their agreements are the same either way)."""
+    tr = make_trainer(target, loss_rows=7, distill=alpha, distill_top=top)
     ids, lens, plen = tr._tensors(tr.train_set[:4])
     anchors, keep = tr._anchors(lens, plen, ids.shape[1], torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -262,7 +263,12 @@ def test_distill_learns_the_targets_distribution_at_each_label(target, alpha):
                     if not keep[n, j] or a + k >= int(lens[n]):
                         continue
                     wk = tr.weights[k - 1].item()
-                    s = torch.softmax(tl[n, a + k - 1].double(), -1)
+                    z = tl[n, a + k - 1].double()
+                    if top:                       # the top tokens' distribution, zero elsewhere
+                        val, idx = z.topk(top)
+                        s = torch.zeros_like(z).scatter_(0, idx, torch.softmax(val, -1))
+                    else:
+                        s = torch.softmax(z, -1)
                     ce = -(1 - alpha) * logp[n, j, k - 1, ids[n, a + k]] - alpha * (s * logp[n, j, k - 1]).sum()
                     num, den = num + wk * float(ce), den + wk
     assert loss == pytest.approx(num / den, rel=1e-4)            # the trainer in float32, the loops in float64
