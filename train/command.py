@@ -3,7 +3,8 @@
     flashd train-drafter TARGET.gguf --out drafter.gguf [--minutes 19.5] [--resume] [--max-tokens N]
                          [--layers 3] [--block-size 16] [--features 5] [--gen-minutes 7] [--train-minutes 10.5]
                          [--loss-rows N] [--ce float32|bfloat16] [--compile] [--data-mix code|wide]
-                         [--wide-fraction F] [--header-fraction F] [--problem-fraction F] [--self-prompts F]
+                         [--wide-fraction F] [--header-fraction F] [--problem-fraction F] [--task-fraction F]
+                         [--self-prompts F]
                          [--distill F] [--distill-top N]
 
 One call: load the target (dequantized to bf16 on the GPU), generate the self-distillation data (resumable, shard
@@ -97,6 +98,9 @@ def _defaulted(param: str) -> bool:
 @click.option("--problem-fraction", type=click.FloatRange(0, 1), default=0.1, show_default=True,
               help="share of prompts that are arithmetic / logic word problems built from train/styles.py's "
                    "templates, raw (Question: ... Answer:) or chat")
+@click.option("--task-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of prompts that are a one-line request in a comment (\"// Go: ...\", the request a "
+                   "docstring's summary from the Python sources), completed raw (train/styles.py; experimental)")
 @click.option("--self-prompts", "self_prompt_fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of prompts the target writes itself after a generic opener (train/self_prompts.py; "
                    "experimental: 0.4 lost in its one measured run)")
@@ -120,7 +124,7 @@ def _defaulted(param: str) -> bool:
                    "budget, and at the recipe's budget it costs more steps than it saves (bench/NOTES.md, session 29)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
                   features, max_mb, max_new, max_prompt, raw_fraction, data_mix, distill, distill_top, wide_fraction,
-                  header_fraction, problem_fraction, self_prompt_fraction, batch_seqs, anchors, gen_batch, seed,
+                  header_fraction, problem_fraction, task_fraction, self_prompt_fraction, batch_seqs, anchors, gen_batch, seed,
                   device, outtype, loss_rows, ce, compile_layers):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation.
 
@@ -143,7 +147,8 @@ def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes
                          max_tokens=max_tokens, max_prompt=max_prompt, max_new=max_new, gen_batch=gen_batch,
                          raw_fraction=raw_fraction, self_prompt_fraction=self_prompt_fraction, data_mix=data_mix,
                          wide_fraction=wide_fraction, header_fraction=header_fraction,
-                         problem_fraction=problem_fraction, distill=distill, distill_top=distill_top,
+                         problem_fraction=problem_fraction, task_fraction=task_fraction, distill=distill,
+                         distill_top=distill_top,
                          gen_minutes=gen_minutes, train_minutes=train_minutes)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

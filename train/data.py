@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .styles import function_headers, word_problems
+from .styles import comment_tasks, function_headers, word_problems
 
 __all__ = ["Prompt", "Source", "data_sources", "source_files", "build_prompts", "REPO_ROOT"]
 
@@ -212,35 +212,43 @@ def _draw(n: int, rng: random.Random, sources: list[Source], tasks_of, raw_of, p
 
 
 def build_prompts(n: int, seed: int = 0, raw_fraction: float = 0.5, per_file: int = 2, mix: str = "code",
-                  wide_fraction: float = 0.0, header_fraction: float = 0.0, problem_fraction: float = 0.0
-                  ) -> list[Prompt]:
+                  wide_fraction: float = 0.0, header_fraction: float = 0.0, problem_fraction: float = 0.0,
+                  task_fraction: float = 0.0) -> list[Prompt]:
     """n prompts, deterministic for (machine's sources, seed, mix, fractions): files shuffled over every source,
     `per_file` snippets each, a task drawn per snippet (data_sources(mix); "code" draws exactly as before "wide"
     existed). Shares of the n prompts may be other kinds, the rest mix's own first prompts, all interleaved by a
     seeded shuffle: wide_fraction (mix "code" only) what "wide" adds (its C++ and docs sources -- raw completions
     of them at raw_fraction, docs continued as prose -- and Python snippets asked for a translation or a
     tutorial); header_fraction function headers from the Python sources, raw (styles.function_headers);
-    problem_fraction word problems from styles.py's templates, raw at raw_fraction, else chat."""
-    fractions = (wide_fraction, header_fraction, problem_fraction)
+    problem_fraction word problems from styles.py's templates, raw at raw_fraction, else chat; task_fraction
+    one-line requests in a comment (styles.comment_tasks), raw."""
+    fractions = (wide_fraction, header_fraction, problem_fraction, task_fraction)
     if not all(0.0 <= f <= 1.0 for f in fractions) or sum(fractions) > 1.0:
-        raise ValueError(f"wide_fraction, header_fraction, problem_fraction must be in [0, 1] and sum to <= 1, "
-                         f"got {fractions}")
+        raise ValueError(f"wide_fraction, header_fraction, problem_fraction, task_fraction must be in [0, 1] and sum "
+                         f"to <= 1, got {fractions}")
     if wide_fraction and mix == "wide":
         raise ValueError("wide_fraction draws what mix 'wide' adds to 'code': use it with mix 'code'")
-    n_wide, n_head, n_prob = (round(n * f) for f in fractions)
-    out = _draw(n - n_wide - n_head - n_prob, random.Random(seed), data_sources(mix), lambda src: _tasks(src, mix),
-                lambda src: raw_fraction, per_file)
-    if not (n_wide or n_head or n_prob):
+    n_wide, n_head, n_prob, n_task = (round(n * f) for f in fractions)
+    out = _draw(n - n_wide - n_head - n_prob - n_task, random.Random(seed), data_sources(mix),
+                lambda src: _tasks(src, mix), lambda src: raw_fraction, per_file)
+    if not (n_wide or n_head or n_prob or n_task):
         return out
     if n_wide:
         extra_sources = [s for s in data_sources("wide") if _wide_extra_tasks(s)]
         out += _draw(n_wide, random.Random(f"{seed}:wide"), extra_sources, _wide_extra_tasks,
                      lambda src: raw_fraction if src.kind in ("docs", "cpp") else 0.0, per_file)
+    py_files = ([p for src in data_sources("code") if src.suffix == ".py" for p in source_files(src)]
+                if n_head or n_task else [])
     if n_head:
         rng = random.Random(f"{seed}:headers")
-        files = [p for src in data_sources("code") if src.suffix == ".py" for p in source_files(src)]
+        files = list(py_files)
         rng.shuffle(files)
         out += [Prompt("{code}", text, f"headers:{origin}") for text, origin in function_headers(files, rng, n_head)]
+    if n_task:
+        rng = random.Random(f"{seed}:tasks")
+        files = list(py_files)
+        rng.shuffle(files)
+        out += [Prompt("{code}", text, f"tasks:{origin}") for text, origin in comment_tasks(files, rng, n_task)]
     if n_prob:
         for i, (text, chat) in enumerate(word_problems(n_prob, random.Random(f"{seed}:problems"), raw_fraction)):
             out.append(Prompt(text, "", f"problems:{i}") if chat else Prompt("{code}", text, f"problems:{i}"))

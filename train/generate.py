@@ -43,7 +43,7 @@ def render_prompts(target_path: Path, tc: TrainConfig, n: int) -> list[np.ndarra
     out = []
     for p in build_prompts(n, seed=tc.seed, raw_fraction=tc.raw_fraction, mix=tc.data_mix,
                            wide_fraction=tc.wide_fraction, header_fraction=tc.header_fraction,
-                           problem_fraction=tc.problem_fraction):
+                           problem_fraction=tc.problem_fraction, task_fraction=tc.task_fraction):
         while p is not None:
             if p.chat and template is not None:
                 text = template.render([{"role": "user", "content": p.text}], add_generation_prompt=True)

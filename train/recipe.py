@@ -92,6 +92,8 @@ class TrainConfig:
                                   # build_prompts: C++ / docs sources, Python translated), the rest "code"'s
     header_fraction: float = 0.2  # this share: function headers from the Python sources, completed raw (styles.py)
     problem_fraction: float = 0.1 # this share: word problems built from styles.py's templates (raw or chat)
+    task_fraction: float = 0.0    # this share: one-line requests in a comment, "// Go: <a docstring's summary>"
+                                  # (styles.comment_tasks; not yet measured)
     eval_every: int = 32          # every eval_every-th sample is held out
     # budget (minutes, summed over resumed calls)
     gen_minutes: float = 7.0      # the shipped 1.5B drafter's recipe (session 27): the token cap ended
@@ -121,10 +123,10 @@ class TrainConfig:
             raise ValueError(f"distill must be in [0, 1], got {self.distill!r}")
         if not isinstance(self.distill_top, int) or isinstance(self.distill_top, bool) or self.distill_top < 0:
             raise ValueError(f"distill_top must be an int >= 0 (0: the whole vocabulary), got {self.distill_top!r}")
-        shares = (self.wide_fraction, self.header_fraction, self.problem_fraction)
+        shares = (self.wide_fraction, self.header_fraction, self.problem_fraction, self.task_fraction)
         if not all(0 <= f <= 1 for f in shares) or sum(shares) > 1:
-            raise ValueError(f"wide_fraction, header_fraction and problem_fraction must be in [0, 1] and sum to "
-                             f"<= 1, got {shares}")
+            raise ValueError(f"wide_fraction, header_fraction, problem_fraction and task_fraction must be in [0, 1] "
+                             f"and sum to <= 1, got {shares}")
         if not 0 <= self.wide_fraction <= 1 or (self.wide_fraction and self.data_mix != "code"):
             raise ValueError(f"wide_fraction must be in [0, 1] and used with data_mix 'code', got "
                              f"{self.wide_fraction!r} with {self.data_mix!r}")
@@ -145,7 +147,8 @@ class TrainConfig:
     RESUMABLE = ("max_tokens", "gen_minutes", "train_minutes", "epochs", "gen_batch", "batch_seqs", "anchors")
     # a recipe field a checkpoint does not record was added after it was written: the value that reproduces what such
     # a run did (the field's default where that did not change since)
-    ABSENT = {"wide_fraction": 0.0, "header_fraction": 0.0, "problem_fraction": 0.0, "distill_top": 0}
+    ABSENT = {"wide_fraction": 0.0, "header_fraction": 0.0, "problem_fraction": 0.0, "task_fraction": 0.0,
+              "distill_top": 0}
 
 
 def loss_gamma(block_size: int) -> float:

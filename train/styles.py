@@ -1,15 +1,17 @@
-"""Two more kinds of training prompt, in the forms users start a completion model with (data.py mixes them in):
+"""Three more kinds of training prompt, in the forms users start a completion model with (data.py mixes them in):
 
     headers     a function's signature and the first line of its docstring, taken from the installed Python
                 sources (ast), as a raw completion: the target writes the body itself (a continued snippet of
                 library code, data.py's raw prompts, only ever continues code that exists)
+    tasks       a one-line request in a comment, "// Go: <what to write>", the request a function's docstring
+                summary from the same sources, the language drawn from TASK_LANGUAGES: the target writes the code
     problems    short arithmetic and logic word problems, built here from templates and random numbers, as a raw
                 "Question: ... Answer:" completion or a chat request: the target reasons in prose
 
 Why: the trainer's held-out acceptance (its own kinds of prompt) ran far above the acceptance on the benchmark's
-prompts, which are mostly such headers and such questions (session 29: the 0.5B's drafter, chain walk 3.44 held out
-against 1.95). The benchmark prompts themselves are never used: the headers come from the installed sources and the
-problems from the templates below, whose wording and numbers are this module's.
+prompts, which are mostly such headers, comment requests and questions (session 29: the 0.5B's drafter, chain walk
+3.44 held out against 1.95). The benchmark prompts themselves are never used: the headers and tasks come from the
+installed sources and the problems from the templates below, whose wording and numbers are this module's.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import random
 import re
 from pathlib import Path
 
-__all__ = ["function_headers", "word_problems", "PROBLEM_TEMPLATES"]
+__all__ = ["function_headers", "comment_tasks", "word_problems", "PROBLEM_TEMPLATES", "TASK_LANGUAGES"]
 
 MAX_HEADER_LINES = 8     # a signature longer than this (decorated, many parameters) is skipped
 # A module-level def starts a line (a form feed or the file's byte-order mark may come first): a file without such
@@ -58,6 +60,36 @@ def function_headers(files: list[Path], rng: random.Random, n: int, per_file: in
     """Up to n (header text, origin "<path>:<name>") from the .py files, in the order of `files` (shuffle them
     first), at most per_file a file, drawn at random within a file: module-level functions with a docstring whose
     names do not start with "_" or "test" (what a user would ask to have written)."""
+    return _from_functions(files, rng, n, per_file, lambda lines, node: _header(lines, node))
+
+
+_MARKUP = re.compile(r"[`:|*<>{}\[\]]|\.\.|\bparam\b")
+# the languages a comment task names, with their line-comment marker (the target writes the code after the line)
+TASK_LANGUAGES = (("Python", "#"), ("Python", "#"), ("C", "//"), ("C++", "//"), ("JavaScript", "//"),
+                  ("TypeScript", "//"), ("Go", "//"), ("Rust", "//"), ("Java", "//"))
+
+
+def comment_tasks(files: list[Path], rng: random.Random, n: int, per_file: int = 2) -> list[tuple[str, str]]:
+    """Up to n (text, origin) like function_headers', each a one-line request in a comment, as a user opens a file
+    to have code written: "<marker> <Language>: <task>" + newline, the task a public function's docstring summary
+    (its first letter lower-cased, its last period dropped), the language drawn from TASK_LANGUAGES."""
+    def task(lines, node) -> str | None:
+        body = node.body[0]
+        if not (isinstance(body, ast.Expr) and isinstance(body.value, ast.Constant)
+                and isinstance(body.value.value, str)):
+            return None
+        doc = _summary(body.value.value)
+        if (doc is None or not 12 <= len(doc) <= 100 or not doc.split()[0].isalpha() or _MARKUP.search(doc)
+                or "test" in doc.lower()):
+            return None              # markup (reST roles, literals) and tests are not what a user asks for
+        lang, marker = rng.choice(TASK_LANGUAGES)
+        return f"{marker} {lang}: {doc[0].lower()}{doc[1:].rstrip('.')}\n"
+    return _from_functions(files, rng, n, per_file, task)
+
+
+def _from_functions(files: list[Path], rng: random.Random, n: int, per_file: int, make) -> list[tuple[str, str]]:
+    """Up to n (make(lines, node), origin) over the module-level public functions of the .py files (see
+    function_headers), make returning None to skip one."""
     out: list[tuple[str, str]] = []
     for path in files:
         if len(out) >= n:
@@ -74,7 +106,7 @@ def function_headers(files: list[Path], rng: random.Random, n: int, per_file: in
         for node in tree.body:
             if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
                     and not node.name.startswith(("_", "test"))):
-                h = _header(lines, node)
+                h = make(lines, node)
                 if h is not None:
                     found.append((h, f"{path.name}:{node.name}"))
         rng.shuffle(found)

@@ -177,26 +177,10 @@ class SpecDecoder:
                 t1 = time.perf_counter()
                 host = None
                 if tree.n_nodes == 1 and plain_step:
-                    # plain steps: as many as the policy would take in a row, streamed as plain decoding
-                    # streams (the runner keeps steps in flight while each token is handed on: no host round
-                    # trip in between); each is its own step, timed from the token before it to its arrival
-                    # (the rate plain steps come at, the consumer's share included where it is the slower)
                     burst = 1 if policy is None else policy.plain_steps(
                         min(max_new_tokens - n_out, runner.max_ctx - runner.n_past))
-                    tokens = []
-                    # closed here if the consumer stops mid-run: the runner settles its context at once
-                    with closing(runner.greedy_stream([root], burst)) as run:   # forwards root + burst - 1
-                        for tok in run:
-                            now = time.perf_counter()
-                            stats.add(0, 0, 0.0, now - t0)
-                            if policy is not None:
-                                policy.observe(0, 0, now - t0)
-                            t0 = now
-                            tokens.append(tok)
-                            history.append(tok)
-                            yield Sampled(tok)
-                            n_out += 1
-                    drafter.skip(tokens)
+                    tokens = yield from self._plain_run(root, burst, t0, history, policy)
+                    n_out += len(tokens)
                     root = tokens[-1]
                     continue
                 else:
@@ -219,6 +203,27 @@ class SpecDecoder:
                     n_out += 1
         finally:
             drafter.end()
+
+    def _plain_run(self, root: int, n: int, t0: float, history: list[int], policy: DepthPolicy | None):
+        """n plain steps from `root` (as many as the policy would take in a row), streamed as plain decoding
+        streams: the runner keeps steps in flight while each token is handed on, no host round trip in between.
+        Each is its own step, timed from the token before it to its arrival (the rate plain steps come at, the
+        consumer's share included where it is the slower); the drafter hears the run as one skip. Yields the
+        tokens, returns them."""
+        stats, tokens = self.stats, []
+        # closed here if the consumer stops mid-run: the runner settles its context at once
+        with closing(self.runner.greedy_stream([root], n)) as run:      # forwards root + n - 1 tokens
+            for tok in run:
+                now = time.perf_counter()
+                stats.add(0, 0, 0.0, now - t0)
+                if policy is not None:
+                    policy.observe(0, 0, now - t0)
+                t0 = now
+                tokens.append(tok)
+                history.append(tok)
+                yield Sampled(tok)
+        self.drafter.skip(tokens)
+        return tokens
 
     def _verify(self, tree: DraftTree, sink, device_argmax: bool, greedy: bool, params: SamplingParams,
                 history: list[int], draw):

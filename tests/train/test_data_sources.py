@@ -146,3 +146,28 @@ def test_header_files_without_a_public_def_are_not_parsed(tmp_path, monkeypatch)
     assert names == {"run", "deco"}          # the form feed / mark files reach ast (which gives none of them)
     assert all(styles._PUBLIC_DEF.search(t) for n, t in cases.items() if n in ("ff.py", "bom.py", "asy.py", "deco.py"))
     assert not any(styles._PUBLIC_DEF.search(t) for n, t in cases.items() if n in ("inner.py", "priv.py"))
+
+
+def test_comment_tasks_join_as_a_share():
+    """task_fraction: that share of the prompts is one-line requests in a comment ("// Go: <task>"), the task a
+    public function's docstring summary from the installed Python sources without markup, completed raw; the rest
+    the mix's own; none contains a benchmark prompt."""
+    import pytest
+
+    from flashd.train.styles import TASK_LANGUAGES
+    mixed = build_prompts(300, seed=4, task_fraction=0.2)
+    assert mixed == build_prompts(300, seed=4, task_fraction=0.2)
+    tasks = [p for p in mixed if p.origin.startswith("tasks:")]
+    assert len(tasks) == 60
+    form = re.compile(r"^(#|//) (%s): [a-z][^`:|\n]*[^.\n]\n$" % "|".join(re.escape(n) for n, _ in TASK_LANGUAGES))
+    for p in tasks:
+        assert not p.chat and form.match(p.text), p.text
+        marker = dict(TASK_LANGUAGES)[p.text.split(": ")[0].split(" ", 1)[1]]
+        assert p.text.startswith(marker + " ")
+    assert len({p.text.split(":")[0] for p in tasks}) >= 4          # several languages
+    rest = [p for p in mixed if p not in tasks]
+    assert sorted(rest, key=repr) == sorted(build_prompts(240, seed=4), key=repr)
+    bench = [json.loads(line)["text"].strip() for line in BENCH_PROMPTS.read_text().splitlines() if line.strip()]
+    assert not any(b in p.text or p.text.strip() in b for p in tasks for b in bench)
+    with pytest.raises(ValueError, match="sum to"):
+        build_prompts(10, header_fraction=0.6, task_fraction=0.5)

@@ -282,31 +282,15 @@ class CudaRunner(ModelRunner):
         return self.dev.download(logits)
 
     def greedy_continue(self, feed, n_new: int) -> list[int]:
-        """ModelRunner.greedy_continue with the decode graph. A short feed (a drafter's step:
-        the new root, plus the tokens it had not cached) goes through the graph too: each feed
-        token is written into `tok` before a replay (the replay's own choice is overwritten), so a
-        step is len(feed) + n_new - 1 replays and one synchronisation. A long feed (the prompt) is
-        prefilled eagerly first."""
-        feed = [int(t) for t in feed]
-        if n_new < 1 or not feed:
-            raise ValueError("greedy_continue needs a non-empty feed and n_new >= 1")
-        if self.n_past + len(feed) + n_new - 1 > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {len(feed)} + {n_new - 1} > max_ctx {self.max_ctx}")
-        dev, lib = self.dev, self.dev.lib
-        n0 = self.n_past
-        self._overwrite_from(n0)
-        graph_feed = len(feed) <= GRAPH_FEED_MAX
-        skip = len(feed) - 1 if graph_feed else 0       # ring entries of replays whose choice is dropped
-        if skip + n_new > RING_LEN:
-            raise ValueError(f"greedy_continue: {skip + n_new} tokens > ring of {RING_LEN}")
-        if graph_feed:
-            self._set_state(n0, 0, tok=feed[0])         # the first replay forwards feed[0] at slot n0
-            graph = self._graph(None)
-            for t in feed[1:]:                          # a replay per feed token; its choice is overwritten
-                dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
-                dev.upload_staged(np.array([t], np.int32), self.tok)
-            n_launch = n_new
-        else:
+        """ModelRunner.greedy_continue with the decode graph. A short feed (a drafter's step: the new root, plus the
+        tokens it had not cached) goes through the graph too: each feed token is written into `tok` before a replay
+        (the replay's own choice is overwritten), so a step is len(feed) + n_new - 1 replays and one
+        synchronisation. A long feed (the prompt) is prefilled eagerly first."""
+        feed, dev, lib = [int(t) for t in feed], self.dev, self.dev.lib
+        if (len(feed) - 1 if len(feed) <= GRAPH_FEED_MAX else 0) + n_new > RING_LEN:
+            raise ValueError(f"greedy_continue: {n_new} tokens (and the feed's) > ring of {RING_LEN}")
+        feed, n0, skip, graph = self._start_replays(feed, n_new)
+        if len(feed) > GRAPH_FEED_MAX:
             self._set_state(n0 + len(feed) - 1, 0)      # advance() moves pos/n_past to the next slot
             logits = None
             for start in range(0, len(feed), self.prefill_chunk):
@@ -314,8 +298,7 @@ class CudaRunner(ModelRunner):
             self._select(logits, None)
             self._advance()
             graph = self._graph(None)
-            n_launch = n_new - 1
-        for _ in range(n_launch):
+        for _ in range(n_new if len(feed) <= GRAPH_FEED_MAX else n_new - 1):
             dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
         dev.synchronize()
         self.n_past = n0 + len(feed) + n_new - 1
@@ -324,28 +307,37 @@ class CudaRunner(ModelRunner):
             raise NonFiniteLogits(f"at continued step {tokens.index(min(tokens))}")
         return tokens
 
+    def _start_replays(self, feed, n_new: int):
+        """greedy_continue / greedy_stream's start: arguments checked, slots from n_past on given up, a short feed's
+        tokens but the last replayed (the caller prefills a long one). -> (feed, n_past, ring entries to skip,
+        the graph or None)."""
+        feed = [int(t) for t in feed]
+        if n_new < 1 or not feed:
+            raise ValueError("greedy_continue / greedy_stream need a non-empty feed and n_new >= 1")
+        if self.n_past + len(feed) + n_new - 1 > self.max_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {len(feed)} + {n_new - 1} > max_ctx {self.max_ctx}")
+        dev, lib, n0 = self.dev, self.dev.lib, self.n_past
+        self._overwrite_from(n0)
+        if len(feed) > GRAPH_FEED_MAX:
+            return feed, n0, 0, None
+        self._set_state(n0, 0, tok=feed[0])
+        graph = self._graph(None)
+        for t in feed[1:]:
+            dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+            dev.upload_staged(np.array([t], np.int32), self.tok)
+        return feed, n0, len(feed) - 1, graph
+
     def greedy_stream(self, feed, n_new: int) -> Iterator[int]:
         """ModelRunner.greedy_stream as generate() runs: replays of the decode graph with PIPELINE_DEPTH in flight,
         token k read from the ring once its event completes -- no synchronisation between tokens and none at the
         end of a run, so a run of plain steps costs what plain decoding does whatever its length (no ring limit).
         A short feed goes through the graph as in greedy_continue (its replays' ring entries are skipped); a long
         one (a prompt) is greedy_continue's."""
-        feed = [int(t) for t in feed]
-        if n_new < 1 or not feed:
-            raise ValueError("greedy_stream needs a non-empty feed and n_new >= 1")
         if len(feed) > GRAPH_FEED_MAX:
             yield from self.greedy_continue(feed, n_new)
             return
-        if self.n_past + len(feed) + n_new - 1 > self.max_ctx:
-            raise ValueError(f"context overflow: {self.n_past} + {len(feed)} + {n_new - 1} > max_ctx {self.max_ctx}")
         dev, lib = self.dev, self.dev.lib
-        n0, skip = self.n_past, len(feed) - 1
-        self._overwrite_from(n0)
-        self._set_state(n0, 0, tok=feed[0])             # the first replay forwards feed[0] at slot n0
-        graph = self._graph(None)
-        for t in feed[1:]:                              # a replay per feed token; its choice is overwritten
-            dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
-            dev.upload_staged(np.array([t], np.int32), self.tok)
+        feed, n0, skip, graph = self._start_replays(feed, n_new)
         launched = read = 0                             # of the n_new replays; replay j writes ring[skip + j]
         try:
             while read < n_new:
