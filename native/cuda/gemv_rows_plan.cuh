@@ -101,9 +101,10 @@ constexpr int ROWS_TMA_LOOK_RING = 2;        // ... with at least this many tile
 // gemv_rows_tma) 0, a GPU before sm_90, a matrix not 16-byte aligned or whose last tile's bytes are not whole
 // 16-byte units, or n > 8 with one tile a CTA (the lab lost there: attn q/k/v, o and ffn_down at n = 32 -- one tile
 // a CTA leaves nothing to stream under the computing -- while gate/up, 4-5 tiles a CTA, won at every n; bench/
-// results/2026-11-27-h200-session24-gemv-rows-tma-lab.txt). Warps as rows_shape's (4..16 for the CTA's items), plus
-// the copy warp; all of a CTA's tiles in stages where they fit (<= ROWS_TMA_MAX_STAGES), R tiles a fold round in
-// what is left. The launch shape never changes a bit.
+// results/2026-11-27-h200-session24-gemv-rows-tma-lab.txt). Warps as rows_shape's (4..16 for the CTA's items; at
+// most ROWS_TMA_MANY_ROWS_WARPS above 8 x rows, for the registers), plus the copy warp; all of a CTA's tiles in
+// stages where they fit (<= ROWS_TMA_MAX_STAGES), R tiles a fold round in what is left. The launch shape never
+// changes a bit.
 inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, int look, const DeviceFacts& dev,
                           RowsTmaArgs* out, RowsShape* sh) {
     if (look <= 0 || dev.cc_major < 9) return false;
@@ -115,7 +116,8 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     const int per_cta = ceil_div(a.tiles, ctas);
     if ((n > 8 && per_cta < 2) || per_cta > ROWS_TMA_MAX_PIECES) return false;
     const int items = per_cta * a.C;
-    const int warps = min(max((items + 3) & ~3, 4), ROWS_MAX_WARPS);
+    const int NTT = n == 1 ? 1 : (n <= 8 ? 1 : (n <= 16 ? 2 : 4));
+    const int warps = min(max((items + 3) & ~3, 4), rows_tma_max_warps(n > 8 ? NTT : 1));
     RowsTmaArgs t{};
     // tiles in flight: the tuning's, but at least ROWS_TMA_LOOK_MANY_ROWS above 8 x rows (each tile's compute is
     // longer, so more bytes must stream under it) and ROWS_TMA_LOOK_RING in long rings (the lm_head: a steady stream
@@ -131,7 +133,6 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     } else {
         for (int k = 0; k < a.n_mats; ++k) stage = std::max(stage, 16 * a.mat[k].row_bytes);
     }
-    const int NTT = n == 1 ? 1 : (n <= 8 ? 1 : (n <= 16 ? 2 : 4));
     const long long per_tile = (long long)a.C * (swiglu ? 2 : 1) * NTT * 4 * 32 * 4;
     const long long bars = 8LL * (per_cta + ROWS_TMA_MAX_STAGES);   // a full mbarrier a piece, an empty one a stage
     const long long budget = (long long)dev.max_smem - 1024 - fx_bytes - bars;

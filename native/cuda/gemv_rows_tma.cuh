@@ -32,6 +32,12 @@ namespace {
 
 constexpr int ROWS_TMA_MAX_STAGES = 16;
 constexpr int ROWS_TMA_MAX_PIECES = 256;   // tiles a CTA (one "full" mbarrier each): larger calls keep cp.async
+// Computing warps of a launch (the copy warp comes on top). 16 + 1 warps leave 96 registers a thread (the register
+// file is allotted by groups of 4 warps: 65536 / 640), which the kernels of more than 8 x rows (NT 2 and 4) spill
+// past -- ptxas, sm_90: SwiGLU NT 4 1,076 bytes of spill stores, NT 2 472; q/k/v / o / down NT 4 164. 15 + 1 warps
+// get 128 registers. One-row and <= 8-row launches (no or 16 bytes of spills) keep 16.
+constexpr int ROWS_TMA_MANY_ROWS_WARPS = 15;
+__host__ __device__ constexpr int rows_tma_max_warps(int nt) { return nt >= 2 ? ROWS_TMA_MANY_ROWS_WARPS : ROWS_MAX_WARPS; }
 
 struct RowsTmaArgs {
     RowsArgs a;          // the call (st, slot_bytes, up_off unused; R: tiles a fold round)
@@ -116,7 +122,7 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsign
 // NT, SWIGLU, FX as gemv_rows_kernel's. Shared memory: S stages, R x C item partials, the mbarriers (a full one a
 // piece, an empty one a stage), then (FX) the CTA's x copy at a.fx_off.
 template <int NT, bool SWIGLU, bool FX>
-__global__ void __launch_bounds__((ROWS_MAX_WARPS + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
+__global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
     static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
     extern __shared__ __align__(16) uint8_t smem[];
     const RowsArgs& a = ta.a;
