@@ -141,11 +141,16 @@ def source_files(source: Source) -> list[Path]:
     """The source's files, sorted; nothing inside the flashd repository, nothing over MAX_FILE_BYTES.
     The stdlib source skips site-packages (its own source)."""
     files = []
+    in_repo: dict[Path, bool] = {}      # a folder's answer, resolved once: a file that is no link resolves inside it
     for p in sorted(source.root.rglob(f"*{source.suffix}")):
         if "site-packages" in p.parts and source.kind == "stdlib":
             continue
         try:
-            if not p.is_file() or p.stat().st_size > MAX_FILE_BYTES or _inside(p, REPO_ROOT):
+            if not p.is_file() or p.stat().st_size > MAX_FILE_BYTES:
+                continue
+            if p.parent not in in_repo:
+                in_repo[p.parent] = _inside(p.parent, REPO_ROOT)
+            if in_repo[p.parent] or (p.is_symlink() and _inside(p, REPO_ROOT)):
                 continue
         except OSError:
             continue

@@ -171,3 +171,15 @@ def test_comment_tasks_join_as_a_share():
     assert not any(b in p.text or p.text.strip() in b for p in tasks for b in bench)
     with pytest.raises(ValueError, match="sum to"):
         build_prompts(10, header_fraction=0.6, task_fraction=0.5)
+
+
+def test_source_files_skip_links_into_the_repository(tmp_path):
+    """A source folder's file or subfolder that is a link into the flashd repository is not read (each folder is
+    resolved once, a linked file on its own)."""
+    from flashd.train.data import Source, source_files
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "own.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "linked.py").symlink_to(REPO_ROOT / "bench" / "bench_spec.py")
+    (tmp_path / "repo_bench").symlink_to(REPO_ROOT / "bench", target_is_directory=True)
+    got = source_files(Source("site", tmp_path, ".py"))
+    assert got == [tmp_path / "pkg" / "own.py"]
