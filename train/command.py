@@ -88,7 +88,7 @@ def _defaulted(param: str) -> bool:
                    "instead of its greedy token alone (soft targets; needs --loss-rows > 0; experimental)")
 @click.option("--distill-top", type=click.IntRange(min=0), default=32, show_default=True,
               help="with --distill: the target's distribution over its top N tokens at each position, renormalized "
-                   "(0: over the whole vocabulary, 65 percent more a step for the 1.5B)")
+                   "(0: over the whole vocabulary, a much longer step: bench/bench_train_step.py)")
 @click.option("--wide-fraction", type=click.FloatRange(0, 1), default=0.15, show_default=True,
               help="with --data-mix code: this share of the prompts is what wide adds (C++ and documentation sources, "
                    "Python snippets translated into other languages), the rest code's own")

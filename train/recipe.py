@@ -84,7 +84,7 @@ class TrainConfig:
                                   # labelled position (linear_ce alpha); 0: its greedy token only (as shipped)
     distill_top: int = 32         # ... restricted to the target's top distill_top tokens there, renormalized (the
                                   # step computes and keeps k per position, not the vocabulary); 0: all of it
-                                  # (65% more a step than no distillation for the 1.5B's shapes, session 30)
+                                  # (a much longer step: bench/NOTES.md, session 30)
     # The prompt forms (session 30, the 0.5B target, the same minutes: the benchmark prompts' chain walk 1.95 -> 2.22
     # tokens a step, accept_len 1.51 -> 1.71, with these three shares against none): the benchmark's prompts are
     # mostly function headers to complete and word problems, forms the source-file prompts lacked.
