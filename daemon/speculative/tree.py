@@ -27,6 +27,7 @@ slot n_past + i; `mask[i, j]` is True iff node j is node i or one of its ancesto
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,6 +120,7 @@ def build_tree(root: int, proposal: Proposal, budget: int, *, chain_seed: bool =
     n_depth = proposal.n_depth if max_depth is None else min(proposal.n_depth, max_depth)
     tokens, logprobs = _sorted_candidates(proposal, n_depth)
     n_rank = tokens.shape[1] if n_depth else 0
+    tokens, logprobs = tokens.tolist(), logprobs.tolist()    # Python numbers: the same values, no numpy scalars
     nodes: list[tuple[int, int, int, int, float]] = []
     paths: list[tuple[int, ...]] = [()]            # rank path of each inserted node (root: ())
     scores: list[float] = [0.0]
@@ -127,14 +129,14 @@ def build_tree(root: int, proposal: Proposal, budget: int, *, chain_seed: bool =
     def push(parent: int, depth: int, rank: int) -> None:
         if depth > n_depth or rank >= n_rank:
             return
-        lp = float(logprobs[depth - 1, rank])
-        if not np.isfinite(lp):
+        lp = logprobs[depth - 1][rank]
+        if not math.isfinite(lp):
             return                                 # -inf: unusable, and so are later ranks
         heapq.heappush(heap, (-(scores[parent] + lp), depth, paths[parent] + (rank,), parent))
 
     def insert(parent: int, depth: int, rank: int) -> int:
-        score = scores[parent] + float(logprobs[depth - 1, rank])
-        nodes.append((int(tokens[depth - 1, rank]), parent, depth, rank, score))
+        score = scores[parent] + logprobs[depth - 1][rank]
+        nodes.append((tokens[depth - 1][rank], parent, depth, rank, score))
         paths.append(paths[parent] + (rank,))
         scores.append(score)
         return len(nodes)                          # node index (the root is 0)
@@ -142,7 +144,7 @@ def build_tree(root: int, proposal: Proposal, budget: int, *, chain_seed: bool =
     if chain_seed:
         spine = [0]
         for d in range(1, n_depth + 1):
-            if len(nodes) >= budget or not np.isfinite(logprobs[d - 1, 0]):
+            if len(nodes) >= budget or not math.isfinite(logprobs[d - 1][0]):
                 break
             spine.append(insert(spine[-1], d, 0))
         for i, node in enumerate(spine[1:]):       # siblings of the spine nodes
