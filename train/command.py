@@ -124,8 +124,8 @@ def _defaulted(param: str) -> bool:
                    "budget, and at the recipe's budget it costs more steps than it saves (bench/NOTES.md, session 29)")
 def train_command(target, out, work, resume, minutes, gen_minutes, train_minutes, max_tokens, layers, block_size,
                   features, max_mb, max_new, max_prompt, raw_fraction, data_mix, distill, distill_top, wide_fraction,
-                  header_fraction, problem_fraction, task_fraction, self_prompt_fraction, batch_seqs, anchors, gen_batch, seed,
-                  device, outtype, loss_rows, ce, compile_layers):
+                  header_fraction, problem_fraction, task_fraction, self_prompt_fraction, batch_seqs, anchors,
+                  gen_batch, seed, device, outtype, loss_rows, ce, compile_layers):
     """Train a DFlash drafter for TARGET (a dense llama / qwen2 / qwen3 GGUF) by self-distillation.
 
     --compile runs one layer of the target's training forward and of the drafter through torch.compile."""

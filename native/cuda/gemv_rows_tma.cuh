@@ -37,7 +37,9 @@ constexpr int ROWS_TMA_MAX_PIECES = 256;   // tiles a CTA (one "full" mbarrier e
 // past -- ptxas, sm_90: SwiGLU NT 4 1,076 bytes of spill stores, NT 2 472; q/k/v / o / down NT 4 164. 15 + 1 warps
 // get 128 registers. One-row and <= 8-row launches (no or 16 bytes of spills) keep 16.
 constexpr int ROWS_TMA_MANY_ROWS_WARPS = 15;
-__host__ __device__ constexpr int rows_tma_max_warps(int nt) { return nt >= 2 ? ROWS_TMA_MANY_ROWS_WARPS : ROWS_MAX_WARPS; }
+__host__ __device__ constexpr int rows_tma_max_warps(int nt) {
+    return nt >= 2 ? ROWS_TMA_MANY_ROWS_WARPS : ROWS_MAX_WARPS;
+}
 
 struct RowsTmaArgs {
     RowsArgs a;          // the call (st, slot_bytes, up_off unused; R: tiles a fold round)
