@@ -34,5 +34,19 @@ int fd_decode_advance(const int32_t* token, int32_t* history, int32_t* n_history
 int fd_topk_logprobs(int32_t* ids, double* logprobs, const float* logits, int n_rows, int n_vocab, int k,
                      double temperature, void* stream);
 
+/* The DDTree on the device (ddtree.cu; daemon/speculative/tree.py build_tree is the definition): from the
+   per-depth candidates ids / logprobs (n_depth, k) (fd_topk_logprobs' output; each row is sorted by log-prob,
+   stable, NaN last, first), the best-first tree of at most `budget` drafted nodes (chain_seed 1: the top-1
+   chain first), the same nodes in the same order as build_tree. Writes the verify forward's inputs for
+   n_nodes = budget + 1 rows into tree_inputs (daemon/backends/cuda/tree_inputs.py's block for trees of up to
+   n_tree nodes: ids, positions n_past + depth, n_past, the n_nodes x n_nodes ancestor mask; node 0 = root;
+   rows past the built tree are padding: token root, position n_past, masked to themselves) and the walk's
+   block walk (1 + 4 n_tree int32): [n_built | tokens | parents (root: -1) | depths | ranks], each n_tree
+   long; scores (n_tree doubles: cumulative log-probs) may be NULL. root and n_past are plain arguments (the
+   launch is per step, outside graphs). 0 <= n_depth <= 16, 1 <= k <= 16, n_nodes <= n_tree <= 256. */
+int fd_ddtree_build(int32_t* tree_inputs, int32_t* walk, double* scores, const int32_t* ids, const double* logprobs,
+                    int n_depth, int k, int budget, int chain_seed, int root, int n_past, int n_tree, int n_nodes,
+                    void* stream);
+
 /* --- cdef end --- */
 #endif /* FLASHD_SAMPLING_H */

@@ -34,7 +34,7 @@ def test_every_declared_function_is_defined_once():
         assert len(defs) == 1, f"{name}: {len(defs)} definitions in native/cuda/*.cu"
 
 
-ABI_VERSION = 22   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
+ABI_VERSION = 23   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
 
 
 def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():

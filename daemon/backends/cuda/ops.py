@@ -39,6 +39,7 @@ from .hybrid_ops import HybridOps, Sigmoid, Silu
 from .recurrent_ops import RecurrentOps
 from .tensor import Arena, Device, DeviceTensor
 from .topk_ops import TopKOps
+from .tree_build import TreeBuildOps
 
 __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS",
            "attention_workspace_bytes", "attention_shape", "rope_scaling_struct", "rope_struct", "gemv_groups",
@@ -96,7 +97,8 @@ class Normed:
         return self.x.shape
 
 
-class CudaOps(AttentionOps, TopKOps, RecurrentOps, HybridOps, FusedOps):   # topk_ops.py: fd_topk_logprobs;
+class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, FusedOps):   # topk_ops.py: fd_topk_logprobs;
+    # tree_build.py: fd_ddtree_build (the DDTree on the device);
     # recurrent_ops.py, hybrid_ops.py: a hybrid (qwen35) model's conv / delta-rule kernels and the rest of its forward;
     # fused_ops.py: its fused ops (conv + SiLU, the fused delta rule, the gated attention's q/k norms)
     name = "cuda"

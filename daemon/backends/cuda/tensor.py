@@ -27,7 +27,7 @@ STAGE_MAX = 1 << 18
 # workspaces, raw copies) take any of them.
 CTYPES = {np.dtype(np.float32): "float*", np.dtype(np.int32): "int32_t*", np.dtype(np.uint8): "uint8_t*",
           np.dtype(np.bool_): "uint8_t*", np.dtype(np.float16): "uint16_t*", np.dtype(np.int64): "int64_t*",
-          np.dtype(np.uint64): "uint64_t*"}
+          np.dtype(np.uint64): "uint64_t*", np.dtype(np.float64): "double*"}
 
 
 class Allocation:
