@@ -46,6 +46,11 @@ inline int rows_stride(int fmt, int ks) {
 
 struct RowsShape { int ctas, warps, st, R; size_t smem; };
 
+// 8-row N-tiles a launch of n x rows computes (the kernels' NT, at least 1): 1, 2, 3 or 4. Each row's arithmetic is
+// the same whatever the count (row invariance), so the count only sets the work: 17-24 rows take 3 tiles, not 4
+// (a DDTree of 22 is 23 rows).
+inline int rows_ntiles(int n) { return n <= 8 ? 1 : (n + 7) / 8; }
+
 // Bytes a persistent SM keeps in flight (warps x CTAs an SM x (slots - 1) x item bytes: one slot is being
 // computed): the lab's best lm_head shape (Q6_K 151936 x 1536, ks1 st2 w8 cps2 R8: 16 x 1 x 3.4 KB ~ 54 KB a SM)
 // reached 78% of copy bandwidth (bench/results/2026-11-26-h100-lab-gemv-mma-rows.txt); at st2 a Q4_K item is only
@@ -63,7 +68,7 @@ constexpr int ROWS_INFLIGHT_BYTES = 52 * 1024;
 //   attn_q/o 1536 x 1536 (96 tiles, C 6), attn_k/v 256 x 1536 (16 tiles): 6 items -> w8 st2 (lab best: w8 st2)
 //   lm_head 151936 x 1536 (9496 tiles >= 8 x SMs): cps2, 264 CTAs, 36 tiles -> w8 st2 (Q6_K) / st3 (Q4_K) R8
 inline int rows_shape(const RowsArgs& a, bool swiglu, int n, int fx_bytes, const DeviceFacts& dev, RowsShape* out) {
-    const int NTT = n == 1 ? 1 : (n <= 8 ? 1 : (n <= 16 ? 2 : 4));
+    const int NTT = rows_ntiles(n);
     const int cps = a.tiles >= 8 * dev.n_sms ? 2 : 1;
     const int ctas = min(a.tiles, dev.n_sms * cps);
     const int per_cta = ceil_div(a.tiles, ctas);
@@ -116,7 +121,7 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     const int per_cta = ceil_div(a.tiles, ctas);
     if ((n > 8 && per_cta < 2) || per_cta > ROWS_TMA_MAX_PIECES) return false;
     const int items = per_cta * a.C;
-    const int NTT = n == 1 ? 1 : (n <= 8 ? 1 : (n <= 16 ? 2 : 4));
+    const int NTT = rows_ntiles(n);
     const int warps = min(max((items + 3) & ~3, 4), rows_tma_max_warps(n > 8 ? NTT : 1));
     RowsTmaArgs t{};
     // tiles in flight: the tuning's, but at least ROWS_TMA_LOOK_MANY_ROWS above 8 x rows (each tile's compute is
@@ -163,9 +168,12 @@ int rows_tma_launch_n(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int ma
     if (fx) return n == 1 ? rows_tma_launch<0, SWIGLU, true>(t, sh, max_smem, stream)
                           : rows_tma_launch<1, SWIGLU, true>(t, sh, max_smem, stream);
     if (n == 1) return rows_tma_launch<0, SWIGLU, false>(t, sh, max_smem, stream);
-    if (n <= 8) return rows_tma_launch<1, SWIGLU, false>(t, sh, max_smem, stream);
-    if (n <= 16) return rows_tma_launch<2, SWIGLU, false>(t, sh, max_smem, stream);
-    return rows_tma_launch<4, SWIGLU, false>(t, sh, max_smem, stream);
+    switch (rows_ntiles(n)) {
+        case 1: return rows_tma_launch<1, SWIGLU, false>(t, sh, max_smem, stream);
+        case 2: return rows_tma_launch<2, SWIGLU, false>(t, sh, max_smem, stream);
+        case 3: return rows_tma_launch<3, SWIGLU, false>(t, sh, max_smem, stream);
+        default: return rows_tma_launch<4, SWIGLU, false>(t, sh, max_smem, stream);
+    }
 }
 
 // The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS int8 codes, then their (ROWS_MAX_COLS / 32) x ROWS_NX float2
@@ -196,9 +204,12 @@ int rows_launch_n(const RowsArgs& a, const RowsShape& sh, bool fx, int max_smem,
     if (fx) return a.n == 1 ? rows_launch<0, SWIGLU, true>(a, sh, max_smem, stream)
                             : rows_launch<1, SWIGLU, true>(a, sh, max_smem, stream);
     if (a.n == 1) return rows_launch<0, SWIGLU, false>(a, sh, max_smem, stream);
-    if (a.n <= 8) return rows_launch<1, SWIGLU, false>(a, sh, max_smem, stream);
-    if (a.n <= 16) return rows_launch<2, SWIGLU, false>(a, sh, max_smem, stream);
-    return rows_launch<4, SWIGLU, false>(a, sh, max_smem, stream);
+    switch (rows_ntiles(a.n)) {
+        case 1: return rows_launch<1, SWIGLU, false>(a, sh, max_smem, stream);
+        case 2: return rows_launch<2, SWIGLU, false>(a, sh, max_smem, stream);
+        case 3: return rows_launch<3, SWIGLU, false>(a, sh, max_smem, stream);
+        default: return rows_launch<4, SWIGLU, false>(a, sh, max_smem, stream);
+    }
 }
 
 // The x pre-pass: x (normalized with norm_w where given) -> the stream's scratch codes and scales, which a->x then
