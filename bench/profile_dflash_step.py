@@ -2,7 +2,7 @@
 
     python bench/profile_dflash_step.py --device cpu|cuda [--target T.gguf --dflash D.gguf]
         [--mode chain|ddtree] [--budget 22] [--steps 24] [--prompt-len 64] [--sync]
-        [--capture device|host|both] [--tuning FIELD=N,...]
+        [--capture device|host|both] [--tree device|host|both] [--tuning FIELD=N,...]
 
 Without --target/--dflash it makes synthetic ones (scripts/make_synthetic_gguf.py and
 make_synthetic_dflash.py) in --workdir: by default tiny shapes; `--preset qwen2.5-1.5b --target-layers 6`
@@ -18,11 +18,14 @@ It runs one SpecDecoder request (random prompt ids, greedy) and wraps the step's
       lm_head            final norm + the target's lm_head over the B-1 masked rows (--replay eager only)
       host_copy          logits to host memory (reference / fallback path)
       topk               log_softmax + top-K (host), or the device top-K with its small read-back
-    tree               the chain / DDTree build
+    tree               the chain / DDTree build on the host (with --tree device the build is a kernel queued
+                       between the drafter's top-K and the verify: no phase of its own)
     verify             the target forward over the tree + argmax, containing
       capture            target features copied out (host: capture_hidden's downloads during an eager
                          verify; device: capture_device's hand-over after the graph, whose copies are
                          inside the verify itself)
+    device_step        --tree device: the whole step up to the commit (propose, the tree kernel, the verify, the
+                       walk's one read-back), containing propose and commit
     commit             the target's KV compaction
     accept             the drafter's bookkeeping of the accepted rows, containing
       gather             device: the accepted rows gathered into the pending device buffers
@@ -54,8 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
-PHASES = ("propose", "inject", "block", "lm_head", "host_copy", "topk", "tree", "verify", "capture", "commit",
-          "accept", "gather")
+PHASES = ("propose", "inject", "block", "lm_head", "host_copy", "topk", "tree", "verify", "capture", "device_step",
+          "commit", "accept", "gather")
 NESTED = {"inject", "block", "lm_head", "host_copy", "topk", "capture", "gather"}
 
 
@@ -120,6 +123,7 @@ def instrument(ph: Phases, engine, drafter, host_topk: str, replay: str = "graph
     if host_topk == "reference":
         from flashd.daemon.speculative.dflash_topk import topk_logprobs_reference
         dd.topk_logprobs, drafter._device_topk = topk_logprobs_reference, None
+        drafter.device_proposals = False            # the host's top-K: no candidates left on the device
     dd.topk_logprobs = ph.wrap("topk", dd.topk_logprobs)
     to_numpy = ops.to_numpy
     ops.to_numpy = lambda t: (ph.wrap("host_copy", to_numpy)(t) if t.shape[-1] == drafter.head.output.shape[0]
@@ -128,6 +132,7 @@ def instrument(ph: Phases, engine, drafter, host_topk: str, replay: str = "graph
         drafter._device_topk = ph.wrap("topk", drafter._device_topk)
     drafter._inject_pending = ph.wrap("inject", drafter._inject_pending)
     drafter.propose = ph.wrap("propose", drafter.propose)
+    drafter.propose_device = ph.wrap("propose", drafter.propose_device)
     drafter.capture_hidden = ph.wrap("capture", drafter.capture_hidden)
     drafter.capture_device = ph.wrap("capture", drafter.capture_device)
     drafter._gather = ph.wrap("gather", drafter._gather)
@@ -156,6 +161,7 @@ def instrument_block(ph: Phases, dd, model) -> None:
 def instrument_decoder(ph: Phases, decoder) -> None:
     decoder._tree = ph.wrap("tree", decoder._tree)
     decoder._verify = ph.wrap("verify", decoder._verify)
+    decoder._device_step = ph.wrap("device_step", decoder._device_step)
 
 
 def profile(ph: Phases, engine, drafter, cfg, prompt, steps: int) -> dict:
@@ -202,6 +208,9 @@ def main(argv=None) -> int:
     p.add_argument("--capture", choices=("device", "host", "both"), default="device",
                    help="how verify forwards deliver the drafter's features: device-resident (graph verify), "
                         "host (eager verify, the path before), or both side by side")
+    p.add_argument("--tree", choices=("device", "host", "both"), default="device",
+                   help="where greedy steps build the tree: on the device (SpecConfig.device_tree, the default where "
+                        "runner and drafter can) or on the host (tree.py); both: one request each, side by side")
     p.add_argument("--replay", choices=("graph", "eager"), default="graph",
                    help="the drafter's forwards as replayed CUDA graphs (the default path) or op by op")
     args = p.parse_args(argv)
@@ -227,21 +236,24 @@ def main(argv=None) -> int:
     dev = getattr(engine.backend.ops, "dev", None)
     ph = Phases(dev.synchronize if (args.sync and dev is not None) else None)
     prompt = np.random.default_rng(0).integers(0, min(engine.model.config.vocab_size, 20000), args.prompt_len).tolist()
-    cfg = SpecConfig(args.mode, args.budget)
     instrument(ph, engine, drafter, args.host_topk, args.replay)
-    paths = ("host", "device") if args.capture == "both" else (args.capture,)
+    captures = ("host", "device") if args.capture == "both" else (args.capture,)
+    trees = ("host", "device") if args.tree == "both" else (args.tree,)
     results = {}
-    for path in paths:
-        drafter.device_features = path == "device"
-        results[path] = profile(ph, engine, drafter, cfg, prompt, args.steps)
+    for capture in captures:
+        for tree in trees:
+            drafter.device_features = capture == "device"
+            cfg = SpecConfig(args.mode, args.budget, device_tree=tree == "device")
+            results[f"{capture}/{tree}"] = profile(ph, engine, drafter, cfg, prompt, args.steps)
+    paths = tuple(results)
     print(f"# DFlash step profile: device {args.device}, {args.mode} budget {args.budget}, replay {args.replay}, sync "
           f"{'on' if ph.sync else 'off'}; "
-          + ", ".join(f"{p} capture: {r['steps']} steps, {r['tokens_per_step']:.2f} tokens/step"
+          + ", ".join(f"capture/tree {p}: {r['steps']} steps, {r['tokens_per_step']:.2f} tokens/step"
                       for p, r in results.items()))
     print(f"# target {target.name}, drafter {dflash.name}, top-K {'device' if drafter._device_topk else 'host'} "
           f"({args.host_topk}); ms per step (nested phases indented, inclusive); step (wall) includes the "
           "prompt's prefill once")
-    print(f"{'phase':<16}" + "".join(f"{p + ' capture':>16}" for p in paths))
+    print(f"{'phase':<16}" + "".join(f"{p:>16}" for p in paths))
     names = [n for n in PHASES + ("step (wall)", "draft (stats)", "verify (stats)")
              if any(n in r["ms"] for r in results.values())]
     for name in names:

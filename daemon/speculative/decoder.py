@@ -59,6 +59,9 @@ class SpecConfig:
     budget: int                 # drafted (non-root) nodes per step, >= 1 (auto: the deepest chain)
     top_k: int = 8              # candidates per depth asked of the drafter (ddtree; chain uses 1)
     chain_seed: bool = True     # ddtree: insert the top-1 chain first
+    # greedy steps build the tree on the device where the runner and the drafter can (CUDA + DFlash: no
+    # read-back before the verify); False: always on the host (tree.py), the oracle and the A/B's baseline
+    device_tree: bool = True
 
     def __post_init__(self):
         if self.mode not in SPEC_MODES:
@@ -98,6 +101,17 @@ class SpecStats:
                 "drafted_per_step": round(self.drafted_nodes / steps, 4),
                 "accepted_histogram": self.histogram[:last + 1],
                 "draft_ms": round(self.draft_s * 1e3, 3), "verify_ms": round(self.verify_s * 1e3, 3)}
+
+
+def _tree_capacity(n_depth: int, k: int, cap: int) -> int:
+    """Nodes a tree of n_depth levels with k candidates a level can hold (k + k^2 + ...), at most cap."""
+    total, level = 0, 1
+    for _ in range(n_depth):
+        level *= k
+        total += level
+        if total >= cap:
+            return cap
+    return total
 
 
 def _uses_penalties(p: SamplingParams) -> bool:
@@ -144,6 +158,8 @@ class SpecDecoder:
         policy = self.policy if cfg.mode == "auto" else None
         # an undrafted step may take the runner's decode path (with target features: drafter.py, "Gaps")
         plain_step = device_argmax and (sink is None or (policy is not None and drafter.tolerates_gaps))
+        device_tree = (cfg.device_tree and device_argmax and drafter.device_proposals and (
+            sink is None or drafter.device_features) and getattr(runner, "device_tree", False))
         history = list(prompt)                  # prompt + every emitted token (penalties)
         draws = itertools.count(SPEC_STEP_BASE)          # the sampling walk's uniform draws, numbered
 
@@ -168,22 +184,24 @@ class SpecDecoder:
                 t0 = time.perf_counter()
                 if policy is not None:
                     max_depth = policy.depth(max_depth)
-                if max_depth > 0:
+                # the tree built and verified on the device where both sides can (no read-back before the verify)
+                step = (self._device_step(root, max_depth, min(cfg.budget, room), sink)
+                        if device_tree and max_depth > 0 else None)
+                if step is not None:
+                    tree, path, bonus, t1 = step
+                    host = None
+                else:
                     top_k = 1 if cfg.mode != "ddtree" else cfg.top_k
-                    proposal = drafter.propose(max_depth, top_k)
-                else:
-                    proposal = Proposal.empty()
-                tree = self._tree(root, proposal, min(cfg.budget, room), max_depth)
-                t1 = time.perf_counter()
-                host = None
-                if tree.n_nodes == 1 and plain_step:
-                    burst = 1 if policy is None else policy.plain_steps(
-                        min(max_new_tokens - n_out, runner.max_ctx - runner.n_past))
-                    tokens = yield from self._plain_run(root, burst, t0, history, policy)
-                    n_out += len(tokens)
-                    root = tokens[-1]
-                    continue
-                else:
+                    proposal = drafter.propose(max_depth, top_k) if max_depth > 0 else Proposal.empty()
+                    tree = self._tree(root, proposal, min(cfg.budget, room), max_depth)
+                    t1 = time.perf_counter()
+                    if tree.n_nodes == 1 and plain_step:
+                        burst = 1 if policy is None else policy.plain_steps(
+                            min(max_new_tokens - n_out, runner.max_ctx - runner.n_past))
+                        tokens = yield from self._plain_run(root, burst, t0, history, policy)
+                        n_out += len(tokens)
+                        root = tokens[-1]
+                        continue
                     path, bonus, host = self._verify(tree, sink, device_argmax, greedy, params, history, draw)
                     runner.commit_tree(np.asarray(path, np.int32))
                 accepted = [int(t) for t in tree.tokens[path[1:]]]
@@ -203,6 +221,37 @@ class SpecDecoder:
                     n_out += 1
         finally:
             drafter.end()
+
+    def _device_step(self, root: int, max_depth: int, max_nodes: int, sink):
+        """A greedy step with the drafter's candidates left on the device and the tree built there (drafter.py,
+        "Proposals on the device"; backends/cuda/tree_verify.py): the same tree as _tree's host build, verified,
+        walked and committed. (tree, path, bonus, time the draft was queued), or None where the runner cannot
+        take this tree (the caller then builds it on the host); the drafter has not run then."""
+        runner, drafter, cfg = self.runner, self.drafter, self.config
+        ddtree = cfg.mode == "ddtree"
+        k = cfg.top_k if ddtree else 1
+        n_depth = min(max_depth, drafter.max_depth)
+        # build_tree's budget, but no more nodes than the candidates can make (no padding rows where it is
+        # known up front); the chain: one node a depth
+        budget = min(max_nodes, _tree_capacity(n_depth, k, max_nodes)) if ddtree else min(max_nodes, n_depth)
+        if not runner.device_tree_fits(n_depth, k, budget):
+            return None
+        proposal = drafter.propose_device(max_depth, k)
+        if proposal is None:
+            return None
+        if (proposal.n_depth, proposal.k) != (n_depth, k):
+            raise RuntimeError(f"{drafter.name}: propose_device gave {proposal.n_depth} x {proposal.k} candidates, "
+                               f"asked {n_depth} x {k}")
+        t1 = time.perf_counter()
+        capture = tuple(drafter.target_layer_ids) if sink is not None else ()
+        logits = runner.forward_tree_device(proposal, n_depth=n_depth, budget=budget,
+                                            chain_seed=cfg.chain_seed or not ddtree, root=root, capture=capture)
+        if capture:
+            drafter.capture_device(runner.tree_features(capture), budget + 1)
+        tree, argmax = runner.walk_device(logits)
+        path, bonus = greedy_walk(tree, lambda i: argmax[i])
+        runner.commit_tree(np.asarray(path, np.int32))
+        return tree, path, bonus, t1
 
     def _plain_run(self, root: int, n: int, t0: float, history: list[int], policy: DepthPolicy | None):
         """n plain steps from `root` (as many as the policy would take in a row), streamed as plain decoding

@@ -51,7 +51,7 @@ from ..models.gguf_file import ModelLoadError
 from .dflash_inputs import StagedInputs
 from .replay import forward_replay
 from .dflash_topk import device_topk, topk_logprobs
-from .drafter import Drafter, DrafterLoadError, Proposal
+from .drafter import DeviceProposal, Drafter, DrafterLoadError, Proposal
 
 __all__ = ["DFlashDrafter", "load_dflash_drafter"]
 
@@ -86,6 +86,9 @@ class DFlashDrafter(Drafter):
         self._mask = block_mask(ops, cfg)
         # (logits tensor, n_depth, k, temperature) -> (ids, lp) on the device (CUDA), or None: the host path
         self._device_topk = device_topk(ops, self.max_depth)
+        # the same candidates left on the device, for a tree built there (propose_device)
+        self._topk_on_device = device_topk(ops, self.max_depth, on_device=True)
+        self.device_proposals = self._topk_on_device is not None
         self._inputs = StagedInputs(ops)     # per-step inputs in kept buffers (no allocation per step on CUDA)
         # the injection's inputs at their largest up front: a replayed graph reads these addresses
         self._inputs.buffer("inject_positions", (inject_chunk,), np.int32)
@@ -144,6 +147,16 @@ class DFlashDrafter(Drafter):
         else:
             ids, lp = topk_logprobs(np.asarray(self.ops.to_numpy(logits))[:n_depth], top_k, self.temperature)
         return Proposal(ids, lp)
+
+    def propose_device(self, max_depth: int, top_k: int) -> DeviceProposal | None:
+        """propose()'s candidates, left on the device (the same kernel, the same ids and log-probs)."""
+        if self._root is None:
+            raise RuntimeError("DFlash drafter: propose before begin")
+        n_depth = min(max_depth, self.max_depth)
+        if n_depth <= 0 or self._topk_on_device is None:
+            return None
+        ids, lp = self._topk_on_device(self._draft(), n_depth, top_k, self.temperature)
+        return DeviceProposal(ids, lp, n_depth)
 
     def accept(self, accepted: Sequence[int], bonus: int, rows: Sequence[int] | None = None) -> None:
         captured = self._take_captured()

@@ -66,14 +66,16 @@ def topk_logprobs(logits: np.ndarray, k: int, temperature: float) -> tuple[np.nd
     return ids.astype(np.int32), lp
 
 
-def device_topk(ops, max_rows: int, max_k: int = 8):
+def device_topk(ops, max_rows: int, max_k: int = 8, *, on_device: bool = False):
     """(logits tensor, n_rows, k, temperature) -> (ids, lp) computed on the device, for a backend whose
-    ops have `topk_to_host` (CUDA); None for the others (the host path above, the oracle)."""
+    ops have `topk_to_host` (CUDA); None for the others (the host path above, the oracle). on_device: ids and lp
+    stay there (device views, valid until the next call) instead of coming back to host arrays."""
     if not hasattr(ops, "topk_to_host"):
         return None
     from ..backends.cuda.topk_ops import TopKBuffers
     buffers = TopKBuffers(ops.dev, max_rows, max_k)
+    fetch = ops.topk_on_device if on_device else ops.topk_to_host
 
     def run(logits, n_rows: int, k: int, temperature: float):
-        return ops.topk_to_host(logits, buffers, n_rows, k, temperature)
+        return fetch(logits, buffers, n_rows, k, temperature)
     return run

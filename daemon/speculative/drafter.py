@@ -71,6 +71,12 @@ the drafter copies the rows that `accept(..., rows)` names (Ops.gather_rows: dev
 CUDA, numpy on the reference backend) before that. The prompt's features still come through
 capture_hidden during prefill (prefill runs eagerly anyway, and begin() needs them all).
 
+Proposals on the device. A drafter with `device_proposals = True` (DFlash on CUDA) also offers
+`propose_device(max_depth, top_k)`: the same candidates as propose() would return, left on the device
+as a `DeviceProposal` (backend tensors), or None where it cannot (the decoder then calls propose()). The
+decoder hands them to a runner that builds the tree there (tree_verify.py on CUDA: fd_ddtree_build), so
+the step reads nothing back before its verify forward.
+
 Ownership. The target's KV cache belongs to the target runner and the decoder (which compacts
 the accepted path into consecutive slots). A drafter that runs a model owns that model's runner
 and KV cache and keeps it consistent with the committed sequence itself (e.g. roll back its own
@@ -86,7 +92,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["Drafter", "Proposal", "DrafterLoadError"]
+__all__ = ["Drafter", "Proposal", "DeviceProposal", "DrafterLoadError"]
 
 
 class DrafterLoadError(ValueError):
@@ -125,6 +131,20 @@ class Proposal:
         return Proposal(t, np.zeros(t.shape, np.float64))
 
 
+@dataclass(slots=True, frozen=True)
+class DeviceProposal:
+    """propose()'s candidates left on the device: ids int32 and logprobs float64, backend tensors (rows >= n_depth,
+    k), rows [0, n_depth) used, each best first (fd_topk_logprobs' order); valid until the drafter's next forward."""
+
+    ids: Any
+    logprobs: Any
+    n_depth: int
+
+    @property
+    def k(self) -> int:
+        return int(self.ids.shape[1])
+
+
 class Drafter(ABC):
     """See the module docstring for the call sequence and the meaning of every argument."""
 
@@ -138,6 +158,8 @@ class Drafter(ABC):
     # True: a drafter with target features that can draft over a context with gaps, so spec=auto's plain
     # steps may run on the runner's decode path without capturing features (skip() is told what they committed)
     tolerates_gaps: bool = False
+    # True: propose_device may return the candidates on the device (module docstring, "Proposals on the device")
+    device_proposals: bool = False
 
     def check_target(self, target_cfg) -> None:
         """Raise DrafterLoadError when this drafter cannot draft for a target with ModelConfig
@@ -150,6 +172,10 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, max_depth: int, top_k: int) -> Proposal:
         """Candidates for the tokens after the root (at most max_depth rows, K <= top_k)."""
+
+    def propose_device(self, max_depth: int, top_k: int) -> DeviceProposal | None:
+        """propose()'s candidates on the device (device_proposals only), or None: the decoder calls propose()."""
+        return None
 
     @abstractmethod
     def accept(self, accepted: Sequence[int], bonus: int, rows: Sequence[int] | None = None) -> None:

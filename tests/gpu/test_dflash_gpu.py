@@ -105,7 +105,17 @@ def test_dflash_spec_decoding_on_cuda_equals_greedy(native, synthetic_model, tmp
     for n_prompt in (3, 100):
         prompt = rng.integers(0, 1000, n_prompt).tolist()
         want = [s.token for s in runner.generate(prompt, SamplingParams(), 48)]
+        walks = []
+        walk_device = runner.walk_device
+        runner.walk_device = lambda logits: walks.append(1) or walk_device(logits)
         dec = SpecDecoder(runner, drafter, SpecConfig(mode, budget))
         got = [s.token for s in dec.generate(prompt, SamplingParams(), 48)]
+        del runner.walk_device
         assert len(got) == 48 and dec.stats.steps >= 1
         assert got == want, f"{mode} budget {budget}, prompt of {n_prompt}"
+        assert walks, "greedy DFlash steps build their trees on the device (SpecConfig.device_tree)"
+        if mode != "auto":                  # the host build (the oracle): the same steps (auto's follow timings)
+            host = SpecDecoder(runner, drafter, SpecConfig(mode, budget, device_tree=False))
+            assert [s.token for s in host.generate(prompt, SamplingParams(), 48)] == want
+            assert (host.stats.steps, host.stats.histogram, host.stats.drafted_nodes) == \
+                (dec.stats.steps, dec.stats.histogram, dec.stats.drafted_nodes)

@@ -38,6 +38,8 @@ HYBRID_NOTE = ("a hybrid (qwen35) model decodes on the per-op CUDA graph (the pe
 
 
 class CudaHybridRunner(CudaRunner):
+    device_tree = False     # its verify keeps a recurrent state per node of the host's tree (forward_tree below)
+
     def __init__(self, ops, cfg, weights, max_ctx: int, prefill_chunk: int = 512, kv_types=None,
                  max_tree_nodes: int | None = None):
         super().__init__(ops, cfg, weights, max_ctx, prefill_chunk, forward_path="graph", kv_types=kv_types,

@@ -30,6 +30,7 @@ from .graphs import capture as capture_graph
 from .ops import MAX_MASKED_TOKENS, CudaOps
 from .persistent import FORWARD_PATHS, ForwardTuning, ForwardUnsupported, PersistentForward
 from .tree_inputs import pack_tree_inputs, tree_input_views, tree_input_words
+from .tree_verify import DeviceTreeVerify
 
 __all__ = ["CudaRunner"]
 
@@ -50,7 +51,7 @@ def _uses_penalties(p: SamplingParams) -> bool:
                                     or p.presence_penalty != 0.0)
 
 
-class CudaRunner(ModelRunner):
+class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built on the device
     def __init__(self, ops: CudaOps, cfg, weights, max_ctx: int, prefill_chunk: int = 512,
                  forward_path: str = "graph", tuning: ForwardTuning | None = None, kv_types=None,
                  max_tree_nodes: int | None = None):

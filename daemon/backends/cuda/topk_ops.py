@@ -52,14 +52,21 @@ class TopKOps:
         self._check(self.lib.fd_topk_logprobs(self.dev.p(ids), self.dev.p(logprobs, "double*"), self.dev.p(logits),
                                               n, vocab, k, float(temperature), self.dev.stream), "fd_topk_logprobs")
 
+    def topk_on_device(self, logits, buffers: TopKBuffers, n_rows: int, k: int, temperature: float):
+        """The top-k of logits' first n_rows rows into `buffers`, left on the device: (ids int32 (n_rows, k'),
+        lp float64 (n_rows, k')) device views with k' = min(k, vocab), valid until the buffers' next call."""
+        k = min(k, logits.shape[1])
+        ids, lp, _ = buffers.views(n_rows, k)
+        self.topk_logprobs(logits[:n_rows], ids, lp, k, temperature)
+        return ids, lp
+
     def topk_to_host(self, logits, buffers: TopKBuffers, n_rows: int, k: int,
                      temperature: float) -> tuple[np.ndarray, np.ndarray]:
         """The top-k of logits' first n_rows rows, copied back: (ids int32 (n_rows, k'), lp float64 (n_rows, k'))
         with k' = min(k, vocab); one read-back of k' * 12 bytes per row."""
         k = min(k, logits.shape[1])
-        ids, lp, packed = buffers.views(n_rows, k)
-        self.topk_logprobs(logits[:n_rows], ids, lp, k, temperature)
-        host = self.dev.download(packed)                    # one copy, one synchronisation
+        self.topk_on_device(logits, buffers, n_rows, k, temperature)
+        host = self.dev.download(buffers.views(n_rows, k)[2])    # one copy, one synchronisation
         n = n_rows * k
         return (host[8 * n:].view(np.int32).reshape(n_rows, k).copy(),
                 host[:8 * n].view(np.float64).reshape(n_rows, k).copy())
