@@ -98,7 +98,9 @@ def test_dflash_device_features_draft_as_the_host_path(backend, synthetic_model,
     for device in (False, True):
         drafter.device_features = device
         proposals.clear()
-        dec = SpecDecoder(run, drafter, SpecConfig(mode, budget))
+        # the host's tree build in both runs: the proposals come back to be compared (the device-built tree's own
+        # test: test_dflash_gpu.py)
+        dec = SpecDecoder(run, drafter, SpecConfig(mode, budget, device_tree=False))
         got = [s.token for s in dec.generate(prompt, SamplingParams(), 48)]
         assert got == want, f"{forward} {mode}: device_features={device} differs from plain greedy"
         runs[device] = list(proposals), dec.stats.histogram
