@@ -6,7 +6,9 @@ cache slots:
 1. the drafter proposes per-depth candidates; tree.py builds a chain or a DDTree of n = 1 + m
    nodes (node 0 = r), at most `budget` drafted nodes, never deeper than the tokens still wanted
    (max_new_tokens - emitted - 1: a step emits accepted + 1 tokens) and never past max_ctx
-   (n_past + n <= max_ctx);
+   (n_past + n <= max_ctx); a greedy step whose drafter leaves its candidates on the device and whose runner
+   builds trees there (DFlash on CUDA: `_device_step`, SpecConfig.device_tree) gets the same tree without a
+   read-back before the verify;
 2. one target forward over the n nodes: positions n_past + depth, cache slots n_past + i, the
    ancestor mask (committed context + ancestors + self); a drafter that wants target features gets
    them through the hidden sink, or (device_features) in the runner's buffers: the forward runs with
@@ -229,7 +231,7 @@ class SpecDecoder:
         take this tree (the caller then builds it on the host); the drafter has not run then."""
         runner, drafter, cfg = self.runner, self.drafter, self.config
         ddtree = cfg.mode == "ddtree"
-        k = cfg.top_k if ddtree else 1
+        k = min(cfg.top_k, runner.cfg.vocab_size) if ddtree else 1      # the top-K kernel's k' = min(k, vocab)
         n_depth = min(max_depth, drafter.max_depth)
         # build_tree's budget, but no more nodes than the candidates can make (no padding rows where it is
         # known up front); the chain: one node a depth
