@@ -48,7 +48,8 @@ def fake(shape, dtype):
 @pytest.mark.parametrize("change,match", [
     (dict(n_depth=17, rows=17), "n_depth 17"), (dict(k=17), "k 17"), (dict(budget=16), "budget 16 < n_tree 16"),
     (dict(n_tree=257, budget=5), "n_tree 257"), (dict(n_past=-1), "n_past -1"), (dict(rows=2), "for 3 depths"),
-    (dict(lp_dtype=np.float32), "logprobs float64"), (dict(walk_words=10), "walk"), (dict(inputs_words=10), "tree_inputs"),
+    (dict(lp_dtype=np.float32), "logprobs float64"), (dict(walk_words=10), "walk"),
+    (dict(inputs_words=10), "tree_inputs"),
 ])
 def test_ddtree_build_refuses_bad_arguments_before_the_call(change, match):
     from flashd.daemon.backends.cuda.tree_build import TreeBuildOps
