@@ -18,7 +18,8 @@
 // (C0 + C1) + (C2 + C3), so that at n == 1, where the fragment's four column pairs hold the same x row, each lane of
 // a group runs one chain (a quarter of the float work; bench/NOTES.md session 24); Q8_0 / Q5_0: one chain in block
 // order.
-// int32 -> float by the 1.5 * 2^23 trick (exact for |v| < 2^22: |isum| <= 32 * 15 * 127 or 16 * 32 * 127).
+// int32 -> float: __int2float_rn, exact for |v| < 2^24 (|isum| <= 32 * 15 * 127 or 16 * 32 * 127); on sm_90 one
+// I2FP.F32.S32 where the 1.5 * 2^23 trick took an IADD3 and an FADD (the same bits: both exact in this range).
 #pragma once
 
 #include "quant_stage.cuh"
@@ -46,7 +47,7 @@ __host__ __device__ constexpr int rows_unit_bytes(int f) {
 }
 
 // ---- exact arithmetic -----------------------------------------------------------------------------------------
-__device__ __forceinline__ float rows_i2f(int v) { return __fsub_rn(__uint_as_float((uint32_t)(v + 0x4B400000)), 12582912.0f); }
+__device__ __forceinline__ float rows_i2f(int v) { return __int2float_rn(v); }
 // a 32-bit word from a 2-byte-aligned shared-memory address (Q6_K rows, Q8_0 blocks)
 __device__ __forceinline__ uint32_t rows_ld32u(const uint8_t* p) {
     const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
