@@ -47,6 +47,7 @@ QUICK_N_XS = (1, 8)
 AWKWARD = ("awkward", 2080, [(T.Q8_0, 333), (T.Q5_0, 37), (T.Q4_0, 37)], 3)   # (name, cols, mats, n_x)
 XQ_DEN = 127 * 2 * 254
 ROWS_XQ_DEN = 127 * 2
+ROWS_XG = 128
 
 
 def group_rows(gemv_rows: int, mats, cols: int) -> int:
@@ -72,12 +73,18 @@ def normed64(x, norm_w):
 
 
 def int8_x_bound(xn, W, rows=False):
-    """tests/gpu/test_gemv.py: the int8-activation path's extra error (0 when cols % 32 != 0); rows: gemv_rows.cuh."""
+    """tests/gpu/test_gemv.py's: the int8-activation path's extra error (0 when cols % 32 != 0); rows: gemv_rows.cuh,
+    one x scale a 128-column group."""
     cols = xn.shape[-1]
     if cols % 32:
         return 0.0
-    bmax = np.abs(xn).reshape(*xn.shape[:-1], cols // 32, 32).max(-1)
-    return 1.02 * (np.repeat(bmax, 32, axis=-1) @ np.abs(W).T) / (ROWS_XQ_DEN if rows else XQ_DEN)
+    blk = ROWS_XG if rows else 32
+    pad = -cols % blk
+    a = np.abs(xn)
+    if pad:
+        a = np.concatenate([a, np.zeros((*a.shape[:-1], pad))], -1)
+    bmax = a.reshape(*a.shape[:-1], (cols + pad) // blk, blk).max(-1)
+    return 1.02 * (np.repeat(bmax, blk, axis=-1)[..., :cols] @ np.abs(W).T) / (ROWS_XQ_DEN if rows else XQ_DEN)
 
 
 def reference_and_bound(x, norm_w, Ws, biases, rows=False):

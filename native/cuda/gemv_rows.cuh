@@ -3,12 +3,15 @@
 // every matrix of the call has one of these formats). The design is bench/lab/gemv_mma_rows_lab.cu's (bench/NOTES.md
 // session 12); gemv_rows_item.cuh holds the per-item arithmetic, gemv_rows_plan.cuh the host side.
 //
-// y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 32 columns to int8 codes q and a float
-// scale xd (x' = xd * q) by a pre-pass (gemv_rows_quantize_x: one launch per call, shared by the matrices of a
+// y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 128 columns (a group, ROWS_XG) to int8 codes
+// q and a float scale xd (x' = xd * q) by a pre-pass (gemv_rows_quantize_x: one launch per call, shared by the matrices of a
 // multi / SwiGLU call) or, for n <= the tuning's gemv_rows_fuse_nx, by every GEMV CTA for itself into shared memory
 // (rows_quantize_cta: no second launch; the same definition, so the same codes), xn = x or rmsnorm(x) * norm_w (the
-// norm is folded into the quantization: normalize, then quantize). One code per 32 columns: the precision of
-// llama.cpp's q8_1 activations, coarser than gemv.cuh's hi + lo codes (the tests state the bound).
+// norm is folded into the quantization: normalize, then quantize). One scale per 128 columns is coarser than
+// llama.cpp's q8_1 activations (32) and finer than its Q8_K (256): it lets a group's K-quant sub-block sums add in
+// int32 (gemv_rows_item.cuh), a quarter of the float work of a scale per 32 columns; the tests state the bound, and
+// bench/results/2026-11-28-cpu-session31-x-quant-block.md the logit error it costs (per 32 / 128 columns: median
+// 5.0e-3 / 8.3e-3 of a logit spread on the 1.5B).
 //
 // Row invariance by construction: every output (weight row r, x row i) is one fixed float expression of W's row r
 // and x row i alone. A row is cut into C chunks of KS super-blocks (256 columns; a row's last chunk may be
@@ -39,11 +42,13 @@ constexpr int ROWS_MAX_SLOTS = 4;
 constexpr int ROWS_PREPASS_THREADS = 256;   // also the RMSNorm sum's fixed partition
 constexpr int ROWS_FX_MAX_NX = 8;           // x rows a CTA may quantize itself (one N-tile; rows_xrow's clamp)
 constexpr int ROWS_FX_SC = rows_sc_stride<true>();   // x rows a scale row holds in the CTA's copy
+constexpr int ROWS_GROUP_WARPS = ROWS_PREPASS_THREADS / 32;   // a pre-pass CTA's groups (a warp each)
 
+__host__ __device__ constexpr int rows_groups(int cols) { return (cols + ROWS_XG - 1) / ROWS_XG; }
 // Shared memory of a CTA's own x copy (kernels with FX): n x cols codes (cols % 32 == 0, so 16-byte multiples),
-// cols / 32 x ROWS_FX_SC scales, 32 floats for the norm's sums.
+// rows_groups(cols) x ROWS_FX_SC float scales, 32 floats for the norm's sums.
 __host__ __device__ inline int rows_fx_bytes(int n, int cols) {
-    return n * cols + (cols / 32) * ROWS_FX_SC * 8 + 32 * 4;
+    return n * cols + rows_groups(cols) * ROWS_FX_SC * 4 + 32 * 4;
 }
 
 // ---- x -> codes: one definition for the pre-pass and the CTAs' own copies (the same bits whatever n or route) --
@@ -61,20 +66,24 @@ __device__ __forceinline__ float rows_norm_scale(float ss, int cols, float eps) 
     return rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)cols), eps));
 }
 
-// Warp-wide, lane = column c of one 32-column block, v = x[c], w = norm_w[c] (loaded by the caller, batched with
-// x): xn = v (* scale * w if norm), the code q = rint(xn * 127 / max|xn|) (returned) and {xd = max|xn| / 127,
-// xd * sum q} (Q4_K's min term).
-__device__ __forceinline__ int rows_quant_block(float v, bool norm, float w, float scale, float2& sc) {
-    if (norm) v = __fmul_rn(__fmul_rn(v, scale), w);
-    const float m = warp_max(fabsf(v));
-    const float inv = m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f;
-    const int qv = max(-127, min(127, __float2int_rn(__fmul_rn(v, inv))));
-    int s = qv;
+// Warp-wide, one 128-column group of one x row: lane holds v[u] = x[c_u], w[u] = norm_w[c_u] for the group's
+// columns c_u = 128 grp + 32 u + lane, u < nu (a row's last group may have 1..3 blocks of 32; loaded by the caller,
+// batched): xn = v (* scale * w if norm), the codes q[u] = rint(xn * 127 / max|xn|) (0 for u >= nu) and the scale
+// xd = max|xn| / 127 (returned).
+__device__ __forceinline__ float rows_quant_group(float (&v)[4], const float (&w)[4], int nu, bool norm, float scale,
+                                                  int (&q)[4]) {
+    float m = 0.0f;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float xd = __fdiv_rn(m, 127.0f);
-    sc = make_float2(xd, __fmul_rn(xd, (float)s));
-    return qv;
+    for (int u = 0; u < 4; ++u) {
+        if (u >= nu) break;
+        if (norm) v[u] = __fmul_rn(__fmul_rn(v[u], scale), w[u]);
+        m = fmaxf(m, fabsf(v[u]));
+    }
+    m = warp_max(m);
+    const float inv = m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) q[u] = u < nu ? max(-127, min(127, __float2int_rn(__fmul_rn(v[u], inv)))) : 0;
+    return __fdiv_rn(m, 127.0f);
 }
 
 struct RowsMat {
@@ -106,18 +115,18 @@ struct RowsArgs {
     const float* xin;         // (n, cols) f32, the call's x
     const float* norm_w;      // (cols,) or NULL: x is RMS-normalized first
     float eps;
-    int fx_off;               // bytes: codes (n, cols), then scales (cols / 32, 8) float2, then 32 floats
+    int fx_off;               // bytes: codes (n, cols), then scales (rows_groups(cols), 8) floats, then 32 floats
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
 };
 
 // ---- the x pre-pass --------------------------------------------------------------------------------------------
-// grid (ceil(cols / 256), n), ROWS_PREPASS_THREADS threads: warp w of CTA bx quantizes the 32-column block
-// 8 bx + w of x row blockIdx.y (lane = column): xn = x (* rsqrt(mean(x^2) + eps) * norm_w), codes
-// q = rint(xn * 127 / max|xn|), xd = max|xn| / 127, and xd * sum q (Q4_K's min term). With a norm every CTA sums
-// the whole row's squares in the same fixed partition (a few KB from L2).
+// grid (ceil(cols / 1024), n), ROWS_PREPASS_THREADS threads: warp w of CTA bx quantizes the 128-column group
+// 8 bx + w of x row blockIdx.y (rows_quant_group): xn = x (* rsqrt(mean(x^2) + eps) * norm_w), codes
+// q = rint(xn * 127 / max|xn|), xd = max|xn| / 127. With a norm every CTA sums the whole row's squares in the same
+// fixed partition (a few KB from L2).
 __global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
     gemv_rows_quantize_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps, int cols,
-                         int8_t* __restrict__ xq, float2* __restrict__ xsc) {
+                         int8_t* __restrict__ xq, float* __restrict__ xsc) {
     __shared__ float red[32];
     pdl_wait();                  // x (and norm_w's producer) are the previous kernel's
     pdl_launch_dependents();     // the GEMV may start streaming its weights now
@@ -125,13 +134,22 @@ __global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
     const float* xr = x + (size_t)i * cols;
     float scale = 1.0f;
     if (norm_w) scale = rows_norm_scale(block_sum(rows_norm_part(xr, cols, threadIdx.x), red), cols, eps);
-    const int blk = blockIdx.x * (ROWS_PREPASS_THREADS / 32) + warp;
-    if (blk >= cols / 32) return;
-    const int c = 32 * blk + lane;
-    float2 sc;
-    xq[(size_t)i * cols + c] = (int8_t)rows_quant_block(xr[c], norm_w != nullptr, norm_w ? norm_w[c] : 1.0f, scale,
-                                                         sc);
-    if (lane == 0) xsc[(size_t)blk * ROWS_NX + i] = sc;
+    const int grp = blockIdx.x * ROWS_GROUP_WARPS + warp;
+    if (grp >= rows_groups(cols)) return;
+    const int nu = min(4, cols / 32 - 4 * grp);
+    float v[4], w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int c = ROWS_XG * grp + 32 * u + lane;
+        v[u] = u < nu ? xr[c] : 0.0f;
+        w[u] = u < nu && norm_w ? norm_w[c] : 1.0f;
+    }
+    int q[4];
+    const float xd = rows_quant_group(v, w, nu, norm_w != nullptr, scale, q);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+        if (u < nu) xq[(size_t)i * cols + ROWS_XG * grp + 32 * u + lane] = (int8_t)q[u];
+    if (lane == 0) xsc[(size_t)grp * ROWS_NX + i] = xd;
 }
 
 // A barrier over the CTA's computing warps: all threads (n_threads 0: __syncthreads) or the first n_threads, named
@@ -142,15 +160,15 @@ __device__ __forceinline__ void rows_bar(int n_threads) {
 }
 
 // The same codes and scales, made by one GEMV CTA (warps 0 .. W - 1, after pdl_wait; bar_threads: rows_bar's) for
-// its own use: x rows 0 .. n - 1 (n <= ROWS_FX_MAX_NX) into shared memory (rows_fx_bytes; scales at (block, row),
-// ROWS_FX_SC a block). Every CTA reads the whole x (n x cols floats, from L2) but no pre-pass launch, scratch or
+// its own use: x rows 0 .. n - 1 (n <= ROWS_FX_MAX_NX) into shared memory (rows_fx_bytes; scales at (group, row),
+// ROWS_FX_SC a group). Every CTA reads the whole x (n x cols floats, from L2) but no pre-pass launch, scratch or
 // its round trip is needed; the bits are the pre-pass's: the norm replays block_sum's partition over these warps.
 __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx, int W, int bar_threads) {
     int8_t* xq = reinterpret_cast<int8_t*>(fx);
-    float2* xsc = reinterpret_cast<float2*>(fx + a.n * a.cols);
-    float* red = reinterpret_cast<float*>(fx + a.n * a.cols + (a.cols / 32) * ROWS_FX_SC * 8);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nblk = a.cols / 32;
-    constexpr int U = 4;   // blocks a warp loads before it quantizes them (loads in flight, not one L2 trip each)
+    float* xsc = reinterpret_cast<float*>(fx + a.n * a.cols);
+    float* red = xsc + rows_groups(a.cols) * ROWS_FX_SC;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ngrp = rows_groups(a.cols);
+    constexpr int U = 2;   // groups a warp loads before it quantizes them (8 loads in flight, not one L2 trip each)
     for (int i = 0; i < a.n; ++i) {
         const float* xr = a.xin + (size_t)i * a.cols;
         float scale = 1.0f;
@@ -164,21 +182,30 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
             scale = rows_norm_scale(ss, a.cols, a.eps);
             rows_bar(bar_threads);   // every thread has read red before the next row writes it
         }
-        for (int b0 = warp; b0 < nblk; b0 += U * W) {
-            float v[U], w[U];   // x and norm_w loaded together: one L2 round trip for the batch, not one a block
+        for (int g0 = warp; g0 < ngrp; g0 += U * W) {
+            float v[U][4], w[U][4];   // x and norm_w loaded together: one L2 round trip for the batch
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const bool in = b0 + u * W < nblk;
-                v[u] = in ? xr[32 * (b0 + u * W) + lane] : 0.0f;
-                w[u] = in && a.norm_w ? __ldg(a.norm_w + 32 * (b0 + u * W) + lane) : 1.0f;
+            for (int uu = 0; uu < U; ++uu) {
+                const int grp = g0 + uu * W, nu = min(4, a.cols / 32 - 4 * grp);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const bool in = grp < ngrp && u < nu;
+                    const int c = ROWS_XG * grp + 32 * u + lane;
+                    v[uu][u] = in ? xr[c] : 0.0f;
+                    w[uu][u] = in && a.norm_w ? __ldg(a.norm_w + c) : 1.0f;
+                }
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int blk = b0 + u * W;   // warp-uniform: the shuffles inside see the whole warp
-                if (blk >= nblk) break;
-                float2 sc;
-                xq[i * a.cols + 32 * blk + lane] = (int8_t)rows_quant_block(v[u], a.norm_w != nullptr, w[u], scale, sc);
-                if (lane == 0) xsc[blk * ROWS_FX_SC + i] = sc;
+            for (int uu = 0; uu < U; ++uu) {
+                const int grp = g0 + uu * W;   // warp-uniform: the shuffles inside see the whole warp
+                if (grp >= ngrp) break;
+                const int nu = min(4, a.cols / 32 - 4 * grp);
+                int q[4];
+                const float xd = rows_quant_group(v[uu], w[uu], nu, a.norm_w != nullptr, scale, q);
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (u < nu) xq[i * a.cols + ROWS_XG * grp + 32 * u + lane] = (int8_t)q[u];
+                if (lane == 0) xsc[grp * ROWS_FX_SC + i] = xd;
             }
         }
     }
@@ -259,8 +286,8 @@ __device__ __forceinline__ void rows_item_at(const RowsX& x, const RowsMat& m, i
                                              const uint8_t* r1, int g, int t, float (&acc)[NT][4]) {
     if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
     else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
-    else if (m.fmt == ROWS_Q80) rows_item_q80<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
-    else rows_item_q50<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else if (m.fmt == ROWS_Q80) rows_item_blk32<NT, ODD, SX, ROWS_Q80>(x, r0, r1, u0, nu, g, t, acc);
+    else rows_item_blk32<NT, ODD, SX, ROWS_Q50>(x, r0, r1, u0, nu, g, t, acc);
 }
 
 template <int NT, bool ODD, bool SX>
@@ -300,7 +327,7 @@ __device__ __forceinline__ void rows_put_partial(float* part, int jl, int lane, 
 }
 // The CTA's own x copy (rows_quantize_cta's output at fx) as the items read it.
 __device__ __forceinline__ RowsX rows_fx_x(const RowsArgs& a, const uint8_t* fx) {
-    return RowsX{reinterpret_cast<const int8_t*>(fx), reinterpret_cast<const float2*>(fx + a.n * a.cols), a.cols,
+    return RowsX{reinterpret_cast<const int8_t*>(fx), reinterpret_cast<const float*>(fx + a.n * a.cols), a.cols,
                  a.n - 1};
 }
 

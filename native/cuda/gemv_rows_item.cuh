@@ -1,6 +1,6 @@
 // gemv_rows_item.cuh -- what one warp of gemv_rows.cuh computes for one item: the integer dot products of 16 weight
 // rows x one chunk of columns x up to 32 x rows on int8 tensor cores, and the float chains of each (row, x row)
-// over the chunk's sub-blocks. Q4_K: mma.m16n8k32 u8 x s8 per 32-column sub-block; Q6_K: m16n8k16 s8 x s8 per 16
+// over the chunk's x groups. Q4_K: mma.m16n8k32 u8 x s8 per 32-column sub-block; Q6_K: m16n8k16 s8 x s8 per 16
 // columns (Q6_K has a scale per 16 values); Q8_0 and Q5_0: m16n8k32 s8 x s8 per 32-column block (Q5_0's 5-bit
 // codes q - 16 in [-16, 15] are int8 values as they are). Ported from
 // bench/lab/gemv_mma_rows_lab.cu (its --host-check emulated these fragment builders against the PTX tables and the
@@ -10,16 +10,14 @@
 // Fragments (PTX m16n8k32 / m16n8k16, 8-bit): thread (g = lane / 4, t = lane % 4) holds A rows g and g + 8, B
 // column (x row) g of the N-tile, C rows g, g + 8 x columns 2t, 2t + 1. acc[nt][e]: e = 0 (row g, x row nt*8 + 2t),
 // 1 (g, 2t + 1), 2 (g + 8, 2t), 3 (g + 8, 2t + 1). One decoded A fragment serves every N-tile (weights are A, x
-// rows are B), so extra x rows cost one mma and one float chain step each, no weight decoding.
+// rows are B), so extra x rows cost one mma (two for Q4_K), integer multiply-adds and a float step a group each,
+// no weight decoding.
 //
 // Numerics (why a row's bits depend on nothing but its own x row and the chunk): the mma's integer sums are exact
-// and column i depends only on x row i; the float work per (row, x row) is explicitly rounded operations (__fmul_rn,
-// fmaf, __fadd_rn) in a fixed order -- Q4_K and Q6_K: four chains over the sub-blocks (every fourth), added as
-// (C0 + C1) + (C2 + C3), so that at n == 1, where the fragment's four column pairs hold the same x row, each lane of
-// a group runs one chain (a quarter of the float work; bench/NOTES.md session 24); Q8_0 / Q5_0: one chain in block
-// order.
-// int32 -> float: __int2float_rn, exact for |v| < 2^24 (|isum| <= 32 * 15 * 127 or 16 * 32 * 127); on sm_90 one
-// I2FP.F32.S32 where the 1.5 * 2^23 trick took an IADD3 and an FADD (the same bits: both exact in this range).
+// and column i depends only on x row i; x has one scale a 128-column group (ROWS_XG), so each (row, x row)'s sums
+// over a group's sub-blocks stay integers, and the float work is one fixed expression a group, explicitly rounded
+// (__fmul_rn, fmaf), applied in group order (the items below).
+// int32 -> float: __int2float_rn, exact for |v| < 2^24; on sm_90 one I2FP.F32.S32.
 #pragma once
 
 #include "quant_stage.cuh"
@@ -31,6 +29,7 @@ namespace {
 
 constexpr int ROWS_NX = 32;       // x rows a launch takes (4 N-tiles of 8); the x scratch holds that many
 constexpr int ROWS_QK = 256;      // columns of a "super-block": the chunk unit (Q8_0: 8 blocks of 32)
+constexpr int ROWS_XG = 128;      // columns of one x scale (a group: 4 Q4_K / Q8_0 / Q5_0 blocks, 8 Q6_K sub-blocks)
 
 // The formats this path runs, as gemv_rows.cuh numbers them (FD_Q_* -> ROWS_*).
 enum { ROWS_Q4K = 0, ROWS_Q6K = 1, ROWS_Q80 = 2, ROWS_Q50 = 3 };
@@ -59,6 +58,12 @@ __device__ __forceinline__ void rows_mma_k32_u8s8(const uint32_t (&a)[4], uint32
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+// the same, accumulating into d (Q4_K's mins: m_j times the sub-block's x codes, summed over a group)
+__device__ __forceinline__ void rows_mma_k32_u8s8_acc(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ void rows_mma_k32_s8s8(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
@@ -98,21 +103,16 @@ __device__ __forceinline__ uint4 rows_scales_mins(const uint4& h) {
     return make_uint4(h.y & 0x3F3F3F3Fu, (h.w & 0x0F0F0F0Fu) | (((h.y >> 6) & 0x03030303u) << 4),
                       h.z & 0x3F3F3F3Fu, ((h.w >> 4) & 0x0F0F0F0Fu) | (((h.z >> 6) & 0x03030303u) << 4));
 }
-// byte i (compile-time) of w as a float, exactly: 0x4B0000bb (one byte permute) is 2^23 + bb
-__device__ __forceinline__ float rows_byte2f(uint32_t w, int i) {
-    return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | (uint32_t)i)), 8388608.0f);
-}
-
-// The activations of a launch: x' = xd * q per 32 columns, either the pre-pass's scratch in global memory
+// The activations of a launch: x' = xd * q per 128-column group (ROWS_XG), either the pre-pass's scratch in global memory
 // (gemv_rows_quantize_x; SX = false) or the CTA's own copy in shared memory (rows_quantize_cta; SX = true), the
 // same bits either way.
 struct RowsX {
     const int8_t* q;      // (rows, cols) codes; rows >= n hold stale values whose outputs are never written
-    const float2* sc;     // (cols / 32, sc_stride): {xd, xd * sum of the block's codes}
+    const float* sc;      // (ceil(cols / 128), sc_stride): xd of each group and x row
     int cols;
     int last;             // shared memory: the last row a B fragment may read (n - 1, n <= 8); scratch: unused
 };
-// x rows a scale row holds: ROWS_NX in the scratch, 8 in a CTA's copy (float4 reads of rows 2t, 2t + 1 of N-tile 0)
+// x rows a scale row holds: ROWS_NX in the scratch, 8 in a CTA's copy (float2 reads of rows 2t, 2t + 1 of N-tile 0)
 template <bool SX>
 constexpr int rows_sc_stride() { return SX ? 8 : ROWS_NX; }
 
@@ -131,314 +131,153 @@ __device__ __forceinline__ const int8_t* rows_xrow(const RowsX& x, int g) {
 }
 
 // ---- items: r0 / r1 = the staged bytes of rows g and g + 8 at the chunk's first byte ---------------------------
-// Q4_K: super-blocks sb0 .. sb0 + nk - 1 of the row, 8 sub-blocks j of 32 columns each. A (row, x row)'s partial is
-// four chains added as (C0 + C1) + (C2 + C3); chain c runs over the sub-blocks j = c and j = c + 4 of each
-// super-block in order, each step acc = fmaf(d*sc_j, xd*isum, acc); acc = fmaf(-(dmin*m_j), xd * sum(x codes), acc).
-// Why four chains: at n == 1 the fragment's four column pairs (t = 0..3) all hold x row 0, so lane t runs chain t
-// alone -- a quarter of the float work of one chain a lane -- and two shuffles add the chains; with more x rows
-// each lane runs the four chains of its own columns (rows_q4k_chains: together up to 16 x rows, one after another
-// beyond), the same operations on the same values in the same order, so a row's bits never depend on n. The partial
-// is written to acc.
-// The four chains' sum, added in the fixed order as chain c's accumulators arrive (c = 0, 1, 2, 3): tot = C0,
-// tot = C0 + C1, keep = C2, tot = (C0 + C1) + (C2 + C3).
-template <int NT>
-__device__ __forceinline__ void rows_chain_add(int c, const float (&cc)[NT][4], float (&tot)[NT][4],
-                                               float (&keep)[NT][4]) {
+// x has one scale a 128-column group (ROWS_XG), so within a group a (row, x row)'s dot is exact integer arithmetic:
+// Q4_K: S = sum_j sc_j * isum_j and M = sum_j m_j * (sum of x codes of sub-block j) over the group's four sub-blocks
+// (M by a second mma whose A holds m_j in every k-slot of sub-block j; the same B), Q6_K: S = sum sc * isum over
+// its eight 16-column sub-blocks; then one float step a group, in group order:
+//   Q4_K  acc = fmaf(xd, fmaf(d, f(S), -(dmin * f(M))), acc)      Q6_K  acc = fmaf(xd, d * f(S), acc)
+// with f = __int2float_rn (exact below 2^24: |S| <= 4 * 63 * 60,960 for Q4_K, |M| <= 4 * 63 * 4,064; Q6_K's bound
+// 8 * 128 * 65,024 can exceed it, where f rounds to nearest -- a fixed function of S all the same). Q8_0 / Q5_0 keep
+// a float scale a 32-column block: ag = fmaf(d_b, f(isum_b), ag) over the group's blocks in order, then acc =
+// fmaf(xd, ag, acc). Every expression is per (row, x row) and fixed, and integer sums do not depend on their order,
+// so a row's bits depend on its x row and the chunk only. ODD (n > 1): every fragment element; !ODD (n == 1): every
+// B column is x row 0 (rows_xrow), so only elements 0 and 2 (rows g, g + 8 of x row 0) are computed -- the same
+// operations on the same values as ODD's element (g, x row 0) in lane t == 0 (the only lane whose outputs are
+// written: lanes t > 0 compute with other rows' scales and are discarded by the fold). The partial is written to
+// acc (the Q8_0 / Q5_0 items add into it, the caller zeroed it).
+template <bool ODD>
+__host__ __device__ constexpr bool rows_elem(int e) { return ODD || !(e & 1); }
+
+// the x scales of x rows 2t, 2t + 1 of N-tile nt in group grp (lanes t > 0 of a !ODD item read rows they discard)
+template <bool SX>
+__device__ __forceinline__ float2 rows_xscale(const RowsX& x, int grp, int nt, int t) {
+    return rows_ldx<SX, float2>(x.sc + (size_t)grp * rows_sc_stride<SX>() + nt * 8 + 2 * t);
+}
+
+// Q4_K: super-blocks sb0 .. sb0 + nk - 1 of the row, each two groups of four 32-column sub-blocks.
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                              int g, int t, float (&acc)[NT][4]) {
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t + sb0 * ROWS_QK;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            if (c == 0) tot[nt][e] = cc[nt][e];
-            else if (c == 1) tot[nt][e] = __fadd_rn(tot[nt][e], cc[nt][e]);
-            else if (c == 2) keep[nt][e] = cc[nt][e];
-            else tot[nt][e] = __fadd_rn(tot[nt][e], __fadd_rn(keep[nt][e], cc[nt][e]));
-        }
-}
-
-// Chains a pass over the chunk: all four where their accumulators fit (NT <= 2: the steps in sub-block order, each
-// into its chain's), else one (a pass a chain, so three chains' accumulators are alive at most). Each chain's steps
-// run in the same order either way.
-template <int NT>
-constexpr int rows_chains_a_pass() { return NT <= 2 ? 4 : 1; }
-
-template <int NT, bool SX>
-__device__ __forceinline__ void rows_q4k_chains(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                                int g, int t, float (&acc)[NT][4]) {
-    constexpr int SCS = rows_sc_stride<SX>(), CPP = rows_chains_a_pass<NT>();
-    const int8_t* xb = rows_xrow<true, SX>(x, g) + 8 * t + sb0 * ROWS_QK;
-    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;   // x rows 2t, 2t + 1 of N-tile 0
-    float tot[NT][4], keep[NT][4];
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll 1
+    for (int k = 0; k < nk; ++k) {
+        const int8_t* xk = xb + k * ROWS_QK;      // column (sb0 + k) * 256 + 8t of the B column's x row
+        const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
+        const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
+        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
+        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
+        const uint4 sm0 = rows_scales_mins(h0), sm1 = rows_scales_mins(h1);
 #pragma unroll
-    for (int pass = 0; pass < 4 / CPP; ++pass) {
-        float cc[CPP][NT][4];
-#pragma unroll
-        for (int ci = 0; ci < CPP; ++ci)
+        for (int half = 0; half < 2; ++half) {   // group 2 (sb0 + k) + half: sub-blocks 4 half .. 4 half + 3
+            const uint32_t sw0 = half ? sm0.y : sm0.x, sw1 = half ? sm1.y : sm1.x;
+            const uint32_t mw0 = half ? sm0.w : sm0.z, mw1 = half ? sm1.w : sm1.z;
+            int S[NT][4], M[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) cc[ci][nt][e] = 0.0f;
-#pragma unroll 1
-        for (int k = 0; k < nk; ++k) {
-            const int8_t* xk = xb + k * ROWS_QK;      // column (sb0 + k) * 256 + 8t of x row g
-            const float2* sk = sb + k * 8 * SCS;      // scales of the super-block's first 32 columns
-            const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
-            const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
-            const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
-            const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
-            const uint4 sm0 = rows_scales_mins(h0), sm1 = rows_scales_mins(h1);
+                for (int e = 0; e < 4; ++e) S[nt][e] = M[nt][e] = 0;
 #pragma unroll
-            for (int jj = 0; jj < 2 * CPP; ++jj) {
-                const int j = CPP == 4 ? jj : pass + 4 * jj;   // compile-time: sub-block, its chain j & 3
-                const int c = j & 3, ci = CPP == 4 ? c : 0, p = j >> 1, hh = j & 1, half = j >> 2;
+            for (int jj = 0; jj < 4; ++jj) {
+                const int j = 4 * half + jj, p = j >> 1, hh = j & 1;
                 const uint2 qa = *reinterpret_cast<const uint2*>(r0 + k * 144 + 16 + 32 * p + 8 * t);
                 const uint2 qb = *reinterpret_cast<const uint2*>(r1 + k * 144 + 16 + 32 * p + 8 * t);
                 uint32_t A[4];
                 rows_q4k_a(qa, qb, hh, A);
-                const uint32_t s0 = half ? sm0.y : sm0.x, s1 = half ? sm1.y : sm1.x;
-                const uint32_t m0 = half ? sm0.w : sm0.z, m1 = half ? sm1.w : sm1.z;
-                const float wa[2] = {__fmul_rn(dm0.x, rows_byte2f(s0, c)), __fmul_rn(dm1.x, rows_byte2f(s1, c))};
-                const float wb[2] = {-__fmul_rn(dm0.y, rows_byte2f(m0, c)), -__fmul_rn(dm1.y, rows_byte2f(m1, c))};
+                const int sc[2] = {(int)((sw0 >> (8 * jj)) & 0xFFu), (int)((sw1 >> (8 * jj)) & 0xFFu)};
+                const uint32_t m0 = __byte_perm(mw0, 0, 0x1111u * jj), m1 = __byte_perm(mw1, 0, 0x1111u * jj);
+                const uint32_t Am[4] = {m0, m1, m0, m1};   // m_j in every k-slot of rows g / g + 8
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     const uint2 B = rows_ldx<SX, uint2>(xk + nt * 8 * x.cols + 32 * j);
-                    const float4 xs = rows_ldx<SX, float4>(sk + j * SCS + nt * 8);
                     int cs[4];
                     rows_mma_k32_u8s8(A, B.x, B.y, cs);
+                    rows_mma_k32_u8s8_acc(Am, B.x, B.y, M[nt]);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e >> 1;
-                        const float xd = (e & 1) ? xs.z : xs.x, xsum = (e & 1) ? xs.w : xs.y;
-                        cc[ci][nt][e] = fmaf(wa[r], __fmul_rn(xd, rows_i2f(cs[e])), cc[ci][nt][e]);
-                        cc[ci][nt][e] = fmaf(wb[r], xsum, cc[ci][nt][e]);
-                    }
+                    for (int e = 0; e < 4; ++e)
+                        if (rows_elem<ODD>(e)) S[nt][e] += sc[e >> 1] * cs[e];
+                }
+            }
+            const int grp = 2 * (sb0 + k) + half;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float2 xs = rows_xscale<SX>(x, grp, nt, t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (!rows_elem<ODD>(e)) continue;
+                    const float2 dm = (e >> 1) ? dm1 : dm0;
+                    const float v = fmaf(dm.x, rows_i2f(S[nt][e]), -__fmul_rn(dm.y, rows_i2f(M[nt][e])));
+                    acc[nt][e] = fmaf((e & 1) ? xs.y : xs.x, v, acc[nt][e]);
                 }
             }
         }
-#pragma unroll
-        for (int ci = 0; ci < CPP; ++ci) rows_chain_add<NT>(CPP == 4 ? ci : pass, cc[ci], tot, keep);
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = tot[nt][e];
-}
-
-// n == 1: every B column is x row 0, so every lane's mma results are x row 0's; lane t keeps those of its sub-blocks
-// j = t and t + 4 (selects), runs chain t on them, and the lanes add their chains: (C0 + C1) + (C2 + C3) in lanes 0
-// and 1 as in 2 and 3 (the additions commute bit for bit). acc[0][0] / [0][2]: rows g / g + 8.
-template <bool SX>
-__device__ __forceinline__ void rows_q4k_one(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                             int g, int t, float (&acc)[1][4]) {
-    constexpr int SCS = rows_sc_stride<SX>();
-    const int8_t* xb = rows_xrow<false, SX>(x, g) + 8 * t + sb0 * ROWS_QK;
-    const float2* sb = x.sc + sb0 * 8 * SCS;           // x row 0's scales
-    float a0 = 0.0f, a1 = 0.0f;                         // chain t of rows g and g + 8
-#pragma unroll 1
-    for (int k = 0; k < nk; ++k) {
-        const int8_t* xk = xb + k * ROWS_QK;
-        const float2* sk = sb + k * 8 * SCS;
-        const float2 xlo = rows_ldx<SX, float2>(sk + t * SCS), xhi = rows_ldx<SX, float2>(sk + (t + 4) * SCS);
-        const uint4 h0 = *reinterpret_cast<const uint4*>(r0 + k * 144);
-        const uint4 h1 = *reinterpret_cast<const uint4*>(r1 + k * 144);
-        int lo0 = 0, lo1 = 0, hi0 = 0, hi1 = 0;   // isum of sub-blocks t / t + 4, rows g / g + 8
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const uint2 qa = *reinterpret_cast<const uint2*>(r0 + k * 144 + 16 + 32 * p + 8 * t);
-            const uint2 qb = *reinterpret_cast<const uint2*>(r1 + k * 144 + 16 + 32 * p + 8 * t);
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int j = 2 * p + hh;
-                uint32_t A[4];
-                rows_q4k_a(qa, qb, hh, A);
-                const uint2 B = rows_ldx<SX, uint2>(xk + 32 * j);
-                int cs[4];
-                rows_mma_k32_u8s8(A, B.x, B.y, cs);
-                if (j == t) { lo0 = cs[0]; lo1 = cs[2]; }
-                if (j == t + 4) { hi0 = cs[0]; hi1 = cs[2]; }
-            }
-        }
-        const float2 dm0 = __half22float2(*reinterpret_cast<const __half2*>(&h0.x));
-        const float2 dm1 = __half22float2(*reinterpret_cast<const __half2*>(&h1.x));
-        const uint4 sm0 = rows_scales_mins(h0), sm1 = rows_scales_mins(h1);
-        a0 = fmaf(__fmul_rn(dm0.x, rows_byte2f(sm0.x, t)), __fmul_rn(xlo.x, rows_i2f(lo0)), a0);
-        a0 = fmaf(-__fmul_rn(dm0.y, rows_byte2f(sm0.z, t)), xlo.y, a0);
-        a1 = fmaf(__fmul_rn(dm1.x, rows_byte2f(sm1.x, t)), __fmul_rn(xlo.x, rows_i2f(lo1)), a1);
-        a1 = fmaf(-__fmul_rn(dm1.y, rows_byte2f(sm1.z, t)), xlo.y, a1);
-        a0 = fmaf(__fmul_rn(dm0.x, rows_byte2f(sm0.y, t)), __fmul_rn(xhi.x, rows_i2f(hi0)), a0);
-        a0 = fmaf(-__fmul_rn(dm0.y, rows_byte2f(sm0.w, t)), xhi.y, a0);
-        a1 = fmaf(__fmul_rn(dm1.x, rows_byte2f(sm1.y, t)), __fmul_rn(xhi.x, rows_i2f(hi1)), a1);
-        a1 = fmaf(-__fmul_rn(dm1.y, rows_byte2f(sm1.w, t)), xhi.y, a1);
-    }
-    a0 = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 1));
-    a1 = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 1));
-    acc[0][0] = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 2));
-    acc[0][2] = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 2));
-}
-
-template <int NT, bool ODD, bool SX>
-__device__ __forceinline__ void rows_item_q4k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                              int g, int t, float (&acc)[NT][4]) {
-    if constexpr (ODD) rows_q4k_chains<NT, SX>(x, r0, r1, sb0, nk, g, t, acc);
-    else rows_q4k_one<SX>(x, r0, r1, sb0, nk, g, t, acc);
 }
 
 // Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d = 210 B, only 2-byte aligned): 16 sub-blocks of 16
-// columns (h, u, s: columns 128h + 32s + 16u), each step acc = fmaf(d*sc, xd*isum, acc). As Q4_K's, four chains
-// added as (C0 + C1) + (C2 + C3): chain c runs over the sub-blocks with s = c, in the order super-block, h, u -- at
-// n == 1 lane t runs chain t alone (rows_q6k_one), with more x rows each lane all four (rows_q6k_chains).
-template <int NT, bool SX>
-__device__ __forceinline__ void rows_q6k_chains(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                                int g, int t, float (&acc)[NT][4]) {
-    constexpr int SCS = rows_sc_stride<SX>(), CPP = rows_chains_a_pass<NT>();
-    const int8_t* xb = rows_xrow<true, SX>(x, g) + 4 * t + sb0 * ROWS_QK;
-    const float2* sb = x.sc + sb0 * 8 * SCS + 2 * t;
-    float tot[NT][4], keep[NT][4];
-#pragma unroll
-    for (int pass = 0; pass < 4 / CPP; ++pass) {
-        float cc[CPP][NT][4];
-#pragma unroll
-        for (int ci = 0; ci < CPP; ++ci)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) cc[ci][nt][e] = 0.0f;
-#pragma unroll 1
-        for (int k = 0; k < nk; ++k) {
-            const int8_t* xk = xb + k * ROWS_QK;   // as rows_item_q4k: one base a super-block
-            const float2* sk = sb + k * 8 * SCS;
-            const uint8_t* b0 = r0 + k * 210;
-            const uint8_t* b1 = r1 + k * 210;
-            const float d0 = __half2float(*reinterpret_cast<const __half*>(b0 + 208));
-            const float d1 = __half2float(*reinterpret_cast<const __half*>(b1 + 208));
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const uint32_t l00 = rows_ld32u(b0 + 64 * h + 16 * u + 4 * t), l01 = rows_ld32u(b0 + 64 * h + 32 + 16 * u + 4 * t);
-                    const uint32_t l10 = rows_ld32u(b1 + 64 * h + 16 * u + 4 * t), l11 = rows_ld32u(b1 + 64 * h + 32 + 16 * u + 4 * t);
-                    const uint32_t qh0 = rows_ld32u(b0 + 128 + 32 * h + 16 * u + 4 * t);
-                    const uint32_t qh1 = rows_ld32u(b1 + 128 + 32 * h + 16 * u + 4 * t);
-#pragma unroll
-                    for (int ci = 0; ci < CPP; ++ci) {
-                        const int c = CPP == 4 ? ci : pass;   // s: the sub-block's chain (compile-time)
-                        const uint32_t a0 = rows_q6k_a(l00, l01, qh0, c), a1 = rows_q6k_a(l10, l11, qh1, c);
-                        const int sci = 8 * h + 2 * c + u;
-                        const float w[2] = {__fmul_rn(d0, rows_i2f((int)(int8_t)b0[192 + sci])),
-                                            __fmul_rn(d1, rows_i2f((int)(int8_t)b1[192 + sci]))};
-                        const int colb = 128 * h + 32 * c + 16 * u;   // within the super-block
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt) {
-                            const uint32_t B = rows_ldx<SX, uint32_t>(xk + nt * 8 * x.cols + colb);
-                            const float4 xs = rows_ldx<SX, float4>(sk + (colb >> 5) * SCS + nt * 8);
-                            int cs[4];
-                            rows_mma_k16_s8s8(a0, a1, B, cs);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                const float xd = (e & 1) ? xs.z : xs.x;
-                                cc[ci][nt][e] = fmaf(w[e >> 1], __fmul_rn(xd, rows_i2f(cs[e])), cc[ci][nt][e]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int ci = 0; ci < CPP; ++ci) rows_chain_add<NT>(CPP == 4 ? ci : pass, cc[ci], tot, keep);
-    }
+// columns (h, u, s: columns 128h + 32s + 16u), so half h of a super-block is one x group of eight sub-blocks.
+template <int NT, bool ODD, bool SX>
+__device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
+                                              int g, int t, float (&acc)[NT][4]) {
+    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 4 * t + sb0 * ROWS_QK;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = tot[nt][e];
-}
-
-template <bool SX>
-__device__ __forceinline__ void rows_q6k_one(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                             int g, int t, float (&acc)[1][4]) {
-    constexpr int SCS = rows_sc_stride<SX>();
-    const int8_t* xb = rows_xrow<false, SX>(x, g) + 4 * t + sb0 * ROWS_QK;
-    const float2* sb = x.sc + sb0 * 8 * SCS;            // x row 0's scales
-    float a0 = 0.0f, a1 = 0.0f;                          // chain t of rows g and g + 8
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 #pragma unroll 1
     for (int k = 0; k < nk; ++k) {
         const int8_t* xk = xb + k * ROWS_QK;
-        const float2* sk = sb + k * 8 * SCS;
         const uint8_t* b0 = r0 + k * 210;
         const uint8_t* b1 = r1 + k * 210;
-        const float d0 = __half2float(*reinterpret_cast<const __half*>(b0 + 208));
-        const float d1 = __half2float(*reinterpret_cast<const __half*>(b1 + 208));
+        const float d[2] = {__half2float(*reinterpret_cast<const __half*>(b0 + 208)),
+                            __half2float(*reinterpret_cast<const __half*>(b1 + 208))};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+            int S[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[nt][e] = 0;
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
                 const uint32_t l00 = rows_ld32u(b0 + 64 * h + 16 * u + 4 * t), l01 = rows_ld32u(b0 + 64 * h + 32 + 16 * u + 4 * t);
                 const uint32_t l10 = rows_ld32u(b1 + 64 * h + 16 * u + 4 * t), l11 = rows_ld32u(b1 + 64 * h + 32 + 16 * u + 4 * t);
                 const uint32_t qh0 = rows_ld32u(b0 + 128 + 32 * h + 16 * u + 4 * t);
                 const uint32_t qh1 = rows_ld32u(b1 + 128 + 32 * h + 16 * u + 4 * t);
-                int i0 = 0, i1 = 0;   // isum of sub-block (h, u, s = t), rows g / g + 8
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
-                    const uint32_t B = rows_ldx<SX, uint32_t>(xk + 128 * h + 32 * s + 16 * u);
-                    int cs[4];
-                    rows_mma_k16_s8s8(rows_q6k_a(l00, l01, qh0, s), rows_q6k_a(l10, l11, qh1, s), B, cs);
-                    if (s == t) { i0 = cs[0]; i1 = cs[2]; }
+                    const uint32_t a0 = rows_q6k_a(l00, l01, qh0, s), a1 = rows_q6k_a(l10, l11, qh1, s);
+                    const int sci = 8 * h + 2 * s + u;
+                    const int sc[2] = {(int)(int8_t)b0[192 + sci], (int)(int8_t)b1[192 + sci]};
+                    const int colb = 128 * h + 32 * s + 16 * u;   // within the super-block
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const uint32_t B = rows_ldx<SX, uint32_t>(xk + nt * 8 * x.cols + colb);
+                        int cs[4];
+                        rows_mma_k16_s8s8(a0, a1, B, cs);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (rows_elem<ODD>(e)) S[nt][e] += sc[e >> 1] * cs[e];
+                    }
                 }
-                const int sci = 8 * h + 2 * t + u;
-                const float xd = rows_ldx<SX, float2>(sk + (4 * h + t) * SCS).x;
-                a0 = fmaf(__fmul_rn(d0, rows_i2f((int)(int8_t)b0[192 + sci])), __fmul_rn(xd, rows_i2f(i0)), a0);
-                a1 = fmaf(__fmul_rn(d1, rows_i2f((int)(int8_t)b1[192 + sci])), __fmul_rn(xd, rows_i2f(i1)), a1);
             }
-        }
-    }
-    a0 = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 1));
-    a1 = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 1));
-    acc[0][0] = __fadd_rn(a0, __shfl_xor_sync(0xffffffffu, a0, 2));
-    acc[0][2] = __fadd_rn(a1, __shfl_xor_sync(0xffffffffu, a1, 2));
-}
-
-template <int NT, bool ODD, bool SX>
-__device__ __forceinline__ void rows_item_q6k(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int sb0, int nk,
-                                              int g, int t, float (&acc)[NT][4]) {
-    if constexpr (ODD) rows_q6k_chains<NT, SX>(x, r0, r1, sb0, nk, g, t, acc);
-    else rows_q6k_one<SX>(x, r0, r1, sb0, nk, g, t, acc);
-}
-
-// One 32-column block of a Q8_0 / Q5_0 item: A = the int8 codes of rows g, g + 8 (k-slots as Q4_K's: thread t's
-// words hold columns 8t..8t+3 and 8t+4..8t+7), d = their scales; acc = fmaf(d, xd * isum, acc) per x row.
-template <int NT, bool ODD, bool SX>
-__device__ __forceinline__ void rows_blk32_step(const RowsX& x, const int8_t* xb, const uint32_t (&A)[4],
-                                                const float (&d)[2], int col0, int t, float (&acc)[NT][4]) {
+            const int grp = 2 * (sb0 + k) + h;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
-        const float4 xs = rows_ldx<SX, float4>(x.sc + (size_t)(col0 >> 5) * rows_sc_stride<SX>() + nt * 8 + 2 * t);
-        int c[4];
-        rows_mma_k32_s8s8(A, B.x, B.y, c);
+            for (int nt = 0; nt < NT; ++nt) {
+                const float2 xs = rows_xscale<SX>(x, grp, nt, t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            if (!ODD && (e & 1)) continue;
-            const float xd = (e & 1) ? xs.z : xs.x;
-            acc[nt][e] = fmaf(d[e >> 1], __fmul_rn(xd, rows_i2f(c[e])), acc[nt][e]);
+                for (int e = 0; e < 4; ++e)
+                    if (rows_elem<ODD>(e))
+                        acc[nt][e] = fmaf((e & 1) ? xs.y : xs.x, __fmul_rn(d[e >> 1], rows_i2f(S[nt][e])), acc[nt][e]);
+            }
         }
     }
 }
 
 __device__ __forceinline__ float rows_f16(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
-
-// Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned): blocks blk0 .. blk0 + nb - 1 of the row.
-template <int NT, bool ODD, bool SX>
-__device__ __forceinline__ void rows_item_q80(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
-                                              int g, int t, float (&acc)[NT][4]) {
-    const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
-#pragma unroll 4
-    for (int bl = 0; bl < nb; ++bl) {
-        const uint8_t* b0 = r0 + 34 * bl;
-        const uint8_t* b1 = r1 + 34 * bl;
-        const float d[2] = {rows_f16(b0), rows_f16(b1)};
-        const uint32_t A[4] = {rows_ld32u(b0 + 2 + 8 * t), rows_ld32u(b1 + 2 + 8 * t), rows_ld32u(b0 + 6 + 8 * t),
-                               rows_ld32u(b1 + 6 + 8 * t)};
-        rows_blk32_step<NT, ODD, SX>(x, xb, A, d, (blk0 + bl) * 32, t, acc);
-    }
-}
 
 // Q5_0 (f16 d, qh = the 32 high bits, qs = 16 bytes of low nibbles: column c's nibble is qs[c % 16] >> 4 (c / 16),
 // its high bit qh >> c; 22 B, 2-byte aligned): the 4 codes q - 16 of columns c0 .. c0 + 3 (c0 = 8t or 8t + 4) as
@@ -451,19 +290,57 @@ __device__ __forceinline__ uint32_t rows_q50_a(const uint8_t* b, uint32_t qh, in
     return lo | ((h ^ 0x01010101u) * 0xF0u);
 }
 
-template <int NT, bool ODD, bool SX>
-__device__ __forceinline__ void rows_item_q50(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
-                                              int g, int t, float (&acc)[NT][4]) {
+// Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned) and Q5_0: blocks blk0 .. blk0 + nb - 1 of the row (blk0 is a
+// chunk's first block, a multiple of 8, so groups of four blocks never straddle items; a row's last group may hold
+// fewer). A = the int8 codes of rows g, g + 8 (k-slots as Q4_K's: thread t's words hold columns 8t..8t+3 and
+// 8t+4..8t+7), d = their scales.
+template <int NT, bool ODD, bool SX, int FMT>
+__device__ __forceinline__ void rows_item_blk32(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
+                                                int g, int t, float (&acc)[NT][4]) {
+    constexpr int BB = rows_blk32_bytes(FMT);
     const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
-#pragma unroll 4
-    for (int bl = 0; bl < nb; ++bl) {
-        const uint8_t* b0 = r0 + 22 * bl;
-        const uint8_t* b1 = r1 + 22 * bl;
-        const float d[2] = {rows_f16(b0), rows_f16(b1)};
-        const uint32_t h0 = rows_ld32u(b0 + 2), h1 = rows_ld32u(b1 + 2);
-        const uint32_t A[4] = {rows_q50_a(b0, h0, 8 * t), rows_q50_a(b1, h1, 8 * t), rows_q50_a(b0, h0, 8 * t + 4),
-                               rows_q50_a(b1, h1, 8 * t + 4)};
-        rows_blk32_step<NT, ODD, SX>(x, xb, A, d, (blk0 + bl) * 32, t, acc);
+#pragma unroll 1
+    for (int bg = 0; bg < nb; bg += 4) {
+        float ag[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ag[nt][e] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int bl = bg + i;
+            if (bl >= nb) break;
+            const uint8_t* b0 = r0 + BB * bl;
+            const uint8_t* b1 = r1 + BB * bl;
+            const float d[2] = {rows_f16(b0), rows_f16(b1)};
+            uint32_t A[4];
+            if constexpr (FMT == ROWS_Q80) {
+                A[0] = rows_ld32u(b0 + 2 + 8 * t); A[1] = rows_ld32u(b1 + 2 + 8 * t);
+                A[2] = rows_ld32u(b0 + 6 + 8 * t); A[3] = rows_ld32u(b1 + 6 + 8 * t);
+            } else {
+                const uint32_t h0 = rows_ld32u(b0 + 2), h1 = rows_ld32u(b1 + 2);
+                A[0] = rows_q50_a(b0, h0, 8 * t); A[1] = rows_q50_a(b1, h1, 8 * t);
+                A[2] = rows_q50_a(b0, h0, 8 * t + 4); A[3] = rows_q50_a(b1, h1, 8 * t + 4);
+            }
+            const int col0 = (blk0 + bl) * 32;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
+                int cs[4];
+                rows_mma_k32_s8s8(A, B.x, B.y, cs);
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (rows_elem<ODD>(e)) ag[nt][e] = fmaf(d[e >> 1], rows_i2f(cs[e]), ag[nt][e]);
+            }
+        }
+        const int grp = (blk0 + bg) >> 2;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float2 xs = rows_xscale<SX>(x, grp, nt, t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (rows_elem<ODD>(e)) acc[nt][e] = fmaf((e & 1) ? xs.y : xs.x, ag[nt][e], acc[nt][e]);
+        }
     }
 }
 

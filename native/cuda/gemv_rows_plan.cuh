@@ -176,19 +176,19 @@ int rows_tma_launch_n(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int ma
     }
 }
 
-// The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS int8 codes, then their (ROWS_MAX_COLS / 32) x ROWS_NX float2
-// scales, in one StreamScratch allocation (cudaMalloc's alignment; q_bytes is a multiple of 65536, so the scales
-// stay 8-byte aligned).
-struct RowsScratch { int8_t* xq = nullptr; float2* xsc = nullptr; };
+// The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS int8 codes, then their rows_groups(ROWS_MAX_COLS) x ROWS_NX
+// float scales, in one StreamScratch allocation (cudaMalloc's alignment; q_bytes is a multiple of 65536, so the
+// scales stay 8-byte aligned for the items' float2 reads).
+struct RowsScratch { int8_t* xq = nullptr; float* xsc = nullptr; };
 
 inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
     static StreamScratch scratch;
     const size_t q_bytes = (size_t)ROWS_NX * ROWS_MAX_COLS;
-    const size_t sc_bytes = (size_t)(ROWS_MAX_COLS / 32) * ROWS_NX * sizeof(float2);
+    const size_t sc_bytes = (size_t)rows_groups(ROWS_MAX_COLS) * ROWS_NX * sizeof(float);
     void* p = nullptr;
     if (int st = scratch.get(stream, q_bytes + sc_bytes, &p)) return st;
     out->xq = static_cast<int8_t*>(p);
-    out->xsc = reinterpret_cast<float2*>(static_cast<uint8_t*>(p) + q_bytes);
+    out->xsc = reinterpret_cast<float*>(static_cast<uint8_t*>(p) + q_bytes);
     return 0;
 }
 
@@ -219,7 +219,7 @@ inline int rows_prepass(cudaStream_t stream, const float* x, const float* norm_w
     RowsScratch s;
     if (int st = rows_scratch(stream, &s)) return st;
     a->x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1};
-    const dim3 pre_grid(ceil_div(cols, ROWS_PREPASS_THREADS), n_x);
+    const dim3 pre_grid(ceil_div(rows_groups(cols), ROWS_GROUP_WARPS), n_x);
     return launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w, eps, cols,
                       s.xq, s.xsc);
 }

@@ -121,8 +121,9 @@ def byte_perm(x: int, y: int, s: int) -> int:
 
 
 def test_q4k_scales_in_swar_are_ggmls():
-    """every sub-block's (scale, min) from rows_scales_mins + rows_byte2f's permute (0x4B0000bb = 2^23 + bb) equals
-    get_scale_min_k4, over random and extreme scale bytes"""
+    """every sub-block's (scale, min) as rows_item_q4k reads them from rows_scales_mins -- the scale as byte jj of
+    its word (shift and mask), the min as byte jj broadcast to all four bytes by __byte_perm(w, 0, 0x1111 jj) (the
+    A fragment of the mins' mma) -- equals get_scale_min_k4, over random and extreme scale bytes"""
     rng = np.random.default_rng(7)
     cases = [rng.integers(0, 256, 12) for _ in range(2000)] + [np.full(12, 255), np.zeros(12, np.int64)]
     for sk in cases:
@@ -130,11 +131,10 @@ def test_q4k_scales_in_swar_are_ggmls():
         sm = rows_scales_mins(words)
         sc, m = scale_min_k4(sk)
         for j in range(8):
-            ws, wm = (sm[0], sm[2]) if j < 4 else (sm[1], sm[3])
-            for word, want in ((ws, sc[j]), (wm, m[j])):
-                f = byte_perm(word, 0x4B000000, 0x7540 | (j & 3))
-                assert f == 0x4B000000 + int(want), (list(sk), j)
-                assert float(np.uint32(f).view(np.float32)) - 2.0 ** 23 == float(want)
+            half, jj = j >> 2, j & 3
+            ws, wm = (sm[1], sm[3]) if half else (sm[0], sm[2])
+            assert (ws >> (8 * jj)) & 0xFF == sc[j], (list(sk), j)
+            assert byte_perm(wm, 0, 0x1111 * jj) == int(m[j]) * 0x01010101, (list(sk), j)
 
 
 def q4k_a(qa: tuple, qb: tuple, hh: int) -> list:
@@ -229,6 +229,81 @@ def test_fragments_give_the_integer_dot_products(fmt):
         got = mma(n, A, B, a_signed=fmt != "Q4_K")
         want = codes[:, c0:c0 + n] @ x[:, c0:c0 + n].astype(np.int64).T
         np.testing.assert_array_equal(got, want, err_msg=f"{fmt} sub-block {key}")
+
+
+def header_words(row: np.ndarray, k: int) -> tuple:
+    return tuple(u32(row, 144 * k + 4 * i) for i in range(4))
+
+
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
+def test_group_sums_are_the_dequantized_dot(fmt):
+    """rows_item_q4k / rows_item_q6k's integer sums over one 128-column x group, transcribed: S = sum_j sc_j * (the
+    sub-block's mma), Q4_K's M accumulated by the mins' mma (A = m_j broadcast by __byte_perm into every k-slot, the
+    same B) -- and d * S - dmin * M (Q6_K: d * S) is the float64 dot of the rows (from the ggml layout) with the x
+    codes, exactly: the float step a group then only scales it by xd."""
+    rng = np.random.default_rng(11)
+    qtype = T.Q4_K if fmt == "Q4_K" else T.Q6_K
+    w = random_weights(rng, qtype, 16, 512).reshape(16, -1)
+    x = rng.integers(-127, 128, (8, 512)).astype(np.int8)
+    x[0] = 127                                            # the extreme codes too
+    xb = x.view(np.uint8)
+    if fmt == "Q4_K":   # the rows in float64 from the ggml layout (gguf's dequantize rounds d * sc to float32)
+        want_w = np.zeros((16, 512))
+        for r in range(16):
+            for k in range(2):
+                blk = w[r, 144 * k:144 * k + 144]
+                d, dmin = np.frombuffer(bytes(blk[:4]), np.float16).astype(np.float64)
+                sc, m = scale_min_k4(blk[4:16])
+                want_w[r, 256 * k:256 * k + 256] = d * sc[np.arange(256) // 32] * codes_q4k(blk) - dmin * m[np.arange(256) // 32]
+    else:
+        want_w = dequantize(w, qtype).reshape(16, 512).astype(np.float64)
+    for k in range(2):
+        for half in range(2):
+            c_lo = 256 * k + 128 * half
+            S, M = np.zeros((16, 8), np.int64), np.zeros((16, 8), np.int64)
+            if fmt == "Q4_K":
+                sms = [rows_scales_mins(header_words(w[r], k)) for r in range(16)]
+                for jj in range(4):
+                    j = 4 * half + jj
+                    p, hh = j >> 1, j & 1
+                    A, Am, B = [], [], []
+                    for lane in range(32):
+                        g, t = G[lane], TQ[lane]
+                        qa = (u32(w[g], 144 * k + 16 + 32 * p + 8 * t), u32(w[g], 144 * k + 20 + 32 * p + 8 * t))
+                        qb = (u32(w[g + 8], 144 * k + 16 + 32 * p + 8 * t),
+                              u32(w[g + 8], 144 * k + 20 + 32 * p + 8 * t))
+                        A.append(q4k_a(qa, qb, hh))
+                        m0 = byte_perm(sms[g][3 if half else 2], 0, 0x1111 * jj)
+                        m1 = byte_perm(sms[g + 8][3 if half else 2], 0, 0x1111 * jj)
+                        Am.append([m0, m1, m0, m1])
+                        col = 256 * k + 32 * j + 8 * t
+                        B.append((u32(xb[g], col), u32(xb[g], col + 4)))
+                    sc = np.array([(sms[r][1 if half else 0] >> (8 * jj)) & 0xFF for r in range(16)])
+                    S += sc[:, None] * mma(32, A, B, a_signed=False)
+                    M += mma(32, Am, B, a_signed=False)
+                dm = np.array([np.frombuffer(bytes(w[r, 144 * k:144 * k + 4]), np.float16) for r in range(16)])
+                got = dm[:, :1].astype(np.float64) * S - dm[:, 1:].astype(np.float64) * M
+            else:
+                h = half
+                for u in range(2):
+                    for s_ in range(4):
+                        A, B = [], []
+                        for lane in range(32):
+                            g, t = G[lane], TQ[lane]
+                            regs = []
+                            for r in (w[g], w[g + 8]):
+                                b = 210 * k
+                                regs.append(q6k_a(u32(r, b + 64 * h + 16 * u + 4 * t),
+                                                  u32(r, b + 64 * h + 32 + 16 * u + 4 * t),
+                                                  u32(r, b + 128 + 32 * h + 16 * u + 4 * t), s_))
+                            A.append(regs)
+                            B.append((u32(xb[g], 256 * k + 128 * h + 32 * s_ + 16 * u + 4 * t),))
+                        sc = np.array([int(np.int8(w[r, 210 * k + 192 + 8 * h + 2 * s_ + u])) for r in range(16)])
+                        S += sc[:, None] * mma(16, A, B, a_signed=True)
+                d = np.array([np.frombuffer(bytes(w[r, 210 * k + 208:210 * k + 210]), np.float16)[0] for r in range(16)])
+                got = d.astype(np.float64)[:, None] * S
+            want = want_w[:, c_lo:c_lo + 128] @ x[:, c_lo:c_lo + 128].astype(np.float64).T
+            np.testing.assert_array_equal(got, want, err_msg=f"{fmt} super-block {k} group {half}")
 
 
 # ---- gemv_rows_plan.cuh / gemv_rows.cuh bookkeeping, transcribed ------------------------------------------------

@@ -8,8 +8,8 @@ plus a shuffle tree, and the norm scale uses rsqrtf (a few ulp): both stay well 
 sum |W||xn|. When every matrix of a launch is quantized, the kernel stages xn as int8 hi + lo codes
 per 32-column block (gemv_stage.cuh stage_xq): each staged x' is within max|xn over its block| / (127 * 2 * 254) of
 xn, so |y - oracle| gains at most |W| @ that (int8_x_bound). Calls on gemv_rows.cuh (tuning gemv_rows on, every
-matrix Q4_K / Q6_K / Q8_0 / Q5_0: test_gemv_rows.py) quantize xn to one int8 code per column with a per-32-column scale:
-within max |xn over its block| / 254 of xn (int8_x_bound with rows=True).
+matrix Q4_K / Q6_K / Q8_0 / Q5_0: test_gemv_rows.py) quantize xn to one int8 code per column with a scale per
+128-column group: within max |xn over its group| / 254 of xn (int8_x_bound with rows=True).
 Outputs are poisoned with NaN bytes first (except where y aliases the residual).
 """
 import numpy as np
@@ -37,6 +37,7 @@ def normed64(x, norm_w):
 
 XQ_DEN = 127 * 2 * 254
 ROWS_XQ_DEN = 127 * 2          # gemv_rows.cuh: one code, rounded to nearest, step max / 127
+ROWS_XG = 128                  # gemv_rows.cuh: columns of one x scale (gemv_rows_item.cuh ROWS_XG)
 ROWS_QTYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)   # the formats gemv_rows.cuh runs (ops.GEMV_ROWS_QTYPES)
 
 
@@ -46,14 +47,20 @@ def rows_path(native, qtypes, cols) -> bool:
 
 
 def int8_x_bound(xn, W, rows=False):
-    """The int8-activation path's extra error bound: |W| @ (per column, max |xn| over its 32-column
-    block) / XQ_DEN (ROWS_XQ_DEN on gemv_rows.cuh: rows=True), 2% slack for the float32 block scale and the
-    float32 norm. 0 when cols % 32 != 0 (float path only)."""
+    """The int8-activation path's extra error bound: |W| @ (per column, max |xn| over its x block) / XQ_DEN, the
+    block 32 columns on gemv.cuh and a 128-column group (ROWS_XG; a row's last may be 32-96 wide) with ROWS_XQ_DEN
+    on gemv_rows.cuh (rows=True), 2% slack for the float32 scale and the float32 norm. 0 when cols % 32 != 0 (float
+    path only)."""
     cols = xn.shape[-1]
     if cols % 32:
         return 0.0
-    bmax = np.abs(xn).reshape(*xn.shape[:-1], cols // 32, 32).max(-1)
-    return 1.02 * (np.repeat(bmax, 32, axis=-1) @ np.abs(W).T) / (ROWS_XQ_DEN if rows else XQ_DEN)
+    blk = ROWS_XG if rows else 32
+    pad = -cols % blk
+    a = np.abs(xn)
+    if pad:
+        a = np.concatenate([a, np.zeros((*a.shape[:-1], pad))], -1)
+    bmax = a.reshape(*a.shape[:-1], (cols + pad) // blk, blk).max(-1)
+    return 1.02 * (np.repeat(bmax, blk, axis=-1)[..., :cols] @ np.abs(W).T) / (ROWS_XQ_DEN if rows else XQ_DEN)
 
 
 def assert_close(got, want, scale, extra=0.0, what="", bound=0.0):

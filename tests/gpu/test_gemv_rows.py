@@ -4,9 +4,9 @@ on and restores the tuning after).
 
 Oracle (test_gemv.py's): W = gguf.quants.dequantize in float64, xn = x (or rmsnorm(x) * norm_w) in float64,
 y = xn @ W.T (+ bias) (+ residual), or silu(xn @ Wg.T) * (xn @ Wu.T). Tolerance: |y - oracle| <= 1e-5 * |xn| @ |W|.T
-+ 1e-6 * (|bias| + |residual|) + |W| @ (per column, max |xn| over its 32-column block) / 254 * 1.02 -- the last term
-is the pre-pass's one int8 code per column (rounded to nearest: half a step of max / 127), the first the float32
-chains (<= 36 chunks of <= 8 super-blocks, added in chunk order) and the float32 norm.
++ 1e-6 * (|bias| + |residual|) + |W| @ (per column, max |xn| over its 128-column group) / 254 * 1.02 -- the last
+term is the pre-pass's one int8 code per column with one scale a group (rounded to nearest: half a step of max /
+127), the first the float32 steps (one a group, chunks added in chunk order) and the float32 norm.
 
 Row invariance, bit for bit: row i of an n_x-row call equals the one-row call on x[i] for every n_x = 1..32, for
 every entry point and epilogue, also with chunks of 2 super-blocks (a row's last chunk shorter) -- the kernel and
