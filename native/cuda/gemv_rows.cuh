@@ -38,6 +38,9 @@ namespace fd {
 namespace {
 
 constexpr int ROWS_MAX_WARPS = 16;
+// gemv_rows_kernel's warps for NT N-tiles: 12 for four tiles (168 registers a thread, no spills; 16 warps get 128,
+// where the NT 4 SwiGLU kernel spilled 124 bytes), else 16
+__host__ __device__ constexpr int rows_max_warps(int nt) { return nt >= 4 ? 12 : ROWS_MAX_WARPS; }
 constexpr int ROWS_MAX_SLOTS = 4;
 constexpr int ROWS_PREPASS_THREADS = 256;   // also the RMSNorm sum's fixed partition
 constexpr int ROWS_FX_MAX_NX = 8;           // x rows a CTA may quantize itself (one N-tile; rows_xrow's clamp)
@@ -369,7 +372,7 @@ __device__ __forceinline__ void rows_fold(const RowsArgs& a, const float* part, 
 // for x row 0). Shared memory: W x st slots, then R x C x (1 or 2) x NT x 4 x 32 floats of partials, then (FX:
 // NT <= 1, the CTA quantizes x itself) the x copy at a.fx_off.
 template <int NT, bool SWIGLU, bool FX>
-__global__ void __launch_bounds__(ROWS_MAX_WARPS * 32, 1) gemv_rows_kernel(const RowsArgs a) {
+__global__ void __launch_bounds__(rows_max_warps(NT) * 32, 1) gemv_rows_kernel(const RowsArgs a) {
     static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int NTT = NT == 0 ? 1 : NT;

@@ -294,10 +294,42 @@ __device__ __forceinline__ uint32_t rows_q50_a(const uint8_t* b, uint32_t qh, in
 // chunk's first block, a multiple of 8, so groups of four blocks never straddle items; a row's last group may hold
 // fewer). A = the int8 codes of rows g, g + 8 (k-slots as Q4_K's: thread t's words hold columns 8t..8t+3 and
 // 8t+4..8t+7), d = their scales.
+// One block bl of a Q8_0 / Q5_0 item: ag += d * isum per fragment element.
+template <int NT, bool ODD, bool SX, int FMT>
+__device__ __forceinline__ void rows_blk32_step(const RowsX& x, const int8_t* xb, const uint8_t* r0, const uint8_t* r1,
+                                                int blk0, int bl, int t, float (&ag)[NT][4]) {
+    constexpr int BB = rows_blk32_bytes(FMT);
+    const uint8_t* b0 = r0 + BB * bl;
+    const uint8_t* b1 = r1 + BB * bl;
+    const float d[2] = {rows_f16(b0), rows_f16(b1)};
+    uint32_t A[4];
+    if constexpr (FMT == ROWS_Q80) {
+        A[0] = rows_ld32u(b0 + 2 + 8 * t); A[1] = rows_ld32u(b1 + 2 + 8 * t);
+        A[2] = rows_ld32u(b0 + 6 + 8 * t); A[3] = rows_ld32u(b1 + 6 + 8 * t);
+    } else {
+        const uint32_t h0 = rows_ld32u(b0 + 2), h1 = rows_ld32u(b1 + 2);
+        A[0] = rows_q50_a(b0, h0, 8 * t); A[1] = rows_q50_a(b1, h1, 8 * t);
+        A[2] = rows_q50_a(b0, h0, 8 * t + 4); A[3] = rows_q50_a(b1, h1, 8 * t + 4);
+    }
+    const int col0 = (blk0 + bl) * 32;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
+        int cs[4];
+        rows_mma_k32_s8s8(A, B.x, B.y, cs);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (rows_elem<ODD>(e)) ag[nt][e] = fmaf(d[e >> 1], rows_i2f(cs[e]), ag[nt][e]);
+    }
+}
+
+// Q8_0 (f16 d, 32 int8 codes = 34 B, 2-byte aligned) and Q5_0: blocks blk0 .. blk0 + nb - 1 of the row (blk0 is a
+// chunk's first block, a multiple of 8, so groups of four blocks never straddle items; a row's last group may hold
+// fewer). A = the int8 codes of rows g, g + 8 (k-slots as Q4_K's: thread t's words hold columns 8t..8t+3 and
+// 8t+4..8t+7), d = their scales. Whole groups run unrolled without a bound check (their loads issue together).
 template <int NT, bool ODD, bool SX, int FMT>
 __device__ __forceinline__ void rows_item_blk32(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
                                                 int g, int t, float (&acc)[NT][4]) {
-    constexpr int BB = rows_blk32_bytes(FMT);
     const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
 #pragma unroll 1
     for (int bg = 0; bg < nb; bg += 4) {
@@ -306,32 +338,12 @@ __device__ __forceinline__ void rows_item_blk32(const RowsX& x, const uint8_t* r
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) ag[nt][e] = 0.0f;
+        if (nb - bg >= 4) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int bl = bg + i;
-            if (bl >= nb) break;
-            const uint8_t* b0 = r0 + BB * bl;
-            const uint8_t* b1 = r1 + BB * bl;
-            const float d[2] = {rows_f16(b0), rows_f16(b1)};
-            uint32_t A[4];
-            if constexpr (FMT == ROWS_Q80) {
-                A[0] = rows_ld32u(b0 + 2 + 8 * t); A[1] = rows_ld32u(b1 + 2 + 8 * t);
-                A[2] = rows_ld32u(b0 + 6 + 8 * t); A[3] = rows_ld32u(b1 + 6 + 8 * t);
-            } else {
-                const uint32_t h0 = rows_ld32u(b0 + 2), h1 = rows_ld32u(b1 + 2);
-                A[0] = rows_q50_a(b0, h0, 8 * t); A[1] = rows_q50_a(b1, h1, 8 * t);
-                A[2] = rows_q50_a(b0, h0, 8 * t + 4); A[3] = rows_q50_a(b1, h1, 8 * t + 4);
-            }
-            const int col0 = (blk0 + bl) * 32;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
-                int cs[4];
-                rows_mma_k32_s8s8(A, B.x, B.y, cs);
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (rows_elem<ODD>(e)) ag[nt][e] = fmaf(d[e >> 1], rows_i2f(cs[e]), ag[nt][e]);
-            }
+            for (int i = 0; i < 4; ++i) rows_blk32_step<NT, ODD, SX, FMT>(x, xb, r0, r1, blk0, bg + i, t, ag);
+        } else {
+#pragma unroll 1
+            for (int bl = bg; bl < nb; ++bl) rows_blk32_step<NT, ODD, SX, FMT>(x, xb, r0, r1, blk0, bl, t, ag);
         }
         const int grp = (blk0 + bg) >> 2;
 #pragma unroll

@@ -73,7 +73,7 @@ inline int rows_shape(const RowsArgs& a, bool swiglu, int n, int fx_bytes, const
     const int ctas = min(a.tiles, dev.n_sms * cps);
     const int per_cta = ceil_div(a.tiles, ctas);
     const int items = per_cta * a.C;
-    int warps = min(max((items + 3) & ~3, 4), ROWS_MAX_WARPS / cps);
+    int warps = min(max((items + 3) & ~3, 4), min(rows_max_warps(NTT), ROWS_MAX_WARPS / cps));
     int st = min(max(ceil_div(items, warps), 2), ROWS_MAX_SLOTS);
     if (items > 4 * warps) {   // persistent: enough bytes in flight, not the whole share
         const int item_bytes = a.slot_bytes;   // 16 rows x the padded stride (x 2 for SwiGLU): ~ the bytes copied

@@ -36,9 +36,12 @@ constexpr int ROWS_TMA_MAX_PIECES = 256;   // tiles a CTA (one "full" mbarrier e
 // file is allotted by groups of 4 warps: 65536 / 640), which the kernels of more than 8 x rows (NT 2 and 4) spill
 // past -- ptxas, sm_90: SwiGLU NT 4 1,076 bytes of spill stores, NT 2 472; q/k/v / o / down NT 4 164. 15 + 1 warps
 // get 128 registers. One-row and <= 8-row launches (no or 16 bytes of spills) keep 16.
+// With x in 128-column groups the four-tile kernels (25-32 x rows) hold integer sums for 32 x rows per matrix and
+// still spilled at 128 (SwiGLU NT 4: 308 bytes): 11 + 1 warps get 168.
 constexpr int ROWS_TMA_MANY_ROWS_WARPS = 15;
+constexpr int ROWS_TMA_FOUR_TILE_WARPS = 11;
 __host__ __device__ constexpr int rows_tma_max_warps(int nt) {
-    return nt >= 2 ? ROWS_TMA_MANY_ROWS_WARPS : ROWS_MAX_WARPS;
+    return nt >= 4 ? ROWS_TMA_FOUR_TILE_WARPS : nt >= 2 ? ROWS_TMA_MANY_ROWS_WARPS : ROWS_MAX_WARPS;
 }
 
 struct RowsTmaArgs {
