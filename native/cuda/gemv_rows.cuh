@@ -283,17 +283,22 @@ __device__ __forceinline__ void rows_stage_mat(const RowsArgs& a, const RowsMat&
     }
 }
 
-// One item's arithmetic from the staged bytes of rows g (r0) and g + 8 (r1) at the chunk's first byte.
-template <int NT, bool ODD, bool SX>
+// One item's arithmetic from the staged bytes of rows g (r0) and g + 8 (r1) at the chunk's first byte. F: the
+// launch's one format (ROWS_Q4K ..), so only its code is compiled into the kernel (no other format's registers or
+// instructions beside it), or ROWS_FANY where the launch's matrices differ (q / k / v with a Q6_K v).
+template <int NT, bool ODD, bool SX, int F>
 __device__ __forceinline__ void rows_item_at(const RowsX& x, const RowsMat& m, int u0, int nu, const uint8_t* r0,
                                              const uint8_t* r1, int g, int t, float (&acc)[NT][4]) {
-    if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    if constexpr (F == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else if constexpr (F == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
+    else if constexpr (F == ROWS_Q80 || F == ROWS_Q50) rows_item_blk32<NT, ODD, SX, F>(x, r0, r1, u0, nu, g, t, acc);
+    else if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
     else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
     else if (m.fmt == ROWS_Q80) rows_item_blk32<NT, ODD, SX, ROWS_Q80>(x, r0, r1, u0, nu, g, t, acc);
     else rows_item_blk32<NT, ODD, SX, ROWS_Q50>(x, r0, r1, u0, nu, g, t, acc);
 }
 
-template <int NT, bool ODD, bool SX>
+template <int NT, bool ODD, bool SX, int F>
 __device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsX& x, const RowsMat& m, int tile_local,
                                           int chunk, const uint8_t* slot, int g, int t, float (&acc)[NT][4]) {
     long long off;
@@ -303,7 +308,7 @@ __device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsX& x, con
     const long long rb = m.row_bytes;
     const int h0 = (int)(reinterpret_cast<uintptr_t>(m.w + (long long)(tile_local * 16 + g) * rb + off) & 15);
     const int h1 = (int)(reinterpret_cast<uintptr_t>(m.w + (long long)(tile_local * 16 + g + 8) * rb + off) & 15);
-    rows_item_at<NT, ODD, SX>(x, m, u0, nu, slot + g * m.stride + h0, slot + (g + 8) * m.stride + h1, g, t, acc);
+    rows_item_at<NT, ODD, SX, F>(x, m, u0, nu, slot + g * m.stride + h0, slot + (g + 8) * m.stride + h1, g, t, acc);
 }
 
 // An item's accumulators, zeroed (the Q8_0 item adds into them; the chained Q4_K / Q6_K items write them).
@@ -371,7 +376,7 @@ __device__ __forceinline__ void rows_fold(const RowsArgs& a, const float* part, 
 // NT N-tiles of 8 x rows (NT = 0: n == 1, one N-tile whose odd fragment columns are skipped -- the same operations
 // for x row 0). Shared memory: W x st slots, then R x C x (1 or 2) x NT x 4 x 32 floats of partials, then (FX:
 // NT <= 1, the CTA quantizes x itself) the x copy at a.fx_off.
-template <int NT, bool SWIGLU, bool FX>
+template <int NT, bool SWIGLU, bool FX, int F>
 __global__ void __launch_bounds__(rows_max_warps(NT) * 32, 1) gemv_rows_kernel(const RowsArgs a) {
     static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
     extern __shared__ __align__(16) uint8_t smem[];
@@ -420,8 +425,8 @@ __global__ void __launch_bounds__(rows_max_warps(NT) * 32, 1) gemv_rows_kernel(c
             const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
             float acc[NR][NTT][4];
             rows_zero(acc);
-            rows_item<NTT, ODD, FX>(a, x, m, tile - m.tile_first, chunk, slot, g, t, acc[0]);
-            if (SWIGLU) rows_item<NTT, ODD, FX>(a, x, a.mat[1], tile, chunk, slot + a.up_off, g, t, acc[NR - 1]);
+            rows_item<NTT, ODD, FX, F>(a, x, m, tile - m.tile_first, chunk, slot, g, t, acc[0]);
+            if (SWIGLU) rows_item<NTT, ODD, FX, F>(a, x, a.mat[1], tile, chunk, slot + a.up_off, g, t, acc[NR - 1]);
             __syncwarp();      // every lane has read the slot before it is refilled
             const int jn = warp + (q + a.st) * W;
             if (jn < total) stage(jn, q % a.st);

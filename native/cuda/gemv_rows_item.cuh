@@ -32,7 +32,7 @@ constexpr int ROWS_QK = 256;      // columns of a "super-block": the chunk unit 
 constexpr int ROWS_XG = 128;      // columns of one x scale (a group: 4 Q4_K / Q8_0 / Q5_0 blocks, 8 Q6_K sub-blocks)
 
 // The formats this path runs, as gemv_rows.cuh numbers them (FD_Q_* -> ROWS_*).
-enum { ROWS_Q4K = 0, ROWS_Q6K = 1, ROWS_Q80 = 2, ROWS_Q50 = 3 };
+enum { ROWS_Q4K = 0, ROWS_Q6K = 1, ROWS_Q80 = 2, ROWS_Q50 = 3, ROWS_FANY = -1 };
 inline int rows_fmt(int qtype) {
     return qtype == FD_Q_Q4_K ? ROWS_Q4K : qtype == FD_Q_Q6_K ? ROWS_Q6K : qtype == FD_Q_Q8_0 ? ROWS_Q80
          : qtype == FD_Q_Q5_0 ? ROWS_Q50 : -1;

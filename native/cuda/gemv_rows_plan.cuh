@@ -156,23 +156,42 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     return false;
 }
 
-template <int NT, bool SWIGLU, bool FX>
+template <int NT, bool SWIGLU, bool FX, int F>
 int rows_tma_launch(const RowsTmaArgs& t, const RowsShape& sh, int max_smem, cudaStream_t stream) {
-    if (int st = raise_smem_once<gemv_rows_tma_kernel<NT, SWIGLU, FX>>(max_smem)) return st;
-    return launch_pdl(gemv_rows_tma_kernel<NT, SWIGLU, FX>, dim3(sh.ctas), dim3((sh.warps + 1) * 32), sh.smem, stream, t);
+    if (int st = raise_smem_once<gemv_rows_tma_kernel<NT, SWIGLU, FX, F>>(max_smem)) return st;
+    return launch_pdl(gemv_rows_tma_kernel<NT, SWIGLU, FX, F>, dim3(sh.ctas), dim3((sh.warps + 1) * 32), sh.smem, stream,
+                      t);
+}
+
+template <bool SWIGLU, int F>
+int rows_tma_launch_nf(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
+    const int n = t.a.n;
+    if (fx) return n == 1 ? rows_tma_launch<0, SWIGLU, true, F>(t, sh, max_smem, stream)
+                          : rows_tma_launch<1, SWIGLU, true, F>(t, sh, max_smem, stream);
+    if (n == 1) return rows_tma_launch<0, SWIGLU, false, F>(t, sh, max_smem, stream);
+    switch (rows_ntiles(n)) {
+        case 1: return rows_tma_launch<1, SWIGLU, false, F>(t, sh, max_smem, stream);
+        case 2: return rows_tma_launch<2, SWIGLU, false, F>(t, sh, max_smem, stream);
+        case 3: return rows_tma_launch<3, SWIGLU, false, F>(t, sh, max_smem, stream);
+        default: return rows_tma_launch<4, SWIGLU, false, F>(t, sh, max_smem, stream);
+    }
+}
+
+// The launch's one format (every matrix's), or ROWS_FANY: the kernels' F.
+inline int rows_launch_fmt(const RowsArgs& a) {
+    for (int k = 1; k < a.n_mats; ++k)
+        if (a.mat[k].fmt != a.mat[0].fmt) return ROWS_FANY;
+    return a.mat[0].fmt;
 }
 
 template <bool SWIGLU>
 int rows_tma_launch_n(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
-    const int n = t.a.n;
-    if (fx) return n == 1 ? rows_tma_launch<0, SWIGLU, true>(t, sh, max_smem, stream)
-                          : rows_tma_launch<1, SWIGLU, true>(t, sh, max_smem, stream);
-    if (n == 1) return rows_tma_launch<0, SWIGLU, false>(t, sh, max_smem, stream);
-    switch (rows_ntiles(n)) {
-        case 1: return rows_tma_launch<1, SWIGLU, false>(t, sh, max_smem, stream);
-        case 2: return rows_tma_launch<2, SWIGLU, false>(t, sh, max_smem, stream);
-        case 3: return rows_tma_launch<3, SWIGLU, false>(t, sh, max_smem, stream);
-        default: return rows_tma_launch<4, SWIGLU, false>(t, sh, max_smem, stream);
+    switch (rows_launch_fmt(t.a)) {
+        case ROWS_Q4K: return rows_tma_launch_nf<SWIGLU, ROWS_Q4K>(t, sh, fx, max_smem, stream);
+        case ROWS_Q6K: return rows_tma_launch_nf<SWIGLU, ROWS_Q6K>(t, sh, fx, max_smem, stream);
+        case ROWS_Q80: return rows_tma_launch_nf<SWIGLU, ROWS_Q80>(t, sh, fx, max_smem, stream);
+        case ROWS_Q50: return rows_tma_launch_nf<SWIGLU, ROWS_Q50>(t, sh, fx, max_smem, stream);
+        default: return rows_tma_launch_nf<SWIGLU, ROWS_FANY>(t, sh, fx, max_smem, stream);
     }
 }
 
@@ -192,23 +211,34 @@ inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
     return 0;
 }
 
-template <int NT, bool SWIGLU, bool FX>
+template <int NT, bool SWIGLU, bool FX, int F>
 int rows_launch(const RowsArgs& a, const RowsShape& sh, int max_smem, cudaStream_t stream) {
-    if (int st = raise_smem_once<gemv_rows_kernel<NT, SWIGLU, FX>>(max_smem)) return st;
-    return launch_pdl(gemv_rows_kernel<NT, SWIGLU, FX>, dim3(sh.ctas), dim3(sh.warps * 32), sh.smem, stream, a);
+    if (int st = raise_smem_once<gemv_rows_kernel<NT, SWIGLU, FX, F>>(max_smem)) return st;
+    return launch_pdl(gemv_rows_kernel<NT, SWIGLU, FX, F>, dim3(sh.ctas), dim3(sh.warps * 32), sh.smem, stream, a);
 }
 
 // fx: the CTAs quantize x themselves (n <= ROWS_FX_MAX_NX, so NT <= 1)
+template <bool SWIGLU, int F>
+int rows_launch_nf(const RowsArgs& a, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
+    if (fx) return a.n == 1 ? rows_launch<0, SWIGLU, true, F>(a, sh, max_smem, stream)
+                            : rows_launch<1, SWIGLU, true, F>(a, sh, max_smem, stream);
+    if (a.n == 1) return rows_launch<0, SWIGLU, false, F>(a, sh, max_smem, stream);
+    switch (rows_ntiles(a.n)) {
+        case 1: return rows_launch<1, SWIGLU, false, F>(a, sh, max_smem, stream);
+        case 2: return rows_launch<2, SWIGLU, false, F>(a, sh, max_smem, stream);
+        case 3: return rows_launch<3, SWIGLU, false, F>(a, sh, max_smem, stream);
+        default: return rows_launch<4, SWIGLU, false, F>(a, sh, max_smem, stream);
+    }
+}
+
 template <bool SWIGLU>
 int rows_launch_n(const RowsArgs& a, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
-    if (fx) return a.n == 1 ? rows_launch<0, SWIGLU, true>(a, sh, max_smem, stream)
-                            : rows_launch<1, SWIGLU, true>(a, sh, max_smem, stream);
-    if (a.n == 1) return rows_launch<0, SWIGLU, false>(a, sh, max_smem, stream);
-    switch (rows_ntiles(a.n)) {
-        case 1: return rows_launch<1, SWIGLU, false>(a, sh, max_smem, stream);
-        case 2: return rows_launch<2, SWIGLU, false>(a, sh, max_smem, stream);
-        case 3: return rows_launch<3, SWIGLU, false>(a, sh, max_smem, stream);
-        default: return rows_launch<4, SWIGLU, false>(a, sh, max_smem, stream);
+    switch (rows_launch_fmt(a)) {
+        case ROWS_Q4K: return rows_launch_nf<SWIGLU, ROWS_Q4K>(a, sh, fx, max_smem, stream);
+        case ROWS_Q6K: return rows_launch_nf<SWIGLU, ROWS_Q6K>(a, sh, fx, max_smem, stream);
+        case ROWS_Q80: return rows_launch_nf<SWIGLU, ROWS_Q80>(a, sh, fx, max_smem, stream);
+        case ROWS_Q50: return rows_launch_nf<SWIGLU, ROWS_Q50>(a, sh, fx, max_smem, stream);
+        default: return rows_launch_nf<SWIGLU, ROWS_FANY>(a, sh, fx, max_smem, stream);
     }
 }
 

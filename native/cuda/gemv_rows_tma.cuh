@@ -124,9 +124,9 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsign
 #endif
 }
 
-// NT, SWIGLU, FX as gemv_rows_kernel's. Shared memory: S stages, R x C item partials, the mbarriers (a full one a
+// NT, SWIGLU, FX, F as gemv_rows_kernel's. Shared memory: S stages, R x C item partials, the mbarriers (a full one a
 // piece, an empty one a stage), then (FX) the CTA's x copy at a.fx_off.
-template <int NT, bool SWIGLU, bool FX>
+template <int NT, bool SWIGLU, bool FX, int F>
 __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
     static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
     extern __shared__ __align__(16) uint8_t smem[];
@@ -198,14 +198,14 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
             float acc[NR][NTT][4];
             rows_zero(acc);
             const uint8_t* r0 = st + g * m.row_bytes + off;
-            rows_item_at<NTT, ODD, FX>(x, m, u0, nu, r0, r0 + 8 * m.row_bytes, g, t, acc[0]);
+            rows_item_at<NTT, ODD, FX, F>(x, m, u0, nu, r0, r0 + 8 * m.row_bytes, g, t, acc[0]);
             if (SWIGLU) {
                 const RowsMat& mu = a.mat[1];
                 long long offu;
                 int bu, u0u, nuu;
                 rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
                 const uint8_t* ru = st + ta.mat_off + g * mu.row_bytes + offu;
-                rows_item_at<NTT, ODD, FX>(x, mu, u0u, nuu, ru, ru + 8 * mu.row_bytes, g, t, acc[NR - 1]);
+                rows_item_at<NTT, ODD, FX, F>(x, mu, u0u, nuu, ru, ru + 8 * mu.row_bytes, g, t, acc[NR - 1]);
             }
             __syncwarp();      // every lane has read the stage
             if (lane == 0) mbar_arrive(&empty[s], 1);
