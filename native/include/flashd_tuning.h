@@ -24,10 +24,10 @@ typedef struct {
     int gemv_mma_rows;      /* 2 .. 8: GEMV passes of at least that many x rows (int8 activations) run on int8 tensor
                                cores where the GPU has them (sm_80 and later), bit for bit the one-row kernel's rows;
                                0: never (every table entry: not yet faster) */
-    int gemv_rows;          /* 1 .. 8: GEMVs whose matrices are all Q4_K, Q6_K or Q8_0 run one int8 tensor-core kernel
+    int gemv_rows;          /* 1 .. 8: GEMVs whose matrices are all Q4_K, Q6_K, Q8_0 or Q5_0 run one int8 tensor-core kernel
                                for every n_x (1 .. 32; sm_80 and later, FD_E_ARG elsewhere), a row cut into chunks of
                                that many x 256 columns (the chunk size changes the bits; n_x never does), x quantized
-                               to int8 per 32 columns; 0: gemv.cuh's kernels (n_x <= 8) */
+                               to int8 with a scale per 128 columns; 0: gemv.cuh's kernels (n_x <= 8) */
     int gemv_rows_fuse_nx;  /* 0 .. 8: gemv_rows calls of at most that many x rows quantize x inside the GEMV kernel
                                (each CTA its own copy: no pre-pass launch) where the launch has more than 2 tiles
                                of 16 rows an SM; more rows, fewer tiles, or 0: a pre-pass launch. The same codes
