@@ -16,8 +16,8 @@ namespace fd {
 namespace {
 
 constexpr int ROWS_MAX_COLS = 65536;   // the x scratch's width (wider calls keep gemv.cuh's kernel)
-constexpr int ROWS_MAX_CHUNKS = 36;
-constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;   // CTAs quantize x themselves only above this many tiles an SM    // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
+constexpr int ROWS_MAX_CHUNKS = 36;   // chunks a row at most: one tile's partials (32 x rows) must fit shared memory
+constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;   // cp.async kernel: CTAs quantize x themselves only above this many tiles an SM
 
 // Whether a call runs here: the tuning has it on (gemv_rows > 0, an NVIDIA GPU of sm_80 or later: int8 mma.sync and
 // cp.async), every matrix is Q4_K, Q6_K, Q8_0 or Q5_0 and cols fits the scratch. Never depends on n_x (row invariance
@@ -293,10 +293,11 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     a.up_off = 16 * stride_max;
     a.slot_bytes = a.up_off * (swiglu ? 2 : 1);
     RowsShape sh;
-    // the bulk-copy kernel where it applies (sm_90), with the CTAs' own x copy under the same rule as below
-    // (bulk copies: the same rule; quantizing x in the CTAs of the narrow launches too -- q/k/v, o -- lost: one-row
-    // forward 1.27 -> 1.35 ms on the 1.5B clone, bench/NOTES.md session 24)
-    const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms;
+    // the bulk-copy kernel where it applies (sm_90), with the CTAs' own x copy wherever n_x <= fuse_nx, the narrow
+    // launches (q/k/v, o, down) included: with one x scale a 128-column group that beats the pre-pass launch (H200,
+    // bench/NOTES.md session 32: one-row forward 1.139 -> 1.127 ms on the 1.5B clone, 0.813 -> 0.772 on the 0.5B;
+    // tg128 +1.2% / +4.7%), where with a scale per 32 columns it had lost (1.27 -> 1.35 ms, session 24)
+    const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX);
     RowsTmaArgs ta;
     if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, tma_look, dev, &ta, &sh)) {
         if (fx_wanted) {
@@ -313,11 +314,12 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         return swiglu ? rows_tma_launch_n<true>(ta, sh, fx_wanted, dev.max_smem, stream)
                       : rows_tma_launch_n<false>(ta, sh, fx_wanted, dev.max_smem, stream);
     }
-    // the CTAs' own x copy where asked for, the launch has more than ROWS_FX_MIN_TILES_PER_SM tiles an SM and it
-    // leaves room for a shape (else the pre-pass: the same bits either way). Every CTA normalizes and quantizes all
-    // of x, which pays only where each CTA has many tiles to amortize it over: H100, n = 1 (bench/NOTES.md session
-    // 13), own copy vs pre-pass: lm_head 72.9 vs 83.2 us, ffn_gate 10.1 vs 10.2, but ffn_down (96 tiles, 8960
-    // columns) 17.5 vs 12.6, attn_q/o 6.2 vs 4.7, attn_k/v 5.6 vs 4.3.
+    // cp.async kernel (GPUs before sm_90, or no bulk-copy plan): the CTAs' own x copy where asked for, the launch
+    // has more than ROWS_FX_MIN_TILES_PER_SM tiles an SM and it leaves room for a shape (else the pre-pass: the same
+    // bits either way). Every CTA normalizes and quantizes all of x, which paid there only where each CTA has many
+    // tiles to amortize it over: H100, n = 1 (bench/NOTES.md session 13, x per 32 columns), own copy vs pre-pass:
+    // lm_head 72.9 vs 83.2 us, ffn_gate 10.1 vs 10.2, but ffn_down (96 tiles, 8960 columns) 17.5 vs 12.6, attn_q/o
+    // 6.2 vs 4.7, attn_k/v 5.6 vs 4.3 (not re-measured with 128-column groups).
     const bool fx = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms &&
                     rows_shape(a, swiglu, n_x, rows_fx_bytes(n_x, cols), dev, &sh) == 0 && sh.st >= 2;
     if (fx) {

@@ -29,9 +29,10 @@ typedef struct {
                                that many x 256 columns (the chunk size changes the bits; n_x never does), x quantized
                                to int8 with a scale per 128 columns; 0: gemv.cuh's kernels (n_x <= 8) */
     int gemv_rows_fuse_nx;  /* 0 .. 8: gemv_rows calls of at most that many x rows quantize x inside the GEMV kernel
-                               (each CTA its own copy: no pre-pass launch) where the launch has more than 2 tiles
-                               of 16 rows an SM; more rows, fewer tiles, or 0: a pre-pass launch. The same codes
-                               either way, so it never changes a result */
+                               (each CTA its own copy: no pre-pass launch) -- on sm_90's bulk-copy kernel every
+                               such launch, on the cp.async kernel where it has more than 2 tiles of 16 rows an SM;
+                               more rows, or 0: a pre-pass launch. The same codes either way, so it never changes a
+                               result */
     int weights_evict_first; /* 1: the decode GEMVs (gemv.cuh, gemv_rows.cuh) stream their weights with an L2
                                evict-first hint (sm_80 and later), so the ~1 GB a step reads does not push the
                                activations, the KV cache and the kernels' code out of L2; 0: default caching */
