@@ -198,7 +198,9 @@ class SpecDecoder:
                     tree = self._tree(root, proposal, min(cfg.budget, room), max_depth)
                     t1 = time.perf_counter()
                     if tree.n_nodes == 1 and plain_step:
-                        burst = 1 if policy is None else policy.plain_steps(
+                        # a burst only where the policy chose plain steps; where it wanted a draft and the drafter
+                        # had none (no n-gram match), one step, so the next token asks the drafter again
+                        burst = 1 if policy is None or max_depth > 0 else policy.plain_steps(
                             min(max_new_tokens - n_out, runner.max_ctx - runner.n_past))
                         tokens = yield from self._plain_run(root, burst, t0, history, policy)
                         n_out += len(tokens)

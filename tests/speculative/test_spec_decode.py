@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
+from flashd.daemon.speculative.drafter import Proposal
 from flashd.daemon.speculative.draft_model import DraftModelDrafter
 from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 from flashd.daemon.speculative.policy import DepthPolicy, PolicyConfig
@@ -235,6 +236,53 @@ def test_auto_mode_runs_plain_steps_in_bursts(target):
         del target.greedy_continue
     assert max(bursts) > 1 and sum(bursts) > 24                 # most tokens came from bursts
     assert dec.stats.steps == 47 - dec.stats.accepted            # every plain token counted as a step
+
+
+class PatchyOracle(OracleDrafter):
+    """Right whenever it proposes, but it proposes only every third time asked (an n-gram drafter without a match
+    the rest of the time); plain runs (skip) advance it like accepted tokens."""
+
+    name = "patchy"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked = 0
+
+    def propose(self, max_depth, top_k):
+        self.asked += 1
+        return super().propose(max_depth, top_k) if self.asked % 3 == 0 else Proposal.empty()
+
+    def skip(self, tokens):
+        self.n_done += len(tokens)
+
+
+def test_auto_mode_asks_again_after_an_empty_draft(target):
+    """spec=auto whose policy wants drafts (they are always accepted) but whose drafter often has none: each such
+    step is one plain step and the next token asks the drafter again -- no plain burst that would skip the tokens
+    where it has a draft (n-gram auto ran at 1.03-1.10x where a fixed chain ran at 1.15-1.20x, session 32). The
+    output is plain greedy decoding's."""
+    prompt = PROMPTS[1]
+    want = [s.token for s in plain(target, prompt, 60)]
+    bursts = []
+    original = target.greedy_continue
+
+    def recording(feed, n_new):
+        bursts.append(n_new)
+        return original(feed, n_new)
+
+    target.greedy_continue = recording
+    try:
+        policy = ModeledCostPolicy(6, PolicyConfig(explore_every=8))
+        for _ in range(2):                       # the first request measures; the second runs on what it learned
+            bursts.clear()
+            drafter = PatchyOracle(want, TARGET["vocab_size"], seed=4, max_depth=6)
+            dec = SpecDecoder(target, drafter, SpecConfig("auto", 6), policy)
+            assert [s.token for s in dec.generate(prompt, GREEDY, 60)] == want
+    finally:
+        del target.greedy_continue
+    assert policy.accept_prob(1) > 0.8
+    assert bursts and max(bursts) == 1            # every undrafted step alone: the drafter was asked at each token
+    assert dec.stats.accepted > 20                # and its drafts were taken whenever it had one
 
 
 def test_spec_config_is_checked():
