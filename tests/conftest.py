@@ -12,6 +12,10 @@ synthetic_model(spec=None, **fields) -> Path
     A model with random weights from flashd.scripts.make_synthetic_gguf: pass a SyntheticSpec,
     or SyntheticSpec fields (with no arguments: the default tiny qwen2 spec).
 
+--cuda-tuning FIELD=N,... (option)
+    Launch tuning overrides set on the CUDA library for the whole GPU run (tests/gpu/conftest.py `native`), e.g.
+    `pytest tests/gpu --cuda-tuning gemv_rows=1` runs the real-model and speculative tests on the multi-row GEMV.
+
 resident_runtime_dir (autouse, session)
     The CLI keeps resident daemons (clients/resident.py) in a per-user runtime directory; the
     tests get their own ($FLASHD_RUNTIME_DIR), and every daemon left there is stopped at the end,
@@ -29,6 +33,13 @@ from pathlib import Path
 import pytest
 
 from flashd.clients.registry import ModelUnavailableError, resolve_model
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cuda-tuning", default="", metavar="FIELD=N,...",
+                     help="CUDA launch tuning overrides for the whole run (e.g. gemv_rows=1: every GPU test on the "
+                          "multi-row GEMV), applied when tests/gpu's `native` fixture loads the library; "
+                          "tests/gpu/test_tuning.py checks the table itself and expects none")
 
 
 @pytest.fixture(scope="session", autouse=True)

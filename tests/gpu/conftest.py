@@ -1,7 +1,8 @@
 """GPU tests: marked `gpu`, skipped cleanly where no GPU or no native library can be had.
 
 Fixtures:
-  native -- the loaded NativeLib (FLASHD_NATIVE_LIB, else built for the local GPU; cached)
+  native -- the loaded NativeLib (FLASHD_NATIVE_LIB, else built for the local GPU; cached), with the tuning
+            overrides of `--cuda-tuning` (tests/conftest.py) applied
   dev    -- a Device on GPU 0 with its own stream
   rng    -- a numpy Generator per test, seeded by its id (the same inputs every run)
 """
@@ -25,7 +26,7 @@ def _gpu_reason() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def native():
+def native(request):
     reason = _gpu_reason()
     if reason:
         pytest.skip(reason)
@@ -39,6 +40,10 @@ def native():
     n = lib.ffi.new("int*")
     if lib.lib.fd_device_count(n) != 0 or n[0] < 1:
         pytest.skip("the CUDA runtime sees no device")
+    overrides = request.config.getoption("--cuda-tuning")
+    if overrides:                   # tests/conftest.py: the whole run on these launch tunings
+        from flashd.daemon.serve_command import parse_tuning
+        lib.set_tuning(**parse_tuning(overrides))
     return lib
 
 
