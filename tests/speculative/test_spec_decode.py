@@ -7,6 +7,8 @@ off-spine paths, so kv_compact really moves rows) and `RandomDrafter` (nothing a
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -215,25 +217,32 @@ def test_auto_mode_learns_across_requests_and_stays_exact(target):
     assert dec.stats.drafted_nodes < dec.stats.steps / 2      # mostly plain steps
 
 
-def test_auto_mode_runs_plain_steps_in_bursts(target):
-    """Once the policy settles on plain steps it runs them as bursts of greedy_continue(n > 1) --
-    one host round trip per burst, not per token -- and the output is still plain greedy's."""
-    prompt = PROMPTS[0]
-    want = [s.token for s in plain(target, prompt, 48)]
+@contextmanager
+def recorded_bursts(runner):
+    """The n_new of every greedy_continue call on `runner` (the plain runs' bursts) while the block runs."""
     bursts = []
-    original = target.greedy_continue
+    original = runner.greedy_continue
 
     def recording(feed, n_new):
         bursts.append(n_new)
         return original(feed, n_new)
 
-    target.greedy_continue = recording
+    runner.greedy_continue = recording
     try:
+        yield bursts
+    finally:
+        del runner.greedy_continue
+
+
+def test_auto_mode_runs_plain_steps_in_bursts(target):
+    """Once the policy settles on plain steps it runs them as bursts of greedy_continue(n > 1) --
+    one host round trip per burst, not per token -- and the output is still plain greedy's."""
+    prompt = PROMPTS[0]
+    want = [s.token for s in plain(target, prompt, 48)]
+    with recorded_bursts(target) as bursts:
         policy = ModeledCostPolicy(6, PolicyConfig(explore_every=8))
         dec = SpecDecoder(target, RandomDrafter(TARGET["vocab_size"], 3), SpecConfig("auto", 6), policy)
         assert [s.token for s in dec.generate(prompt, GREEDY, 48)] == want
-    finally:
-        del target.greedy_continue
     assert max(bursts) > 1 and sum(bursts) > 24                 # most tokens came from bursts
     assert dec.stats.steps == 47 - dec.stats.accepted            # every plain token counted as a step
 
@@ -263,23 +272,12 @@ def test_auto_mode_asks_again_after_an_empty_draft(target):
     output is plain greedy decoding's."""
     prompt = PROMPTS[1]
     want = [s.token for s in plain(target, prompt, 60)]
-    bursts = []
-    original = target.greedy_continue
-
-    def recording(feed, n_new):
-        bursts.append(n_new)
-        return original(feed, n_new)
-
-    target.greedy_continue = recording
-    try:
-        policy = ModeledCostPolicy(6, PolicyConfig(explore_every=8))
-        for _ in range(2):                       # the first request measures; the second runs on what it learned
-            bursts.clear()
+    policy = ModeledCostPolicy(6, PolicyConfig(explore_every=8))
+    for _ in range(2):                           # the first request measures; the second runs on what it learned
+        with recorded_bursts(target) as bursts:
             drafter = PatchyOracle(want, TARGET["vocab_size"], seed=4, max_depth=6)
             dec = SpecDecoder(target, drafter, SpecConfig("auto", 6), policy)
             assert [s.token for s in dec.generate(prompt, GREEDY, 60)] == want
-    finally:
-        del target.greedy_continue
     assert policy.accept_prob(1) > 0.8
     assert bursts and max(bursts) == 1            # every undrafted step alone: the drafter was asked at each token
     assert dec.stats.accepted > 20                # and its drafts were taken whenever it had one
