@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from flashd.bench.out_files import write_md_json
+from flashd.bench.out_files import commit_label, write_md_json
 
 
 def time_rows(runner, n: int, depth: int, reps: int, rng) -> float:
@@ -94,10 +93,7 @@ def main(argv=None) -> int:
         results[path] = {n: time_rows(runner, n, a.depth, a.reps, rng) for n in rows}
         runner.close()
     gpu = backend.info()["name"]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = "?"
+    commit = commit_label()
     lines = [f"# Forward time vs rows: {cfg.name or Path(a.model).name}",
              "", f"{gpu}, {datetime.date.today()}, commit {commit}, depth {a.depth}, {a.reps} graph replays each; "
              f"weights streamed per forward {wbytes / 1e9:.3f} GB; device copy {copy_gbs:.0f} GB/s", "",

@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flashd.bench.out_files import commit_label
 from flashd.bench.llama_spec import (DEFAULT_NGRAM_TYPES, NGRAM_TYPES, LlamaResult, LlamaRun, build_llama_tools,
                                      export_dflash, llama_runs, run_llama)
 
@@ -271,8 +271,7 @@ def main(argv=None) -> int:
                                                 "draft-dflash"), failed=why)]
         runs = llama_runs(draft, args.llama_draft_max, ngram_types, llama_dflash)
         rows += llama_rows(run_llama(bin_dir, runs, target, texts, args.max_tokens, log) + not_run)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = commit_label(HERE)
     device = engine.backend.info() if hasattr(engine.backend, "info") else {}
     title = (f"### Speculative decoding: {Path(engine.model.path).name}, {len(prompts)} prompts x {args.max_tokens} "
              f"tokens, greedy; {device.get('name', args.device) if isinstance(device, dict) else device}; "

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from flashd.bench.out_files import commit_label
+
 LOADED = re.compile(r"loaded .* in ([0-9.]+) s")
 
 
@@ -88,11 +90,7 @@ def main() -> int:
     loaded = [x for _, x in runs if x is not None]
     tokenizer = [tokenizer_once(args.model) for _ in range(args.runs)]
     first, second = resident_pair(args.model, args.device)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "?"
+    commit = commit_label(Path(__file__).parent)
     lines = [f"# Daemon start-up: {Path(args.model).name}, device {args.device}", "",
              f"{datetime.date.today()}, commit {commit}{', ' + args.label if args.label else ''}, "
              f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs)", "",

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from flashd.bench.out_files import commit_label
+
 
 def plain_greedy(target: str, prompt_ids: list[int], n_gen: int, max_ctx: int) -> list[int]:
     """flashd serve's stdin dialect, greedy: the reference tokens."""
@@ -105,11 +107,7 @@ def main() -> int:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "?"
-    except OSError:
-        return "?"
+    return commit_label(Path(__file__).parent)
 
 
 if __name__ == "__main__":

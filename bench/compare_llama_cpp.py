@@ -22,6 +22,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from flashd.bench.out_files import commit_label
+
 
 def log(msg: str) -> None:
     print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
         return 0
 
     sections, records = [], []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit_label()
     for model in args.model:
         ours, info, copy_gbs, vram = run_flashd(model, tests, args.reps, max_ctx)
         theirs = {} if args.skip_llama else run_llama_bench(exe, model, args.p, args.n, args.d, args.reps)
