@@ -15,7 +15,8 @@
 //
 // Row invariance by construction: every output (weight row r, x row i) is one fixed float expression of W's row r
 // and x row i alone. A row is cut into C chunks of KS super-blocks (256 columns; a row's last chunk may be
-// shorter); an item is (16-row tile, chunk); its float chains per (r, i) start at 0 (gemv_rows_item.cuh), and a
+// shorter); an item is (16-row tile, chunk); its float sum per (r, i) starts at 0 and takes one step a 128-column
+// group, after the group's exact int32 sums (gemv_rows_item.cuh), and a
 // tile's C chunk partials are added in chunk order in shared memory, then the epilogue runs in a fixed order:
 // (+ bias[r]) (+ residual[i, r]), or silu(gate) * up. So the bits depend on KS (gemv_rows_plan.cuh: a function
 // of cols and the tuning table only) and on nothing else: not on n, the warps, CTAs, slots or rounds. The RMSNorm
@@ -311,7 +312,7 @@ __device__ __forceinline__ void rows_item(const RowsArgs& a, const RowsX& x, con
     rows_item_at<NT, ODD, SX, F>(x, m, u0, nu, slot + g * m.stride + h0, slot + (g + 8) * m.stride + h1, g, t, acc);
 }
 
-// An item's accumulators, zeroed (the Q8_0 item adds into them; the chained Q4_K / Q6_K items write them).
+// An item's accumulators, zeroed (the Q8_0 / Q5_0 items add into them; the Q4_K / Q6_K items write them).
 template <int NR, int NTT>
 __device__ __forceinline__ void rows_zero(float (&acc)[NR][NTT][4]) {
 #pragma unroll

@@ -1,5 +1,5 @@
 // gemv_rows_item.cuh -- what one warp of gemv_rows.cuh computes for one item: the integer dot products of 16 weight
-// rows x one chunk of columns x up to 32 x rows on int8 tensor cores, and the float chains of each (row, x row)
+// rows x one chunk of columns x up to 32 x rows on int8 tensor cores, and the float sum of each (row, x row)
 // over the chunk's x groups. Q4_K: mma.m16n8k32 u8 x s8 per 32-column sub-block; Q6_K: m16n8k16 s8 x s8 per 16
 // columns (Q6_K has a scale per 16 values); Q8_0 and Q5_0: m16n8k32 s8 x s8 per 32-column block (Q5_0's 5-bit
 // codes q - 16 in [-16, 15] are int8 values as they are). Ported from
