@@ -64,7 +64,7 @@ class Bench:
 
     def group(self, qtypes, cols) -> int:
         """Rows a launch takes under the tuning in effect (CudaOps.gemv_group)."""
-        on = gemv_rows_call(self.native.tuning().get("gemv_rows", 0), qtypes, cols)
+        on = gemv_rows_call(self.native.tuning(), qtypes, cols)
         return GEMV_ROWS_MAX_ROWS if on else GEMV_MAX_ROWS
 
     def gemv_fn(self, y, w, qtype, rows, cols, x, n_x, norm):

@@ -50,9 +50,9 @@ ROWS_XQ_DEN = 127 * 2
 ROWS_XG = 128
 
 
-def group_rows(gemv_rows: int, mats, cols: int) -> int:
-    """Rows a launch takes, as CudaOps.gemv_group decides it."""
-    return GEMV_ROWS_MAX_ROWS if gemv_rows_call(gemv_rows, [q for q, _ in mats], cols) else GEMV_MAX_ROWS
+def group_rows(tuning, mats, cols: int) -> int:
+    """Rows a launch takes under `tuning` (NativeLib.tuning()), as CudaOps.gemv_group decides it."""
+    return GEMV_ROWS_MAX_ROWS if gemv_rows_call(tuning, [q for q, _ in mats], cols) else GEMV_MAX_ROWS
 
 
 def weight_bytes(qtype, rows: int, cols: int) -> int:
@@ -104,9 +104,9 @@ def bench_case(h: OpHarness, name: str, cols: int, mats, n_x: int, tag: str = ""
     from flashd.scripts.random_weights import random_weights
 
     dev, lib, ffi, p = h.dev, h.dev.lib, h.dev.ffi, h.dev.p
-    gemv_rows = dev.native.tuning().get("gemv_rows", 0)
-    on_rows = gemv_rows_call(gemv_rows, [q for q, _ in mats], cols)
-    group = group_rows(gemv_rows, mats, cols)
+    tuning = dev.native.tuning()
+    on_rows = gemv_rows_call(tuning, [q for q, _ in mats], cols)
+    group = group_rows(tuning, mats, cols)
     base = f"fd_gemv_multi {name} {'+'.join(f'{q.name}:{r}' for q, r in mats)}x{cols} n_x={n_x}"
     case = base + (f" [{tag}]" if tag else "")
     rng = h.rng(base)                                      # the same inputs for every path

@@ -9,8 +9,9 @@
 // take x's staged image from a small pre-pass launch instead of quantizing x in every CTA (gemv_xq_image_kernel);
 // one-row ones may read that image in place instead of copying it (fd_tuning_t.gemv_xq_direct: the XG kernels).
 //
-// Q4_K / Q6_K / Q8_0 calls take gemv_rows.cuh's tensor-core kernel instead, for every n_x (1..32), where the
-// tuning table's gemv_rows says so (gemv_rows_plan.cuh rows_eligible: the format, cols and the tuning, never n_x);
+// Q4_K / Q6_K / Q8_0 / Q5_0 calls take gemv_rows.cuh's tensor-core kernel instead, for every n_x (1..32), where the
+// tuning table's gemv_rows and gemv_rows_formats say so (gemv_rows_plan.cuh rows_eligible: the formats, cols and the
+// tuning, never n_x);
 // every other call keeps the kernels here (n_x <= 8).
 #include "gemv_mma.cuh"
 #include "gemv_scratch.cuh"
@@ -241,6 +242,7 @@ struct GemvTuning {
     int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     int rows_tma;       // > 0: gemv_rows calls stage weights by bulk copies (sm_90), this many tiles in flight ahead
+    int rows_formats;   // the formats gemv_rows runs, bit ROWS_Q4K .. ROWS_Q50 (flashd_tuning.h gemv_rows_formats)
     bool evict_first;   // weights with the L2 evict-first hint
     int xq_prepass_cols;        // int8 one-row-kernel launches of at least this many columns take the x pre-pass (0: never)
     int xq_prepass_norm_cols;   // the same for launches with a fused RMSNorm
@@ -254,6 +256,7 @@ GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, FD_HAS_MMA ? t.gemv_rows_tma : 0,
+                      t.gemv_rows_formats,
                       t.weights_evict_first != 0,
                       t.gemv_xq_prepass_cols, t.gemv_xq_prepass_norm_cols,
                       t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes,
@@ -355,7 +358,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     if (int st = device_facts(&dev)) return st;
     const GemvTuning tn = tuning();
 #if FD_HAS_MMA
-    if (rows_eligible(tn.rows, dev.cc_major, n_mats, mats, cols))
+    if (rows_eligible(tn.rows, tn.rows_formats, dev.cc_major, n_mats, mats, cols))
         return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual, tn.rows, tn.rows_fuse_nx,
                              tn.rows_tma, tn.evict_first, dev, stream);
 #endif

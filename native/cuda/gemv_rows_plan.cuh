@@ -20,13 +20,14 @@ constexpr int ROWS_MAX_CHUNKS = 36;   // chunks a row at most: one tile's partia
 constexpr int ROWS_FX_MIN_TILES_PER_SM = 2;   // cp.async kernel: CTAs quantize x themselves only above this many tiles an SM
 
 // Whether a call runs here: the tuning has it on (gemv_rows > 0, an NVIDIA GPU of sm_80 or later: int8 mma.sync and
-// cp.async), every matrix is Q4_K, Q6_K, Q8_0 or Q5_0 and cols fits the scratch. Never depends on n_x (row invariance
-// between a verify row and a decode step). Malformed shapes (cols % block) are left to gemv.cu's checks.
-inline bool rows_eligible(int gemv_rows, int cc_major, int n_mats, const MatIn* mats, int cols) {
+// cp.async), every matrix is Q4_K, Q6_K, Q8_0 or Q5_0 with its format's bit in the tuning's gemv_rows_formats (bit
+// ROWS_Q4K .. ROWS_Q50) and cols fits the scratch. Never depends on n_x (row invariance between a verify row and a
+// decode step). Malformed shapes (cols % block) are left to gemv.cu's checks.
+inline bool rows_eligible(int gemv_rows, int formats, int cc_major, int n_mats, const MatIn* mats, int cols) {
     if (gemv_rows <= 0 || cc_major < 8 || cols < 32 || cols > ROWS_MAX_COLS) return false;
     for (int k = 0; k < n_mats; ++k) {
         const int f = rows_fmt(mats[k].qtype);
-        if (f < 0 || cols % (rows_blk32(f) ? 32 : ROWS_QK) != 0) return false;
+        if (f < 0 || !((formats >> f) & 1) || cols % (rows_blk32(f) ? 32 : ROWS_QK) != 0) return false;
     }
     return true;
 }

@@ -3,7 +3,7 @@
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
    weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair and gemv_xq_direct change only how kernels are launched or
    cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
-   summation order), gemv_int8_x its activation precision and gemv_rows the kernel (and chunking) of Q4_K / Q6_K / Q8_0 / Q5_0 GEMVs and
+   summation order), gemv_int8_x its activation precision and gemv_rows and gemv_rows_formats the kernel (and chunking) of Q4_K / Q6_K / Q8_0 / Q5_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
    Part of the C ABI: include flashd.h (its conventions hold here), not this file. */
@@ -70,6 +70,9 @@ typedef struct {
                                allow (gemv_rows_tma.cuh); 0: every warp
                                copies its own items (cp.async). The same arithmetic either way, so never changes a
                                result */
+    int gemv_rows_formats;  /* 0 .. 15: the weight formats gemv_rows runs, a bit each -- 1 Q4_K, 2 Q6_K, 4 Q8_0, 8 Q5_0;
+                               a GEMV launch takes gemv_rows only where every matrix's format is in the mask (so a
+                               matrix's kernel depends on its format, never on n_x), the others gemv.cuh's kernels */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -17,6 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
+from flashd.daemon.backends.cuda.ops import gemv_rows_call
 from flashd.scripts.random_weights import FLOAT_FORMATS, FORMATS, cols_of, random_weights
 
 FD_E_ARG, FD_E_QTYPE, FD_E_SHAPE = -1, -2, -3
@@ -38,12 +39,12 @@ def normed64(x, norm_w):
 XQ_DEN = 127 * 2 * 254
 ROWS_XQ_DEN = 127 * 2          # gemv_rows.cuh: one code, rounded to nearest, step max / 127
 ROWS_XG = 128                  # gemv_rows.cuh: columns of one x scale (gemv_rows_item.cuh ROWS_XG)
-ROWS_QTYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)   # the formats gemv_rows.cuh runs (ops.GEMV_ROWS_QTYPES)
+ROWS_QTYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)   # the formats gemv_rows.cuh runs (ops.GEMV_ROWS_FORMAT_BITS)
 
 
 def rows_path(native, qtypes, cols) -> bool:
     """Whether the library runs this call on gemv_rows.cuh (gemv_rows_plan.cuh rows_eligible)."""
-    return native.tuning().get("gemv_rows", 0) > 0 and cols <= 65536 and all(q in ROWS_QTYPES for q in qtypes)
+    return gemv_rows_call(native.tuning(), qtypes, cols)
 
 
 def int8_x_bound(xn, W, rows=False):

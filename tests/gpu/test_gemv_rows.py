@@ -26,10 +26,10 @@ ROWS_FORMATS = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0]
 
 @pytest.fixture(params=[1, 2], ids=["ks1", "ks2"])
 def rows_on(request, native):
-    """gemv_rows = 1 (the table's sm_90 value) or 2 (chunks of 2 super-blocks) for the test, the tuning restored
-    after; skipped where the library refuses it (a GPU below sm_80)."""
+    """gemv_rows = 1 (the table's sm_90 value) or 2 (chunks of 2 super-blocks) for the test, on all four formats
+    (gemv_rows_formats 15), the tuning restored after; skipped where the library refuses it (below sm_80)."""
     before = native.tuning()
-    t = native.ffi.new("fd_tuning_t*", {**before, "gemv_rows": request.param})
+    t = native.ffi.new("fd_tuning_t*", {**before, "gemv_rows": request.param, "gemv_rows_formats": 15})
     if native.lib.fd_tuning_set(t) != 0:
         pytest.skip("gemv_rows refused here (no int8 mma.sync: below sm_80)")
     yield request.param
@@ -203,7 +203,8 @@ def test_first_call_inside_graph_capture(native, rng, poisoned, rows_on):
 
 
 def test_row_limits(native, dev, rng, rows_on):
-    """n_x <= 32 on this path; formats it does not run keep n_x <= 8; with gemv_rows off Q4_K keeps n_x <= 8."""
+    """n_x <= 32 on this path; formats it does not run (or whose gemv_rows_formats bit is off) keep n_x <= 8; with
+    gemv_rows off Q4_K keeps n_x <= 8."""
     lib, ffi = native.lib, native.ffi
     w = dev.upload(random_weights(rng, T.Q4_K, 4, 512))
     x = dev.upload(np.ones((33, 512), np.float32))
@@ -212,7 +213,11 @@ def test_row_limits(native, dev, rng, rows_on):
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 32, N, EPS, N, N, s) == 0
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 33, N, EPS, N, N, s) == FD_E_ARG
     assert lib.fd_gemv(Y, W, int(T.Q4_0), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
-    native.set_tuning(gemv_rows=0)
+    native.set_tuning(gemv_rows_formats=15 & ~1)                 # Q4_K's bit off: Q4_K back on gemv.cuh ...
+    assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
+    w6 = dev.upload(random_weights(rng, T.Q6_K, 4, 512))           # ... the other formats stay
+    assert lib.fd_gemv(Y, dev.p(w6), int(T.Q6_K), 4, 512, X, 32, N, EPS, N, N, s) == 0
+    native.set_tuning(gemv_rows=0, gemv_rows_formats=15)
     assert lib.fd_gemv(Y, W, int(T.Q4_K), 4, 512, X, 9, N, EPS, N, N, s) == FD_E_ARG
     dev.synchronize()
 

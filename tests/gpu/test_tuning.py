@@ -34,7 +34,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                         "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
                         "delta_cluster": 1, "gemv_xq_prepass_cols": 8192, "gemv_xq_prepass_norm_cols": 4096,
                         "gemv_swiglu_stage_bytes": 0, "gemv_swiglu_pair": 1,
-                        "gemv_xq_direct": 0, "gemv_split_cols": 8192, "gemv_rows_tma": 1}
+                        "gemv_xq_direct": 0, "gemv_split_cols": 8192, "gemv_rows_tma": 1, "gemv_rows_formats": 7}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -50,7 +50,8 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_swiglu_stage_bytes": 65537}, {"gemv_swiglu_pair": -1},
                                  {"gemv_swiglu_pair": 2}, {"gemv_xq_direct": -1}, {"gemv_xq_direct": 2},
                                  {"gemv_split_cols": -1}, {"gemv_split_cols": (1 << 20) + 1},
-                                 {"gemv_rows_tma": -1}, {"gemv_rows_tma": 9}])
+                                 {"gemv_rows_tma": -1}, {"gemv_rows_tma": 9}, {"gemv_rows_formats": -1},
+                                 {"gemv_rows_formats": 16}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -93,7 +94,7 @@ def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restor
 def test_the_evict_first_hint_never_changes_a_gemv_rows_result(native, dev, rng, poisoned, restore_tuning, qtype, rows,
                                                                cols):
     """weights_evict_first on the all-rows tensor-core path (gemv_rows.cuh's own staging): the same bits."""
-    native.set_tuning(gemv_rows=1, weights_evict_first=0)
+    native.set_tuning(gemv_rows=1, gemv_rows_formats=15, weights_evict_first=0)
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
     base = [run(1), run(3)]
     native.set_tuning(weights_evict_first=1)

@@ -19,8 +19,9 @@ fd_gemm_f16), `linear_multi` fd_gemv_multi, `linear_swiglu` fd_gemv_swiglu (or f
 Row invariance (speculative decoding is exact on the GPU): a forward begun with
 `begin_forward(row_invariant=True)` computes every row exactly as a one-row decode step would --
 projections stay on the GEMV kernels in groups of up to 8 rows (whose per-row arithmetic does not
-depend on the group size; 32 rows where every weight of the call is Q4_K, Q6_K or Q8_0 and the tuning's
-gemv_rows puts the call on native/cuda/gemv_rows.cuh, whose kernel is the same for every row count), and
+depend on the group size; 32 rows where every weight of the call is Q4_K, Q6_K, Q8_0 or Q5_0 and the tuning's
+gemv_rows and gemv_rows_formats put the call on native/cuda/gemv_rows.cuh, whose kernel is the same for every row
+count), and
 masked attention splits each token's keys like decode attention.
 """
 from __future__ import annotations
@@ -47,7 +48,8 @@ __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "D
 
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows (gemv.cuh's kernels) ...
 GEMV_ROWS_MAX_ROWS = 32       # ... and up to 32 where gemv_rows.cuh runs the call (flashd_linear.h)
-GEMV_ROWS_QTYPES = frozenset({6, 8, 12, 14})   # GGML Q5_0, Q8_0, Q4_K, Q6_K: the formats gemv_rows.cuh runs
+GEMV_ROWS_FORMAT_BITS = {12: 1, 14: 2, 8: 4, 6: 8}   # GGML Q4_K, Q6_K, Q8_0, Q5_0: the formats gemv_rows.cuh runs,
+                                                      # and each one's bit in fd_tuning_t.gemv_rows_formats
 GEMV_ROWS_MAX_COLS = 65536    # gemv_rows_plan.cuh ROWS_MAX_COLS
 GGML_F32 = 0                  # the GGML type id of float32 (gguf.GGMLQuantizationType.F32)
 FLOAT_QTYPES = frozenset({0, 1, 30})   # F32, F16, BF16: GEMV launches with one of these stage x as floats
@@ -59,11 +61,15 @@ def gemv_groups(n: int, size: int = GEMV_MAX_ROWS):
     return ((s, min(n, s + size)) for s in range(0, n, size))
 
 
-def gemv_rows_call(gemv_rows: int, qtypes, cols: int) -> bool:
-    """Whether the library runs a GEMV call on gemv_rows.cuh (gemv_rows_plan.cuh rows_eligible): the tuning's
-    gemv_rows on (the library refuses it where the GPU lacks the kernel), every weight Q4_K / Q6_K / Q8_0 / Q5_0,
-    cols within the x scratch."""
-    return gemv_rows > 0 and cols <= GEMV_ROWS_MAX_COLS and all(int(q) in GEMV_ROWS_QTYPES for q in qtypes)
+def gemv_rows_call(tuning, qtypes, cols: int) -> bool:
+    """Whether the library runs a GEMV call on gemv_rows.cuh (gemv_rows_plan.cuh rows_eligible): `tuning` (a
+    mapping of fd_tuning_t's fields, as NativeLib.tuning() gives) has gemv_rows on (the library refuses it where the
+    GPU lacks the kernel), every weight is Q4_K / Q6_K / Q8_0 / Q5_0 with its bit in gemv_rows_formats, and cols
+    fits the x scratch."""
+    if tuning.get("gemv_rows", 0) <= 0 or cols > GEMV_ROWS_MAX_COLS:
+        return False
+    formats = tuning.get("gemv_rows_formats", 0)
+    return all(formats & GEMV_ROWS_FORMAT_BITS.get(int(q), 0) for q in qtypes)
 
 
 @dataclass(slots=True, eq=False)
@@ -117,7 +123,7 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
         self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx) -> fd_attention_shape_t* (AttentionOps._shape)
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
-        self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows, re-read by begin_forward
+        self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows fields, re-read by begin_forward
         self._hybrid_init()                      # hybrid_ops.py's constant buffers
 
     # -- planning --------------------------------------------------------------------------------
@@ -146,11 +152,12 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self.row_invariant = row_invariant
         self._gemv_rows = self._tuned_gemv_rows()
 
-    def _tuned_gemv_rows(self) -> int:
+    def _tuned_gemv_rows(self) -> dict:
+        """{'gemv_rows': .., 'gemv_rows_formats': ..} of the tuning in effect (empty: none, the one-row kernels)."""
         t = self.ffi.new("fd_tuning_t*")
         if self.lib.fd_tuning_get(t) != 0:
-            return 0
-        return int(getattr(t, "gemv_rows", 0))
+            return {}
+        return {k: int(getattr(t, k, 0)) for k in ("gemv_rows", "gemv_rows_formats")}
 
     def gemv_group(self, weights) -> int:
         """Rows a GEMV launch of these weights takes: GEMV_ROWS_MAX_ROWS where the call runs on gemv_rows.cuh
