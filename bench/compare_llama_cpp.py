@@ -70,13 +70,15 @@ def run_llama_bench(exe: Path, model: Path, prompts: str, gens: str, depths: str
     return result
 
 
-def run_flashd(model: Path, tests: list[str], reps: int, max_ctx: int):
+def run_flashd(model: Path, tests: list[str], reps: int, max_ctx: int, tuning: str = ""):
     from flashd.daemon.backends.cuda.backend import measure_copy_gbs
     from flashd.daemon.bench import run_bench
+    from flashd.daemon.bench_cli import apply_tuning, parse_tuning
     from flashd.daemon.config import EngineConfig
     from flashd.daemon.engine import Engine
 
     engine = Engine(EngineConfig(model=str(model), device="cuda", max_ctx=max_ctx, prefix_cache=False))
+    apply_tuning(engine.backend, parse_tuning(tuning))    # before the load: graphs are captured with it
     engine.load()
     copy_gbs = measure_copy_gbs(engine.backend.device)
     embd = engine.model.file.tensor("token_embd.weight").n_bytes
@@ -100,6 +102,9 @@ def main(argv=None) -> int:
     ap.add_argument("-d", default="0,8192")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-llama", action="store_true", help="flashd only")
+    ap.add_argument("--tuning", default="", metavar="FIELD=N,...",
+                    help="flashd's CUDA launch tuning overrides (flashd_tuning.h), e.g. gemv_rows=0: set before the "
+                         "load; the title of each table lists the tuning in effect")
     ap.add_argument("--build-only", action="store_true", help="build llama-bench and exit")
     ap.add_argument("--out", type=Path, default=None, help="folder for the markdown + json result")
     args = ap.parse_args(argv)
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
     sections, records = [], []
     commit = commit_label()
     for model in args.model:
-        ours, info, copy_gbs, vram = run_flashd(model, tests, args.reps, max_ctx)
+        ours, info, copy_gbs, vram = run_flashd(model, tests, args.reps, max_ctx, args.tuning)
         theirs = {} if args.skip_llama else run_llama_bench(exe, model, args.p, args.n, args.d, args.reps)
         lines = [f"### {model.name} on {info['name']}",
                  f"flashd commit {commit}, {datetime.date.today()}, device copy bandwidth {copy_gbs:.0f} GB/s, "
