@@ -6,11 +6,12 @@ depth `--depth`) and replayed `--reps` times between two events; the table gives
 ratio to one row, the weight bytes streamed per second and that as a share of the measured device-copy
 bandwidth (read + write bytes, the same yardstick flashd bench uses).
 
-    python bench/bench_forward.py MODEL.gguf [--rows 1,2,4,8,16,32] [--depth 128] [--tuning gemv_rows=1] [--out DIR]
+    python bench/bench_forward.py MODEL.gguf [--rows 1,2,4,8,16,32] [--depth 128] [--tuning gemv_rows=0] [--out DIR]
 
 --tuning FIELD=N,... overrides the launch tuning (flashd_tuning.h) before anything is captured; the tuning in
-effect is printed with the table (e.g. gemv_rows=1: Q4_K / Q6_K / Q8_0 / Q5_0 projections on gemv_rows.cuh, in groups of
-up to 32 rows, to compare with the default: gemv.cuh's kernels in groups of 8).
+effect is printed with the table (e.g. gemv_rows=0: every projection on gemv.cuh's kernels, in groups of 8 rows, to
+compare with sm_90's default: Q4_K / Q6_K projections on gemv_rows.cuh in groups of up to 32; gemv_rows_formats=15
+puts Q8_0 / Q5_0 there too).
 """
 from __future__ import annotations
 

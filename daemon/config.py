@@ -35,7 +35,7 @@ class EngineConfig:
     vram_margin: int = DEFAULT_MARGIN   # --vram-margin: the plan's allowance for what the backend does not track
     kv_types: KVTypes = KVTypes()       # --kv-type / --kv-type-k / --kv-type-v: the target's K and V storage
     tuning: tuple[tuple[str, int], ...] = ()   # --tuning: (field, value) overrides of the CUDA launch tuning table
-                                        # (flashd_tuning.h), applied before anything is captured; e.g. gemv_rows 1
+                                        # (flashd_tuning.h), applied before anything is captured; e.g. gemv_rows 0
     max_tree_nodes: int | None = None   # --max-tree-nodes: nodes (root included) of the largest draft tree the target
                                         # verifies, a recurrent state each on a hybrid; None: the default (65 for a
                                         # hybrid, also bounded by prefill_chunk and the GPU's masked attention), which

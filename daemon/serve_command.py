@@ -184,9 +184,9 @@ def size_option(ctx, param, value):
 @click.option("--tuning", "tuning", metavar="FIELD=N,...", default="",
               callback=lambda ctx, param, v: parse_tuning(v),
               help="CUDA launch tuning overrides (flashd_tuning.h; `status` reports the table in effect), set before "
-                   "anything is captured. E.g. gemv_rows=1: the multi-row tensor-core GEMVs, for a daemon that serves "
-                   "speculative decoding (a verify of 8-22 rows costs 1.25-2.5x a one-row step instead of 3-7.6x) at "
-                   "~3% of plain decoding speed (bench/results/2026-11-27-h100-session26-real-files.md).")
+                   "anything is captured. E.g. gemv_rows=0: the one-row dp4a GEMV kernels for every format (on sm_90 the table "
+                   "puts Q4_K / Q6_K projections on the multi-row tensor-core GEMV, gemv_rows=1 with "
+                   "gemv_rows_formats=3), or gemv_rows_formats=15: Q8_0 / Q5_0 there too (coarser x codes).")
 @kv_type_options
 def serve_command(model, drafts, prefill_drafter, device, max_ctx, zmq_address, zmq_allow_remote, no_stdin,
                   max_queue, max_request_bytes, allow_files, allow_models, prefix_cache, prefill_chunk,

@@ -14,7 +14,8 @@ synthetic_model(spec=None, **fields) -> Path
 
 --cuda-tuning FIELD=N,... (option)
     Launch tuning overrides set on the CUDA library for the whole GPU run (tests/gpu/conftest.py `native`), e.g.
-    `pytest tests/gpu --cuda-tuning gemv_rows=1` runs the real-model and speculative tests on the multi-row GEMV.
+    `pytest tests/gpu --cuda-tuning gemv_rows=0` runs the real-model and speculative tests on the one-row GEMV kernels
+    (sm_90's table puts Q4_K / Q6_K on the multi-row GEMV), `gemv_rows_formats=15` every format on the multi-row one.
 
 resident_runtime_dir (autouse, session)
     The CLI keeps resident daemons (clients/resident.py) in a per-user runtime directory; the
@@ -37,8 +38,8 @@ from flashd.clients.registry import ModelUnavailableError, resolve_model
 
 def pytest_addoption(parser):
     parser.addoption("--cuda-tuning", default="", metavar="FIELD=N,...",
-                     help="CUDA launch tuning overrides for the whole run (e.g. gemv_rows=1: every GPU test on the "
-                          "multi-row GEMV), applied when tests/gpu's `native` fixture loads the library; "
+                     help="CUDA launch tuning overrides for the whole run (e.g. gemv_rows=0: every GPU test on the one-row "
+                          "GEMV kernels), applied when tests/gpu's `native` fixture loads the library; "
                           "tests/gpu/test_tuning.py checks the table itself and expects none")
 
 

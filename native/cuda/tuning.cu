@@ -13,10 +13,15 @@ namespace {
 // single-buffered step a warp wherever the grid holds them (rounds 0), PDL on -- session 15 (H200, one machine, two
 // repetitions): against 6 KB steps in 2 rounds, tg128 of the 1.5B clone +2.4%, the 0.5B +5.8%, the hybrid 0.8B shape in
 // BF16 +5.7%, the 27B shape +1.7% (bench/results/2026-11-26-h200-session15-tuning-ab.txt); rounds 0 alone lost on
-// the 1.5B (-1.4%). gemv_rows (gemv_rows.cuh, the all-rows tensor-core GEMV) is off: in the library it is 2.5-5x faster than
-// the dp4a kernels at n = 8..32 but 1.1-2x slower at n = 1 (x pre-pass launch, untuned shapes; bench/results/
-// 2026-11-26-h100-gemv-rows-library.txt), and a model must run one path at every n (row invariance), so plain
-// decoding would pay; gemv_rows = 1 turns it on (--tuning) for an A/B. Tensor-core GEMV passes (gemv_mma.cuh) off:
+// the 1.5B (-1.4%). gemv_rows = 1 on sm_90 (gemv_rows.cuh, the all-rows tensor-core GEMV, chunks of 256 columns) for
+// the formats of gemv_rows_formats = 3, Q4_K and Q6_K: a model runs one path at every n (row invariance), and since
+// session 32 a K-quant model's one-row decode is as fast on it as on the dp4a kernels (real 1.5B, one H200, tg128
+// 1056.6 vs 1053.9) while its 8-32-row verification forwards cost 1.2-2.2x a row instead of ~3x at 8; n-gram
+// speculative decoding of the 1.5B 1.24x its plain decode (bench/NOTES.md session 33). Not Q8_0 / Q5_0: the 0.5B's
+// Q8_0 lm_head at 896 columns on gemv_rows' x codes (one scale a 128-column group) leaves its logits 2.3% of their
+// scale from the reference's (the parity tests allow 2%), and its Q5_0 projections are ~15% slower at one row there;
+// the DFlash drafter's Q8_0 layers, 13% faster on gemv_rows, wait for finer x codes. Elsewhere gemv_rows = 0 (not
+// measured on those GPUs); gemv_rows = 0 turns it off (--tuning) for an A/B. Tensor-core GEMV passes (gemv_mma.cuh) off:
 // exact, but slower than the one-row kernel's passes as built (results/2026-11-26-h100-gemv-mma-passes.txt);
 // gemv_mma_rows = 2..8 turns them on for an A/B. gemv_rows_fuse_nx = 1: one-row gemv_rows calls quantize x in
 // the GEMV's own CTAs (no pre-pass launch: the lab timed that pass at ~1.3 us alone, results/2026-11-26-h100-lab-
@@ -40,10 +45,8 @@ namespace {
 // ffn_down on warp pairs: tg128 +1.3%; the 0.5B's 4,864 columns stay off: split at 4096 lost 6%; session 19,
 // bench/NOTES.md), 0 elsewhere until measured. gemv_rows_tma = 1 on sm_90 (bulk copies exist from sm_90): the
 // gemv_rows kernels with whole tiles by bulk copies, one tile in flight beyond those landed (session 24,
-// bench/NOTES.md); it acts only where gemv_rows is on. gemv_rows_formats (the formats gemv_rows takes, where it is on):
-// 7 on sm_90 -- Q4_K, Q6_K, Q8_0 (the 1.5B's projections, the 0.5B's lm_head, the DFlash drafter's Q8_0 layers), not
-// Q5_0 (the 0.5B's 896-column projections, ~15% slower at one row on gemv_rows than on gemv.cuh's kernels: session 32,
-// bench/NOTES.md); 15 elsewhere (inert while gemv_rows is 0).
+// bench/NOTES.md); it acts only where gemv_rows is on. gemv_rows_formats: 3 on sm_90 (above), 15 elsewhere (inert while
+// gemv_rows is 0).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
@@ -53,7 +56,7 @@ constexpr TuningEntry TABLE[] = {
     {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15}},   // sm_80 A100
     {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15}},   // sm_86 RTX 30xx (24 GB: 3090)
     {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 0, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 7}},  // sm_90 H100 / H200
+    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 

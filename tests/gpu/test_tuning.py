@@ -31,10 +31,10 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
     assert restore_tuning == want
     if (major, minor) == (9, 0):
         assert want == {"gemv_int8_x": 1, "gemv_stage_bytes": 12288, "gemv_rounds": 0, "pdl": 1, "gemv_mma_rows": 0,
-                        "gemv_rows": 0, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
+                        "gemv_rows": 1, "gemv_rows_fuse_nx": 1, "weights_evict_first": 1, "attn_single_chunks": 4,
                         "delta_cluster": 1, "gemv_xq_prepass_cols": 8192, "gemv_xq_prepass_norm_cols": 4096,
                         "gemv_swiglu_stage_bytes": 0, "gemv_swiglu_pair": 1,
-                        "gemv_xq_direct": 0, "gemv_split_cols": 8192, "gemv_rows_tma": 1, "gemv_rows_formats": 7}
+                        "gemv_xq_direct": 0, "gemv_split_cols": 8192, "gemv_rows_tma": 1, "gemv_rows_formats": 3}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
