@@ -3,7 +3,8 @@
 // every matrix of the call has one of these formats). The design is bench/lab/gemv_mma_rows_lab.cu's (bench/NOTES.md
 // session 12); gemv_rows_item.cuh holds the per-item arithmetic, gemv_rows_plan.cuh the host side.
 //
-// y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 128 columns (a group, ROWS_XG) to int8 codes
+// y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 128 columns (a group, ROWS_XG; in a launch
+// whose matrices are all Q8_0 / Q5_0, per 32 columns: their blocks take a float step each anyway) to int8 codes
 // q and a float scale xd (x' = xd * q) by a pre-pass (gemv_rows_quantize_x: one launch per call, shared by the matrices of a
 // multi / SwiGLU call) or, for n <= the tuning's gemv_rows_fuse_nx, by every GEMV CTA for itself into shared memory
 // (rows_quantize_cta: no second launch; the same definition, so the same codes), xn = x or rmsnorm(x) * norm_w (the
@@ -50,9 +51,9 @@ constexpr int ROWS_GROUP_WARPS = ROWS_PREPASS_THREADS / 32;   // a pre-pass CTA'
 
 __host__ __device__ constexpr int rows_groups(int cols) { return (cols + ROWS_XG - 1) / ROWS_XG; }
 // Shared memory of a CTA's own x copy (kernels with FX): n x cols codes (cols % 32 == 0, so 16-byte multiples),
-// rows_groups(cols) x ROWS_FX_SC float scales, 32 floats for the norm's sums.
-__host__ __device__ inline int rows_fx_bytes(int n, int cols) {
-    return n * cols + rows_groups(cols) * ROWS_FX_SC * 4 + 32 * 4;
+// rows_scale_rows(cols, fine) x ROWS_FX_SC float scales, 32 floats for the norm's sums.
+__host__ __device__ inline int rows_fx_bytes(int n, int cols, bool fine) {
+    return n * cols + rows_scale_rows(cols, fine) * ROWS_FX_SC * 4 + 32 * 4;
 }
 
 // ---- x -> codes: one definition for the pre-pass and the CTAs' own copies (the same bits whatever n or route) --
@@ -72,22 +73,41 @@ __device__ __forceinline__ float rows_norm_scale(float ss, int cols, float eps) 
 
 // Warp-wide, one 128-column group of one x row: lane holds v[u] = x[c_u], w[u] = norm_w[c_u] for the group's
 // columns c_u = 128 grp + 32 u + lane, u < nu (a row's last group may have 1..3 blocks of 32; loaded by the caller,
-// batched): xn = v (* scale * w if norm), the codes q[u] = rint(xn * 127 / max|xn|) (0 for u >= nu) and the scale
-// xd = max|xn| / 127 (returned).
-__device__ __forceinline__ float rows_quant_group(float (&v)[4], const float (&w)[4], int nu, bool norm, float scale,
-                                                  int (&q)[4]) {
-    float m = 0.0f;
+// batched): xn = v (* scale * w if norm), the codes q[u] = rint(xn * 127 / m) (0 for u >= nu) and the scales
+// xd[u] = m / 127, m = max|xn| over the group -- or, fine, over block u alone (xd[u] for u < nu; coarse: xd[0]).
+__device__ __forceinline__ void rows_quant_group(float (&v)[4], const float (&w)[4], int nu, bool norm, float scale,
+                                                 bool fine, int (&q)[4], float (&xd)[4]) {
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
         if (u >= nu) break;
         if (norm) v[u] = __fmul_rn(__fmul_rn(v[u], scale), w[u]);
-        m = fmaxf(m, fabsf(v[u]));
+        m[u] = fabsf(v[u]);
     }
-    m = warp_max(m);
-    const float inv = m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f;
+    if (fine) {                        // nu is warp-uniform: every lane takes the same shuffles
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (u < nu) m[u] = warp_max(m[u]);
+            const float inv = m[u] > 0.0f ? __fdiv_rn(127.0f, m[u]) : 0.0f;
+            q[u] = u < nu ? max(-127, min(127, __float2int_rn(__fmul_rn(v[u], inv)))) : 0;
+            xd[u] = __fdiv_rn(m[u], 127.0f);
+        }
+        return;
+    }
+    const float g = warp_max(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])));
+    const float inv = g > 0.0f ? __fdiv_rn(127.0f, g) : 0.0f;
 #pragma unroll
     for (int u = 0; u < 4; ++u) q[u] = u < nu ? max(-127, min(127, __float2int_rn(__fmul_rn(v[u], inv)))) : 0;
-    return __fdiv_rn(m, 127.0f);
+    xd[0] = __fdiv_rn(g, 127.0f);
+    xd[1] = xd[2] = xd[3] = xd[0];
+}
+// lane 0 stores a group's scales (xd of rows_quant_group): scale row grp, or 4 grp + u (fine), at stride floats a row
+__device__ __forceinline__ void rows_store_scales(float* xsc, int grp, int nu, bool fine, int stride, int i,
+                                                  const float (&xd)[4]) {
+    if (!fine) { xsc[(size_t)grp * stride + i] = xd[0]; return; }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+        if (u < nu) xsc[(size_t)(4 * grp + u) * stride + i] = xd[u];
 }
 
 struct RowsMat {
@@ -113,13 +133,13 @@ struct RowsArgs {
     int st;                   // slots a warp, 1..ROWS_MAX_SLOTS
     int slot_bytes;           // one slot: 16 rows x the largest stride (x 2 for SwiGLU: up at up_off)
     int up_off;
-    RowsX x;                  // the pre-pass's codes and scales (kernels with FX: unused)
+    RowsX x;                  // the pre-pass's codes and scales (kernels with FX: only x.fine, set for every launch)
     const float* residual;    // (n, rows of mat[0]) or NULL; y may alias it
     // kernels with FX (n <= ROWS_FX_MAX_NX) quantize x themselves into shared memory at fx_off:
     const float* xin;         // (n, cols) f32, the call's x
     const float* norm_w;      // (cols,) or NULL: x is RMS-normalized first
     float eps;
-    int fx_off;               // bytes: codes (n, cols), then scales (rows_groups(cols), 8) floats, then 32 floats
+    int fx_off;               // bytes: codes (n, cols), then scales (rows_scale_rows(cols, fine), 8) floats, then 32
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
 };
 
@@ -129,7 +149,7 @@ struct RowsArgs {
 // q = rint(xn * 127 / max|xn|), xd = max|xn| / 127. With a norm every CTA sums the whole row's squares in the same
 // fixed partition (a few KB from L2).
 __global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
-    gemv_rows_quantize_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps, int cols,
+    gemv_rows_quantize_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps, int cols, int fine,
                          int8_t* __restrict__ xq, float* __restrict__ xsc) {
     __shared__ float red[32];
     pdl_wait();                  // x (and norm_w's producer) are the previous kernel's
@@ -149,11 +169,12 @@ __global__ void __launch_bounds__(ROWS_PREPASS_THREADS)
         w[u] = u < nu && norm_w ? norm_w[c] : 1.0f;
     }
     int q[4];
-    const float xd = rows_quant_group(v, w, nu, norm_w != nullptr, scale, q);
+    float xd[4];
+    rows_quant_group(v, w, nu, norm_w != nullptr, scale, fine != 0, q, xd);
 #pragma unroll
     for (int u = 0; u < 4; ++u)
         if (u < nu) xq[(size_t)i * cols + ROWS_XG * grp + 32 * u + lane] = (int8_t)q[u];
-    if (lane == 0) xsc[(size_t)grp * ROWS_NX + i] = xd;
+    if (lane == 0) rows_store_scales(xsc, grp, nu, fine != 0, ROWS_NX, i, xd);
 }
 
 // A barrier over the CTA's computing warps: all threads (n_threads 0: __syncthreads) or the first n_threads, named
@@ -167,10 +188,12 @@ __device__ __forceinline__ void rows_bar(int n_threads) {
 // its own use: x rows 0 .. n - 1 (n <= ROWS_FX_MAX_NX) into shared memory (rows_fx_bytes; scales at (group, row),
 // ROWS_FX_SC a group). Every CTA reads the whole x (n x cols floats, from L2) but no pre-pass launch, scratch or
 // its round trip is needed; the bits are the pre-pass's: the norm replays block_sum's partition over these warps.
+// FINE: a scale a 32-column block (== a.x.fine; the kernel knows it from its format, rows_fine).
+template <bool FINE>
 __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx, int W, int bar_threads) {
     int8_t* xq = reinterpret_cast<int8_t*>(fx);
     float* xsc = reinterpret_cast<float*>(fx + a.n * a.cols);
-    float* red = xsc + rows_groups(a.cols) * ROWS_FX_SC;
+    float* red = xsc + rows_scale_rows(a.cols, FINE) * ROWS_FX_SC;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ngrp = rows_groups(a.cols);
     constexpr int U = 2;   // groups a warp loads before it quantizes them (8 loads in flight, not one L2 trip each)
     for (int i = 0; i < a.n; ++i) {
@@ -205,11 +228,12 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
                 if (grp >= ngrp) break;
                 const int nu = min(4, a.cols / 32 - 4 * grp);
                 int q[4];
-                const float xd = rows_quant_group(v[uu], w[uu], nu, a.norm_w != nullptr, scale, q);
+                float xd[4];
+                rows_quant_group(v[uu], w[uu], nu, a.norm_w != nullptr, scale, FINE, q, xd);
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
                     if (u < nu) xq[i * a.cols + ROWS_XG * grp + 32 * u + lane] = (int8_t)q[u];
-                if (lane == 0) xsc[grp * ROWS_FX_SC + i] = xd;
+                if (lane == 0) rows_store_scales(xsc, grp, nu, FINE, ROWS_FX_SC, i, xd);
             }
         }
     }
@@ -286,17 +310,18 @@ __device__ __forceinline__ void rows_stage_mat(const RowsArgs& a, const RowsMat&
 
 // One item's arithmetic from the staged bytes of rows g (r0) and g + 8 (r1) at the chunk's first byte. F: the
 // launch's one format (ROWS_Q4K ..), so only its code is compiled into the kernel (no other format's registers or
-// instructions beside it), or ROWS_FANY where the launch's matrices differ (q / k / v with a Q6_K v).
+// instructions beside it), or ROWS_FANY where the launch's matrices differ (q / k / v with a Q6_K v). A launch of one
+// 32-column format (Q8_0 / Q5_0) has x's scale a block (x.fine, rows_fine), every other one a 128-column group.
 template <int NT, bool ODD, bool SX, int F>
 __device__ __forceinline__ void rows_item_at(const RowsX& x, const RowsMat& m, int u0, int nu, const uint8_t* r0,
                                              const uint8_t* r1, int g, int t, float (&acc)[NT][4]) {
     if constexpr (F == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
     else if constexpr (F == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
-    else if constexpr (F == ROWS_Q80 || F == ROWS_Q50) rows_item_blk32<NT, ODD, SX, F>(x, r0, r1, u0, nu, g, t, acc);
+    else if constexpr (F == ROWS_Q80 || F == ROWS_Q50) rows_item_blk32<NT, ODD, SX, F, true>(x, r0, r1, u0, nu, g, t, acc);
     else if (m.fmt == ROWS_Q4K) rows_item_q4k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
     else if (m.fmt == ROWS_Q6K) rows_item_q6k<NT, ODD, SX>(x, r0, r1, u0, nu, g, t, acc);
-    else if (m.fmt == ROWS_Q80) rows_item_blk32<NT, ODD, SX, ROWS_Q80>(x, r0, r1, u0, nu, g, t, acc);
-    else rows_item_blk32<NT, ODD, SX, ROWS_Q50>(x, r0, r1, u0, nu, g, t, acc);
+    else if (m.fmt == ROWS_Q80) rows_item_blk32<NT, ODD, SX, ROWS_Q80, false>(x, r0, r1, u0, nu, g, t, acc);
+    else rows_item_blk32<NT, ODD, SX, ROWS_Q50, false>(x, r0, r1, u0, nu, g, t, acc);
 }
 
 template <int NT, bool ODD, bool SX, int F>
@@ -337,7 +362,7 @@ __device__ __forceinline__ void rows_put_partial(float* part, int jl, int lane, 
 // The CTA's own x copy (rows_quantize_cta's output at fx) as the items read it.
 __device__ __forceinline__ RowsX rows_fx_x(const RowsArgs& a, const uint8_t* fx) {
     return RowsX{reinterpret_cast<const int8_t*>(fx), reinterpret_cast<const float*>(fx + a.n * a.cols), a.cols,
-                 a.n - 1};
+                 a.n - 1, a.x.fine};
 }
 
 // Folds a round's tiles (rd: the round, its tiles t0 = rd * R ..): chunks added in chunk order, then the epilogue;
@@ -409,7 +434,7 @@ __global__ void __launch_bounds__(rows_max_warps(NT) * 32, 1) gemv_rows_kernel(c
     pdl_launch_dependents();
     RowsX x = a.x;
     if (FX) {   // while the first slots stream
-        rows_quantize_cta(a, smem + a.fx_off, W, 0);
+        rows_quantize_cta<F == ROWS_Q80 || F == ROWS_Q50>(a, smem + a.fx_off, W, 0);
         x = rows_fx_x(a, smem + a.fx_off);
     }
     const int n_rounds = (n_mine + a.R - 1) / a.R;

@@ -103,15 +103,20 @@ __device__ __forceinline__ uint4 rows_scales_mins(const uint4& h) {
     return make_uint4(h.y & 0x3F3F3F3Fu, (h.w & 0x0F0F0F0Fu) | (((h.y >> 6) & 0x03030303u) << 4),
                       h.z & 0x3F3F3F3Fu, ((h.w >> 4) & 0x0F0F0F0Fu) | (((h.z >> 6) & 0x03030303u) << 4));
 }
-// The activations of a launch: x' = xd * q per 128-column group (ROWS_XG), either the pre-pass's scratch in global memory
-// (gemv_rows_quantize_x; SX = false) or the CTA's own copy in shared memory (rows_quantize_cta; SX = true), the
-// same bits either way.
+// The activations of a launch: x' = xd * q per 128-column group (ROWS_XG) -- or, in a launch whose matrices all have
+// one 32-column format, Q8_0 or Q5_0 (fine), per 32-column block -- either the pre-pass's scratch in global memory (gemv_rows_quantize_x;
+// SX = false) or the CTA's own copy in shared memory (rows_quantize_cta; SX = true), the same bits either way.
 struct RowsX {
     const int8_t* q;      // (rows, cols) codes; rows >= n hold stale values whose outputs are never written
-    const float* sc;      // (ceil(cols / 128), sc_stride): xd of each group and x row
+    const float* sc;      // (rows_scale_rows(cols, fine), sc_stride): xd of each group (fine: block) and x row
     int cols;
     int last;             // shared memory: the last row a B fragment may read (n - 1, n <= 8); scratch: unused
+    int fine;             // 1: a scale per 32-column block (launches of one format, Q8_0 or Q5_0); 0: per group
 };
+// Scale rows of x: one a 128-column group, or (fine) one a 32-column block (gemv_rows calls have cols % 32 == 0).
+__host__ __device__ constexpr int rows_scale_rows(int cols, bool fine) {
+    return fine ? cols / 32 : (cols + ROWS_XG - 1) / ROWS_XG;
+}
 // x rows a scale row holds: ROWS_NX in the scratch, 8 in a CTA's copy (float2 reads of rows 2t, 2t + 1 of N-tile 0)
 template <bool SX>
 constexpr int rows_sc_stride() { return SX ? 8 : ROWS_NX; }
@@ -139,7 +144,9 @@ __device__ __forceinline__ const int8_t* rows_xrow(const RowsX& x, int g) {
 // with f = __int2float_rn (exact below 2^24: |S| <= 4 * 63 * 60,960 for Q4_K, |M| <= 4 * 63 * 4,064; Q6_K's bound
 // 8 * 128 * 65,024 can exceed it, where f rounds to nearest -- a fixed function of S all the same). Q8_0 / Q5_0 keep
 // a float scale a 32-column block: ag = fmaf(d_b, f(isum_b), ag) over the group's blocks in order, then acc =
-// fmaf(xd, ag, acc). Every expression is per (row, x row) and fixed, and integer sums do not depend on their order,
+// fmaf(xd, ag, acc) -- or, with a scale per 32-column block (x.fine: a launch of one of these formats only), one step
+// a block, acc = fmaf(d_b * xd_b, f(isum_b), acc). Every expression is per (row, x row) and fixed, and integer sums do
+// not depend on their order,
 // so a row's bits depend on its x row and the chunk only. ODD (n > 1): every fragment element; !ODD (n == 1): every
 // B column is x row 0 (rows_xrow), so only elements 0 and 2 (rows g, g + 8 of x row 0) are computed -- the same
 // operations on the same values as ODD's element (g, x row 0) in lane t == 0 (the only lane whose outputs are
@@ -148,7 +155,8 @@ __device__ __forceinline__ const int8_t* rows_xrow(const RowsX& x, int g) {
 template <bool ODD>
 __host__ __device__ constexpr bool rows_elem(int e) { return ODD || !(e & 1); }
 
-// the x scales of x rows 2t, 2t + 1 of N-tile nt in group grp (lanes t > 0 of a !ODD item read rows they discard)
+// the x scales of x rows 2t, 2t + 1 of N-tile nt in scale row grp (a group, or a block where x.fine; lanes t > 0 of a
+// !ODD item read rows they discard)
 template <bool SX>
 __device__ __forceinline__ float2 rows_xscale(const RowsX& x, int grp, int nt, int t) {
     return rows_ldx<SX, float2>(x.sc + (size_t)grp * rows_sc_stride<SX>() + nt * 8 + 2 * t);
@@ -294,8 +302,9 @@ __device__ __forceinline__ uint32_t rows_q50_a(const uint8_t* b, uint32_t qh, in
 // chunk's first block, a multiple of 8, so groups of four blocks never straddle items; a row's last group may hold
 // fewer). A = the int8 codes of rows g, g + 8 (k-slots as Q4_K's: thread t's words hold columns 8t..8t+3 and
 // 8t+4..8t+7), d = their scales.
-// One block bl of a Q8_0 / Q5_0 item: ag += d * isum per fragment element.
-template <int NT, bool ODD, bool SX, int FMT>
+// One block bl of a Q8_0 / Q5_0 item: ag += d * isum per fragment element (FINE: ag += (d * xd_b) * isum, ag being
+// the item's accumulator itself).
+template <int NT, bool ODD, bool SX, int FMT, bool FINE = false>
 __device__ __forceinline__ void rows_blk32_step(const RowsX& x, const int8_t* xb, const uint8_t* r0, const uint8_t* r1,
                                                 int blk0, int bl, int t, float (&ag)[NT][4]) {
     constexpr int BB = rows_blk32_bytes(FMT);
@@ -317,9 +326,17 @@ __device__ __forceinline__ void rows_blk32_step(const RowsX& x, const int8_t* xb
         const uint2 B = rows_ldx<SX, uint2>(xb + (size_t)nt * 8 * x.cols + col0);
         int cs[4];
         rows_mma_k32_s8s8(A, B.x, B.y, cs);
+        if constexpr (FINE) {
+            const float2 xs = rows_xscale<SX>(x, blk0 + bl, nt, t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (rows_elem<ODD>(e)) ag[nt][e] = fmaf(d[e >> 1], rows_i2f(cs[e]), ag[nt][e]);
+            for (int e = 0; e < 4; ++e)
+                if (rows_elem<ODD>(e))
+                    ag[nt][e] = fmaf(__fmul_rn(d[e >> 1], (e & 1) ? xs.y : xs.x), rows_i2f(cs[e]), ag[nt][e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (rows_elem<ODD>(e)) ag[nt][e] = fmaf(d[e >> 1], rows_i2f(cs[e]), ag[nt][e]);
+        }
     }
 }
 
@@ -327,10 +344,24 @@ __device__ __forceinline__ void rows_blk32_step(const RowsX& x, const int8_t* xb
 // chunk's first block, a multiple of 8, so groups of four blocks never straddle items; a row's last group may hold
 // fewer). A = the int8 codes of rows g, g + 8 (k-slots as Q4_K's: thread t's words hold columns 8t..8t+3 and
 // 8t+4..8t+7), d = their scales. Whole groups run unrolled without a bound check (their loads issue together).
-template <int NT, bool ODD, bool SX, int FMT>
+// FINE (x with a scale a block: a launch of this one format, rows_fine): every block steps acc itself, in block order.
+template <int NT, bool ODD, bool SX, int FMT, bool FINE>
 __device__ __forceinline__ void rows_item_blk32(const RowsX& x, const uint8_t* r0, const uint8_t* r1, int blk0, int nb,
                                                 int g, int t, float (&acc)[NT][4]) {
     const int8_t* xb = rows_xrow<ODD, SX>(x, g) + 8 * t;
+    if constexpr (FINE) {
+#pragma unroll 1
+        for (int bg = 0; bg < nb; bg += 4) {
+            if (nb - bg >= 4) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) rows_blk32_step<NT, ODD, SX, FMT, true>(x, xb, r0, r1, blk0, bg + i, t, acc);
+            } else {
+#pragma unroll 1
+                for (int bl = bg; bl < nb; ++bl) rows_blk32_step<NT, ODD, SX, FMT, true>(x, xb, r0, r1, blk0, bl, t, acc);
+            }
+        }
+        return;
+    }
 #pragma unroll 1
     for (int bg = 0; bg < nb; bg += 4) {
         float ag[NT][4];

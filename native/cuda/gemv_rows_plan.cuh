@@ -184,6 +184,14 @@ inline int rows_launch_fmt(const RowsArgs& a) {
         if (a.mat[k].fmt != a.mat[0].fmt) return ROWS_FANY;
     return a.mat[0].fmt;
 }
+// x's scale a 32-column block in a launch of one 32-column format (Q8_0 or Q5_0: its items take a float step a block
+// anyway, so a finer x costs one multiply a block; the 0.5B's Q8_0 lm_head at 896 columns drifted 2.3% of its
+// logits' scale from the reference with a scale per 128 columns, bench/NOTES.md session 33); else one a 128-column
+// group (mixed launches too: their kernel, ROWS_FANY, keeps one x form). A function of the formats, never of n_x.
+inline bool rows_fine(const RowsArgs& a) {
+    const int f = rows_launch_fmt(a);
+    return f == ROWS_Q80 || f == ROWS_Q50;
+}
 
 template <bool SWIGLU>
 int rows_tma_launch_n(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
@@ -196,15 +204,15 @@ int rows_tma_launch_n(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int ma
     }
 }
 
-// The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS int8 codes, then their rows_groups(ROWS_MAX_COLS) x ROWS_NX
-// float scales, in one StreamScratch allocation (cudaMalloc's alignment; q_bytes is a multiple of 65536, so the
+// The pre-pass's output, ROWS_NX rows of ROWS_MAX_COLS int8 codes, then their rows_scale_rows(ROWS_MAX_COLS, fine) x
+// ROWS_NX float scales (room for the fine ones: a scale a 32-column block), in one StreamScratch allocation (cudaMalloc's alignment; q_bytes is a multiple of 65536, so the
 // scales stay 8-byte aligned for the items' float2 reads).
 struct RowsScratch { int8_t* xq = nullptr; float* xsc = nullptr; };
 
 inline int rows_scratch(cudaStream_t stream, RowsScratch* out) {
     static StreamScratch scratch;
     const size_t q_bytes = (size_t)ROWS_NX * ROWS_MAX_COLS;
-    const size_t sc_bytes = (size_t)rows_groups(ROWS_MAX_COLS) * ROWS_NX * sizeof(float);
+    const size_t sc_bytes = (size_t)rows_scale_rows(ROWS_MAX_COLS, true) * ROWS_NX * sizeof(float);
     void* p = nullptr;
     if (int st = scratch.get(stream, q_bytes + sc_bytes, &p)) return st;
     out->xq = static_cast<int8_t*>(p);
@@ -249,10 +257,10 @@ inline int rows_prepass(cudaStream_t stream, const float* x, const float* norm_w
                         RowsArgs* a) {
     RowsScratch s;
     if (int st = rows_scratch(stream, &s)) return st;
-    a->x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1};
+    a->x = RowsX{s.xq, s.xsc, cols, ROWS_NX - 1, a->x.fine};
     const dim3 pre_grid(ceil_div(rows_groups(cols), ROWS_GROUP_WARPS), n_x);
     return launch_pdl(gemv_rows_quantize_x, pre_grid, dim3(ROWS_PREPASS_THREADS), 0, stream, x, norm_w, eps, cols,
-                      s.xq, s.xsc);
+                      a->x.fine, s.xq, s.xsc);
 }
 
 // The whole call (validated as gemv_plan validates): one GEMV launch over every matrix, after the pre-pass (x ->
@@ -290,6 +298,8 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         if (!swiglu || k == 0) tiles += ceil_div(m.rows, 16);
         stride_max = max(stride_max, m.stride);
     }
+    a.x.fine = rows_fine(a) ? 1 : 0;
+    const int fxb = rows_fx_bytes(n_x, cols, a.x.fine != 0);
     a.tiles = tiles;
     a.up_off = 16 * stride_max;
     a.slot_bytes = a.up_off * (swiglu ? 2 : 1);
@@ -300,13 +310,13 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // tg128 +1.2% / +4.7%), where with a scale per 32 columns it had lost (1.27 -> 1.35 ms, session 24)
     const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX);
     RowsTmaArgs ta;
-    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? rows_fx_bytes(n_x, cols) : 0, tma_look, dev, &ta, &sh)) {
+    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? fxb : 0, tma_look, dev, &ta, &sh)) {
         if (fx_wanted) {
             a.xin = x;
             a.norm_w = norm_w;
             a.eps = eps;
             a.fx_off = (int)sh.smem;
-            sh.smem += (size_t)rows_fx_bytes(n_x, cols);
+            sh.smem += (size_t)fxb;
         } else {
             if (int st = rows_prepass(stream, x, norm_w, eps, cols, n_x, &a)) return st;
         }
@@ -322,7 +332,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // lm_head 72.9 vs 83.2 us, ffn_gate 10.1 vs 10.2, but ffn_down (96 tiles, 8960 columns) 17.5 vs 12.6, attn_q/o
     // 6.2 vs 4.7, attn_k/v 5.6 vs 4.3 (not re-measured with 128-column groups).
     const bool fx = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms &&
-                    rows_shape(a, swiglu, n_x, rows_fx_bytes(n_x, cols), dev, &sh) == 0 && sh.st >= 2;
+                    rows_shape(a, swiglu, n_x, fxb, dev, &sh) == 0 && sh.st >= 2;
     if (fx) {
         a.st = sh.st;
         a.R = sh.R;
@@ -330,7 +340,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         a.norm_w = norm_w;
         a.eps = eps;
         a.fx_off = (int)sh.smem;
-        sh.smem += (size_t)rows_fx_bytes(n_x, cols);
+        sh.smem += (size_t)fxb;
         return swiglu ? rows_launch_n<true>(a, sh, true, dev.max_smem, stream)
                       : rows_launch_n<false>(a, sh, true, dev.max_smem, stream);
     }

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
     pdl_launch_dependents();
     RowsX x = a.x;
     if (FX) {   // while the first tiles stream
-        rows_quantize_cta(a, smem + a.fx_off, W, W * 32);
+        rows_quantize_cta<F == ROWS_Q80 || F == ROWS_Q50>(a, smem + a.fx_off, W, W * 32);
         x = rows_fx_x(a, smem + a.fx_off);
     }
     const int total = n_mine * a.C;   // items j = tile_local_cta * C + chunk, as gemv_rows_kernel's

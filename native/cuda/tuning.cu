@@ -17,10 +17,12 @@ namespace {
 // the formats of gemv_rows_formats = 3, Q4_K and Q6_K: a model runs one path at every n (row invariance), and since
 // session 32 a K-quant model's one-row decode is as fast on it as on the dp4a kernels (real 1.5B, one H200, tg128
 // 1056.6 vs 1053.9) while its 8-32-row verification forwards cost 1.2-2.2x a row instead of ~3x at 8; n-gram
-// speculative decoding of the 1.5B 1.24x its plain decode (bench/NOTES.md session 33). Not Q8_0 / Q5_0: the 0.5B's
-// Q8_0 lm_head at 896 columns on gemv_rows' x codes (one scale a 128-column group) leaves its logits 2.3% of their
-// scale from the reference's (the parity tests allow 2%), and its Q5_0 projections are ~15% slower at one row there;
-// the DFlash drafter's Q8_0 layers, 13% faster on gemv_rows, wait for finer x codes. Elsewhere gemv_rows = 0 (not
+// speculative decoding of the 1.5B 1.24x its plain decode (bench/NOTES.md session 33). Not Q8_0 / Q5_0 yet: with one
+// x scale a 128-column group the 0.5B's Q8_0 lm_head at 896 columns left its logits 2.3% of their scale from the
+// reference's (the parity tests allow 2%); launches of one 32-column format now take a scale a 32-column block, with
+// which the 0.5B passes on formats 7 and 15, but the one-row cost of that (0.5B tg128 -9% against dp4a with formats
+// 7, -6.5% with 3, on one H200) and the DFlash drafter's gain (its Q8_0 layers, +13% for DDTree 22 with the coarser
+// codes) are not yet measured side by side with it. Elsewhere gemv_rows = 0 (not
 // measured on those GPUs); gemv_rows = 0 turns it off (--tuning) for an A/B. Tensor-core GEMV passes (gemv_mma.cuh) off:
 // exact, but slower than the one-row kernel's passes as built (results/2026-11-26-h100-gemv-mma-passes.txt);
 // gemv_mma_rows = 2..8 turns them on for an A/B. gemv_rows_fuse_nx = 1: one-row gemv_rows calls quantize x in

@@ -401,3 +401,51 @@ def test_fold_threads_cover_each_output_once(ntt):
         assert row == G[ln] + 8 * ((kk & 3) >> 1) and xr == 8 * (kk >> 2) + 2 * TQ[ln] + (kk & 1)
         seen.add((row, xr))
     assert seen == {(r, x) for r in range(16) for x in range(8 * ntt)}
+
+
+# ---- x's codes and scales (gemv_rows.cuh rows_quant_group / rows_store_scales, gemv_rows_item.cuh's reads) --------
+def quantize_x_row(x: np.ndarray, fine: bool) -> tuple[np.ndarray, dict]:
+    """The pre-pass / CTA copy of one x row, transcribed: warp grp takes columns 128 grp + 32 u + lane (u < nu); the
+    codes rint(xn * (127 / m)), the scale m / 127, m = max |xn| over the group or (fine) over block u; lane 0 stores
+    the scale at row grp, or 4 grp + u. Returns (codes, {scale row: (xd, how many times written)})."""
+    cols = x.size
+    q = np.zeros(cols, np.int64)
+    scales: dict = {}
+    for grp in range((cols + 127) // 128):
+        nu = min(4, cols // 32 - 4 * grp)
+        blocks = [x[128 * grp + 32 * u:128 * grp + 32 * u + 32].astype(np.float32) for u in range(nu)]
+        ms = [np.float32(np.abs(b).max()) for b in blocks]
+        if not fine:
+            ms = [max(ms)] * nu
+        for u, (b, m) in enumerate(zip(blocks, ms)):
+            inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
+            q[128 * grp + 32 * u:128 * grp + 32 * u + 32] = np.clip(np.rint(b * inv), -127, 127)
+        for u in (range(nu) if fine else [0]):
+            row = 4 * grp + u if fine else grp
+            xd = np.float32(ms[u] / np.float32(127.0))
+            scales[row] = (xd, scales.get(row, (0, 0))[1] + 1)
+    return q, scales
+
+
+@pytest.mark.parametrize("cols", [32, 96, 800, 896, 1536, 4864])
+def test_x_scales_are_written_once_and_read_where_the_items_look(cols):
+    """Every scale row is written exactly once (fine: one a 32-column block, cols / 32 rows; else one a 128-column
+    group, ceil(cols / 128) -- gemv_rows_item.cuh rows_scale_rows), the items' lookups find the scale that quantized
+    each column (rows_item_blk32: block blk0 + bl when fine, group (blk0 + bg) >> 2 otherwise; the K-quant items:
+    group), and x' = xd q is within xd / 2 of x, so a fine scale is never coarser than its group's."""
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal(cols).astype(np.float32) * rng.uniform(0.1, 30.0, cols // 32).repeat(32).astype(np.float32)
+    coarse_err = None
+    for fine in (False, True):
+        q, scales = quantize_x_row(x, fine)
+        n_rows = cols // 32 if fine else (cols + 127) // 128
+        assert sorted(scales) == list(range(n_rows)) and all(c == 1 for _, c in scales.values())
+        blk = np.arange(cols) // 32
+        look = blk if fine else blk >> 2
+        xd = np.array([scales[r][0] for r in look], np.float64)
+        err = np.abs(xd * q - x.astype(np.float64))
+        assert np.all(err <= xd / 2 * (1 + 1e-6) + 1e-30)
+        bound = xd / 2
+        if fine:
+            assert np.all(bound <= coarse_err + 1e-30)
+        coarse_err = bound

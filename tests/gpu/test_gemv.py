@@ -47,15 +47,27 @@ def rows_path(native, qtypes, cols) -> bool:
     return gemv_rows_call(native.tuning(), qtypes, cols)
 
 
+def x_block(qtypes) -> int:
+    """Columns of one x scale on gemv_rows.cuh (gemv_rows_plan.cuh rows_fine): 32 in a launch of one 32-column format
+    (Q8_0 or Q5_0), else a 128-column group (ROWS_XG)."""
+    qs = {int(q) for q in qtypes}
+    return 32 if len(qs) == 1 and qs <= {int(T.Q8_0), int(T.Q5_0)} else ROWS_XG
+
+
+def rows_bound(native, qtypes, cols):
+    """int8_x_bound's `rows` for this call: its x block on gemv_rows.cuh, False on gemv.cuh's kernels."""
+    return x_block(qtypes) if rows_path(native, qtypes, cols) else False
+
+
 def int8_x_bound(xn, W, rows=False):
     """The int8-activation path's extra error bound: |W| @ (per column, max |xn| over its x block) / XQ_DEN, the
-    block 32 columns on gemv.cuh and a 128-column group (ROWS_XG; a row's last may be 32-96 wide) with ROWS_XQ_DEN
-    on gemv_rows.cuh (rows=True), 2% slack for the float32 scale and the float32 norm. 0 when cols % 32 != 0 (float
-    path only)."""
+    block 32 columns on gemv.cuh; on gemv_rows.cuh (rows = True: a 128-column group, ROWS_XG, a row's last may be
+    32-96 wide; rows = an int: that many columns, x_block) with ROWS_XQ_DEN; 2% slack for the float32 scale and the
+    float32 norm. 0 when cols % 32 != 0 (float path only)."""
     cols = xn.shape[-1]
     if cols % 32:
         return 0.0
-    blk = ROWS_XG if rows else 32
+    blk = 32 if rows is False else ROWS_XG if rows is True else int(rows)
     pad = -cols % blk
     a = np.abs(xn)
     if pad:
@@ -110,7 +122,7 @@ def test_gemv_every_format_and_epilogue(native, dev, rng, poisoned, qtype, rows,
         xn = normed64(x, norm_w if use_norm else None)
         dot = xn @ W.T
         scale = np.abs(xn) @ np.abs(W).T
-        xb = int8_x_bound(xn, W, rows_path(native, [qtype], cols))
+        xb = int8_x_bound(xn, W, rows_bound(native, [qtype], cols))
         # plain
         y = poisoned((n_x, rows))
         call_gemv(native, dev, y, w, qtype, rows, cols, d_x, n_x, d_norm if use_norm else None, None, None)
@@ -146,7 +158,7 @@ def test_gemv_real_shapes(native, dev, rng, poisoned, qtype, rows, cols):
     call_gemv(native, dev, y, w, qtype, rows, cols, dev.upload(x), 1, dev.upload(norm_w), None, None)
     xn = normed64(x, norm_w)
     assert_close(dev.download(y), xn @ W.T, np.abs(xn) @ np.abs(W).T, what=f"{qtype.name} {rows}x{cols}",
-                 bound=int8_x_bound(xn, W, rows_path(native, [qtype], cols)))
+                 bound=int8_x_bound(xn, W, rows_bound(native, [qtype], cols)))
 
 
 @pytest.mark.slow
@@ -164,7 +176,7 @@ def test_gemv_eight_rows_of_wide_input_take_several_passes(native, dev, rng, poi
     call_gemv(native, dev, d_yr, w, qtype, rows, cols, dev.upload(x), n_x, dev.upload(norm_w), None, d_yr)
     xn = normed64(x, norm_w)
     assert_close(dev.download(d_yr), xn @ W.T + residual, np.abs(xn) @ np.abs(W).T, np.abs(residual),
-                 bound=int8_x_bound(xn, W, rows_path(native, [qtype], cols)))
+                 bound=int8_x_bound(xn, W, rows_bound(native, [qtype], cols)))
 
 
 @pytest.mark.slow
@@ -178,7 +190,7 @@ def test_gemv_lm_head_sized(native, dev, rng, poisoned):
     W = weights64(data, T.Q6_K, rows, cols)
     x64 = x.astype(np.float64)
     assert_close(dev.download(y), x64 @ W.T, np.abs(x64) @ np.abs(W).T,
-                 bound=int8_x_bound(x64, W, rows_path(native, [T.Q6_K], cols)))
+                 bound=int8_x_bound(x64, W, rows_bound(native, [T.Q6_K], cols)))
 
 
 def run_multi(native, dev, ys, ws, qtypes, rows, biases, cols, d_x, n_x, d_norm):
@@ -225,7 +237,7 @@ def test_gemv_multi_mixed_formats(native, dev, rng, poisoned, case, n_x):
             want = xn @ W.T + (b if b is not None else 0)
             assert_close(dev.download(y), want, np.abs(xn) @ np.abs(W).T, np.abs(b) if b is not None else 0,
                          what=f"matrix {k} ({mats[k][0].name}) norm={use_norm}",
-                         bound=int8_x_bound(xn, W, rows_path(native, [m[0] for m in mats], cols)))
+                         bound=int8_x_bound(xn, W, rows_bound(native, [m[0] for m in mats], cols)))
 
 
 @pytest.mark.parametrize("n_x", [1, 3, 8])
@@ -252,7 +264,7 @@ def test_gemv_swiglu(native, dev, rng, poisoned, qtypes, rows, cols, n_x):
         want = g * sig * u
         # error propagation: |d silu(g)/dg| <= 1.1, so dy <= 1.1 |u| dg + |silu(g)| du
         scale = 1.1 * np.abs(u) * (np.abs(xn) @ np.abs(Wg).T) + np.abs(g * sig) * (np.abs(xn) @ np.abs(Wu).T)
-        rp = rows_path(native, qtypes, cols)
+        rp = rows_bound(native, qtypes, cols)
         xb = 1.1 * np.abs(u) * int8_x_bound(xn, Wg, rp) + np.abs(g * sig) * int8_x_bound(xn, Wu, rp)
         assert_close(dev.download(y), want, scale, what=f"swiglu norm={use_norm}", bound=xb)
 
@@ -350,7 +362,7 @@ def test_gemv_inside_graph_capture(native, dev, rng, poisoned):
     W = weights64(data, T.Q4_K, rows, cols)
     x64 = x.astype(np.float64)
     assert_close(dev.download(y), x64 @ W.T, np.abs(x64) @ np.abs(W).T,
-                 bound=int8_x_bound(x64, W, rows_path(native, [T.Q4_K], cols)))
+                 bound=int8_x_bound(x64, W, rows_bound(native, [T.Q4_K], cols)))
 
 
 def test_bad_arguments(native, dev, rng):

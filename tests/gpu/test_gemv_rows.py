@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 from flashd.scripts.random_weights import cols_of, random_weights
 
 from tests.gpu.test_gemv import (EPS, FD_E_ARG, assert_close, bits, call_gemv, call_kind, call_swiglu, int8_x_bound,
-                                 normed64, rows_path, run_multi, weights64)
+                                 normed64, rows_path, run_multi, weights64, x_block)
 
 ROWS_FORMATS = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0]
 
@@ -61,7 +61,7 @@ def test_every_epilogue_against_float64(native, dev, rng, poisoned, rows_on, qty
     for use_norm in (False, True):
         xn = normed64(x, norm_w if use_norm else None)
         dot, scale = xn @ W.T, np.abs(xn) @ np.abs(W).T
-        xb = int8_x_bound(xn, W, rows=True)
+        xb = int8_x_bound(xn, W, rows=x_block([qtype]))   # Q8_0 / Q5_0: a scale a 32-column block
         nw = d_norm if use_norm else None
         y = poisoned((n_x, rows))
         call_gemv(native, dev, y, w, qtype, rows, cols, d_x, n_x, nw, None, None)
@@ -109,7 +109,7 @@ def test_multi_against_float64(native, dev, rng, poisoned, rows_on, case, n_x):
         for k, (y, W, b) in enumerate(zip(ys, Ws, bs)):
             want = xn @ W.T + (b if b is not None else 0)
             assert_close(dev.download(y), want, np.abs(xn) @ np.abs(W).T, np.abs(b) if b is not None else 0,
-                         what=f"matrix {k} ({mats[k][0].name}) norm={use_norm}", bound=int8_x_bound(xn, W, rows=True))
+                         what=f"matrix {k} ({mats[k][0].name}) norm={use_norm}", bound=int8_x_bound(xn, W, rows=x_block([m[0] for m in mats])))
 
 
 @pytest.mark.parametrize("n_x", [1, 5, 16, 32])
@@ -133,7 +133,8 @@ def test_swiglu_against_float64(native, dev, rng, poisoned, rows_on, qtypes, row
         g, u = xn @ Wg.T, xn @ Wu.T
         sig = 1 / (1 + np.exp(-g))
         scale = 1.1 * np.abs(u) * (np.abs(xn) @ np.abs(Wg).T) + np.abs(g * sig) * (np.abs(xn) @ np.abs(Wu).T)
-        xb = 1.1 * np.abs(u) * int8_x_bound(xn, Wg, True) + np.abs(g * sig) * int8_x_bound(xn, Wu, True)
+        xb = (1.1 * np.abs(u) * int8_x_bound(xn, Wg, x_block(qtypes))
+              + np.abs(g * sig) * int8_x_bound(xn, Wu, x_block(qtypes)))
         assert_close(dev.download(y), g * sig * u, scale, what=f"swiglu norm={use_norm}", bound=xb)
 
 

@@ -42,7 +42,7 @@ static void plan(const Call& c, int n, bool fx, int look, const DeviceFacts& dev
         if (!c.swiglu || k == 0) tiles += ceil_div(m.rows, 16);
     }
     a.tiles = tiles;
-    const int fx_bytes = fx ? rows_fx_bytes(n, c.cols) : 0;
+    const int fx_bytes = fx ? rows_fx_bytes(n, c.cols, rows_fine(a)) : 0;   // gemv_rows_run's
     RowsTmaArgs t;
     RowsShape sh;
     const bool ok = rows_tma_plan(a, c.swiglu, n, fx_bytes, look, dev, &t, &sh);
