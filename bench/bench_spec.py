@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashd.bench.out_files import commit_label
+from flashd.bench.out_files import commit_label, file_label
 from flashd.bench.llama_spec import (DEFAULT_NGRAM_TYPES, NGRAM_TYPES, LlamaResult, LlamaRun, build_llama_tools,
                                      export_dflash, llama_runs, run_llama)
 
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        stamp = f"spec-{datetime.date.today().isoformat()}-{commit}"
+        stamp = f"spec-{datetime.date.today().isoformat()}-{file_label(commit)}"
         (args.out / f"{stamp}.md").write_text(text + "\n")
         (args.out / f"{stamp}.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     return 0

@@ -22,7 +22,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from flashd.bench.out_files import commit_label
+from flashd.bench.out_files import commit_label, file_label
 
 
 def log(msg: str) -> None:
@@ -147,8 +147,8 @@ def main(argv=None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         stamp = datetime.date.today().isoformat()
-        (args.out / f"compare-{stamp}-{commit}.md").write_text(text + "\n")
-        (args.out / f"compare-{stamp}-{commit}.json").write_text(json.dumps(records, indent=1))
+        (args.out / f"compare-{stamp}-{file_label(commit)}.md").write_text(text + "\n")
+        (args.out / f"compare-{stamp}-{file_label(commit)}.json").write_text(json.dumps(records, indent=1))
     return 0
 
 

@@ -23,6 +23,12 @@ def commit_label(where: Path | None = None) -> str:
     return head.stdout.strip() + ("+dirty" if changed.returncode != 0 or changed.stdout.strip() else "")
 
 
+def file_label(label: str) -> str:
+    """commit_label's text as part of a file name: "+" -> "-" and "?" -> "unknown" (a GPU host's file return refuses
+    names with such characters: session 33's "+dirty" result files were left on the host)."""
+    return label.replace("+", "-").replace("?", "unknown")
+
+
 def write_md_json(out_dir: Path, name: str, text: str, data, **dumps_kwargs) -> Path:
     """out_dir/name.md (text) and out_dir/name.json (json.dumps(data, **dumps_kwargs)); out_dir is made if
     missing. The name's last dotted part is replaced, as Path.with_suffix does. Returns out_dir/name."""

@@ -34,3 +34,9 @@ def test_clean_dirty_and_no_checkout(tmp_path):
     outside = tmp_path / "plain"
     outside.mkdir()
     assert commit_label(outside) == "?"
+
+
+@pytest.mark.parametrize("label,want", [("804b4b4", "804b4b4"), ("804b4b4+dirty", "804b4b4-dirty"), ("?", "unknown")])
+def test_file_label_keeps_names_to_plain_characters(label, want):
+    from flashd.bench.out_files import file_label
+    assert file_label(label) == want
