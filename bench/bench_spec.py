@@ -74,7 +74,15 @@ def load_flashd(target: str, max_ctx: int, device: str, tuning: str = ""):
     return engine, in_effect
 
 
-def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
+def ngram_config(text: str):
+    """NgramConfig from 'field=value,...' ('' = the defaults; vote takes a word, the other fields integers)."""
+    from flashd.daemon.speculative.ngram import NgramConfig
+
+    fields = dict(kv.strip().split("=", 1) for kv in text.split(",") if kv.strip())
+    return NgramConfig(**{k: (v if k == "vote" else int(v)) for k, v in fields.items()})
+
+
+def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool, ngram_fields: str = ""):
     """[(label, drafter, mode, budget)] of the configurations to run."""
     from flashd.clients.registry import resolve_model
     from flashd.daemon.speculative.draft_model import DraftModelConfig, DraftModelDrafter
@@ -98,7 +106,7 @@ def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool):
         configs += [(name, dm(d), "chain", d) for d in chains]
         configs += [(name, dm(d), "ddtree", b) for d, b in trees]
         configs += [(name, dm(7), "auto", 7)]
-    ngram = NgramDrafter()
+    ngram = NgramDrafter(ngram_config(ngram_fields))
     configs += [("ngram", ngram, "chain", 7)] + ([] if quick else [("ngram", ngram, "chain", 3),
                                                                      ("ngram", ngram, "ddtree", 7),
                                                                      ("ngram", ngram, "ddtree", 22)])
@@ -208,6 +216,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b", help="model name or GGUF path")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model name or path ('' = none)")
     ap.add_argument("--dflash", default=None, help="a DFlash drafter GGUF (optional)")
+    ap.add_argument("--ngram", default="", metavar="FIELD=VALUE,...",
+                    help="the n-gram drafter's NgramConfig fields, e.g. min_ngram=1 (bench/ngram_offline.py estimates "
+                         "them on the CPU)")
     ap.add_argument("--prompts", type=Path, default=HERE / "spec_prompts.jsonl")
     ap.add_argument("--n-prompts", type=int, default=None, help="first N prompts (default all)")
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -236,6 +247,10 @@ def main(argv=None) -> int:
                     help="CUDA launch tuning overrides (flashd_tuning.h), e.g. gemv_rows=1: set before the load, so every "
                          "graph is captured with it; the table's title prints the tuning in effect")
     args = ap.parse_args(argv)
+    try:
+        ngram_config(args.ngram)                                  # a bad --ngram fails before any loading
+    except (TypeError, ValueError) as exc:
+        ap.error(f"--ngram: {exc}")
 
     bin_dir = args.llama_bin
     try:
@@ -256,7 +271,7 @@ def main(argv=None) -> int:
     texts = [r["text"] for r in records[:n]]
     engine, tuning = load_flashd(args.target, args.max_ctx, args.device, args.tuning)
     prompts = [engine.tokenizer.encode(t) for t in texts]
-    configs = make_drafters(engine, args.draft or None, args.dflash, args.quick)
+    configs = make_drafters(engine, args.draft or None, args.dflash, args.quick, args.ngram)
     rows = run_flashd(engine, prompts, args.max_tokens, configs, args.warmup)
     if not args.skip_llama:
         from flashd.clients.registry import resolve_model

@@ -2,7 +2,7 @@
 answers, no GPU.
 
     python bench/ngram_offline.py TARGET.gguf [--prompts bench/spec_prompts.jsonl] [--n-prompts 0] [--max-new 256]
-        [--answers CACHE.npz] [--modes chain:7,chain:3,ddtree:7,ddtree:22] [--variants latest,consistent]
+        [--answers CACHE.npz] [--modes chain:7,chain:3,ddtree:7,ddtree:22] [--variant vote=consistent,max_ngram=6 ...]
 
 The target (train/target.py, torch on the CPU) answers each prompt greedily -- the tokens the runtime's greedy
 speculative decoding emits, whatever the drafter (spec == plain) -- and --answers keeps them in a file, so a rerun
@@ -13,9 +13,8 @@ bonus). A step without a proposal is one plain step. Printed per variant and mod
 speed-relevant figure: tokens / forwards), tokens a drafted step (bench_spec's "tokens/step" counts drafted steps),
 and the share of steps with a draft.
 
-Variants (NgramConfig.vote): "latest" -- each depth's candidates voted over every match of the longest n-gram
-(the drafter before session 33); "consistent" -- a depth's vote only among the matches that agree with the top-1
-chain so far, so the chain is one earlier continuation, not a mix of several.
+A variant is NgramConfig fields to change ("" = the defaults; e.g. vote=consistent: a depth's vote only among
+the matches that agree with the top-1 chain so far; min_ngram=1: single-token matches too).
 """
 from __future__ import annotations
 
@@ -74,7 +73,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--answers", type=Path, help="npz cache of the target's answers (written if missing)")
     ap.add_argument("--modes", default="chain:7,chain:3,ddtree:7,ddtree:22", help="mode:budget, comma-separated")
-    ap.add_argument("--variants", default="latest,consistent")
+    ap.add_argument("--variant", action="append", default=None,
+                    help="NgramConfig fields, field=value,...; repeat for more ('' = the defaults; default: '' and "
+                         "vote=consistent)")
     args = ap.parse_args(argv)
 
     from flashd.clients.tokenizer import Tokenizer
@@ -98,15 +99,17 @@ def main(argv=None) -> int:
           f"{sum(len(a) for a in answers)} answer tokens ({time.perf_counter() - t0:.0f} s)\n")
     print("| variant | mode | budget | tokens / target forward | tokens / drafted step | steps with a draft |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for variant in [v for v in args.variants.split(",") if v]:
+    for variant in (args.variant if args.variant is not None else ["", "vote=consistent"]):
+        fields = dict(kv.split("=") for kv in variant.split(",") if kv)
+        cfg = NgramConfig(**{k: (v if k == "vote" else int(v)) for k, v in fields.items()})
         for spec in [m for m in args.modes.split(",") if m]:
             mode, budget = spec.split(":")
-            drafter = NgramDrafter(NgramConfig(vote=variant))
+            drafter = NgramDrafter(cfg)
             f = d = dt = n_tok = 0
             for p, a in zip(prompts, answers):
                 fw, dr, drt = replay(p, a, drafter, mode, int(budget))
                 f, d, dt, n_tok = f + fw, d + dr, dt + drt, n_tok + len(a)
-            print(f"| {variant} | {mode} | {budget} | {n_tok / max(f, 1):.3f} | {dt / max(d, 1):.3f} | "
+            print(f"| {variant or 'defaults'} | {mode} | {budget} | {n_tok / max(f, 1):.3f} | {dt / max(d, 1):.3f} | "
                   f"{d / max(f - len(prompts), 1):.1%} |")
     return 0
 
