@@ -75,11 +75,11 @@ def load_flashd(target: str, max_ctx: int, device: str, tuning: str = ""):
 
 
 def ngram_config(text: str):
-    """NgramConfig from 'field=value,...' ('' = the defaults; vote takes a word, the other fields integers)."""
+    """NgramConfig from 'field=value,...' (integers; '' = the defaults)."""
     from flashd.daemon.speculative.ngram import NgramConfig
 
     fields = dict(kv.strip().split("=", 1) for kv in text.split(",") if kv.strip())
-    return NgramConfig(**{k: (v if k == "vote" else int(v)) for k, v in fields.items()})
+    return NgramConfig(**{k: int(v) for k, v in fields.items()})
 
 
 def make_drafters(engine, draft: str | None, dflash: str | None, quick: bool, ngram_fields: str = ""):

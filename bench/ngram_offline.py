@@ -2,7 +2,7 @@
 answers, no GPU.
 
     python bench/ngram_offline.py TARGET.gguf [--prompts bench/spec_prompts.jsonl] [--n-prompts 0] [--max-new 256]
-        [--answers CACHE.npz] [--modes chain:7,chain:3,ddtree:7,ddtree:22] [--variant vote=consistent,max_ngram=6 ...]
+        [--answers CACHE.npz] [--modes chain:7,chain:3,ddtree:7,ddtree:22] [--variant min_ngram=1,max_ngram=6 ...]
 
 The target (train/target.py, torch on the CPU) answers each prompt greedily -- the tokens the runtime's greedy
 speculative decoding emits, whatever the drafter (spec == plain) -- and --answers keeps them in a file, so a rerun
@@ -13,8 +13,9 @@ bonus). A step without a proposal is one plain step. Printed per variant and mod
 speed-relevant figure: tokens / forwards), tokens a drafted step (bench_spec's "tokens/step" counts drafted steps),
 and the share of steps with a draft.
 
-A variant is NgramConfig fields to change ("" = the defaults; e.g. vote=consistent: a depth's vote only among
-the matches that agree with the top-1 chain so far; min_ngram=1: single-token matches too).
+A variant is NgramConfig fields to change ("" = the defaults; e.g. min_ngram=1: single-token matches too).
+(Session 33 also tried a chain voted only among the matches on it so far: no change, not kept -- bench/results/
+2026-11-28-cpu-session33-ngram-offline.md.)
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="chain:7,chain:3,ddtree:7,ddtree:22", help="mode:budget, comma-separated")
     ap.add_argument("--variant", action="append", default=None,
                     help="NgramConfig fields, field=value,...; repeat for more ('' = the defaults; default: '' and "
-                         "vote=consistent)")
+                         "min_ngram=1)")
     args = ap.parse_args(argv)
 
     from flashd.clients.tokenizer import Tokenizer
@@ -99,9 +100,9 @@ def main(argv=None) -> int:
           f"{sum(len(a) for a in answers)} answer tokens ({time.perf_counter() - t0:.0f} s)\n")
     print("| variant | mode | budget | tokens / target forward | tokens / drafted step | steps with a draft |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for variant in (args.variant if args.variant is not None else ["", "vote=consistent"]):
+    for variant in (args.variant if args.variant is not None else ["", "min_ngram=1"]):
         fields = dict(kv.split("=") for kv in variant.split(",") if kv)
-        cfg = NgramConfig(**{k: (v if k == "vote" else int(v)) for k, v in fields.items()})
+        cfg = NgramConfig(**{k: int(v) for k, v in fields.items()})
         for spec in [m for m in args.modes.split(",") if m]:
             mode, budget = spec.split(":")
             drafter = NgramDrafter(cfg)

@@ -5,9 +5,8 @@ last n tokens are looked up among earlier occurrences of the same n-gram; the fi
 match wins. Each match contributes the tokens that followed it (up to max_depth). Candidates at
 depth d are the distinct tokens found d places after the matches, ranked by how many matches
 agree (then by recency: the latest match first); log-prob = log(agreeing / all matches long
-enough). Which matches vote at depth d (NgramConfig.vote): "latest", every match; "consistent",
-only those whose tokens at depths < d are the top-1 chain's, so the chain is one earlier
-continuation (the most agreed, then the latest), never a mix of several.
+enough). The top-1 chain is the continuation of the most-agreed tokens, so chain mode copies the
+most recent match when all matches agree.
 
 State: the token list and a dict n-gram -> end indices of its earlier occurrences, per n,
 extended incrementally as tokens are committed (O(max_ngram) per token).
@@ -31,13 +30,10 @@ class NgramConfig:
     max_ngram: int = 4        # longest suffix looked up (longer matches win)
     max_depth: int = 7        # deepest proposal: a chain of root + 7 is one 8-row pass of the GPU's GEMVs
     max_matches: int = 16     # latest occurrences considered per lookup
-    vote: str = "latest"      # which matches vote at depth d: "latest" (all), "consistent" (those on the chain)
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
-        if self.vote not in ("latest", "consistent"):
-            raise ValueError(f"vote must be 'latest' or 'consistent', got {self.vote!r}")
         if self.max_depth < 1 or self.max_matches < 1:
             raise ValueError("max_depth and max_matches must be >= 1")
 
@@ -79,7 +75,6 @@ class NgramDrafter(Drafter):
 
     def _from_matches(self, ends: list[int], max_depth: int, top_k: int) -> Proposal:
         toks = self._tokens
-        consistent = self.config.vote == "consistent"
         rows_t, rows_lp = [], []
         for d in range(max_depth):
             votes: dict[int, int] = {}
@@ -97,8 +92,6 @@ class NgramDrafter(Drafter):
             ranked = sorted(order, key=lambda t: -votes[t])[:top_k]   # stable: recency among equals
             rows_t.append(ranked + [ranked[0]] * (top_k - len(ranked)))
             rows_lp.append([np.log(votes[t] / total) for t in ranked] + [-np.inf] * (top_k - len(ranked)))
-            if consistent:                           # the next depth hears only the matches on the chain
-                ends = [e for e in ends if e + d < len(toks) and toks[e + d] == ranked[0]]
         if not rows_t:
             return Proposal.empty()
         return Proposal(np.array(rows_t, np.int32), np.array(rows_lp, np.float64))

@@ -27,7 +27,7 @@ def test_no_match_means_one_plain_forward_a_token():
 
 def test_bench_spec_ngram_fields():
     assert ngram_config("") == NgramConfig()
-    assert ngram_config("min_ngram=1, vote=consistent") == NgramConfig(min_ngram=1, vote="consistent")
+    assert ngram_config("min_ngram=1, max_ngram=6") == NgramConfig(min_ngram=1, max_ngram=6)
     with pytest.raises(TypeError):
         ngram_config("no_such_field=1")
     with pytest.raises(ValueError):
