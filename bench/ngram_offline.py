@@ -11,7 +11,9 @@ NgramDrafter over each answer: begin(prompt, first token), propose, build the ch
 tree.py build_tree, chain seed), walk it against the answer's next tokens (accept.py greedy_walk), accept(accepted,
 bonus). A step without a proposal is one plain step. Printed per variant and mode: target forwards a token (the
 speed-relevant figure: tokens / forwards), tokens a drafted step (bench_spec's "tokens/step" counts drafted steps),
-and the share of steps with a draft.
+and the share of steps with a draft. With --step-ms (a plain step's and each mode's drafted step's GPU time, from
+bench_spec on the same target: its plain tok/s and draft + verify ms a step) it also estimates the speed against
+plain decoding: tokens / (plain steps x plain ms + drafted steps x drafted ms), over tokens x plain ms.
 
 A variant is NgramConfig fields to change ("" = the defaults; e.g. min_ngram=1: single-token matches too).
 (Session 33 also tried a chain voted only among the matches on it so far: no change, not kept -- bench/results/
@@ -66,6 +68,12 @@ def replay(prompt: np.ndarray, answer: np.ndarray, drafter, mode: str, budget: i
     return forwards, drafted, drafted_tokens
 
 
+def speed_vs_plain(n_tokens: int, forwards: int, drafted: int, plain_ms: float, drafted_ms: float) -> float:
+    """Estimated speed against plain decoding: n_tokens plain steps' time over the replay's (forwards - drafted)
+    plain steps and drafted steps at their own cost."""
+    return n_tokens * plain_ms / ((forwards - drafted) * plain_ms + drafted * drafted_ms)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", type=Path)
@@ -74,6 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--answers", type=Path, help="npz cache of the target's answers (written if missing)")
     ap.add_argument("--modes", default="chain:7,chain:3,ddtree:7,ddtree:22", help="mode:budget, comma-separated")
+    ap.add_argument("--step-ms", default="", metavar="plain=MS,MODE:BUDGET=MS,...",
+                    help="GPU ms of a plain step and of a drafted step per mode, e.g. plain=1.015,chain:7=1.19 "
+                         "(bench_spec's figures): adds the estimated speed against plain decoding")
     ap.add_argument("--variant", action="append", default=None,
                     help="NgramConfig fields, field=value,...; repeat for more ('' = the defaults; default: '' and "
                          "min_ngram=1)")
@@ -98,8 +109,11 @@ def main(argv=None) -> int:
             np.savez(args.answers, **{f"a{i}": a for i, a in enumerate(answers)})
     print(f"# n-gram drafter on {args.target.name}'s greedy answers: {len(prompts)} prompts of {args.prompts.name}, "
           f"{sum(len(a) for a in answers)} answer tokens ({time.perf_counter() - t0:.0f} s)\n")
-    print("| variant | mode | budget | tokens / target forward | tokens / drafted step | steps with a draft |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    step_ms = {k.strip(): float(v) for k, v in (kv.split("=") for kv in args.step_ms.split(",") if kv.strip())}
+    est = "plain" in step_ms
+    print("| variant | mode | budget | tokens / target forward | tokens / drafted step | steps with a draft |"
+          + (" est. vs plain |" if est else ""))
+    print("| --- | --- | ---: | ---: | ---: | ---: |" + (" ---: |" if est else ""))
     for variant in (args.variant if args.variant is not None else ["", "min_ngram=1"]):
         fields = dict(kv.split("=") for kv in variant.split(",") if kv)
         cfg = NgramConfig(**{k: int(v) for k, v in fields.items()})
@@ -110,8 +124,12 @@ def main(argv=None) -> int:
             for p, a in zip(prompts, answers):
                 fw, dr, drt = replay(p, a, drafter, mode, int(budget))
                 f, d, dt, n_tok = f + fw, d + dr, dt + drt, n_tok + len(a)
-            print(f"| {variant or 'defaults'} | {mode} | {budget} | {n_tok / max(f, 1):.3f} | {dt / max(d, 1):.3f} | "
-                  f"{d / max(f - len(prompts), 1):.1%} |")
+            row = (f"| {variant or 'defaults'} | {mode} | {budget} | {n_tok / max(f, 1):.3f} | {dt / max(d, 1):.3f} | "
+                   f"{d / max(f - len(prompts), 1):.1%} |")
+            if est:
+                ms = step_ms.get(spec)
+                row += f" {speed_vs_plain(n_tok, f, d, step_ms['plain'], ms):.2f}x |" if ms else " |"
+            print(row)
     return 0
 
 

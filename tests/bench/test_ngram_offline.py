@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from flashd.bench.bench_spec import ngram_config
-from flashd.bench.ngram_offline import replay
+from flashd.bench.ngram_offline import replay, speed_vs_plain
 from flashd.daemon.speculative.ngram import NgramConfig, NgramDrafter
 
 
@@ -32,3 +32,9 @@ def test_bench_spec_ngram_fields():
         ngram_config("no_such_field=1")
     with pytest.raises(ValueError):
         ngram_config("min_ngram=x")
+
+
+def test_the_speed_estimate():
+    assert speed_vs_plain(100, 100, 0, 1.0, 5.0) == 1.0                 # no draft: plain decoding
+    assert speed_vs_plain(100, 50, 50, 1.0, 1.0) == 2.0                 # drafts as cheap as plain steps: 2 tokens each
+    assert abs(speed_vs_plain(100, 60, 20, 1.0, 1.5) - 100 / 70) < 1e-12   # 40 plain + 20 drafted x 1.5
