@@ -239,7 +239,7 @@ struct GemvTuning {
     int stage_bytes;
     int rounds;
     int mma_rows;   // passes of at least this many x rows run gemv_mma.cuh's kernel (0: never)
-    int rows;       // > 0: Q4_K / Q6_K / Q8_0 calls run gemv_rows.cuh with chunks of `rows` super-blocks (0: never)
+    int rows;       // > 0: calls of the formats in rows_formats run gemv_rows.cuh, chunks of `rows` super-blocks
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     int rows_tma;       // > 0: gemv_rows calls stage weights by bulk copies (sm_90), this many tiles in flight ahead
     int rows_formats;   // the formats gemv_rows runs, bit ROWS_Q4K .. ROWS_Q50 (flashd_tuning.h gemv_rows_formats)

@@ -4,7 +4,7 @@
 // session 12); gemv_rows_item.cuh holds the per-item arithmetic, gemv_rows_plan.cuh the host side.
 //
 // y (n, rows) f32 = W (rows, cols) x' (n, cols), x' = xn quantized per 128 columns (a group, ROWS_XG; in a launch
-// whose matrices are all Q8_0 / Q5_0, per 32 columns: their blocks take a float step each anyway) to int8 codes
+// of one 32-column format, Q8_0 or Q5_0, per 32 columns: their blocks take a float step each anyway) to int8 codes
 // q and a float scale xd (x' = xd * q) by a pre-pass (gemv_rows_quantize_x: one launch per call, shared by the matrices of a
 // multi / SwiGLU call) or, for n <= the tuning's gemv_rows_fuse_nx, by every GEMV CTA for itself into shared memory
 // (rows_quantize_cta: no second launch; the same definition, so the same codes), xn = x or rmsnorm(x) * norm_w (the
@@ -98,8 +98,7 @@ __device__ __forceinline__ void rows_quant_group(float (&v)[4], const float (&w)
     const float inv = g > 0.0f ? __fdiv_rn(127.0f, g) : 0.0f;
 #pragma unroll
     for (int u = 0; u < 4; ++u) q[u] = u < nu ? max(-127, min(127, __float2int_rn(__fmul_rn(v[u], inv)))) : 0;
-    xd[0] = __fdiv_rn(g, 127.0f);
-    xd[1] = xd[2] = xd[3] = xd[0];
+    xd[0] = __fdiv_rn(g, 127.0f);     // the group's one scale (rows_store_scales reads only xd[0] here)
 }
 // lane 0 stores a group's scales (xd of rows_quant_group): scale row grp, or 4 grp + u (fine), at stride floats a row
 __device__ __forceinline__ void rows_store_scales(float* xsc, int grp, int nu, bool fine, int stride, int i,

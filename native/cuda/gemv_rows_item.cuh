@@ -103,9 +103,10 @@ __device__ __forceinline__ uint4 rows_scales_mins(const uint4& h) {
     return make_uint4(h.y & 0x3F3F3F3Fu, (h.w & 0x0F0F0F0Fu) | (((h.y >> 6) & 0x03030303u) << 4),
                       h.z & 0x3F3F3F3Fu, ((h.w >> 4) & 0x0F0F0F0Fu) | (((h.z >> 6) & 0x03030303u) << 4));
 }
-// The activations of a launch: x' = xd * q per 128-column group (ROWS_XG) -- or, in a launch whose matrices all have
-// one 32-column format, Q8_0 or Q5_0 (fine), per 32-column block -- either the pre-pass's scratch in global memory (gemv_rows_quantize_x;
-// SX = false) or the CTA's own copy in shared memory (rows_quantize_cta; SX = true), the same bits either way.
+// The activations of a launch: x' = xd * q per 128-column group (ROWS_XG) -- or, in a launch of one 32-column
+// format, Q8_0 or Q5_0 (fine), per 32-column block -- either the pre-pass's scratch in global memory
+// (gemv_rows_quantize_x; SX = false) or the CTA's own copy in shared memory (rows_quantize_cta; SX = true), the same
+// bits either way.
 struct RowsX {
     const int8_t* q;      // (rows, cols) codes; rows >= n hold stale values whose outputs are never written
     const float* sc;      // (rows_scale_rows(cols, fine), sc_stride): xd of each group (fine: block) and x row
