@@ -26,12 +26,12 @@
 //   nodeps  everything but the waits between stages: bytes + staging + compute
 //   full    the forward as it would run
 // then a per-stage breakdown of one full forward from CTA 0's globaltimer stamps (wait / x staging / work / tail).
-// Measured (H200, session 34; bench/results/2026-11-28-h200-session34-megakernel-lab.md): stream 237 us (3.66 TB/s,
-// 88% of the copy rate), full 1,017 us at depth 128 -- the per-op graph path's bytes-per-second on the same GPU; the
-// waits cost ~0.5 us a stage, and the dp4a work is the limit (gate/up 8.3 us a layer for 117 KB an SM).
+// Measured (H200, session 34; bench/results/2026-11-28-h200-session34-megakernel-lab.md): stream 228 us (3.80 TB/s,
+// 90% of the copy rate), full 962 us at depth 128 against the per-op graph path's 1,129 us for its 980 MB on the same
+// GPU type; the waits cost ~0.5 us a stage, and the dp4a work is the limit (gate/up 7.3 us a layer for 117 KB an SM).
 // Variants measured and not kept: one unit a thread with a CTA reduction a piece (1,841 us), x staged by warps of
 // 32-column blocks (1,667), 19-23 consumer warps (96 / 80 registers: slower), 4-row tasks of 64-column chunks
-// (slower).
+// (slower), a two-row task's units packed 3 a lane (1,002).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o megakernel_lab bench/lab/megakernel_lab.cu && ./megakernel_lab [W] [depth] [slots]
 #include <cuda_fp16.h>
@@ -199,19 +199,43 @@ __device__ Smem carve(uint8_t* sm, int n_stages, int ns) {
     return s;
 }
 
+// A position in the ring: piece i of the CTA's program sits in slot i % ns, the (i / ns)-th use of that slot; kept
+// as (slot, phase) and stepped by one (no integer division in the loops: ncu counted those as ~10% of the issued
+// instructions).
+struct Cursor {
+    int slot = 0;
+    unsigned phase = 0;     // (i / ns) & 1
+    bool wrapped = false;   // i >= ns
+    __device__ __forceinline__ void next(int ns) {
+        if (++slot == ns) { slot = 0; phase ^= 1u; wrapped = true; }
+    }
+};
+
+// until the phase of parity `parity` has completed, sleeping between polls: for the producer, which runs ahead and is
+// never on the critical path (its polls took issue slots from the consumers)
+__device__ __forceinline__ void mbar_wait_sleep(uint64_t* b, unsigned parity) {
+    unsigned ok = 0;
+    for (;;) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(su32(b)), "r"(parity) : "memory");
+        if (ok) return;
+        __nanosleep(128);
+    }
+}
+
 // ---- the producer: every GEMV piece of the CTA, in program order, into slot i % ns ---------------------------
 __device__ void producer(const Params& P, const Smem& s, int lane) {
     if (lane != 0) return;
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     const int G = gridDim.x, ns = P.ns;
-    unsigned i = 0;
+    Cursor c;
     for (int k = 0; k < P.n_stages; ++k) {
         const Stage& S = s.st[k];
         if (S.kind == K_ATTN) continue;
-        for (int p = blockIdx.x; p < S.n_pieces; p += G, ++i) {
-            const int slot = i % ns;
-            if (i >= (unsigned)ns) mbar_wait(&s.empty[slot], ((i / ns) - 1) & 1);
+        for (int p = blockIdx.x; p < S.n_pieces; p += G, c.next(ns)) {
+            const int slot = c.slot;
+            if (c.wrapped) mbar_wait_sleep(&s.empty[slot], c.phase ^ 1u);
             int r0, nr;
             piece_of(S, p, r0, nr);
             const unsigned b = (unsigned)(nr * S.row_bytes);
@@ -371,7 +395,7 @@ __device__ __forceinline__ float q4k_unit(const uint8_t* row, int sb, const XBlk
 // the producer has not refilled, so arrivals cannot leak into a later use of the slot. Rows of <= 64 blocks (1536
 // columns) keep the lane's x blocks in registers for the whole stage. i: the CTA's piece counter, as the producer's.
 template <bool XREGS>
-__device__ __forceinline__ void gemv_tasks(const Params& P, const Stage& S, const Smem& s, unsigned& i, int warp, int lane,
+__device__ __forceinline__ void gemv_tasks(const Params& P, const Stage& S, const Smem& s, Cursor& c, int warp, int lane,
                                            int W, float& best_v, int& best_r) {
     const int G = gridDim.x, ns = P.ns, S_sb = S.cols / 32;
     XBlk xr[2];
@@ -379,17 +403,17 @@ __device__ __forceinline__ void gemv_tasks(const Params& P, const Stage& S, cons
         xr[0] = xblk(s, lane);
         xr[1] = lane + 32 < S_sb ? xblk(s, lane + 32) : XBlk{};
     }
-    int base = 0;   // tasks of the stage before this piece
-    for (int p = blockIdx.x; p < S.n_pieces; p += G, ++i) {
-        const int slot = i % ns;
+    int t0 = warp;   // this warp's first task in the piece: (warp - tasks of the stage before it) mod W
+    for (int p = blockIdx.x; p < S.n_pieces; p += G, c.next(ns)) {
+        const int slot = c.slot;
         int r0, nr;
         piece_of(S, p, r0, nr);
         // a task: GU a gate row and its up row; otherwise two consecutive rows (two independent dot chains a warp)
         const bool gu = S.kind == K_GU, res = S.kind == K_O || S.kind == K_DOWN;
         const int n_tasks = gu ? nr : (nr + 1) / 2;
         const uint8_t* sbase = s.ring + (size_t)slot * SLOT;
-        mbar_wait(&s.full[slot], (i / ns) & 1);
-        for (int t = ((warp - base) % W + W) % W; t < n_tasks; t += W) {
+        mbar_wait(&s.full[slot], c.phase);
+        for (int t = t0; t < n_tasks; t += W) {
             const int ra = gu ? t : 2 * t;
             const bool has_b = gu || ra + 1 < nr;
             const int row = r0 + ra;
@@ -431,11 +455,12 @@ __device__ __forceinline__ void gemv_tasks(const Params& P, const Stage& S, cons
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&s.empty[slot]);
-        base += n_tasks;
+        for (t0 -= n_tasks; t0 < 0; t0 += W) {
+        }
     }
 }
 
-__device__ __forceinline__ void gemv_stage(const Params& P, const Stage& S, const Smem& s, unsigned& i, int warp, int lane,
+__device__ __forceinline__ void gemv_stage(const Params& P, const Stage& S, const Smem& s, Cursor& i, int warp, int lane,
                                            int W, float& best_v, int& best_r) {
     if (S.cols <= 64 * 32) gemv_tasks<true>(P, S, s, i, warp, lane, W, best_v, best_r);
     else gemv_tasks<false>(P, S, s, i, warp, lane, W, best_v, best_r);
@@ -549,16 +574,16 @@ __global__ void __launch_bounds__((MAXW + 1) * 32, 1) mk_kernel(const Params P) 
     __syncthreads();
     if (warp == W) { producer(P, s, lane); return; }
 
-    unsigned i = 0;                                 // piece counter, as the producer's
+    Cursor i;                                       // the ring position, as the producer's
     float best_v = -INFINITY;
     int best_r = 0x7fffffff;
     for (int k = 0; k < P.n_stages; ++k) {
         const Stage& S = s.st[k];
         if (P.mode == 2) {                          // stream only: release every slot as it lands
             if (S.kind != K_ATTN && tid == 0) {
-                for (int p = blockIdx.x; p < S.n_pieces; p += G, ++i) {
-                    mbar_wait(&s.full[i % P.ns], (i / P.ns) & 1);
-                    mbar_arrive_n(&s.empty[i % P.ns], W);
+                for (int p = blockIdx.x; p < S.n_pieces; p += G, i.next(P.ns)) {
+                    mbar_wait(&s.full[i.slot], i.phase);
+                    mbar_arrive_n(&s.empty[i.slot], W);
                 }
             }
         } else {
