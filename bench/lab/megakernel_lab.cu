@@ -55,6 +55,9 @@
         }                                                                                      \
     } while (0)
 
+#ifndef MK_BLK
+#define MK_BLK 1   // GEMV work: 1 = a lane on whole 256-column blocks (gemv_blocks), 0 = 32-column units (gemv_tasks)
+#endif
 constexpr int QB = 144;              // Q4_K: 256 weights in 144 bytes (d, dmin, 12 scale bytes, 128 nibble bytes)
 constexpr int SLOT = 16384;          // ring slot bytes
 constexpr int MAXW = 15;             // consumer warps at most: 15 + 1 warps get 128 registers (16 + 1: 96, spills)
@@ -161,11 +164,16 @@ struct Smem {
     uint64_t *full, *empty;
     int8_t* xq;        // [MAX_COLS]
     float* xs;         // [MAX_BLK] block scales
-    int* xsum;         // [MAX_BLK] sum of a block's codes
+    float* xsf;        // [MAX_BLK] scale x sum of a block's codes
     uint8_t* attn;     // attention area (aliases the x area)
     float* red;        // [64]
 };
-constexpr int XAREA = MAX_COLS + MAX_BLK * 8;
+// x codes: a Q4_K block's 256 codes at b * XBSTRIDE (16 bytes of padding a block: lanes on different blocks of one
+// row read different banks)
+constexpr int XBSTRIDE = 272;
+__host__ __device__ constexpr int xq_off(int col) { return (col >> 8) * XBSTRIDE + (col & 255); }
+constexpr int XQ_BYTES = MAX_COLS / 256 * XBSTRIDE;
+constexpr int XAREA = XQ_BYTES + MAX_BLK * 8;
 // attention: K and V tiles (KCH x HD halves each), q (group x HD floats), k/v new (2 x HD), scores (group x KCH), m, l
 constexpr int ATTN_KCH = MAXW * 32 / 16;
 constexpr int AAREA = 2 * ATTN_KCH * HD * 2 + MAX_GROUP * HD * 4 + 2 * HD * 4 + MAX_GROUP * ATTN_KCH * 4 + 64 * 4;
@@ -191,8 +199,8 @@ __device__ Smem carve(uint8_t* sm, int n_stages, int ns) {
     s.empty = s.full + 16;
     off += 2 * 16 * 8;
     s.xq = reinterpret_cast<int8_t*>(sm + off);
-    s.xs = reinterpret_cast<float*>(sm + off + MAX_COLS);
-    s.xsum = reinterpret_cast<int*>(sm + off + MAX_COLS + MAX_BLK * 4);
+    s.xs = reinterpret_cast<float*>(sm + off + XQ_BYTES);
+    s.xsf = reinterpret_cast<float*>(sm + off + XQ_BYTES + MAX_BLK * 4);
     s.attn = sm + off;
     off += UAREA;
     s.red = reinterpret_cast<float*>(sm + off);
@@ -337,13 +345,13 @@ __device__ __forceinline__ void stage_x(const Params& P, const Stage& S, const S
             const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
             const int q0 = __float2int_rn(x.x * inv), q1 = __float2int_rn(x.y * inv), q2 = __float2int_rn(x.z * inv),
                       q3 = __float2int_rn(x.w * inv);
-            reinterpret_cast<uint32_t*>(s.xq)[g] =
+            *reinterpret_cast<uint32_t*>(s.xq + xq_off(4 * g)) =
                 (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 | (uint32_t)(q2 & 255) << 16 | (uint32_t)(q3 & 255) << 24;
             int qs = q0 + q1 + q2 + q3;
             qs += __shfl_xor_sync(0xffffffffu, qs, 1);
             qs += __shfl_xor_sync(0xffffffffu, qs, 2);
             qs += __shfl_xor_sync(0xffffffffu, qs, 4);
-            if ((tid & 7) == 0) { s.xs[g / 8] = amax / 127.0f; s.xsum[g / 8] = qs; }
+            if ((tid & 7) == 0) { s.xs[g / 8] = amax / 127.0f; s.xsf[g / 8] = amax / 127.0f * (float)qs; }
         }
     }
     cbar(T);   // codes ready; s.red free again
@@ -354,11 +362,11 @@ __device__ __forceinline__ void stage_x(const Params& P, const Stage& S, const S
 struct XBlk {
     uint4 x0, x1;      // 32 int8 codes
     float xs;          // scale
-    float xsum;        // sum of the codes
+    float xsf;         // scale x sum of the codes
 };
 __device__ __forceinline__ XBlk xblk(const Smem& s, int sb) {
-    const uint4* xw = reinterpret_cast<const uint4*>(s.xq + sb * 32);
-    return XBlk{xw[0], xw[1], s.xs[sb], (float)s.xsum[sb]};
+    const uint4* xw = reinterpret_cast<const uint4*>(s.xq + xq_off(sb * 32));
+    return XBlk{xw[0], xw[1], s.xs[sb], s.xsf[sb]};
 }
 __device__ __forceinline__ float q4k_unit(const uint8_t* row, int sb, const XBlk& x) {
     const uint8_t* blk = row + (sb >> 3) * QB;   // 16-byte aligned: rows are, blocks are 144 bytes
@@ -385,7 +393,7 @@ __device__ __forceinline__ float q4k_unit(const uint8_t* row, int sb, const XBlk
     dot = __dp4a((int)((q1.w >> qsh) & 0x0F0F0F0Fu), (int)x.x1.w, dot);
     const float d = __half2float(__ushort_as_half((unsigned short)(hdr.x & 0xffff)));
     const float dmin = __half2float(__ushort_as_half((unsigned short)(hdr.x >> 16)));
-    return x.xs * (d * (float)sc * (float)dot - dmin * (float)m * x.xsum);
+    return x.xs * (d * (float)sc * (float)dot) - dmin * (float)m * x.xsf;
 }
 
 // The CTA's pieces of one GEMV stage. A task is one row (GU: a gate row and its up row); the stage's tasks, in piece
@@ -460,10 +468,123 @@ __device__ __forceinline__ void gemv_tasks(const Params& P, const Stage& S, cons
     }
 }
 
+// ---- MK_BLK: a lane on whole 256-column blocks ------------------------------------------------------------------
+// LPR lanes a row, RT = 32 / LPR rows a task (GU: RT / 2 gate rows and their up rows); lane t of a row takes blocks
+// t, t + LPR, ...; a block decodes its 16 scales from one header load in packed form, runs 64 dp4a in two chains a
+// 64-column chunk (high nibbles masked in place and dotted as unsigned x signed bytes, 16 x the value), and folds the
+// scales once a 32-column sub-block.
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {   // unsigned bytes of a . signed bytes of b
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ float q4k_block(const uint8_t* blk, const int8_t* xb, const float* xs8, const float* xsf8) {
+    const uint4 hdr = *reinterpret_cast<const uint4*>(blk);
+    const uint32_t sc_lo = hdr.y & 0x3F3F3F3Fu, m_lo = hdr.z & 0x3F3F3F3Fu;   // sub-blocks 0..3, a byte each
+    const uint32_t sc_hi = (hdr.w & 0x0F0F0F0Fu) | ((hdr.y >> 2) & 0x30303030u);        // 4..7
+    const uint32_t m_hi = ((hdr.w >> 4) & 0x0F0F0F0Fu) | ((hdr.z >> 2) & 0x30303030u);
+    const float4 xs_a = *reinterpret_cast<const float4*>(xs8), xs_b = *reinterpret_cast<const float4*>(xs8 + 4);
+    const float4 xf_a = *reinterpret_cast<const float4*>(xsf8), xf_b = *reinterpret_cast<const float4*>(xsf8 + 4);
+    const float xs[8] = {xs_a.x, xs_a.y, xs_a.z, xs_a.w, xs_b.x, xs_b.y, xs_b.z, xs_b.w};
+    const float xf[8] = {xf_a.x, xf_a.y, xf_a.z, xf_a.w, xf_b.x, xf_b.y, xf_b.z, xf_b.w};
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const uint4 qa = *reinterpret_cast<const uint4*>(blk + 16 + 32 * c);
+        const uint4 qb = *reinterpret_cast<const uint4*>(blk + 32 + 32 * c);
+        const uint4* xw = reinterpret_cast<const uint4*>(xb + 64 * c);
+        const uint4 x0 = xw[0], x1 = xw[1], x2 = xw[2], x3 = xw[3];
+        int dl = 0, dh = 0;
+        dl = __dp4a((int)(qa.x & 0x0F0F0F0Fu), (int)x0.x, dl);
+        dh = dp4a_us(qa.x & 0xF0F0F0F0u, x2.x, dh);
+        dl = __dp4a((int)(qa.y & 0x0F0F0F0Fu), (int)x0.y, dl);
+        dh = dp4a_us(qa.y & 0xF0F0F0F0u, x2.y, dh);
+        dl = __dp4a((int)(qa.z & 0x0F0F0F0Fu), (int)x0.z, dl);
+        dh = dp4a_us(qa.z & 0xF0F0F0F0u, x2.z, dh);
+        dl = __dp4a((int)(qa.w & 0x0F0F0F0Fu), (int)x0.w, dl);
+        dh = dp4a_us(qa.w & 0xF0F0F0F0u, x2.w, dh);
+        dl = __dp4a((int)(qb.x & 0x0F0F0F0Fu), (int)x1.x, dl);
+        dh = dp4a_us(qb.x & 0xF0F0F0F0u, x3.x, dh);
+        dl = __dp4a((int)(qb.y & 0x0F0F0F0Fu), (int)x1.y, dl);
+        dh = dp4a_us(qb.y & 0xF0F0F0F0u, x3.y, dh);
+        dl = __dp4a((int)(qb.z & 0x0F0F0F0Fu), (int)x1.z, dl);
+        dh = dp4a_us(qb.z & 0xF0F0F0F0u, x3.z, dh);
+        dl = __dp4a((int)(qb.w & 0x0F0F0F0Fu), (int)x1.w, dl);
+        dh = dp4a_us(qb.w & 0xF0F0F0F0u, x3.w, dh);
+        const uint32_t scw = c < 2 ? sc_lo : sc_hi, mw = c < 2 ? m_lo : m_hi;
+        const int sh = 16 * (c & 1);
+        const int sc0 = (scw >> sh) & 0xFF, sc1 = (scw >> (sh + 8)) & 0xFF;
+        const int m0 = (mw >> sh) & 0xFF, m1 = (mw >> (sh + 8)) & 0xFF;
+        s1 += xs[2 * c] * (float)(sc0 * dl) + xs[2 * c + 1] * 0.0625f * (float)(sc1 * dh);
+        s2 += xf[2 * c] * (float)m0 + xf[2 * c + 1] * (float)m1;
+    }
+    const float d = __half2float(__ushort_as_half((unsigned short)(hdr.x & 0xffff)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(hdr.x >> 16)));
+    return d * s1 - dmin * s2;
+}
+
+template <int LPR>
+__device__ __forceinline__ void gemv_blocks(const Params& P, const Stage& S, const Smem& s, Cursor& c, int warp, int lane,
+                                            int W, float& best_v, int& best_r) {
+    constexpr int RT = 32 / LPR;
+    const int G = gridDim.x, ns = P.ns, nb = S.cols / 256;
+    const int q = lane / LPR, t = lane % LPR;
+    const bool gu = S.kind == K_GU, res = S.kind == K_O || S.kind == K_DOWN;
+    constexpr int HALF = RT / 2 > 0 ? RT / 2 : 1;
+    int t0 = warp;
+    for (int p = blockIdx.x; p < S.n_pieces; p += G, c.next(ns)) {
+        const int slot = c.slot;
+        int r0, nr;
+        piece_of(S, p, r0, nr);
+        const int n_tasks = gu ? (nr + HALF - 1) / HALF : (nr + RT - 1) / RT;
+        const uint8_t* sbase = s.ring + (size_t)slot * SLOT;
+        mbar_wait(&s.full[slot], c.phase);
+        for (int tk = t0; tk < n_tasks; tk += W) {
+            int r, srow;
+            bool up = false;
+            if (gu) {
+                r = tk * HALF + q % HALF;
+                up = q >= HALF;
+                srow = up ? S.piece_rows + r : r;
+            } else {
+                r = tk * RT + q;
+                srow = r;
+            }
+            const bool valid = r < nr;
+            const float rv = res && t == 0 && valid ? __ldcg(S.y + r0 + r) : 0.0f;
+            float acc = 0.0f;
+            if (valid) {
+                const uint8_t* wr = sbase + srow * S.row_bytes;
+                for (int b = t; b < nb; b += LPR)
+                    acc += q4k_block(wr + b * QB, s.xq + b * XBSTRIDE, s.xs + 8 * b, s.xsf + 8 * b);
+            }
+#pragma unroll
+            for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            if (gu) {
+                const float u = __shfl_down_sync(0xffffffffu, acc, 16);
+                if (t == 0 && !up && valid) S.y[r0 + r] = acc / (1.0f + __expf(-acc)) * u;
+            } else if (t == 0 && valid) {
+                const int row = r0 + r;
+                S.y[row] = rv + acc;
+                if (S.kind == K_LM && (acc > best_v || (acc == best_v && row < best_r))) { best_v = acc; best_r = row; }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&s.empty[slot]);
+        for (t0 -= n_tasks; t0 < 0; t0 += W) {
+        }
+    }
+}
+
 __device__ __forceinline__ void gemv_stage(const Params& P, const Stage& S, const Smem& s, Cursor& i, int warp, int lane,
                                            int W, float& best_v, int& best_r) {
+#if MK_BLK
+    if (S.cols <= 8 * 256) gemv_blocks<8>(P, S, s, i, warp, lane, W, best_v, best_r);
+    else gemv_blocks<16>(P, S, s, i, warp, lane, W, best_v, best_r);
+#else
     if (S.cols <= 64 * 32) gemv_tasks<true>(P, S, s, i, warp, lane, W, best_v, best_r);
     else gemv_tasks<false>(P, S, s, i, warp, lane, W, best_v, best_r);
+#endif
 }
 
 // attention items (KV head, key split) for one row at position n_past (keys 0 .. n_past, the last one new).
@@ -617,6 +738,11 @@ __global__ void __launch_bounds__((MAXW + 1) * 32, 1) mk_kernel(const Params P) 
     }
     if (P.mode == 2) return;
     // argmax: warps' lane 0 hold their best; CTA best, then the last CTA reduces
+    for (int off = 16; off > 0; off >>= 1) {   // the warp's best over its lanes (several lanes hold rows' sums)
+        const float ov = __shfl_xor_sync(0xffffffffu, best_v, off);
+        const int orr = __shfl_xor_sync(0xffffffffu, best_r, off);
+        if (ov > best_v || (ov == best_v && orr < best_r)) { best_v = ov; best_r = orr; }
+    }
     if (lane == 0) { s.red[warp] = best_v; reinterpret_cast<int*>(s.red)[32 + warp] = best_r; }
     cbar(T);
     __shared__ int last;
