@@ -14,7 +14,8 @@
 //     a 32-column block = 8 threads: RMSNorm sums through one barrier, int8 codes and a scale a block by 3 + 3
 //     shuffles; O combines the attention splits here, from registers), then take the stage's tasks -- two rows of a
 //     piece (GU: a gate row and its up row) -- round-robin, independently: lanes take the row's 32-column units, x
-//     codes of 1536-column stages held in registers, 8 dp4a a unit, a warp sum a row, no CTA barrier a piece;
+//     codes of 1536-column stages held in registers, 8 dp4a a unit, a warp sum a row, no CTA barrier a piece
+//     (MK_BLK=0); by default (MK_BLK=1) a lane takes whole 256-column blocks of a row, 8 or 32 lanes a row;
 //   * attention (items = KV head x key split of 30 keys) copies its cached K / V rows into shared memory BEFORE
 //     waiting for q / k / v (they do not depend on this step); rope is left out (elementwise; timing only).
 // Arithmetic: Q4_K as ggml lays it out; x codes int8 a 32-column block. The GEMV stages are checked against a float64
@@ -26,14 +27,16 @@
 //   nodeps  everything but the waits between stages: bytes + staging + compute
 //   full    the forward as it would run
 // then a per-stage breakdown of one full forward from CTA 0's globaltimer stamps (wait / x staging / work / tail).
-// Measured (H200, session 34; bench/results/2026-11-28-h200-session34-megakernel-lab.md): stream 228 us (3.80 TB/s,
-// 90% of the copy rate), full 962 us at depth 128 against the per-op graph path's 1,129 us for its 980 MB on the same
-// GPU type; the waits cost ~0.5 us a stage, and the dp4a work is the limit (gate/up 7.3 us a layer for 117 KB an SM).
-// Variants measured and not kept: one unit a thread with a CTA reduction a piece (1,841 us), x staged by warps of
-// 32-column blocks (1,667), 19-23 consumer warps (96 / 80 registers: slower), 4-row tasks of 64-column chunks
-// (slower), a two-row task's units packed 3 a lane (1,002).
+// Measured (H200, session 34; bench/results/2026-11-28-h200-session34.md): stream 228 us (3.82 TB/s, 91% of the copy
+// rate), full 834 us at depth 128 (804 at depth 0) against the per-op graph path's 1,129 us for its 980 MB on the same
+// GPU type -- 1.20x its bytes a second; counter waits cost ~0.5 us a stage; what is left is the stages' fixed chain
+// (~19 us a layer: x staging, the attention item, tails) and the work (gate/up 4.8 us a layer for 117 KB an SM).
+// The versions, in order (full, us): one unit a thread with a CTA reduction a piece 1,841; warps on whole rows 1,667;
+// x staged in one pass 1,100; two-row tasks and a branch-free scale decode 1,017; no integer division in the ring
+// bookkeeping and a sleeping producer 962 (MK_BLK=0 keeps that work loop); a lane on whole 256-column blocks 834.
+// Not kept: 19-23 consumer warps, 4-row tasks of 64-column chunks, packed lanes, lanes a row chosen at run time.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o megakernel_lab bench/lab/megakernel_lab.cu && ./megakernel_lab [W] [depth] [slots]
+//   nvcc -O3 -std=c++17 -arch=sm_90a [-DMK_BLK=0] -o megakernel_lab bench/lab/megakernel_lab.cu && ./megakernel_lab [W] [depth] [slots]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -579,8 +582,10 @@ __device__ __forceinline__ void gemv_blocks(const Params& P, const Stage& S, con
 __device__ __forceinline__ void gemv_stage(const Params& P, const Stage& S, const Smem& s, Cursor& i, int warp, int lane,
                                            int W, float& best_v, int& best_r) {
 #if MK_BLK
+    // lanes a row (measured as a runtime choice, which itself cost ~3%: 8 / 8 / 32 for <= 2048 columns / GU / wider
+    // rows was best; 16 lanes for the 1,536-column rows or GU lost 3-9%)
     if (S.cols <= 8 * 256) gemv_blocks<8>(P, S, s, i, warp, lane, W, best_v, best_r);
-    else gemv_blocks<16>(P, S, s, i, warp, lane, W, best_v, best_r);
+    else gemv_blocks<32>(P, S, s, i, warp, lane, W, best_v, best_r);
 #else
     if (S.cols <= 64 * 32) gemv_tasks<true>(P, S, s, i, warp, lane, W, best_v, best_r);
     else gemv_tasks<false>(P, S, s, i, warp, lane, W, best_v, best_r);
