@@ -72,13 +72,20 @@ def normed64(x, norm_w):
     return x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + EPS) * norm_w.astype(np.float64)
 
 
+def x_block(qtypes) -> int:
+    """Columns of one x scale on gemv_rows.cuh (gemv_rows_plan.cuh rows_fine), as tests/gpu/test_gemv.py's: 32 in a
+    launch of one 32-column format (Q8_0 or Q5_0), else a 128-column group."""
+    qs = {int(q) for q in qtypes}
+    return 32 if len(qs) == 1 and qs <= {int(T.Q8_0), int(T.Q5_0)} else ROWS_XG
+
+
 def int8_x_bound(xn, W, rows=False):
     """tests/gpu/test_gemv.py's: the int8-activation path's extra error (0 when cols % 32 != 0); rows: gemv_rows.cuh,
-    one x scale a 128-column group."""
+    one x scale a 128-column group (True) or a block of that many columns (an int: x_block)."""
     cols = xn.shape[-1]
     if cols % 32:
         return 0.0
-    blk = ROWS_XG if rows else 32
+    blk = 32 if rows is False else ROWS_XG if rows is True else int(rows)
     pad = -cols % blk
     a = np.abs(xn)
     if pad:
@@ -115,7 +122,7 @@ def bench_case(h: OpHarness, name: str, cols: int, mats, n_x: int, tag: str = ""
     biases = [rng.standard_normal(r).astype(np.float32) for _, r in mats]
     x = rng.standard_normal((n_x, cols)).astype(np.float32)
     norm_w = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
-    want, bound = reference_and_bound(x, norm_w, Ws, biases, on_rows)
+    want, bound = reference_and_bound(x, norm_w, Ws, biases, x_block([q for q, _ in mats]) if on_rows else False)
 
     ws = [dev.upload(d) for d in datas]
     bs = [dev.upload(b) for b in biases]

@@ -202,3 +202,12 @@ def test_gemv_multi_bytes_and_reference(bench_module):
     assert y.shape == bound.shape == (n_x, sum(r for _, r in mats)) and (bound > 0).all()
     xn = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + bg.EPS)
     np.testing.assert_allclose(y[:, 333:370], xn @ Ws[1].T + biases[1], rtol=1e-12)
+    # gemv_rows' x scales: a 32-column block in a launch of one 32-column format, a 128-column group otherwise; the
+    # coarser block bounds more error, and the 128-column bound is what rows=True means
+    T = bg.T
+    assert bg.x_block([T.Q8_0, T.Q8_0]) == 32 and bg.x_block([T.Q5_0]) == 32
+    assert bg.x_block([T.Q8_0, T.Q5_0]) == bg.x_block([T.Q4_K]) == bg.ROWS_XG == 128
+    xq = x[:, :2048]
+    b32, b128 = bg.int8_x_bound(xq, Ws[0][:, :2048], 32), bg.int8_x_bound(xq, Ws[0][:, :2048], True)
+    assert (b32 <= b128 + 1e-12).all() and (b32 < b128).any()
+    np.testing.assert_allclose(b128, bg.int8_x_bound(xq, Ws[0][:, :2048], 128))
