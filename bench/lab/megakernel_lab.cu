@@ -34,7 +34,8 @@
 // The versions, in order (full, us): one unit a thread with a CTA reduction a piece 1,841; warps on whole rows 1,667;
 // x staged in one pass 1,100; two-row tasks and a branch-free scale decode 1,017; no integer division in the ring
 // bookkeeping and a sleeping producer 962 (MK_BLK=0 keeps that work loop); a lane on whole 256-column blocks 834.
-// Not kept: 19-23 consumer warps, 4-row tasks of 64-column chunks, packed lanes, lanes a row chosen at run time.
+// Not kept: 19-23 consumer warps, 4-row tasks of 64-column chunks, packed lanes, lanes a row chosen at run time,
+// warps taking tasks from a shared counter instead of round-robin (887 vs 836 us: longer tails).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a [-DMK_BLK=0] -o megakernel_lab bench/lab/megakernel_lab.cu && ./megakernel_lab [W] [depth] [slots]
 #include <cuda_fp16.h>
