@@ -482,6 +482,17 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {   // uns
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// four code words against the low-nibble x codes xl (dl) and the high-nibble ones xh (dh, 16 x the value)
+__device__ __forceinline__ void dot_lo_hi(const uint4& q, const uint4& xl, const uint4& xh, int& dl, int& dh) {
+    dl = __dp4a((int)(q.x & 0x0F0F0F0Fu), (int)xl.x, dl);
+    dh = dp4a_us(q.x & 0xF0F0F0F0u, xh.x, dh);
+    dl = __dp4a((int)(q.y & 0x0F0F0F0Fu), (int)xl.y, dl);
+    dh = dp4a_us(q.y & 0xF0F0F0F0u, xh.y, dh);
+    dl = __dp4a((int)(q.z & 0x0F0F0F0Fu), (int)xl.z, dl);
+    dh = dp4a_us(q.z & 0xF0F0F0F0u, xh.z, dh);
+    dl = __dp4a((int)(q.w & 0x0F0F0F0Fu), (int)xl.w, dl);
+    dh = dp4a_us(q.w & 0xF0F0F0F0u, xh.w, dh);
+}
 __device__ __forceinline__ float q4k_block(const uint8_t* blk, const int8_t* xb, const float* xs8, const float* xsf8) {
     const uint4 hdr = *reinterpret_cast<const uint4*>(blk);
     const uint32_t sc_lo = hdr.y & 0x3F3F3F3Fu, m_lo = hdr.z & 0x3F3F3F3Fu;   // sub-blocks 0..3, a byte each
@@ -499,22 +510,8 @@ __device__ __forceinline__ float q4k_block(const uint8_t* blk, const int8_t* xb,
         const uint4* xw = reinterpret_cast<const uint4*>(xb + 64 * c);
         const uint4 x0 = xw[0], x1 = xw[1], x2 = xw[2], x3 = xw[3];
         int dl = 0, dh = 0;
-        dl = __dp4a((int)(qa.x & 0x0F0F0F0Fu), (int)x0.x, dl);
-        dh = dp4a_us(qa.x & 0xF0F0F0F0u, x2.x, dh);
-        dl = __dp4a((int)(qa.y & 0x0F0F0F0Fu), (int)x0.y, dl);
-        dh = dp4a_us(qa.y & 0xF0F0F0F0u, x2.y, dh);
-        dl = __dp4a((int)(qa.z & 0x0F0F0F0Fu), (int)x0.z, dl);
-        dh = dp4a_us(qa.z & 0xF0F0F0F0u, x2.z, dh);
-        dl = __dp4a((int)(qa.w & 0x0F0F0F0Fu), (int)x0.w, dl);
-        dh = dp4a_us(qa.w & 0xF0F0F0F0u, x2.w, dh);
-        dl = __dp4a((int)(qb.x & 0x0F0F0F0Fu), (int)x1.x, dl);
-        dh = dp4a_us(qb.x & 0xF0F0F0F0u, x3.x, dh);
-        dl = __dp4a((int)(qb.y & 0x0F0F0F0Fu), (int)x1.y, dl);
-        dh = dp4a_us(qb.y & 0xF0F0F0F0u, x3.y, dh);
-        dl = __dp4a((int)(qb.z & 0x0F0F0F0Fu), (int)x1.z, dl);
-        dh = dp4a_us(qb.z & 0xF0F0F0F0u, x3.z, dh);
-        dl = __dp4a((int)(qb.w & 0x0F0F0F0Fu), (int)x1.w, dl);
-        dh = dp4a_us(qb.w & 0xF0F0F0F0u, x3.w, dh);
+        dot_lo_hi(qa, x0, x2, dl, dh);
+        dot_lo_hi(qb, x1, x3, dl, dh);
         const uint32_t scw = c < 2 ? sc_lo : sc_hi, mw = c < 2 ? m_lo : m_hi;
         const int sh = 16 * (c & 1);
         const int sc0 = (scw >> sh) & 0xFF, sc1 = (scw >> (sh + 8)) & 0xFF;
