@@ -269,7 +269,7 @@ inline int rows_prepass(cudaStream_t stream, const float* x, const float* norm_w
 // shape). 1 <= n_x <= ROWS_NX.
 inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x,
                          const float* norm_w, float eps, const float* residual, int gemv_rows, int fuse_nx,
-                         int tma_look, bool evict_first, const DeviceFacts& dev, cudaStream_t stream) {
+                         int tma_look, bool evict_first, bool dp4a, const DeviceFacts& dev, cudaStream_t stream) {
     FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && n_x >= 1 && n_x <= ROWS_NX);
     FD_CHECK_ARG(eps >= 0.0f && (!swiglu || (n_mats == 2 && mats[0].rows == mats[1].rows)));
     RowsArgs a{};
@@ -322,6 +322,8 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         }
         a.R = sh.R;
         ta.a = a;
+        // one-row Q4_K launches with the CTAs' own x: the items on dp4a lanes where asked (the same bits)
+        ta.dp4a = dp4a && n_x == 1 && fx_wanted && rows_launch_fmt(a) == ROWS_Q4K ? 1 : 0;
         return swiglu ? rows_tma_launch_n<true>(ta, sh, fx_wanted, dev.max_smem, stream)
                       : rows_tma_launch_n<false>(ta, sh, fx_wanted, dev.max_smem, stream);
     }

@@ -48,17 +48,19 @@ namespace {
 // bench/NOTES.md), 0 elsewhere until measured. gemv_rows_tma = 1 on sm_90 (bulk copies exist from sm_90): the
 // gemv_rows kernels with whole tiles by bulk copies, one tile in flight beyond those landed (session 24,
 // bench/NOTES.md); it acts only where gemv_rows is on. gemv_rows_formats: 3 on sm_90 (above), 15 elsewhere (inert while
-// gemv_rows is 0).
+// gemv_rows is 0). gemv_rows_dp4a = 1 on sm_90 (one-row Q4_K items of the bulk-copy kernel on dp4a lanes, the same
+// bits as the mma items: 1.5B clone tg128 1,038.4 -> 1,085.7, H200, bench/NOTES.md session 34), 0 elsewhere (no
+// bulk-copy kernel there).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
-    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3}},  // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -87,7 +89,7 @@ bool valid(const fd_tuning_t& t) {
            (t.gemv_swiglu_stage_bytes == 0 || (t.gemv_swiglu_stage_bytes >= 256 && t.gemv_swiglu_stage_bytes <= 65536)) &&
            (t.gemv_swiglu_pair == 0 || t.gemv_swiglu_pair == 1) && (t.gemv_xq_direct == 0 || t.gemv_xq_direct == 1) &&
            t.gemv_split_cols >= 0 && t.gemv_split_cols <= (1 << 20) && t.gemv_rows_tma >= 0 && t.gemv_rows_tma <= 8 &&
-           t.gemv_rows_formats >= 0 && t.gemv_rows_formats <= 15;
+           t.gemv_rows_formats >= 0 && t.gemv_rows_formats <= 15 && (t.gemv_rows_dp4a == 0 || t.gemv_rows_dp4a == 1);
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

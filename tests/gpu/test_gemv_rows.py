@@ -266,3 +266,46 @@ def test_the_ctas_own_x_copy_is_the_pre_pass_bit_for_bit(native, dev, rng, poiso
     for (n_x, norm), want in zip(cases, pre):
         for k, (got, w) in enumerate(zip(run(n_x, norm), want)):
             assert np.array_equal(got, w), f"{kind} n_x={n_x} norm={norm is not None} matrix {k}"
+
+
+@pytest.mark.parametrize("kind", ["gemv", "multi", "swiglu"])
+@pytest.mark.parametrize("rows,cols", [
+    (8960, 1536),     # ffn_gate / up: 560 tiles, 6 chunks a row
+    (1536, 8960),     # ffn_down: 35 chunks a row
+    (37, 768),        # rows % 16 != 0 (a short last tile), 3 super-blocks
+    (16, 256),        # one tile, one super-block
+], ids=["gate", "down", "awkward", "one-block"])
+def test_dp4a_items_are_the_mma_items_bit_for_bit(native, dev, rng, poisoned, rows_on, kind, rows, cols):
+    """gemv_rows_dp4a: one-row Q4_K launches of the bulk-copy kernel (sm_90) with the CTAs' own x compute their items on
+    dp4a lanes; every output equals the int8 mma items' bit for bit (the same integer group sums and float steps), with
+    and without the norm, the bias and an aliased residual, at chunks of 1 and 2 super-blocks (rows_on: ks1 / ks2)."""
+    major = int(dev.info()["cc"].split(".")[0])
+    if major < 9 or not native.tuning()["gemv_rows_tma"]:
+        pytest.skip("no bulk-copy gemv_rows kernel here (sm_90 and later, gemv_rows_tma on)")
+    qa = qb = T.Q4_K
+    d_a, d_b = dev.upload(random_weights(rng, qa, rows, cols)), dev.upload(random_weights(rng, qb, rows, cols))
+    x = (rng.standard_normal((1, cols)) * 3.0).astype(np.float32)
+    res = rng.standard_normal((1, rows)).astype(np.float32)
+    d_x = dev.upload(x)
+    d_norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
+    bias = dev.upload(rng.standard_normal(rows).astype(np.float32))
+
+    def run(norm):
+        if kind == "gemv":
+            y = dev.upload(res)
+            call_gemv(native, dev, y, d_a, qa, rows, cols, d_x, 1, norm, bias, y)
+            return [bits(dev.download(y))]
+        outs = [poisoned((1, rows)), poisoned((1, rows))]
+        if kind == "multi":
+            run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, 1, norm)
+            return [bits(dev.download(o)) for o in outs]
+        call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, 1, norm)
+        return [bits(dev.download(outs[0]))]
+
+    for norm in (None, d_norm):   # (rows_on restores the whole tuning after)
+        native.set_tuning(gemv_rows_dp4a=0)
+        want = run(norm)
+        native.set_tuning(gemv_rows_dp4a=1)
+        got = run(norm)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert np.array_equal(g, w), f"{kind} norm={norm is not None} matrix {k}"

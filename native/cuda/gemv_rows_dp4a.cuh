@@ -1,0 +1,107 @@
+// gemv_rows_dp4a.cuh -- one-row Q4_K items of gemv_rows_tma.cuh on dp4a lanes instead of int8 mma
+// (fd_tuning_t.gemv_rows_dp4a): the same integer group sums and the same float steps as rows_item_q4k
+// (gemv_rows_item.cuh) for x row 0, so the same bits, by a shorter instruction stream -- at one x row the mma item
+// builds A fragments for 16 rows and uses one column of eight, where a dp4a lane reads its row's code words once.
+//
+// Why (bench/lab/megakernel_lab.cu, H200, session 34): whole-block dp4a lanes ran the 1.5B's gate/up at 24 GB/s an SM
+// against ~14.5 for the library's one-row launches, and with gemv_rows' arithmetic (MK_EXACT) they matched a float32
+// replay of rows_item_q4k's sequence bit for bit.
+//
+// An item (a tile's 16 rows x one chunk of ks super-blocks): lane r and lane r + 16 take row r of the tile, the first
+// the 128-column group 0 of each super-block, the second group 1. Per (row, group): S = sum_j sc_j isum_j and
+// M = sum_j m_j xsum_j over its four 32-column sub-blocks (isum by dp4a on the nibbles -- the high ones masked in place,
+// 16 x their value, shifted back exactly -- xsum by dp4a against ones), v = fmaf(d, f(S), -(dmin * f(M))); then the
+// chain acc = fmaf(xd, v, acc) from 0 in (super-block, group) order, passed between the two lanes by shuffles.
+#pragma once
+
+#include "gemv_rows.cuh"
+
+namespace fd {
+namespace {
+
+// sum over k of unsigned byte k of a times signed byte k of b, plus c
+__device__ __forceinline__ int rows_dot4_us(uint32_t a, uint32_t b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c += (int)((a >> (8 * k)) & 0xFFu) * (int)(int8_t)(uint8_t)(b >> (8 * k));
+    return c;
+#endif
+}
+
+// four code words q (16 bytes: 32 nibbles of a 64-column run's half) against x words xa / xb (8 bytes each): the low
+// nibbles' dot into lo, 16 x the high nibbles' into hi
+__device__ __forceinline__ void rows_dp4a_run(const uint4& q, const uint2& xa, const uint2& xb, const uint2& ya,
+                                              const uint2& yb, int& lo, int& hi) {
+    lo = rows_dot4_us(q.x & 0x0F0F0F0Fu, xa.x, lo);
+    lo = rows_dot4_us(q.y & 0x0F0F0F0Fu, xa.y, lo);
+    lo = rows_dot4_us(q.z & 0x0F0F0F0Fu, xb.x, lo);
+    lo = rows_dot4_us(q.w & 0x0F0F0F0Fu, xb.y, lo);
+    hi = rows_dot4_us(q.x & 0xF0F0F0F0u, ya.x, hi);
+    hi = rows_dot4_us(q.y & 0xF0F0F0F0u, ya.y, hi);
+    hi = rows_dot4_us(q.z & 0xF0F0F0F0u, yb.x, hi);
+    hi = rows_dot4_us(q.w & 0xF0F0F0F0u, yb.y, hi);
+}
+
+// the sum of eight x words' codes
+__device__ __forceinline__ int rows_dp4a_xsum(const uint2& a, const uint2& b, const uint2& c, const uint2& d) {
+    int s = rows_dot4_us(0x01010101u, a.x, 0);
+    s = rows_dot4_us(0x01010101u, a.y, s);
+    s = rows_dot4_us(0x01010101u, b.x, s);
+    s = rows_dot4_us(0x01010101u, b.y, s);
+    s = rows_dot4_us(0x01010101u, c.x, s);
+    s = rows_dot4_us(0x01010101u, c.y, s);
+    s = rows_dot4_us(0x01010101u, d.x, s);
+    return rows_dot4_us(0x01010101u, d.y, s);
+}
+
+// Group h (0 or 1) of one staged Q4_K super-block (blk: 16-byte aligned) against x row 0's 128 codes of that group
+// (xg: 8-byte aligned): rows_item_q4k's v = fmaf(d, f(S), -(dmin * f(M))).
+__device__ __forceinline__ float rows_dp4a_group(const uint8_t* blk, const int8_t* xg, int h) {
+    const uint4 hd = *reinterpret_cast<const uint4*>(blk);
+    const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
+    const uint4 sm = rows_scales_mins(hd);
+    const uint32_t sw = h ? sm.y : sm.x, mw = h ? sm.w : sm.z;   // sub-blocks 4h .. 4h + 3, a byte each
+    int S = 0, M = 0;
+#pragma unroll
+    for (int pp = 0; pp < 2; ++pp) {   // run p = 2h + pp: sub-blocks 2p (low nibbles, jj = 2pp), 2p + 1 (high)
+        const uint8_t* run = blk + 16 + 32 * (2 * h + pp);
+        const uint4 q0 = *reinterpret_cast<const uint4*>(run);
+        const uint4 q1 = *reinterpret_cast<const uint4*>(run + 16);
+        const uint2* xw = reinterpret_cast<const uint2*>(xg + 64 * pp);
+        const uint2 x0 = xw[0], x1 = xw[1], x2 = xw[2], x3 = xw[3];   // columns 0 .. 31 of the run (low nibbles)
+        const uint2 x4 = xw[4], x5 = xw[5], x6 = xw[6], x7 = xw[7];   // 32 .. 63 (high nibbles)
+        int lo = 0, hi = 0;
+        rows_dp4a_run(q0, x0, x1, x4, x5, lo, hi);
+        rows_dp4a_run(q1, x2, x3, x6, x7, lo, hi);
+        const int sl = rows_dp4a_xsum(x0, x1, x2, x3), sh = rows_dp4a_xsum(x4, x5, x6, x7);
+        const int jl = 2 * pp, jh = jl + 1;
+        S += (int)((sw >> (8 * jl)) & 0xFFu) * lo + (int)((sw >> (8 * jh)) & 0xFFu) * (hi >> 4);
+        M += (int)((mw >> (8 * jl)) & 0xFFu) * sl + (int)((mw >> (8 * jh)) & 0xFFu) * sh;
+    }
+    return fmaf(dm.x, rows_i2f(S), -__fmul_rn(dm.y, rows_i2f(M)));
+}
+
+// One row's partial over a chunk (super-blocks u0 .. u0 + nu - 1) as rows_item_q4k computes element (row, x row 0):
+// row: the row's staged bytes at the chunk's first byte; x: the CTA's own copy (n == 1). Lanes r and r + 16 (h = lane
+// >> 4) share the row; every lane of the pair returns the same value.
+__device__ __forceinline__ float rows_dp4a_row(const RowsX& x, const uint8_t* row, int u0, int nu, int lane) {
+    const int h = lane >> 4, r = lane & 15;
+    const int8_t* xr = x.q + (size_t)u0 * ROWS_QK + 128 * h;
+    float acc = 0.0f;
+    for (int k = 0; k < nu; ++k) {
+        const float v = rows_dp4a_group(row + k * 144, xr + k * ROWS_QK, h);
+        const int grp = 2 * (u0 + k);
+        const float xd0 = x.sc[(size_t)grp * ROWS_FX_SC], xd1 = x.sc[(size_t)(grp + 1) * ROWS_FX_SC];
+        const float a0 = fmaf(xd0, v, acc);                          // lanes 0..15: group 0
+        const float a1 = fmaf(xd1, v, __shfl_sync(0xffffffffu, a0, r));   // lanes 16..31: group 1 after group 0
+        acc = __shfl_sync(0xffffffffu, a1, r + 16);
+    }
+    return acc;
+}
+
+}  // namespace
+}  // namespace fd
