@@ -14,48 +14,36 @@
 // chain acc = fmaf(xd, v, acc) from 0 in (super-block, group) order, passed between the two lanes by shuffles.
 #pragma once
 
+#include "gemv_dot.cuh"    // dot4_u8s8: dp4a.u32.s32
 #include "gemv_rows.cuh"
 
 namespace fd {
 namespace {
 
-// sum over k of unsigned byte k of a times signed byte k of b, plus c
-__device__ __forceinline__ int rows_dot4_us(uint32_t a, uint32_t b, int c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-#else
-#pragma unroll
-    for (int k = 0; k < 4; ++k) c += (int)((a >> (8 * k)) & 0xFFu) * (int)(int8_t)(uint8_t)(b >> (8 * k));
-    return c;
-#endif
-}
-
 // four code words q (16 bytes: 32 nibbles of a 64-column run's half) against x words xa / xb (8 bytes each): the low
 // nibbles' dot into lo, 16 x the high nibbles' into hi
 __device__ __forceinline__ void rows_dp4a_run(const uint4& q, const uint2& xa, const uint2& xb, const uint2& ya,
                                               const uint2& yb, int& lo, int& hi) {
-    lo = rows_dot4_us(q.x & 0x0F0F0F0Fu, xa.x, lo);
-    lo = rows_dot4_us(q.y & 0x0F0F0F0Fu, xa.y, lo);
-    lo = rows_dot4_us(q.z & 0x0F0F0F0Fu, xb.x, lo);
-    lo = rows_dot4_us(q.w & 0x0F0F0F0Fu, xb.y, lo);
-    hi = rows_dot4_us(q.x & 0xF0F0F0F0u, ya.x, hi);
-    hi = rows_dot4_us(q.y & 0xF0F0F0F0u, ya.y, hi);
-    hi = rows_dot4_us(q.z & 0xF0F0F0F0u, yb.x, hi);
-    hi = rows_dot4_us(q.w & 0xF0F0F0F0u, yb.y, hi);
+    lo = dot4_u8s8(q.x & 0x0F0F0F0Fu, xa.x, lo);
+    lo = dot4_u8s8(q.y & 0x0F0F0F0Fu, xa.y, lo);
+    lo = dot4_u8s8(q.z & 0x0F0F0F0Fu, xb.x, lo);
+    lo = dot4_u8s8(q.w & 0x0F0F0F0Fu, xb.y, lo);
+    hi = dot4_u8s8(q.x & 0xF0F0F0F0u, ya.x, hi);
+    hi = dot4_u8s8(q.y & 0xF0F0F0F0u, ya.y, hi);
+    hi = dot4_u8s8(q.z & 0xF0F0F0F0u, yb.x, hi);
+    hi = dot4_u8s8(q.w & 0xF0F0F0F0u, yb.y, hi);
 }
 
 // the sum of eight x words' codes
 __device__ __forceinline__ int rows_dp4a_xsum(const uint2& a, const uint2& b, const uint2& c, const uint2& d) {
-    int s = rows_dot4_us(0x01010101u, a.x, 0);
-    s = rows_dot4_us(0x01010101u, a.y, s);
-    s = rows_dot4_us(0x01010101u, b.x, s);
-    s = rows_dot4_us(0x01010101u, b.y, s);
-    s = rows_dot4_us(0x01010101u, c.x, s);
-    s = rows_dot4_us(0x01010101u, c.y, s);
-    s = rows_dot4_us(0x01010101u, d.x, s);
-    return rows_dot4_us(0x01010101u, d.y, s);
+    int s = dot4_u8s8(0x01010101u, a.x, 0);
+    s = dot4_u8s8(0x01010101u, a.y, s);
+    s = dot4_u8s8(0x01010101u, b.x, s);
+    s = dot4_u8s8(0x01010101u, b.y, s);
+    s = dot4_u8s8(0x01010101u, c.x, s);
+    s = dot4_u8s8(0x01010101u, c.y, s);
+    s = dot4_u8s8(0x01010101u, d.x, s);
+    return dot4_u8s8(0x01010101u, d.y, s);
 }
 
 // Group h (0 or 1) of one staged Q4_K super-block (blk: 16-byte aligned) against x row 0's 128 codes of that group
