@@ -26,6 +26,19 @@ __device__ __forceinline__ int dot4_u8s8(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
+// sum over k of byte k of a (signed) times byte k of b (signed), plus c
+__device__ __forceinline__ int dot4_s8s8(uint32_t a, uint32_t b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c += (int)(int8_t)(uint8_t)(a >> (8 * k)) * (int)(int8_t)(uint8_t)(b >> (8 * k));
+    return c;
+#endif
+}
+
 // The x8 byte offset of column col(j, run) of a piece splits into a lane part and a run part (the
 // run part is then a compile-time immediate): checked for every quant format here.
 template <int QT>

@@ -1,4 +1,4 @@
-// gemv_rows_dp4a.cuh -- one-row Q4_K items of gemv_rows_tma.cuh on dp4a lanes instead of int8 mma
+// gemv_rows_dp4a.cuh -- one-row Q4_K and Q6_K items of gemv_rows_tma.cuh on dp4a lanes instead of int8 mma
 // (fd_tuning_t.gemv_rows_dp4a): the same integer group sums and the same float steps as rows_item_q4k
 // (gemv_rows_item.cuh) for x row 0, so the same bits, by a shorter instruction stream -- at one x row the mma item
 // builds A fragments for 16 rows and uses one column of eight, where a dp4a lane reads its row's code words once.
@@ -14,7 +14,7 @@
 // chain acc = fmaf(xd, v, acc) from 0 in (super-block, group) order, passed between the two lanes by shuffles.
 #pragma once
 
-#include "gemv_dot.cuh"    // dot4_u8s8: dp4a.u32.s32
+#include "gemv_dot.cuh"    // dot4_u8s8 / dot4_s8s8: dp4a.u32.s32 / dp4a.s32.s32
 #include "gemv_rows.cuh"
 
 namespace fd {
@@ -73,15 +73,48 @@ __device__ __forceinline__ float rows_dp4a_group(const uint8_t* blk, const int8_
     return fmaf(dm.x, rows_i2f(S), -__fmul_rn(dm.y, rows_i2f(M)));
 }
 
-// One row's partial over a chunk (super-blocks u0 .. u0 + nu - 1) as rows_item_q4k computes element (row, x row 0):
+// Group h of one staged Q6_K super-block (blk: 2-byte aligned, 210 bytes: ql[128], qh[64], int8 scales[16], f16 d)
+// against x row 0's 128 codes of that group (xg: 8-byte aligned): rows_item_q6k's v = d * f(S), S = sum over the
+// group's eight 16-column sub-blocks (h, s, u) of scale * isum -- the codes q - 32 built four at a time by rows_q6k_a
+// (the same words and SWAR as the mma item's A fragments), dotted with x by signed dp4a.
+__device__ __forceinline__ float rows_dp4a_group_q6k(const uint8_t* blk, const int8_t* xg, int h) {
+    const float d = __half2float(*reinterpret_cast<const __half*>(blk + 208));
+    int S = 0;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        uint32_t l0[4], l1[4], qh[4];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {   // columns 4w .. 4w + 3 of each 16-column half u
+            l0[w] = rows_ld32u(blk + 64 * h + 16 * u + 4 * w);
+            l1[w] = rows_ld32u(blk + 64 * h + 32 + 16 * u + 4 * w);
+            qh[w] = rows_ld32u(blk + 128 + 32 * h + 16 * u + 4 * w);
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {   // sub-block (h, s, u): columns 128 h + 32 s + 16 u .. + 15
+            const uint2* xw = reinterpret_cast<const uint2*>(xg + 32 * s + 16 * u);
+            const uint2 xa = xw[0], xb = xw[1];
+            int isum = dot4_s8s8(rows_q6k_a(l0[0], l1[0], qh[0], s), xa.x, 0);
+            isum = dot4_s8s8(rows_q6k_a(l0[1], l1[1], qh[1], s), xa.y, isum);
+            isum = dot4_s8s8(rows_q6k_a(l0[2], l1[2], qh[2], s), xb.x, isum);
+            isum = dot4_s8s8(rows_q6k_a(l0[3], l1[3], qh[3], s), xb.y, isum);
+            S += (int)(int8_t)blk[192 + 8 * h + 2 * s + u] * isum;
+        }
+    }
+    return __fmul_rn(d, rows_i2f(S));
+}
+
+// One row's partial over a chunk (super-blocks u0 .. u0 + nu - 1) as rows_item_q4k / rows_item_q6k (F) computes
+// element (row, x row 0):
 // row: the row's staged bytes at the chunk's first byte; x: the CTA's own copy (n == 1). Lanes r and r + 16 (h = lane
 // >> 4) share the row; every lane of the pair returns the same value.
+template <int F>
 __device__ __forceinline__ float rows_dp4a_row(const RowsX& x, const uint8_t* row, int u0, int nu, int lane) {
     const int h = lane >> 4, r = lane & 15;
     const int8_t* xr = x.q + (size_t)u0 * ROWS_QK + 128 * h;
     float acc = 0.0f;
     for (int k = 0; k < nu; ++k) {
-        const float v = rows_dp4a_group(row + k * 144, xr + k * ROWS_QK, h);
+        const float v = F == ROWS_Q4K ? rows_dp4a_group(row + k * 144, xr + k * ROWS_QK, h)
+                                      : rows_dp4a_group_q6k(row + k * 210, xr + k * ROWS_QK, h);
         const int grp = 2 * (u0 + k);
         const float xd0 = x.sc[(size_t)grp * ROWS_FX_SC], xd1 = x.sc[(size_t)(grp + 1) * ROWS_FX_SC];
         const float a0 = fmaf(xd0, v, acc);                          // lanes 0..15: group 0

@@ -322,8 +322,9 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         }
         a.R = sh.R;
         ta.a = a;
-        // one-row Q4_K launches with the CTAs' own x: the items on dp4a lanes where asked (the same bits)
-        ta.dp4a = dp4a && n_x == 1 && fx_wanted && rows_launch_fmt(a) == ROWS_Q4K ? 1 : 0;
+        // one-row Q4_K / Q6_K launches with the CTAs' own x: the items on dp4a lanes where asked (the same bits)
+        const int lf = rows_launch_fmt(a);
+        ta.dp4a = dp4a && n_x == 1 && fx_wanted && (lf == ROWS_Q4K || lf == ROWS_Q6K) ? 1 : 0;
         return swiglu ? rows_tma_launch_n<true>(ta, sh, fx_wanted, dev.max_smem, stream)
                       : rows_tma_launch_n<false>(ta, sh, fx_wanted, dev.max_smem, stream);
     }

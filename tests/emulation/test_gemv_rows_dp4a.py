@@ -17,7 +17,10 @@ from gguf import GGMLQuantizationType as T
 
 from flashd.scripts.random_weights import random_weights
 
-from tests.emulation.test_gemv_rows_layout import codes_q4k, header_words, rows_scales_mins, scale_min_k4, u32
+from gguf.quants import dequantize
+
+from tests.emulation.test_gemv_rows_layout import (codes_q4k, header_words, q6k_a, rows_scales_mins, scale_min_k4,
+                                                   u32)
 
 
 def dot4_us(a: int, b: int, c: int) -> int:
@@ -74,6 +77,47 @@ def test_group_sums_are_the_dequantized_dot():
                     cols = slice(256 * k + 128 * h, 256 * k + 128 * h + 128)
                     want = wrow[128 * h:128 * h + 128] @ x[cols].astype(np.float64)
                     assert d * S - dmin * M == want, (trial, r, k, h)
+
+
+def dot4_ss(a: int, b: int, c: int) -> int:
+    """dp4a.s32.s32: signed bytes times signed bytes, plus c"""
+    for k in range(4):
+        aa, bb = (a >> (8 * k)) & 0xFF, (b >> (8 * k)) & 0xFF
+        c += (aa - 256 if aa & 0x80 else aa) * (bb - 256 if bb & 0x80 else bb)
+    return c
+
+
+def dp4a_group_q6k(row: np.ndarray, k: int, xb: np.ndarray, h: int) -> int:
+    """rows_dp4a_group_q6k's S for group h of super-block k of one row (rows_q6k_a's words, signed dp4a with x)"""
+    b = 210 * k
+    S = 0
+    for u in range(2):
+        l0 = [u32(row, b + 64 * h + 16 * u + 4 * w) for w in range(4)]
+        l1 = [u32(row, b + 64 * h + 32 + 16 * u + 4 * w) for w in range(4)]
+        qh = [u32(row, b + 128 + 32 * h + 16 * u + 4 * w) for w in range(4)]
+        for s in range(4):
+            isum = 0
+            for w in range(4):
+                isum = dot4_ss(q6k_a(l0[w], l1[w], qh[w], s), u32(xb, 256 * k + 128 * h + 32 * s + 16 * u + 4 * w), isum)
+            S += int(np.int8(row[b + 192 + 8 * h + 2 * s + u])) * isum
+    return S
+
+
+def test_q6k_group_sums_are_the_dequantized_dot():
+    rng = np.random.default_rng(29)
+    w = random_weights(rng, T.Q6_K, 16, 512).reshape(16, -1)
+    want_w = dequantize(w, T.Q6_K).reshape(16, 512).astype(np.float64)
+    for trial in range(2):
+        x = rng.integers(-127, 128, 512).astype(np.int8)
+        if trial:
+            x[:] = -127
+        xb = x.view(np.uint8)
+        for r in range(16):
+            for k in range(2):
+                d = float(np.frombuffer(bytes(w[r, 210 * k + 208:210 * k + 210]), np.float16)[0])
+                for h in range(2):
+                    cols = slice(256 * k + 128 * h, 256 * k + 128 * h + 128)
+                    assert d * dp4a_group_q6k(w[r], k, xb, h) == want_w[r, cols] @ x[cols].astype(np.float64), (r, k, h)
 
 
 def test_partials_land_where_the_fold_reads_row_r_of_x_row_0():
