@@ -322,9 +322,11 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         }
         a.R = sh.R;
         ta.a = a;
-        // one-row Q4_K / Q6_K launches with the CTAs' own x: the items on dp4a lanes where asked (the same bits)
-        const int lf = rows_launch_fmt(a);
-        ta.dp4a = dp4a && n_x == 1 && fx_wanted && (lf == ROWS_Q4K || lf == ROWS_Q6K) ? 1 : 0;
+        // one-row launches of Q4_K / Q6_K matrices (one format, or q / k / v with a Q6_K v) with the CTAs' own x: the
+        // items on dp4a lanes where asked (the same bits)
+        bool kq = true;
+        for (int k = 0; k < n_mats; ++k) kq = kq && (a.mat[k].fmt == ROWS_Q4K || a.mat[k].fmt == ROWS_Q6K);
+        ta.dp4a = dp4a && n_x == 1 && fx_wanted && kq ? 1 : 0;
         return swiglu ? rows_tma_launch_n<true>(ta, sh, fx_wanted, dev.max_smem, stream)
                       : rows_tma_launch_n<false>(ta, sh, fx_wanted, dev.max_smem, stream);
     }

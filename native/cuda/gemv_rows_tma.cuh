@@ -52,8 +52,8 @@ struct RowsTmaArgs {
     int stage_bytes;     // one stage: every matrix's 16 rows (the largest), SwiGLU both matrices
     int mat_off;         // SwiGLU: the up tile's offset in a stage
     int bar_off;         // bytes: the CTA's pieces' "full" mbarriers (ceil(tiles / grid)), then S "empty" ones
-    int dp4a;            // one-row Q4_K / Q6_K launches with the CTA's own x: items on dp4a lanes (gemv_rows_dp4a.cuh), the
-                         // same bits as the mma items (fd_tuning_t.gemv_rows_dp4a)
+    int dp4a;            // one-row launches of Q4_K / Q6_K matrices (one format or mixed) with the CTA's own x: items on
+                         // dp4a lanes (gemv_rows_dp4a.cuh), the same bits as the mma items (fd_tuning_t.gemv_rows_dp4a)
 };
 
 // ---- mbarrier and bulk copy (sm_90); other targets compile these empty -- the plan never launches the kernel there
@@ -198,17 +198,17 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
             int bytes, u0, nu;
             rows_chunk(a, m, chunk, off, bytes, u0, nu);
             const uint8_t* st = smem + (size_t)s * ta.stage_bytes;
-            if constexpr (NT == 0 && (F == ROWS_Q4K || F == ROWS_Q6K) && FX) {
+            if constexpr (NT == 0 && (F == ROWS_Q4K || F == ROWS_Q6K || F == ROWS_FANY) && FX) {
                 if (ta.dp4a) {   // row lane & 15 of the tile on a lane pair; the partial where rows_fold reads it
                     const int r = lane & 15;
-                    const float v = rows_dp4a_row<F>(x, st + r * m.row_bytes + off, u0, nu, lane);
+                    const float v = rows_dp4a_row_of<F>(x, m.fmt, st + r * m.row_bytes + off, u0, nu, lane);
                     float vu = 0.0f;
                     if (SWIGLU) {
                         const RowsMat& mu = a.mat[1];
                         long long offu;
                         int bu, u0u, nuu;
                         rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
-                        vu = rows_dp4a_row<F>(x, st + ta.mat_off + r * mu.row_bytes + offu, u0u, nuu, lane);
+                        vu = rows_dp4a_row_of<F>(x, mu.fmt, st + ta.mat_off + r * mu.row_bytes + offu, u0u, nuu, lane);
                     }
                     __syncwarp();      // every lane has read the stage
                     if (lane == 0) mbar_arrive(&empty[s], 1);

@@ -275,15 +275,17 @@ def test_the_ctas_own_x_copy_is_the_pre_pass_bit_for_bit(native, dev, rng, poiso
     (37, 768),        # rows % 16 != 0 (a short last tile), 3 super-blocks
     (16, 256),        # one tile, one super-block
 ], ids=["gate", "down", "awkward", "one-block"])
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda q: q.name)
-def test_dp4a_items_are_the_mma_items_bit_for_bit(native, dev, rng, poisoned, rows_on, kind, rows, cols, qtype):
-    """gemv_rows_dp4a: one-row Q4_K / Q6_K launches of the bulk-copy kernel (sm_90) with the CTAs' own x compute their items on
-    dp4a lanes; every output equals the int8 mma items' bit for bit (the same integer group sums and float steps), with
-    and without the norm, the bias and an aliased residual, at chunks of 1 and 2 super-blocks (rows_on: ks1 / ks2)."""
+@pytest.mark.parametrize("qtypes", [(T.Q4_K, T.Q4_K), (T.Q6_K, T.Q6_K), (T.Q4_K, T.Q6_K)],
+                         ids=["Q4_K", "Q6_K", "Q4_K+Q6_K"])
+def test_dp4a_items_are_the_mma_items_bit_for_bit(native, dev, rng, poisoned, rows_on, kind, rows, cols, qtypes):
+    """gemv_rows_dp4a: one-row launches of Q4_K / Q6_K matrices (one format, or mixed as q / k / v with a Q6_K v: the
+    second matrix of multi and swiglu) on the bulk-copy kernel (sm_90) with the CTAs' own x compute their items on dp4a
+    lanes; every output equals the int8 mma items' bit for bit (the same integer group sums and float steps), with and
+    without the norm, the bias and an aliased residual, at chunks of 1 and 2 super-blocks (rows_on: ks1 / ks2)."""
     major = int(dev.info()["cc"].split(".")[0])
     if major < 9 or not native.tuning()["gemv_rows_tma"]:
         pytest.skip("no bulk-copy gemv_rows kernel here (sm_90 and later, gemv_rows_tma on)")
-    qa = qb = qtype   # (Q6_K rows of 768 columns take the cp.async kernel: mma both times there)
+    qa, qb = qtypes   # (Q6_K rows of 768 columns take the cp.async kernel: mma both times there)
     d_a, d_b = dev.upload(random_weights(rng, qa, rows, cols)), dev.upload(random_weights(rng, qb, rows, cols))
     x = (rng.standard_normal((1, cols)) * 3.0).astype(np.float32)
     res = rng.standard_normal((1, rows)).astype(np.float32)
