@@ -49,8 +49,8 @@ namespace {
 // gemv_rows kernels with whole tiles by bulk copies, one tile in flight beyond those landed (session 24,
 // bench/NOTES.md); it acts only where gemv_rows is on. gemv_rows_formats: 3 on sm_90 (above), 15 elsewhere (inert while
 // gemv_rows is 0). gemv_rows_dp4a = 1 on sm_90 (one-row Q4_K and Q6_K items of the bulk-copy kernel on dp4a lanes, the
-// same bits as the mma items: Q4_K 1.5B clone tg128 1,038.4 -> 1,085.7, H200, bench/NOTES.md session 34; Q6_K too
-// 1,038.3 -> 1,111.3, session 35), 0 elsewhere (no bulk-copy kernel there).
+// same bits as the mma items: Q4_K 1.5B clone tg128 1,038.4 -> 1,085.7, H200, bench/NOTES.md session 34; Q6_K and
+// the mixed q / k / v launches too, 1,036.3 -> 1,125.8, session 35), 0 elsewhere (no bulk-copy kernel there).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;

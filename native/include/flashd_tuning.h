@@ -73,7 +73,7 @@ typedef struct {
     int gemv_rows_formats;  /* 0 .. 15: the weight formats gemv_rows runs, a bit each -- 1 Q4_K, 2 Q6_K, 4 Q8_0, 8 Q5_0;
                                a GEMV launch takes gemv_rows only where every matrix's format is in the mask (so a
                                matrix's kernel depends on its format, never on n_x), the others gemv.cuh's kernels */
-    int gemv_rows_dp4a;     /* 0 or 1: one-row gemv_rows launches of Q4_K or Q6_K weights whose CTAs quantize x themselves, on the
+    int gemv_rows_dp4a;     /* 0 or 1: one-row gemv_rows launches of Q4_K / Q6_K weights (one format or mixed) whose CTAs quantize x themselves, on the
                                bulk-copy kernel (gemv_rows_tma), compute their items on dp4a lanes (gemv_rows_dp4a.cuh)
                                instead of int8 mma: the same integer group sums and float steps, so the same bits --
                                row invariance holds across the two kernels */
