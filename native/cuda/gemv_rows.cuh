@@ -369,7 +369,7 @@ __device__ __forceinline__ RowsX rows_fx_x(const RowsArgs& a, const uint8_t* fx)
 // (lane, kk). part: [round-local item][r][nt * 4 + e][lane] floats, PF a item.
 template <int NTT, bool SWIGLU>
 __device__ __forceinline__ void rows_fold(const RowsArgs& a, const float* part, int b, int G, int rd, int n_mine,
-                                          int tid, int n_threads, int half = 0) {
+                                          int tid, int n_threads) {
     constexpr int PF = (SWIGLU ? 2 : 1) * NTT * 4 * 32;
     const int t0 = rd * a.R, nt_round = min(a.R, n_mine - t0);
     const int n_out = nt_round * (NTT * 4) * 32;
@@ -377,11 +377,9 @@ __device__ __forceinline__ void rows_fold(const RowsArgs& a, const float* part, 
         const int ln = o & 31, kk = (o >> 5) % (NTT * 4), tl = (o >> 5) / (NTT * 4);
         const int xr = (kk >> 2) * 8 + 2 * (ln & 3) + (kk & 1);
         if (xr >= a.n) continue;
-        const int unit = b + (t0 + tl) * G;               // a tile, or (half) a half tile: rows 8 (unit & 1) ..
-        const int tile = half ? unit >> 1 : unit, rho = (ln >> 2) + 8 * ((kk & 3) >> 1);   // the item's row rho
-        if (half && rho >= 8) continue;
+        const int tile = b + (t0 + tl) * G;
         const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
-        const int row = (tile - m.tile_first) * 16 + (half ? 8 * (unit & 1) : 0) + rho;
+        const int row = (tile - m.tile_first) * 16 + (ln >> 2) + 8 * ((kk & 3) >> 1);
         if (row >= m.rows) continue;
         const float* pp = part + (size_t)tl * a.C * PF + kk * 32 + ln;
         float s = pp[0];

@@ -157,20 +157,6 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     return false;
 }
 
-// Whether a dp4a launch (one x row: an item computes each row by itself) of rows_tma_plan's shape takes half tiles
-// a CTA (RowsTmaArgs::half): where even twice the tiles fit one CTA an SM -- the 0.5B's ffn_down (896 rows: 56 tiles on
-// 132 SMs) streamed its 16-row tiles on 56 SMs -- and every half's bytes stay bulk-copyable (16-byte aligned starts, whole
-// 16-byte units: 8 rows of any Q4_K / Q6_K row, and each matrix's last rows % 8). The plan's shape holds as it is: one
-// piece a CTA, its stage sized for 16 rows.
-inline bool rows_tma_halves(const RowsArgs& a, const DeviceFacts& dev) {
-    if (2 * a.tiles > dev.n_sms) return false;
-    for (int k = 0; k < a.n_mats; ++k) {
-        const RowsMat& m = a.mat[k];
-        if ((8 * m.row_bytes) % 16 != 0 || ((m.rows % 8) * m.row_bytes) % 16 != 0) return false;
-    }
-    return true;
-}
-
 template <int NT, bool SWIGLU, bool FX, int F>
 int rows_tma_launch(const RowsTmaArgs& t, const RowsShape& sh, int max_smem, cudaStream_t stream) {
     if (int st = raise_smem_once<gemv_rows_tma_kernel<NT, SWIGLU, FX, F>>(max_smem)) return st;
@@ -341,10 +327,6 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         bool kq = true;
         for (int k = 0; k < n_mats; ++k) kq = kq && (a.mat[k].fmt == ROWS_Q4K || a.mat[k].fmt == ROWS_Q6K);
         ta.dp4a = dp4a && n_x == 1 && fx_wanted && kq ? 1 : 0;
-        if (ta.dp4a && rows_tma_halves(a, dev)) {   // half tiles a CTA: twice the CTAs streaming the launch's bytes
-            ta.half = 1;
-            sh.ctas = 2 * a.tiles;
-        }
         return swiglu ? rows_tma_launch_n<true>(ta, sh, fx_wanted, dev.max_smem, stream)
                       : rows_tma_launch_n<false>(ta, sh, fx_wanted, dev.max_smem, stream);
     }

@@ -54,8 +54,6 @@ struct RowsTmaArgs {
     int bar_off;         // bytes: the CTA's pieces' "full" mbarriers (ceil(tiles / grid)), then S "empty" ones
     int dp4a;            // one-row launches of Q4_K / Q6_K matrices (one format or mixed) with the CTA's own x: items on
                          // dp4a lanes (gemv_rows_dp4a.cuh), the same bits as the mma items (fd_tuning_t.gemv_rows_dp4a)
-    int half;            // dp4a launches only: a CTA's piece is half a tile (8 rows), so a launch of tiles <= SMs / 2
-                         // spreads over twice the CTAs (rows_tma_halves); each row's arithmetic is unchanged
 };
 
 // ---- mbarrier and bulk copy (sm_90); other targets compile these empty -- the plan never launches the kernel there
@@ -143,10 +141,9 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
     float* part = reinterpret_cast<float*>(smem + (size_t)ta.S * ta.stage_bytes);
-    const int units = ta.half ? 2 * a.tiles : a.tiles;   // a CTA's pieces: tiles, or half tiles (ta.half)
-    const int n_mine = b < units ? (units - 1 - b) / G + 1 : 0;
+    const int n_mine = b < a.tiles ? (a.tiles - 1 - b) / G + 1 : 0;
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + ta.bar_off);   // [piece]
-    uint64_t* empty = full + (units - 1) / G + 1;                         // [stage]
+    uint64_t* empty = full + (a.tiles - 1) / G + 1;                       // [stage]
     if (threadIdx.x == 0) {
         for (int p = 0; p < n_mine; ++p) mbar_init(&full[p], 1);
         for (int s = 0; s < ta.S; ++s) mbar_init(&empty[s], a.C);   // one arrival an item of the tile
@@ -160,20 +157,18 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
             const int s = p % ta.S;
             if (p >= ta.S) mbar_wait(&empty[s], (p / ta.S - 1) & 1);   // uses of stage s in order
             if (p >= ta.look) mbar_wait(&full[p - ta.look], 0);
-            const int unit = b + p * G;
-            const int tile = ta.half ? unit >> 1 : unit, r0 = ta.half ? 8 * (unit & 1) : 0;   // the piece's first row
+            const int tile = b + p * G;
             const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
-            const int tl = tile - m.tile_first, rows = max(0, min(ta.half ? 8 : 16, m.rows - tl * 16 - r0));
+            const int tl = tile - m.tile_first, rows = min(16, m.rows - tl * 16);
             const unsigned bytes = (unsigned)(rows * m.row_bytes);   // SwiGLU: up has gate's rows and formats' bytes
             const unsigned up_bytes = SWIGLU ? (unsigned)(rows * a.mat[1].row_bytes) : 0u;
-            if (lane == 0) mbar_arrive_expect_tx(&full[p], bytes + up_bytes);   // (0: a half past the rows, no copy)
+            if (lane == 0) mbar_arrive_expect_tx(&full[p], bytes + up_bytes);
             __syncwarp();
             uint8_t* dst = smem + (size_t)s * ta.stage_bytes;
-            if (lane == 0 && bytes)
-                bulk_copy_g2s(dst, m.w + (long long)(tl * 16 + r0) * m.row_bytes, bytes, &full[p], a.evict_first, pol);
-            if (SWIGLU && lane == 1 && up_bytes)
-                bulk_copy_g2s(dst + ta.mat_off, a.mat[1].w + (long long)(tl * 16 + r0) * a.mat[1].row_bytes, up_bytes,
-                              &full[p], a.evict_first, pol);
+            if (lane == 0) bulk_copy_g2s(dst, m.w + (long long)tl * 16 * m.row_bytes, bytes, &full[p], a.evict_first, pol);
+            if (SWIGLU && lane == 1)
+                bulk_copy_g2s(dst + ta.mat_off, a.mat[1].w + (long long)tl * 16 * a.mat[1].row_bytes, up_bytes, &full[p],
+                              a.evict_first, pol);
         }
         pdl_wait();
         pdl_launch_dependents();
@@ -197,7 +192,7 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
             if (j >= jend) break;
             const int p = j / a.C, chunk = j % a.C, s = p % ta.S;
             mbar_wait(&full[p], 0);
-            const int tile = ta.half ? (b + p * G) >> 1 : b + p * G;
+            const int tile = b + p * G;
             const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
             long long off;
             int bytes, u0, nu;
@@ -205,20 +200,19 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
             const uint8_t* st = smem + (size_t)s * ta.stage_bytes;
             if constexpr (NT == 0 && (F == ROWS_Q4K || F == ROWS_Q6K || F == ROWS_FANY) && FX) {
                 if (ta.dp4a) {   // row lane & 15 of the tile on a lane pair; the partial where rows_fold reads it
-                    // (half: the piece's 8 staged rows, lanes r and r + 8 both computing row r & 7, the first one's kept)
-                    const int r = lane & 15, rs = ta.half ? r & 7 : r;
-                    const float v = rows_dp4a_row_of<F>(x, m.fmt, st + rs * m.row_bytes + off, u0, nu, lane);
+                    const int r = lane & 15;
+                    const float v = rows_dp4a_row_of<F>(x, m.fmt, st + r * m.row_bytes + off, u0, nu, lane);
                     float vu = 0.0f;
                     if (SWIGLU) {
                         const RowsMat& mu = a.mat[1];
                         long long offu;
                         int bu, u0u, nuu;
                         rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
-                        vu = rows_dp4a_row_of<F>(x, mu.fmt, st + ta.mat_off + rs * mu.row_bytes + offu, u0u, nuu, lane);
+                        vu = rows_dp4a_row_of<F>(x, mu.fmt, st + ta.mat_off + r * mu.row_bytes + offu, u0u, nuu, lane);
                     }
                     __syncwarp();      // every lane has read the stage
                     if (lane == 0) mbar_arrive(&empty[s], 1);
-                    if (lane < (ta.half ? 8 : 16)) {   // element e = 2 (r >> 3) of lane 4 (r & 7): (row r, x row 0) in rows_put_partial's layout
+                    if (lane < 16) {   // element e = 2 (r >> 3) of lane 4 (r & 7): (row r, x row 0) in rows_put_partial's layout
                         float* pp = part + (size_t)(j - rd * a.R * a.C) * (NR * 4 * 32) + (2 * (r >> 3)) * 32 + 4 * (r & 7);
                         pp[0] = v;
                         if (SWIGLU) pp[4 * 32] = vu;
@@ -243,7 +237,7 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
             rows_put_partial(part, j - rd * a.R * a.C, lane, acc);
         }
         rows_bar(W * 32);
-        rows_fold<NTT, SWIGLU>(a, part, b, G, rd, n_mine, threadIdx.x, W * 32, ta.half);
+        rows_fold<NTT, SWIGLU>(a, part, b, G, rd, n_mine, threadIdx.x, W * 32);
         rows_bar(W * 32);
     }
 }

@@ -50,9 +50,9 @@ static void plan(const Call& c, int n, bool fx, int look, const DeviceFacts& dev
     for (int k = 0; k < c.n_mats; ++k) rbs[k] = a.mat[k].row_bytes;
     printf("{\"name\": \"%s\", \"n\": %d, \"fx\": %d, \"look\": %d, \"sms\": %d, \"smem_max\": %d, \"cc\": %d, "
            "\"ok\": %d, \"tiles\": %d, \"C\": %d, \"swiglu\": %d, \"n_mats\": %d, \"rows\": [%d, %d, %d], "
-           "\"rb\": [%lld, %lld, %lld], \"fx_bytes\": %d, \"halves\": %d",
+           "\"rb\": [%lld, %lld, %lld], \"fx_bytes\": %d",
            c.name, n, fx ? 1 : 0, look, dev.n_sms, dev.max_smem, dev.cc_major, ok ? 1 : 0, tiles, a.C, c.swiglu ? 1 : 0,
-           c.n_mats, c.rows[0], c.rows[1], c.rows[2], rbs[0], rbs[1], rbs[2], fx_bytes, rows_tma_halves(a, dev) ? 1 : 0);
+           c.n_mats, c.rows[0], c.rows[1], c.rows[2], rbs[0], rbs[1], rbs[2], fx_bytes);
     if (ok)
         printf(", \"S\": %d, \"R\": %d, \"warps\": %d, \"ctas\": %d, \"smem\": %zu, \"stage\": %d, \"mat_off\": %d, "
                "\"bar_off\": %d, \"tlook\": %d", t.S, sh.R, sh.warps, sh.ctas, sh.smem, t.stage_bytes, t.mat_off, t.bar_off,
@@ -71,8 +71,6 @@ int main() {
         {"lm_head_1.5b", 1, {Q6}, {151936}, 1536, false},
         {"gate_up_0.5b_q8", 2, {Q8, Q8}, {4864, 4864}, 896, true},
         {"down_0.5b_q8", 1, {Q8}, {896}, 4864, false},
-        {"down_0.5b_q4k", 1, {Q4}, {896}, 4864, false},  // 56 tiles: half tiles a CTA on 132 / 114 SMs
-        {"down_0.5b_q6k", 1, {Q6}, {896}, 4864, false},
         {"swiglu_mixed", 2, {Q4, Q6}, {4864, 4864}, 1024, true},
         {"q6k_awkward", 1, {Q6}, {333}, 768, false},     // 9 rows in the last tile x 630 bytes: not whole 16-byte units
         {"q8_awkward", 1, {Q8}, {100}, 96, false},       // 4 rows x 102 bytes: refused
@@ -166,21 +164,3 @@ def test_the_real_decode_launches_take_it_on_an_h100(plans):
     lm = h100[("lm_head_1.5b", 0)]
     assert lm["ok"] and 2 <= lm["S"] < per_cta(lm) and lm["tlook"] == 2 and g["tlook"] == 1
     assert h100[("q4k_awkward", 0)]["ok"]
-
-
-def test_half_tiles_where_twice_the_tiles_fit_the_sms(plans):
-    """rows_tma_halves (a dp4a launch's CTA takes 8 rows of a tile instead of 16): exactly where 2 x tiles <= SMs and
-    every half is bulk-copyable (8 rows of a row and each matrix's last rows % 8 in whole 16-byte units) -- the 0.5B's
-    ffn_down (56 tiles) on 132 and 114 SMs (not 108: 112 halves), none of the 1.5B's launches (96 tiles and more)."""
-    for p in plans:
-        rbs, rows = p["rb"][:p["n_mats"]], p["rows"][:p["n_mats"]]
-        whole = all((8 * rb) % 16 == 0 and ((r % 8) * rb) % 16 == 0 for rb, r in zip(rbs, rows))
-        assert p["halves"] == int(2 * p["tiles"] <= p["sms"] and whole), p
-    by = {(p["name"], p["sms"]): p["halves"] for p in plans}
-    for sms in (132, 114):
-        assert by[("down_0.5b_q4k", sms)] == 1 and by[("down_0.5b_q6k", sms)] == 1
-    assert by[("down_0.5b_q4k", 108)] == 0   # 112 half tiles on 108 SMs: a second wave
-    for name in ("down_1.5b_q4k", "down_1.5b_q6k", "qkv_1.5b", "o_1.5b", "gate_up_1.5b", "lm_head_1.5b"):
-        assert by[(name, 132)] == 0, name
-    assert by[("q6k_awkward", 132)] == 0 and by[("q4k_awkward", 132)] == 1   # 333 % 8 = 5 rows x 630 bytes: not whole
-
