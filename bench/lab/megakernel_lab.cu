@@ -20,8 +20,9 @@
 //     waiting for q / k / v (they do not depend on this step); rope is left out (elementwise; timing only).
 // Arithmetic: Q4_K as ggml lays it out; x codes int8 a 32-column block (MK_EXACT: a 128-column group). The GEMV stages
 // are checked at start (qkv, gu, down shapes) against a float64 GEMV of the dequantized weights and the codes CTA 0
-// staged (MK_EXACT also bit for bit against a float32 replay of gemv_rows' sequence); the attention's math is not
-// checked -- the lab measures the schedule, the library's kernels carry the checked arithmetic.
+// staged (MK_EXACT also bit for bit against a float32 replay of gemv_rows' sequence); layer 0's attention partials
+// (and the new key's cache row) against a float64 host attention over the same q / k / v and cache (check_attn, from
+// session 35; rope is still left out).
 //
 // Modes, each timed over back-to-back launches (one forward each):
 //   stream  the producers run, consumers only release slots: the ring's bandwidth floor for these bytes
@@ -39,8 +40,13 @@
 // the chunks folded in order): bit for bit a host replay of it on 512 / 512 sampled rows, 911 us (9% over v7).
 // Not kept: 19-23 consumer warps, 4-row tasks of 64-column chunks, packed lanes, lanes a row chosen at run time,
 // warps taking tasks from a shared counter instead of round-robin (887 vs 836 us: longer tails).
+// Session 35: the ring's depth (slots 4 / 6 / 8 / 11: full 840 / 828 / 832 / 836 us) leaves the x staging times as they
+// are -- the staging is its own chain, not the copies queued ahead of it. Written then, for the stages' fixed chain,
+// compiled for sm_90a but not yet run on a GPU: MK_ATTN=1 (the attention item a warp a q head, one CTA barrier instead
+// of four) and MK_POSTNORM=1 (the normed stages' codes without waiting for the norm's sum, 1 / rms after the rows' sums).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a [-DMK_BLK=0 | -DMK_EXACT=1] -o megakernel_lab bench/lab/megakernel_lab.cu && ./megakernel_lab [W] [depth] [slots]
+//   nvcc -O3 -std=c++17 -arch=sm_90a [-DMK_BLK=0 | -DMK_EXACT=1 | -DMK_ATTN=1 | -DMK_POSTNORM=1] -o megakernel_lab \
+//       bench/lab/megakernel_lab.cu && ./megakernel_lab [W] [depth] [slots]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -68,6 +74,19 @@
 #ifndef MK_EXACT
 #define MK_EXACT 0  // 1: gemv_rows.cuh's arithmetic (x a scale a 128-column group, integer group sums, its float steps, the
                     // chunks folded in order), checked bit for bit against a host replay; MK_BLK=1 only
+#endif
+#ifndef MK_ATTN
+#define MK_ATTN 0   // 1: the attention item with a warp a q head (scores, softmax and P.V inside the warp, lanes over 4
+                    // dims each; one CTA barrier, for the prefetched K / V tile) instead of the CTA's threads over keys
+                    // and dims with four barriers
+#endif
+#ifndef MK_POSTNORM
+#define MK_POSTNORM 0   // 1: RMSNorm stages stage the codes of g * x without waiting for the norm's sum (no barrier
+                        // before the quantization); each row's sum is multiplied by 1 / rms afterwards (a scalar a row).
+                        // Not gemv_rows' arithmetic: the non-exact whole-block lanes only
+#endif
+#if MK_POSTNORM && (MK_EXACT || !MK_BLK)
+#error "MK_POSTNORM is for the non-exact whole-block lanes (MK_BLK=1, MK_EXACT=0)"
 #endif
 #if MK_EXACT && !MK_BLK
 #error "MK_EXACT is the whole-block lanes' arithmetic (MK_BLK=1)"
@@ -320,8 +339,9 @@ __device__ __forceinline__ float4 attn_combine(const Params& P, const Stage& S, 
     return make_float4(num.x * r, num.y * r, num.z * r, num.w * r);
 }
 
-__device__ __forceinline__ void stage_x(const Params& P, const Stage& S, const Smem& s, int tid, int warp, int lane, int W,
-                                        int T, float4 nwr) {
+// Returns the rows' post-scale: 1 / rms with MK_POSTNORM on a normed stage, else 1.
+__device__ __forceinline__ float stage_x(const Params& P, const Stage& S, const Smem& s, int tid, int warp, int lane, int W,
+                                         int T, float4 nwr) {
     const int ng = S.cols / 4;
     float4 v[MAXG];
     float ss = 0.0f;
@@ -338,6 +358,13 @@ __device__ __forceinline__ void stage_x(const Params& P, const Stage& S, const S
             ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
         }
     }
+#if MK_POSTNORM
+    if (S.norm) {   // the sum of squares meets after the codes' barrier; the codes are g * x's
+        ss = warp_sum(ss);
+        if (lane == 0) s.red[warp] = ss;
+        v[0].x *= nwr.x; v[0].y *= nwr.y; v[0].z *= nwr.z; v[0].w *= nwr.w;
+    }
+#else
     float scale = 1.0f;
     if (S.norm) {   // (the host keeps normed columns <= 4 T: one group a thread)
         ss = warp_sum(ss);
@@ -348,6 +375,7 @@ __device__ __forceinline__ void stage_x(const Params& P, const Stage& S, const S
         scale = rsqrtf(tot / S.cols + P.eps);
         v[0].x *= scale * nwr.x; v[0].y *= scale * nwr.y; v[0].z *= scale * nwr.z; v[0].w *= scale * nwr.w;
     }
+#endif
 #pragma unroll
     for (int j = 0; j < MAXG; ++j) {
         const int g = tid + j * T;
@@ -378,14 +406,24 @@ __device__ __forceinline__ void stage_x(const Params& P, const Stage& S, const S
 #endif
         }
     }
-    cbar(T);   // codes ready; s.red free again
+    cbar(T);   // codes ready; s.red free again (MK_POSTNORM: read below, rewritten only after the stage's last barrier)
+    float rn = 1.0f;
+#if MK_POSTNORM
+    if (S.norm) {
+        float tot = 0.0f;
+        for (int w = 0; w < W; ++w) tot += s.red[w];
+        rn = rsqrtf(tot / S.cols + P.eps);
+    }
+#endif
     if (P.xdump && blockIdx.x == 0) {   // the check replays the GEMV from these codes (check_one)
         for (int e = tid; e < S.cols; e += T) reinterpret_cast<int8_t*>(P.xdump)[e] = s.xq[xq_off(e)];
         for (int e = tid; e < S.cols / 32; e += T) {
             P.xdump[S.cols / 4 + e] = s.xs[e];
             P.xdump[S.cols / 4 + S.cols / 32 + e] = s.xsf[e];
         }
+        if (tid == 0) P.xdump[S.cols / 4 + 2 * (S.cols / 32)] = rn;
     }
+    return rn;
 }
 
 // One (row, 32-column block) unit of a Q4_K row staged at `row`: sum_j w_j x_j / xs, with the block's x codes given.
@@ -590,7 +628,7 @@ __device__ __forceinline__ float q4k_block_exact(const uint8_t* blk, const int8_
 
 template <int LPR>
 __device__ __forceinline__ void gemv_blocks(const Params& P, const Stage& S, const Smem& s, Cursor& c, int warp, int lane,
-                                            int W, float& best_v, int& best_r) {
+                                            int W, float& best_v, int& best_r, float rn) {
     constexpr int RT = 32 / LPR;
     const int G = gridDim.x, ns = P.ns, nb = S.cols / 256;
     const int q = lane / LPR, t = lane % LPR;
@@ -646,6 +684,7 @@ __device__ __forceinline__ void gemv_blocks(const Params& P, const Stage& S, con
             }
 #pragma unroll
             for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            if (MK_POSTNORM) acc *= rn;
 #endif
             if (gu) {
                 const float u = __shfl_down_sync(0xffffffffu, acc, 16);
@@ -664,12 +703,12 @@ __device__ __forceinline__ void gemv_blocks(const Params& P, const Stage& S, con
 }
 
 __device__ __forceinline__ void gemv_stage(const Params& P, const Stage& S, const Smem& s, Cursor& i, int warp, int lane,
-                                           int W, float& best_v, int& best_r) {
+                                           int W, float& best_v, int& best_r, float rn) {
 #if MK_BLK
     // lanes a row (measured as a runtime choice, which itself cost ~3%: 8 / 8 / 32 for <= 2048 columns / GU / wider
     // rows was best; 16 lanes for the 1,536-column rows or GU lost 3-9%)
-    if (S.cols <= 8 * 256) gemv_blocks<8>(P, S, s, i, warp, lane, W, best_v, best_r);
-    else gemv_blocks<32>(P, S, s, i, warp, lane, W, best_v, best_r);
+    if (S.cols <= 8 * 256) gemv_blocks<8>(P, S, s, i, warp, lane, W, best_v, best_r, rn);
+    else gemv_blocks<32>(P, S, s, i, warp, lane, W, best_v, best_r, rn);
 #else
     if (S.cols <= 64 * 32) gemv_tasks<true>(P, S, s, i, warp, lane, W, best_v, best_r);
     else gemv_tasks<false>(P, S, s, i, warp, lane, W, best_v, best_r);
@@ -770,6 +809,91 @@ __device__ __forceinline__ void attn_stage(const Params& P, const Stage& S, cons
     }
 }
 
+#if MK_ATTN
+// The attention item (KV head, key split) with warp w < group on q head w of the KV head: lanes hold 4 of the 128 dims
+// (q, the new key's k / v, the output), a key's score is the warp's sum (8 keys a batch, their butterflies interleaved),
+// lane j keeps key j's score (KCH <= 32), softmax by two warp reductions, P.V with each key's weight broadcast by one
+// shuffle. The new key's K / V (this split's key D, if it holds it) come from registers as float16 values -- as the
+// cache keeps them -- and warp 0 writes them into the cache. The one CTA barrier makes the prefetched tile visible.
+static_assert(ATTN_KCH <= 32, "a lane a key");
+__device__ __forceinline__ void attn_stage_warps(const Params& P, const Stage& S, const Smem& s, int warp, int lane,
+                                                 int T) {
+    const int KCH = S.piece_rows, D = S.rows, group = P.n_heads / P.n_kv;
+    const int item = blockIdx.x;
+    if (item >= S.n_pieces) return;   // (the lab's plans keep items <= G: one item a CTA)
+    const int kvh = item / S.cols, sp = item % S.cols, k0 = sp * KCH;
+    const int nk = min(KCH, D + 1 - k0), jn = D - k0;   // keys of this split; the new key's index in it (if < KCH)
+    const bool own = jn >= 0 && jn < KCH;
+    float4 q4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kn4 = q4, vn4 = q4;
+    if (warp < group) {
+        q4 = __ldcg(reinterpret_cast<const float4*>(S.x + (size_t)(kvh * group + warp) * HD) + lane);
+        if (own) {
+            kn4 = __ldcg(reinterpret_cast<const float4*>(S.x + (size_t)(P.n_heads + kvh) * HD) + lane);
+            vn4 = __ldcg(reinterpret_cast<const float4*>(S.x + (size_t)(P.n_heads + P.n_kv + kvh) * HD) + lane);
+        }
+    }
+    cp_wait_all();
+    cbar(T);   // the prefetched K / V tile
+    if (warp >= group) return;
+    const half2 kh0 = __floats2half2_rn(kn4.x, kn4.y), kh1 = __floats2half2_rn(kn4.z, kn4.w);
+    const half2 vh0 = __floats2half2_rn(vn4.x, vn4.y), vh1 = __floats2half2_rn(vn4.z, vn4.w);
+    if (own && warp == 0) {
+        half2* Kc = reinterpret_cast<half2*>((__half*)(S.w0) + ((size_t)kvh * P.max_ctx + D) * HD + 4 * lane);
+        half2* Vc = reinterpret_cast<half2*>((__half*)(S.w1) + ((size_t)kvh * P.max_ctx + D) * HD + 4 * lane);
+        Kc[0] = kh0; Kc[1] = kh1;
+        Vc[0] = vh0; Vc[1] = vh1;
+    }
+    const half* Ks = reinterpret_cast<const half*>(s.attn);
+    const half* Vs = Ks + ATTN_KCH * HD;
+    const float scale = rsqrtf((float)HD);
+    float sj = -INFINITY;
+    for (int j0 = 0; j0 < nk; j0 += 8) {
+        float d[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int j = j0 + u;
+            d[u] = 0.0f;
+            if (j < nk) {
+                half2 a0 = kh0, a1 = kh1;
+                if (j != jn) {
+                    const half2* kp = reinterpret_cast<const half2*>(Ks + j * HD + 4 * lane);
+                    a0 = kp[0];
+                    a1 = kp[1];
+                }
+                const float2 fa = __half22float2(a0), fb = __half22float2(a1);
+                d[u] = q4.x * fa.x + q4.y * fa.y + q4.z * fb.x + q4.w * fb.y;
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+            for (int u = 0; u < 8; ++u) d[u] += __shfl_xor_sync(0xffffffffu, d[u], off);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane == j0 + u && j0 + u < nk) sj = d[u] * scale;
+    }
+    const float m = warp_max(sj);
+    const float e = lane < nk ? __expf(sj - m) : 0.0f;
+    const float l = warp_sum(e);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < nk; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, e, j);
+        half2 v0 = vh0, v1 = vh1;
+        if (j != jn) {
+            const half2* vp = reinterpret_cast<const half2*>(Vs + j * HD + 4 * lane);
+            v0 = vp[0];
+            v1 = vp[1];
+        }
+        const float2 fa = __half22float2(v0), fb = __half22float2(v1);
+        acc.x += pj * fa.x; acc.y += pj * fa.y; acc.z += pj * fb.x; acc.w += pj * fb.y;
+    }
+    float* out = S.y + ((size_t)(kvh * group + warp) * S.cols + sp) * PSTRIDE;
+    reinterpret_cast<float4*>(out + 4)[lane] = acc;
+    if (lane == 0) { out[0] = m; out[1] = l; }
+}
+#endif
+
 __global__ void __launch_bounds__((MAXW + 1) * 32, 1) mk_kernel(const Params P) {
     extern __shared__ __align__(128) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -812,12 +936,16 @@ __global__ void __launch_bounds__((MAXW + 1) * 32, 1) mk_kernel(const Params P) 
             const bool stamp = P.stamps && blockIdx.x == 0 && tid == 0;
             if (stamp) P.stamps[4 * k] = gtimer();
             if (S.kind == K_ATTN) {
+#if MK_ATTN
+                attn_stage_warps(P, S, s, warp, lane, T);
+#else
                 attn_stage(P, S, s, tid, warp, lane, W, T);
+#endif
                 if (stamp) P.stamps[4 * k + 1] = gtimer();
             } else {
-                stage_x(P, S, s, tid, warp, lane, W, T, nwr);
+                const float rn = stage_x(P, S, s, tid, warp, lane, W, T, nwr);
                 if (stamp) P.stamps[4 * k + 1] = gtimer();
-                gemv_stage(P, S, s, i, warp, lane, W, best_v, best_r);
+                gemv_stage(P, S, s, i, warp, lane, W, best_v, best_r, rn);
             }
             if (stamp) P.stamps[4 * k + 2] = gtimer();
         }
@@ -1063,6 +1191,63 @@ struct Runner {
     }
 };
 
+// layer 0's QKV and attention stages alone, the attention partials against a float64 host attention over the same
+// q / k / v (the QKV stage's output) and the cache (whose row D holds the new key as the kernel wrote it, float16)
+static bool check_attn(const std::vector<Stage>& st, const Model& m, int W, int ns, int n_splits) {
+    const std::vector<Stage> sub(st.begin(), st.begin() + 2);
+    Runner r;
+    r.init(sub, W, ns, m);
+    r.P.n_splits = n_splits;
+    r.launch(0, false);
+    CK(cudaDeviceSynchronize());
+    const Stage& a = sub[1];
+    const int D = a.rows, KCH = a.piece_rows, NSP = a.cols, group = m.NH / m.NKV;
+    std::vector<float> q((size_t)(m.NH + 2 * m.NKV) * HD), part((size_t)m.NH * NSP * PSTRIDE);
+    std::vector<uint16_t> kc((size_t)m.NKV * m.MAXCTX * HD), vc(kc.size());
+    CK(cudaMemcpy(q.data(), m.q, q.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(part.data(), m.part, part.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(kc.data(), m.kc, kc.size() * 2, cudaMemcpyDeviceToHost));   // layer 0 first
+    CK(cudaMemcpy(vc.data(), m.vc, vc.size() * 2, cudaMemcpyDeviceToHost));
+    double worst = 0.0, worst_new = 0.0;
+    for (int kvh = 0; kvh < m.NKV; ++kvh) {
+        for (int d = 0; d < 2 * HD; ++d) {   // the new key's row in the cache: float16 of the QKV stage's k / v
+            const float want = q[(size_t)(m.NH + (d < HD ? 0 : m.NKV) + kvh) * HD + d % HD];
+            const float got = h2f((d < HD ? kc : vc)[((size_t)kvh * m.MAXCTX + D) * HD + d % HD]);
+            worst_new = std::max(worst_new, (double)std::fabs(got - want) / (std::fabs(want) + 1e-3));
+        }
+        for (int sp = 0; sp < NSP; ++sp) {
+            const int k0 = sp * KCH, nk = std::min(KCH, D + 1 - k0);
+            for (int h = 0; h < group; ++h) {
+                const int head = kvh * group + h;
+                std::vector<double> sc(nk), acc(HD, 0.0);
+                double mx = -1e300, l = 0.0;
+                for (int j = 0; j < nk; ++j) {
+                    double t = 0.0;
+                    for (int d = 0; d < HD; ++d)
+                        t += (double)q[(size_t)head * HD + d] * h2f(kc[((size_t)kvh * m.MAXCTX + k0 + j) * HD + d]);
+                    sc[j] = t / std::sqrt((double)HD);
+                    mx = std::max(mx, sc[j]);
+                }
+                for (int j = 0; j < nk; ++j) {
+                    const double e = std::exp(sc[j] - mx);
+                    l += e;
+                    for (int d = 0; d < HD; ++d) acc[d] += e * h2f(vc[((size_t)kvh * m.MAXCTX + k0 + j) * HD + d]);
+                }
+                const float* o = &part[((size_t)head * NSP + sp) * PSTRIDE];
+                double amax = 1e-6;
+                for (int d = 0; d < HD; ++d) amax = std::max(amax, std::fabs(acc[d]));
+                worst = std::max(worst, std::fabs(o[0] - mx) / (std::fabs(mx) + 1.0));
+                worst = std::max(worst, std::fabs(o[1] - l) / l);
+                for (int d = 0; d < HD; ++d) worst = std::max(worst, std::fabs(o[4 + d] - acc[d]) / amax);
+            }
+        }
+    }
+    const bool ok = worst < 2e-3 && worst_new < 1e-3;
+    printf("check attn  %d KV heads x %d splits of %d keys at depth %d: max rel err %.2e (new key's cache row %.2e)  %s\n",
+           m.NKV, NSP, KCH, D, worst, worst_new, ok ? "ok" : "FAILED");
+    return ok;
+}
+
 // one GEMV stage alone against the float64 host GEMV
 static bool check_one(const char* name, Stage s, const Model& m, int W, int ns) {
     const int cols = s.cols, rows = s.rows;
@@ -1082,11 +1267,11 @@ static bool check_one(const char* name, Stage s, const Model& m, int W, int ns) 
     Runner run;
     run.init({s}, W, ns, m);
     float* d_dump;
-    CK(cudaMalloc(&d_dump, (cols / 4 + 2 * (cols / 32)) * 4));
+    CK(cudaMalloc(&d_dump, (cols / 4 + 2 * (cols / 32) + 1) * 4));
     run.P.xdump = d_dump;
     run.launch(1, false);
     CK(cudaDeviceSynchronize());
-    std::vector<float> y(rows), dump(cols / 4 + 2 * (cols / 32));
+    std::vector<float> y(rows), dump(cols / 4 + 2 * (cols / 32) + 1);
     CK(cudaMemcpy(y.data(), s.y, rows * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(dump.data(), d_dump, dump.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaFree(d_dump));
@@ -1094,7 +1279,8 @@ static bool check_one(const char* name, Stage s, const Model& m, int W, int ns) 
     const int8_t* xcode = reinterpret_cast<const int8_t*>(dump.data());
     const float* xsc = dump.data() + cols / 4;
     std::vector<double> xq(cols);
-    for (int c = 0; c < cols; ++c) xq[c] = (double)xsc[MK_EXACT ? c / 128 : c / 32] * xcode[c];
+    const double rn = dump[cols / 4 + 2 * (cols / 32)];   // MK_POSTNORM: 1 / rms, after the sums (else 1)
+    for (int c = 0; c < cols; ++c) xq[c] = rn * xsc[MK_EXACT ? c / 128 : c / 32] * xcode[c];
     const int rb = s.row_bytes;
     std::vector<uint8_t> wrow(rb), urow(rb);
     std::vector<double> wd, ud;
@@ -1201,6 +1387,7 @@ int main(int argc, char** argv) {
         for (auto& v : h) v = U(r);
         CK(cudaMemcpy(m.h, h.data(), m.H * 4, cudaMemcpyHostToDevice));
     }
+    if (!check_attn(st, m, W, ns, n_splits)) return 1;
     Runner run;
     run.init(st, W, ns, m);
     run.P.n_splits = n_splits;
