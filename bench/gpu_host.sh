@@ -32,6 +32,9 @@
 #                  working directory outside the checkout (the next call replaces the checkout, which removed a
 #                  running trainer's working directory once); log $LOGS/train.log, drafter in $HOST_DIR/dflash/
 #   bench/gpu_host.sh logs [N]     copy $LOGS/* to $OUT and print the last N lines of each (default 15)
+#   bench/gpu_host.sh lab [ROUNDS] [FLAGS ...]  bench/lab/megakernel_lab.cu built once per flag set (e.g. "-DMK_ATTN=1"
+#                  "-DMK_ATTN=1 -DMK_POSTNORM=1"; "" = the default; default list: the session-35 variants) and run
+#                  `15 128 11` for each in turn, ROUNDS times (default 2), output in $OUT/lab.txt
 #
 # .whl/ holds what the host's image lacks (its python3 is 3.12 with numpy, click, msgpack, jinja2, tokenizers, torch):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -167,6 +170,24 @@ chain)
         flashd bench -m "$model" -p "" -n 64 -d 0 -r 1 "$@" > /dev/null 2>&1
     python3 bench/lab/chain_report.py --steps 16 $OUT/trace.tsv | tee $OUT/chain.txt | tail -12
     rm -f $OUT/trace.tsv
+    ;;
+lab)
+    rounds=${1:-2}; shift || true
+    [ $# -gt 0 ] || set -- "" "-DMK_ATTN=1" "-DMK_POSTNORM=1" "-DMK_ATTN=1 -DMK_POSTNORM=1"
+    i=0
+    for flags in "$@"; do
+        # shellcheck disable=SC2086
+        nvcc -O3 -std=c++17 -arch=sm_90a $flags -o $HOST_DIR/mk_$i bench/lab/megakernel_lab.cu || exit 1
+        i=$((i + 1))
+    done
+    for r in $(seq 1 "$rounds"); do
+        i=0
+        for flags in "$@"; do
+            echo "== round $r: ${flags:-default}"
+            $HOST_DIR/mk_$i 15 128 11 2>&1 | grep -vE "^argmax"
+            i=$((i + 1))
+        done
+    done | tee $OUT/lab.txt
     ;;
 ncu-src)
     model=$1 regex=$2 skip=$3 count=$4; shift 4
