@@ -816,6 +816,16 @@ __device__ __forceinline__ void attn_stage(const Params& P, const Stage& S, cons
 // shuffle. The new key's K / V (this split's key D, if it holds it) come from registers as float16 values -- as the
 // cache keeps them -- and warp 0 writes them into the cache. The one CTA barrier makes the prefetched tile visible.
 static_assert(ATTN_KCH <= 32, "a lane a key");
+// the lane's 4 dims of key j of a K or V tile: the tile's row, or (j == jn) the new key's float16 values in registers
+__device__ __forceinline__ float4 key_dims(const half* tile, int j, int jn, half2 n0, half2 n1, int lane) {
+    if (j != jn) {
+        const half2* p = reinterpret_cast<const half2*>(tile + j * HD + 4 * lane);
+        n0 = p[0];
+        n1 = p[1];
+    }
+    const float2 a = __half22float2(n0), b = __half22float2(n1);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
 __device__ __forceinline__ void attn_stage_warps(const Params& P, const Stage& S, const Smem& s, int warp, int lane,
                                                  int T) {
     const int KCH = S.piece_rows, D = S.rows, group = P.n_heads / P.n_kv;
@@ -854,14 +864,8 @@ __device__ __forceinline__ void attn_stage_warps(const Params& P, const Stage& S
             const int j = j0 + u;
             d[u] = 0.0f;
             if (j < nk) {
-                half2 a0 = kh0, a1 = kh1;
-                if (j != jn) {
-                    const half2* kp = reinterpret_cast<const half2*>(Ks + j * HD + 4 * lane);
-                    a0 = kp[0];
-                    a1 = kp[1];
-                }
-                const float2 fa = __half22float2(a0), fb = __half22float2(a1);
-                d[u] = q4.x * fa.x + q4.y * fa.y + q4.z * fb.x + q4.w * fb.y;
+                const float4 k = key_dims(Ks, j, jn, kh0, kh1, lane);
+                d[u] = q4.x * k.x + q4.y * k.y + q4.z * k.z + q4.w * k.w;
             }
         }
 #pragma unroll
@@ -879,14 +883,8 @@ __device__ __forceinline__ void attn_stage_warps(const Params& P, const Stage& S
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int j = 0; j < nk; ++j) {
         const float pj = __shfl_sync(0xffffffffu, e, j);
-        half2 v0 = vh0, v1 = vh1;
-        if (j != jn) {
-            const half2* vp = reinterpret_cast<const half2*>(Vs + j * HD + 4 * lane);
-            v0 = vp[0];
-            v1 = vp[1];
-        }
-        const float2 fa = __half22float2(v0), fb = __half22float2(v1);
-        acc.x += pj * fa.x; acc.y += pj * fa.y; acc.z += pj * fb.x; acc.w += pj * fb.y;
+        const float4 v = key_dims(Vs, j, jn, vh0, vh1, lane);
+        acc.x += pj * v.x; acc.y += pj * v.y; acc.z += pj * v.z; acc.w += pj * v.w;
     }
     float* out = S.y + ((size_t)(kvh * group + warp) * S.cols + sp) * PSTRIDE;
     reinterpret_cast<float4*>(out + 4)[lane] = acc;
