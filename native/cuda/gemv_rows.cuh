@@ -138,7 +138,8 @@ struct RowsArgs {
     const float* xin;         // (n, cols) f32, the call's x
     const float* norm_w;      // (cols,) or NULL: x is RMS-normalized first
     float eps;
-    int fx_off;               // bytes: codes (n, cols), then scales (rows_scale_rows(cols, fine), 8) floats, then 32
+    int fx_off;               // bytes, 16-byte aligned: codes (n, cols), then scales (rows_scale_rows(cols, fine), 8)
+                              // floats, then 32
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
 };
 
@@ -197,6 +198,21 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
     constexpr int U = 2;   // groups a warp loads before it quantizes them (8 loads in flight, not one L2 trip each)
     for (int i = 0; i < a.n; ++i) {
         const float* xr = a.xin + (size_t)i * a.cols;
+        float v[U][4], w[U][4];   // x and norm_w loaded together: one L2 round trip for the batch
+        auto load = [&](int g0) {
+#pragma unroll
+            for (int uu = 0; uu < U; ++uu) {
+                const int grp = g0 + uu * W, nu = min(4, a.cols / 32 - 4 * grp);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const bool in = grp < ngrp && u < nu;
+                    const int c = ROWS_XG * grp + 32 * u + lane;
+                    v[uu][u] = in ? xr[c] : 0.0f;
+                    w[uu][u] = in && a.norm_w ? __ldg(a.norm_w + c) : 1.0f;
+                }
+            }
+        };
+        load(warp);   // the first batch before the norm's own loads: both in flight at once, not one after the other
         float scale = 1.0f;
         if (a.norm_w) {
             for (int vw = warp; vw < ROWS_PREPASS_THREADS / 32; vw += W) {
@@ -209,18 +225,7 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
             rows_bar(bar_threads);   // every thread has read red before the next row writes it
         }
         for (int g0 = warp; g0 < ngrp; g0 += U * W) {
-            float v[U][4], w[U][4];   // x and norm_w loaded together: one L2 round trip for the batch
-#pragma unroll
-            for (int uu = 0; uu < U; ++uu) {
-                const int grp = g0 + uu * W, nu = min(4, a.cols / 32 - 4 * grp);
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const bool in = grp < ngrp && u < nu;
-                    const int c = ROWS_XG * grp + 32 * u + lane;
-                    v[uu][u] = in ? xr[c] : 0.0f;
-                    w[uu][u] = in && a.norm_w ? __ldg(a.norm_w + c) : 1.0f;
-                }
-            }
+            if (g0 != warp) load(g0);
 #pragma unroll
             for (int uu = 0; uu < U; ++uu) {
                 const int grp = g0 + uu * W;   // warp-uniform: the shuffles inside see the whole warp

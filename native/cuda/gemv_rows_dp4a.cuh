@@ -47,7 +47,8 @@ __device__ __forceinline__ int rows_dp4a_xsum(const uint2& a, const uint2& b, co
 }
 
 // Group h (0 or 1) of one staged Q4_K super-block (blk: 16-byte aligned) against x row 0's 128 codes of that group
-// (xg: 8-byte aligned): rows_item_q4k's v = fmaf(d, f(S), -(dmin * f(M))).
+// (xg: 16-byte aligned -- gemv_rows_plan.cuh places the CTA's x copy so -- read 16 bytes a load):
+// rows_item_q4k's v = fmaf(d, f(S), -(dmin * f(M))).
 __device__ __forceinline__ float rows_dp4a_group(const uint8_t* blk, const int8_t* xg, int h) {
     const uint4 hd = *reinterpret_cast<const uint4*>(blk);
     const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&hd.x));
@@ -59,9 +60,12 @@ __device__ __forceinline__ float rows_dp4a_group(const uint8_t* blk, const int8_
         const uint8_t* run = blk + 16 + 32 * (2 * h + pp);
         const uint4 q0 = *reinterpret_cast<const uint4*>(run);
         const uint4 q1 = *reinterpret_cast<const uint4*>(run + 16);
-        const uint2* xw = reinterpret_cast<const uint2*>(xg + 64 * pp);
-        const uint2 x0 = xw[0], x1 = xw[1], x2 = xw[2], x3 = xw[3];   // columns 0 .. 31 of the run (low nibbles)
-        const uint2 x4 = xw[4], x5 = xw[5], x6 = xw[6], x7 = xw[7];   // 32 .. 63 (high nibbles)
+        const uint4* xw = reinterpret_cast<const uint4*>(xg + 64 * pp);   // 16-byte aligned: 128-bit loads
+        const uint4 xa = xw[0], xb = xw[1], xc = xw[2], xd = xw[3];
+        const uint2 x0 = make_uint2(xa.x, xa.y), x1 = make_uint2(xa.z, xa.w);   // columns 0 .. 31 (low nibbles)
+        const uint2 x2 = make_uint2(xb.x, xb.y), x3 = make_uint2(xb.z, xb.w);
+        const uint2 x4 = make_uint2(xc.x, xc.y), x5 = make_uint2(xc.z, xc.w);   // 32 .. 63 (high nibbles)
+        const uint2 x6 = make_uint2(xd.x, xd.y), x7 = make_uint2(xd.z, xd.w);
         int lo = 0, hi = 0;
         rows_dp4a_run(q0, x0, x1, x4, x5, lo, hi);
         rows_dp4a_run(q1, x2, x3, x6, x7, lo, hi);
@@ -74,7 +78,7 @@ __device__ __forceinline__ float rows_dp4a_group(const uint8_t* blk, const int8_
 }
 
 // Group h of one staged Q6_K super-block (blk: 2-byte aligned, 210 bytes: ql[128], qh[64], int8 scales[16], f16 d)
-// against x row 0's 128 codes of that group (xg: 8-byte aligned): rows_item_q6k's v = d * f(S), S = sum over the
+// against x row 0's 128 codes of that group (xg: 16-byte aligned): rows_item_q6k's v = d * f(S), S = sum over the
 // group's eight 16-column sub-blocks (h, s, u) of scale * isum -- the codes q - 32 built four at a time by rows_q6k_a
 // (the same words and SWAR as the mma item's A fragments), dotted with x by signed dp4a.
 __device__ __forceinline__ float rows_dp4a_group_q6k(const uint8_t* blk, const int8_t* xg, int h) {
@@ -91,12 +95,11 @@ __device__ __forceinline__ float rows_dp4a_group_q6k(const uint8_t* blk, const i
         }
 #pragma unroll
         for (int s = 0; s < 4; ++s) {   // sub-block (h, s, u): columns 128 h + 32 s + 16 u .. + 15
-            const uint2* xw = reinterpret_cast<const uint2*>(xg + 32 * s + 16 * u);
-            const uint2 xa = xw[0], xb = xw[1];
-            int isum = dot4_s8s8(rows_q6k_a(l0[0], l1[0], qh[0], s), xa.x, 0);
-            isum = dot4_s8s8(rows_q6k_a(l0[1], l1[1], qh[1], s), xa.y, isum);
-            isum = dot4_s8s8(rows_q6k_a(l0[2], l1[2], qh[2], s), xb.x, isum);
-            isum = dot4_s8s8(rows_q6k_a(l0[3], l1[3], qh[3], s), xb.y, isum);
+            const uint4 xv = *reinterpret_cast<const uint4*>(xg + 32 * s + 16 * u);   // 16-byte aligned
+            int isum = dot4_s8s8(rows_q6k_a(l0[0], l1[0], qh[0], s), xv.x, 0);
+            isum = dot4_s8s8(rows_q6k_a(l0[1], l1[1], qh[1], s), xv.y, isum);
+            isum = dot4_s8s8(rows_q6k_a(l0[2], l1[2], qh[2], s), xv.z, isum);
+            isum = dot4_s8s8(rows_q6k_a(l0[3], l1[3], qh[3], s), xv.w, isum);
             S += (int)(int8_t)blk[192 + 8 * h + 2 * s + u] * isum;
         }
     }

@@ -140,7 +140,8 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
         for (int k = 0; k < a.n_mats; ++k) stage = std::max(stage, 16 * a.mat[k].row_bytes);
     }
     const long long per_tile = (long long)a.C * (swiglu ? 2 : 1) * NTT * 4 * 32 * 4;
-    const long long bars = 8LL * (per_cta + ROWS_TMA_MAX_STAGES);   // a full mbarrier a piece, an empty one a stage
+    // a full mbarrier a piece, an empty one a stage, and 8 bytes to 16-align what follows (the CTA's x copy)
+    const long long bars = 8LL * (per_cta + ROWS_TMA_MAX_STAGES) + 8;
     const long long budget = (long long)dev.max_smem - 1024 - fx_bytes - bars;
     for (int R = min(per_cta, 8); R >= 1; --R) {
         const long long left = budget - R * per_tile;
@@ -151,7 +152,7 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
         t.stage_bytes = (int)stage;
         t.bar_off = (int)(S * stage + R * per_tile);   // multiples of 16
         *out = t;
-        *sh = RowsShape{ctas, warps, 0, R, (size_t)t.bar_off + 8 * (per_cta + S)};
+        *sh = RowsShape{ctas, warps, 0, R, ((size_t)t.bar_off + 8 * (per_cta + S) + 15) & ~(size_t)15};
         return true;
     }
     return false;
