@@ -55,9 +55,15 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
     __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
     const int i = blockIdx.x;                 // token
     const int half = rope_dim / 2;
+    // Launched with PDL (fd::launch_pdl): the positions are the forward's inputs, uploaded before it (or written by a
+    // kernel at least two launches back, which has completed: every kernel of the library triggers its dependents only
+    // after its own pdl_wait), so cos / sin -- a double pow and sincos a pair -- run before pdl_wait, under the QKV
+    // projection; q, k, v, n_past and the caches only after it.
     const int pos = positions[i];
     for (int j = threadIdx.x; j < half; j += ROPE_THREADS)
         fd::rope_cos_sin(pos, j, rope_dim, theta, scaling, cos_s[j], sin_s[j]);
+    fd::pdl_wait();                // q / k / v are the QKV projection's
+    fd::pdl_launch_dependents();   // the attention may become resident (it waits for this kernel in its pdl_wait)
     __syncthreads();
 
     // (a, b) -> (a c - b s, a s + b c), products rounded separately as numpy does in float32 (rope_math.cuh)
@@ -150,14 +156,14 @@ extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cach
     if (shape->k_type != FD_KV_F16 && shape->head_dim > FD_WARP * ROTATE_RMAX) return FD_E_SHAPE;
     if (n == 0) return 0;
     const int kvh = shape->n_kv_heads, ctx = shape->max_ctx, hd = shape->head_dim;
-    rope_kv_write_kernel<<<n, ROPE_THREADS, 0, (cudaStream_t)stream>>>(
-        q, k, v, (__half*)k_cache, (__half*)v_cache, positions, n_past, shape->n_heads, shape->n_kv_heads,
-        shape->head_dim, rope->rope_dim, (double)rope->theta, rope->neox != 0, fd::rope_scaling_from(rope->scaling),
-        shape->max_ctx, shape->k_type, shape->v_type, fd::kvq::plane(k_cache, shape->k_type, kvh, ctx, hd),
+    return fd::launch_pdl(
+        rope_kv_write_kernel, dim3(n), dim3(ROPE_THREADS), 0, (cudaStream_t)stream, q, k, v, (__half*)k_cache,
+        (__half*)v_cache, positions, n_past, shape->n_heads, shape->n_kv_heads, shape->head_dim, rope->rope_dim,
+        (double)rope->theta, (int)(rope->neox != 0), fd::rope_scaling_from(rope->scaling), shape->max_ctx,
+        shape->k_type, shape->v_type, fd::kvq::plane(k_cache, shape->k_type, kvh, ctx, hd),
         fd::kvq::plane(v_cache, shape->v_type, kvh, ctx, hd), shape->k_type != FD_KV_F16 ? k_offset : nullptr,
         fd::kvq::ring_of(k_cache, shape->k_type, kvh, ctx, hd, shape->window),
         fd::kvq::ring_of(v_cache, shape->v_type, kvh, ctx, hd, shape->window), shape->window_slots);
-    return FD_LAUNCH_STATUS();
 }
 
 extern "C" size_t fd_kv_window_offset(int kv_type, int n_kv_heads, int max_ctx, int head_dim) {
