@@ -23,11 +23,12 @@
 // sin: an error of at most 1 float ulp of cos/sin, i.e. |err| <= 1.2e-7 * (|a| + |b|), for any
 // position (int32) and theta.
 //
-// Launch: one block of 128 threads per token. The block first tabulates cos/sin for its position
-// (rope_dim / 2 <= 256 entries in shared memory), then walks (head, pair) for q and k, the
-// unrotated tail of k, and v. Work per token is a few KB, so a simple mapping is enough. A quantized
-// K or V is encoded after a __syncthreads (the rotated k is read back from global memory, where this
-// block wrote it): one thread per (head, 32-value block), the block's values in order as ggml's loop.
+// Launch: one block of 128 threads per token, with programmatic dependent launch (fd::launch_pdl). The block first
+// tabulates cos/sin for its position (rope_dim / 2 <= 256 entries in shared memory) before pdl_wait, while the QKV
+// projection runs (as a plain launch its whole time followed the projection's: bench/NOTES.md session 36), then walks
+// (head, pair) for q and k, the unrotated tail of k, and v. Work per token is a few KB, so a simple mapping is
+// enough. A quantized K or V is encoded after a __syncthreads (the rotated k is read back from global memory, where
+// this block wrote it): one thread per (head, 32-value block), the block's values in order as ggml's loop.
 // The float16 path runs the instructions it always ran. A quantized K adds the rotation between the two: a
 // __syncthreads (RoPE'd q and k are in global memory), then one warp per head of q and of k rotates its row
 // (kv_rotate.cuh: registers and shuffles, head_dim <= 32 * ROTATE_RMAX).
