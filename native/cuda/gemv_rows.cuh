@@ -188,6 +188,8 @@ __device__ __forceinline__ void rows_bar(int n_threads) {
 // its own use: x rows 0 .. n - 1 (n <= ROWS_FX_MAX_NX) into shared memory (rows_fx_bytes; scales at (group, row),
 // ROWS_FX_SC a group). Every CTA reads the whole x (n x cols floats, from L2) but no pre-pass launch, scratch or
 // its round trip is needed; the bits are the pre-pass's: the norm replays block_sum's partition over these warps.
+// The chain is the launch's critical path (bench/NOTES.md sessions 15, 36): a warp's first batch of x is loaded
+// before the norm's sum, which only its quantization needs, so the two L2 round trips overlap.
 // FINE: a scale a 32-column block (== a.x.fine; the kernel knows it from its format, rows_fine).
 template <bool FINE>
 __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx, int W, int bar_threads) {
