@@ -243,7 +243,10 @@ struct GemvTuning {
     int rows_fuse_nx;   // gemv_rows calls of <= this many x rows quantize x in the GEMV kernel (no pre-pass launch)
     int rows_tma;       // > 0: gemv_rows calls stage weights by bulk copies (sm_90), this many tiles in flight ahead
     int rows_formats;   // the formats gemv_rows runs, bit ROWS_Q4K .. ROWS_Q50 (flashd_tuning.h gemv_rows_formats)
-    bool rows_dp4a;     // one-row Q4_K gemv_rows launches on dp4a lanes (flashd_tuning.h gemv_rows_dp4a)
+    bool rows_dp4a;     // one-row Q4_K / Q6_K gemv_rows launches on dp4a lanes (flashd_tuning.h gemv_rows_dp4a)
+    int rows_tma_split; // one-tile bulk-copy CTAs copy their tile in pieces of this many chunks (gemv_rows_tma_split)
+    int rows_stage_x;   // bulk-copy launches of 2 .. 8 x rows copy the pre-pass's codes in up to this many bytes
+                        // (gemv_rows_stage_x)
     bool evict_first;   // weights with the L2 evict-first hint
     int xq_prepass_cols;        // int8 one-row-kernel launches of at least this many columns take the x pre-pass (0: never)
     int xq_prepass_norm_cols;   // the same for launches with a fused RMSNorm
@@ -257,7 +260,8 @@ GemvTuning tuning() {
     const fd_tuning_t t = tuning_now();
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, FD_HAS_MMA ? t.gemv_rows_tma : 0,
-                      t.gemv_rows_formats, FD_HAS_MMA && t.gemv_rows_dp4a != 0,
+                      t.gemv_rows_formats, FD_HAS_MMA && t.gemv_rows_dp4a != 0, t.gemv_rows_tma_split,
+                      t.gemv_rows_stage_x,
                       t.weights_evict_first != 0,
                       t.gemv_xq_prepass_cols, t.gemv_xq_prepass_norm_cols,
                       t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes,
@@ -360,8 +364,10 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     const GemvTuning tn = tuning();
 #if FD_HAS_MMA
     if (rows_eligible(tn.rows, tn.rows_formats, dev.cc_major, n_mats, mats, cols))
-        return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual, tn.rows, tn.rows_fuse_nx,
-                             tn.rows_tma, tn.evict_first, tn.rows_dp4a, dev, stream);
+        return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual,
+                             RowsTuning{tn.rows, tn.rows_fuse_nx, tn.rows_tma, tn.rows_tma_split, tn.rows_stage_x,
+                                        tn.rows_dp4a, tn.evict_first},
+                             dev, stream);
 #endif
     GemvPlan pl;
     if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x,

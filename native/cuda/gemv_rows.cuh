@@ -50,10 +50,23 @@ constexpr int ROWS_FX_SC = rows_sc_stride<true>();   // x rows a scale row holds
 constexpr int ROWS_GROUP_WARPS = ROWS_PREPASS_THREADS / 32;   // a pre-pass CTA's groups (a warp each)
 
 __host__ __device__ constexpr int rows_groups(int cols) { return (cols + ROWS_XG - 1) / ROWS_XG; }
-// Shared memory of a CTA's own x copy (kernels with FX): n x cols codes (cols % 32 == 0, so 16-byte multiples),
-// rows_scale_rows(cols, fine) x ROWS_FX_SC float scales, 32 floats for the norm's sums.
-__host__ __device__ inline int rows_fx_bytes(int n, int cols, bool fine) {
-    return n * cols + rows_scale_rows(cols, fine) * ROWS_FX_SC * 4 + 32 * 4;
+// Bytes between x rows in a CTA's own x copy: cols for one row (the dp4a items read row 0 only); for 2 .. 8 rows
+// cols padded so that an mma item's B-fragment reads -- lanes g = 0..7 read x rows g at the same column -- fall in
+// distinct shared-memory banks: rows 16 bytes apart modulo 128 where the items read x 4 bytes a lane (Q6_K: 8 rows x 4
+// lanes x 4 bytes, one wavefront), 32 where they read 8 (Q4_K, Q8_0, Q5_0: each half-warp's 4 rows x 32 bytes) and in
+// a mixed launch (q / k / v with a Q6_K v: no residue serves both widths; 32 keeps Q4_K's reads conflict-free and
+// Q6_K's 2-way). Unpadded, cols a multiple of 128 put all 8 rows in one bank: 8-way conflicts (session 37: 8-row
+// launches were slower with x in shared memory than reading it through L1).
+__host__ __device__ inline int rows_fx_stride(int n, int cols, int fmt) {
+    if (n <= 1) return cols;
+    const int want = fmt == ROWS_Q6K ? 16 : 32;
+    return cols + ((want - cols % 128) % 128 + 128) % 128;
+}
+// Shared memory of a CTA's own x copy (kernels with FX): n rows of cols codes stride bytes apart (rows_fx_stride;
+// cols % 32 == 0, so 16-byte multiples), rows_scale_rows(cols, fine) x ROWS_FX_SC float scales, 32 floats for the
+// norm's sums.
+__host__ __device__ inline int rows_fx_bytes(int n, int stride, int cols, bool fine) {
+    return n * stride + rows_scale_rows(cols, fine) * ROWS_FX_SC * 4 + 32 * 4;
 }
 
 // ---- x -> codes: one definition for the pre-pass and the CTAs' own copies (the same bits whatever n or route) --
@@ -134,11 +147,13 @@ struct RowsArgs {
     int up_off;
     RowsX x;                  // the pre-pass's codes and scales (kernels with FX: only x.fine, set for every launch)
     const float* residual;    // (n, rows of mat[0]) or NULL; y may alias it
-    // kernels with FX (n <= ROWS_FX_MAX_NX) quantize x themselves into shared memory at fx_off:
+    // kernels with FX (n <= ROWS_FX_MAX_NX) quantize x themselves into shared memory at fx_off -- or, bulk-copy
+    // launches with xin NULL, copy the pre-pass's codes there (rows_stage_x):
     const float* xin;         // (n, cols) f32, the call's x
     const float* norm_w;      // (cols,) or NULL: x is RMS-normalized first
     float eps;
-    int fx_off;               // bytes, 16-byte aligned: codes (n, cols), then scales (rows_scale_rows(cols, fine), 8)
+    int fx_stride;            // bytes between x rows there (rows_fx_stride)
+    int fx_off;               // bytes, 16-byte aligned: codes (n, fx_stride), then scales (rows_scale_rows(cols, fine), 8)
                               // floats, then 32
     int evict_first;          // weights staged with the L2 evict-first hint (fd_tuning_t.weights_evict_first)
 };
@@ -194,7 +209,7 @@ __device__ __forceinline__ void rows_bar(int n_threads) {
 template <bool FINE>
 __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx, int W, int bar_threads) {
     int8_t* xq = reinterpret_cast<int8_t*>(fx);
-    float* xsc = reinterpret_cast<float*>(fx + a.n * a.cols);
+    float* xsc = reinterpret_cast<float*>(fx + a.n * a.fx_stride);
     float* red = xsc + rows_scale_rows(a.cols, FINE) * ROWS_FX_SC;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ngrp = rows_groups(a.cols);
     constexpr int U = 2;   // groups a warp loads before it quantizes them (8 loads in flight, not one L2 trip each)
@@ -238,12 +253,34 @@ __device__ __forceinline__ void rows_quantize_cta(const RowsArgs& a, uint8_t* fx
                 rows_quant_group(v[uu], w[uu], nu, a.norm_w != nullptr, scale, FINE, q, xd);
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
-                    if (u < nu) xq[i * a.cols + ROWS_XG * grp + 32 * u + lane] = (int8_t)q[u];
+                    if (u < nu) xq[i * a.fx_stride + ROWS_XG * grp + 32 * u + lane] = (int8_t)q[u];
                 if (lane == 0) rows_store_scales(xsc, grp, nu, FINE, ROWS_FX_SC, i, xd);
             }
         }
     }
     rows_bar(bar_threads);
+}
+
+// The pre-pass's codes and scales of x rows 0 .. n - 1 (n <= ROWS_FX_MAX_NX; a.x: the stream's scratch) copied by
+// threads 0 .. n_threads - 1 into the CTA's own copy in rows_quantize_cta's layout, so a launch of 2 .. 8 x rows reads
+// x from shared memory as a one-row launch does (fd_tuning_t.gemv_rows_stage_x) instead of through L1, where the
+// weights' stages leave it little room. The codes by 16-byte cp.async, all in flight at once under the scales' loads
+// (one L2 round trip, not one a word a thread). The same codes, so the same bits.
+__device__ __forceinline__ void rows_stage_x(const RowsArgs& a, uint8_t* fx, int n_threads) {
+    const int row_words = a.cols / 16;   // cols % 32 == 0; the scratch's rows are cols bytes apart, the copy's fx_stride
+    for (int k = threadIdx.x; k < a.n * row_words; k += n_threads) {
+        const int i = k / row_words, w = k - i * row_words;
+        q::cp_async16(fx + i * a.fx_stride + 16 * w, a.x.q + (size_t)i * a.cols + 16 * w, 16);
+    }
+    q::cp_async_commit();
+    float* xsc = reinterpret_cast<float*>(fx + a.n * a.fx_stride);
+    const int scales = rows_scale_rows(a.cols, a.x.fine != 0) * a.n;
+    for (int k = threadIdx.x; k < scales; k += n_threads) {
+        const int sr = k / a.n, i = k - sr * a.n;
+        xsc[sr * ROWS_FX_SC + i] = __ldg(a.x.sc + (size_t)sr * ROWS_NX + i);
+    }
+    q::cp_async_wait<0>();
+    rows_bar(n_threads);
 }
 
 // ---- the GEMV ----------------------------------------------------------------------------------------------------
@@ -367,7 +404,7 @@ __device__ __forceinline__ void rows_put_partial(float* part, int jl, int lane, 
 }
 // The CTA's own x copy (rows_quantize_cta's output at fx) as the items read it.
 __device__ __forceinline__ RowsX rows_fx_x(const RowsArgs& a, const uint8_t* fx) {
-    return RowsX{reinterpret_cast<const int8_t*>(fx), reinterpret_cast<const float*>(fx + a.n * a.cols), a.cols,
+    return RowsX{reinterpret_cast<const int8_t*>(fx), reinterpret_cast<const float*>(fx + a.n * a.fx_stride), a.fx_stride,
                  a.n - 1, a.x.fine};
 }
 

@@ -110,7 +110,7 @@ __device__ __forceinline__ uint4 rows_scales_mins(const uint4& h) {
 struct RowsX {
     const int8_t* q;      // (rows, cols) codes; rows >= n hold stale values whose outputs are never written
     const float* sc;      // (rows_scale_rows(cols, fine), sc_stride): xd of each group (fine: block) and x row
-    int cols;
+    int cols;             // bytes between x rows: the scratch's cols, a CTA's copy rows_fx_stride (padded for 2 .. 8 rows)
     int last;             // shared memory: the last row a B fragment may read (n - 1, n <= 8); scratch: unused
     int fine;             // 1: a scale per 32-column block (launches of one format, Q8_0 or Q5_0); 0: per group
 };

@@ -111,8 +111,10 @@ constexpr int ROWS_TMA_LOOK_RING = 2;        // ... with at least this many tile
 // most ROWS_TMA_MANY_ROWS_WARPS above 8 x rows, for the registers), plus the copy warp; all of a CTA's tiles in
 // stages where they fit (<= ROWS_TMA_MAX_STAGES), R tiles a fold round in what is left. The launch shape never
 // changes a bit.
-inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, int look, const DeviceFacts& dev,
-                          RowsTmaArgs* out, RowsShape* sh) {
+// split (the tuning's gemv_rows_tma_split): where every CTA has one tile and a row has more than split chunks, the
+// tile is copied in pieces of split chunks (rows_tma_copy_pieces), one "full" mbarrier each.
+inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, int look, int split,
+                          const DeviceFacts& dev, RowsTmaArgs* out, RowsShape* sh) {
     if (look <= 0 || dev.cc_major < 9) return false;
     for (int k = 0; k < a.n_mats; ++k) {
         const RowsMat& m = a.mat[k];
@@ -132,6 +134,13 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     // (bench/NOTES.md session 24).
     t.look = n > 8 ? max(look, ROWS_TMA_LOOK_MANY_ROWS) : per_cta > ROWS_TMA_RING_TILES ? max(look, ROWS_TMA_LOOK_RING)
                                                                                        : look;
+    if (per_cta == 1 && split > 0 && a.C > split) {
+        t.kc = split;
+        t.n_full = ceil_div(a.C, split);
+    } else {
+        t.kc = 0;
+        t.n_full = per_cta;
+    }
     long long stage = 0;
     if (swiglu) {
         t.mat_off = (int)(16 * a.mat[0].row_bytes);
@@ -141,7 +150,7 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     }
     const long long per_tile = (long long)a.C * (swiglu ? 2 : 1) * NTT * 4 * 32 * 4;
     // a full mbarrier a piece, an empty one a stage, and 8 bytes to 16-align what follows (the CTA's x copy)
-    const long long bars = 8LL * (per_cta + ROWS_TMA_MAX_STAGES) + 8;
+    const long long bars = 8LL * (t.n_full + ROWS_TMA_MAX_STAGES) + 8;
     const long long budget = (long long)dev.max_smem - 1024 - fx_bytes - bars;
     for (int R = min(per_cta, 8); R >= 1; --R) {
         const long long left = budget - R * per_tile;
@@ -152,7 +161,7 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
         t.stage_bytes = (int)stage;
         t.bar_off = (int)(S * stage + R * per_tile);   // multiples of 16
         *out = t;
-        *sh = RowsShape{ctas, warps, 0, R, ((size_t)t.bar_off + 8 * (per_cta + S) + 15) & ~(size_t)15};
+        *sh = RowsShape{ctas, warps, 0, R, ((size_t)t.bar_off + 8 * (t.n_full + S) + 15) & ~(size_t)15};
         return true;
     }
     return false;
@@ -264,23 +273,35 @@ inline int rows_prepass(cudaStream_t stream, const float* x, const float* norm_w
                       a->x.fine, s.xq, s.xsc);
 }
 
+// The tuning's gemv_rows fields (flashd_tuning.h) gemv_rows_run reads.
+struct RowsTuning {
+    int rows;           // gemv_rows: chunks of that many super-blocks (the chunking changes the bits)
+    int fuse_nx;        // gemv_rows_fuse_nx: calls of <= that many x rows quantize x in every CTA (no pre-pass)
+    int tma_look;       // gemv_rows_tma: bulk-copy tiles in flight beyond those landed (0: cp.async)
+    int tma_split;      // gemv_rows_tma_split: one-tile CTAs copy their tile in pieces of that many chunks (0: whole)
+    int stage_x;        // gemv_rows_stage_x: bulk-copy calls of 2 .. 8 x rows with the pre-pass copy its codes into
+                        // every CTA's shared memory where they are at most this many bytes (0: never)
+    bool dp4a;          // gemv_rows_dp4a: one-row Q4_K / Q6_K calls with the CTAs' own x: dp4a items
+    bool evict_first;   // weights_evict_first
+};
+
 // The whole call (validated as gemv_plan validates): one GEMV launch over every matrix, after the pre-pass (x ->
 // codes, with the norm) or, for n_x <= fuse_nx (the tuning's gemv_rows_fuse_nx, <= ROWS_FX_MAX_NX), with each CTA
 // quantizing x itself (no second launch and no scratch; the same codes, so the same bits: the choice is a launch
 // shape). 1 <= n_x <= ROWS_NX.
 inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x,
-                         const float* norm_w, float eps, const float* residual, int gemv_rows, int fuse_nx,
-                         int tma_look, bool evict_first, bool dp4a, const DeviceFacts& dev, cudaStream_t stream) {
+                         const float* norm_w, float eps, const float* residual, const RowsTuning& tn,
+                         const DeviceFacts& dev, cudaStream_t stream) {
     FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && n_x >= 1 && n_x <= ROWS_NX);
     FD_CHECK_ARG(eps >= 0.0f && (!swiglu || (n_mats == 2 && mats[0].rows == mats[1].rows)));
     RowsArgs a{};
     a.n_mats = n_mats;
     a.n = n_x;
     a.cols = cols;
-    a.ks = rows_ks(cols, gemv_rows);
+    a.ks = rows_ks(cols, tn.rows);
     a.C = ceil_div(cols, ROWS_QK * a.ks);
     a.residual = residual;
-    a.evict_first = evict_first ? 1 : 0;
+    a.evict_first = tn.evict_first ? 1 : 0;
     int stride_max = 0, tiles = 0;
     for (int k = 0; k < n_mats; ++k) {
         FmtInfo info;
@@ -300,7 +321,8 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         stride_max = max(stride_max, m.stride);
     }
     a.x.fine = rows_fine(a) ? 1 : 0;
-    const int fxb = rows_fx_bytes(n_x, cols, a.x.fine != 0);
+    a.fx_stride = rows_fx_stride(n_x, cols, rows_launch_fmt(a));
+    const int fxb = rows_fx_bytes(n_x, a.fx_stride, cols, a.x.fine != 0);
     a.tiles = tiles;
     a.up_off = 16 * stride_max;
     a.slot_bytes = a.up_off * (swiglu ? 2 : 1);
@@ -309,17 +331,35 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // launches (q/k/v, o, down) included: with one x scale a 128-column group that beats the pre-pass launch (H200,
     // bench/NOTES.md session 32: one-row forward 1.139 -> 1.127 ms on the 1.5B clone, 0.813 -> 0.772 on the 0.5B;
     // tg128 +1.2% / +4.7%), where with a scale per 32 columns it had lost (1.27 -> 1.35 ms, session 24)
-    const bool fx_wanted = n_x <= min(fuse_nx, ROWS_FX_MAX_NX);
+    const bool fx_wanted = n_x <= min(tn.fuse_nx, ROWS_FX_MAX_NX);
+    // 2 .. 8 x rows with the pre-pass: its codes copied into every CTA (rows_stage_x) where they are at most
+    // tn.stage_x bytes, the copy fits, and the CTA's warps have more than one item each to read x in (H200, 1.5B clone,
+    // session 37: staged, the lm_head at 2 rows 93.6 -> 64 us, gate/up 9.0 -> 8.1, ffn_down 10.6 -> 8.7; but q/k/v
+    // and o, one item a warp, 3.9 / 4.4 -> 5.0 / 5.5 us at 8 rows: the copy's round trip and barrier come before their
+    // only item, whose own x loads would have overlapped; and ffn_down's 72 KB of codes at 8 rows lost too)
+    bool stage_x = !fx_wanted && n_x >= 2 && n_x <= ROWS_FX_MAX_NX && (long long)n_x * cols <= tn.stage_x;
     RowsTmaArgs ta;
-    if (rows_tma_plan(a, swiglu, n_x, fx_wanted ? fxb : 0, tma_look, dev, &ta, &sh)) {
+    bool tma = rows_tma_plan(a, swiglu, n_x, fx_wanted || stage_x ? fxb : 0, tn.tma_look, tn.tma_split, dev, &ta, &sh);
+    if (tma && stage_x && (long long)ceil_div(a.tiles, sh.ctas) * a.C <= sh.warps) {
+        stage_x = false;
+        tma = rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, &ta, &sh);
+    }
+    if (!tma && stage_x) {
+        stage_x = false;
+        tma = rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, &ta, &sh);
+    }
+    if (tma) {
         if (fx_wanted) {
             a.xin = x;
             a.norm_w = norm_w;
             a.eps = eps;
-            a.fx_off = (int)sh.smem;
-            sh.smem += (size_t)fxb;
         } else {
             if (int st = rows_prepass(stream, x, norm_w, eps, cols, n_x, &a)) return st;
+        }
+        const bool smem_x = fx_wanted || stage_x;   // a.xin NULL with smem_x: the kernel copies the pre-pass's codes
+        if (smem_x) {
+            a.fx_off = (int)sh.smem;
+            sh.smem += (size_t)fxb;
         }
         a.R = sh.R;
         ta.a = a;
@@ -327,9 +367,9 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         // items on dp4a lanes where asked (the same bits)
         bool kq = true;
         for (int k = 0; k < n_mats; ++k) kq = kq && (a.mat[k].fmt == ROWS_Q4K || a.mat[k].fmt == ROWS_Q6K);
-        ta.dp4a = dp4a && n_x == 1 && fx_wanted && kq ? 1 : 0;
-        return swiglu ? rows_tma_launch_n<true>(ta, sh, fx_wanted, dev.max_smem, stream)
-                      : rows_tma_launch_n<false>(ta, sh, fx_wanted, dev.max_smem, stream);
+        ta.dp4a = tn.dp4a && n_x == 1 && fx_wanted && kq ? 1 : 0;
+        return swiglu ? rows_tma_launch_n<true>(ta, sh, smem_x, dev.max_smem, stream)
+                      : rows_tma_launch_n<false>(ta, sh, smem_x, dev.max_smem, stream);
     }
     // cp.async kernel (GPUs before sm_90, or no bulk-copy plan): the CTAs' own x copy where asked for, the launch
     // has more than ROWS_FX_MIN_TILES_PER_SM tiles an SM and it leaves room for a shape (else the pre-pass: the same
@@ -337,7 +377,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // tiles to amortize it over: H100, n = 1 (bench/NOTES.md session 13, x per 32 columns), own copy vs pre-pass:
     // lm_head 72.9 vs 83.2 us, ffn_gate 10.1 vs 10.2, but ffn_down (96 tiles, 8960 columns) 17.5 vs 12.6, attn_q/o
     // 6.2 vs 4.7, attn_k/v 5.6 vs 4.3 (not re-measured with 128-column groups).
-    const bool fx = n_x <= min(fuse_nx, ROWS_FX_MAX_NX) && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms &&
+    const bool fx = fx_wanted && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms &&
                     rows_shape(a, swiglu, n_x, fxb, dev, &sh) == 0 && sh.st >= 2;
     if (fx) {
         a.st = sh.st;

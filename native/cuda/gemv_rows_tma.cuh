@@ -51,7 +51,10 @@ struct RowsTmaArgs {
     int look;            // pieces in flight beyond those landed (>= 1)
     int stage_bytes;     // one stage: every matrix's 16 rows (the largest), SwiGLU both matrices
     int mat_off;         // SwiGLU: the up tile's offset in a stage
-    int bar_off;         // bytes: the CTA's pieces' "full" mbarriers (ceil(tiles / grid)), then S "empty" ones
+    int bar_off;         // bytes: the CTA's pieces' n_full "full" mbarriers, then S "empty" ones
+    int n_full;          // "full" mbarriers a CTA: one a tile (ceil(tiles / grid)), or one a piece where kc > 0
+    int kc;              // > 0: every CTA has one tile, copied in pieces of kc chunks, each on its own "full" mbarrier
+                         // (fd_tuning_t.gemv_rows_tma_split), so its items start as their chunks land; 0: whole tiles
     int dp4a;            // one-row launches of Q4_K / Q6_K matrices (one format or mixed) with the CTA's own x: items on
                          // dp4a lanes (gemv_rows_dp4a.cuh), the same bits as the mma items (fd_tuning_t.gemv_rows_dp4a)
 };
@@ -127,6 +130,46 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsign
 #endif
 }
 
+// The copy warp's pieces when a CTA has one tile (tile b) and kc > 0: piece k = chunks k kc .. k kc + kc - 1 of the
+// tile's rows (SwiGLU: of both matrices), lane r copying row r's bytes of them, on full[k]. A row's piece is taken
+// from its 16-byte floor to its 16-byte ceiling (Q6_K rows are only 2-byte aligned; the tile's first byte and its
+// span's end are 16-byte aligned, rows_tma_plan), so neighbouring pieces may both write a boundary's 16 bytes: the
+// same bytes from the same global address, so every read sees the weights whichever copy wrote them last.
+template <bool SWIGLU>
+__device__ __forceinline__ void rows_tma_copy_pieces(const RowsTmaArgs& ta, int b, uint8_t* smem, uint64_t* full,
+                                                     int lane, uint64_t pol) {
+    const RowsArgs& a = ta.a;
+    const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, b);
+    const int tl = b - m.tile_first, rows = min(16, m.rows - tl * 16);
+    const int n_mats = SWIGLU ? 2 : 1;
+    for (int k = 0; k < ta.n_full; ++k) {
+        const int c0 = k * ta.kc, c1 = min(a.C, c0 + ta.kc) - 1;
+        unsigned lo[2] = {0u, 0u}, len[2] = {0u, 0u}, total = 0;   // lane r's span of each matrix, bytes
+        for (int mi = 0; mi < n_mats; ++mi) {
+            const RowsMat& mm = mi == 0 ? m : a.mat[1];
+            long long o0, o1;
+            int by0, by1, u, nu;
+            rows_chunk(a, mm, c0, o0, by0, u, nu);
+            rows_chunk(a, mm, c1, o1, by1, u, nu);
+            for (int r = 0; r < rows; ++r) {   // every lane sums all rows' spans: lane 0 announces the total
+                const long long s0 = ((long long)r * mm.row_bytes + o0) & ~15LL;
+                const long long s1 = ((long long)r * mm.row_bytes + o1 + by1 + 15) & ~15LL;
+                total += (unsigned)(s1 - s0);
+                if (r == lane) { lo[mi] = (unsigned)s0; len[mi] = (unsigned)(s1 - s0); }
+            }
+        }
+        if (lane == 0) mbar_arrive_expect_tx(&full[k], total);
+        __syncwarp();
+        if (lane < rows) {
+            bulk_copy_g2s(smem + lo[0], m.w + (long long)tl * 16 * m.row_bytes + lo[0], len[0], &full[k], a.evict_first,
+                          pol);
+            if (SWIGLU)
+                bulk_copy_g2s(smem + ta.mat_off + lo[1], a.mat[1].w + (long long)tl * 16 * a.mat[1].row_bytes + lo[1],
+                              len[1], &full[k], a.evict_first, pol);
+        }
+    }
+}
+
 // NT, SWIGLU, FX, F as gemv_rows_kernel's. Shared memory: S stages, R x C item partials, the mbarriers (a full one a
 // piece, an empty one a stage), then (FX) the CTA's x copy at a.fx_off.
 template <int NT, bool SWIGLU, bool FX, int F>
@@ -143,16 +186,23 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
     float* part = reinterpret_cast<float*>(smem + (size_t)ta.S * ta.stage_bytes);
     const int n_mine = b < a.tiles ? (a.tiles - 1 - b) / G + 1 : 0;
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + ta.bar_off);   // [piece]
-    uint64_t* empty = full + (a.tiles - 1) / G + 1;                       // [stage]
+    uint64_t* empty = full + ta.n_full;                                    // [stage]
+    const int n_pieces = ta.kc > 0 ? (n_mine > 0 ? ta.n_full : 0) : n_mine;
     if (threadIdx.x == 0) {
-        for (int p = 0; p < n_mine; ++p) mbar_init(&full[p], 1);
+        for (int p = 0; p < n_pieces; ++p) mbar_init(&full[p], 1);
         for (int s = 0; s < ta.S; ++s) mbar_init(&empty[s], a.C);   // one arrival an item of the tile
         mbar_init_fence();
     }
     __syncthreads();
 
-    if (warp == W) {   // the copy warp: piece p = tile b + p G into stage p % S
+    if (warp == W) {   // the copy warp: piece p = tile b + p G into stage p % S, or (kc) the one tile's chunk pieces
         const uint64_t pol = a.evict_first ? q::l2_evict_first_policy() : 0;
+        if (ta.kc > 0) {
+            if (n_mine > 0) rows_tma_copy_pieces<SWIGLU>(ta, b, smem, full, lane, pol);
+            pdl_wait();
+            pdl_launch_dependents();
+            return;
+        }
         for (int p = 0; p < n_mine; ++p) {
             const int s = p % ta.S;
             if (p >= ta.S) mbar_wait(&empty[s], (p / ta.S - 1) & 1);   // uses of stage s in order
@@ -178,8 +228,9 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
     pdl_wait();                // the pre-pass's codes (FX: x itself), the residual
     pdl_launch_dependents();
     RowsX x = a.x;
-    if (FX) {   // while the first tiles stream
-        rows_quantize_cta<F == ROWS_Q80 || F == ROWS_Q50>(a, smem + a.fx_off, W, W * 32);
+    if (FX) {   // while the first tiles stream: x quantized here, or (no a.xin) the pre-pass's codes copied in
+        if (a.xin) rows_quantize_cta<F == ROWS_Q80 || F == ROWS_Q50>(a, smem + a.fx_off, W, W * 32);
+        else rows_stage_x(a, smem + a.fx_off, W * 32);
         x = rows_fx_x(a, smem + a.fx_off);
     }
     const int total = n_mine * a.C;   // items j = tile_local_cta * C + chunk, as gemv_rows_kernel's
@@ -191,7 +242,7 @@ __global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_row
             const int j = warp + q * W;
             if (j >= jend) break;
             const int p = j / a.C, chunk = j % a.C, s = p % ta.S;
-            mbar_wait(&full[p], 0);
+            mbar_wait(&full[ta.kc > 0 ? chunk / ta.kc : p], 0);
             const int tile = b + p * G;
             const RowsMat m = SWIGLU ? a.mat[0] : rows_mat_of(a, tile);
             long long off;

@@ -51,16 +51,24 @@ namespace {
 // gemv_rows is 0). gemv_rows_dp4a = 1 on sm_90 (one-row Q4_K and Q6_K items of the bulk-copy kernel on dp4a lanes, the
 // same bits as the mma items: Q4_K 1.5B clone tg128 1,038.4 -> 1,085.7, H200, bench/NOTES.md session 34; Q6_K and
 // the mixed q / k / v launches too, 1,036.3 -> 1,125.8, session 35), 0 elsewhere (no bulk-copy kernel there).
+// gemv_rows_tma_split = 8 on sm_90: ffn_down's one-tile CTAs (35 chunks a row on the 1.5B) copy their tile in 5
+// pieces, so items start on the first 8 chunks (pieces of 4 / 2 lost: 1,085 / 906 tok/s against 1,144 -- each piece is
+// 16 row copies; 12 gained less, 18 nothing). gemv_rows_stage_x = 20000 on sm_90: 2 .. 8-row launches of at most
+// 20,000 bytes of x codes whose CTAs have more items than warps copy the codes in (every launch staged lost 8 rows to
+// 1.31 ms: ffn_down's 72 KB, and q/k/v / o's single items). Both together against neither, one library, H200, session
+// 37 (bench/results/2026-11-28-h200-session37.md): 1.5B clone forward of 1 / 2 / 4 / 8 rows 1.004 / 1.271 / 1.281 /
+// 1.291 -> 0.991 / 1.178 / 1.211 / 1.232 ms, tg128 1,129 -> 1,142.5 (real 1.5B 1,129.3 -> 1,143.0); the 0.5B's
+// tg128 unchanged (1,856), its 8 rows 1.599 -> 1.622 ms. 0 elsewhere (no bulk copies there).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
-    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1}},  // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1, 8, 20000}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -89,7 +97,9 @@ bool valid(const fd_tuning_t& t) {
            (t.gemv_swiglu_stage_bytes == 0 || (t.gemv_swiglu_stage_bytes >= 256 && t.gemv_swiglu_stage_bytes <= 65536)) &&
            (t.gemv_swiglu_pair == 0 || t.gemv_swiglu_pair == 1) && (t.gemv_xq_direct == 0 || t.gemv_xq_direct == 1) &&
            t.gemv_split_cols >= 0 && t.gemv_split_cols <= (1 << 20) && t.gemv_rows_tma >= 0 && t.gemv_rows_tma <= 8 &&
-           t.gemv_rows_formats >= 0 && t.gemv_rows_formats <= 15 && (t.gemv_rows_dp4a == 0 || t.gemv_rows_dp4a == 1);
+           t.gemv_rows_formats >= 0 && t.gemv_rows_formats <= 15 && (t.gemv_rows_dp4a == 0 || t.gemv_rows_dp4a == 1) &&
+           t.gemv_rows_tma_split >= 0 && t.gemv_rows_tma_split <= 64 && t.gemv_rows_stage_x >= 0 &&
+           t.gemv_rows_stage_x <= (1 << 20);
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

@@ -1,8 +1,8 @@
 /* flashd_tuning.h -- the launch tuning in effect (tuning.cu): one table entry per GPU architecture, chosen
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
-   weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair and gemv_xq_direct change only how kernels are launched or
-   cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
+   weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair, gemv_xq_direct, gemv_rows_tma(_split),
+   gemv_rows_stage_x and gemv_rows_dp4a change only how kernels are launched or cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
    summation order), gemv_int8_x its activation precision and gemv_rows and gemv_rows_formats the kernel (and chunking) of Q4_K / Q6_K / Q8_0 / Q5_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
@@ -77,6 +77,14 @@ typedef struct {
                                bulk-copy kernel (gemv_rows_tma), compute their items on dp4a lanes (gemv_rows_dp4a.cuh)
                                instead of int8 mma: the same integer group sums and float steps, so the same bits --
                                row invariance holds across the two kernels */
+    int gemv_rows_tma_split; /* 0 .. 64: bulk-copy gemv_rows launches whose CTAs have one 16-row tile each copy it in
+                               pieces of this many chunks (columns), each on its own barrier, so its first items start
+                               before the whole tile has landed (a row of more chunks than this); 0: whole tiles. The
+                               same arithmetic, so never changes a result */
+    int gemv_rows_stage_x;  /* 0 .. 1 << 20: bulk-copy gemv_rows launches of 2 .. 8 x rows that take the x pre-pass and
+                               whose codes (n_x x cols bytes) are at most this many copy them and their scales into
+                               every CTA's shared memory before their items read them (instead of each item reading
+                               them through L1); 0: never. The same codes, so never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

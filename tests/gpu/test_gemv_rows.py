@@ -268,27 +268,46 @@ def test_the_ctas_own_x_copy_is_the_pre_pass_bit_for_bit(native, dev, rng, poiso
             assert np.array_equal(got, w), f"{kind} n_x={n_x} norm={norm is not None} matrix {k}"
 
 
+# Launch shapes that never change a bit (all on the bulk-copy kernel, sm_90): the reference has x's codes read from
+# the pre-pass's scratch by int8 mma items, one bulk copy a tile; each variant moves x into the CTAs' shared memory
+# (stage_x: the pre-pass's codes copied in where n_x x cols is at most that many bytes; fuse_nx: every CTA quantizes x
+# itself), computes one-row Q4_K / Q6_K items on dp4a lanes and / or copies one-tile CTAs' tiles in pieces of
+# tma_split chunks.
+SHAPE_VARIANTS = {
+    "stage+dp4a": {"gemv_rows_stage_x": 1 << 20, "gemv_rows_fuse_nx": 1, "gemv_rows_dp4a": 1},
+    "stage+split3": {"gemv_rows_stage_x": 1 << 20, "gemv_rows_tma_split": 3},
+    "fuse8+dp4a+split1": {"gemv_rows_fuse_nx": 8, "gemv_rows_dp4a": 1, "gemv_rows_tma_split": 1},
+    "stage4k+split4": {"gemv_rows_stage_x": 4096, "gemv_rows_tma_split": 4},
+}
+SHAPE_REFERENCE = {"gemv_rows_dp4a": 0, "gemv_rows_stage_x": 0, "gemv_rows_fuse_nx": 0, "gemv_rows_tma_split": 0}
+
+
+@pytest.mark.parametrize("n_x", [1, 2, 5, 8])
 @pytest.mark.parametrize("kind", ["gemv", "multi", "swiglu"])
 @pytest.mark.parametrize("rows,cols", [
     (8960, 1536),     # ffn_gate / up: 560 tiles, 6 chunks a row
-    (1536, 8960),     # ffn_down: 35 chunks a row
+    (1536, 8960),     # ffn_down: 96 tiles (one a CTA), 35 chunks a row: the pieces
     (37, 768),        # rows % 16 != 0 (a short last tile), 3 super-blocks
     (16, 256),        # one tile, one super-block
 ], ids=["gate", "down", "awkward", "one-block"])
-@pytest.mark.parametrize("qtypes", [(T.Q4_K, T.Q4_K), (T.Q6_K, T.Q6_K), (T.Q4_K, T.Q6_K)],
-                         ids=["Q4_K", "Q6_K", "Q4_K+Q6_K"])
-def test_dp4a_items_are_the_mma_items_bit_for_bit(native, dev, rng, poisoned, rows_on, kind, rows, cols, qtypes):
-    """gemv_rows_dp4a: one-row launches of Q4_K / Q6_K matrices (one format, or mixed as q / k / v with a Q6_K v: the
-    second matrix of multi and swiglu) on the bulk-copy kernel (sm_90) with the CTAs' own x compute their items on dp4a
-    lanes; every output equals the int8 mma items' bit for bit (the same integer group sums and float steps), with and
-    without the norm, the bias and an aliased residual, at chunks of 1 and 2 super-blocks (rows_on: ks1 / ks2)."""
+@pytest.mark.parametrize("qtypes", [(T.Q4_K, T.Q4_K), (T.Q6_K, T.Q6_K), (T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0),
+                                    (T.Q5_0, T.Q4_K)], ids=["Q4_K", "Q6_K", "Q4_K+Q6_K", "Q8_0", "Q5_0+Q4_K"])
+def test_launch_shapes_are_bit_for_bit(native, dev, rng, poisoned, rows_on, kind, rows, cols, qtypes, n_x):
+    """gemv_rows_dp4a (one-row items on dp4a lanes for Q4_K / Q6_K matrices: one format, or mixed as q / k / v with a
+    Q6_K v -- the second matrix of multi and swiglu), gemv_rows_stage_x (2 .. 8 x rows: the pre-pass's codes copied
+    into every CTA), gemv_rows_fuse_nx (every CTA quantizes x itself) and gemv_rows_tma_split (one-tile CTAs copy their
+    tile in pieces): every output equals the reference shape's (int8 mma items reading x's codes from the pre-pass's
+    scratch, whole-tile copies) bit for bit, with and without the norm, the bias and an aliased residual, at chunks of
+    1 and 2 super-blocks (rows_on: ks1 / ks2)."""
     major = int(dev.info()["cc"].split(".")[0])
     if major < 9 or not native.tuning()["gemv_rows_tma"]:
         pytest.skip("no bulk-copy gemv_rows kernel here (sm_90 and later, gemv_rows_tma on)")
-    qa, qb = qtypes   # (Q6_K rows of 768 columns take the cp.async kernel: mma both times there)
+    qa, qb = qtypes   # (Q6_K rows of 768 columns take the cp.async kernel: the reference shape there)
+    if kind == "swiglu" and qa != qb and T.Q5_0 in qtypes:
+        qb = qa
     d_a, d_b = dev.upload(random_weights(rng, qa, rows, cols)), dev.upload(random_weights(rng, qb, rows, cols))
-    x = (rng.standard_normal((1, cols)) * 3.0).astype(np.float32)
-    res = rng.standard_normal((1, rows)).astype(np.float32)
+    x = (rng.standard_normal((n_x, cols)) * rng.uniform(0.5, 4.0, (n_x, 1))).astype(np.float32)
+    res = rng.standard_normal((n_x, rows)).astype(np.float32)
     d_x = dev.upload(x)
     d_norm = dev.upload((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32))
     bias = dev.upload(rng.standard_normal(rows).astype(np.float32))
@@ -296,19 +315,20 @@ def test_dp4a_items_are_the_mma_items_bit_for_bit(native, dev, rng, poisoned, ro
     def run(norm):
         if kind == "gemv":
             y = dev.upload(res)
-            call_gemv(native, dev, y, d_a, qa, rows, cols, d_x, 1, norm, bias, y)
+            call_gemv(native, dev, y, d_a, qa, rows, cols, d_x, n_x, norm, bias, y)
             return [bits(dev.download(y))]
-        outs = [poisoned((1, rows)), poisoned((1, rows))]
+        outs = [poisoned((n_x, rows)), poisoned((n_x, rows))]
         if kind == "multi":
-            run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, 1, norm)
+            run_multi(native, dev, outs, [d_a, d_b], [qa, qb], [rows, rows], [bias, None], cols, d_x, n_x, norm)
             return [bits(dev.download(o)) for o in outs]
-        call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, 1, norm)
+        call_swiglu(native, dev, outs[0], d_a, qa, d_b, qb, rows, cols, d_x, n_x, norm)
         return [bits(dev.download(outs[0]))]
 
     for norm in (None, d_norm):   # (rows_on restores the whole tuning after)
-        native.set_tuning(gemv_rows_dp4a=0)
+        native.set_tuning(**SHAPE_REFERENCE)
         want = run(norm)
-        native.set_tuning(gemv_rows_dp4a=1)
-        got = run(norm)
-        for k, (g, w) in enumerate(zip(got, want)):
-            assert np.array_equal(g, w), f"{kind} norm={norm is not None} matrix {k}"
+        for name, variant in SHAPE_VARIANTS.items():
+            native.set_tuning(**{**SHAPE_REFERENCE, **variant})
+            got = run(norm)
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert np.array_equal(g, w), f"{name}: {kind} norm={norm is not None} matrix {k}"

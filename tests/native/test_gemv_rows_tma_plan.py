@@ -24,7 +24,7 @@ static long long rb(int fmt, int cols) { return fmt == ROWS_Q4K ? cols / 256 * 1
 
 struct Call { const char* name; int n_mats; int fmt[3]; int rows[3]; int cols; bool swiglu; uintptr_t base = 0x10000; };
 
-static void plan(const Call& c, int n, bool fx, int look, const DeviceFacts& dev) {
+static void plan(const Call& c, int n, bool fx, int look, int split, const DeviceFacts& dev) {
     RowsArgs a{};
     a.n_mats = c.n_mats;
     a.n = n;
@@ -42,21 +42,21 @@ static void plan(const Call& c, int n, bool fx, int look, const DeviceFacts& dev
         if (!c.swiglu || k == 0) tiles += ceil_div(m.rows, 16);
     }
     a.tiles = tiles;
-    const int fx_bytes = fx ? rows_fx_bytes(n, c.cols, rows_fine(a)) : 0;   // gemv_rows_run's
+    const int fx_bytes = fx ? rows_fx_bytes(n, rows_fx_stride(n, c.cols, rows_launch_fmt(a)), c.cols, rows_fine(a)) : 0;
     RowsTmaArgs t;
     RowsShape sh;
-    const bool ok = rows_tma_plan(a, c.swiglu, n, fx_bytes, look, dev, &t, &sh);
+    const bool ok = rows_tma_plan(a, c.swiglu, n, fx_bytes, look, split, dev, &t, &sh);
     long long rbs[3] = {0, 0, 0};
     for (int k = 0; k < c.n_mats; ++k) rbs[k] = a.mat[k].row_bytes;
-    printf("{\"name\": \"%s\", \"n\": %d, \"fx\": %d, \"look\": %d, \"sms\": %d, \"smem_max\": %d, \"cc\": %d, "
+    printf("{\"name\": \"%s\", \"n\": %d, \"fx\": %d, \"look\": %d, \"split\": %d, \"sms\": %d, \"smem_max\": %d, \"cc\": %d, "
            "\"ok\": %d, \"tiles\": %d, \"C\": %d, \"swiglu\": %d, \"n_mats\": %d, \"rows\": [%d, %d, %d], "
            "\"rb\": [%lld, %lld, %lld], \"fx_bytes\": %d",
-           c.name, n, fx ? 1 : 0, look, dev.n_sms, dev.max_smem, dev.cc_major, ok ? 1 : 0, tiles, a.C, c.swiglu ? 1 : 0,
+           c.name, n, fx ? 1 : 0, look, split, dev.n_sms, dev.max_smem, dev.cc_major, ok ? 1 : 0, tiles, a.C, c.swiglu ? 1 : 0,
            c.n_mats, c.rows[0], c.rows[1], c.rows[2], rbs[0], rbs[1], rbs[2], fx_bytes);
     if (ok)
         printf(", \"S\": %d, \"R\": %d, \"warps\": %d, \"ctas\": %d, \"smem\": %zu, \"stage\": %d, \"mat_off\": %d, "
-               "\"bar_off\": %d, \"tlook\": %d", t.S, sh.R, sh.warps, sh.ctas, sh.smem, t.stage_bytes, t.mat_off, t.bar_off,
-               t.look);
+               "\"bar_off\": %d, \"tlook\": %d, \"kc\": %d, \"n_full\": %d", t.S, sh.R, sh.warps, sh.ctas, sh.smem,
+               t.stage_bytes, t.mat_off, t.bar_off, t.look, t.kc, t.n_full);
     printf("}\n");
 }
 
@@ -80,21 +80,31 @@ int main() {
         {"huge_vocab", 1, {Q6}, {600000}, 1024, false},  // 285 tiles a CTA: more than the mbarriers
         {"down_wide_q6k", 1, {Q6}, {4096}, 18944, false},  // a tile of 249 KB: no stage fits
     };
+    for (int fmt : {ROWS_Q4K, ROWS_Q6K, ROWS_Q80, ROWS_Q50, ROWS_FANY})
+        for (int cols : {256, 768, 896, 1536, 2048, 4864, 8960, 160, 96})
+            for (int n : {1, 2, 5, 8})
+                printf("{\"stride\": %d, \"fmt\": %d, \"cols\": %d, \"n\": %d}\n", rows_fx_stride(n, cols, fmt), fmt, cols, n);
     const DeviceFacts devs[] = {{132, 232448, 9}, {114, 232448, 9}, {108, 166912, 8}};
     for (const DeviceFacts& d : devs)
         for (const Call& c : calls)
             for (int n : {1, 2, 8, 9, 16, 17, 32})
                 for (int look : {0, 1, 4})
-                    for (int fx = 0; fx < 2; ++fx) {
-                        if (fx && n > ROWS_FX_MAX_NX) continue;
-                        plan(c, n, fx != 0, look, d);
-                    }
+                    for (int fx = 0; fx < 2; ++fx)
+                        for (int split : {0, 4}) {
+                            if (fx && n > ROWS_FX_MAX_NX) continue;
+                            plan(c, n, fx != 0, look, split, d);
+                        }
 }
 """
 
 
 @pytest.fixture(scope="module")
-def plans(tmp_path_factory):
+def plans(plans_and_strides):
+    return [p for p in plans_and_strides if "stride" not in p]
+
+
+@pytest.fixture(scope="module")
+def plans_and_strides(tmp_path_factory):
     d = tmp_path_factory.mktemp("rows_tma_plan")
     (d / "main.cu").write_text(PROGRAM)
     exe = d / "main"
@@ -104,6 +114,11 @@ def plans(tmp_path_factory):
                    text=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def strides(plans_and_strides):
+    return [p for p in plans_and_strides if "stride" in p]
 
 
 def per_cta(p):
@@ -133,7 +148,12 @@ def test_every_plan_fits_the_kernels_limits(plans):
         assert p["stage"] % 16 == 0 and p["bar_off"] % 16 == 0, p
         assert p["bar_off"] == p["S"] * p["stage"] + p["R"] * per_tile, p
         # the mbarriers, then the CTA's x copy 16-byte aligned (the dp4a items read x codes 16 bytes a load)
-        assert p["smem"] == -(-(p["bar_off"] + 8 * (pc + p["S"])) // 16) * 16, p
+        # one "full" mbarrier a tile, or (split: one tile a CTA, more chunks than split) one a piece of split chunks
+        if p["split"] and pc == 1 and p["C"] > p["split"]:
+            assert p["kc"] == p["split"] and p["n_full"] == -(-p["C"] // p["split"]), p
+        else:
+            assert p["kc"] == 0 and p["n_full"] == pc, p
+        assert p["smem"] == -(-(p["bar_off"] + 8 * (p["n_full"] + p["S"])) // 16) * 16, p
         assert p["smem"] + p["fx_bytes"] <= p["smem_max"] - 1024, p
         assert pc <= 256, p
         # tiles in flight: the tuning's, at least 4 above 8 x rows, at least 2 in rings of more than 16 tiles a CTA
@@ -165,3 +185,79 @@ def test_the_real_decode_launches_take_it_on_an_h100(plans):
     lm = h100[("lm_head_1.5b", 0)]
     assert lm["ok"] and 2 <= lm["S"] < per_cta(lm) and lm["tlook"] == 2 and g["tlook"] == 1
     assert h100[("q4k_awkward", 0)]["ok"]
+
+
+def piece_spans(row_bytes: int, unit_bytes: int, rows: int, C: int, kc: int, k: int):
+    """gemv_rows_tma.cuh rows_tma_copy_pieces for one matrix of chunks of one unit (ks 1): row r's span of piece k
+    (chunks k kc .. k kc + kc - 1, the last piece shorter), from its 16-byte floor to its 16-byte ceiling, as (start,
+    length) in the stage (the tile's first byte at 0)."""
+    c0, c1 = k * kc, min(C, k * kc + kc) - 1
+    o0, o1 = c0 * unit_bytes, c1 * unit_bytes + unit_bytes
+    return [((r * row_bytes + o0) // 16 * 16, (r * row_bytes + o1 + 15) // 16 * 16 - (r * row_bytes + o0) // 16 * 16)
+            for r in range(rows)]
+
+
+@pytest.mark.parametrize("unit,C,rows", [(144, 35, 16), (210, 35, 16), (210, 6, 16), (144, 3, 5), (210, 3, 8),
+                                         (210, 36, 16), (144, 1, 16)])
+@pytest.mark.parametrize("kc", [1, 3, 4, 8])
+def test_a_tiles_pieces_cover_its_bytes_in_whole_16_byte_copies(unit, C, rows, kc):
+    """Every byte of every chunk of every row lands in the piece of its chunk; each copy starts and ends 16-byte
+    aligned (a bulk copy's contract) inside the tile's span, whose end the plan has made 16-byte aligned (a last
+    tile's bytes whole 16-byte units: rows_tma_plan refuses the rest); rows are copied whole across the pieces."""
+    row_bytes = C * unit
+    if (rows * row_bytes) % 16:
+        pytest.skip("rows_tma_plan refuses a tile of bytes that are not whole 16-byte units")
+    n_pieces = -(-C // kc)
+    landed = [set() for _ in range(rows)]
+    for k in range(n_pieces):
+        spans = piece_spans(row_bytes, unit, rows, C, kc, k)
+        for r, (start, length) in enumerate(spans):
+            assert start % 16 == 0 and length % 16 == 0 and length > 0
+            assert 0 <= start and start + length <= rows * row_bytes
+            chunks = range(k * kc, min(C, k * kc + kc))
+            for c in chunks:     # the piece holds its chunks' bytes of row r
+                lo, hi = r * row_bytes + c * unit, r * row_bytes + (c + 1) * unit
+                assert start <= lo and hi <= start + length
+                landed[r].update(range(c, c + 1))
+    assert all(landed[r] == set(range(C)) for r in range(rows))
+
+
+def bank_wavefronts(stride: int, load_bytes: int) -> int:
+    """Shared-memory wavefronts of one warp's B-fragment read of x rows g = 0..7 (lane = 4 g + t) at
+    row g * stride + load_bytes * t (+ any common column offset, a multiple of 32): a warp's request is served in
+    phases of 128 bytes of lanes (8-byte loads: two half-warps), each phase taking as many wavefronts as the most
+    distinct 4-byte words any one of its 32 banks holds."""
+    lanes_per_phase = 128 // load_bytes
+    worst = 0
+    for phase in range(32 // lanes_per_phase):
+        banks: dict[int, set] = {}
+        for lane in range(phase * lanes_per_phase, (phase + 1) * lanes_per_phase):
+            g, t = divmod(lane, 4)
+            for w in range(load_bytes // 4):
+                addr = g * stride + load_bytes * t + 4 * w
+                banks.setdefault((addr // 4) % 32, set()).add(addr // 4)
+        worst += max(len(v) for v in banks.values())
+    return worst
+
+
+def test_a_ctas_x_copy_of_several_rows_is_padded_against_bank_conflicts(strides):
+    """gemv_rows.cuh rows_fx_stride: one row keeps cols (the dp4a items read row 0 alone); 2..8 rows are padded by less
+    than 128 bytes to a 16-byte multiple, so that an mma item's B-fragment read of rows g = 0..7 takes the fewest
+    wavefronts: one for Q6_K's 4-byte reads, one a half-warp for Q4_K / Q8_0 / Q5_0's 8-byte reads, and in a mixed launch
+    (q / k / v with a Q6_K v) the latter and two for the 4-byte reads -- where an unpadded copy of cols a multiple of
+    128 takes 8."""
+    Q4K, Q6K, Q80, Q50, FANY = 0, 1, 2, 3, -1
+    assert len(strides) == 5 * 9 * 4
+    for p in strides:
+        stride, cols, n, fmt = p["stride"], p["cols"], p["n"], p["fmt"]
+        if n == 1:
+            assert stride == cols, p
+            continue
+        assert cols <= stride < cols + 128 and stride % 16 == 0, p
+        if fmt == Q6K:
+            assert bank_wavefronts(stride, 4) == 1, p
+        elif fmt == FANY:
+            assert bank_wavefronts(stride, 4) == 2 and bank_wavefronts(stride, 8) == 2, p
+        else:
+            assert bank_wavefronts(stride, 8) == 2, p     # two half-warps, one wavefront each
+    assert bank_wavefronts(1536, 4) == 8 and bank_wavefronts(1536, 8) == 8   # unpadded: every row in one bank
