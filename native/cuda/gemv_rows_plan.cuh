@@ -285,6 +285,23 @@ struct RowsTuning {
     bool evict_first;   // weights_evict_first
 };
 
+// The bulk-copy plan of a call (rows_tma_plan), with room for the CTAs' x copy where they hold x: fx (they quantize
+// it themselves, fx_bytes of it) or, 2 .. 8 x rows with the pre-pass, its codes copied in (rows_stage_x; *stage) where
+// they are at most tn.stage_x bytes, the copy fits, and the CTA's warps have more than one item each to read x in
+// (H200, 1.5B clone, session 37: staged, the lm_head at 2 rows 93.6 -> 64 us, gate/up 9.0 -> 8.3, ffn_down 10.6 -> 8.8;
+// but q/k/v and o, one item a warp, 3.9 / 4.4 -> 5.0 / 5.5 us at 8 rows: the copy's round trip and barrier come before
+// their only item, whose own x loads would have overlapped; and ffn_down's 72 KB of codes at 8 rows lost too).
+inline bool rows_tma_plan_x(const RowsArgs& a, bool swiglu, int n_x, bool fx, int fx_bytes, const RowsTuning& tn,
+                            const DeviceFacts& dev, RowsTmaArgs* ta, RowsShape* sh, bool* stage) {
+    *stage = !fx && n_x >= 2 && n_x <= ROWS_FX_MAX_NX && (long long)n_x * a.cols <= tn.stage_x;
+    if (rows_tma_plan(a, swiglu, n_x, fx || *stage ? fx_bytes : 0, tn.tma_look, tn.tma_split, dev, ta, sh)) {
+        if (!*stage || (long long)ceil_div(a.tiles, sh->ctas) * a.C > sh->warps) return true;
+    }
+    const bool was = *stage;
+    *stage = false;
+    return was && rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, ta, sh);
+}
+
 // The whole call (validated as gemv_plan validates): one GEMV launch over every matrix, after the pre-pass (x ->
 // codes, with the norm) or, for n_x <= fuse_nx (the tuning's gemv_rows_fuse_nx, <= ROWS_FX_MAX_NX), with each CTA
 // quantizing x itself (no second launch and no scratch; the same codes, so the same bits: the choice is a launch
@@ -332,22 +349,9 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // bench/NOTES.md session 32: one-row forward 1.139 -> 1.127 ms on the 1.5B clone, 0.813 -> 0.772 on the 0.5B;
     // tg128 +1.2% / +4.7%), where with a scale per 32 columns it had lost (1.27 -> 1.35 ms, session 24)
     const bool fx_wanted = n_x <= min(tn.fuse_nx, ROWS_FX_MAX_NX);
-    // 2 .. 8 x rows with the pre-pass: its codes copied into every CTA (rows_stage_x) where they are at most
-    // tn.stage_x bytes, the copy fits, and the CTA's warps have more than one item each to read x in (H200, 1.5B clone,
-    // session 37: staged, the lm_head at 2 rows 93.6 -> 64 us, gate/up 9.0 -> 8.1, ffn_down 10.6 -> 8.7; but q/k/v
-    // and o, one item a warp, 3.9 / 4.4 -> 5.0 / 5.5 us at 8 rows: the copy's round trip and barrier come before their
-    // only item, whose own x loads would have overlapped; and ffn_down's 72 KB of codes at 8 rows lost too)
-    bool stage_x = !fx_wanted && n_x >= 2 && n_x <= ROWS_FX_MAX_NX && (long long)n_x * cols <= tn.stage_x;
+    bool stage_x = false;
     RowsTmaArgs ta;
-    bool tma = rows_tma_plan(a, swiglu, n_x, fx_wanted || stage_x ? fxb : 0, tn.tma_look, tn.tma_split, dev, &ta, &sh);
-    if (tma && stage_x && (long long)ceil_div(a.tiles, sh.ctas) * a.C <= sh.warps) {
-        stage_x = false;
-        tma = rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, &ta, &sh);
-    }
-    if (!tma && stage_x) {
-        stage_x = false;
-        tma = rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, &ta, &sh);
-    }
+    const bool tma = rows_tma_plan_x(a, swiglu, n_x, fx_wanted, fxb, tn, dev, &ta, &sh, &stage_x);
     if (tma) {
         if (fx_wanted) {
             a.xin = x;

@@ -24,7 +24,7 @@ static long long rb(int fmt, int cols) { return fmt == ROWS_Q4K ? cols / 256 * 1
 
 struct Call { const char* name; int n_mats; int fmt[3]; int rows[3]; int cols; bool swiglu; uintptr_t base = 0x10000; };
 
-static void plan(const Call& c, int n, bool fx, int look, int split, const DeviceFacts& dev) {
+static RowsArgs make_args(const Call& c, int n) {
     RowsArgs a{};
     a.n_mats = c.n_mats;
     a.n = n;
@@ -42,6 +42,12 @@ static void plan(const Call& c, int n, bool fx, int look, int split, const Devic
         if (!c.swiglu || k == 0) tiles += ceil_div(m.rows, 16);
     }
     a.tiles = tiles;
+    return a;
+}
+
+static void plan(const Call& c, int n, bool fx, int look, int split, const DeviceFacts& dev) {
+    const RowsArgs a = make_args(c, n);
+    const int tiles = a.tiles;
     const int fx_bytes = fx ? rows_fx_bytes(n, rows_fx_stride(n, c.cols, rows_launch_fmt(a)), c.cols, rows_fine(a)) : 0;
     RowsTmaArgs t;
     RowsShape sh;
@@ -84,6 +90,22 @@ int main() {
         for (int cols : {256, 768, 896, 1536, 2048, 4864, 8960, 160, 96})
             for (int n : {1, 2, 5, 8})
                 printf("{\"stride\": %d, \"fmt\": %d, \"cols\": %d, \"n\": %d}\n", rows_fx_stride(n, cols, fmt), fmt, cols, n);
+    // gemv_rows_run's choice of where x sits, with sm_90's table (fuse_nx 1, look 1, split 8, stage_x 20000), H100
+    for (const Call& c : calls)
+        for (int n : {1, 2, 4, 8, 9}) {
+            RowsArgs a = make_args(c, n);
+            a.x.fine = rows_fine(a) ? 1 : 0;
+            a.fx_stride = rows_fx_stride(n, c.cols, rows_launch_fmt(a));
+            const RowsTuning tn{1, 1, 1, 8, 20000, true, true};
+            RowsTmaArgs t;
+            RowsShape sh;
+            bool stage = false;
+            const bool fx = n <= 1;
+            const bool ok = rows_tma_plan_x(a, c.swiglu, n, fx, rows_fx_bytes(n, a.fx_stride, c.cols, a.x.fine != 0), tn,
+                                            DeviceFacts{132, 232448, 9}, &t, &sh, &stage);
+            printf("{\"stage_of\": \"%s\", \"n\": %d, \"ok\": %d, \"stage\": %d, \"kc\": %d}\n", c.name, n, ok ? 1 : 0,
+                   stage ? 1 : 0, ok ? t.kc : -1);
+        }
     const DeviceFacts devs[] = {{132, 232448, 9}, {114, 232448, 9}, {108, 166912, 8}};
     for (const DeviceFacts& d : devs)
         for (const Call& c : calls)
@@ -100,7 +122,12 @@ int main() {
 
 @pytest.fixture(scope="module")
 def plans(plans_and_strides):
-    return [p for p in plans_and_strides if "stride" not in p]
+    return [p for p in plans_and_strides if "stride" not in p and "stage_of" not in p]
+
+
+@pytest.fixture(scope="module")
+def stagings(plans_and_strides):
+    return {(p["stage_of"], p["n"]): p for p in plans_and_strides if "stage_of" in p}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +146,27 @@ def plans_and_strides(tmp_path_factory):
 @pytest.fixture(scope="module")
 def strides(plans_and_strides):
     return [p for p in plans_and_strides if "stride" in p]
+
+
+def test_where_x_sits_for_the_real_launches(stagings):
+    """gemv_rows_plan.cuh rows_tma_plan_x with sm_90's table on an H100: 2..8-row launches copy the pre-pass's codes in
+    where a CTA's warps have several items and the codes are at most 20,000 bytes -- gate/up (5 tiles a CTA) and the
+    lm_head at every such n, ffn_down (one tile, 35 chunks) at 2 rows (17.9 KB) but not 4 or 8 (35.8 / 71.7 KB), never
+    q/k/v or o (6 items on 8 warps); one row (the CTAs quantize x) and 9+ rows never; ffn_down's one-tile CTAs take
+    their tile in pieces (kc 8), the many-tile launches and the 6-chunk ones whole."""
+    for n in (2, 4, 8):
+        for name in ("gate_up_1.5b", "lm_head_1.5b"):
+            assert stagings[(name, n)]["ok"] and stagings[(name, n)]["stage"], (name, n)
+        for name in ("qkv_1.5b", "o_1.5b"):
+            assert stagings[(name, n)]["ok"] and not stagings[(name, n)]["stage"], (name, n)
+        for name in ("down_1.5b_q4k", "down_1.5b_q6k"):
+            assert stagings[(name, n)]["stage"] == (n == 2), (name, n)
+    for (name, n), p in stagings.items():
+        if n == 1 or n > 8:
+            assert not p["stage"], p
+    for n in (1, 2, 8):
+        assert stagings[("down_1.5b_q4k", n)]["kc"] == 8 and stagings[("down_1.5b_q6k", n)]["kc"] == 8
+        assert stagings[("gate_up_1.5b", n)]["kc"] == 0 and stagings[("o_1.5b", n)]["kc"] == 0
 
 
 def per_cta(p):
