@@ -16,7 +16,11 @@
 // has landed (look: the tuning's gemv_rows_tma; fewer pieces in flight make the first ones land sooner, so
 // computing starts under the stream: lab, look 1 vs all at once, 8.4 -> 7.9 us). Weights do not depend on the
 // previous kernel, so the copy warp never waits for it (PDL) before copying. tests/emulation/test_gemv_rows_tma_
-// protocol.py plays this protocol with adversarial landing orders and warp speeds.
+// protocol.py plays this protocol with adversarial landing orders and warp speeds. Where every CTA has one tile
+// (ffn_down: 96 tiles of 35 chunks on the 1.5B) and the tuning's gemv_rows_tma_split says so, the pieces are instead
+// that tile's chunk ranges (kc chunks each, all issued at once into the one stage, each on its own "full" barrier; an
+// item waits for its chunk's piece), so the first items start while the rest of the tile streams (bench/NOTES.md
+// session 37); the stage is never reused, so no "empty" barrier is waited on.
 //
 // Stage layout: matrix k's tile (SwiGLU: gate, then up at mat_off) with row r at r * row_bytes -- the global bytes
 // as they are, so a staged row keeps its global alignment modulo 16 (the item loaders' contract, as with cp.async).
