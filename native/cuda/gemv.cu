@@ -247,6 +247,7 @@ struct GemvTuning {
     int rows_tma_split; // one-tile bulk-copy CTAs copy their tile in pieces of this many chunks (gemv_rows_tma_split)
     int rows_stage_x;   // bulk-copy launches of 2 .. 8 x rows copy the pre-pass's codes in up to this many bytes
                         // (gemv_rows_stage_x)
+    int rows_tma_warps; // bulk-copy launches of <= 8 x rows compute on at most this many warps (gemv_rows_tma_warps)
     bool evict_first;   // weights with the L2 evict-first hint
     int xq_prepass_cols;        // int8 one-row-kernel launches of at least this many columns take the x pre-pass (0: never)
     int xq_prepass_norm_cols;   // the same for launches with a fused RMSNorm
@@ -261,7 +262,7 @@ GemvTuning tuning() {
     return GemvTuning{t.gemv_int8_x != 0, t.gemv_stage_bytes, t.gemv_rounds, FD_HAS_MMA ? t.gemv_mma_rows : 0,
                       FD_HAS_MMA ? t.gemv_rows : 0, t.gemv_rows_fuse_nx, FD_HAS_MMA ? t.gemv_rows_tma : 0,
                       t.gemv_rows_formats, FD_HAS_MMA && t.gemv_rows_dp4a != 0, t.gemv_rows_tma_split,
-                      t.gemv_rows_stage_x,
+                      t.gemv_rows_stage_x, t.gemv_rows_tma_warps,
                       t.weights_evict_first != 0,
                       t.gemv_xq_prepass_cols, t.gemv_xq_prepass_norm_cols,
                       t.gemv_swiglu_stage_bytes > 0 ? t.gemv_swiglu_stage_bytes : t.gemv_stage_bytes,
@@ -366,7 +367,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
     if (rows_eligible(tn.rows, tn.rows_formats, dev.cc_major, n_mats, mats, cols))
         return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual,
                              RowsTuning{tn.rows, tn.rows_fuse_nx, tn.rows_tma, tn.rows_tma_split, tn.rows_stage_x,
-                                        tn.rows_dp4a, tn.evict_first},
+                                        tn.rows_dp4a, tn.evict_first, tn.rows_tma_warps},
                              dev, stream);
 #endif
     GemvPlan pl;

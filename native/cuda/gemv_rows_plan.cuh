@@ -114,7 +114,7 @@ constexpr int ROWS_TMA_LOOK_RING = 2;        // ... with at least this many tile
 // split (the tuning's gemv_rows_tma_split): where every CTA has one tile and a row has more than split chunks, the
 // tile is copied in pieces of split chunks (rows_tma_copy_pieces), one "full" mbarrier each.
 inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, int look, int split,
-                          const DeviceFacts& dev, RowsTmaArgs* out, RowsShape* sh) {
+                          const DeviceFacts& dev, RowsTmaArgs* out, RowsShape* sh, int max_warps = ROWS_MAX_WARPS) {
     if (look <= 0 || dev.cc_major < 9) return false;
     for (int k = 0; k < a.n_mats; ++k) {
         const RowsMat& m = a.mat[k];
@@ -125,7 +125,9 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     if ((n > 8 && per_cta < 2) || per_cta > ROWS_TMA_MAX_PIECES) return false;
     const int items = per_cta * a.C;
     const int NTT = rows_ntiles(n);
-    const int warps = min(max((items + 3) & ~3, 4), rows_tma_max_warps(n > 8 ? NTT : 1));
+    // up to 8 x rows: the tuning's cap (4 .. ROWS_TMA_WIDE_WARPS: the kernel's launch bound), else the register cap
+    const int cap = n > 8 ? rows_tma_max_warps(NTT) : max(4, min(max_warps, ROWS_TMA_WIDE_WARPS));
+    const int warps = min(max((items + 3) & ~3, 4), cap);
     RowsTmaArgs t{};
     // tiles in flight: the tuning's, but at least ROWS_TMA_LOOK_MANY_ROWS above 8 x rows (each tile's compute is
     // longer, so more bytes must stream under it) and ROWS_TMA_LOOK_RING in long rings (the lm_head: a steady stream
@@ -283,6 +285,7 @@ struct RowsTuning {
                         // every CTA's shared memory where they are at most this many bytes (0: never)
     bool dp4a;          // gemv_rows_dp4a: one-row Q4_K / Q6_K calls with the CTAs' own x: dp4a items
     bool evict_first;   // weights_evict_first
+    int tma_warps = ROWS_MAX_WARPS;   // gemv_rows_tma_warps: computing warps at most of a bulk-copy call of <= 8 x rows
 };
 
 // The bulk-copy plan of a call (rows_tma_plan), with room for the CTAs' x copy where they hold x: fx (they quantize
@@ -294,12 +297,13 @@ struct RowsTuning {
 inline bool rows_tma_plan_x(const RowsArgs& a, bool swiglu, int n_x, bool fx, int fx_bytes, const RowsTuning& tn,
                             const DeviceFacts& dev, RowsTmaArgs* ta, RowsShape* sh, bool* stage) {
     *stage = !fx && n_x >= 2 && n_x <= ROWS_FX_MAX_NX && (long long)n_x * a.cols <= tn.stage_x;
-    if (rows_tma_plan(a, swiglu, n_x, fx || *stage ? fx_bytes : 0, tn.tma_look, tn.tma_split, dev, ta, sh)) {
+    if (rows_tma_plan(a, swiglu, n_x, fx || *stage ? fx_bytes : 0, tn.tma_look, tn.tma_split, dev, ta, sh,
+                      tn.tma_warps)) {
         if (!*stage || (long long)ceil_div(a.tiles, sh->ctas) * a.C > sh->warps) return true;
     }
     const bool was = *stage;
     *stage = false;
-    return was && rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, ta, sh);
+    return was && rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, ta, sh, tn.tma_warps);
 }
 
 // The whole call (validated as gemv_plan validates): one GEMV launch over every matrix, after the pre-pass (x ->

@@ -48,6 +48,11 @@ constexpr int ROWS_TMA_FOUR_TILE_WARPS = 11;
 __host__ __device__ constexpr int rows_tma_max_warps(int nt) {
     return nt >= 4 ? ROWS_TMA_FOUR_TILE_WARPS : nt >= 2 ? ROWS_TMA_MANY_ROWS_WARPS : ROWS_MAX_WARPS;
 }
+// The kernels of <= 8 x rows (NT 0 and 1) are built for up to 19 + 1 warps: 640 threads still leave 96 registers a
+// thread (65536 / 640, the same cap as 16 + 1 warps), so the code is the same; the tuning's gemv_rows_tma_warps picks
+// how many a launch uses (4 .. 19).
+constexpr int ROWS_TMA_WIDE_WARPS = 19;
+__host__ __device__ constexpr int rows_tma_bound_warps(int nt) { return nt <= 1 ? ROWS_TMA_WIDE_WARPS : rows_tma_max_warps(nt); }
 
 struct RowsTmaArgs {
     RowsArgs a;          // the call (st, slot_bytes, up_off unused; R: tiles a fold round)
@@ -177,7 +182,7 @@ __device__ __forceinline__ void rows_tma_copy_pieces(const RowsTmaArgs& ta, int 
 // NT, SWIGLU, FX, F as gemv_rows_kernel's. Shared memory: S stages, R x C item partials, the mbarriers (a full one a
 // piece, an empty one a stage), then (FX) the CTA's x copy at a.fx_off.
 template <int NT, bool SWIGLU, bool FX, int F>
-__global__ void __launch_bounds__((rows_tma_max_warps(NT) + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
+__global__ void __launch_bounds__((rows_tma_bound_warps(NT) + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
     static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
     extern __shared__ __align__(16) uint8_t smem[];
     const RowsArgs& a = ta.a;

@@ -106,6 +106,17 @@ int main() {
             printf("{\"stage_of\": \"%s\", \"n\": %d, \"ok\": %d, \"stage\": %d, \"kc\": %d}\n", c.name, n, ok ? 1 : 0,
                    stage ? 1 : 0, ok ? t.kc : -1);
         }
+    // the tuning's cap on the computing warps (gemv_rows_tma_warps): 1 and 8 x rows take it, 9+ keep the register cap
+    for (const Call& c : calls)
+        for (int n : {1, 8, 9})
+            for (int cap : {3, 4, 5, 16, 18, 19, 24}) {
+                RowsArgs a = make_args(c, n);
+                RowsTmaArgs t;
+                RowsShape sh;
+                const bool ok = rows_tma_plan(a, c.swiglu, n, 0, 1, 8, DeviceFacts{132, 232448, 9}, &t, &sh, cap);
+                printf("{\"warps_of\": \"%s\", \"n\": %d, \"cap\": %d, \"ok\": %d, \"items\": %d, \"warps\": %d}\n",
+                       c.name, n, cap, ok ? 1 : 0, ok ? ceil_div(a.tiles, sh.ctas) * a.C : 0, ok ? sh.warps : 0);
+            }
     const DeviceFacts devs[] = {{132, 232448, 9}, {114, 232448, 9}, {108, 166912, 8}};
     for (const DeviceFacts& d : devs)
         for (const Call& c : calls)
@@ -122,7 +133,12 @@ int main() {
 
 @pytest.fixture(scope="module")
 def plans(plans_and_strides):
-    return [p for p in plans_and_strides if "stride" not in p and "stage_of" not in p]
+    return [p for p in plans_and_strides if "stride" not in p and "stage_of" not in p and "warps_of" not in p]
+
+
+@pytest.fixture(scope="module")
+def warp_caps(plans_and_strides):
+    return {(p["warps_of"], p["n"], p["cap"]): p for p in plans_and_strides if "warps_of" in p}
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +183,24 @@ def test_where_x_sits_for_the_real_launches(stagings):
     for n in (1, 2, 8):
         assert stagings[("down_1.5b_q4k", n)]["kc"] == 8 and stagings[("down_1.5b_q6k", n)]["kc"] == 8
         assert stagings[("gate_up_1.5b", n)]["kc"] == 0 and stagings[("o_1.5b", n)]["kc"] == 0
+
+
+def test_the_tunings_warp_cap(warp_caps):
+    """gemv_rows_tma_warps caps the computing warps of launches of up to 8 x rows, clamped to 4 .. 19 (the kernel's
+    launch bound: 20 warps with the copy warp still leave 96 registers a thread); the warps are the CTA's items rounded
+    up to a multiple of 4 (at least 4) where fewer: ffn_down's 35 items a CTA on 18 or 19 warps take 2 rounds instead of
+    16 warps' 3; q/k/v and o (6 items) stay on 8; above 8 x rows the register cap holds whatever the tuning."""
+    for (name, n, cap), p in warp_caps.items():
+        if not p["ok"]:
+            continue
+        want = min(max((p["items"] + 3) // 4 * 4, 4), max(4, min(cap, 19))) if n <= 8 else p["warps"]
+        assert p["warps"] == want, p
+        assert 4 <= p["warps"] <= (19 if n <= 8 else 15), p
+    for name in ("down_1.5b_q4k", "down_1.5b_q6k"):
+        assert warp_caps[(name, 1, 18)]["warps"] == 18 and warp_caps[(name, 1, 24)]["warps"] == 19
+        assert warp_caps[(name, 1, 16)]["warps"] == 16 and warp_caps[(name, 8, 19)]["warps"] == 19
+    assert warp_caps[("qkv_1.5b", 1, 19)]["warps"] == 8 and warp_caps[("o_1.5b", 1, 3)]["warps"] == 4
+    assert warp_caps[("gate_up_1.5b", 9, 19)]["warps"] == warp_caps[("gate_up_1.5b", 9, 4)]["warps"]
 
 
 def per_cta(p):
