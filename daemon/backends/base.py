@@ -102,10 +102,6 @@ class Ops(Protocol):
         """Layer `index` starts (index == n_layers: the output head). Tensors made before the
         previous layer started are dead from here on, except what the model still holds (h)."""
 
-    def prefetch(self, weights) -> None:
-        """A hint: these weights (ffn gate, up, down) are read after the launches queued next; a backend may start
-        fetching them now, beside that work. Changes no result; a backend without use for it does nothing."""
-
     # -- math ------------------------------------------------------------------------------------
     def embed(self, table, ids) -> Any:
         """(n, D) rows of the embedding table."""

@@ -112,9 +112,6 @@ class ReferenceOps(HybridFusedDefaults):   # the hybrid's fused ops composed fro
     def begin_layer(self, index: int) -> None:
         pass
 
-    def prefetch(self, weights) -> None:
-        pass   # numpy arrays in host memory: nothing to fetch ahead
-
     # -- math ------------------------------------------------------------------------------------
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return table[ids.astype(np.int64)]

@@ -16,7 +16,6 @@ __all__ = ["forward", "decoder_layer", "run_layers"]
 def attention_block(ops, cfg: ModelConfig, x, w: LayerWeights, cache_layer, batch: Batch, residual):
     n = batch.n_tokens
     q, k, v = ops.linear_multi(x, (w.attn_q, w.attn_k, w.attn_v), (w.attn_q_bias, w.attn_k_bias, w.attn_v_bias))
-    ops.prefetch((w.ffn_gate, w.ffn_up, w.ffn_down))   # a hint: the MLP reads them after the attention
     q = q.reshape(n, cfg.n_heads, cfg.head_dim)
     k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
     v = v.reshape(n, cfg.n_kv_heads, cfg.head_dim)

@@ -99,12 +99,6 @@ int fd_event_record_external(void* event, void* stream) {
 
 int fd_event_synchronize(void* event) { return (int)cudaEventSynchronize((cudaEvent_t)event); }
 
-// Work queued on stream after this waits for the event's last record (in a capture: a dependency edge, how a
-// concurrent branch forks off the captured stream and joins it again).
-int fd_stream_wait_event(void* stream, void* event) {
-    return (int)cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
-}
-
 int fd_event_elapsed_ms(float* ms, void* start_event, void* end_event) {
     return (int)cudaEventElapsedTime(ms, (cudaEvent_t)start_event, (cudaEvent_t)end_event);
 }

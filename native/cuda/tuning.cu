@@ -59,19 +59,20 @@ namespace {
 // 37 (bench/results/2026-11-28-h200-session37.md): 1.5B clone forward of 1 / 2 / 4 / 8 rows 1.004 / 1.271 / 1.281 /
 // 1.291 -> 0.991 / 1.178 / 1.211 / 1.232 ms, tg128 1,129 -> 1,142.5 (real 1.5B 1,129.3 -> 1,143.0); the 0.5B's
 // tg128 unchanged (1,856), its 8 rows 1.599 -> 1.622 ms. 0 elsewhere (no bulk copies there).
-// gemv_rows_tma_warps = 16 everywhere (the launch shape before the field existed; 18 / 19 put ffn_down's 35 items a
-// CTA in 2 rounds instead of 3 -- not yet measured). l2_prefetch_mlp = 0 everywhere (the MLP weights' L2 prefetch on a
-// concurrent branch of the captured forward -- not yet measured).
+// gemv_rows_tma_warps = 19 on sm_90 (16 before the field; 18 / 19 put ffn_down's 35 chunk items a CTA in 2 rounds
+// instead of 3: its Q6_K launch 11.9 -> 10.9 us in the chain; 1.5B clone tg128 1,143 -> 1,177.4 / 1,178.3, 18 warps
+// 1,167, one-row forward 0.993 -> 0.971 ms; 0.5B clone 1,856 -> 1,925; two rounds, one library, H200, session 38,
+// bench/results/2026-11-28-h200-session38.md), 16 elsewhere (no bulk-copy kernel there).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
-    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1, 8, 20000, 16, 0}},  // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1, 8, 20000, 19}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -102,8 +103,7 @@ bool valid(const fd_tuning_t& t) {
            t.gemv_split_cols >= 0 && t.gemv_split_cols <= (1 << 20) && t.gemv_rows_tma >= 0 && t.gemv_rows_tma <= 8 &&
            t.gemv_rows_formats >= 0 && t.gemv_rows_formats <= 15 && (t.gemv_rows_dp4a == 0 || t.gemv_rows_dp4a == 1) &&
            t.gemv_rows_tma_split >= 0 && t.gemv_rows_tma_split <= 64 && t.gemv_rows_stage_x >= 0 &&
-           t.gemv_rows_stage_x <= (1 << 20) && t.gemv_rows_tma_warps >= 4 && t.gemv_rows_tma_warps <= 19 &&
-           t.l2_prefetch_mlp >= 0 && t.l2_prefetch_mlp <= 3;
+           t.gemv_rows_stage_x <= (1 << 20) && t.gemv_rows_tma_warps >= 4 && t.gemv_rows_tma_warps <= 19;
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

@@ -95,7 +95,6 @@ __device__ __forceinline__ void __syncwarp() {
 #define cudaEventDestroy hipEventDestroy
 #define cudaEventRecord hipEventRecord
 #define cudaEventSynchronize hipEventSynchronize
-#define cudaStreamWaitEvent hipStreamWaitEvent
 #define cudaEventQuery hipEventQuery
 #define cudaEventElapsedTime hipEventElapsedTime
 #define cudaGraph_t hipGraph_t

@@ -64,8 +64,7 @@ extern "C" {
                               (fd_attention_shape_t.window / window_slots, fd_kv_window_offset,
                               fd_kv_compact_ring); 22: fd_tuning_t.gemv_rows_tma; 23:
                               fd_ddtree_build (flashd_sampling.h); 24: fd_tuning_t.gemv_rows_formats; 25: fd_tuning_t.gemv_rows_dp4a; 26:
-                              fd_tuning_t.gemv_rows_tma_split, gemv_rows_stage_x; 27: fd_tuning_t.gemv_rows_tma_warps,
-                              l2_prefetch_mlp, fd_stream_wait_event, fd_prefetch_l2 */
+                              fd_tuning_t.gemv_rows_tma_split, gemv_rows_stage_x; 27: fd_tuning_t.gemv_rows_tma_warps */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */

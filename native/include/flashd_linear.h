@@ -68,12 +68,5 @@ int fd_gated_qk_norm(float* q_out, float* gate_out, float* k_out, const float* q
                      const float* wq, const float* wk, int n, int n_heads, int n_kv_heads, int head_dim, float eps,
                      void* stream);
 
-/* ABI 27 (prefetch.cu): asks the GPU's L2 for bytes [ptr, ptr + n_bytes) (weights a later launch will read), in 16 KB
-   pieces over a few small blocks: a hint, no result. The launch completes once the pieces have been fetched, so it
-   belongs on a concurrent stream (a branch of a captured graph), never on the chain it serves (bench/NOTES.md
-   session 25: a kernel that asks for bytes lasts until they arrive). The piece ends are rounded inward to 16-byte
-   boundaries. FD_E_UNSUPPORTED under HIP. */
-int fd_prefetch_l2(const void* ptr, size_t n_bytes, void* stream);
-
 /* --- cdef end --- */
 #endif /* FLASHD_LINEAR_H */

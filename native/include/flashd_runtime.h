@@ -31,9 +31,6 @@ int fd_event_record(void* event, void* stream);
 /* in graph capture: a node that records the event at replay (profiling) */
 int fd_event_record_external(void* event, void* stream);
 int fd_event_synchronize(void* event);
-/* ABI 27: work queued on stream after the call waits for event's last record; in a capture, an edge from the
-   recording stream's work (how a concurrent branch forks from and rejoins the captured stream) */
-int fd_stream_wait_event(void* stream, void* event);
 int fd_event_elapsed_ms(float* ms, void* start_event, void* end_event);
 int fd_graph_begin_capture(void* stream);
 int fd_graph_end_capture(void* stream, void** graph_exec);

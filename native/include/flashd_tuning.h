@@ -2,7 +2,7 @@
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
    weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair, gemv_xq_direct, gemv_rows_tma(_split),
-   gemv_rows_stage_x, gemv_rows_dp4a, gemv_rows_tma_warps and l2_prefetch_mlp change only how kernels are launched or cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
+   gemv_rows_stage_x, gemv_rows_dp4a and gemv_rows_tma_warps change only how kernels are launched or cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
    summation order), gemv_int8_x its activation precision and gemv_rows and gemv_rows_formats the kernel (and chunking) of Q4_K / Q6_K / Q8_0 / Q5_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
@@ -89,11 +89,6 @@ typedef struct {
                                launch of at most 8 x rows; a CTA's items go to its warps round-robin, so e.g. ffn_down's
                                35 chunk items a CTA (1.5B) take 3 rounds on 16 warps and 2 on 18. A launch shape, so
                                never changes a result */
-    int l2_prefetch_mlp;    /* 0 .. 3: per decoder layer of a captured dense forward (a decode step, a verify forward),
-                               right after the q/k/v projection is queued, a concurrent branch of the graph asks L2 for
-                               the layer's MLP weights (fd_prefetch_l2), which the SwiGLU and down projections then read:
-                               bit 0 gate and up, bit 1 down; 0: no branch. Read by the host runtime when it captures;
-                               a hint, so never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

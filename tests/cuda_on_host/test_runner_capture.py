@@ -33,7 +33,7 @@ class FakeFfi:
 def fake_runner():
     lib = FakeLib()
     native = types.SimpleNamespace(check=lambda status, what: None)
-    dev = types.SimpleNamespace(lib=lib, ffi=FakeFfi(), native=native, stream=None, join=lambda check=True: None)
+    dev = types.SimpleNamespace(lib=lib, ffi=FakeFfi(), native=native, stream=None)
     return types.SimpleNamespace(dev=dev), lib
 
 

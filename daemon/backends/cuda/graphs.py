@@ -28,9 +28,7 @@ def capture(dev, body: Callable):
         dev.capturing = True
         try:
             result = body()
-            dev.join()               # a branch the body forked (CudaOps.prefetch) rejoins before the capture ends
         finally:
-            dev.join(check=False)    # (after a failure too: an unjoined stream would stay in the capture)
             dev.capturing = False
             out = dev.ffi.new("void**")
             status = dev.lib.fd_graph_end_capture(dev.stream, out)

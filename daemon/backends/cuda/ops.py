@@ -123,9 +123,7 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
         self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx) -> fd_attention_shape_t* (AttentionOps._shape)
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
-        self._gemv_rows = {k: v for k, v in self._tuned_gemv_rows().items() if k != "l2_prefetch_mlp"}
-        # ^ the tuning's gemv_rows fields, re-read by begin_forward
-        self._prefetch_mlp = 0                   # the tuning's l2_prefetch_mlp, re-read by begin_forward
+        self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows fields, re-read by begin_forward
         self._hybrid_init()                      # hybrid_ops.py's constant buffers
 
     # -- planning --------------------------------------------------------------------------------
@@ -152,34 +150,14 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
     def begin_forward(self, row_invariant: bool = False) -> None:
         self.arena.reset()
         self.row_invariant = row_invariant
-        tuned = self._tuned_gemv_rows()
-        self._prefetch_mlp = tuned.pop("l2_prefetch_mlp", 0)
-        self._gemv_rows = tuned
-        if self._prefetch_mlp:
-            self.dev.prepare_branch()        # its stream and events, outside a capture (the eager run before it)
+        self._gemv_rows = self._tuned_gemv_rows()
 
     def _tuned_gemv_rows(self) -> dict:
-        """{'gemv_rows': .., 'gemv_rows_formats': .., 'l2_prefetch_mlp': ..} of the tuning in effect (empty: none, the
-        one-row kernels)."""
+        """{'gemv_rows': .., 'gemv_rows_formats': ..} of the tuning in effect (empty: none, the one-row kernels)."""
         t = self.ffi.new("fd_tuning_t*")
         if self.lib.fd_tuning_get(t) != 0:
             return {}
-        return {k: int(getattr(t, k, 0)) for k in ("gemv_rows", "gemv_rows_formats", "l2_prefetch_mlp")}
-
-    def prefetch(self, weights) -> None:
-        """(ffn gate, up, down): while a forward is captured and the tuning's l2_prefetch_mlp asks for it, a branch
-        of the graph forked here (after the q/k/v launch) asks L2 for gate and up (bit 0) and down (bit 1), so the
-        SwiGLU and down launches read them on chip; the chain never waits for the branch (fd_prefetch_l2's header).
-        Eager forwards skip it (a branch there would need its own join before the weights could be freed)."""
-        mode = self._prefetch_mlp
-        if not mode or not self.dev.capturing:
-            return
-        chosen = [w for i, w in enumerate(weights) if mode & (1 if i < 2 else 2)]
-        stream = self.dev.fork() if chosen else None
-        if stream is None:
-            return
-        for w in chosen:
-            self._check(self.lib.fd_prefetch_l2(self.p(w.data), w.data.nbytes, stream), "fd_prefetch_l2")
+        return {k: int(getattr(t, k, 0)) for k in ("gemv_rows", "gemv_rows_formats")}
 
     def gemv_group(self, weights) -> int:
         """Rows a GEMV launch of these weights takes: GEMV_ROWS_MAX_ROWS where the call runs on gemv_rows.cuh

@@ -139,50 +139,8 @@ class Device:
         native.check(self.lib.fd_stream_create(out), "cudaStreamCreate")
         self.stream = out[0]
         self.capturing = False       # set by graphs.capture while a graph is being recorded from the stream
-        self._branch = None          # (stream, fork event, join event): a concurrent branch (prepare_branch)
-        self._branch_open = False    # work queued on the branch since the last join
         self._stage = None           # upload_staged's pinned ring (made on first use; lives with the process)
         self._stage_bytes = self._stage_off = 0
-
-    # -- a concurrent branch of the stream ------------------------------------------------------------
-    # Work that must not sit on the chain of launches it serves (an L2 prefetch of weights: CudaOps.prefetch) runs on
-    # a second stream forked from this one: fork() returns it ordered after everything queued here so far; join()
-    # orders what is queued here next after everything on the branch. Inside a capture this makes a branch of the
-    # graph that rejoins at the join (graphs.capture joins before it ends the capture: a capture with an unjoined
-    # stream fails). The stream and events are made outside a capture (prepare_branch) and live with the process.
-    def prepare_branch(self) -> bool:
-        """Make the branch's stream and events once (not during a capture); False where that cannot be done now."""
-        if self._branch is None and not self.capturing:
-            out = self.ffi.new("void**")
-            self.native.check(self.lib.fd_stream_create(out), "cudaStreamCreate")
-            stream = out[0]
-            events = []
-            for _ in range(2):
-                self.native.check(self.lib.fd_event_create(out, 0), "cudaEventCreate")
-                events.append(out[0])
-            self._branch = (stream, *events)
-        return self._branch is not None
-
-    def fork(self):
-        """The branch's stream, ordered after the work queued on self.stream so far (None: no branch made)."""
-        if self._branch is None:
-            return None
-        stream, fork_event, _ = self._branch
-        self.native.check(self.lib.fd_event_record(fork_event, self.stream), "cudaEventRecord")
-        self.native.check(self.lib.fd_stream_wait_event(stream, fork_event), "cudaStreamWaitEvent")
-        self._branch_open = True
-        return stream
-
-    def join(self, check: bool = True) -> None:
-        """Order the work queued on self.stream next after the branch's (nothing to do if nothing was forked)."""
-        if not self._branch_open:
-            return
-        self._branch_open = False
-        stream, _, join_event = self._branch
-        st = self.lib.fd_event_record(join_event, stream)
-        st = st or self.lib.fd_stream_wait_event(self.stream, join_event)
-        if check:
-            self.native.check(st, "join the branch")
 
     # -- info ------------------------------------------------------------------------------------
     def info(self) -> dict:
