@@ -114,7 +114,8 @@ constexpr int ROWS_TMA_LOOK_RING = 2;        // ... with at least this many tile
 // split (the tuning's gemv_rows_tma_split): where every CTA has one tile and a row has more than split chunks, the
 // tile is copied in pieces of split chunks (rows_tma_copy_pieces), one "full" mbarrier each.
 inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, int look, int split,
-                          const DeviceFacts& dev, RowsTmaArgs* out, RowsShape* sh, int max_warps = ROWS_MAX_WARPS) {
+                          const DeviceFacts& dev, RowsTmaArgs* out, RowsShape* sh, int max_warps = ROWS_MAX_WARPS,
+                          bool dp4a = false) {
     if (look <= 0 || dev.cc_major < 9) return false;
     for (int k = 0; k < a.n_mats; ++k) {
         const RowsMat& m = a.mat[k];
@@ -125,8 +126,9 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     if ((n > 8 && per_cta < 2) || per_cta > ROWS_TMA_MAX_PIECES) return false;
     const int items = per_cta * a.C;
     const int NTT = rows_ntiles(n);
-    // up to 8 x rows: the tuning's cap (4 .. ROWS_TMA_WIDE_WARPS: the kernel's launch bound), else the register cap
-    const int cap = n > 8 ? rows_tma_max_warps(NTT) : max(4, min(max_warps, ROWS_TMA_WIDE_WARPS));
+    // up to 8 x rows: the tuning's cap (4 .. the kernel's launch bound: ROWS_TMA_DP4A_WARPS for the dp4a kernel,
+    // ROWS_TMA_WIDE_WARPS for the mma one), else the register cap
+    const int cap = n > 8 ? rows_tma_max_warps(NTT) : max(4, min(max_warps, rows_tma_bound_warps(1, dp4a)));
     const int warps = min(max((items + 3) & ~3, 4), cap);
     RowsTmaArgs t{};
     // tiles in flight: the tuning's, but at least ROWS_TMA_LOOK_MANY_ROWS above 8 x rows (each tile's compute is
@@ -169,16 +171,19 @@ inline bool rows_tma_plan(const RowsArgs& a, bool swiglu, int n, int fx_bytes, i
     return false;
 }
 
-template <int NT, bool SWIGLU, bool FX, int F>
+template <int NT, bool SWIGLU, bool FX, int F, bool DP = false>
 int rows_tma_launch(const RowsTmaArgs& t, const RowsShape& sh, int max_smem, cudaStream_t stream) {
-    if (int st = raise_smem_once<gemv_rows_tma_kernel<NT, SWIGLU, FX, F>>(max_smem)) return st;
-    return launch_pdl(gemv_rows_tma_kernel<NT, SWIGLU, FX, F>, dim3(sh.ctas), dim3((sh.warps + 1) * 32), sh.smem, stream,
-                      t);
+    if (int st = raise_smem_once<gemv_rows_tma_kernel<NT, SWIGLU, FX, F, DP>>(max_smem)) return st;
+    return launch_pdl(gemv_rows_tma_kernel<NT, SWIGLU, FX, F, DP>, dim3(sh.ctas), dim3((sh.warps + 1) * 32), sh.smem,
+                      stream, t);
 }
 
 template <bool SWIGLU, int F>
 int rows_tma_launch_nf(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int max_smem, cudaStream_t stream) {
     const int n = t.a.n;
+    if constexpr (F == ROWS_Q4K || F == ROWS_Q6K || F == ROWS_FANY) {
+        if (fx && n == 1 && t.dp4a) return rows_tma_launch<0, SWIGLU, true, F, true>(t, sh, max_smem, stream);
+    }
     if (fx) return n == 1 ? rows_tma_launch<0, SWIGLU, true, F>(t, sh, max_smem, stream)
                           : rows_tma_launch<1, SWIGLU, true, F>(t, sh, max_smem, stream);
     if (n == 1) return rows_tma_launch<0, SWIGLU, false, F>(t, sh, max_smem, stream);
@@ -295,10 +300,10 @@ struct RowsTuning {
 // but q/k/v and o, one item a warp, 3.9 / 4.4 -> 5.0 / 5.5 us at 8 rows: the copy's round trip and barrier come before
 // their only item, whose own x loads would have overlapped; and ffn_down's 72 KB of codes at 8 rows lost too).
 inline bool rows_tma_plan_x(const RowsArgs& a, bool swiglu, int n_x, bool fx, int fx_bytes, const RowsTuning& tn,
-                            const DeviceFacts& dev, RowsTmaArgs* ta, RowsShape* sh, bool* stage) {
+                            const DeviceFacts& dev, RowsTmaArgs* ta, RowsShape* sh, bool* stage, bool dp4a = false) {
     *stage = !fx && n_x >= 2 && n_x <= ROWS_FX_MAX_NX && (long long)n_x * a.cols <= tn.stage_x;
     if (rows_tma_plan(a, swiglu, n_x, fx || *stage ? fx_bytes : 0, tn.tma_look, tn.tma_split, dev, ta, sh,
-                      tn.tma_warps)) {
+                      tn.tma_warps, dp4a)) {
         if (!*stage || (long long)ceil_div(a.tiles, sh->ctas) * a.C > sh->warps) return true;
     }
     const bool was = *stage;
@@ -353,9 +358,14 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // bench/NOTES.md session 32: one-row forward 1.139 -> 1.127 ms on the 1.5B clone, 0.813 -> 0.772 on the 0.5B;
     // tg128 +1.2% / +4.7%), where with a scale per 32 columns it had lost (1.27 -> 1.35 ms, session 24)
     const bool fx_wanted = n_x <= min(tn.fuse_nx, ROWS_FX_MAX_NX);
+    // one-row launches of Q4_K / Q6_K matrices (one format, or q / k / v with a Q6_K v) with the CTAs' own x: the items
+    // on dp4a lanes where asked (the same bits), on the dp4a kernel (up to ROWS_TMA_DP4A_WARPS warps)
+    bool kq = true;
+    for (int k = 0; k < n_mats; ++k) kq = kq && (a.mat[k].fmt == ROWS_Q4K || a.mat[k].fmt == ROWS_Q6K);
+    const bool dp4a = tn.dp4a && n_x == 1 && fx_wanted && kq;
     bool stage_x = false;
     RowsTmaArgs ta;
-    const bool tma = rows_tma_plan_x(a, swiglu, n_x, fx_wanted, fxb, tn, dev, &ta, &sh, &stage_x);
+    const bool tma = rows_tma_plan_x(a, swiglu, n_x, fx_wanted, fxb, tn, dev, &ta, &sh, &stage_x, dp4a);
     if (tma) {
         if (fx_wanted) {
             a.xin = x;
@@ -371,11 +381,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         }
         a.R = sh.R;
         ta.a = a;
-        // one-row launches of Q4_K / Q6_K matrices (one format, or q / k / v with a Q6_K v) with the CTAs' own x: the
-        // items on dp4a lanes where asked (the same bits)
-        bool kq = true;
-        for (int k = 0; k < n_mats; ++k) kq = kq && (a.mat[k].fmt == ROWS_Q4K || a.mat[k].fmt == ROWS_Q6K);
-        ta.dp4a = tn.dp4a && n_x == 1 && fx_wanted && kq ? 1 : 0;
+        ta.dp4a = dp4a ? 1 : 0;
         return swiglu ? rows_tma_launch_n<true>(ta, sh, smem_x, dev.max_smem, stream)
                       : rows_tma_launch_n<false>(ta, sh, smem_x, dev.max_smem, stream);
     }

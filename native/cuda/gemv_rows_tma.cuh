@@ -52,7 +52,12 @@ __host__ __device__ constexpr int rows_tma_max_warps(int nt) {
 // thread (65536 / 640, the same cap as 16 + 1 warps), so the code is the same; the tuning's gemv_rows_tma_warps picks
 // how many a launch uses (4 .. 19).
 constexpr int ROWS_TMA_WIDE_WARPS = 19;
-__host__ __device__ constexpr int rows_tma_bound_warps(int nt) { return nt <= 1 ? ROWS_TMA_WIDE_WARPS : rows_tma_max_warps(nt); }
+// The one-row launches whose items all run on dp4a lanes (gemv_rows_dp4a) have a kernel of their own (DP), without
+// the mma items' accumulators, built for up to ROWS_TMA_DP4A_WARPS + 1 warps.
+constexpr int ROWS_TMA_DP4A_WARPS = 31;
+__host__ __device__ constexpr int rows_tma_bound_warps(int nt, bool dp = false) {
+    return dp ? ROWS_TMA_DP4A_WARPS : nt <= 1 ? ROWS_TMA_WIDE_WARPS : rows_tma_max_warps(nt);
+}
 
 struct RowsTmaArgs {
     RowsArgs a;          // the call (st, slot_bytes, up_off unused; R: tiles a fold round)
@@ -179,11 +184,15 @@ __device__ __forceinline__ void rows_tma_copy_pieces(const RowsTmaArgs& ta, int 
     }
 }
 
-// NT, SWIGLU, FX, F as gemv_rows_kernel's. Shared memory: S stages, R x C item partials, the mbarriers (a full one a
-// piece, an empty one a stage), then (FX) the CTA's x copy at a.fx_off.
-template <int NT, bool SWIGLU, bool FX, int F>
-__global__ void __launch_bounds__((rows_tma_bound_warps(NT) + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
+// NT, SWIGLU, FX, F as gemv_rows_kernel's. DP: every item on dp4a lanes (a one-row launch with ta.dp4a; the kernel
+// without the mma items, so with fewer registers and up to ROWS_TMA_DP4A_WARPS computing warps); otherwise every item
+// on int8 mma. Shared memory: S stages, R x C item partials, the mbarriers (a full one a piece, an empty one a stage),
+// then (FX) the CTA's x copy at a.fx_off.
+template <int NT, bool SWIGLU, bool FX, int F, bool DP = false>
+__global__ void __launch_bounds__((rows_tma_bound_warps(NT, DP) + 1) * 32, 1) gemv_rows_tma_kernel(const RowsTmaArgs ta) {
     static_assert(!FX || NT <= 1, "a CTA's own x copy holds one N-tile (n <= ROWS_FX_MAX_NX)");
+    static_assert(!DP || (NT == 0 && FX && (F == ROWS_Q4K || F == ROWS_Q6K || F == ROWS_FANY)),
+                  "dp4a items: one x row in the CTA, K-quant matrices");
     extern __shared__ __align__(16) uint8_t smem[];
     const RowsArgs& a = ta.a;
     constexpr int NTT = NT == 0 ? 1 : NT;
@@ -258,43 +267,41 @@ __global__ void __launch_bounds__((rows_tma_bound_warps(NT) + 1) * 32, 1) gemv_r
             int bytes, u0, nu;
             rows_chunk(a, m, chunk, off, bytes, u0, nu);
             const uint8_t* st = smem + (size_t)s * ta.stage_bytes;
-            if constexpr (NT == 0 && (F == ROWS_Q4K || F == ROWS_Q6K || F == ROWS_FANY) && FX) {
-                if (ta.dp4a) {   // row lane & 15 of the tile on a lane pair; the partial where rows_fold reads it
-                    const int r = lane & 15;
-                    const float v = rows_dp4a_row_of<F>(x, m.fmt, st + r * m.row_bytes + off, u0, nu, lane);
-                    float vu = 0.0f;
-                    if (SWIGLU) {
-                        const RowsMat& mu = a.mat[1];
-                        long long offu;
-                        int bu, u0u, nuu;
-                        rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
-                        vu = rows_dp4a_row_of<F>(x, mu.fmt, st + ta.mat_off + r * mu.row_bytes + offu, u0u, nuu, lane);
-                    }
-                    __syncwarp();      // every lane has read the stage
-                    if (lane == 0) mbar_arrive(&empty[s], 1);
-                    if (lane < 16) {   // element e = 2 (r >> 3) of lane 4 (r & 7): (row r, x row 0) in rows_put_partial's layout
-                        float* pp = part + (size_t)(j - rd * a.R * a.C) * (NR * 4 * 32) + (2 * (r >> 3)) * 32 + 4 * (r & 7);
-                        pp[0] = v;
-                        if (SWIGLU) pp[4 * 32] = vu;
-                    }
-                    continue;
+            if constexpr (DP) {   // row lane & 15 of the tile on a lane pair; the partial where rows_fold reads it
+                const int r = lane & 15;
+                const float v = rows_dp4a_row_of<F>(x, m.fmt, st + r * m.row_bytes + off, u0, nu, lane);
+                float vu = 0.0f;
+                if (SWIGLU) {
+                    const RowsMat& mu = a.mat[1];
+                    long long offu;
+                    int bu, u0u, nuu;
+                    rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
+                    vu = rows_dp4a_row_of<F>(x, mu.fmt, st + ta.mat_off + r * mu.row_bytes + offu, u0u, nuu, lane);
                 }
+                __syncwarp();      // every lane has read the stage
+                if (lane == 0) mbar_arrive(&empty[s], 1);
+                if (lane < 16) {   // element e = 2 (r >> 3) of lane 4 (r & 7): (row r, x row 0) in rows_put_partial's layout
+                    float* pp = part + (size_t)(j - rd * a.R * a.C) * (NR * 4 * 32) + (2 * (r >> 3)) * 32 + 4 * (r & 7);
+                    pp[0] = v;
+                    if (SWIGLU) pp[4 * 32] = vu;
+                }
+            } else {
+                float acc[NR][NTT][4];
+                rows_zero(acc);
+                const uint8_t* r0 = st + g * m.row_bytes + off;
+                rows_item_at<NTT, ODD, FX, F>(x, m, u0, nu, r0, r0 + 8 * m.row_bytes, g, t, acc[0]);
+                if (SWIGLU) {
+                    const RowsMat& mu = a.mat[1];
+                    long long offu;
+                    int bu, u0u, nuu;
+                    rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
+                    const uint8_t* ru = st + ta.mat_off + g * mu.row_bytes + offu;
+                    rows_item_at<NTT, ODD, FX, F>(x, mu, u0u, nuu, ru, ru + 8 * mu.row_bytes, g, t, acc[NR - 1]);
+                }
+                __syncwarp();      // every lane has read the stage
+                if (lane == 0) mbar_arrive(&empty[s], 1);
+                rows_put_partial(part, j - rd * a.R * a.C, lane, acc);
             }
-            float acc[NR][NTT][4];
-            rows_zero(acc);
-            const uint8_t* r0 = st + g * m.row_bytes + off;
-            rows_item_at<NTT, ODD, FX, F>(x, m, u0, nu, r0, r0 + 8 * m.row_bytes, g, t, acc[0]);
-            if (SWIGLU) {
-                const RowsMat& mu = a.mat[1];
-                long long offu;
-                int bu, u0u, nuu;
-                rows_chunk(a, mu, chunk, offu, bu, u0u, nuu);
-                const uint8_t* ru = st + ta.mat_off + g * mu.row_bytes + offu;
-                rows_item_at<NTT, ODD, FX, F>(x, mu, u0u, nuu, ru, ru + 8 * mu.row_bytes, g, t, acc[NR - 1]);
-            }
-            __syncwarp();      // every lane has read the stage
-            if (lane == 0) mbar_arrive(&empty[s], 1);
-            rows_put_partial(part, j - rd * a.R * a.C, lane, acc);
         }
         rows_bar(W * 32);
         rows_fold<NTT, SWIGLU>(a, part, b, G, rd, n_mine, threadIdx.x, W * 32);

@@ -62,7 +62,10 @@ namespace {
 // gemv_rows_tma_warps = 19 on sm_90 (16 before the field; 18 / 19 put ffn_down's 35 chunk items a CTA in 2 rounds
 // instead of 3: its Q6_K launch 11.9 -> 10.9 us in the chain; 1.5B clone tg128 1,143 -> 1,177.4 / 1,178.3, 18 warps
 // 1,167, one-row forward 0.993 -> 0.971 ms; 0.5B clone 1,856 -> 1,925; two rounds, one library, H200, session 38,
-// bench/results/2026-11-28-h200-session38.md), 16 elsewhere (no bulk-copy kernel there).
+// bench/results/2026-11-28-h200-session38.md). The one-row dp4a launches then got a kernel of their own (64 registers,
+// up to 31 warps): at 19 warps 1,177.4 -> 1,211.8 / 1,925 -> 1,951 against the previous kernel, side by side on one
+// H200; 24 / 28 / 31 warps were slower (1,179 / 1,166 / 1,173: gate/up's 30 items a CTA in one round did not make its
+// launch shorter). 16 elsewhere (no bulk-copy kernel there).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
@@ -103,7 +106,7 @@ bool valid(const fd_tuning_t& t) {
            t.gemv_split_cols >= 0 && t.gemv_split_cols <= (1 << 20) && t.gemv_rows_tma >= 0 && t.gemv_rows_tma <= 8 &&
            t.gemv_rows_formats >= 0 && t.gemv_rows_formats <= 15 && (t.gemv_rows_dp4a == 0 || t.gemv_rows_dp4a == 1) &&
            t.gemv_rows_tma_split >= 0 && t.gemv_rows_tma_split <= 64 && t.gemv_rows_stage_x >= 0 &&
-           t.gemv_rows_stage_x <= (1 << 20) && t.gemv_rows_tma_warps >= 4 && t.gemv_rows_tma_warps <= 19;
+           t.gemv_rows_stage_x <= (1 << 20) && t.gemv_rows_tma_warps >= 4 && t.gemv_rows_tma_warps <= 31;
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

@@ -85,10 +85,11 @@ typedef struct {
                                whose codes (n_x x cols bytes) are at most this many copy them and their scales into
                                every CTA's shared memory before their items read them (instead of each item reading
                                them through L1); 0: never. The same codes, so never changes a result */
-    int gemv_rows_tma_warps; /* 4 .. 19: computing warps at most (the copy warp comes on top) of a bulk-copy gemv_rows
-                               launch of at most 8 x rows; a CTA's items go to its warps round-robin, so e.g. ffn_down's
-                               35 chunk items a CTA (1.5B) take 3 rounds on 16 warps and 2 on 18. A launch shape, so
-                               never changes a result */
+    int gemv_rows_tma_warps; /* 4 .. 31: computing warps at most (the copy warp comes on top) of a bulk-copy gemv_rows
+                               launch of at most 8 x rows -- at most 19 where its items run on int8 mma (their
+                               registers), up to 31 for one-row launches on dp4a lanes (gemv_rows_dp4a); a CTA's items
+                               go to its warps round-robin, so e.g. ffn_down's 35 chunk items a CTA (1.5B) take 3 rounds
+                               on 16 warps and 2 on 18. A launch shape, so never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

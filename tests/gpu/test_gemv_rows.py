@@ -272,7 +272,8 @@ def test_the_ctas_own_x_copy_is_the_pre_pass_bit_for_bit(native, dev, rng, poiso
 # the pre-pass's scratch by int8 mma items, one bulk copy a tile; each variant moves x into the CTAs' shared memory
 # (stage_x: the pre-pass's codes copied in where n_x x cols is at most that many bytes; fuse_nx: every CTA quantizes x
 # itself), computes one-row Q4_K / Q6_K items on dp4a lanes and / or copies one-tile CTAs' tiles in pieces of
-# tma_split chunks, on 4 .. 19 computing warps (tma_warps: the items' round-robin over the warps).
+# tma_split chunks, on 4 .. 31 computing warps (tma_warps: the items' round-robin over the warps; above 19 only the
+# one-row dp4a launches).
 SHAPE_VARIANTS = {
     "stage+dp4a": {"gemv_rows_stage_x": 1 << 20, "gemv_rows_fuse_nx": 1, "gemv_rows_dp4a": 1},
     "stage+split3": {"gemv_rows_stage_x": 1 << 20, "gemv_rows_tma_split": 3},
@@ -282,6 +283,9 @@ SHAPE_VARIANTS = {
                             "gemv_rows_tma_warps": 19},
     "stage+warps18": {"gemv_rows_stage_x": 1 << 20, "gemv_rows_tma_warps": 18},
     "warps5": {"gemv_rows_tma_warps": 5},
+    "dp4a+warps24": {"gemv_rows_fuse_nx": 1, "gemv_rows_dp4a": 1, "gemv_rows_tma_warps": 24},
+    "dp4a+split8+warps31": {"gemv_rows_fuse_nx": 1, "gemv_rows_dp4a": 1, "gemv_rows_tma_split": 8,
+                            "gemv_rows_tma_warps": 31},
 }
 SHAPE_REFERENCE = {"gemv_rows_dp4a": 0, "gemv_rows_stage_x": 0, "gemv_rows_fuse_nx": 0, "gemv_rows_tma_split": 0,
                    "gemv_rows_tma_warps": 16}
@@ -301,7 +305,8 @@ def test_launch_shapes_are_bit_for_bit(native, dev, rng, poisoned, rows_on, kind
     """gemv_rows_dp4a (one-row items on dp4a lanes for Q4_K / Q6_K matrices: one format, or mixed as q / k / v with a
     Q6_K v -- the second matrix of multi and swiglu), gemv_rows_stage_x (2 .. 8 x rows: the pre-pass's codes copied
     into every CTA), gemv_rows_fuse_nx (every CTA quantizes x itself), gemv_rows_tma_split (one-tile CTAs copy their
-    tile in pieces) and gemv_rows_tma_warps (the items on 5, 18 or 19 warps): every output equals the reference shape's (int8 mma items reading x's codes from the pre-pass's
+    tile in pieces) and gemv_rows_tma_warps (the items on 5 .. 19 warps; one-row dp4a launches on 24 or 31, their own
+    kernel): every output equals the reference shape's (int8 mma items reading x's codes from the pre-pass's
     scratch, whole-tile copies) bit for bit, with and without the norm, the bias and an aliased residual, at chunks of
     1 and 2 super-blocks (rows_on: ks1 / ks2)."""
     major = int(dev.info()["cc"].split(".")[0])

@@ -90,13 +90,13 @@ int main() {
         for (int cols : {256, 768, 896, 1536, 2048, 4864, 8960, 160, 96})
             for (int n : {1, 2, 5, 8})
                 printf("{\"stride\": %d, \"fmt\": %d, \"cols\": %d, \"n\": %d}\n", rows_fx_stride(n, cols, fmt), fmt, cols, n);
-    // gemv_rows_run's choice of where x sits, with sm_90's table (fuse_nx 1, look 1, split 8, stage_x 20000), H100
+    // gemv_rows_run's choice of where x sits, with sm_90's table (fuse_nx 1, look 1, split 8, stage_x 20000, 19 warps), H100
     for (const Call& c : calls)
         for (int n : {1, 2, 4, 8, 9}) {
             RowsArgs a = make_args(c, n);
             a.x.fine = rows_fine(a) ? 1 : 0;
             a.fx_stride = rows_fx_stride(n, c.cols, rows_launch_fmt(a));
-            const RowsTuning tn{1, 1, 1, 8, 20000, true, true};
+            const RowsTuning tn{1, 1, 1, 8, 20000, true, true, 19};
             RowsTmaArgs t;
             RowsShape sh;
             bool stage = false;
@@ -109,13 +109,17 @@ int main() {
     // the tuning's cap on the computing warps (gemv_rows_tma_warps): 1 and 8 x rows take it, 9+ keep the register cap
     for (const Call& c : calls)
         for (int n : {1, 8, 9})
-            for (int cap : {3, 4, 5, 16, 18, 19, 24}) {
+            for (int cap : {3, 4, 5, 16, 18, 19, 24, 31, 40}) {
                 RowsArgs a = make_args(c, n);
                 RowsTmaArgs t;
                 RowsShape sh;
-                const bool ok = rows_tma_plan(a, c.swiglu, n, 0, 1, 8, DeviceFacts{132, 232448, 9}, &t, &sh, cap);
-                printf("{\"warps_of\": \"%s\", \"n\": %d, \"cap\": %d, \"ok\": %d, \"items\": %d, \"warps\": %d}\n",
-                       c.name, n, cap, ok ? 1 : 0, ok ? ceil_div(a.tiles, sh.ctas) * a.C : 0, ok ? sh.warps : 0);
+                for (int dp = 0; dp < (n == 1 ? 2 : 1); ++dp) {
+                    const bool ok = rows_tma_plan(a, c.swiglu, n, 0, 1, 8, DeviceFacts{132, 232448, 9}, &t, &sh, cap,
+                                                  dp != 0);
+                    printf("{\"warps_of\": \"%s\", \"n\": %d, \"cap\": %d, \"dp\": %d, \"ok\": %d, \"items\": %d, "
+                           "\"warps\": %d}\n", c.name, n, cap, dp, ok ? 1 : 0, ok ? ceil_div(a.tiles, sh.ctas) * a.C : 0,
+                           ok ? sh.warps : 0);
+                }
             }
     const DeviceFacts devs[] = {{132, 232448, 9}, {114, 232448, 9}, {108, 166912, 8}};
     for (const DeviceFacts& d : devs)
@@ -138,7 +142,7 @@ def plans(plans_and_strides):
 
 @pytest.fixture(scope="module")
 def warp_caps(plans_and_strides):
-    return {(p["warps_of"], p["n"], p["cap"]): p for p in plans_and_strides if "warps_of" in p}
+    return {(p["warps_of"], p["n"], p["cap"], p["dp"]): p for p in plans_and_strides if "warps_of" in p}
 
 
 @pytest.fixture(scope="module")
@@ -186,21 +190,27 @@ def test_where_x_sits_for_the_real_launches(stagings):
 
 
 def test_the_tunings_warp_cap(warp_caps):
-    """gemv_rows_tma_warps caps the computing warps of launches of up to 8 x rows, clamped to 4 .. 19 (the kernel's
-    launch bound: 20 warps with the copy warp still leave 96 registers a thread); the warps are the CTA's items rounded
-    up to a multiple of 4 (at least 4) where fewer: ffn_down's 35 items a CTA on 18 or 19 warps take 2 rounds instead of
-    16 warps' 3; q/k/v and o (6 items) stay on 8; above 8 x rows the register cap holds whatever the tuning."""
-    for (name, n, cap), p in warp_caps.items():
+    """gemv_rows_tma_warps caps the computing warps of launches of up to 8 x rows, clamped to 4 .. 19 on the mma kernel
+    (its launch bound: 20 warps with the copy warp still leave 96 registers a thread) and 4 .. 31 on the one-row dp4a
+    kernel (32 warps, 64 registers); the warps are the CTA's items rounded up to a multiple of 4 (at least 4) where
+    fewer: ffn_down's 35 items a CTA on 18 or 19 warps take 2 rounds instead of 16 warps' 3, gate/up's 30 (5 tiles) one
+    round on 31 dp4a warps; q/k/v and o (6 items) stay on 8; above 8 x rows the register cap holds whatever the
+    tuning."""
+    for (name, n, cap, dp), p in warp_caps.items():
         if not p["ok"]:
             continue
-        want = min(max((p["items"] + 3) // 4 * 4, 4), max(4, min(cap, 19))) if n <= 8 else p["warps"]
+        bound = 31 if dp else 19
+        want = min(max((p["items"] + 3) // 4 * 4, 4), max(4, min(cap, bound))) if n <= 8 else p["warps"]
         assert p["warps"] == want, p
-        assert 4 <= p["warps"] <= (19 if n <= 8 else 15), p
+        assert 4 <= p["warps"] <= (bound if n <= 8 else 15), p
     for name in ("down_1.5b_q4k", "down_1.5b_q6k"):
-        assert warp_caps[(name, 1, 18)]["warps"] == 18 and warp_caps[(name, 1, 24)]["warps"] == 19
-        assert warp_caps[(name, 1, 16)]["warps"] == 16 and warp_caps[(name, 8, 19)]["warps"] == 19
-    assert warp_caps[("qkv_1.5b", 1, 19)]["warps"] == 8 and warp_caps[("o_1.5b", 1, 3)]["warps"] == 4
-    assert warp_caps[("gate_up_1.5b", 9, 19)]["warps"] == warp_caps[("gate_up_1.5b", 9, 4)]["warps"]
+        assert warp_caps[(name, 1, 18, 0)]["warps"] == 18 and warp_caps[(name, 1, 24, 0)]["warps"] == 19
+        assert warp_caps[(name, 1, 16, 0)]["warps"] == 16 and warp_caps[(name, 8, 19, 0)]["warps"] == 19
+        assert warp_caps[(name, 1, 24, 1)]["warps"] == 24 and warp_caps[(name, 1, 40, 1)]["warps"] == 31
+    assert warp_caps[("gate_up_1.5b", 1, 31, 1)]["warps"] == 31 and warp_caps[("gate_up_1.5b", 1, 31, 1)]["items"] == 30
+    assert warp_caps[("qkv_1.5b", 1, 19, 0)]["warps"] == 8 and warp_caps[("o_1.5b", 1, 3, 0)]["warps"] == 4
+    assert warp_caps[("qkv_1.5b", 1, 31, 1)]["warps"] == 8
+    assert warp_caps[("gate_up_1.5b", 9, 19, 0)]["warps"] == warp_caps[("gate_up_1.5b", 9, 4, 0)]["warps"]
 
 
 def per_cta(p):
