@@ -1,8 +1,10 @@
 """Inside the one-row dp4a GEMV launches of a decode step: per-CTA globaltimer stamps (bench/lab; not a test).
 
 Needs a library built with bench/lab/gemv_rows_stamps.patch (gemv_rows_tma_kernel's DP instantiations stamp each CTA:
-entry, after pdl_wait, x quantized in the CTA, warp 0's first piece landed, the last warp's items done, the fold done;
-an `lab_rows_stamps` entry point reads them), loaded through FLASHD_NATIVE_LIB; CUDA only:
+entry, after pdl_wait, inside the x staging -- thread 0 after its warp's own norm sum (its loads returned), after the
+barrier that has every warp's sum, after the scale, after its warp's groups are quantized; the norm stamps are absent
+in launches without a norm --, x staged (the last barrier), warp 0's first piece landed, the last warp's items done, the
+fold done; an `lab_rows_stamps` entry point reads them), loaded through FLASHD_NATIVE_LIB; CUDA only:
 
     bash bench/prebuilt_lib.sh HEAD stamps .libs bench/lab/gemv_rows_stamps.patch   (CPU machine)
     FLASHD_NATIVE_LIB=stamps.so python bench/lab/gemv_rows_stamps.py MODEL [--reps 12] [--tuning F=N,...]...
@@ -24,7 +26,7 @@ from collections import defaultdict
 import numpy as np
 
 MAGIC = 0x52535441424C4142
-T0, TW, TX, TF, TI, TE, RC, MISC, MAG, NMATS = range(10)
+T0, TW, TX, TF, TI, TE, RC, MISC, MAG, NMATS, XS_OWN, XS_ALL, XS_SCALE, XS_QUANT = range(14)
 
 
 class Lab:
@@ -71,6 +73,10 @@ def launches(buf, counts):
     return [g for g in out if int(g[0][MAG]) == MAGIC]
 
 
+def buf_fields(g) -> int:
+    return len(g[0])
+
+
 def table(groups):
     rows = defaultdict(list)
     prev_end = None
@@ -81,25 +87,30 @@ def table(groups):
         w0 = min(int(r[TW]) for r in g)
 
         def rel(f, agg=statistics.fmean):
-            return agg([int(r[f]) - w0 for r in g if int(r[f])]) / 1e3
+            vals = [int(r[f]) - w0 for r in g if int(r[f])]
+            return agg(vals) / 1e3 if vals else None
 
         end_max = rel(TE, max)
-        rows[key].append(dict(entry=rel(T0), wait_spread=rel(TW, max), x=rel(TX), first=rel(TF), items=rel(TI),
-                              items_max=rel(TI, max), end=rel(TE), end_max=end_max,
+        extra = {}
+        if buf_fields(g) > XS_QUANT:   # the patch's x-staging stamps (CTA thread 0; 0 where the launch has no norm)
+            extra = dict(xs_own=rel(XS_OWN), xs_all=rel(XS_ALL), xs_scale=rel(XS_SCALE), xs_quant=rel(XS_QUANT))
+        rows[key].append(dict(entry=rel(T0), wait_spread=rel(TW, max), **extra, x=rel(TX), first=rel(TF),
+                              items=rel(TI), items_max=rel(TI, max), end=rel(TE), end_max=end_max,
                               gap=None if prev_end is None else (w0 - prev_end) / 1e3))
         prev_end = w0 + end_max * 1e3
     return rows
 
 
 def show(rows):
-    cols = ("entry", "wait_spread", "x", "first", "items", "items_max", "end", "end_max", "gap")
+    cols = tuple(c for c in ("entry", "wait_spread", "xs_own", "xs_all", "xs_scale", "xs_quant", "x", "first", "items",
+                             "items_max", "end", "end_max", "gap") if c in next(iter(rows.values()))[0])
     print(f"{'rows x cols':>15} {'sw':>2} {'mats':>4} {'warps':>5} {'grid':>4} {'n':>4} " +
           " ".join(f"{c:>11}" for c in cols))
     for key, ls in sorted(rows.items(), key=lambda kv: -statistics.fmean(x["end_max"] for x in kv[1]) * len(kv[1])):
         r, c, sw, mats, warps, grid = key
         vals = []
         for f in cols:
-            v = [x[f] for x in ls if x[f] is not None and (f != "gap" or 0 <= x[f] < 50)]
+            v = [x[f] for x in ls if x.get(f) is not None and (f != "gap" or 0 <= x[f] < 50)]
             vals.append(statistics.fmean(v) if v else float("nan"))
         print(f"{r:>6} x {c:<6} {sw:>2} {mats:>4} {warps:>5} {grid:>4} {len(ls):>4} " +
               " ".join(f"{v:11.2f}" for v in vals))
