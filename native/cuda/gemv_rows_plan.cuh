@@ -308,7 +308,7 @@ inline bool rows_tma_plan_x(const RowsArgs& a, bool swiglu, int n_x, bool fx, in
     }
     const bool was = *stage;
     *stage = false;
-    return was && rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, ta, sh, tn.tma_warps);
+    return was && rows_tma_plan(a, swiglu, n_x, 0, tn.tma_look, tn.tma_split, dev, ta, sh, tn.tma_warps, dp4a);
 }
 
 // The whole call (validated as gemv_plan validates): one GEMV launch over every matrix, after the pre-pass (x ->
