@@ -225,15 +225,10 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
 
     // q rows -> shared memory, scaled into the log2 domain and split into f16 hi + lo (all loads
     // first: the shared stores would otherwise serialise one global round trip per element)
-    // A float16 K and V (no QKV): through a free pipeline stage, compact code (stage_q_smem says why).
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
-    constexpr bool Q_SMEM = !QKV;
     const float* q_tok = p.q + ((size_t)token * p.n_heads + kvh * p.group) * HD;
     float qv[Q_PER_THREAD];
-    if constexpr (Q_SMEM) {
-        stage_q_smem<HD, ROPE>(p, rc, reinterpret_cast<float*>(pipe + (size_t)(N_STAGES - 1) * 2 * TILE * LD), q_tok,
-                               row0, kvh, tid, new_key, kv_new, blockIdx.z % p.row_tiles == 0, q_hi, q_lo);
-    } else if constexpr (!ROPE) {
+    if constexpr (!ROPE) {
 #pragma unroll
         for (int j = 0; j < Q_PER_THREAD; ++j) {
             const int e = tid + j * THREADS, r = e / HD, d = e % HD;
@@ -248,7 +243,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     }
     constexpr bool rot_layout = ROT_K;                // qv in rope_stage_rotated's layout
 #pragma unroll
-    for (int j = 0; j < (Q_SMEM ? 0 : Q_PER_THREAD); ++j) {
+    for (int j = 0; j < Q_PER_THREAD; ++j) {
         int r = (tid + j * THREADS) / HD, d = (tid + j * THREADS) % HD;
         if (rot_layout) rot_elem<HD>(j, tid, r, d);
         const float v = qv[j] * p.q_scale;

@@ -7,7 +7,6 @@
 
 #include "attention_splitk_params.cuh"
 #include "attention_splitk_rope_rot.cuh"
-#include "attention_splitk_warp.cuh"
 
 namespace fd {
 namespace attn {
@@ -176,75 +175,6 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
             __syncthreads();                            // both rows staged
             encode_new_rows<HD>(p, stage, kv_new, kvh, tid, slot, store, k_type, v_type);
             __syncthreads();                            // stage (q_hi's area) free again, kv_new written
-        }
-    }
-}
-
-// ---- q staged through shared memory (float16 K and V; decode with or without RoPE, masked rows) ---------------
-// The block's q rows (row0 .. row0 + nr - 1 of its KV head's group, contiguous in p.q) and, if new_key >= 0 (ROPE:
-// the block owns the new key, slot new_key), the new K and V rows are copied as they are (float32, 4-byte cp.async,
-// so any 4-byte aligned q / k / v; all in flight at once) into raw -- a pipeline stage that no tile occupies yet
-// (splitk_kernel: stage N_STAGES - 1; the main loop's first barrier comes before its first copy) --, then every
-// element is RoPE'd (ROPE), scaled into the log2 domain, split into f16 hi + lo and stored into q_hi / q_lo (rows
-// past the group: 0), and the new K | V rows go to kv_new and (store) the cache: the expressions of rope_stage and
-// the kernel's store loop, so the same values. Why not those unrolled loops: a decode step runs this code once a
-// layer, on an instruction cache the four GEMV launches between have refilled, so the code's size is time -- 17.6 KB
-// of unrolled code between pdl_wait and the tile loop at HD 128 took 1.7-1.9 us (bench/NOTES.md, session 39).
-template <int HD, bool ROPE>
-__device__ __forceinline__ void stage_q_smem(const Params& p, const RopeCoefs<HD>& rc, float* raw, const float* q_tok,
-                                             int row0, int kvh, int tid, int new_key, __half* kv_new, bool store,
-                                             __half* q_hi, __half* q_lo) {
-    constexpr int LD = Cfg<HD>::LD, NU = RopeCoefs<HD>::NU, Q_PER_THREAD = ROWS * HD / THREADS;
-    static_assert((ROWS + 2) * HD * sizeof(float) <= Cfg<HD>::STAGE_BYTES, "q and the new rows fit one stage");
-    static_assert(Q_PER_THREAD % NU == 0, "a thread's dims repeat every NU elements");
-    const int nr = max(0, min(ROWS, p.group - row0));
-    const bool own_key = ROPE && new_key >= 0;
-    float* kv_raw = raw + ROWS * HD;                   // the new K row, then its V row
-    const float* q_src = q_tok + (size_t)row0 * HD;
-#pragma unroll 1
-    for (int i = tid; i < nr * HD; i += THREADS) cp_async_small<4>(raw + i, q_src + i, true);
-    if (own_key) {
-#pragma unroll 1
-        for (int i = tid; i < 2 * HD; i += THREADS)
-            cp_async_small<4>(kv_raw + i, i < HD ? p.k_new + (size_t)kvh * HD + i : p.v_new + (size_t)kvh * HD + i - HD,
-                              true);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    // element e = tid + j THREADS: row e / HD, dim e % HD, its coefficients rc's u = j % NU (as rope_stage)
-#pragma unroll 1
-    for (int j0 = 0; j0 < Q_PER_THREAD; j0 += NU) {
-#pragma unroll
-        for (int u = 0; u < NU; ++u) {
-            const int e = tid + (j0 + u) * THREADS, r = e / HD, d = e % HD;
-            float x = 0.0f;
-            if (r < nr) {
-                x = raw[r * HD + d];
-                if (ROPE && rc.rot[u]) x = rope_rotated(x, raw[r * HD + rc.partner[u]], rc.cs[u], rc.sn[u], rc.first[u]);
-            }
-            const float v = x * p.q_scale;
-            const __half hi = __float2half_rn(v);
-            q_hi[r * LD + d] = hi;
-            q_lo[r * LD + d] = __float2half_rn(v - __half2float(hi));
-        }
-    }
-    if (!own_key) return;
-    constexpr int NI = (2 * HD + THREADS - 1) / THREADS;
-#pragma unroll
-    for (int i = 0; i < NI; ++i) {                     // element c: K dim c (== dim_i of rc) or V dim c - HD
-        const int c = tid + i * THREADS;
-        if (c >= 2 * HD) break;
-        float val = kv_raw[c];
-        if (c < HD) {
-            const int u = i < NU ? i : 0;
-            if (rc.rot[u]) val = rope_rotated(val, kv_raw[rc.partner[u]], rc.cs[u], rc.sn[u], rc.first[u]);
-        }
-        const __half h = __float2half_rn(val);
-        kv_new[c] = h;
-        if (store) {
-            __half* cache = c < HD ? p.k_store : p.v_store;
-            cache[((size_t)kvh * p.max_ctx + new_key) * HD + (c < HD ? c : c - HD)] = h;
         }
     }
 }
