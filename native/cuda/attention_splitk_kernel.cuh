@@ -235,10 +235,10 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
         }
     } else if constexpr (ROT_K) {
-        rope_stage_rotated<HD, FRAG && !WIN>(p, qv, q_tok, row0, kvh, tid, new_key, kv_new,   // (WIN: float16)
+        rope_stage_rotated<HD, FRAG && !WIN>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,   // (WIN: float16)
                                      blockIdx.z % p.row_tiles == 0, rope_tab, k_type, v_type);
     } else {
-        rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key, kv_new, blockIdx.z % p.row_tiles == 0,
+        rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
                             reinterpret_cast<float*>(q_hi), k_type, v_type);   // q_hi is written only after this
     }
     constexpr bool rot_layout = ROT_K;                // qv in rope_stage_rotated's layout

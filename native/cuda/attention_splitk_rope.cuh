@@ -15,10 +15,9 @@ namespace attn {
 // Thread tid's q elements are e = tid + j * THREADS (row e / HD of the tile, dim e % HD), i.e. the
 // NU = max(1, HD / THREADS) distinct dims dim_u = (tid + u * THREADS) % HD, u = j % NU: one cos/sin
 // (double pow + sincos) per distinct dim, computed in registers. qv[j] receives the rotated q value
-// (unscaled, as the plain kernel loads it). If new_key >= 0 (the block owns the new key: new_key == *n_past, read
-// by the kernel before pdl_wait and passed here, so no global round trip after the wait holds up the stores): the
-// new token's K (rotated) | V rows of KV head kvh, as float16, go to kv_new[0, 2 HD) (element c = tid + i * THREADS;
-// K dims c < HD are the dims dim_i above), and if store also to the cache at slot new_key.
+// (unscaled, as the plain kernel loads it). If own_key: the new token's K (rotated) | V rows of KV head
+// kvh, as float16, go to kv_new[0, 2 HD) (element c = tid + i * THREADS; K dims c < HD are the dims
+// dim_i above), and if store also to the cache at slot *n_past.
 // QKV (a q8_0 / q4_0 K or V): the new token's rotated K row and V row go to `stage` (2 HD floats of shared
 // memory) first; then one thread per 32-value block encodes it (kv_quant.cuh, fd_rope_kv_write's rounding), puts
 // the dequantized values -- float16(d * q), what dequant8 gives for the stored codes -- into kv_new, and (store)
@@ -27,13 +26,14 @@ namespace attn {
 // rope_stage_rotated (attention_splitk_rope_rot.cuh) instead.
 template <int HD>
 __device__ __forceinline__ void encode_new_rows(const Params& p, const float* stage, __half* kv_new, int kvh, int tid,
-                                                int slot, bool store, int k_type, int v_type) {
+                                                bool store, int k_type, int v_type) {
     constexpr int NB = HD / kvq::BLOCK;              // blocks per row
     if (tid >= 2 * NB) return;
     const bool is_k = tid < NB;
     const int type = is_k ? k_type : v_type, b = is_k ? tid : tid - NB;
     const float* x = stage + tid * kvq::BLOCK;
     __half* out = kv_new + tid * kvq::BLOCK;
+    const int slot = p.n_past[0];
     const size_t row = (size_t)kvh * p.max_ctx + slot;
     if (type == FD_KV_F16) {
         __half* cache = (is_k ? p.k_store : p.v_store) + row * HD + b * kvq::BLOCK;
@@ -103,9 +103,8 @@ __device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<H
 
 template <int HD, bool QKV = false>
 __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>& rc, float (&qv)[ROWS * HD / THREADS],
-                                           const float* q_tok, int row0, int kvh, int tid, int new_key,
+                                           const float* q_tok, int row0, int kvh, int tid, bool own_key,
                                            __half* kv_new, bool store, float* stage, int k_type, int v_type) {
-    const bool own_key = new_key >= 0;
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
     constexpr int NU = RopeCoefs<HD>::NU;
     const float* cs = rc.cs;
@@ -148,7 +147,7 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
         qv[j] = rot[u] && row0 + r < p.group ? rope_rotated(xv[j], yv[j], cs[u], sn[u], first[u]) : xv[j];
     }
     if (own_key) {
-        const int slot = new_key;
+        const int slot = p.n_past[0];
 #pragma unroll
         for (int i = 0; i < NI; ++i) {
             const int c = tid + i * THREADS;
@@ -173,7 +172,7 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
         }
         if constexpr (QKV) {                            // own_key is block-uniform: the barriers are too
             __syncthreads();                            // both rows staged
-            encode_new_rows<HD>(p, stage, kv_new, kvh, tid, slot, store, k_type, v_type);
+            encode_new_rows<HD>(p, stage, kv_new, kvh, tid, store, k_type, v_type);
             __syncthreads();                            // stage (q_hi's area) free again, kv_new written
         }
     }

@@ -127,16 +127,15 @@ __device__ __forceinline__ void rope_table_rotated(const Params& p, float* tab, 
         rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, tab[j], tab[half + j]);
 }
 
-// qv <- the tile's q rows RoPE'd and rotated (rotated layout; rows past the group exactly 0); if new_key >= 0 (the
-// block owns the new key, slot new_key: rope_stage says why it is passed), the new K | V rows are encoded into kv_new (2 HD halves; RAW: their codes and scales, laid out as raw_new_v says) and,
+// qv <- the tile's q rows RoPE'd and rotated (rotated layout; rows past the group exactly 0); if own_key, the new
+// K | V rows are encoded into kv_new (2 HD halves; RAW: their codes and scales, laid out as raw_new_v says) and,
 // if store, the cache. tab: rope_table_rotated's table, written by this block before (its barrier is here).
 // Block-uniform: every thread calls it.
 template <int HD, bool RAW = false>
 __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[ROWS * HD / THREADS],
-                                                   const float* q_tok, int row0, int kvh, int tid, int new_key,
+                                                   const float* q_tok, int row0, int kvh, int tid, bool own_key,
                                                    __half* kv_new, bool store, const float* tab, int k_type,
                                                    int v_type) {
-    const bool own_key = new_key >= 0;
     constexpr int NR = RotLayout<HD>::NR, RPW = RotLayout<HD>::RPW, Q_PER_THREAD = ROWS * HD / THREADS;
     const bool neox = p.neox != 0;
     const int half = p.rope_dim / 2, lane = tid & 31, warp = tid >> 5, block = kvq::rotation_block(HD);
@@ -182,7 +181,7 @@ __device__ __forceinline__ void rope_stage_rotated(const Params& p, float (&qv)[
     static_assert(NR % SIDE_WARPS == 0, "a side's blocks split evenly over its warps");
     constexpr int NB = NR / SIDE_WARPS;                 // blocks a warp encodes
     const int part = warp % SIDE_WARPS;                 // this warp's blocks: r / NB == part (r unrolled: registers)
-    const int slot = new_key;
+    const int slot = p.n_past[0];
     const size_t row = (size_t)kvh * p.max_ctx + slot;
     const size_t ring_row = RAW ? 0 : window_ring_row(p, kvh, slot);
     uint8_t* raw = reinterpret_cast<uint8_t*>(kv_new);
