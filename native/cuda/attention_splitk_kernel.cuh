@@ -218,7 +218,13 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
                                                     : reinterpret_cast<uint8_t*>(pipe));
     if constexpr (ROPE && !ROT_K) rope_coefs<HD>(p, tid, rc);
     if constexpr (ROT_K) rope_table_rotated(p, rope_tab, tid);
-    if constexpr (ROPE) {
+    // DRY_Q (a float16 K and V with RoPE, the decode step's kernel): the q staging below runs twice in one rolled loop,
+    // first before pdl_wait with its global loads predicated off and the cache store skipped (its shared-memory
+    // results are overwritten), so that the real pass after the wait runs on a warm instruction cache -- this kernel
+    // runs once a layer between GEMVs of 40-57 KB of code, and the staging is ~17 KB of unrolled code at HD 128
+    // (gemv_rows.cuh rows_quantize_cta's DRY says what a cold cache costs; bench/NOTES.md session 39).
+    constexpr bool DRY_Q = ROPE && !QKV && HD <= 128;   // HD 256: the loop's registers spill (ptxas: 156 bytes)
+    if constexpr (ROPE && !DRY_Q) {
         pdl_wait();              // q and the new K/V row are the QKV projection's
         pdl_launch_dependents();
     }
@@ -228,30 +234,39 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
     const float* q_tok = p.q + ((size_t)token * p.n_heads + kvh * p.group) * HD;
     float qv[Q_PER_THREAD];
-    if constexpr (!ROPE) {
+#pragma unroll 1
+    for (int pass = DRY_Q ? 0 : 1; pass < 2; ++pass) {
+        const bool live = pass == 1;
+        if (DRY_Q && live) {
+            pdl_wait();              // q and the new K/V row are the QKV projection's
+            pdl_launch_dependents();
+        }
+        if constexpr (!ROPE) {
+#pragma unroll
+            for (int j = 0; j < Q_PER_THREAD; ++j) {
+                const int e = tid + j * THREADS, r = e / HD, d = e % HD;
+                qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
+            }
+        } else if constexpr (ROT_K) {
+            rope_stage_rotated<HD, FRAG && !WIN>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,  // (WIN: float16)
+                                         blockIdx.z % p.row_tiles == 0, rope_tab, k_type, v_type);
+        } else {
+            rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,
+                                live && blockIdx.z % p.row_tiles == 0, reinterpret_cast<float*>(q_hi), k_type, v_type,
+                                live);   // q_hi is written only after this
+        }
+        constexpr bool rot_layout = ROT_K;                // qv in rope_stage_rotated's layout
 #pragma unroll
         for (int j = 0; j < Q_PER_THREAD; ++j) {
-            const int e = tid + j * THREADS, r = e / HD, d = e % HD;
-            qv[j] = row0 + r < p.group ? __ldg(q_tok + (size_t)(row0 + r) * HD + d) : 0.0f;
+            int r = (tid + j * THREADS) / HD, d = (tid + j * THREADS) % HD;
+            if (rot_layout) rot_elem<HD>(j, tid, r, d);
+            const float v = qv[j] * p.q_scale;
+            const __half hi = __float2half_rn(v);
+            const int at = r * LD + (FRAG ? qfrag_pos(d) : d);      // FRAG: the fragments' dim order
+            q_hi[at] = hi;
+            q_lo[at] = __float2half_rn(v - __half2float(hi));
         }
-    } else if constexpr (ROT_K) {
-        rope_stage_rotated<HD, FRAG && !WIN>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,   // (WIN: float16)
-                                     blockIdx.z % p.row_tiles == 0, rope_tab, k_type, v_type);
-    } else {
-        rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new, blockIdx.z % p.row_tiles == 0,
-                            reinterpret_cast<float*>(q_hi), k_type, v_type);   // q_hi is written only after this
-    }
-    constexpr bool rot_layout = ROT_K;                // qv in rope_stage_rotated's layout
-#pragma unroll
-    for (int j = 0; j < Q_PER_THREAD; ++j) {
-        int r = (tid + j * THREADS) / HD, d = (tid + j * THREADS) % HD;
-        if (rot_layout) rot_elem<HD>(j, tid, r, d);
-        const float v = qv[j] * p.q_scale;
-        const __half hi = __float2half_rn(v);
-        const int at = r * LD + (FRAG ? qfrag_pos(d) : d);      // FRAG: the fragments' dim order
-        q_hi[at] = hi;
-        q_lo[at] = __float2half_rn(v - __half2float(hi));
-    }
+    }   // pass
 
     WarpState<HD> st;
     st.init();

@@ -104,7 +104,8 @@ __device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<H
 template <int HD, bool QKV = false>
 __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>& rc, float (&qv)[ROWS * HD / THREADS],
                                            const float* q_tok, int row0, int kvh, int tid, bool own_key,
-                                           __half* kv_new, bool store, float* stage, int k_type, int v_type) {
+                                           __half* kv_new, bool store, float* stage, int k_type, int v_type,
+                                           bool live = true) {   // live false: every global load predicated off
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
     constexpr int NU = RopeCoefs<HD>::NU;
     const float* cs = rc.cs;
@@ -125,6 +126,7 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
             const int c = tid + i * THREADS, u = i < NU ? i : 0;
             kv_x[i] = kv_y[i] = 0.0f;
             if (c >= 2 * HD) continue;
+            if (!live) continue;
             if (c < HD) {
                 kv_x[i] = __ldg(kr + c);
                 if (rot[u]) kv_y[i] = __ldg(kr + partner[u]);
@@ -136,7 +138,7 @@ __device__ __forceinline__ void rope_stage(const Params& p, const RopeCoefs<HD>&
 #pragma unroll
     for (int j = 0; j < Q_PER_THREAD; ++j) {            // all loads first
         const int e = tid + j * THREADS, r = e / HD, d = e % HD, u = j % NU;
-        const bool in = row0 + r < p.group;
+        const bool in = live && row0 + r < p.group;
         const float* row = q_tok + (size_t)(row0 + r) * HD;
         xv[j] = in ? __ldg(row + d) : 0.0f;
         yv[j] = in && rot[u] ? __ldg(row + partner[u]) : 0.0f;
