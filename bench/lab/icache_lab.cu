@@ -5,7 +5,8 @@
 // each: S = 1024 is 16 KB) by clock64 in thread 0 of every CTA, in a chain of launches:
 //   warm  -- the same kernel launched again right after itself;
 //   cold  -- between two launches of it, E other kernels of the same size (different code) run.
-// Also prints %globaltimer's step (its resolution) as seen by one thread.
+// Also prints %globaltimer's step (its resolution) as seen by one thread, and (k_dry) whether running the same code
+// once before -- one rolled loop of two passes, the first on dummy data -- makes the timed pass warm.
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 icache_lab.cu -o icache_lab
 #include <cstdio>
 #include <cstdint>

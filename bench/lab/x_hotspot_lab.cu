@@ -11,7 +11,8 @@
 // does (warp w: 128-column groups w, w + W, ..., 4 floats a lane), optionally the norm's second pass (8 virtual
 // warps, columns v, v + 256, ...), or one bulk copy (cp.async.bulk) of x into shared memory; a CTA barrier; then
 // write its share of the next x (cols / G floats) into all K copies. Prints us per kernel and the mean time from
-// the wait's return to the barrier (globaltimer, thread 0).
+// the wait's return to the barrier (globaltimer, thread 0). Then (run_cons) the attention's shape: a few CTAs of 128
+// threads reading 6 rows of 128 floats and their RoPE partners that a 132-CTA kernel just wrote.
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 x_hotspot_lab.cu -o x_hotspot_lab
 #include <cstdio>
 #include <cstdint>
