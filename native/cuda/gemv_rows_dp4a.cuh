@@ -127,9 +127,10 @@ __device__ __forceinline__ float rows_dp4a_row(const RowsX& x, const uint8_t* ro
     return acc;
 }
 
-// rows_dp4a_row for a launch of format F; ROWS_FANY (every one-row dp4a launch since session 39: one kernel's code for
-// q / k / v, o and ffn_down, rows_tma_launch_nf says why) takes the matrix's own format, fmt (warp-uniform: a warp's item is one tile of one matrix) -- the plan gives a launch the dp4a items only
-// where every matrix is Q4_K or Q6_K, as rows_item_at dispatches its mma items.
+// rows_dp4a_row for a launch of format F; ROWS_FANY (every one-row dp4a launch: one kernel's code for q / k / v, o and
+// ffn_down, rows_tma_launch_nf says why) takes the matrix's own format, fmt (warp-uniform: a warp's item is one tile of
+// one matrix) -- the plan gives a launch the dp4a items only where every matrix is Q4_K or Q6_K, as rows_item_at
+// dispatches its mma items.
 template <int F>
 __device__ __forceinline__ float rows_dp4a_row_of(const RowsX& x, int fmt, const uint8_t* row, int u0, int nu, int lane) {
     if constexpr (F != ROWS_FANY) return rows_dp4a_row<F>(x, row, u0, nu, lane);

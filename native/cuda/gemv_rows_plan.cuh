@@ -184,8 +184,8 @@ int rows_tma_launch_nf(const RowsTmaArgs& t, const RowsShape& sh, bool fx, int m
     // Every one-row dp4a launch, one format or mixed, runs the ROWS_FANY kernel (a warp-uniform format switch an item,
     // the same bits as the one-format kernel): q / k / v, o and ffn_down then run one kernel's code, which the SM's
     // instruction cache still holds from the launch before -- a decode step runs ~5 kernels a layer of 40-57 KB of
-    // code each, and a cold cache costs ~0.65 us a 16 KB of straight code on an H200 (bench/lab/icache_lab.cu; 1.5B
-    // clone tg128 +1.25%, bench/NOTES.md session 39).
+    // code each, and straight code runs about twice as long from a cold cache (bench/lab/icache_lab.cu; measured:
+    // bench/NOTES.md session 39).
     if constexpr (F == ROWS_Q4K || F == ROWS_Q6K || F == ROWS_FANY) {
         if (fx && n == 1 && t.dp4a) return rows_tma_launch<0, SWIGLU, true, ROWS_FANY, true>(t, sh, max_smem, stream);
     }
