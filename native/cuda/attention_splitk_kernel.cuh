@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     // first before pdl_wait with its global loads predicated off and the cache store skipped (its shared-memory
     // results are overwritten), so that the real pass after the wait runs on a warm instruction cache -- this kernel
     // runs once a layer between GEMVs of 40-57 KB of code, and the staging is ~17 KB of unrolled code at HD 128
-    // (gemv_rows.cuh rows_quantize_cta's DRY says what a cold cache costs; bench/NOTES.md session 39).
+    // (bench/lab/icache_lab.cu: straight code runs about twice as long from a cold cache, and a first pass of the
+    // same code warms it; measured: bench/NOTES.md session 39).
     constexpr bool DRY_Q = ROPE && !QKV && HD <= 128;   // HD 256: the loop's registers spill (ptxas: 156 bytes)
     if constexpr (ROPE && !DRY_Q) {
         pdl_wait();              // q and the new K/V row are the QKV projection's
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             }
         } else if constexpr (ROT_K) {
             rope_stage_rotated<HD, FRAG && !WIN>(p, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,  // (WIN: float16)
-                                         blockIdx.z % p.row_tiles == 0, rope_tab, k_type, v_type);
+                                                 blockIdx.z % p.row_tiles == 0, rope_tab, k_type, v_type);
         } else {
             rope_stage<HD, QKV>(p, rc, qv, q_tok, row0, kvh, tid, new_key >= 0, kv_new,
                                 live && blockIdx.z % p.row_tiles == 0, reinterpret_cast<float*>(q_hi), k_type, v_type,
