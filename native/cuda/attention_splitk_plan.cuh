@@ -90,6 +90,9 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.chunk_len = chunk_len;
     p.n_splits = splits_for_head_dim(head_dim, n_kv_heads, p.group, max_ctx, chunk_len);
     p.single_chunks = tuning_now().attn_single_chunks;
+    // a bound (flashd_attention.h: max_keys) under which no row is split: one split, no combine, the same bits
+    if (shape.max_keys > 0 && p.n_splits > 0 && n_chunks_for(shape.max_keys, chunk_len) <= p.single_chunks)
+        p.n_splits = 1;
     p.q_scale = scale * LOG2E;
     p.k_new = p.v_new = nullptr;
     p.k_store = p.v_store = nullptr;

@@ -38,7 +38,7 @@ inline bool window_valid(const fd_attention_shape_t* s) {
 }
 inline bool shape_valid(const fd_attention_shape_t* s) {
     return s != nullptr && s->n_heads > 0 && s->n_kv_heads > 0 && s->n_heads % s->n_kv_heads == 0 && s->head_dim > 0 &&
-           s->max_ctx > 0 && kv_type_valid(s->k_type, s->head_dim) && kv_type_valid(s->v_type, s->head_dim) &&
+           s->max_ctx > 0 && s->max_keys >= 0 && kv_type_valid(s->k_type, s->head_dim) && kv_type_valid(s->v_type, s->head_dim) &&
            window_valid(s);
 }
 // Whether K and V are float16: every entry point that reads the cache needs it (FD_E_SHAPE otherwise) until

@@ -57,7 +57,15 @@ typedef struct {
     int v_type;        /* FD_KV_*: V's row format */
     int window;        /* U: the full-precision window block in positions (0: none; see below) */
     int window_slots;  /* R: rows per KV head of each window ring (with a window) */
+    int max_keys;      /* 0, or the most keys a row of the launch sees (ABI 28; see below) */
 } fd_attention_shape_t;
+
+/* max_keys (decode and masked attention; others ignore it; >= 0, else FD_E_ARG): the caller's bound on the keys
+   any row of the launch sees. Where it spans at most fd_tuning_t.attn_single_chunks chunks of chunk_len, no row
+   would be split anyway, so the launch runs one block per (KV head, row tile) instead of a grid of splits for
+   max_ctx, and no combine kernel: the same bits, two to three fewer microseconds a layer at a shallow depth in a
+   large cache (a decode graph captured for the first keys of a context). A row past the bound is still attended
+   whole by that one block -- the right values, but reduced in another order than its decode at that depth. */
 
 /* The window (ABI 21; window > 0: a multiple of 64, a quantized K or V, window_slots a multiple of 64 and
    >= window + 64, else FD_E_ARG). A query at position p reads the key / value at position t from a float16 copy

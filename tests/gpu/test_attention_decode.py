@@ -23,6 +23,7 @@ class Decode:
         self.dkc, self.dvc = dev.upload(self.kc), dev.upload(self.vc)
         self.scale = 1.0 / np.sqrt(head_dim)
         self.attn = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx, self.scale)
+        self.unbounded = self.attn
         ws_bytes = native.lib.fd_attention_decode_workspace_bytes(self.attn, chunk_len)
         assert ws_bytes >= n_heads * (head_dim + 2) * 4
         self.ws = dev.empty((ws_bytes,), np.uint8)
@@ -89,6 +90,27 @@ def test_decode_attention_past_max_ctx_is_clamped(native, dev, rng):
     np.testing.assert_allclose(d.run(q, 5000), d.expect(q, 299), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,max_ctx", [(12, 2, 128, 4096), (14, 2, 64, 1000),
+                                                                  (40, 2, 128, 1500)])
+def test_a_max_keys_bound_changes_no_bit_while_it_holds(native, dev, rng, n_heads, n_kv_heads, head_dim, max_ctx):
+    """max_keys (flashd_attention.h): under attn_single_chunks chunks the launch runs one split and no combine --
+    the decode runner's shallow graph -- and gives the unbounded launch's bits for every row within the bound (such a
+    row is never split); past it (a caller's broken promise) the one block still attends the whole row."""
+    bound = 64 * native.tuning()["attn_single_chunks"]
+    if bound == 0:
+        pytest.skip("attn_single_chunks 0: every row is split, a bound changes nothing")
+    d = Decode(native, dev, rng, n_heads, n_kv_heads, head_dim, max_ctx, 64, n_written=max_ctx)
+    bounded = attention_shape(native.ffi, n_heads, n_kv_heads, head_dim, max_ctx, d.scale, max_keys=bound)
+    for n_past in sorted({0, 1, 63, 64, 130, bound - 2, bound - 1}):
+        q = (rng.standard_normal((1, n_heads, head_dim)) * 3).astype(np.float32)
+        d.attn = d.unbounded
+        want = d.run(q, n_past)
+        d.attn = bounded
+        np.testing.assert_array_equal(d.run(q, n_past), want, err_msg=f"n_past={n_past}")
+    q = rng.standard_normal((1, n_heads, head_dim)).astype(np.float32)
+    np.testing.assert_allclose(d.run(q, max_ctx - 1), d.expect(q, max_ctx - 1), rtol=RTOL, atol=ATOL)
+
+
 def test_decode_attention_rejects_bad_arguments(native, dev):
     t = dev.empty((4096,))
     i = dev.upload(np.zeros(1, np.int32))
@@ -99,3 +121,7 @@ def test_decode_attention_rejects_bad_arguments(native, dev):
     assert call(12, 5, 128, 64) == native.lib.FD_E_ARG       # heads not a multiple of kv heads
     assert call(12, 2, 96, 64) == native.lib.FD_E_SHAPE      # head_dim
     assert native.lib.fd_attention_decode_workspace_bytes(attention_shape(native.ffi, 12, 12, 128, 0), 64) == 0
+    bad_bound = attention_shape(native.ffi, 12, 2, 128, 64, 0.1, max_keys=-1)
+    assert native.lib.fd_attention_decode(dev.p(t, "float*"), dev.p(t, "float*"), dev.p(t), dev.p(t),
+                                          dev.p(i, "int32_t*"), bad_bound, 64, dev.p(t), dev.stream) == \
+        native.lib.FD_E_ARG

@@ -70,3 +70,20 @@ def test_early_stop_leaves_what_was_forwarded(run):
     a = [s.token for s in run.generate(PROMPT, SamplingParams(), 12)]
     _fresh(run)
     assert a == [s.token for s in run.generate(PROMPT, SamplingParams(), 12)]
+
+
+def test_the_shallow_graph_gives_the_deep_graphs_tokens(run, monkeypatch):
+    """The decode graph for a context's first keys (runner.py: attention bounded by max_keys, one split and no
+    combine) and the deep one agree token for token across the switch: greedy_stream and generate from a short
+    prompt past shallow_keys (256 of the 512 slots), then the same with the shallow graph off."""
+    bound = run.shallow_keys()
+    assert 0 < bound < run.max_ctx - 64
+    n_new = bound + 40 - len(PROMPT)
+    _fresh(run)
+    got = list(run.greedy_stream([5], n_new))
+    gen = [s.token for s in run.generate(PROMPT, SamplingParams(), n_new)]
+    assert (None, bound) in run.graphs
+    monkeypatch.setattr(run, "shallow_keys", lambda: 0)
+    _fresh(run)
+    assert list(run.greedy_stream([5], n_new)) == got
+    assert [s.token for s in run.generate(PROMPT, SamplingParams(), n_new)] == gen

@@ -35,9 +35,12 @@ KV_TYPE_CODES = {"f16": 0, "q8_0": 1, "q4_0": 2}     # FD_KV_F16, FD_KV_Q8_0, FD
 
 
 def attention_shape(ffi, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int, scale: float | None = None,
-                    k_type: str = "f16", v_type: str = "f16", window: int = 0, window_slots: int = 0):
+                    k_type: str = "f16", v_type: str = "f16", window: int = 0, window_slots: int = 0,
+                    max_keys: int = 0):
     """The C ABI's `const fd_attention_shape_t*` (scale None: 1 / sqrt(head_dim); k_type / v_type: the cache's
-    row formats, backends/kv_types.py names; window / window_slots: the KV window and its ring, flashd_attention.h).
+    row formats, backends/kv_types.py names; window / window_slots: the KV window and its ring; max_keys: 0, or
+    the most keys a row of the launch sees -- decode / masked attention run one split and no combine under
+    attn_single_chunks chunks of it, flashd_attention.h).
     Not checked here: the wrappers check tensors against each other (AttentionOps._shape), the kernels the values
     (FD_E_ARG)."""
     if scale is None:
@@ -45,7 +48,7 @@ def attention_shape(ffi, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: 
     return ffi.new("fd_attention_shape_t*", {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
                                              "max_ctx": max_ctx, "scale": scale, "k_type": KV_TYPE_CODES[k_type],
                                              "v_type": KV_TYPE_CODES[v_type], "window": window,
-                                             "window_slots": window_slots})
+                                             "window_slots": window_slots, "max_keys": max_keys})
 
 
 def kv_window(cache_layer) -> tuple[int, int]:
@@ -127,7 +130,9 @@ class AttentionOps:
 
     def _shape(self, q_shape, cache_layer, what: str):
         """The fd_attention_shape_t* of queries shaped (n, H, d) over one layer's (K, V) caches, checked, cached
-        per shape (a captured graph keeps only the values it read at capture: the struct is read on the host)."""
+        per shape (a captured graph keeps only the values it read at capture: the struct is read on the host).
+        Its max_keys is self.attention_max_keys (0: none; set by CudaRunner around a shallow decode graph's body,
+        whose rows see at most that many keys)."""
         k_cache, v_cache = cache_layer
         n_heads, head_dim = q_shape[-2], q_shape[-1]
         types = (kv_type_of(k_cache), kv_type_of(v_cache))      # a KVPlane (kv_cache_quant.py): q8_0 / q4_0
@@ -137,13 +142,14 @@ class AttentionOps:
             raise ValueError(f"{what}: q {tuple(q_shape)} does not fit caches {tuple(k_cache.shape)} "
                              f"{k_cache.dtype} / {tuple(v_cache.shape)} ([n_kv_heads][max_ctx][head_dim], float16 "
                              f"or a quantized plane)")
-        key = (n_heads, k_cache.shape[0], head_dim, k_cache.shape[1])
+        key = (n_heads, k_cache.shape[0], head_dim, k_cache.shape[1], self.attention_max_keys)
         window = kv_window(cache_layer)
         if types != ("f16", "f16"):
             key += types + window
         if key not in self._attention_shapes:
             self._attention_shapes[key] = attention_shape(self.ffi, *key[:4], k_type=types[0], v_type=types[1],
-                                                          window=window[0], window_slots=window[1])
+                                                          window=window[0], window_slots=window[1],
+                                                          max_keys=key[4])
         return self._attention_shapes[key]
 
     @staticmethod

@@ -121,7 +121,8 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         # fd_attention_decode, one launch fewer per layer); False: the two kernels (tests, benchmarks)
         self.fuse_decode_rope = True
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
-        self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx) -> fd_attention_shape_t* (AttentionOps._shape)
+        self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx, max_keys) -> fd_attention_shape_t*
+        self.attention_max_keys = 0              # the shapes' max_keys (flashd_attention.h): CudaRunner's shallow graph
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
         self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows fields, re-read by begin_forward
         self._hybrid_init()                      # hybrid_ops.py's constant buffers

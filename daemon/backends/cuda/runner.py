@@ -13,6 +13,12 @@ the K/V write at slot n_past and split-K attention in one op: CudaOps.attention 
 then the O, gate/up and down GEMVs. Prefill and tree verification keep `fd_rope_kv_write` + their
 attention kernel; a tree node's logits stay bitwise a decode step's (the fused op is bit for bit the
 two kernels).
+
+Two decode graphs per sampling mode: the deep one, planned for max_ctx (split-K attention over a grid of splits,
+then a combine kernel), and a shallow one for the first keys of a context (`shallow_keys`: as many as
+fd_tuning_t.attn_single_chunks chunks hold, 256 by the table), captured with the attention shapes' max_keys
+bound, so its attention runs one block per KV head and no combine -- the same bits, since no row that short is
+split. The host knows each replay's position (one token a replay), so it picks the graph per replay.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from ...sampling import NonFiniteLogits
 from ..base import Batch
 from ...models.dense import forward
 from .graphs import capture as capture_graph
+from .attention_ops import DECODE_CHUNK_SLOTS
 from .ops import MAX_MASKED_TOKENS, CudaOps
 from .persistent import FORWARD_PATHS, ForwardTuning, ForwardUnsupported, PersistentForward
 from .tree_inputs import pack_tree_inputs, tree_input_views, tree_input_words
@@ -290,7 +297,8 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
         feed, dev, lib = [int(t) for t in feed], self.dev, self.dev.lib
         if (len(feed) - 1 if len(feed) <= GRAPH_FEED_MAX else 0) + n_new > RING_LEN:
             raise ValueError(f"greedy_continue: {n_new} tokens (and the feed's) > ring of {RING_LEN}")
-        feed, n0, skip, graph = self._start_replays(feed, n_new)
+        feed, n0, skip, _ = self._start_replays(feed, n_new)
+        keys = n0 + len(feed)                           # the keys the next replay's row sees
         if len(feed) > GRAPH_FEED_MAX:
             self._set_state(n0 + len(feed) - 1, 0)      # advance() moves pos/n_past to the next slot
             logits = None
@@ -298,9 +306,10 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
                 logits = self._forward_device(feed[start:start + self.prefill_chunk], all_logits=False)
             self._select(logits, None)
             self._advance()
-            graph = self._graph(None)
-        for _ in range(n_new if len(feed) <= GRAPH_FEED_MAX else n_new - 1):
-            dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+            keys += 1
+        graphs = self._decode_graphs(None, keys)
+        for r in range(n_new if len(feed) <= GRAPH_FEED_MAX else n_new - 1):
+            dev.native.check(lib.fd_graph_launch(graphs(keys + r), dev.stream), "graph launch")
         dev.synchronize()
         self.n_past = n0 + len(feed) + n_new - 1
         tokens = [int(t) for t in self.ring[skip:skip + n_new]]
@@ -311,7 +320,7 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
     def _start_replays(self, feed, n_new: int):
         """greedy_continue / greedy_stream's start: arguments checked, slots from n_past on given up, a short feed's
         tokens but the last replayed (the caller prefills a long one). -> (feed, n_past, ring entries to skip,
-        the graph or None)."""
+        the graph chooser of _decode_graphs or None)."""
         feed = [int(t) for t in feed]
         if n_new < 1 or not feed:
             raise ValueError("greedy_continue / greedy_stream need a non-empty feed and n_new >= 1")
@@ -322,11 +331,11 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
         if len(feed) > GRAPH_FEED_MAX:
             return feed, n0, 0, None
         self._set_state(n0, 0, tok=feed[0])
-        graph = self._graph(None)
-        for t in feed[1:]:
-            dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+        graphs = self._decode_graphs(None, n0 + 1)
+        for i, t in enumerate(feed[1:]):                # replay i forwards feed[i] at slot n0 + i
+            dev.native.check(lib.fd_graph_launch(graphs(n0 + i + 1), dev.stream), "graph launch")
             dev.upload_staged(np.array([t], np.int32), self.tok)
-        return feed, n0, len(feed) - 1, graph
+        return feed, n0, len(feed) - 1, graphs
 
     def greedy_stream(self, feed, n_new: int) -> Iterator[int]:
         """ModelRunner.greedy_stream as generate() runs: replays of the decode graph with PIPELINE_DEPTH in flight,
@@ -338,12 +347,14 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
             yield from self.greedy_continue(feed, n_new)
             return
         dev, lib = self.dev, self.dev.lib
-        feed, n0, skip, graph = self._start_replays(feed, n_new)
+        feed, n0, skip, graphs = self._start_replays(feed, n_new)
         launched = read = 0                             # of the n_new replays; replay j writes ring[skip + j]
         try:
             while read < n_new:
                 while launched < n_new and launched - read < PIPELINE_DEPTH:
-                    dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+                    # replay j forwards slot n0 + skip + j: its row sees one key more
+                    dev.native.check(lib.fd_graph_launch(graphs(n0 + skip + launched + 1), dev.stream),
+                                     "graph launch")
                     dev.native.check(lib.fd_event_record(self.events[(skip + launched) % RING_LEN], dev.stream),
                                      "event record")
                     launched += 1
@@ -400,7 +411,7 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
                                               p(self.step), p(self.pos), p(self.n_past_dev),
                                               self.dev.stream), "fd_decode_advance")
 
-    def _decode_body(self, params: SamplingParams | None) -> None:
+    def _decode_body(self, params: SamplingParams | None, max_keys: int = 0) -> None:
         self.ops.begin_forward()
         if self.persistent is not None:
             # greedy: the forward's fused argmax writes the next token straight into tok (embed has read it)
@@ -410,7 +421,12 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
                 self._select(logits, params)
         else:
             batch = Batch(ids=self.tok, positions=self.pos, n_past=self.n_past_dev, n_tokens=1)
-            self._select(self._step_forward(batch), params)
+            self.ops.attention_max_keys = max_keys      # the shapes' bound (AttentionOps._shape), this body only
+            try:
+                logits = self._step_forward(batch)
+            finally:
+                self.ops.attention_max_keys = 0
+            self._select(logits, params)
         self._advance()
 
     def _step_forward(self, batch: Batch):
@@ -429,18 +445,40 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
         self._decode_body(None)
         self.dev.synchronize()
         self._graph(None)
+        if self.shallow_keys():
+            self._graph(None, self.shallow_keys())
 
-    def _graph(self, params: SamplingParams | None):
-        key = None if params is None else params
+    def shallow_keys(self) -> int:
+        """The keys a decode row may see for the shallow graph (module docstring): attn_single_chunks chunks of
+        DECODE_CHUNK_SLOTS; 0 where there is none (the persistent forward plans its own attention)."""
+        if self.persistent is not None:
+            return 0
+        return DECODE_CHUNK_SLOTS * self.dev.native.tuning()["attn_single_chunks"]
+
+    def _decode_graphs(self, params: SamplingParams | None, first_keys: int):
+        """The decode graph for a replay whose row sees `keys` keys, as a function of keys (both graphs captured
+        here, before any replay of the run: none is captured while replays are in flight); first_keys: the
+        run's first replay's (the shallow graph is not captured for a run that starts past it)."""
+        bound = self.shallow_keys()
+        deep = self._graph(params)
+        if first_keys > bound:
+            return lambda keys: deep
+        shallow = self._graph(params, bound)
+        return lambda keys: shallow if keys <= bound else deep
+
+    def _graph(self, params: SamplingParams | None, max_keys: int = 0):
+        """The decode graph of a sampling mode (None: greedy), captured on first use; max_keys > 0: the shallow
+        one, whose rows see at most max_keys keys (its attention launches plan for them: flashd_attention.h)."""
+        key = (params, max_keys)
         g = self.graphs.get(key)
         if g is not None:
             self.graphs.move_to_end(key)
             return g
         dev = self.dev
-        graph, _ = self._capture(lambda: self._decode_body(params))
+        graph, _ = self._capture(lambda: self._decode_body(params, max_keys))
         self.graphs[key] = graph
-        if len(self.graphs) > MAX_CACHED_GRAPHS:
-            old_key = next(k for k in self.graphs if k is not None)
+        if len(self.graphs) > MAX_CACHED_GRAPHS:     # the least recently used sampling mode's; greedy's stay
+            old_key = next(k for k in self.graphs if k[0] is not None)
             dev.lib.fd_graph_destroy(self.graphs.pop(old_key))
         return graph
 
@@ -480,12 +518,13 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
         self._select(logits, sel)
         self._advance()
         dev.native.check(lib.fd_event_record(self.events[0], dev.stream), "event record")
-        graph = self._graph(sel)
+        graphs = self._decode_graphs(sel, n_prompt + 1)
         launched, read = 1, 0
         try:
             while read < max_new_tokens:
                 while launched < max_new_tokens and launched - read < PIPELINE_DEPTH:
-                    dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
+                    # replay `launched` forwards slot n_prompt + launched - 1: n_prompt + launched keys
+                    dev.native.check(lib.fd_graph_launch(graphs(n_prompt + launched), dev.stream), "graph launch")
                     dev.native.check(lib.fd_event_record(self.events[launched % RING_LEN], dev.stream),
                                      "event record")
                     launched += 1
