@@ -1,7 +1,7 @@
 """Inside the fused RoPE decode attention of a decode step: per-CTA globaltimer stamps (bench/lab; not a test).
 
 Needs a library built with bench/lab/attention_stamps.patch (splitk_kernel's ROPE instantiations stamp split 0's CTAs
-of query tile 0, one record a launch a KV head: entry, its pre-wait work done (plan, first tiles' copies, cos / sin),
+of query tile 0 and, where the row is split, the last split with keys, one record a launch a KV head each: entry, its pre-wait work done (plan, first tiles' copies, cos / sin),
 pdl_wait returned, q staged (rotated, in shared memory), the tile loop done, the warps' merge weights, the output
 written; an `lab_attn_stamps` entry point reads them), loaded through FLASHD_NATIVE_LIB; CUDA only:
 
@@ -48,13 +48,13 @@ class Lab:
         return buf, counts
 
 
-def summary(buf, counts, n_layers: int):
+def summary(buf, counts, n_layers: int, heads=None):
     phases = {"pre-wait work": (T0, TPRE), "wait (after pre-wait)": (TPRE, TW), "q staged": (TW, TQ),
               "tile loop": (TQ, TLOOP), "merge weights": (TLOOP, TMERGE), "output": (TMERGE, TEND),
               "wait -> end": (TW, TEND)}
     out = {k: [] for k in phases}
     tiles, layer = [], []
-    for h in range(buf.shape[1]):
+    for h in (range(buf.shape[1]) if heads is None else heads):
         n = min(int(counts[h]), buf.shape[0])
         recs = [buf[i, h] for i in range(n) if int(buf[i, h, MAG]) == MAGIC]
         for r in recs:
@@ -106,12 +106,29 @@ def main(argv=None) -> int:
             dev.native.check(lib.fd_graph_launch(graph, dev.stream), "graph launch")
         dev.synchronize()
         buf, counts = lab.read()
-        nl = n_layers
-        out, tiles, layer = summary(buf, counts, nl)
-        print(f"\n=== depth {depth}: {len(out['q staged'])} records, tiles {statistics.fmean(tiles):.1f}, "
-              f"layer (wait to wait) {statistics.fmean(layer) if layer else float('nan'):.2f} us")
-        for k, v in out.items():
-            print(f"  {k:>22}: {statistics.fmean(v):7.2f} us (median {statistics.median(v):6.2f})")
+        half = lab.heads // 2
+        for name, heads in (("split 0", range(half)), ("last split with keys", range(half, lab.heads))):
+            out, tiles, layer = summary(buf, counts, n_layers, heads)
+            if not tiles:
+                continue
+            print(f"\n=== depth {depth}, {name}: {len(out['q staged'])} records, tiles {statistics.fmean(tiles):.1f}, "
+                  f"layer (wait to wait) {statistics.fmean(layer) if layer else float('nan'):.2f} us")
+            for k, v in out.items():
+                print(f"  {k:>22}: {statistics.fmean(v):7.2f} us (median {statistics.median(v):6.2f})")
+        # the same launch's two records (record i of KV head h and of h + half): the last split's entry and wait
+        # return after split 0's
+        d_entry, d_wait, d_end = [], [], []
+        for h in range(half):
+            n = min(int(counts[h]), int(counts[h + half]), buf.shape[0])
+            for i in range(n):
+                a, b = buf[i, h], buf[i, h + half]
+                if int(a[MAG]) == MAGIC and int(b[MAG]) == MAGIC:
+                    d_entry.append((int(b[T0]) - int(a[T0])) / 1e3)
+                    d_wait.append((int(b[TW]) - int(a[TW])) / 1e3)
+                    d_end.append((int(b[TEND]) - int(a[TEND])) / 1e3)
+        if d_entry:
+            print(f"  last split - split 0: entry {statistics.fmean(d_entry):.2f} us, wait return "
+                  f"{statistics.fmean(d_wait):.2f}, output written {statistics.fmean(d_end):.2f} ({len(d_entry)} pairs)")
     return 0
 
 
