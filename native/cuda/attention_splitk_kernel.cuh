@@ -224,7 +224,14 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     // runs once a layer between GEMVs of 40-57 KB of code, and the staging is ~17 KB of unrolled code at HD 128
     // (bench/lab/icache_lab.cu: straight code runs about twice as long from a cold cache, and a first pass of the
     // same code warms it; measured: bench/NOTES.md session 39).
+    // Only the launch's first DRY_BLOCKS blocks (linear order, the order they are dispatched in) run it: they find the
+    // SMs the QKV projection's CTAs leave free (4 of 132 on sm_90 under its launch shape for the 1.5B / 0.5B, two of
+    // these blocks an SM) and idle there until the wait returns. A split grid's later blocks (depth past
+    // attn_single_chunks chunks) enter only as those CTAs leave, at or past the wait, where a dry pass would delay
+    // the launch's last block (bench/lab/attention_stamps.patch; measured: bench/NOTES.md session 40).
     constexpr bool DRY_Q = ROPE && !QKV && HD <= 128;   // HD 256: the loop's registers spill (ptxas: 156 bytes)
+    constexpr unsigned DRY_BLOCKS = 8;
+    const bool dry = DRY_Q && blockIdx.z == 0 && blockIdx.y * gridDim.x + blockIdx.x < DRY_BLOCKS;
     if constexpr (ROPE && !DRY_Q) {
         pdl_wait();              // q and the new K/V row are the QKV projection's
         pdl_launch_dependents();
@@ -236,7 +243,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     const float* q_tok = p.q + ((size_t)token * p.n_heads + kvh * p.group) * HD;
     float qv[Q_PER_THREAD];
 #pragma unroll 1
-    for (int pass = DRY_Q ? 0 : 1; pass < 2; ++pass) {
+    for (int pass = dry ? 0 : 1; pass < 2; ++pass) {
         const bool live = pass == 1;
         if (DRY_Q && live) {
             pdl_wait();              // q and the new K/V row are the QKV projection's
