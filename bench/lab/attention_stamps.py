@@ -22,7 +22,7 @@ import statistics
 import numpy as np
 
 MAGIC = 0x5441544142414C41
-T0, TPRE, TW, TQ, TLOOP, TMERGE, TEND, NT, MAG = range(9)
+T0, TPRE, TW, TQ, TLOOP, TMERGE, TEND, NT, MAG, TCS = range(10)
 
 
 class Lab:
@@ -49,7 +49,7 @@ class Lab:
 
 
 def summary(buf, counts, n_layers: int, heads=None):
-    phases = {"pre-wait work": (T0, TPRE), "wait (after pre-wait)": (TPRE, TW), "q staged": (TW, TQ),
+    phases = {"plan, first copies": (T0, TCS), "RoPE cos / sin": (TCS, TPRE), "pre-wait work": (T0, TPRE), "wait (after pre-wait)": (TPRE, TW), "q staged": (TW, TQ),
               "tile loop": (TQ, TLOOP), "merge weights": (TLOOP, TMERGE), "output": (TMERGE, TEND),
               "wait -> end": (TW, TEND)}
     out = {k: [] for k in phases}
