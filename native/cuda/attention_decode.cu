@@ -113,6 +113,8 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
     p.rope_scaling = fd::rope_scaling_from(rope->scaling);
     p.rope_dim = rope->rope_dim;
     p.neox = rope->neox != 0;
+    p.rope_tab_in = rope->table_mode == 2 ? rope->table : nullptr;
+    p.rope_tab_out = rope->table_mode == 1 ? rope->table : nullptr;
     set_workspace(p, workspace, shape->head_dim);
     return launch_head_dim<true>(p, shape->head_dim, (cudaStream_t)stream);
 }

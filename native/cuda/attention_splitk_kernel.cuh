@@ -79,6 +79,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     const int split = blockIdx.x, kvh = blockIdx.y;
     const int token = blockIdx.z / p.row_tiles, row0 = (blockIdx.z % p.row_tiles) * ROWS;   // row = head in group
     const int tid = threadIdx.x, warp = tid >> 5;
+    constexpr bool ROT_K = ROPE && QKV && k_type != FD_KV_F16;   // a quantized K: rope_stage_rotated's own coefficients
+    // RoPE from the step's table (fd_rope_t.table_mode 2): its loads issued first, in flight under the plan and the
+    // first tiles' copies; computed (float64), later, otherwise
+    RopeCoefs<HD> rc;
+    if constexpr (ROPE && !ROT_K)
+        if (p.rope_tab_in) rope_coefs<HD>(p, tid, rc);
     // ROPE (one decode token): everything but q and the new K/V row was written two or more launches back -- the
     // cache rows below slot n_past, n_past and the position by earlier steps; every kernel of this library triggers
     // its dependents only after its own pdl_wait, so the kernel before the previous one has completed when this one
@@ -210,13 +216,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     }
 #pragma unroll 1
     for (int s = 0; s < N_STAGES - 1; ++s) load_tile(s);    // in flight while q is staged
-    constexpr bool ROT_K = ROPE && QKV && k_type != FD_KV_F16;   // a quantized K: rope_stage_rotated's own coefficients
-    RopeCoefs<HD> rc;
     // ROT_K's cos / sin table: in the dequantized tile, or (FRAG, no such tile) in the ring's last stage -- neither is
     // written before the main loop's first __syncthreads
     float* rope_tab = reinterpret_cast<float*>(FRAG ? qring + (size_t)(N_STAGES - 1) * q_stage_bytes
                                                     : reinterpret_cast<uint8_t*>(pipe));
-    if constexpr (ROPE && !ROT_K) rope_coefs<HD>(p, tid, rc);
+    if constexpr (ROPE && !ROT_K)
+        if (!p.rope_tab_in) rope_coefs<HD>(p, tid, rc);
     if constexpr (ROT_K) rope_table_rotated(p, rope_tab, tid);
     // DRY_Q (a float16 K and V with RoPE, the decode step's kernel): the q staging below runs twice in one rolled loop,
     // first before pdl_wait with its global loads predicated off and the cache store skipped (its shared-memory

@@ -70,6 +70,8 @@ struct Params {
     double theta;
     RopeScaling rope_scaling;  // linear / YaRN (rope_math.cuh); on = 0: none
     int rope_dim, neox;
+    const float* rope_tab_in;  // the step's cos / sin to read (fd_rope_t.table_mode 2), or NULL: computed here
+    float* rope_tab_out;       // where block 0 stores the cos / sin it computed (table_mode 1), or NULL
     // the cache's row formats (FD_KV_*); a quantized K or V is read through its planes (kv_quant.cuh) and
     // dequantized into the float16 tile (splitk_kernel<HD, false, true>: load_tile)
     int k_type, v_type;

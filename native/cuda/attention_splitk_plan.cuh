@@ -100,6 +100,8 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
     p.theta = 0.0;
     p.rope_scaling = RopeScaling{};
     p.rope_dim = p.neox = 0;
+    p.rope_tab_in = nullptr;
+    p.rope_tab_out = nullptr;
     p.k_type = shape.k_type;
     p.v_type = shape.v_type;
     p.kq = kvq::plane(const_cast<void*>(k_cache), shape.k_type, n_kv_heads, max_ctx, head_dim);

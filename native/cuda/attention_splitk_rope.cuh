@@ -80,11 +80,22 @@ struct RopeCoefs {
     bool first[NU], rot[NU];
 };
 
+// The step's table (p.rope_tab_in, fd_rope_t.table_mode 2) was written by an earlier launch that has completed
+// (flashd_attention.h): read through L2, never a stale L1 line of an earlier step's table.
+__device__ __forceinline__ float rope_tab_load(const float* a) {
+#if defined(__HIP_PLATFORM_AMD__)
+    return *reinterpret_cast<const volatile float*>(a);
+#else
+    return __ldcg(a);
+#endif
+}
+
 template <int HD>
 __device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<HD>& rc) {
     static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
     const bool neox = p.neox != 0;
-    const int pos = p.positions[0];
+    // block 0 (of every KV head and row tile 0) stores the table where asked: each pair's first dim writes its j
+    const bool store = p.rope_tab_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
 #pragma unroll
     for (int u = 0; u < RopeCoefs<HD>::NU; ++u) {
         const int d = (tid + u * THREADS) % HD;
@@ -96,7 +107,16 @@ __device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<H
         rc.sn[u] = 0.0f;
         if (rc.rot[u]) {
             rope_pair_of(d, p.rope_dim, neox, j, rc.partner[u], rc.first[u]);
-            rope_cos_sin(pos, j, p.rope_dim, p.theta, p.rope_scaling, rc.cs[u], rc.sn[u]);
+            if (p.rope_tab_in) {
+                rc.cs[u] = rope_tab_load(p.rope_tab_in + 2 * j);
+                rc.sn[u] = rope_tab_load(p.rope_tab_in + 2 * j + 1);
+            } else {
+                rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, rc.cs[u], rc.sn[u]);
+                if (store && rc.first[u] && tid + u * THREADS < HD) {
+                    p.rope_tab_out[2 * j] = rc.cs[u];
+                    p.rope_tab_out[2 * j + 1] = rc.sn[u];
+                }
+            }
         }
     }
 }

@@ -50,7 +50,8 @@ inline bool rope_scaling_valid(const fd_rope_scaling_t* s) {
 // fd_rope_t as every rope entry point checks it (flashd_attention.h): FD_E_ARG unless true.
 inline bool rope_valid(const fd_rope_t* r, int head_dim) {
     return r != nullptr && r->rope_dim >= 2 && r->rope_dim % 2 == 0 && r->rope_dim <= head_dim && r->theta > 0.0f &&
-           rope_scaling_valid(r->scaling);
+           rope_scaling_valid(r->scaling) && r->table_mode >= 0 && r->table_mode <= 2 &&
+           (r->table_mode == 0 || r->table != nullptr);
 }
 
 // cos / sin (float) of pair j at position pos

@@ -107,7 +107,18 @@ typedef struct {
     float theta;
     int neox;
     const fd_rope_scaling_t* scaling;     /* NULL: the plain rope */
+    float* table;      /* fd_attention_decode_rope only (ABI 29; others ignore both): NULL, or rope_dim floats on the */
+    int table_mode;    /* device -- 0: unused; 1: cos / sin computed and stored there; 2: read from there (below) */
 } fd_rope_t;
+
+/* The RoPE table (table_mode 1 / 2): the new position's cos and sin of pair j at table[2j], table[2j + 1], the same
+   float64 arithmetic either way, so the same bits. Every layer of a decode step rotates by the same position, and
+   each block of a launch computes them before its wait (float64 pow and sincos: about a microsecond on the late blocks
+   of a split launch at depth -- bench/NOTES.md session 40); the caller stores them with its first layer (mode 1) and
+   reads them in the later ones (mode 2). Mode 2's caller promises that a mode-1 launch of the same position and rope
+   ran two or more launches earlier on the stream (every kernel of this library triggers its dependents only after
+   its own wait, so that launch has completed when a mode-2 one starts). A quantized K (its rotated table) ignores
+   both. FD_E_ARG for a mode outside 0..2 or a mode without a table. */
 
 /* ---- RoPE and the K/V cache write (rope.cu) ----------------------------------------------- */
 /* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i] (RoPE; then, for a

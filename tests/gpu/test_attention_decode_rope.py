@@ -182,6 +182,53 @@ def test_fused_matches_float64_oracle(native, dev, rng, n_heads, n_kv_heads, hea
         np.testing.assert_allclose(o, want, rtol=RTOL, atol=ATOL, err_msg=f"n_past={n_past}")
 
 
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,max_ctx,chunk_len,rope_dim,neox,yarn", [
+    (12, 2, 128, 4096, 64, 128, 1, False),     # 1.5B: one split at 100 keys, a split grid at 3000
+    (14, 2, 64, 1000, 64, 64, 1, True),        # 0.5B's heads, YaRN
+    (8, 8, 64, 777, 128, 32, 0, False),        # partial adjacent-pair rope
+    (8, 2, 256, 1001, 64, 64, 1, False),       # head_dim 256, rope_dim 64 (qwen35-style)
+])
+def test_the_rope_table_gives_the_computed_bits(native, dev, rng, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len,
+                                                rope_dim, neox, yarn):
+    """fd_rope_t.table (flashd_attention.h): a launch that stores the position's cos / sin (mode 1) and one that reads
+    them (mode 2) give the computing launch's o and caches bit for bit; a table of another position is really read
+    (o changes), so the equality is not the table being ignored."""
+    from flashd.daemon.models.config import RopeScaling
+    scaling = RopeScaling.create("yarn", 4.0, 64) if yarn else None
+    pair = Pair(native, dev, rng, n_heads, n_kv_heads, head_dim, max_ctx, chunk_len, rope_dim, neox, scaling=scaling)
+    table = dev.empty((256,), np.float32)
+    dev.fill_bytes(table, 0xFF)                                   # NaN: an entry the store missed shows up
+    theta = np.float32(1e6)
+    ropes = [pair.rope_arg] + [rope_struct(native.ffi, rope_dim, theta, neox, pair.scaling_arg, dev.p(table, "float*"),
+                                           mode) for mode in (1, 2)]
+    lib, p = native.lib, dev.p
+
+    def fused(rope, q, k, v, n_past, pos):
+        dev.upload(np.array([n_past], np.int32), out=pair.n_past)
+        dev.upload(np.array([pos], np.int32), out=pair.pos)
+        kc, vc = dev.upload(pair.kc), dev.upload(pair.vc)
+        dq, dk, dv = dev.upload(q), dev.upload(k), dev.upload(v)
+        o = pair.o[0]
+        dev.fill_bytes(o, 0xFF)
+        native.check(lib.fd_attention_decode_rope(p(o, "float*"), p(dq, "float*"), p(dk, "float*"), p(dv, "float*"),
+                                                  p(kc), p(vc), p(None), p(pair.pos, "int32_t*"),
+                                                  p(pair.n_past, "int32_t*"), pair.attn, rope, chunk_len, p(pair.ws[0]),
+                                                  dev.stream), "fd_attention_decode_rope")
+        dev.synchronize()
+        return [dev.download(t).view(np.uint32 if t is o else np.uint16) for t in (o, kc, vc)]
+
+    for n_past in (100, min(3000, max_ctx - 2)):
+        pos = n_past + 7
+        q, k, v = pair.inputs()
+        want = fused(ropes[0], q, k, v, n_past, pos)
+        for mode in (1, 2):
+            got = fused(ropes[mode], q, k, v, n_past, pos)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), f"mode {mode}, n_past {n_past}"
+        # the table now holds pos's; read at another position it must change o (and equal nothing computed there)
+        other = fused(ropes[2], q, k, v, n_past, pos + 1)
+        assert not np.array_equal(other[0], fused(ropes[0], q, k, v, n_past, pos + 1)[0])
+
+
 def test_fused_rejects_bad_arguments(native, dev):
     t = dev.empty((4096,))
     i = dev.upload(np.zeros(1, np.int32))
@@ -201,6 +248,12 @@ def test_fused_rejects_bad_arguments(native, dev):
     assert call(theta=0.0) == lib.FD_E_ARG
     assert call(positions=None) == lib.FD_E_ARG
     assert call(head_dim=96, rope_dim=96) == lib.FD_E_SHAPE
+    for mode, table in ((1, None), (2, None), (3, t), (-1, t)):   # a mode without a table, or out of range
+        rope = rope_struct(native.ffi, 128, 1e6, 1, native.ffi.NULL, p(table, "float*"), mode)
+        assert native.lib.fd_attention_decode_rope(p(t, "float*"), p(t, "float*"), p(t, "float*"), p(t, "float*"),
+                                                   p(t), p(t), p(None), p(i, "int32_t*"), p(i, "int32_t*"),
+                                                   attention_shape(native.ffi, 12, 2, 128, 64, 0.1), rope, 64, p(t),
+                                                   dev.stream) == lib.FD_E_ARG
 
 
 # ---- the runner: the decode graph runs the fused op; everything it feeds must be unchanged -------------

@@ -59,11 +59,13 @@ def kv_window(cache_layer) -> tuple[int, int]:
     return 0, 0
 
 
-def rope_struct(ffi, rope_dim: int, theta: float, neox: bool, scaling=None):
-    """The C ABI's `const fd_rope_t*`; `scaling` an fd_rope_scaling_t* (rope_scaling_struct), NULL or None. The
-    struct does not keep `scaling` alive: the caller keeps both."""
+def rope_struct(ffi, rope_dim: int, theta: float, neox: bool, scaling=None, table=None, table_mode: int = 0):
+    """The C ABI's `const fd_rope_t*`; `scaling` an fd_rope_scaling_t* (rope_scaling_struct), NULL or None; `table`
+    (a `float*`) and `table_mode` the step's RoPE table (flashd_attention.h: 1 store, 2 read; 0 none). The struct
+    keeps neither `scaling` nor the table alive: the caller keeps them."""
     return ffi.new("fd_rope_t*", {"rope_dim": int(rope_dim), "theta": float(theta), "neox": int(neox),
-                                  "scaling": ffi.NULL if scaling is None else scaling})
+                                  "scaling": ffi.NULL if scaling is None else scaling,
+                                  "table": ffi.NULL if table is None else table, "table_mode": int(table_mode)})
 
 
 def attention_workspace_bytes(native, n_heads: int, n_kv_heads: int, head_dim: int, max_ctx: int,
@@ -166,13 +168,29 @@ class AttentionOps:
                              f"{tuple(k_cache.shape)} (want float32 (n_kv_heads, head_dim), quantized K only)")
         return off
 
-    def _rope(self, r: Roped):
-        """The fd_rope_t* of a Roped (its scaling struct kept alive with it)."""
-        key = (r.rope_dim, r.theta, r.neox, r.scaling)
+    def _rope(self, r: Roped, table_mode: int = 0):
+        """The fd_rope_t* of a Roped (its scaling struct kept alive with it); table_mode 1 / 2: with the ops' RoPE
+        table (flashd_attention.h), to store / read."""
+        key = (r.rope_dim, r.theta, r.neox, r.scaling, table_mode)
         if key not in self._ropes:
             scaling = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
-            self._ropes[key] = (rope_struct(self.ffi, r.rope_dim, r.theta, r.neox, scaling), scaling)
+            table = self.p(self.rope_table, "float*") if table_mode else None
+            self._ropes[key] = (rope_struct(self.ffi, r.rope_dim, r.theta, r.neox, scaling, table, table_mode),
+                                scaling)
         return self._ropes[key][0]
+
+    def _rope_table_mode(self, r: Roped, k_quantized: bool) -> int:
+        """The fused decode step's RoPE table mode (flashd_attention.h) while `rope_table_on` (CudaRunner's decode
+        body, one forward): the forward's first fused call stores the position's cos / sin (1), later calls of the
+        same rope and position tensor read them (2), anything else computes its own (0). A quantized K rotates with
+        a table of its own: 0."""
+        if not self.rope_table_on or self.rope_table is None or k_quantized or r.rope_dim > self.rope_table.size:
+            return 0
+        key = (r.rope_dim, r.theta, r.neox, r.scaling, int(r.positions.ptr))
+        if self._rope_table_key is None:
+            self._rope_table_key = key
+            return 1
+        return 2 if key == self._rope_table_key else 0
 
     # -- dispatch (the Ops interface) ------------------------------------------------------------
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
@@ -272,13 +290,15 @@ class AttentionOps:
         ws = self.attn_workspace
         if ws is None:
             raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
+        k_quantized = kv_type_of(k_cache) != "f16"
         o = self.take((1, n_heads * head_dim))
         self._check(self.lib.fd_attention_decode_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v), self.p(k_cache),
                                                       self.p(cache_layer[1]),
                                                       self.p(self._k_offset(cache_layer, "attention_decode_rope")),
                                                       self.p(q.positions), self.p(n_past),
-                                                      shape, self._rope(q), DECODE_CHUNK_SLOTS, self.p(ws),
-                                                      self.dev.stream), "fd_attention_decode_rope")
+                                                      shape, self._rope(q, self._rope_table_mode(q, k_quantized)),
+                                                      DECODE_CHUNK_SLOTS, self.p(ws), self.dev.stream),
+                    "fd_attention_decode_rope")
         return o
 
     # -- PFlash (FlashPrefill) ---------------------------------------------------------------------

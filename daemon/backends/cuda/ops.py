@@ -46,6 +46,7 @@ __all__ = ["CudaOps", "QuantWeight", "CudaKVCache", "Roped", "GEMV_MAX_ROWS", "D
            "attention_workspace_bytes", "attention_shape", "rope_scaling_struct", "rope_struct", "gemv_groups",
            "gemv_rows_call", "GEMV_ROWS_MAX_ROWS"]
 
+ROPE_TABLE_FLOATS = 256       # the RoPE table: cos and sin of rope_dim / 2 pairs, rope_dim <= head_dim <= 256
 GEMV_MAX_ROWS = 8             # fd_gemv handles up to 8 input rows (gemv.cuh's kernels) ...
 GEMV_ROWS_MAX_ROWS = 32       # ... and up to 32 where gemv_rows.cuh runs the call (flashd_linear.h)
 GEMV_ROWS_FORMAT_BITS = {12: 1, 14: 2, 8: 4, 6: 8}   # GGML Q4_K, Q6_K, Q8_0, Q5_0: the formats gemv_rows.cuh runs,
@@ -123,6 +124,11 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self.trace: list | None = None           # (op name, event) after every launch (bench/profile_decode.py)
         self._attention_shapes: dict = {}        # (H, Hkv, d, max_ctx, max_keys) -> fd_attention_shape_t*
         self.attention_max_keys = 0              # the shapes' max_keys (flashd_attention.h): CudaRunner's shallow graph
+        # the fused decode step's RoPE table (flashd_attention.h, fd_rope_t.table): one per ops, allocated once with
+        # the attention workspace; used while rope_table_on (CudaRunner's decode body), reset by begin_forward
+        self.rope_table: DeviceTensor | None = None
+        self.rope_table_on = False
+        self._rope_table_key = None
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
         self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows fields, re-read by begin_forward
         self._hybrid_init()                      # hybrid_ops.py's constant buffers
@@ -147,10 +153,13 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         if self.attn_workspace is None or self.attn_workspace.nbytes < n:
             self.attn_workspace = None
             self.attn_workspace = self.dev.empty((max(int(n), 16),), np.uint8)
+        if self.rope_table is None:                  # cos / sin of every pair of a head_dim <= 256 (never replaced)
+            self.rope_table = self.dev.empty((ROPE_TABLE_FLOATS,), np.float32)
 
     def begin_forward(self, row_invariant: bool = False) -> None:
         self.arena.reset()
         self.row_invariant = row_invariant
+        self._rope_table_key = None                  # the next fused decode call stores the table again
         self._gemv_rows = self._tuned_gemv_rows()
 
     def _tuned_gemv_rows(self) -> dict:

@@ -421,11 +421,12 @@ class CudaRunner(DeviceTreeVerify, ModelRunner):   # tree_verify.py: trees built
                 self._select(logits, params)
         else:
             batch = Batch(ids=self.tok, positions=self.pos, n_past=self.n_past_dev, n_tokens=1)
-            self.ops.attention_max_keys = max_keys      # the shapes' bound (AttentionOps._shape), this body only
+            # the shapes' bound (AttentionOps._shape) and the step's RoPE table (_rope_table_mode), this body only
+            self.ops.attention_max_keys, self.ops.rope_table_on = max_keys, True
             try:
                 logits = self._step_forward(batch)
             finally:
-                self.ops.attention_max_keys = 0
+                self.ops.attention_max_keys, self.ops.rope_table_on = 0, False
             self._select(logits, params)
         self._advance()
 
