@@ -174,7 +174,7 @@ class AttentionOps:
         key = (r.rope_dim, r.theta, r.neox, r.scaling, table_mode)
         if key not in self._ropes:
             scaling = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
-            table = self.p(self.rope_table, "float*") if table_mode else None
+            table = self.dev.p(self.rope_table, "float*") if table_mode else None
             self._ropes[key] = (rope_struct(self.ffi, r.rope_dim, r.theta, r.neox, scaling, table, table_mode),
                                 scaling)
         return self._ropes[key][0]
