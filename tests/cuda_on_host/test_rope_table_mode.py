@@ -51,3 +51,22 @@ def test_a_new_forward_stores_again():
     assert mode(o, roped()) == 1 and mode(o, roped()) == 2
     o._rope_table_key = None                       # what CudaOps.begin_forward does
     assert mode(o, roped(pos_ptr=2000)) == 1 and mode(o, roped(pos_ptr=2000)) == 2
+
+
+def test_the_rope_struct_carries_the_table_in_its_modes():
+    """AttentionOps._rope: the fd_rope_t of mode 1 / 2 points at the ops' table, mode 0's at nothing -- one struct a
+    (rope, mode), as the C ABI reads it (cffi with the library's own header)."""
+    import cffi
+
+    from flashd.daemon.backends.cuda.lib import cdef_source
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_source())
+    fake = types.SimpleNamespace(ffi=ffi, dev=types.SimpleNamespace(p=lambda t, ctype: ffi.cast(ctype, 4096)),
+                                 rope_table=object(), _ropes={})
+    r = roped()
+    structs = {m: AttentionOps._rope(fake, r, m) for m in (0, 1, 2)}
+    assert structs[0].table == ffi.NULL and structs[0].table_mode == 0
+    for m in (1, 2):
+        assert int(ffi.cast("uintptr_t", structs[m].table)) == 4096 and structs[m].table_mode == m
+        assert structs[m].rope_dim == 128 and structs[m].neox == 1
+    assert AttentionOps._rope(fake, r, 2) is structs[2] and len(fake._ropes) == 3
