@@ -7,7 +7,7 @@ blocks, bench/NOTES.md session 40). CUDA only:
 """
 import sys
 import flashd.daemon.backends.cuda.attention_ops as ao
-import flashd.daemon.backends.cuda.runner as rm
+import flashd.daemon.backends.cuda.decode_step as rm
 from flashd.daemon.bench import run_bench
 from flashd.daemon.config import EngineConfig
 from flashd.daemon.engine import Engine
