@@ -13,6 +13,7 @@ import pytest
 
 from flashd.daemon.backends.cuda import runner as runner_mod
 from flashd.daemon.backends.cuda.attention_ops import DECODE_CHUNK_SLOTS
+from flashd.daemon.backends.cuda.decode_step import MAX_CACHED_GRAPHS
 from flashd.daemon.backends.cuda.runner import CudaRunner
 from flashd.protocol.messages import SamplingParams
 
@@ -141,3 +142,14 @@ def test_generate_replays_from_the_prompts_end(n_prompt):
     kinds = r.kinds()
     assert kinds[0][0] == n_prompt + 1            # the first replay forwards the prefill's token at slot n_prompt
     assert all(shallow == (keys <= BOUND) for keys, shallow in kinds), kinds
+
+
+def test_the_graph_cache_evicts_past_its_size_even_with_greedy_graphs_only():
+    """Greedy graphs of many bounds (the tuning's attn_single_chunks changed between runs) past MAX_CACHED_GRAPHS:
+    the least recently used one goes, never the deep greedy graph (a cache of greedy keys alone once had nothing it
+    would evict)."""
+    r = FakeRunner()
+    deep = r._graph(None)
+    for bound in range(64, 64 * (MAX_CACHED_GRAPHS + 3), 64):
+        r._graph(None, bound)
+    assert len(r.graphs) == MAX_CACHED_GRAPHS and r.graphs[(None, 0)] == deep

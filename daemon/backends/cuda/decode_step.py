@@ -80,8 +80,9 @@ class DecodeStep:
         self._decode_body(None)
         self.dev.synchronize()
         self._graph(None)
-        if self.shallow_keys():
-            self._graph(None, self.shallow_keys())
+        bound = self.shallow_keys()
+        if bound:
+            self._graph(None, bound)
 
     def shallow_keys(self) -> int:
         """The keys a decode row may see for the shallow graph (module docstring): attn_single_chunks chunks of
@@ -112,8 +113,8 @@ class DecodeStep:
         dev = self.dev
         graph, _ = self._capture(lambda: self._decode_body(params, max_keys))
         self.graphs[key] = graph
-        if len(self.graphs) > MAX_CACHED_GRAPHS:     # the least recently used sampling mode's; greedy's stay
-            old_key = next(k for k in self.graphs if k[0] is not None)
+        if len(self.graphs) > MAX_CACHED_GRAPHS:     # the least recently used but the deep greedy graph
+            old_key = next(k for k in self.graphs if k != (None, 0))
             dev.lib.fd_graph_destroy(self.graphs.pop(old_key))
         return graph
 
