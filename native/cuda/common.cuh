@@ -108,15 +108,13 @@ int device_sm_count();
 
 #if FD_HAS_MMA
 // The one place a cudaLaunchConfig_t is built (launch_pdl, launch_cluster): kernel<<<grid, block, smem, stream>>>
-// with a cluster-dimension attribute when cluster is non-null, then the PDL attribute when pdl is true, then the
-// tuning's shared-memory carveout where it has one (fd_tuning_t.smem_carveout >= 0), in that order. Returns
-// cudaLaunchKernelEx's status only (no cudaGetLastError): each caller adds what it checked before.
+// with a cluster-dimension attribute when cluster is non-null and then the PDL attribute when pdl is true, in that
+// order. Returns cudaLaunchKernelEx's status only (no cudaGetLastError): each caller adds what it checked before.
 template <class... KArgs, class... Args>
 cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                       const dim3* cluster, bool pdl, Args... args) {
-    cudaLaunchAttribute attr[3];
+    cudaLaunchAttribute attr[2];
     unsigned n_attrs = 0;
-    const int carveout = tuning_now().smem_carveout;
     if (cluster != nullptr) {
         attr[n_attrs].id = cudaLaunchAttributeClusterDimension;
         attr[n_attrs].val.clusterDim.x = cluster->x;
@@ -127,11 +125,6 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
     if (pdl) {
         attr[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[n_attrs].val.programmaticStreamSerializationAllowed = 1;
-        ++n_attrs;
-    }
-    if (carveout >= 0) {   // one carveout for every kernel of a chain: an SM holds blocks of one carveout at a time
-        attr[n_attrs].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        attr[n_attrs].val.sharedMemCarveout = (unsigned)carveout;
         ++n_attrs;
     }
     cudaLaunchConfig_t cfg = {};

@@ -90,12 +90,6 @@ typedef struct {
                                registers), up to 31 for one-row launches on dp4a lanes (gemv_rows_dp4a); a CTA's items
                                go to its warps round-robin, so e.g. ffn_down's 35 chunk items a CTA (1.5B) take 3 rounds
                                on 16 warps and 2 on 18. A launch shape, so never changes a result */
-    int smem_carveout;      /* -1 .. 100: the shared-memory carveout (percent of the most an SM has) every PDL launch
-                               asks for (cudaLaunchAttributePreferredSharedMemoryCarveout); -1: no preference (the
-                               driver picks one a kernel from its needs). An SM holds blocks of one carveout at a
-                               time, so kernels of a chain that get different ones may not share an SM: a uniform
-                               carveout lets the next kernel become resident beside the one it waits for. Where it
-                               runs, not what it computes: never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -36,7 +36,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                         "gemv_swiglu_stage_bytes": 0, "gemv_swiglu_pair": 1,
                         "gemv_xq_direct": 0, "gemv_split_cols": 8192, "gemv_rows_tma": 1, "gemv_rows_formats": 3,
                         "gemv_rows_dp4a": 1, "gemv_rows_tma_split": 8, "gemv_rows_stage_x": 20000,
-                        "gemv_rows_tma_warps": 19, "smem_carveout": -1}
+                        "gemv_rows_tma_warps": 19}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -56,7 +56,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_rows_formats": 16}, {"gemv_rows_dp4a": -1}, {"gemv_rows_dp4a": 2},
                                  {"gemv_rows_tma_split": -1}, {"gemv_rows_tma_split": 65}, {"gemv_rows_stage_x": -1},
                                  {"gemv_rows_stage_x": (1 << 20) + 1}, {"gemv_rows_tma_warps": 3},
-                                 {"gemv_rows_tma_warps": 32}, {"smem_carveout": -2}, {"smem_carveout": 101}])
+                                 {"gemv_rows_tma_warps": 32}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG
@@ -84,8 +84,7 @@ def gemv_runner(native, dev, rng, poisoned, qtype, rows, cols):
                                     {"gemv_mma_rows": 4}, {"weights_evict_first": 0},
                                     {"gemv_xq_prepass_cols": 1}, {"gemv_xq_prepass_norm_cols": 1},
                                     {"gemv_xq_prepass_cols": 0, "gemv_xq_prepass_norm_cols": 0},
-                                    {"gemv_swiglu_stage_bytes": 2048},   # (not a SwiGLU launch: no effect)
-                                    {"smem_carveout": 100}, {"smem_carveout": 0}])
+                                    {"gemv_swiglu_stage_bytes": 2048}])   # (not a SwiGLU launch: no effect)
 @pytest.mark.parametrize("qtype,rows,cols", SHAPES)
 def test_rounds_and_pdl_never_change_a_result(native, dev, rng, poisoned, restore_tuning, change, qtype, rows, cols):
     run = gemv_runner(native, dev, rng, poisoned, qtype, rows, cols)
