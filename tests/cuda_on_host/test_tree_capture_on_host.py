@@ -134,7 +134,7 @@ def test_forward_tree_replays_one_graph_per_size_and_layers():
     run.forward_tree(*chain, capture=(3, 1))              # captured (an eager run first), then launched
     run.forward_tree(*chain, capture=(3, 1))              # replayed
     run.forward_tree(*chain)                              # another graph: no capture
-    assert list(run.tree_graphs) == [(5, (3, 1)), (5, ())] and lib.graphs == 2
+    assert list(run.tree_graphs) == [(5, (3, 1), 0), (5, (), 0)] and lib.graphs == 2   # max_keys 0: persistent
     assert lib.launched == [1, 1, 2]
     def sink(layer, h):
         pass

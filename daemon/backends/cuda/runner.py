@@ -94,7 +94,7 @@ class CudaRunner(DecodeStep, DeviceTreeVerify, ModelRunner):   # decode_step.py;
             dev.native.check(lib.fd_event_create(e, 0), "cudaEventCreate")
             self.events.append(e[0])
         self.graphs: OrderedDict[object, object] = OrderedDict()
-        self.tree_graphs: OrderedDict[tuple, tuple] = OrderedDict()   # (n nodes, capture layers) -> (graph, logits)
+        self.tree_graphs: OrderedDict[tuple, tuple] = OrderedDict()   # (n nodes, capture, max_keys) -> (graph, logits)
         # tree verification inputs, sized once for the largest tree: the captured tree graphs read
         # these addresses, so they are never reallocated. One allocation per upload: [ids | positions
         # | n_past | mask bytes] for a verify forward, [n_past | offsets] for a commit.
@@ -204,8 +204,17 @@ class CudaRunner(DecodeStep, DeviceTreeVerify, ModelRunner):   # decode_step.py;
         flat = self.dev.empty((n_layers * n, self.cfg.hidden), np.float32)
         return [flat[j * n:(j + 1) * n] for j in range(n_layers)]
 
-    def _tree_body(self, n: int, hidden_sink=None, capture: tuple = ()):
+    def _tree_body(self, n: int, hidden_sink=None, capture: tuple = (), max_keys: int = 0):
+        """The verify forward of an n-node tree; max_keys > 0: every row sees at most that many keys (the shallow
+        verify graph's bound, _tree_graph: its attention runs one split and no combine, the same bits)."""
         self.ops.begin_forward(row_invariant=True)      # every node's logits = a decode step's, bit for bit
+        self.ops.attention_max_keys = max_keys
+        try:
+            return self._tree_rows(n, hidden_sink, capture)
+        finally:
+            self.ops.attention_max_keys = 0
+
+    def _tree_rows(self, n: int, hidden_sink, capture: tuple):
         pf = self.persistent
         bufs = self.tree_features(capture) if capture else []
         index = {layer: j for j, layer in enumerate(capture)}
@@ -253,16 +262,20 @@ class CudaRunner(DecodeStep, DeviceTreeVerify, ModelRunner):   # decode_step.py;
     def _tree_graph(self, n: int, capture: tuple = ()):
         """The verify forward of an n-node tree captured once per (n, capture) (inputs are read from
         t_ids, t_pos, t_mask, t_n_past; the arena and the tree_features buffers give the same addresses
-        every replay). Returns (graph, the logits tensor the graph writes)."""
-        key = (n, capture)
+        every replay). Returns (graph, the logits tensor the graph writes).
+        A tree whose rows all see at most shallow_keys() keys (the committed n_past plus the tree's n rows) replays a
+        shallow graph, captured with that max_keys bound, as the decode step's shallow graph (decode_step.py)."""
+        bound = self.shallow_keys()
+        max_keys = bound if bound and self.n_past + n <= bound else 0
+        key = (n, capture, max_keys)
         hit = self.tree_graphs.get(key)
         if hit is not None:
             self.tree_graphs.move_to_end(key)
             return hit
         dev = self.dev
-        self._tree_body(n, None, capture)   # first use of this size's kernels (and their setup): outside capture
+        self._tree_body(n, None, capture, max_keys)   # first use of this size's kernels (and setup): outside capture
         dev.synchronize()
-        graph, logits = self._capture(lambda: self._tree_body(n, None, capture))
+        graph, logits = self._capture(lambda: self._tree_body(n, None, capture, max_keys))
         self.tree_graphs[key] = (graph, logits)
         if len(self.tree_graphs) > MAX_TREE_GRAPHS:
             _, (old, _) = self.tree_graphs.popitem(last=False)
