@@ -57,14 +57,14 @@
 using namespace fd::attn;
 
 extern "C" size_t fd_attention_decode_workspace_bytes(const fd_attention_shape_t* shape, int chunk_len) {
-    if (!fd::shape_valid(shape) || chunk_len <= 0) return 0;
+    if (!fd::shape_valid(shape, true) || chunk_len <= 0) return 0;
     const int n_chunks = n_chunks_for(shape->max_ctx, chunk_len);
     const size_t n_splits = (size_t)(n_chunks < MAX_SPLITS ? n_chunks : MAX_SPLITS);
     return (size_t)shape->n_heads * n_splits * ((size_t)shape->head_dim + 2) * sizeof(float);
 }
 
 extern "C" size_t fd_attention_workspace_bytes(int n_tokens, const fd_attention_shape_t* shape, int chunk_len) {
-    if (n_tokens <= 0 || !fd::shape_valid(shape) || chunk_len < CHUNK_MULTIPLE || chunk_len % CHUNK_MULTIPLE != 0)
+    if (n_tokens <= 0 || !fd::shape_valid(shape, true) || chunk_len < CHUNK_MULTIPLE || chunk_len % CHUNK_MULTIPLE != 0)
         return 0;
     const int n_splits = splits_for_head_dim(shape->head_dim, shape->n_kv_heads, shape->n_heads / shape->n_kv_heads,
                                              shape->max_ctx, chunk_len);
@@ -75,8 +75,8 @@ namespace {
 // The checks both decode entry points make of the arguments they share (FD_E_ARG unless true); each entry
 // point checks its own pointers for NULL first.
 bool decode_args_valid(const float* o, const void* k_cache, const void* v_cache, const void* workspace,
-                       const fd_attention_shape_t* shape, int chunk_len) {
-    return fd::shape_valid(shape) && chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0 &&
+                       const fd_attention_shape_t* shape, int chunk_len, bool codes_ok = false) {
+    return fd::shape_valid(shape, codes_ok) && chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0 &&
            isfinite(shape->scale) && shape->scale != 0.0f && ((uintptr_t)workspace & 15u) == 0 &&
            ((uintptr_t)k_cache & 15u) == 0 && ((uintptr_t)v_cache & 15u) == 0 &&
            ((uintptr_t)o & 15u) == 0;   // 16-byte accesses
@@ -99,10 +99,11 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
                                         const fd_attention_shape_t* shape, const fd_rope_t* rope, int chunk_len,
                                         void* workspace, void* stream) {
     FD_CHECK_ARG(o && q && k && v && k_cache && v_cache && positions && n_past && workspace);
-    FD_CHECK_ARG(fd::shape_valid(shape) && fd::rope_valid(rope, shape->head_dim));
-    FD_CHECK_ARG(decode_args_valid(o, k_cache, v_cache, workspace, shape, chunk_len));
+    FD_CHECK_ARG(fd::shape_valid(shape, true) && fd::rope_valid(rope, shape->head_dim));
+    FD_CHECK_ARG(decode_args_valid(o, k_cache, v_cache, workspace, shape, chunk_len, true));
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
+    FD_CHECK_ARG(o_codes_valid(p, *shape));
     p.k_new = k;
     p.k_offset = shape->k_type != FD_KV_F16 ? k_offset : nullptr;   // read only for a quantized (rotated) K
     p.v_new = v;

@@ -23,7 +23,7 @@ extern "C" int fd_attention_masked(float* o, const float* q, const void* k_cache
                                    int chunk_len, void* workspace, size_t workspace_bytes, void* stream) {
     FD_CHECK_ARG(o && q && k_cache && v_cache && mask && n_past);
     FD_CHECK_ARG(n >= 0 && n <= MAX_NEW);
-    FD_CHECK_ARG(fd::shape_valid(shape) && shape->max_ctx <= INT32_MAX - CHUNK_MULTIPLE);
+    FD_CHECK_ARG(fd::shape_valid(shape, true) && shape->max_ctx <= INT32_MAX - CHUNK_MULTIPLE);
     FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
     FD_CHECK_ARG(isfinite(shape->scale) && shape->scale != 0.0f);
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
@@ -31,6 +31,7 @@ extern "C" int fd_attention_masked(float* o, const float* q, const void* k_cache
     if (n == 0) return 0;
     Params p = make_params(o, q, k_cache, v_cache, mask, n_past, n, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
+    FD_CHECK_ARG(o_codes_valid(p, *shape));
     if (workspace_bytes < workspace_bytes_for(n * shape->n_heads, p.n_splits, shape->head_dim)) return FD_E_ARG;
     FD_CHECK_ARG(workspace != nullptr || p.n_splits == 1);
     set_workspace(p, workspace, shape->head_dim);

@@ -52,6 +52,20 @@ namespace attn {
 // attended as a dequantized tile is (FRAG: warp_step_qf16, fragments in the code step's order from those rows). With
 // ROPE the new row's tile values are float16(x) and its ring row is stored (window_value), as fd_rope_kv_write +
 // fd_attention_decode.
+// o's codes for head h of `token` (flashd_attention.h o_codes; head_dim 128, so the head is one x_codes.cuh group),
+// called by a whole warp whose lane holds the head's values d .. d + 3 (d = 4 lane): the codes as one 4-byte store,
+// the scale by lane 0. The same definition as the GEMV's own quantization, so the same codes.
+__device__ __forceinline__ void store_o_codes(const Params& p, int token, int h, int d, float4 v) {
+    const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float inv = xcodes_inv(m);
+    const unsigned packed = (unsigned)(xcodes_code(v.x, inv) & 0xff) | (unsigned)(xcodes_code(v.y, inv) & 0xff) << 8 |
+                            (unsigned)(xcodes_code(v.z, inv) & 0xff) << 16 | (unsigned)(xcodes_code(v.w, inv) & 0xff) << 24;
+    const size_t row = (size_t)token * p.n_heads + h;
+    *reinterpret_cast<unsigned*>(p.oq + row * XCODES_GROUP + d) = packed;
+    if ((threadIdx.x & 31) == 0)
+        p.osc[((size_t)(token / XCODES_ROWS) * p.n_heads + h) * XCODES_ROWS + token % XCODES_ROWS] = xcodes_scale(m);
+}
+
 template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");
@@ -99,11 +113,19 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     const int L = visible_keys(p, token, list);       // virtual keys [0, L)
     const int n_chunks = (L + p.chunk_len - 1) / p.chunk_len;
     if (n_chunks == 0) {                              // no key at all (masked, n_past 0, empty row): NaN
-        if (split == 0)                                // (the combine skips the row)
+        if (split == 0) {                              // (the combine skips the row)
             for (int e = tid; e < ROWS * HD; e += THREADS)
                 if (row0 + e / HD < p.group)
                     p.o[((size_t)token * p.n_heads + kvh * p.group + row0 + e / HD) * HD + e % HD] =
                         __int_as_float(0x7fffffff);
+            if constexpr (HD == XCODES_GROUP) {
+                const float nan = __int_as_float(0x7fffffff);
+                if (p.oq != nullptr)
+                    for (int r = warp; r < ROWS && row0 + r < p.group; r += WARPS)
+                        store_o_codes(p, token, kvh * p.group + row0 + r, 4 * (tid & 31),
+                                      make_float4(nan, nan, nan, nan));
+            }
+        }
         return;
     }
     // A row of at most p.single_chunks chunks is attended by split 0 alone, over all its chunks in order (ns = 1:
@@ -361,8 +383,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         const size_t qrow = (size_t)token * p.n_heads + kvh * p.group + row0 + r;   // query row in (n, n_heads)
         if (ns == 1) {
             const float inv = l > 0.0f ? 1.0f / l : __int_as_float(0x7fffffff);
-            *reinterpret_cast<float4*>(p.o + qrow * HD + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv,
-                                                                          acc.w * inv);
+            const float4 out = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+            *reinterpret_cast<float4*>(p.o + qrow * HD + d) = out;
+            // HD 128: this warp's 32 float4 are row r's whole head (e steps by THREADS * 4, a multiple of 128), so
+            // the row test above and the codes' warp_max are warp-uniform
+            if constexpr (HD == XCODES_GROUP)
+                if (p.oq != nullptr) store_o_codes(p, token, kvh * p.group + row0 + r, d, out);
         } else {
             const size_t at = qrow * p.n_splits + split;
             *reinterpret_cast<float4*>(p.ws_acc + at * HD + d) = acc;

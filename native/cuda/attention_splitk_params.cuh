@@ -8,6 +8,7 @@
 #include "common.cuh"
 #include "kv_quant.cuh"
 #include "rope_math.cuh"
+#include "x_codes.cuh"
 
 #if FD_HAS_MMA
 #define FD_ATTN_ASYNC 1           // cp.async pipeline
@@ -53,6 +54,8 @@ struct Params {
     const int32_t* n_past;     // device scalar
     const uint8_t* mask;       // (n, n) or nullptr (decode: n = 1, the token sees [0, n_past])
     float* o;                  // (n, n_heads * HD): written when n_splits == 1
+    int8_t* oq;                // NULL, or o's codes (n, n_heads * HD) and scales (flashd_attention.h o_codes; HD 128,
+    float* osc;                // n_splits 1): written with o
     float* ws_acc;             // [n * n_heads][n_splits][HD] partial unnormalised o (n_splits > 1)
     float* ws_m;               // [n * n_heads][n_splits] running max (log2 domain)
     float* ws_l;               // [n * n_heads][n_splits] softmax denominator

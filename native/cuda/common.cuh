@@ -36,10 +36,11 @@ inline bool window_valid(const fd_attention_shape_t* s) {
     return s->window > 0 && s->window % 64 == 0 && (s->k_type != FD_KV_F16 || s->v_type != FD_KV_F16) &&
            s->window_slots % 64 == 0 && s->window_slots >= s->window + 64;
 }
-inline bool shape_valid(const fd_attention_shape_t* s) {
+// o_codes / o_scales: only the entry points that write them pass codes_ok (they check the rest themselves).
+inline bool shape_valid(const fd_attention_shape_t* s, bool codes_ok = false) {
     return s != nullptr && s->n_heads > 0 && s->n_kv_heads > 0 && s->n_heads % s->n_kv_heads == 0 && s->head_dim > 0 &&
            s->max_ctx > 0 && s->max_keys >= 0 && kv_type_valid(s->k_type, s->head_dim) && kv_type_valid(s->v_type, s->head_dim) &&
-           window_valid(s);
+           window_valid(s) && (codes_ok || (s->o_codes == nullptr && s->o_scales == nullptr));
 }
 // Whether K and V are float16: every entry point that reads the cache needs it (FD_E_SHAPE otherwise) until
 // its kernel reads quantized rows (flashd_attention.h; fd_rope_kv_write writes every type).

@@ -358,8 +358,9 @@ int mma_launch(const GemvPlan&, const GemvArgs&, bool, const MmaSizes&, const De
 #endif
 
 // The whole launch: validation, planning, passes over x rows.
+// given: x's codes (fd_gemv_xq), read where the call runs on gemv_rows; every other path quantizes x itself.
 int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x, const float* norm_w,
-             float eps, const float* residual, cudaStream_t stream) {
+             float eps, const float* residual, cudaStream_t stream, const RowsX* given = nullptr) {
     DeviceFacts dev;
     if (int st = device_facts(&dev)) return st;
     const GemvTuning tn = tuning();
@@ -368,7 +369,7 @@ int gemv_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* 
         return gemv_rows_run(n_mats, mats, swiglu, cols, x, n_x, norm_w, eps, residual,
                              RowsTuning{tn.rows, tn.rows_fuse_nx, tn.rows_tma, tn.rows_tma_split, tn.rows_stage_x,
                                         tn.rows_dp4a, tn.evict_first, tn.rows_tma_warps},
-                             dev, stream);
+                             dev, stream, given);
 #endif
     GemvPlan pl;
     if (int st = gemv_plan(n_mats, mats, swiglu, cols, x, norm_w, eps, n_x, tn.int8_x,
@@ -447,6 +448,14 @@ int fd_gemv(float* y, const void* w, int qtype, int rows, int cols, const float*
             float eps, const float* bias, const float* residual, void* stream) {
     const fd::MatIn m{w, y, bias, qtype, rows};
     return fd::gemv_run(1, &m, false, cols, x, n_x, norm_w, eps, residual, (cudaStream_t)stream);
+}
+
+int fd_gemv_xq(float* y, const void* w, int qtype, int rows, int cols, const float* x, const int8_t* xq,
+               const float* xsc, int n_x, const float* bias, const float* residual, void* stream) {
+    FD_CHECK_ARG(xq != nullptr && xsc != nullptr && ((uintptr_t)xq & 15u) == 0 && n_x >= 1 && n_x <= fd::ROWS_NX);
+    const fd::MatIn m{w, y, bias, qtype, rows};
+    const fd::RowsX given{xq, xsc, cols, fd::ROWS_NX - 1, 0};
+    return fd::gemv_run(1, &m, false, cols, x, n_x, nullptr, 0.0f, residual, (cudaStream_t)stream, &given);
 }
 
 int fd_gemv_multi(int n_mats, float* const* y, const void* const* w, const int* qtype, const int* rows,

@@ -320,9 +320,12 @@ inline bool rows_tma_plan_x(const RowsArgs& a, bool swiglu, int n_x, bool fx, in
 // codes, with the norm) or, for n_x <= fuse_nx (the tuning's gemv_rows_fuse_nx, <= ROWS_FX_MAX_NX), with each CTA
 // quantizing x itself (no second launch and no scratch; the same codes, so the same bits: the choice is a launch
 // shape). 1 <= n_x <= ROWS_NX.
+// given (fd_gemv_xq; no norm): x's codes made by its producer in the pre-pass's layout (x_codes.cuh), read in
+// place of the pre-pass's or a CTA's own (the same codes, so the same bits) where the launch's groups are 128-column
+// ones; a launch of a format with a scale per 32 columns (Q8_0 / Q5_0) quantizes x as without them.
 inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, const float* x, int n_x,
                          const float* norm_w, float eps, const float* residual, const RowsTuning& tn,
-                         const DeviceFacts& dev, cudaStream_t stream) {
+                         const DeviceFacts& dev, cudaStream_t stream, const RowsX* given = nullptr) {
     FD_CHECK_ARG(n_mats >= 1 && n_mats <= MAX_MATS && x != nullptr && n_x >= 1 && n_x <= ROWS_NX);
     FD_CHECK_ARG(eps >= 0.0f && (!swiglu || (n_mats == 2 && mats[0].rows == mats[1].rows)));
     RowsArgs a{};
@@ -352,6 +355,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
         stride_max = max(stride_max, m.stride);
     }
     a.x.fine = rows_fine(a) ? 1 : 0;
+    if (given && (a.x.fine || norm_w || cols % ROWS_XG != 0)) given = nullptr;
     a.fx_stride = rows_fx_stride(n_x, cols, rows_launch_fmt(a));
     const int fxb = rows_fx_bytes(n_x, a.fx_stride, cols, a.x.fine != 0);
     a.tiles = tiles;
@@ -372,7 +376,9 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     RowsTmaArgs ta;
     const bool tma = rows_tma_plan_x(a, swiglu, n_x, fx_wanted, fxb, tn, dev, &ta, &sh, &stage_x, dp4a);
     if (tma) {
-        if (fx_wanted) {
+        if (given) {
+            a.x = RowsX{given->q, given->sc, cols, ROWS_NX - 1, 0};   // with smem_x the CTAs copy them (rows_stage_x)
+        } else if (fx_wanted) {
             a.xin = x;
             a.norm_w = norm_w;
             a.eps = eps;
@@ -396,7 +402,7 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     // tiles to amortize it over: H100, n = 1 (bench/NOTES.md session 13, x per 32 columns), own copy vs pre-pass:
     // lm_head 72.9 vs 83.2 us, ffn_gate 10.1 vs 10.2, but ffn_down (96 tiles, 8960 columns) 17.5 vs 12.6, attn_q/o
     // 6.2 vs 4.7, attn_k/v 5.6 vs 4.3 (not re-measured with 128-column groups).
-    const bool fx = fx_wanted && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms &&
+    const bool fx = !given && fx_wanted && tiles > ROWS_FX_MIN_TILES_PER_SM * dev.n_sms &&
                     rows_shape(a, swiglu, n_x, fxb, dev, &sh) == 0 && sh.st >= 2;
     if (fx) {
         a.st = sh.st;
@@ -412,7 +418,8 @@ inline int gemv_rows_run(int n_mats, const MatIn* mats, bool swiglu, int cols, c
     if (int st = rows_shape(a, swiglu, n_x, 0, dev, &sh)) return st;
     a.st = sh.st;
     a.R = sh.R;
-    if (int st = rows_prepass(stream, x, norm_w, eps, cols, n_x, &a)) return st;
+    if (given) a.x = RowsX{given->q, given->sc, cols, ROWS_NX - 1, 0};
+    else if (int st = rows_prepass(stream, x, norm_w, eps, cols, n_x, &a)) return st;
     return swiglu ? rows_launch_n<true>(a, sh, false, dev.max_smem, stream)
                   : rows_launch_n<false>(a, sh, false, dev.max_smem, stream);
 }

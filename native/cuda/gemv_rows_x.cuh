@@ -7,6 +7,7 @@
 #pragma once
 
 #include "gemv_rows_item.cuh"
+#include "x_codes.cuh"
 
 namespace fd {
 namespace {
@@ -51,6 +52,8 @@ __device__ __forceinline__ float rows_norm_scale(float ss, int cols, float eps) 
     return rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)cols), eps));
 }
 
+static_assert(ROWS_XG == XCODES_GROUP && ROWS_NX == XCODES_ROWS, "x_codes.cuh's layout is the pre-pass's");
+
 // Warp-wide, one 128-column group of one x row: lane holds v[u] = x[c_u], w[u] = norm_w[c_u] for the group's
 // columns c_u = 128 grp + 32 u + lane, u < nu (a row's last group may have 1..3 blocks of 32; loaded by the caller,
 // batched): xn = v (* scale * w if norm), the codes q[u] = rint(xn * 127 / m) (0 for u >= nu) and the scales
@@ -68,17 +71,17 @@ __device__ __forceinline__ void rows_quant_group(float (&v)[4], const float (&w)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             if (u < nu) m[u] = warp_max(m[u]);
-            const float inv = m[u] > 0.0f ? __fdiv_rn(127.0f, m[u]) : 0.0f;
-            q[u] = u < nu ? max(-127, min(127, __float2int_rn(__fmul_rn(v[u], inv)))) : 0;
-            xd[u] = __fdiv_rn(m[u], 127.0f);
+            const float inv = xcodes_inv(m[u]);
+            q[u] = u < nu ? xcodes_code(v[u], inv) : 0;
+            xd[u] = xcodes_scale(m[u]);
         }
         return;
     }
     const float g = warp_max(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])));
-    const float inv = g > 0.0f ? __fdiv_rn(127.0f, g) : 0.0f;
+    const float inv = xcodes_inv(g);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) q[u] = u < nu ? max(-127, min(127, __float2int_rn(__fmul_rn(v[u], inv)))) : 0;
-    xd[0] = __fdiv_rn(g, 127.0f);     // the group's one scale (rows_store_scales reads only xd[0] here)
+    for (int u = 0; u < 4; ++u) q[u] = u < nu ? xcodes_code(v[u], inv) : 0;
+    xd[0] = xcodes_scale(g);          // the group's one scale (rows_store_scales reads only xd[0] here)
 }
 // lane 0 stores a group's scales (xd of rows_quant_group): scale row grp, or 4 grp + u (fine), at stride floats a row
 __device__ __forceinline__ void rows_store_scales(float* xsc, int grp, int nu, bool fine, int stride, int i,

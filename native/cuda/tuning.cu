@@ -66,16 +66,21 @@ namespace {
 // up to 31 warps): at 19 warps 1,177.4 -> 1,211.8 / 1,925 -> 1,951 against the previous kernel, side by side on one
 // H200; 24 / 28 / 31 warps were slower (1,179 / 1,166 / 1,173: gate/up's 30 items a CTA in one round did not make its
 // launch shorter). 16 elsewhere (no bulk-copy kernel there).
+// attn_o_codes = 1 on sm_90: a shallow forward's attention writes o's int8 codes and the output projection reads them
+// (fd_gemv_xq) -- for 2 .. 8-row verify forwards one pre-pass launch a layer fewer: 1.5B clone at depth 128, 2 / 4 / 8
+// rows 1.178 / 1.210 / 1.229 -> 1.145 / 1.168 / 1.194 ms, 16 / 32 rows -1%; one-row decode unchanged (tg128 1,252.3
+// vs 1,251.3, the o launch reads 1,536 bytes of codes instead of quantizing 6 KB: the same one L2 round trip); one
+// library, two rounds, H200, session 42 (bench/results/2026-11-29-h200-session42.md). 0 elsewhere (no gemv_rows).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
 };
 constexpr TuningEntry TABLE[] = {
-    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
-    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},   // sm_80 A100
-    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},   // sm_86 RTX 30xx (24 GB: 3090)
-    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1, 8, 20000, 19}},  // sm_90 H100 / H200
+    {0, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},    // anything older, and HIP devices (no PDL, no int8 mma, no clusters)
+    {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},   // sm_80 A100
+    {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
+    {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
+    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1, 8, 20000, 19, 1}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -106,7 +111,8 @@ bool valid(const fd_tuning_t& t) {
            t.gemv_split_cols >= 0 && t.gemv_split_cols <= (1 << 20) && t.gemv_rows_tma >= 0 && t.gemv_rows_tma <= 8 &&
            t.gemv_rows_formats >= 0 && t.gemv_rows_formats <= 15 && (t.gemv_rows_dp4a == 0 || t.gemv_rows_dp4a == 1) &&
            t.gemv_rows_tma_split >= 0 && t.gemv_rows_tma_split <= 64 && t.gemv_rows_stage_x >= 0 &&
-           t.gemv_rows_stage_x <= (1 << 20) && t.gemv_rows_tma_warps >= 4 && t.gemv_rows_tma_warps <= 31;
+           t.gemv_rows_stage_x <= (1 << 20) && t.gemv_rows_tma_warps >= 4 && t.gemv_rows_tma_warps <= 31 &&
+           (t.attn_o_codes == 0 || t.attn_o_codes == 1);
 }
 
 // gemv_rows needs int8 mma.sync and cp.async: an NVIDIA GPU of sm_80 or later

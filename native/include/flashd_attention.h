@@ -58,6 +58,8 @@ typedef struct {
     int window;        /* U: the full-precision window block in positions (0: none; see below) */
     int window_slots;  /* R: rows per KV head of each window ring (with a window) */
     int max_keys;      /* 0, or the most keys a row of the launch sees (ABI 28; see below) */
+    int8_t* o_codes;   /* NULL, or where the launch also writes o's int8 codes (ABI 30; see below) */
+    float* o_scales;   /* with o_codes: their scales */
 } fd_attention_shape_t;
 
 /* max_keys (decode and masked attention; others ignore it; >= 0, else FD_E_ARG): the caller's bound on the keys
@@ -66,6 +68,16 @@ typedef struct {
    max_ctx, and no combine kernel: the same bits, two to three fewer microseconds a layer at a shallow depth in a
    large cache (a decode graph captured for the first keys of a context). A row past the bound is still attended
    whole by that one block -- the right values, but reduced in another order than its decode at that depth. */
+
+/* o_codes / o_scales (ABI 30; fd_attention_decode_rope and fd_attention_masked only -- every other entry point
+   returns FD_E_ARG when either is set): the launch also writes o as a GEMV reads it, so the output projection need
+   not quantize it (fd_gemv_xq): codes o_codes[i * n_heads * 128 + c] = rint(o[i, c] * 127 / m) and scales
+   o_scales[((i / 32) * n_heads + h) * 32 + i % 32] = m / 127, m = max |o[i, 128 h .. 128 h + 127]| -- head h of row i
+   is one 128-column group (x_codes.cuh; a NaN row: codes 0, scale NaN). So rows i0 .. i0 + 31 (i0 a multiple of 32,
+   or any i0 of a call of <= 8 rows within such a block) are fd_gemv_xq's (xq = o_codes + i0 * n_heads * 128,
+   xsc = o_scales + (i0 / 32) * n_heads * 32 + i0 % 32). FD_E_ARG unless both are set, head_dim is 128, o_codes is
+   4-byte aligned and no row of the launch is split (max_keys within fd_tuning_t.attn_single_chunks chunks, or a
+   max_ctx that short): only the one block that attends a whole row holds all of a head's values. */
 
 /* The window (ABI 21; window > 0: a multiple of 64, a quantized K or V, window_slots a multiple of 64 and
    >= window + 64, else FD_E_ARG). A query at position p reads the key / value at position t from a float16 copy

@@ -24,6 +24,16 @@ int fd_embed(float* dst, const void* table, int qtype, int64_t n_table_rows, int
    y may alias residual. */
 int fd_gemv(float* y, const void* w, int qtype, int rows, int cols, const float* x, int n_x,
             const float* norm_w, float eps, const float* bias, const float* residual, void* stream);
+/* fd_gemv without a norm, x's int8 codes given as well (ABI 30): xq (n_x, cols) int8 and xsc[(c / 128) * 32 + i],
+   the codes and scales x_codes.cuh defines for x (fd_attention_shape_t.o_codes writes them; n_x <= 32). Where the
+   call runs on gemv_rows with a scale per 128 columns (the tuning's gemv_rows and gemv_rows_formats; Q4_K / Q6_K
+   matrices) the kernel reads the codes instead of quantizing x itself -- no pre-pass, one fewer round trip; anywhere
+   else it is fd_gemv on x. The caller promises that xq / xsc are x's codes, so the result is fd_gemv's, bit for
+   bit, either way. The kernels read xq in tiles of 8 rows: rows n_x .. (n_x rounded up to 8) - 1 must be readable
+   (their results are never written). FD_E_ARG where xq or xsc is NULL, xq is not 16-byte aligned (its rows are
+   copied 16 bytes at a time) or n_x is not 1 .. 32. */
+int fd_gemv_xq(float* y, const void* w, int qtype, int rows, int cols, const float* x, const int8_t* xq,
+               const float* xsc, int n_x, const float* bias, const float* residual, void* stream);
 /* Up to 4 matrices sharing one input (e.g. q, k, v): y_j = W_j xn (+ bias_j), one launch.
    Host arrays of n_mats entries; bias_j may be NULL. */
 int fd_gemv_multi(int n_mats, float* const* y, const void* const* w, const int* qtype, const int* rows,

@@ -2,7 +2,7 @@
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
    weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair, gemv_xq_direct, gemv_rows_tma(_split),
-   gemv_rows_stage_x, gemv_rows_dp4a and gemv_rows_tma_warps change only how kernels are launched or cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
+   gemv_rows_stage_x, gemv_rows_dp4a, gemv_rows_tma_warps and attn_o_codes change only how kernels are launched or cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
    summation order), gemv_int8_x its activation precision and gemv_rows and gemv_rows_formats the kernel (and chunking) of Q4_K / Q6_K / Q8_0 / Q5_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
@@ -90,6 +90,9 @@ typedef struct {
                                registers), up to 31 for one-row launches on dp4a lanes (gemv_rows_dp4a); a CTA's items
                                go to its warps round-robin, so e.g. ffn_down's 35 chunk items a CTA (1.5B) take 3 rounds
                                on 16 warps and 2 on 18. A launch shape, so never changes a result */
+    int attn_o_codes;       /* 0 / 1: a forward whose attention runs unsplit (a shallow decode or verify graph) has
+                               it write o's int8 codes (fd_attention_shape_t.o_codes) for the output projection
+                               (fd_gemv_xq) where head_dim is 128; read by the Python runner, never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..base import Batch
 from .kv_cache_quant import kv_type_of
-from .tensor import DeviceTensor
+from .tensor import XCODES_GROUP, XCODES_ROWS, DeviceTensor, XCodes
 
 __all__ = ["AttentionOps", "Roped", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS", "attention_workspace_bytes",
            "attention_shape", "kv_window", "rope_struct", "rope_scaling_struct"]
@@ -154,6 +154,25 @@ class AttentionOps:
                                                           max_keys=key[4])
         return self._attention_shapes[key]
 
+    def _o_codes(self, n: int, n_heads: int, head_dim: int, shape) -> XCodes | None:
+        """Buffers for o's int8 codes where this launch writes them (flashd_attention.h o_codes), set on `shape` for
+        the call (_no_codes clears them after it): the tuning's attn_o_codes on, head_dim 128 (a head is one
+        group) and a max_keys bound under which no row is split (a shallow decode or verify graph's body). The output
+        projection then reads them (CudaOps.linear: fd_gemv_xq) instead of quantizing o again -- the same codes."""
+        bound = self.attention_max_keys
+        if (not self.o_codes_on or head_dim != XCODES_GROUP or bound <= 0
+                or -(-bound // DECODE_CHUNK_SLOTS) > self.attn_single_chunks):
+            return None
+        codes = XCodes(self.take((-(-n // 8) * 8, n_heads * head_dim), np.int8),
+                       self.take((-(-n // XCODES_ROWS) * n_heads, XCODES_ROWS), np.float32), n_heads)
+        shape.o_codes = self.p(codes.q)
+        shape.o_scales = self.p(codes.sc)
+        return codes
+
+    def _no_codes(self, shape) -> None:
+        shape.o_codes = self.ffi.NULL
+        shape.o_scales = self.ffi.NULL
+
     @staticmethod
     def _k_offset(cache_layer, what: str):
         """The K plane's key offset (kv_cache_quant.py; a float32 (n_kv_heads, head_dim) DeviceTensor) or None
@@ -256,9 +275,14 @@ class AttentionOps:
             raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
                                f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
         o = self.take((n, n_heads * head_dim))
-        self._check(self.lib.fd_attention_masked(self.p(o), self.p(q), self.p(cache_layer[0]), self.p(cache_layer[1]),
-                                                 self.p(mask), self.p(n_past), n, shape, DECODE_CHUNK_SLOTS, self.p(ws),
-                                                 ws.nbytes, self.dev.stream), "fd_attention_masked")
+        o.codes = self._o_codes(n, n_heads, head_dim, shape)
+        try:
+            self._check(self.lib.fd_attention_masked(self.p(o), self.p(q), self.p(cache_layer[0]),
+                                                     self.p(cache_layer[1]), self.p(mask), self.p(n_past), n, shape,
+                                                     DECODE_CHUNK_SLOTS, self.p(ws), ws.nbytes, self.dev.stream),
+                        "fd_attention_masked")
+        finally:
+            self._no_codes(shape)
         return o
 
     def attention_prefill(self, q: DeviceTensor, cache_layer, n_past: DeviceTensor) -> DeviceTensor:
@@ -292,13 +316,17 @@ class AttentionOps:
             raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
         k_quantized = kv_type_of(k_cache) != "f16"
         o = self.take((1, n_heads * head_dim))
-        self._check(self.lib.fd_attention_decode_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v), self.p(k_cache),
-                                                      self.p(cache_layer[1]),
-                                                      self.p(self._k_offset(cache_layer, "attention_decode_rope")),
-                                                      self.p(q.positions), self.p(n_past),
-                                                      shape, self._rope(q, self._rope_table_mode(q, k_quantized)),
-                                                      DECODE_CHUNK_SLOTS, self.p(ws), self.dev.stream),
-                    "fd_attention_decode_rope")
+        k_offset = self._k_offset(cache_layer, "attention_decode_rope")
+        rope = self._rope(q, self._rope_table_mode(q, k_quantized))
+        o.codes = self._o_codes(1, n_heads, head_dim, shape)
+        try:
+            self._check(self.lib.fd_attention_decode_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v),
+                                                          self.p(k_cache), self.p(cache_layer[1]), self.p(k_offset),
+                                                          self.p(q.positions), self.p(n_past), shape, rope,
+                                                          DECODE_CHUNK_SLOTS, self.p(ws), self.dev.stream),
+                        "fd_attention_decode_rope")
+        finally:
+            self._no_codes(shape)
         return o
 
     # -- PFlash (FlashPrefill) ---------------------------------------------------------------------

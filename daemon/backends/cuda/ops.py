@@ -131,6 +131,7 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self._rope_table_key = None
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
         self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows fields, re-read by begin_forward
+        self._tuned_attention()
         self._hybrid_init()                      # hybrid_ops.py's constant buffers
 
     # -- planning --------------------------------------------------------------------------------
@@ -161,6 +162,16 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self.row_invariant = row_invariant
         self._rope_table_key = None                  # the next fused decode call stores the table again
         self._gemv_rows = self._tuned_gemv_rows()
+        self._tuned_attention()
+
+    def _tuned_attention(self) -> None:
+        """The tuning's attention fields this side reads: attn_o_codes (whether a shallow forward's attention writes
+        o's codes for the output projection: AttentionOps._o_codes) and attn_single_chunks (the chunks a row may
+        span unsplit)."""
+        t = self.ffi.new("fd_tuning_t*")
+        ok = self.lib.fd_tuning_get(t) == 0
+        self.o_codes_on = ok and int(t.attn_o_codes) == 1
+        self.attn_single_chunks = int(t.attn_single_chunks) if ok else 0
 
     def _tuned_gemv_rows(self) -> dict:
         """{'gemv_rows': .., 'gemv_rows_formats': ..} of the tuning in effect (empty: none, the one-row kernels)."""
@@ -276,11 +287,18 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
             # GEMV in groups of up to 8 (or 32) rows: decode, verification, and weights too large for the
             # dequantization scratch (the lm_head when every position's logits are wanted)
             xs, norm_w, eps = self._norm_parts(x)
+            codes = getattr(x, "codes", None)      # x's int8 codes, made by its producer (attention's o)
             for s, e in gemv_groups(n, self.gemv_group([weight])):
+                res = self.p(None if residual is None else residual[s:e])
+                if codes is not None:             # fd_gemv's bits: the kernel reads the codes instead of making them
+                    xq, xsc = codes.rows(s, e)
+                    self._check(self.lib.fd_gemv_xq(self.p(y[s:e]), self.p(weight.data), weight.qtype, weight.rows,
+                                                    weight.cols, self.p(xs[s:e]), self.p(xq), self.p(xsc), e - s,
+                                                    self.p(bias), res, self.dev.stream), "fd_gemv_xq")
+                    continue
                 self._check(self.lib.fd_gemv(self.p(y[s:e]), self.p(weight.data), weight.qtype, weight.rows,
                                              weight.cols, self.p(xs[s:e]), e - s, self.p(norm_w), eps, self.p(bias),
-                                             self.p(None if residual is None else residual[s:e]),
-                                             self.dev.stream), "fd_gemv")
+                                             res, self.dev.stream), "fd_gemv")
             return y
         xm = self.materialize(x)
         w16 = self._dequant(weight, 0)

@@ -27,7 +27,7 @@ STAGE_MAX = 1 << 18
 # workspaces, raw copies) take any of them.
 CTYPES = {np.dtype(np.float32): "float*", np.dtype(np.int32): "int32_t*", np.dtype(np.uint8): "uint8_t*",
           np.dtype(np.bool_): "uint8_t*", np.dtype(np.float16): "uint16_t*", np.dtype(np.int64): "int64_t*",
-          np.dtype(np.uint64): "uint64_t*", np.dtype(np.float64): "double*"}
+          np.dtype(np.uint64): "uint64_t*", np.dtype(np.float64): "double*", np.dtype(np.int8): "int8_t*"}
 
 
 class Allocation:
@@ -54,12 +54,37 @@ class Allocation:
             pass
 
 
+XCODES_GROUP = 128     # x_codes.cuh: columns an int8 code scale covers
+XCODES_ROWS = 32       # rows between a group's scales
+
+
+@dataclass(slots=True, eq=False)
+class XCodes:
+    """An activation's int8 codes as x_codes.cuh lays them out (flashd_attention.h o_codes): q (rows rounded up to 8,
+    cols) int8, sc (ceil(rows / 32) * groups, 32) float32 -- row i's scale of group g at sc[(i // 32) * groups + g,
+    i % 32]. `rows` slices them as fd_gemv_xq reads a call's rows (within one block of 32)."""
+    q: "DeviceTensor"
+    sc: "DeviceTensor"
+    groups: int
+
+    def rows(self, s: int, e: int) -> tuple["DeviceTensor", "DeviceTensor"]:
+        """(codes, scales) of rows s .. e - 1, which must lie in one block of 32 (GEMV groups of 8 or 32 do)."""
+        if (e - 1) // XCODES_ROWS != s // XCODES_ROWS:
+            raise ValueError(f"x codes rows {s}..{e - 1} cross a block of {XCODES_ROWS}")
+        cols = self.q.shape[1]
+        q = DeviceTensor(self.q.ptr + s * cols, (e - s, cols), self.q.dtype, self.q.owner)
+        at = ((s // XCODES_ROWS) * self.groups * XCODES_ROWS + s % XCODES_ROWS) * 4
+        sc = DeviceTensor(self.sc.ptr + at, (self.groups, XCODES_ROWS), self.sc.dtype, self.sc.owner)
+        return q, sc
+
+
 @dataclass(slots=True, eq=False)
 class DeviceTensor:
     ptr: int
     shape: tuple[int, ...]
     dtype: np.dtype
     owner: object = None           # Allocation or Arena keeping the memory alive
+    codes: object = None           # XCodes: this tensor's int8 codes where its producer made them (attention's o)
 
     @property
     def size(self) -> int:
