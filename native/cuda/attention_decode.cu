@@ -103,7 +103,7 @@ extern "C" int fd_attention_decode_rope(float* o, const float* q, const float* k
     FD_CHECK_ARG(decode_args_valid(o, k_cache, v_cache, workspace, shape, chunk_len, true));
     Params p = make_params(o, q, k_cache, v_cache, nullptr, n_past, 1, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
-    FD_CHECK_ARG(o_codes_valid(p, *shape));
+    FD_CHECK_ARG(o_codes_valid(*shape));
     p.k_new = k;
     p.k_offset = shape->k_type != FD_KV_F16 ? k_offset : nullptr;   // read only for a quantized (rotated) K
     p.v_new = v;

@@ -31,7 +31,7 @@ extern "C" int fd_attention_masked(float* o, const float* q, const void* k_cache
     if (n == 0) return 0;
     Params p = make_params(o, q, k_cache, v_cache, mask, n_past, n, *shape, chunk_len);
     if (p.n_splits == 0) return FD_E_SHAPE;
-    FD_CHECK_ARG(o_codes_valid(p, *shape));
+    FD_CHECK_ARG(o_codes_valid(*shape));
     if (workspace_bytes < workspace_bytes_for(n * shape->n_heads, p.n_splits, shape->head_dim)) return FD_E_ARG;
     FD_CHECK_ARG(workspace != nullptr || p.n_splits == 1);
     set_workspace(p, workspace, shape->head_dim);

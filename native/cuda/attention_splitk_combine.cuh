@@ -20,6 +20,44 @@ constexpr int MAX_SPLITS = 512;
 template <int HD>
 constexpr int combine_unroll() { return HD >= 256 ? 8 : 13; }   // registers: 13 x (HD / 32 + 2) floats
 
+// The merged output of dim d (combine_kernel's last step): the warps' states in a fixed order.
+template <int HD>
+__device__ __forceinline__ float lsum_acc_of(const float* wm, const float* wl, const float (*wa)[HD], int d) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) mx = fmaxf(mx, wm[w]);
+    float lsum = 0.0f, acc = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < COMBINE_WARPS; ++w) {
+            const float wt = exp2f(wm[w] - mx);
+            lsum += wt * wl[w];
+            acc += wt * wa[w][d];
+        }
+    }
+    return lsum > 0.0f ? acc / lsum : __int_as_float(0x7fffffff);
+}
+
+// o[qrow] (head_dim 128) and its codes (flashd_attention.h o_codes): every thread computes dim tid & 127 (warps 4 ..
+// 15 repeat warps 0 .. 3's values, so every warp reaches the barriers), warps 0 .. 3 store o and the codes; the
+// head's max |o| meets in `red` (4 floats of shared memory no thread reads any more: wm, after the barrier).
+__device__ __forceinline__ void combine_out_codes(const Params& p, size_t qrow, float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float wmax = warp_max(fabsf(v));
+    __syncthreads();                                   // every thread has read wm in lsum_acc_of
+    if (warp < XCODES_GROUP / 32 && lane == 0) red[warp] = wmax;
+    __syncthreads();
+    if (warp >= XCODES_GROUP / 32) return;
+    const float m = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    const int d = threadIdx.x;
+    p.o[qrow * XCODES_GROUP + d] = v;
+    p.oq[qrow * XCODES_GROUP + d] = (int8_t)xcodes_code(v, xcodes_inv(m));
+    if (d == 0) {
+        const size_t token = qrow / p.n_heads, h = qrow % p.n_heads;
+        p.osc[((token / XCODES_ROWS) * p.n_heads + h) * XCODES_ROWS + token % XCODES_ROWS] = xcodes_scale(m);
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p) {
     constexpr int PER_LANE = HD / 32;          // 2, 4 or 8 consecutive dims
@@ -80,21 +118,13 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const Params p
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) wa[warp][lane * PER_LANE + j] = a[j];
     __syncthreads();
-    for (int d = threadIdx.x; d < HD; d += COMBINE_THREADS) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < COMBINE_WARPS; ++w) mx = fmaxf(mx, wm[w]);
-        float lsum = 0.0f, acc = 0.0f;
-        if (mx != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < COMBINE_WARPS; ++w) {
-                const float wt = exp2f(wm[w] - mx);
-                lsum += wt * wl[w];
-                acc += wt * wa[w][d];
-            }
+    if constexpr (HD == XCODES_GROUP) {
+        if (p.oq != nullptr) {      // o and its codes: the head is one group, its 128 values on warps 0 .. 3
+            combine_out_codes(p, qrow, lsum_acc_of(wm, wl, wa, threadIdx.x & (HD - 1)), reinterpret_cast<float*>(wm));
+            return;
         }
-        p.o[qrow * HD + d] = lsum > 0.0f ? acc / lsum : __int_as_float(0x7fffffff);
     }
+    for (int d = threadIdx.x; d < HD; d += COMBINE_THREADS) p.o[qrow * HD + d] = lsum_acc_of(wm, wl, wa, d);
 }
 
 }  // namespace attn

@@ -116,12 +116,11 @@ inline Params make_params(float* o, const float* q, const void* k_cache, const v
 }
 
 // o's codes (fd_attention_shape_t.o_codes) where the launch can write them: none asked, or both pointers, head_dim
-// 128 (a head is one 128-column group), 4-byte stores, and no row split (every row's output written by the one block
-// that attends it: n_splits 1, so no combine).
-inline bool o_codes_valid(const Params& p, const fd_attention_shape_t& s) {
+// 128 (a head is one 128-column group: the one block that writes a row's head -- split 0 of an unsplit row, or the
+// combine's block of a split one -- holds all its values) and 4-byte stores.
+inline bool o_codes_valid(const fd_attention_shape_t& s) {
     if (s.o_codes == nullptr && s.o_scales == nullptr) return true;
-    return s.o_codes != nullptr && s.o_scales != nullptr && s.head_dim == XCODES_GROUP &&
-           ((uintptr_t)s.o_codes & 3u) == 0 && p.n_splits == 1;
+    return s.o_codes != nullptr && s.o_scales != nullptr && s.head_dim == XCODES_GROUP && ((uintptr_t)s.o_codes & 3u) == 0;
 }
 
 // FD_E_SHAPE where the device cannot give a block the kernel's shared memory (cudaFuncSetAttribute refuses it):

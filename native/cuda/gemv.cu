@@ -17,8 +17,15 @@
 #include "gemv_scratch.cuh"
 
 #include <mutex>
+#include "x_codes.cuh"
 #if FD_HAS_MMA
 #include "gemv_rows_plan.cuh"
+#else
+namespace fd {
+namespace {
+struct RowsX;   // gemv_rows' x codes (gemv_rows_item.cuh): never read without int8 mma, where gemv_rows is not built
+}  // namespace
+}  // namespace fd
 #endif
 
 namespace fd {
@@ -452,10 +459,14 @@ int fd_gemv(float* y, const void* w, int qtype, int rows, int cols, const float*
 
 int fd_gemv_xq(float* y, const void* w, int qtype, int rows, int cols, const float* x, const int8_t* xq,
                const float* xsc, int n_x, const float* bias, const float* residual, void* stream) {
-    FD_CHECK_ARG(xq != nullptr && xsc != nullptr && ((uintptr_t)xq & 15u) == 0 && n_x >= 1 && n_x <= fd::ROWS_NX);
+    FD_CHECK_ARG(xq != nullptr && xsc != nullptr && ((uintptr_t)xq & 15u) == 0 && n_x >= 1 && n_x <= fd::XCODES_ROWS);
     const fd::MatIn m{w, y, bias, qtype, rows};
+#if FD_HAS_MMA
     const fd::RowsX given{xq, xsc, cols, fd::ROWS_NX - 1, 0};
     return fd::gemv_run(1, &m, false, cols, x, n_x, nullptr, 0.0f, residual, (cudaStream_t)stream, &given);
+#else   // no gemv_rows here: fd_gemv on x
+    return fd::gemv_run(1, &m, false, cols, x, n_x, nullptr, 0.0f, residual, (cudaStream_t)stream);
+#endif
 }
 
 int fd_gemv_multi(int n_mats, float* const* y, const void* const* w, const int* qtype, const int* rows,

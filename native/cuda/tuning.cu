@@ -66,11 +66,12 @@ namespace {
 // up to 31 warps): at 19 warps 1,177.4 -> 1,211.8 / 1,925 -> 1,951 against the previous kernel, side by side on one
 // H200; 24 / 28 / 31 warps were slower (1,179 / 1,166 / 1,173: gate/up's 30 items a CTA in one round did not make its
 // launch shorter). 16 elsewhere (no bulk-copy kernel there).
-// attn_o_codes = 1 on sm_90: a shallow forward's attention writes o's int8 codes and the output projection reads them
-// (fd_gemv_xq) -- for 2 .. 8-row verify forwards one pre-pass launch a layer fewer: 1.5B clone at depth 128, 2 / 4 / 8
-// rows 1.178 / 1.210 / 1.229 -> 1.145 / 1.168 / 1.194 ms, 16 / 32 rows -1%; one-row decode unchanged (tg128 1,252.3
-// vs 1,251.3, the o launch reads 1,536 bytes of codes instead of quantizing 6 KB: the same one L2 round trip); one
-// library, two rounds, H200, session 42 (bench/results/2026-11-29-h200-session42.md). 0 elsewhere (no gemv_rows).
+// attn_o_codes = 1 on sm_90: a verify forward's attention (2+ rows, head_dim 128) writes o's int8 codes and the
+// output projection reads them (fd_gemv_xq) -- one pre-pass launch a layer fewer: 1.5B clone, 2 / 4 / 8 rows 1.180 /
+// 1.213 / 1.231 -> 1.144 / 1.172 / 1.194 ms at depth 128, 1.229 / 1.295 / 1.343 -> 1.187 / 1.265 / 1.323 at depth 1000,
+// 16 / 32 rows -1% or nothing; a decode step asks for none (tried at one row: tg128 1,252.3 vs 1,251.3 -- reading 1,536
+// bytes of codes takes the same one L2 round trip as quantizing 6 KB); one library, two rounds, H200, session 42
+// (bench/results/2026-11-29-h200-session42.md). 0 elsewhere (no gemv_rows there).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;

@@ -75,9 +75,9 @@ typedef struct {
    o_scales[((i / 32) * n_heads + h) * 32 + i % 32] = m / 127, m = max |o[i, 128 h .. 128 h + 127]| -- head h of row i
    is one 128-column group (x_codes.cuh; a NaN row: codes 0, scale NaN). So rows i0 .. i0 + 31 (i0 a multiple of 32,
    or any i0 of a call of <= 8 rows within such a block) are fd_gemv_xq's (xq = o_codes + i0 * n_heads * 128,
-   xsc = o_scales + (i0 / 32) * n_heads * 32 + i0 % 32). FD_E_ARG unless both are set, head_dim is 128, o_codes is
-   4-byte aligned and no row of the launch is split (max_keys within fd_tuning_t.attn_single_chunks chunks, or a
-   max_ctx that short): only the one block that attends a whole row holds all of a head's values. */
+   xsc = o_scales + (i0 / 32) * n_heads * 32 + i0 % 32). Written by the block that writes the head's o -- the one
+   that attends an unsplit row, or the combine kernel's for a split one -- which holds all 128 values. FD_E_ARG
+   unless both are set, head_dim is 128 and o_codes is 4-byte aligned. */
 
 /* The window (ABI 21; window > 0: a multiple of 64, a quantized K or V, window_slots a multiple of 64 and
    >= window + 64, else FD_E_ARG). A query at position p reads the key / value at position t from a float16 copy

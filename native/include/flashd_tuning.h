@@ -90,9 +90,9 @@ typedef struct {
                                registers), up to 31 for one-row launches on dp4a lanes (gemv_rows_dp4a); a CTA's items
                                go to its warps round-robin, so e.g. ffn_down's 35 chunk items a CTA (1.5B) take 3 rounds
                                on 16 warps and 2 on 18. A launch shape, so never changes a result */
-    int attn_o_codes;       /* 0 / 1: a forward whose attention runs unsplit (a shallow decode or verify graph) has
-                               it write o's int8 codes (fd_attention_shape_t.o_codes) for the output projection
-                               (fd_gemv_xq) where head_dim is 128; read by the Python runner, never changes a result */
+    int attn_o_codes;       /* 0 / 1: a forward of 2 or more rows (a verify tree) has its attention write o's int8
+                               codes (fd_attention_shape_t.o_codes) for the output projection (fd_gemv_xq) where
+                               head_dim is 128; read by the Python runner, never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -1,5 +1,5 @@
 """o's int8 codes on the host side (no GPU): when the attention is asked to write them (AttentionOps._o_codes: the
-tuning's attn_o_codes, head_dim 128, a max_keys bound no row can split under), the buffers' sizes, and the slices
+tuning's attn_o_codes, head_dim 128, a forward of 2 or more rows), the buffers' sizes, and the slices
 CudaOps.linear hands fd_gemv_xq (XCodes.rows: flashd_attention.h's layout, scales in blocks of 32 rows). An off-by-one
 in the scale offset would feed a GEMV another row's scales; the GPU tests (tests/gpu/test_o_codes.py) check the bits."""
 import types
@@ -7,15 +7,13 @@ import types
 import numpy as np
 import pytest
 
-from flashd.daemon.backends.cuda.attention_ops import DECODE_CHUNK_SLOTS, AttentionOps
+from flashd.daemon.backends.cuda.attention_ops import AttentionOps
 from flashd.daemon.backends.cuda.tensor import DeviceTensor, XCodes
 
 
 class FakeOps(AttentionOps):
-    def __init__(self, on=True, max_keys=256, single_chunks=4):
+    def __init__(self, on=True):
         self.o_codes_on = on
-        self.attention_max_keys = max_keys
-        self.attn_single_chunks = single_chunks
         self.ffi = types.SimpleNamespace(NULL=None)
         self.taken = []
         self.next = 1 << 20
@@ -34,7 +32,7 @@ def shape_struct():
     return types.SimpleNamespace(o_codes=None, o_scales=None)
 
 
-@pytest.mark.parametrize("n,rows,blocks", [(1, 8, 1), (8, 8, 1), (9, 16, 1), (32, 32, 1), (33, 40, 2), (65, 72, 3)])
+@pytest.mark.parametrize("n,rows,blocks", [(2, 8, 1), (8, 8, 1), (9, 16, 1), (32, 32, 1), (33, 40, 2), (65, 72, 3)])
 def test_buffers_cover_the_rows_the_kernels_read(n, rows, blocks):
     ops, shape = FakeOps(), shape_struct()
     codes = ops._o_codes(n, 12, 128, shape)
@@ -45,23 +43,16 @@ def test_buffers_cover_the_rows_the_kernels_read(n, rows, blocks):
     assert shape.o_codes is None and shape.o_scales is None
 
 
-@pytest.mark.parametrize("on,head_dim,max_keys,single", [
-    (False, 128, 256, 4),                       # the tuning's attn_o_codes off
-    (True, 64, 256, 4),                         # a 128-column group would span two heads
-    (True, 256, 256, 4),                        # a head spans two groups
-    (True, 128, 0, 4),                          # no bound: a row may be split (the deep graphs)
-    (True, 128, 4 * DECODE_CHUNK_SLOTS + 1, 4), # a bound past the unsplit rows
-    (True, 128, 256, 2),                        # the tuning keeps only 128 keys unsplit
+@pytest.mark.parametrize("on,head_dim,n", [
+    (False, 128, 4),                            # the tuning's attn_o_codes off
+    (True, 64, 4),                              # a 128-column group would span two heads
+    (True, 256, 4),                             # a head spans two groups
+    (True, 128, 1),                             # a decode step: its projection quantizes o without a launch
 ])
-def test_no_codes_where_the_launch_cannot_write_them(on, head_dim, max_keys, single):
-    ops, shape = FakeOps(on, max_keys, single), shape_struct()
-    assert ops._o_codes(4, 8, head_dim, shape) is None
+def test_no_codes_where_they_cannot_be_written_or_would_not_pay(on, head_dim, n):
+    ops, shape = FakeOps(on), shape_struct()
+    assert ops._o_codes(n, 8, head_dim, shape) is None
     assert ops.taken == [] and shape.o_codes is None
-
-
-def test_the_bound_itself_is_unsplit():
-    ops = FakeOps(True, 4 * DECODE_CHUNK_SLOTS, 4)
-    assert ops._o_codes(1, 8, 128, shape_struct()) is not None
 
 
 def test_row_slices_address_their_codes_and_scales():
@@ -76,3 +67,17 @@ def test_row_slices_address_their_codes_and_scales():
         assert xsc.ptr == 500000 + 4 * ((s // 32) * 12 * 32 + s % 32)
     with pytest.raises(ValueError, match="cross"):
         codes.rows(30, 34)
+
+
+def test_the_arena_holds_the_codes_of_a_chunk_where_they_are_made():
+    """backend._arena_half_bytes: head_dim 128 adds o's codes (rows rounded up to 8, int8) and scales (blocks of 32
+    rows, float32) of a whole chunk, each 256-byte aligned; other head sizes nothing."""
+    from flashd.daemon.backends.cuda.backend import _arena_half_bytes
+
+    def cfg(head_dim, n_heads):
+        return types.SimpleNamespace(hidden=1536, q_dim=n_heads * head_dim, kv_dim=256, ffn=8960, head_dim=head_dim,
+                                     n_heads=n_heads, vocab_size=1000)
+    for chunk in (100, 333, 512):                                # the layer, not the head, sets the size
+        base = _arena_half_bytes(cfg(64, 24), chunk)            # the same q_dim, head_dim 64: no codes
+        codes = -(-(-(-chunk // 8) * 8 * 1536) // 256) * 256 + -(-(-(-chunk // 32) * 32 * 12 * 4) // 256) * 256
+        assert _arena_half_bytes(cfg(128, 12), chunk) == base + codes

@@ -156,12 +156,11 @@ class AttentionOps:
 
     def _o_codes(self, n: int, n_heads: int, head_dim: int, shape) -> XCodes | None:
         """Buffers for o's int8 codes where this launch writes them (flashd_attention.h o_codes), set on `shape` for
-        the call (_no_codes clears them after it): the tuning's attn_o_codes on, head_dim 128 (a head is one
-        group) and a max_keys bound under which no row is split (a shallow decode or verify graph's body). The output
-        projection then reads them (CudaOps.linear: fd_gemv_xq) instead of quantizing o again -- the same codes."""
-        bound = self.attention_max_keys
-        if (not self.o_codes_on or head_dim != XCODES_GROUP or bound <= 0
-                or -(-bound // DECODE_CHUNK_SLOTS) > self.attn_single_chunks):
+        the call (_no_codes clears them after it): the tuning's attn_o_codes on, head_dim 128 (a head is one group)
+        and n >= 2 rows. The output projection then reads them (CudaOps.linear: fd_gemv_xq) instead of quantizing o
+        again -- the same codes, one pre-pass launch fewer; a one-row projection quantizes o in its own CTAs without
+        one, and reading codes instead gained nothing there (bench/NOTES.md session 42), so a decode step asks none."""
+        if not self.o_codes_on or head_dim != XCODES_GROUP or n < 2:
             return None
         codes = XCodes(self.take((-(-n // 8) * 8, n_heads * head_dim), np.int8),
                        self.take((-(-n // XCODES_ROWS) * n_heads, XCODES_ROWS), np.float32), n_heads)

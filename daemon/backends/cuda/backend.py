@@ -84,9 +84,9 @@ def _arena_half_bytes(cfg: ModelConfig, chunk: int) -> int:
              + up(c * cfg.q_dim) + up(c * cfg.hidden)             # attention out, o-proj (+residual)
              + 3 * up(c * cfg.hidden)                             # materialized norms (prefill GEMM path)
              + 2 * up(c * cfg.q_dim)                              # materialized qk-norms (qwen3)
-             + up(c * cfg.ffn) + up(c * cfg.hidden)               # swiglu, down (+residual)
-             + up(-(-c // 8) * 8 * cfg.q_dim // f32 + 1)          # o's int8 codes (a shallow forward) ...
-             + up(-(-c // 32) * 32 * cfg.n_heads))                # ... and their scales
+             + up(c * cfg.ffn) + up(c * cfg.hidden))              # swiglu, down (+residual)
+    if cfg.head_dim == 128:                                       # o's int8 codes (a verify forward) and scales
+        layer += up(-(-(-(-c // 8) * 8 * cfg.q_dim) // f32)) + up(-(-c // 32) * 32 * cfg.n_heads)   # (up: floats)
     head = up(cfg.hidden) * 2 + up(max(SCORE_CHUNK, 1) * cfg.vocab_size) + up(SCORE_CHUNK * cfg.hidden) * 2
     return max(layer, head) + (1 << 20)
 

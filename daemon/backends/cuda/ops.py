@@ -165,13 +165,10 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self._tuned_attention()
 
     def _tuned_attention(self) -> None:
-        """The tuning's attention fields this side reads: attn_o_codes (whether a shallow forward's attention writes
-        o's codes for the output projection: AttentionOps._o_codes) and attn_single_chunks (the chunks a row may
-        span unsplit)."""
+        """The tuning's attn_o_codes: whether a verify forward's attention writes o's codes for the output projection
+        (AttentionOps._o_codes)."""
         t = self.ffi.new("fd_tuning_t*")
-        ok = self.lib.fd_tuning_get(t) == 0
-        self.o_codes_on = ok and int(t.attn_o_codes) == 1
-        self.attn_single_chunks = int(t.attn_single_chunks) if ok else 0
+        self.o_codes_on = self.lib.fd_tuning_get(t) == 0 and int(t.attn_o_codes) == 1
 
     def _tuned_gemv_rows(self) -> dict:
         """{'gemv_rows': .., 'gemv_rows_formats': ..} of the tuning in effect (empty: none, the one-row kernels)."""
