@@ -12,6 +12,20 @@
 namespace fd {
 namespace attn {
 
+// o's codes for head h of `token` (flashd_attention.h o_codes; head_dim 128, so the head is one x_codes.cuh group),
+// called by a whole warp whose lane holds the head's values d .. d + 3 (d = 4 lane): the codes as one 4-byte store,
+// the scale by lane 0. The same definition as the GEMV's own quantization, so the same codes.
+__device__ __forceinline__ void store_o_codes(const Params& p, int token, int h, int d, float4 v) {
+    const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float inv = xcodes_inv(m);
+    const unsigned packed = (unsigned)(xcodes_code(v.x, inv) & 0xff) | (unsigned)(xcodes_code(v.y, inv) & 0xff) << 8 |
+                            (unsigned)(xcodes_code(v.z, inv) & 0xff) << 16 | (unsigned)(xcodes_code(v.w, inv) & 0xff) << 24;
+    const size_t row = (size_t)token * p.n_heads + h;
+    *reinterpret_cast<unsigned*>(p.oq + row * XCODES_GROUP + d) = packed;
+    if ((threadIdx.x & 31) == 0)
+        p.osc[((size_t)(token / XCODES_ROWS) * p.n_heads + h) * XCODES_ROWS + token % XCODES_ROWS] = xcodes_scale(m);
+}
+
 // ---- the block ----------------------------------------------------------------------------
 // grid (n_splits, n_kv_heads, n * row_tiles); THREADS threads; Cfg<HD>::SMEM_BYTES
 //
@@ -52,20 +66,6 @@ namespace attn {
 // attended as a dequantized tile is (FRAG: warp_step_qf16, fragments in the code step's order from those rows). With
 // ROPE the new row's tile values are float16(x) and its ring row is stored (window_value), as fd_rope_kv_write +
 // fd_attention_decode.
-// o's codes for head h of `token` (flashd_attention.h o_codes; head_dim 128, so the head is one x_codes.cuh group),
-// called by a whole warp whose lane holds the head's values d .. d + 3 (d = 4 lane): the codes as one 4-byte store,
-// the scale by lane 0. The same definition as the GEMV's own quantization, so the same codes.
-__device__ __forceinline__ void store_o_codes(const Params& p, int token, int h, int d, float4 v) {
-    const float m = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    const float inv = xcodes_inv(m);
-    const unsigned packed = (unsigned)(xcodes_code(v.x, inv) & 0xff) | (unsigned)(xcodes_code(v.y, inv) & 0xff) << 8 |
-                            (unsigned)(xcodes_code(v.z, inv) & 0xff) << 16 | (unsigned)(xcodes_code(v.w, inv) & 0xff) << 24;
-    const size_t row = (size_t)token * p.n_heads + h;
-    *reinterpret_cast<unsigned*>(p.oq + row * XCODES_GROUP + d) = packed;
-    if ((threadIdx.x & 31) == 0)
-        p.osc[((size_t)(token / XCODES_ROWS) * p.n_heads + h) * XCODES_ROWS + token % XCODES_ROWS] = xcodes_scale(m);
-}
-
 template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");

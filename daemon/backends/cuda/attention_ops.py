@@ -315,17 +315,14 @@ class AttentionOps:
             raise RuntimeError("attention workspace not reserved (CudaOps.reserve_attention)")
         k_quantized = kv_type_of(k_cache) != "f16"
         o = self.take((1, n_heads * head_dim))
-        k_offset = self._k_offset(cache_layer, "attention_decode_rope")
-        rope = self._rope(q, self._rope_table_mode(q, k_quantized))
-        o.codes = self._o_codes(1, n_heads, head_dim, shape)
-        try:
-            self._check(self.lib.fd_attention_decode_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v),
-                                                          self.p(k_cache), self.p(cache_layer[1]), self.p(k_offset),
-                                                          self.p(q.positions), self.p(n_past), shape, rope,
-                                                          DECODE_CHUNK_SLOTS, self.p(ws), self.dev.stream),
-                        "fd_attention_decode_rope")
-        finally:
-            self._no_codes(shape)
+        # no o codes for a one-row step (AttentionOps._o_codes says why)
+        self._check(self.lib.fd_attention_decode_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v), self.p(k_cache),
+                                                      self.p(cache_layer[1]),
+                                                      self.p(self._k_offset(cache_layer, "attention_decode_rope")),
+                                                      self.p(q.positions), self.p(n_past),
+                                                      shape, self._rope(q, self._rope_table_mode(q, k_quantized)),
+                                                      DECODE_CHUNK_SLOTS, self.p(ws), self.dev.stream),
+                    "fd_attention_decode_rope")
         return o
 
     # -- PFlash (FlashPrefill) ---------------------------------------------------------------------

@@ -85,8 +85,9 @@ def _arena_half_bytes(cfg: ModelConfig, chunk: int) -> int:
              + 3 * up(c * cfg.hidden)                             # materialized norms (prefill GEMM path)
              + 2 * up(c * cfg.q_dim)                              # materialized qk-norms (qwen3)
              + up(c * cfg.ffn) + up(c * cfg.hidden))              # swiglu, down (+residual)
-    if cfg.head_dim == 128:                                       # o's int8 codes (a verify forward) and scales
-        layer += up(-(-(-(-c // 8) * 8 * cfg.q_dim) // f32)) + up(-(-c // 32) * 32 * cfg.n_heads)   # (up: floats)
+    if cfg.head_dim == 128:                                       # o's int8 codes (a verify forward) and scales:
+        code_rows, scale_rows = -(-c // 8) * 8, -(-c // 32) * 32      # 8-row tiles read whole, blocks of 32 rows
+        layer += up(-(-code_rows * cfg.q_dim // f32)) + up(scale_rows * cfg.n_heads)   # up() counts floats
     head = up(cfg.hidden) * 2 + up(max(SCORE_CHUNK, 1) * cfg.vocab_size) + up(SCORE_CHUNK * cfg.hidden) * 2
     return max(layer, head) + (1 << 20)
 
