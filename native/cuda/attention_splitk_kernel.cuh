@@ -66,10 +66,21 @@ __device__ __forceinline__ void store_o_codes(const Params& p, int token, int h,
 // attended as a dequantized tile is (FRAG: warp_step_qf16, fragments in the code step's order from those rows). With
 // ROPE the new row's tile values are float16(x) and its ring row is stored (window_value), as fd_rope_kv_write +
 // fd_attention_decode.
-template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
+//
+// MR > 0 (fd_attention_masked_rope, MR pipeline stages: n tokens under a mask, float16 K and V, head_dim <= 128, n <= MR_MAX_NEW): q, k and v
+// are the QKV projection's outputs as they are, row i's cos / sin in the RoPE table (fd_rope_kv_write stored them with
+// an earlier layer). As ROPE, the plan (the mask and n_past are the forward's inputs), the first tiles' copies and the
+// table's loads run before pdl_wait; after it masked_rope_stage rotates the block's q rows, RoPEs the token's visible
+// new rows into shared memory (`mrows`, MrCfg; only a split that attends a new slot) and -- in the token's store block,
+// split 0 and row tile 0 -- writes the
+// token's own row to the cache at slot n_past + token; masked_rows_override puts the visible rows over each tile's
+// stale copies of their slots. So o and the cache equal fd_rope_kv_write + fd_attention_masked's bit for bit (the
+// same rope_math.cuh arithmetic and roundings), and q, k, v are left unrotated.
+template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false, int MR = 0>
 __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     static_assert(QKV || KVT == 0, "float16 K and V: KVT 0");
     static_assert(!WIN || QKV, "a window is beside a quantized side");
+    static_assert(!MR || (!ROPE && !QKV && HD <= 128), "MR: float16 K and V, no decode rope, head_dim <= 128");
     constexpr int k_type = KVT >> 2, v_type = KVT & 3;
     constexpr bool FRAG = QKV && frag_types(KVT);     // both quantized: fragments from the raw ring (qfrag.cuh)
     constexpr bool F16_TILE = QKV && (!FRAG || WIN);  // a float16 K | V tile before the raw ring
@@ -79,10 +90,12 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     __half* q_hi = reinterpret_cast<__half*>(smem_raw);
     __half* q_lo = q_hi + ROWS * LD;
     int* list = reinterpret_cast<int*>(q_lo + ROWS * LD);   // [MAX_NEW] visible new slots (masked mode)
-    __half* pipe = reinterpret_cast<__half*>(list + MAX_NEW);   // STAGES x (K [TILE][LD], V [TILE][LD])
+    __half* mrows = reinterpret_cast<__half*>(list + MAX_NEW);   // MR: [MR_MAX_NEW + 1][2 HD] new K | V rows
+    __half* pipe = MR ? mrows + MrCfg<HD, 2>::ROWS_BYTES / sizeof(__half)   // STAGES x (K [TILE][LD], V [TILE][LD])
+                      : mrows;
     // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh); FRAG: the raw ring alone (with
     // WIN the tile too: a window tile's float16 rows)
-    constexpr int N_STAGES = QKV ? QCfg<HD>::STAGES : C::STAGES;
+    constexpr int N_STAGES = QKV ? QCfg<HD>::STAGES : MR ? MR : C::STAGES;
     uint8_t* qring = reinterpret_cast<uint8_t*>(F16_TILE ? pipe + 2 * TILE * LD : pipe);
     const QSide k_side = qside(p.k_cache, p.kq, k_type, HD, FRAG), v_side = qside(p.v_cache, p.vq, v_type, HD, FRAG);
     const int q_stage_bytes = TILE * (k_side.row_bytes + v_side.row_bytes);
@@ -98,21 +111,30 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     // first tiles' copies; computed (float64), later, otherwise
     RopeCoefs<HD> rc;
     if constexpr (ROPE && !ROT_K)
-        if (p.rope_tab_in) rope_coefs<HD>(p, tid, rc);
+        if (p.rope_tab_in) rope_coefs<HD>(p, tid, rc, p.rope_tab_in);
+    if constexpr (MR) rope_coefs<HD, false>(p, tid, rc, p.rope_tab_in + (size_t)token * p.rope_dim);
     // ROPE (one decode token): everything but q and the new K/V row was written two or more launches back -- the
     // cache rows below slot n_past, n_past and the position by earlier steps; every kernel of this library triggers
     // its dependents only after its own pdl_wait, so the kernel before the previous one has completed when this one
     // starts -- so the plan, the first tiles' copies and the rope's cos / sin run before pdl_wait, under the QKV
     // projection's tail. (The copy of the stale row at slot n_past is overwritten in shared memory by (a) below.)
     // Otherwise the cache or the mask may be the previous kernel's: everything after pdl_wait.
-    if constexpr (!ROPE) {
+    // MR: the mask, n_past and the table are the forward's inputs or two or more launches back, as above.
+    if constexpr (!ROPE && !MR) {
         pdl_wait();              // q, the cache rows, the mask and n_past come from earlier kernels
         pdl_launch_dependents(); // the combine kernel may start waiting on us now
     }
+    // MR: the block that writes the token's own K / V row to the cache (whatever its visibility)
+    const bool mr_store_block = MR && split == 0 && blockIdx.z % p.row_tiles == 0;
     const int n_past = max(p.n_past[0], 0);
     const int L = visible_keys(p, token, list);       // virtual keys [0, L)
     const int n_chunks = (L + p.chunk_len - 1) / p.chunk_len;
     if (n_chunks == 0) {                              // no key at all (masked, n_past 0, empty row): NaN
+        if constexpr (MR) {
+            pdl_wait();                                // o may be an earlier kernel's input; q, k, v the QKV's
+            pdl_launch_dependents();
+            if (mr_store_block) mr_store_own_row<HD>(p, kvh, token, tid);   // the token's row still goes to the cache
+        }
         if (split == 0) {                              // (the combine skips the row)
             for (int e = tid; e < ROWS * HD; e += THREADS)
                 if (row0 + e / HD < p.group)
@@ -179,7 +201,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
         if (k < n_tiles) {
             const int v0 = load_cur.v0;
             advance(load_cur);
-            __half* ks = pipe + (size_t)(k % C::STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
+            __half* ks = pipe + (size_t)(k % N_STAGES) * 2 * TILE * LD + r0 * LD + piece * 8;
             if constexpr (QKV) {                       // raw rows into ring stage k % N_STAGES (see above)
                 uint8_t* dst = qring + (size_t)(k % N_STAGES) * q_stage_bytes;
                 const size_t head_row = (size_t)kvh * p.max_ctx;
@@ -238,12 +260,16 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     }
 #pragma unroll 1
     for (int s = 0; s < N_STAGES - 1; ++s) load_tile(s);    // in flight while q is staged
+    if constexpr (MR) {
+        pdl_wait();              // q, k and v are the QKV projection's
+        pdl_launch_dependents();
+    }
     // ROT_K's cos / sin table: in the dequantized tile, or (FRAG, no such tile) in the ring's last stage -- neither is
     // written before the main loop's first __syncthreads
     float* rope_tab = reinterpret_cast<float*>(FRAG ? qring + (size_t)(N_STAGES - 1) * q_stage_bytes
                                                     : reinterpret_cast<uint8_t*>(pipe));
     if constexpr (ROPE && !ROT_K)
-        if (!p.rope_tab_in) rope_coefs<HD>(p, tid, rc);
+        if (!p.rope_tab_in) rope_coefs<HD>(p, tid, rc, nullptr);
     if constexpr (ROT_K) rope_table_rotated(p, rope_tab, tid);
     // DRY_Q (a float16 K and V with RoPE, the decode step's kernel): the q staging below runs twice in one rolled loop,
     // first before pdl_wait with its global loads predicated off and the cache store skipped (its shared-memory
@@ -276,7 +302,17 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
             pdl_wait();              // q and the new K/V row are the QKV projection's
             pdl_launch_dependents();
         }
-        if constexpr (!ROPE) {
+        if constexpr (MR) {
+            // the new rows this split attends: keys [n_past, L) lie in chunks c0 .. c1; split s takes c % ns == s
+            int count = 0;
+            if (L > n_past) {
+                const int c0 = n_past / p.chunk_len, c1 = (L - 1) / p.chunk_len;
+                bool mine = c1 - c0 + 1 >= ns;
+                for (int c = c0; !mine && c <= c1; ++c) mine = c % ns == split;
+                if (mine) count = L - n_past;
+            }
+            masked_rope_stage<HD>(p, rc, qv, q_tok, row0, kvh, tid, list, count, token, mr_store_block, mrows);
+        } else if constexpr (!ROPE) {
 #pragma unroll
             for (int j = 0; j < Q_PER_THREAD; ++j) {
                 const int e = tid + j * THREADS, r = e / HD, d = e % HD;
@@ -325,7 +361,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
                                                             new_key, v0, L);
             }
         } else if (v0 < L) {
-            __half* ks = pipe + (size_t)(QKV ? 0 : k % C::STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
+            __half* ks = pipe + (size_t)(QKV ? 0 : k % N_STAGES) * 2 * TILE * LD + warp * WARP_SLOTS * LD;
             if constexpr (QKV) {                       // this warp's rows of tile k, dequantized
                 if (WIN && v0 >= win_start) {          // (or the window's float16 rows)
                     window_rows<HD>(ks, p, kvh, v0, L, direct_end, n_past, list, tid & 31);
@@ -338,6 +374,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
                 }
             }
             if constexpr (ROPE) new_row_override<HD>(ks, kv_new, new_key, v0, tid & 31);
+            if constexpr (MR) masked_rows_override<HD>(ks, mrows, n_past, L, v0, tid & 31);
             warp_step<HD>(st, q_hi, q_lo, ks, ks + TILE * LD, v0, L);
         }
     }

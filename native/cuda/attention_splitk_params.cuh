@@ -47,6 +47,29 @@ struct Cfg {
     static constexpr size_t SMEM_BYTES = Q_BYTES + LIST_BYTES + (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES);
 };
 
+// fd_attention_masked_rope (splitk_kernel's MR variant: float16 K and V, head_dim <= 128, n <= MR_MAX_NEW): the
+// block's visible new rows -- and the store block's own row -- RoPE'd into float16 K | V rows of shared memory between
+// the key list and the pipeline (MR_MAX_NEW + 1 rows of 2 HD halves), so that each tile's copies of those slots (stale
+// cache rows) are overwritten there. The pipeline keeps as many stages (MR, the kernel's template argument) as leave
+// two blocks an SM, the plain kernel's residency, which the split count assumes: 3 at head_dim 64, 2 at 128 (3 there
+// fit one block an SM: 8 rows at depth 1000 1.318 -> 1.460 ms, bench/NOTES.md session 43). Stages change when a
+// tile's copy is issued, never a value, so o is the plain kernel's bit for bit.
+constexpr int MR_MAX_NEW = 48;
+
+template <int HD, int STAGES_>
+struct MrCfg {
+    static constexpr int STAGES = STAGES_;
+    static constexpr size_t ROWS_BYTES = (size_t)(MR_MAX_NEW + 1) * 2 * HD * sizeof(__half);
+    static constexpr size_t PIPE_BYTES = (size_t)STAGES * Cfg<HD>::STAGE_BYTES;
+    static constexpr size_t SMEM_BYTES = Cfg<HD>::Q_BYTES + Cfg<HD>::LIST_BYTES + ROWS_BYTES +
+                                         (PIPE_BYTES > Cfg<HD>::MERGE_BYTES ? PIPE_BYTES : Cfg<HD>::MERGE_BYTES);
+};
+
+template <int HD>
+constexpr int mr_stages() {
+    return Cfg<HD>::STAGES >= 3 && 2 * (MrCfg<HD, 3>::SMEM_BYTES + 1024) <= 228 * 1024 ? 3 : 2;
+}
+
 struct Params {
     const float* q;            // (n, n_heads, HD) float32
     const __half* k_cache;     // [n_kv_heads][max_ctx][HD]
@@ -69,11 +92,13 @@ struct Params {
     const float* v_new;        // (n_kv_heads, HD) float32
     __half* k_store;           // the caches again, written at slot *n_past
     __half* v_store;
-    const int32_t* positions;  // device scalar: the new token's RoPE position
+    const int32_t* positions;  // device scalar: the new token's RoPE position (fd_attention_masked_rope: unused, the
+                               // table holds each row's cos / sin)
     double theta;
     RopeScaling rope_scaling;  // linear / YaRN (rope_math.cuh); on = 0: none
     int rope_dim, neox;
-    const float* rope_tab_in;  // the step's cos / sin to read (fd_rope_t.table_mode 2), or NULL: computed here
+    const float* rope_tab_in;  // the step's cos / sin to read (fd_rope_t.table_mode 2), or NULL: computed here;
+                               // fd_attention_masked_rope: row i's at rope_tab_in + i * rope_dim (always given)
     float* rope_tab_out;       // where block 0 stores the cos / sin it computed (table_mode 1), or NULL
     // the cache's row formats (FD_KV_*); a quantized K or V is read through its planes (kv_quant.cuh) and
     // dequantized into the float16 tile (splitk_kernel<HD, false, true>: load_tile)

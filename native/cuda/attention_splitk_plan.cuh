@@ -126,15 +126,16 @@ inline bool o_codes_valid(const fd_attention_shape_t& s) {
 // FD_E_SHAPE where the device cannot give a block the kernel's shared memory (cudaFuncSetAttribute refuses it):
 // head_dim 256 takes ~150 KB (float16; Cfg<256>), more than sm_86 / sm_89's 99 KB and HIP's 64 KB of LDS; the
 // refusal is cleared from the runtime's last error so no later launch reports it.
-template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false>
+template <int HD, bool ROPE = false, bool QKV = false, int KVT = 0, bool WIN = false, int MR = 0>
 int launch(const Params& p, cudaStream_t stream) {
-    const size_t smem = QKV ? qkv_smem_bytes<HD>(p.k_type, p.v_type, WIN) : Cfg<HD>::SMEM_BYTES;
-    if (cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT, WIN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const size_t smem = QKV ? qkv_smem_bytes<HD>(p.k_type, p.v_type, WIN)
+                            : MR ? MrCfg<HD, MR>::SMEM_BYTES : Cfg<HD>::SMEM_BYTES;
+    if (cudaFuncSetAttribute(splitk_kernel<HD, ROPE, QKV, KVT, WIN, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem) != cudaSuccess) {
         (void)cudaGetLastError();
         return FD_E_SHAPE;
     }
-    int st = launch_pdl(splitk_kernel<HD, ROPE, QKV, KVT, WIN>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
+    int st = launch_pdl(splitk_kernel<HD, ROPE, QKV, KVT, WIN, MR>, dim3(p.n_splits, p.n_kv_heads, p.n * p.row_tiles),
                         dim3(THREADS), smem, stream, p);
     // no combine where every row is short enough for split 0 alone (the row's keys never exceed max_ctx)
     if (st == 0 && p.n_splits > 1 && n_chunks_for(p.max_ctx, p.chunk_len) > p.single_chunks)
@@ -164,6 +165,15 @@ int launch_quant(const Params& p, cudaStream_t stream) {
 template <int HD, bool ROPE>
 int launch_quant_or_window(const Params& p, cudaStream_t stream) {
     return p.window > 0 ? launch_quant<HD, ROPE, true>(p, stream) : launch_quant<HD, ROPE>(p, stream);
+}
+
+// fd_attention_masked_rope: float16 K and V, head_dim 64 or 128 (the entry point checks the rest)
+inline int launch_masked_rope(const Params& p, int head_dim, cudaStream_t stream) {
+    switch (head_dim) {
+        case 64: return launch<64, false, false, 0, false, mr_stages<64>()>(p, stream);
+        case 128: return launch<128, false, false, 0, false, mr_stages<128>()>(p, stream);
+        default: return FD_E_SHAPE;
+    }
 }
 
 template <bool ROPE = false>

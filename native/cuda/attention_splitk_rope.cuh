@@ -90,8 +90,10 @@ __device__ __forceinline__ float rope_tab_load(const float* a) {
 #endif
 }
 
-template <int HD>
-__device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<HD>& rc) {
+// tab: the table to read (p.rope_tab_in, or fd_attention_masked_rope's row of this token), or NULL: computed here
+// (COMPUTE false: never NULL -- the MR kernel then holds no float64 pow / sincos code)
+template <int HD, bool COMPUTE = true>
+__device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<HD>& rc, const float* tab) {
     static_assert(HD % THREADS == 0 || THREADS % HD == 0, "dims per thread");
     const bool neox = p.neox != 0;
     // block 0 (of every KV head and row tile 0) stores the table where asked: each pair's first dim writes its j
@@ -107,10 +109,10 @@ __device__ __forceinline__ void rope_coefs(const Params& p, int tid, RopeCoefs<H
         rc.sn[u] = 0.0f;
         if (rc.rot[u]) {
             rope_pair_of(d, p.rope_dim, neox, j, rc.partner[u], rc.first[u]);
-            if (p.rope_tab_in) {
-                rc.cs[u] = rope_tab_load(p.rope_tab_in + 2 * j);
-                rc.sn[u] = rope_tab_load(p.rope_tab_in + 2 * j + 1);
-            } else {
+            if (!COMPUTE || tab) {
+                rc.cs[u] = rope_tab_load(tab + 2 * j);
+                rc.sn[u] = rope_tab_load(tab + 2 * j + 1);
+            } else if constexpr (COMPUTE) {
                 rope_cos_sin(p.positions[0], j, p.rope_dim, p.theta, p.rope_scaling, rc.cs[u], rc.sn[u]);
                 if (store && rc.first[u] && tid + u * THREADS < HD) {
                     p.rope_tab_out[2 * j] = rc.cs[u];
@@ -210,6 +212,191 @@ __device__ __forceinline__ void new_row_override(__half* ks, const __half* kv_ne
     for (int c = lane; c < 2 * CHUNKS; c += 32) {        // 16-byte pieces of K | V
         __half* dst = c < CHUNKS ? krow + c * 8 : krow + TILE * LD + (c - CHUNKS) * 8;
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(kv_new + c * 8);
+    }
+    __syncwarp();
+}
+
+// ---- fd_attention_masked_rope's new rows (splitk_kernel's MR variant) ------------------------------------------
+// A row of K | V is HD tasks of two values each: task t < HD / 2 is K's pair slot t -- RoPE pair t of the row's table
+// row (dims rope_pair_dims) for t < rope_dim / 2, else the unrotated dims rope_dim + 2 (t - rope_dim / 2) and the next
+// -- and task t >= HD / 2 is V's dims 2 (t - HD / 2) and the next. THREADS is a multiple of HD or HD of THREADS, so a
+// thread's tasks (t = (tid + u THREADS) % HD) are the same in every row: their dims and table offsets are worked out
+// once (MrLane), and a row costs a thread a few loads and stores. The kernel runs this code once a launch between
+// GEMV launches, so it is kept short: code size is latency on a cold instruction cache (bench/NOTES.md, session 43:
+// a first version with a general task loop unrolled was 128 KB of SASS against the plain kernel's 38 KB, and lost).
+constexpr int MR_BATCH = 8;      // rows (passes) whose loads go out together: one L2 round trip for 8 x 128 tasks
+
+template <int HD>
+struct MrLane {
+    static constexpr int TPR = HD > THREADS ? HD / THREADS : 1;   // tasks a thread has in a row
+    static constexpr int RPP = THREADS >= HD ? THREADS / HD : 1;  // rows one pass of the block covers
+    int ia[TPR], ib[TPR];      // the task's two dims in the row's K | V (V: HD + d)
+    bool k[TPR], rot[TPR];     // a K task; a RoPE pair (its cos / sin at table row + 2 j, j = its slot)
+    int j2[TPR];
+    int r_in;                  // this thread's row within a pass
+
+    __device__ __forceinline__ MrLane(const Params& p, int tid) {
+        r_in = THREADS >= HD ? tid / HD : 0;
+        const int half = p.rope_dim / 2;
+#pragma unroll
+        for (int u = 0; u < TPR; ++u) {
+            const int t = (tid + u * THREADS) % HD;
+            k[u] = t < HD / 2;
+            rot[u] = k[u] && t < half;
+            j2[u] = 2 * t;
+            if (rot[u]) {
+                rope_pair_dims(t, p.rope_dim, p.neox != 0, ia[u], ib[u]);
+            } else if (k[u]) {
+                ia[u] = p.rope_dim + 2 * (t - half);
+                ib[u] = ia[u] + 1;
+            } else {
+                ia[u] = HD + 2 * (t - HD / 2);
+                ib[u] = ia[u] + 1;
+            }
+        }
+    }
+};
+
+// Task u of `lane` on row `row` of k_new / v_new: the two values (a, b) and, for a RoPE pair, cos / sin (c, s)
+template <int HD>
+__device__ __forceinline__ void mr_load(const Params& p, const MrLane<HD>& lane, int u, int row, int kvh, float& a,
+                                        float& b, float& c, float& s) {
+    const size_t base = ((size_t)row * p.n_kv_heads + kvh) * HD;
+    c = 1.0f;
+    s = 0.0f;
+    if (lane.k[u]) {
+        a = __ldg(p.k_new + base + lane.ia[u]);
+        b = __ldg(p.k_new + base + lane.ib[u]);
+        if (lane.rot[u]) {
+            const float* tab = p.rope_tab_in + (size_t)row * p.rope_dim + lane.j2[u];
+            c = rope_tab_load(tab);
+            s = rope_tab_load(tab + 1);
+        }
+    } else {
+        const float2 v = __ldg(reinterpret_cast<const float2*>(p.v_new + base + (lane.ia[u] - HD)));
+        a = v.x;
+        b = v.y;
+    }
+}
+
+// The task's float16 values (rope_kv_write's float32 arithmetic and rounding: rope_rotated, so the same bits) into
+// `dst` (the row's 2 HD halves) and, with store, into the caches at `slot`
+template <int HD>
+__device__ __forceinline__ void mr_store(const Params& p, const MrLane<HD>& lane, int u, float a, float b, float c,
+                                         float s, __half* dst, int kvh, int slot, bool store) {
+    float ra = a, rb = b;
+    if (lane.rot[u]) {
+        ra = rope_rotated(a, b, c, s, true);
+        rb = rope_rotated(b, a, c, s, false);
+    }
+    const __half ha = __float2half_rn(ra), hb = __float2half_rn(rb);
+    if (dst != nullptr) {
+        dst[lane.ia[u]] = ha;
+        dst[lane.ib[u]] = hb;
+    }
+    if (store) {
+        __half* cache = lane.k[u] ? p.k_store : p.v_store;
+        const int off = lane.k[u] ? 0 : HD;
+        const size_t at = ((size_t)kvh * p.max_ctx + slot) * HD;
+        cache[at + lane.ia[u] - off] = ha;
+        cache[at + lane.ib[u] - off] = hb;
+    }
+}
+
+// The MR variant's staging (all threads; after pdl_wait): q's rows of this block rotated into qv as rope_stage
+// rotates them (coefficients rc: the token's table row), and the K | V rows of new rows list[0 .. count) -- the
+// token's visible new slots that this split attends -- plus, if `store` (split 0, row tile 0 of the token: the block
+// that writes the token's own cache row), the token's row -- at its place in the list if visible, else appended at
+// index count -- RoPE'd into `rows` (row r at rows + r * 2 HD); the store block writes its row to the caches at slot
+// *n_past + token (inside [0, max_ctx)). q's loads go out with the first batch of rows.
+template <int HD>
+__device__ __forceinline__ void masked_rope_stage(const Params& p, const RopeCoefs<HD>& rc,
+                                                  float (&qv)[ROWS * HD / THREADS], const float* q_tok, int row0,
+                                                  int kvh, int tid, const int* list, int count, int token, bool store,
+                                                  __half* rows) {
+    constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
+    constexpr int NU = RopeCoefs<HD>::NU;
+    constexpr int TPR = MrLane<HD>::TPR, RPP = MrLane<HD>::RPP;
+    const MrLane<HD> lane(p, tid);
+    int own = count;                                  // the store block's row: where the list has it, else appended
+    if (store)
+        for (int r = 0; r < count; ++r)
+            if (list[r] == token) own = r;
+    const int n_rows = count + (store && own == count ? 1 : 0);
+    const int slot = p.n_past[0] + token;
+    const bool slot_in = slot >= 0 && slot < p.max_ctx;
+    float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
+#pragma unroll 1
+    for (int r0 = 0; r0 < n_rows || r0 == 0; r0 += MR_BATCH * RPP) {
+        float a[MR_BATCH][TPR], b[MR_BATCH][TPR], c[MR_BATCH][TPR], s[MR_BATCH][TPR];
+#pragma unroll
+        for (int i = 0; i < MR_BATCH; ++i) {
+            const int r = r0 + i * RPP + lane.r_in;
+            if (r < n_rows) {
+                const int row = r < count ? list[r] : token;
+#pragma unroll
+                for (int u = 0; u < TPR; ++u) mr_load<HD>(p, lane, u, row, kvh, a[i][u], b[i][u], c[i][u], s[i][u]);
+            }
+        }
+        if (r0 == 0) {                                // q's loads in the same round trip as the first batch
+#pragma unroll
+            for (int j = 0; j < Q_PER_THREAD; ++j) {
+                const int e = tid + j * THREADS, r = e / HD, d = e % HD, u = j % NU;
+                const bool in = row0 + r < p.group;
+                const float* row = q_tok + (size_t)(row0 + r) * HD;
+                xv[j] = in ? __ldg(row + d) : 0.0f;
+                yv[j] = in && rc.rot[u] ? __ldg(row + rc.partner[u]) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < Q_PER_THREAD; ++j) {  // rows past the group stay exactly 0 (as rope_stage)
+                const int u = j % NU, r = (tid + j * THREADS) / HD;
+                qv[j] = rc.rot[u] && row0 + r < p.group ? rope_rotated(xv[j], yv[j], rc.cs[u], rc.sn[u], rc.first[u])
+                                                        : xv[j];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MR_BATCH; ++i) {
+            const int r = r0 + i * RPP + lane.r_in;
+            if (r < n_rows) {
+#pragma unroll
+                for (int u = 0; u < TPR; ++u)
+                    mr_store<HD>(p, lane, u, a[i][u], b[i][u], c[i][u], s[i][u], rows + (size_t)r * 2 * HD, kvh, slot,
+                                 store && r == own && slot_in);
+            }
+        }
+    }
+}
+
+// The store block's own row alone, straight to the caches (a token whose row sees no key at all: the kernel returns
+// before masked_rope_stage)
+template <int HD>
+__device__ __forceinline__ void mr_store_own_row(const Params& p, int kvh, int token, int tid) {
+    const MrLane<HD> lane(p, tid);
+    const int slot = p.n_past[0] + token;
+    if (lane.r_in != 0 || slot < 0 || slot >= p.max_ctx) return;
+    for (int u = 0; u < MrLane<HD>::TPR; ++u) {
+        float a, b, c, s;
+        mr_load<HD>(p, lane, u, token, kvh, a, b, c, s);
+        mr_store<HD>(p, lane, u, a, b, c, s, nullptr, kvh, slot, true);
+    }
+}
+
+// MR, each tile: the warp's keys v0 .. v0 + 15 that are new slots (v >= n_past, v < L: the (v - n_past)-th visible new
+// row) get their rows of the float16 K | V tile (ks: the warp's first row) from `rows` -- the tile's copies of those
+// slots are the cache's stale rows. After the pipeline's __syncthreads (the copies have landed); __syncwarp orders
+// the stores before the warp's ldmatrix reads.
+template <int HD>
+__device__ __forceinline__ void masked_rows_override(__half* ks, const __half* rows, int n_past, int L, int v0,
+                                                     int lane) {
+    constexpr int LD = Cfg<HD>::LD, CHUNKS = Cfg<HD>::CHUNKS;
+    const int first = max(v0, n_past), end = min(v0 + WARP_SLOTS, L);
+    if (first >= end) return;
+    for (int c = lane; c < (end - first) * 2 * CHUNKS; c += 32) {   // 16-byte pieces of K | V, row by row
+        const int v = first + c / (2 * CHUNKS), piece = c % (2 * CHUNKS);
+        __half* krow = ks + (v - v0) * LD;
+        __half* dst = piece < CHUNKS ? krow + piece * 8 : krow + TILE * LD + (piece - CHUNKS) * 8;
+        *reinterpret_cast<uint4*>(dst) =
+            *reinterpret_cast<const uint4*>(rows + (size_t)(v - n_past) * 2 * HD + piece * 8);
     }
     __syncwarp();
 }

@@ -23,6 +23,9 @@
 // sin: an error of at most 1 float ulp of cos/sin, i.e. |err| <= 1.2e-7 * (|a| + |b|), for any
 // position (int32) and theta.
 //
+// Table (fd_rope_t.table_mode 1, ABI 31): block i also stores its cos / sin at table + i * rope_dim, the rows
+// fd_attention_masked_rope reads in later layers (mode 2 is not read here).
+//
 // Launch: one block of 128 threads per token, with programmatic dependent launch (fd::launch_pdl). The block first
 // tabulates cos/sin for its position (rope_dim / 2 <= 256 entries in shared memory) before pdl_wait, while the QKV
 // projection runs (as a plain launch its whole time followed the projection's: bench/NOTES.md session 36), then walks
@@ -52,7 +55,7 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
                      const int32_t* __restrict__ n_past, int n_heads, int n_kv_heads, int head_dim, int rope_dim,
                      double theta, int neox, const fd::RopeScaling scaling, int max_ctx, int k_type, int v_type,
                      const fd::kvq::Plane kq, const fd::kvq::Plane vq, const float* __restrict__ k_offset,
-                     __half* __restrict__ k_ring, __half* __restrict__ v_ring, int ring_slots) {
+                     __half* __restrict__ k_ring, __half* __restrict__ v_ring, int ring_slots, float* table_out) {
     __shared__ float cos_s[ROPE_MAX_HALF], sin_s[ROPE_MAX_HALF];
     const int i = blockIdx.x;                 // token
     const int half = rope_dim / 2;
@@ -65,6 +68,11 @@ rope_kv_write_kernel(float* q, float* k, const float* __restrict__ v, __half* __
         fd::rope_cos_sin(pos, j, rope_dim, theta, scaling, cos_s[j], sin_s[j]);
     fd::pdl_wait();                // q / k / v are the QKV projection's
     fd::pdl_launch_dependents();   // the attention may become resident (it waits for this kernel in its pdl_wait)
+    if (table_out != nullptr)      // table_mode 1: token i's row of the table (flashd_attention.h), each thread its own
+        for (int j = threadIdx.x; j < half; j += ROPE_THREADS) {   // pairs (after the wait: the buffer is the
+            table_out[(size_t)i * rope_dim + 2 * j] = cos_s[j];       // stream's, whoever read it before)
+            table_out[(size_t)i * rope_dim + 2 * j + 1] = sin_s[j];
+        }
     __syncthreads();
 
     // (a, b) -> (a c - b s, a s + b c), products rounded separately as numpy does in float32 (rope_math.cuh)
@@ -164,7 +172,8 @@ extern "C" int fd_rope_kv_write(float* q, float* k, const float* v, void* k_cach
         shape->k_type, shape->v_type, fd::kvq::plane(k_cache, shape->k_type, kvh, ctx, hd),
         fd::kvq::plane(v_cache, shape->v_type, kvh, ctx, hd), shape->k_type != FD_KV_F16 ? k_offset : nullptr,
         fd::kvq::ring_of(k_cache, shape->k_type, kvh, ctx, hd, shape->window),
-        fd::kvq::ring_of(v_cache, shape->v_type, kvh, ctx, hd, shape->window), shape->window_slots);
+        fd::kvq::ring_of(v_cache, shape->v_type, kvh, ctx, hd, shape->window), shape->window_slots,
+        rope->table_mode == 1 ? rope->table : nullptr);
 }
 
 extern "C" size_t fd_kv_window_offset(int kv_type, int n_kv_heads, int max_ctx, int head_dim) {

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 /* --- cdef begin --- */
-#define FD_ABI_VERSION 30   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
+#define FD_ABI_VERSION 31   /* 2: attention entry points take fd_attention_shape_t / fd_rope_t; fd_kv_move,
                               fd_event_query and fd_not_ready_status removed; 3: fd_tuning_t (flashd_tuning.h);
                               4: fd_tuning_t.gemv_mma_rows; 5: fd_attention_shape_t.k_type / v_type (FD_KV_*),
                               fd_kv_plane_bytes, fd_kv_compact_rows; 6: fd_topk_logprobs; 7: a q8_0 / q4_0 K
@@ -66,7 +66,9 @@ extern "C" {
                               fd_ddtree_build (flashd_sampling.h); 24: fd_tuning_t.gemv_rows_formats; 25: fd_tuning_t.gemv_rows_dp4a; 26:
                               fd_tuning_t.gemv_rows_tma_split, gemv_rows_stage_x; 27: fd_tuning_t.gemv_rows_tma_warps;
                               28: fd_attention_shape_t.max_keys; 29: fd_rope_t.table / table_mode; 30:
-                              fd_attention_shape_t.o_codes / o_scales, fd_gemv_xq, fd_tuning_t.attn_o_codes */
+                              fd_attention_shape_t.o_codes / o_scales, fd_gemv_xq, fd_tuning_t.attn_o_codes; 31:
+                              fd_attention_masked_rope, fd_rope_kv_write's table_mode 1 (a row a token),
+                              fd_tuning_t.attn_masked_rope */
 
 #define FD_E_ARG -1          /* a size, pointer or shape argument is invalid */
 #define FD_E_QTYPE -2        /* weight format not supported by this kernel */

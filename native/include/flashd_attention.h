@@ -119,8 +119,9 @@ typedef struct {
     float theta;
     int neox;
     const fd_rope_scaling_t* scaling;     /* NULL: the plain rope */
-    float* table;      /* fd_attention_decode_rope only (ABI 29; others ignore both): NULL, or rope_dim floats on the */
-    int table_mode;    /* device -- 0: unused; 1: cos / sin computed and stored there; 2: read from there (below) */
+    float* table;      /* fd_attention_decode_rope, fd_rope_kv_write (mode 1) and fd_attention_masked_rope (mode 2) */
+    int table_mode;    /* only (others ignore both): NULL, or floats on the device -- 0: unused; 1: cos / sin
+                          computed and stored there; 2: read from there (below) */
 } fd_rope_t;
 
 /* The RoPE table (table_mode 1 / 2): the new position's cos and sin of pair j at table[2j], table[2j + 1], the same
@@ -130,7 +131,9 @@ typedef struct {
    reads them in the later ones (mode 2). Mode 2's caller promises that a mode-1 launch of the same position and rope
    ran two or more launches earlier on the stream (every kernel of this library triggers its dependents only after
    its own wait, so that launch has completed when a mode-2 one starts). A quantized K (its rotated table) ignores
-   both. FD_E_ARG for a mode outside 0..2 or a mode without a table. */
+   both. FD_E_ARG for a mode outside 0..2 or a mode without a table.
+   Rows (ABI 31): fd_rope_kv_write with mode 1 stores token i's at table + i * rope_dim (n * rope_dim floats), the
+   table fd_attention_masked_rope reads (mode 2, required there) for the same positions. */
 
 /* ---- RoPE and the K/V cache write (rope.cu) ----------------------------------------------- */
 /* Rotates q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) in place at positions[i] (RoPE; then, for a
@@ -183,6 +186,22 @@ int fd_attention_prefill(float* o, const float* q, const void* k_cache, const vo
 int fd_attention_masked(float* o, const float* q, const void* k_cache, const void* v_cache, const uint8_t* mask,
                         const int32_t* n_past, int n, const fd_attention_shape_t* shape, int chunk_len,
                         void* workspace, size_t workspace_bytes, void* stream);
+/* fd_attention_masked with the new tokens' RoPE and K/V write fused in (ABI 31; a verify forward's layers, instead
+   of fd_rope_kv_write + fd_attention_masked, bit for bit the same o and cache rows): q (n, n_heads, head_dim) and k,
+   v (n, n_kv_heads, head_dim) float32 as projected (unrotated; not modified; v 8-byte aligned); row i's cos / sin in
+   rope->table (table_mode 2: rows, above -- stored by an fd_rope_kv_write of the same positions and rope two or more
+   launches earlier). Each token's visible new rows are RoPE'd in the blocks that attend them, and token i's own row
+   is stored at slot *n_past + i (if inside [0, max_ctx)) as fd_rope_kv_write stores it. float16 K and V, no window,
+   head_dim 64 or 128, n <= FD_ATTENTION_MASKED_ROPE_MAX_NEW (FD_E_SHAPE otherwise: the caller runs the two
+   launches); FD_E_SHAPE also where the device's per-block shared memory cannot hold the kernel's (~102 KB at
+   head_dim 128: sm_80 / sm_90). o_codes as fd_attention_masked's. Ordering (PDL): the mask, *n_past, the table and
+   the cache rows before slot *n_past are read before the previous kernel on the stream has finished (as
+   fd_attention_decode_rope's); q, k and v may be its. */
+#define FD_ATTENTION_MASKED_ROPE_MAX_NEW 48
+int fd_attention_masked_rope(float* o, const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
+                             const uint8_t* mask, const int32_t* n_past, int n, const fd_attention_shape_t* shape,
+                             const fd_rope_t* rope, int chunk_len, void* workspace, size_t workspace_bytes,
+                             void* stream);
 
 /* ---- speculative decoding (kv_compact.cu) ------------------------------------------------- */
 /* Commit a verified tree path: in every layer, K and V, every KV head, for i = 0 .. n_keep-1 in

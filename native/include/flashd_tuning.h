@@ -2,7 +2,7 @@
    for the current device on first use, readable and replaceable through the ABI (benchmarks record it and
    A/B it; nothing is read from the environment). gemv_rounds, pdl, gemv_mma_rows, gemv_rows_fuse_nx,
    weights_evict_first, delta_cluster, gemv_xq_prepass_(norm_)cols, gemv_swiglu_pair, gemv_xq_direct, gemv_rows_tma(_split),
-   gemv_rows_stage_x, gemv_rows_dp4a, gemv_rows_tma_warps and attn_o_codes change only how kernels are launched or cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
+   gemv_rows_stage_x, gemv_rows_dp4a, gemv_rows_tma_warps, attn_o_codes and attn_masked_rope change only how kernels are launched or cached, never a result; gemv_stage_bytes, gemv_swiglu_stage_bytes and gemv_split_cols may change a GEMV's lanes per row (a row's
    summation order), gemv_int8_x its activation precision and gemv_rows and gemv_rows_formats the kernel (and chunking) of Q4_K / Q6_K / Q8_0 / Q5_0 GEMVs and
    attn_single_chunks the summation order of short attention rows --
    under any tuning a row's bits do not depend on the rows beside it.
@@ -93,6 +93,10 @@ typedef struct {
     int attn_o_codes;       /* 0 / 1: a forward of 2 or more rows (a verify tree) has its attention write o's int8
                                codes (fd_attention_shape_t.o_codes) for the output projection (fd_gemv_xq) where
                                head_dim is 128; read by the Python runner, never changes a result */
+    int attn_masked_rope;   /* 0 .. 48: a verify forward of at most this many rows runs fd_attention_masked_rope (RoPE
+                               and the K/V write inside the attention) in its layers after the first, instead of
+                               fd_rope_kv_write + fd_attention_masked, where it applies (float16 K and V, head_dim 64 /
+                               128); 0: never. Read by the Python runner, never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

@@ -36,7 +36,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                         "gemv_swiglu_stage_bytes": 0, "gemv_swiglu_pair": 1,
                         "gemv_xq_direct": 0, "gemv_split_cols": 8192, "gemv_rows_tma": 1, "gemv_rows_formats": 3,
                         "gemv_rows_dp4a": 1, "gemv_rows_tma_split": 8, "gemv_rows_stage_x": 20000,
-                        "gemv_rows_tma_warps": 19, "attn_o_codes": 1}
+                        "gemv_rows_tma_warps": 19, "attn_o_codes": 1, "attn_masked_rope": 8}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},
@@ -56,7 +56,8 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                                  {"gemv_rows_formats": 16}, {"gemv_rows_dp4a": -1}, {"gemv_rows_dp4a": 2},
                                  {"gemv_rows_tma_split": -1}, {"gemv_rows_tma_split": 65}, {"gemv_rows_stage_x": -1},
                                  {"gemv_rows_stage_x": (1 << 20) + 1}, {"gemv_rows_tma_warps": 3},
-                                 {"gemv_rows_tma_warps": 32}, {"attn_o_codes": -1}, {"attn_o_codes": 2}])
+                                 {"gemv_rows_tma_warps": 32}, {"attn_o_codes": -1}, {"attn_o_codes": 2},
+                                 {"attn_masked_rope": -1}, {"attn_masked_rope": 49}])
 def test_out_of_range_values_are_refused_and_change_nothing(native, restore_tuning, bad):
     t = native.ffi.new("fd_tuning_t*", {**restore_tuning, **bad})
     assert native.lib.fd_tuning_set(t) == FD_E_ARG

@@ -34,7 +34,7 @@ def test_every_declared_function_is_defined_once():
         assert len(defs) == 1, f"{name}: {len(defs)} definitions in native/cuda/*.cu"
 
 
-ABI_VERSION = 30   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
+ABI_VERSION = 31   # flashd.h FD_ABI_VERSION; bump both together, with the header's history comment
 
 
 def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
@@ -49,7 +49,8 @@ def test_abi_version_is_pinned_and_the_recurrent_part_is_declared():
     fd_kv_compact_ring); 22 fd_tuning_t.gemv_rows_tma; 23 fd_ddtree_build; 24
     fd_tuning_t.gemv_rows_formats; 25 fd_tuning_t.gemv_rows_dp4a; 26 fd_tuning_t.gemv_rows_tma_split,
     gemv_rows_stage_x; 27 fd_tuning_t.gemv_rows_tma_warps; 28 fd_attention_shape_t.max_keys; 29 fd_rope_t.table /
-    table_mode; 30 fd_attention_shape_t.o_codes / o_scales, fd_gemv_xq, fd_tuning_t.attn_o_codes."""
+    table_mode; 30 fd_attention_shape_t.o_codes / o_scales, fd_gemv_xq, fd_tuning_t.attn_o_codes; 31
+    fd_attention_masked_rope, fd_rope_kv_write's table_mode 1, fd_tuning_t.attn_masked_rope."""
     ffi = cffi.FFI()
     ffi.cdef(cdef_source())
     lib = ffi.dlopen(None)          # integer constants only: no symbol is looked up

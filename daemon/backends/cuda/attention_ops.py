@@ -2,8 +2,10 @@
 of the C ABI, named as the entry point is (CudaOps.attention_decode runs fd_attention_decode, ...).
 
 `Ops.attention` dispatches: a one-row step without a mask (the decode step) runs `attention_decode_rope`
-(RoPE, the K/V write and split-K attention in one launch) while `fuse_decode_rope` is on; every other
-batch runs `rope_kv_write` first, then `attention_masked` (a mask: tree verification, DFlash blocks),
+(RoPE, the K/V write and split-K attention in one launch) while `fuse_decode_rope` is on; a masked batch (tree
+verification, DFlash blocks) whose shapes `attention_masked_rope` serves runs it in every layer after the
+forward's first (whose `rope_kv_write` stores each row's cos / sin for them: the rows table) up to the tuning's
+attn_masked_rope rows; every other batch runs `rope_kv_write` first, then `attention_masked`,
 `attention_decode` (one row) or `attention_prefill` (several rows, causal). The decode, decode_rope and
 masked kernels share the split-K machinery of native/cuda/attention_splitk.cuh, which splits a row's
 keys in chunks of DECODE_CHUNK_SLOTS slots; masked attention splits them exactly as decode does, so a
@@ -28,6 +30,8 @@ __all__ = ["AttentionOps", "Roped", "DECODE_CHUNK_SLOTS", "MAX_MASKED_TOKENS", "
 
 DECODE_CHUNK_SLOTS = 64       # split-K chunk of the decode attention (measured: faster at short depth, same at 32K)
 MAX_MASKED_TOKENS = 65        # masked attention's workspace: a tree of a root + 64 drafted nodes, a DFlash block
+MASKED_ROPE_MAX_NEW = 48      # FD_ATTENTION_MASKED_ROPE_MAX_NEW: the most rows fd_attention_masked_rope takes
+MASKED_ROPE_HEAD_DIMS = (64, 128)
 FLASHPREFILL_BLOCK = 128      # FD_FLASHPREFILL_BLOCK: key / query block of FlashPrefill's scoring, in slots
 
 
@@ -186,13 +190,14 @@ class AttentionOps:
                              f"{tuple(k_cache.shape)} (want float32 (n_kv_heads, head_dim), quantized K only)")
         return off
 
-    def _rope(self, r: Roped, table_mode: int = 0):
+    def _rope(self, r: Roped, table_mode: int = 0, rows: bool = False):
         """The fd_rope_t* of a Roped (its scaling struct kept alive with it); table_mode 1 / 2: with the ops' RoPE
-        table (flashd_attention.h), to store / read."""
-        key = (r.rope_dim, r.theta, r.neox, r.scaling, table_mode)
+        table (flashd_attention.h), to store / read -- the decode step's one position, or (rows) the rows table of a
+        masked forward."""
+        key = (r.rope_dim, r.theta, r.neox, r.scaling, table_mode, rows)
         if key not in self._ropes:
             scaling = rope_scaling_struct(self.ffi, r.scaling, r.rope_dim, r.theta)
-            table = self.dev.p(self.rope_table, "float*") if table_mode else None
+            table = self.dev.p(self.rope_rows_table if rows else self.rope_table, "float*") if table_mode else None
             self._ropes[key] = (rope_struct(self.ffi, r.rope_dim, r.theta, r.neox, scaling, table, table_mode),
                                 scaling)
         return self._ropes[key][0]
@@ -210,12 +215,37 @@ class AttentionOps:
             return 1
         return 2 if key == self._rope_table_key else 0
 
+    def _rows_table_mode(self, q: Roped, k: Roped, cache_layer) -> int:
+        """For a masked batch: 2 if this layer can run attention_masked_rope reading the rows table an earlier layer
+        of this forward stored (same rope, same positions tensor, same rows), 1 if its rope_kv_write should store the
+        table (the forward's first such layer), 0 for neither: more rows than the tuning's attn_masked_rope (0: off;
+        measured: bench/NOTES.md session 43), or shapes the kernel does not take (a quantized K or V, a window,
+        head_dim other than 64 / 128, more than MASKED_ROPE_MAX_NEW rows, q and k roped apart)."""
+        n, _, head_dim = q.x.shape
+        if (n > min(self.masked_rope_rows, MASKED_ROPE_MAX_NEW) or self.rope_rows_table is None
+                or head_dim not in MASKED_ROPE_HEAD_DIMS or q.rope_dim * n > self.rope_rows_table.size
+                or any(kv_type_of(c) != "f16" for c in cache_layer) or kv_window(cache_layer)[0]
+                or (k.rope_dim, k.theta, k.neox, k.scaling, k.positions.ptr)
+                != (q.rope_dim, q.theta, q.neox, q.scaling, q.positions.ptr)):
+            return 0
+        key = (q.rope_dim, q.theta, q.neox, q.scaling, int(q.positions.ptr), n)
+        if self._rope_rows_key is None:
+            self._rope_rows_key = key
+            return 1
+        return 2 if key == self._rope_rows_key else 0
+
     # -- dispatch (the Ops interface) ------------------------------------------------------------
     def attention(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, batch: Batch) -> DeviceTensor:
         _roped("attention", q, k)
         n = q.x.shape[0]
         if n == 1 and batch.mask is None and self.fuse_decode_rope:
             return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)
+        if batch.mask is not None:
+            mode = self._rows_table_mode(q, k, cache_layer)
+            if mode == 2:
+                return self.attention_masked_rope(q, k, v, cache_layer, batch.mask, batch.n_past)
+            self.rope_kv_write(q, k, v, cache_layer, batch.n_past, rows_table=mode == 1)
+            return self.attention_masked(q.x, cache_layer, batch.mask, batch.n_past)
         self.rope_kv_write(q, k, v, cache_layer, batch.n_past)
         if batch.mask is not None:
             return self.attention_masked(q.x, cache_layer, batch.mask, batch.n_past)
@@ -229,10 +259,12 @@ class AttentionOps:
         self.rope_kv_write(None, k, v, cache_layer, start)
 
     # -- one method per C entry point --------------------------------------------------------------
-    def rope_kv_write(self, q: Roped | None, k: Roped, v: DeviceTensor, cache_layer, n_past: DeviceTensor) -> None:
+    def rope_kv_write(self, q: Roped | None, k: Roped, v: DeviceTensor, cache_layer, n_past: DeviceTensor,
+                      rows_table: bool = False) -> None:
         """fd_rope_kv_write: rotate q (n, H, d) and k (n, Hkv, d) in place at k.positions (RoPE; for a quantized K
         then the Hadamard rotation, backends/kv_rotate.py) and store k, v in the cache's types at cache slots
-        *n_past + i. q None: k and v only."""
+        *n_past + i. q None: k and v only. rows_table: also store row i's cos / sin in the rows table (table_mode 1)
+        for the forward's later attention_masked_rope calls."""
         n, n_kv_heads, head_dim = k.x.shape
         if tuple(v.shape) != tuple(k.x.shape) or (q is not None and (q.x.shape[0] != n or q.x.shape[2] != head_dim)):
             raise ValueError(f"rope_kv_write: q {None if q is None else q.x.shape}, k {k.x.shape}, v {v.shape}")
@@ -246,7 +278,9 @@ class AttentionOps:
         self._check(self.lib.fd_rope_kv_write(self.p(None if q is None else q.x), self.p(k.x), self.p(v),
                                               self.p(cache_layer[0]), self.p(cache_layer[1]),
                                               self.p(self._k_offset(cache_layer, "rope_kv_write")), self.p(k.positions),
-                                              self.p(n_past), n, shape, self._rope(k), self.dev.stream),
+                                              self.p(n_past), n, shape,
+                                              self._rope(k, 1, rows=True) if rows_table else self._rope(k),
+                                              self.dev.stream),
                     "fd_rope_kv_write")
 
     def attention_decode(self, q: DeviceTensor, cache_layer, n_past: DeviceTensor) -> DeviceTensor:
@@ -280,6 +314,37 @@ class AttentionOps:
                                                      self.p(cache_layer[1]), self.p(mask), self.p(n_past), n, shape,
                                                      DECODE_CHUNK_SLOTS, self.p(ws), ws.nbytes, self.dev.stream),
                         "fd_attention_masked")
+        finally:
+            self._no_codes(shape)
+        return o
+
+    def attention_masked_rope(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer, mask: DeviceTensor,
+                              n_past: DeviceTensor) -> DeviceTensor:
+        """fd_attention_masked_rope: rope_kv_write + attention_masked in one launch, bit for bit -- n rows q (n, H, d),
+        k and v (n, Hkv, d) as projected (left unrotated), row i's cos / sin read from the rows table (an earlier
+        rope_kv_write of this forward stored it: _rows_table_mode), K and V stored at slots *n_past + i."""
+        n, n_heads, head_dim = q.x.shape
+        k_cache = cache_layer[0]
+        n_kv_heads = k_cache.shape[0]
+        if k.x.shape != (n, n_kv_heads, head_dim) or tuple(v.shape) != (n, n_kv_heads, head_dim):
+            raise ValueError(f"attention_masked_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
+                             f"a cache of {k_cache.shape}")
+        shape = self._shape(q.x.shape, cache_layer, "attention_masked_rope")
+        if mask.size != n * n:
+            raise ValueError(f"attention_masked_rope: mask {mask.shape} for {n} rows")
+        ws = self.attn_workspace
+        need = int(self.lib.fd_attention_workspace_bytes(n, shape, DECODE_CHUNK_SLOTS))
+        if ws is None or ws.nbytes < need:
+            raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
+                               f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
+        o = self.take((n, n_heads * head_dim))
+        o.codes = self._o_codes(n, n_heads, head_dim, shape)
+        try:
+            self._check(self.lib.fd_attention_masked_rope(self.p(o), self.p(q.x), self.p(k.x), self.p(v),
+                                                          self.p(k_cache), self.p(cache_layer[1]), self.p(mask),
+                                                          self.p(n_past), n, shape, self._rope(q, 2, rows=True),
+                                                          DECODE_CHUNK_SLOTS, self.p(ws), ws.nbytes, self.dev.stream),
+                        "fd_attention_masked_rope")
         finally:
             self._no_codes(shape)
         return o

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base import KVCacheSpec
-from .attention_ops import (DECODE_CHUNK_SLOTS, MAX_MASKED_TOKENS, AttentionOps, Roped, attention_shape,
+from .attention_ops import (DECODE_CHUNK_SLOTS, MASKED_ROPE_MAX_NEW, MAX_MASKED_TOKENS, AttentionOps, Roped, attention_shape,
                             attention_workspace_bytes, rope_scaling_struct, rope_struct)
 from .kv_cache import CudaKVCache
 from .kv_cache_quant import CudaQuantKVCache
@@ -129,6 +129,10 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
         self.rope_table: DeviceTensor | None = None
         self.rope_table_on = False
         self._rope_table_key = None
+        # a masked forward's rows table (fd_attention_masked_rope): its first layer's rope_kv_write stores row i's cos /
+        # sin, its later layers read them (AttentionOps._rows_table_mode); reset by begin_forward
+        self.rope_rows_table: DeviceTensor | None = None
+        self._rope_rows_key = None
         self._ropes: dict = {}                   # (rope_dim, theta, neox, RopeScaling) -> (fd_rope_t*, its scaling)
         self._gemv_rows = self._tuned_gemv_rows()   # the tuning's gemv_rows fields, re-read by begin_forward
         self._tuned_attention()
@@ -156,19 +160,24 @@ class CudaOps(AttentionOps, TopKOps, TreeBuildOps, RecurrentOps, HybridOps, Fuse
             self.attn_workspace = self.dev.empty((max(int(n), 16),), np.uint8)
         if self.rope_table is None:                  # cos / sin of every pair of a head_dim <= 256 (never replaced)
             self.rope_table = self.dev.empty((ROPE_TABLE_FLOATS,), np.float32)
+        if self.rope_rows_table is None:             # the same for MASKED_ROPE_MAX_NEW rows of rope_dim <= 128
+            self.rope_rows_table = self.dev.empty((MASKED_ROPE_MAX_NEW * 128,), np.float32)
 
     def begin_forward(self, row_invariant: bool = False) -> None:
         self.arena.reset()
         self.row_invariant = row_invariant
         self._rope_table_key = None                  # the next fused decode call stores the table again
+        self._rope_rows_key = None                   # the next masked layer stores the rows table again
         self._gemv_rows = self._tuned_gemv_rows()
         self._tuned_attention()
 
     def _tuned_attention(self) -> None:
         """The tuning's attn_o_codes: whether a verify forward's attention writes o's codes for the output projection
-        (AttentionOps._o_codes)."""
+        (AttentionOps._o_codes); attn_masked_rope: up to how many rows its later layers run attention_masked_rope."""
         t = self.ffi.new("fd_tuning_t*")
-        self.o_codes_on = self.lib.fd_tuning_get(t) == 0 and int(t.attn_o_codes) == 1
+        ok = self.lib.fd_tuning_get(t) == 0
+        self.o_codes_on = ok and int(t.attn_o_codes) == 1
+        self.masked_rope_rows = int(t.attn_masked_rope) if ok else 0
 
     def _tuned_gemv_rows(self) -> dict:
         """{'gemv_rows': .., 'gemv_rows_formats': ..} of the tuning in effect (empty: none, the one-row kernels)."""
