@@ -67,12 +67,12 @@ __device__ __forceinline__ void store_o_codes(const Params& p, int token, int h,
 // ROPE the new row's tile values are float16(x) and its ring row is stored (window_value), as fd_rope_kv_write +
 // fd_attention_decode.
 //
-// MR > 0 (fd_attention_masked_rope, MR pipeline stages: n tokens under a mask, float16 K and V, head_dim <= 128, n <= MR_MAX_NEW): q, k and v
-// are the QKV projection's outputs as they are, row i's cos / sin in the RoPE table (fd_rope_kv_write stored them with
-// an earlier layer). As ROPE, the plan (the mask and n_past are the forward's inputs), the first tiles' copies and the
-// table's loads run before pdl_wait; after it masked_rope_stage rotates the block's q rows, RoPEs the token's visible
-// new rows into shared memory (`mrows`, MrCfg; only a split that attends a new slot) and -- in the token's store block,
-// split 0 and row tile 0 -- writes the
+// MR > 0 (fd_attention_masked_rope; MR is the pipeline's stage count, mr_stages: n tokens under a mask, float16 K and
+// V, head_dim <= 128, n <= MR_MAX_NEW): q, k and v are the QKV projection's outputs as they are, row i's cos / sin in
+// the rows table (fd_rope_kv_write stored it with the forward's first layer). As ROPE, the plan (the mask and n_past
+// are the forward's inputs), the first tiles' copies and the table's loads run before pdl_wait; after it
+// masked_rope_stage rotates the block's q rows, RoPEs the token's visible new rows into shared memory (`mrows`, MrCfg;
+// only in a split that attends a new slot) and -- in the token's store block, split 0 and row tile 0 -- writes the
 // token's own row to the cache at slot n_past + token; masked_rows_override puts the visible rows over each tile's
 // stale copies of their slots. So o and the cache equal fd_rope_kv_write + fd_attention_masked's bit for bit (the
 // same rope_math.cuh arithmetic and roundings), and q, k, v are left unrotated.
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(THREADS, 1) splitk_kernel(const Params p) {
     __half* q_lo = q_hi + ROWS * LD;
     int* list = reinterpret_cast<int*>(q_lo + ROWS * LD);   // [MAX_NEW] visible new slots (masked mode)
     __half* mrows = reinterpret_cast<__half*>(list + MAX_NEW);   // MR: [MR_MAX_NEW + 1][2 HD] new K | V rows
-    __half* pipe = MR ? mrows + MrCfg<HD, 2>::ROWS_BYTES / sizeof(__half)   // STAGES x (K [TILE][LD], V [TILE][LD])
+    __half* pipe = MR ? mrows + MrCfg<HD, MR ? MR : 2>::ROWS_BYTES / sizeof(__half)   // STAGES x (K, V [TILE][LD])
                       : mrows;
     // QKV: pipe is one K | V tile, then the raw ring (attention_splitk_qstage.cuh); FRAG: the raw ring alone (with
     // WIN the tile too: a window tile's float16 rows)
