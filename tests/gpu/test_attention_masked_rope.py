@@ -13,6 +13,7 @@ import pytest
 from tests.gpu.attention_oracle import random_cache, tree_mask
 from tests.gpu.test_forward import cuda_runner, random_tree
 from tests.gpu.test_gemv import bits
+from tests.gpu.test_o_codes import CountingLib, backend  # noqa: F401 (backend: the module's CudaBackend fixture)
 
 from flashd.daemon.backends.cuda.ops import attention_shape, rope_struct
 
@@ -169,30 +170,6 @@ MODEL_64 = dict(arch="qwen2", weight_type="Q4_K", n_layers=2, hidden=512, n_head
                 vocab_size=1000, name="masked-rope-64")   # head_dim 64, GQA 8
 
 
-@pytest.fixture(scope="module")
-def backend():
-    from flashd.daemon.backends.cuda.backend import CudaBackend
-    return CudaBackend()
-
-
-class CountingLib:
-    """ops.lib with fd_attention_masked_rope / fd_attention_masked calls counted."""
-
-    def __init__(self, lib):
-        self._lib = lib
-        self.calls = {"fd_attention_masked_rope": 0, "fd_attention_masked": 0}
-
-    def __getattr__(self, name):
-        fn = getattr(self._lib, name)
-        if name not in self.calls:
-            return fn
-
-        def counted(*args):
-            self.calls[name] += 1
-            return fn(*args)
-        return counted
-
-
 @pytest.mark.parametrize("model", [MODEL, MODEL_64], ids=["head_dim_128", "head_dim_64"])
 def test_the_verify_forward_is_bitwise_the_same_fused(backend, native, synthetic_model, model):
     path = synthetic_model(**model)
@@ -203,7 +180,7 @@ def test_the_verify_forward_is_bitwise_the_same_fused(backend, native, synthetic
         native.set_tuning(**{**before, "attn_masked_rope": 48 * on})  # read by every forward (CudaOps.begin_forward)
         try:
             run = cuda_runner(backend, path, "graph", max_ctx=2048, chunk=64)
-            counter = CountingLib(run.ops.lib)
+            counter = CountingLib(run.ops.lib, ("fd_attention_masked_rope", "fd_attention_masked"))
             run.ops.lib = counter
             trees, greedy = [], []
             for prompt in prompts:

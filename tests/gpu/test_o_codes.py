@@ -197,11 +197,12 @@ def backend(native):
 
 
 class CountingLib:
-    """ops.lib with its fd_gemv_xq / fd_gemv calls counted (cffi functions cannot be patched in place)."""
+    """ops.lib with the calls of the named entry points counted (cffi functions cannot be patched in place); by
+    default fd_gemv_xq / fd_gemv."""
 
-    def __init__(self, lib):
+    def __init__(self, lib, names=("fd_gemv_xq", "fd_gemv")):
         self._lib = lib
-        self.calls = {"fd_gemv_xq": 0, "fd_gemv": 0}
+        self.calls = {name: 0 for name in names}
 
     def __getattr__(self, name):
         fn = getattr(self._lib, name)

@@ -295,18 +295,25 @@ class AttentionOps:
                                                  self.dev.stream), "fd_attention_decode")
         return o
 
-    def attention_masked(self, q: DeviceTensor, cache_layer, mask: DeviceTensor, n_past: DeviceTensor) -> DeviceTensor:
-        """fd_attention_masked: n rotated rows q (n, H, d); row i attends every slot < *n_past and slot
-        *n_past + j iff mask[i, j] (uint8 (n, n)), split like decode attention."""
-        n, n_heads, head_dim = q.shape
-        shape = self._shape(q.shape, cache_layer, "attention_masked")
+    def _masked_checks(self, what: str, q_shape, cache_layer, mask: DeviceTensor):
+        """The shape struct and the workspace of a masked launch over rows q_shape (n, H, d), checked: the mask (n, n),
+        the reserved workspace large enough for n rows (RuntimeError: CudaOps.reserve_attention's n_tokens)."""
+        n = q_shape[0]
+        shape = self._shape(q_shape, cache_layer, what)
         if mask.size != n * n:
-            raise ValueError(f"attention_masked: mask {mask.shape} for {n} rows")
+            raise ValueError(f"{what}: mask {mask.shape} for {n} rows")
         ws = self.attn_workspace
         need = int(self.lib.fd_attention_workspace_bytes(n, shape, DECODE_CHUNK_SLOTS))
         if ws is None or ws.nbytes < need:
             raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
                                f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
+        return shape, ws
+
+    def attention_masked(self, q: DeviceTensor, cache_layer, mask: DeviceTensor, n_past: DeviceTensor) -> DeviceTensor:
+        """fd_attention_masked: n rotated rows q (n, H, d); row i attends every slot < *n_past and slot
+        *n_past + j iff mask[i, j] (uint8 (n, n)), split like decode attention."""
+        n, n_heads, head_dim = q.shape
+        shape, ws = self._masked_checks("attention_masked", q.shape, cache_layer, mask)
         o = self.take((n, n_heads * head_dim))
         o.codes = self._o_codes(n, n_heads, head_dim, shape)
         try:
@@ -329,14 +336,7 @@ class AttentionOps:
         if k.x.shape != (n, n_kv_heads, head_dim) or tuple(v.shape) != (n, n_kv_heads, head_dim):
             raise ValueError(f"attention_masked_rope: q {q.x.shape}, k {k.x.shape}, v {tuple(v.shape)} do not fit "
                              f"a cache of {k_cache.shape}")
-        shape = self._shape(q.x.shape, cache_layer, "attention_masked_rope")
-        if mask.size != n * n:
-            raise ValueError(f"attention_masked_rope: mask {mask.shape} for {n} rows")
-        ws = self.attn_workspace
-        need = int(self.lib.fd_attention_workspace_bytes(n, shape, DECODE_CHUNK_SLOTS))
-        if ws is None or ws.nbytes < need:
-            raise RuntimeError(f"masked attention over {n} tokens needs a {need}-byte workspace, reserved "
-                               f"{0 if ws is None else ws.nbytes} (CudaOps.reserve_attention(..., n_tokens))")
+        shape, ws = self._masked_checks("attention_masked_rope", q.x.shape, cache_layer, mask)
         o = self.take((n, n_heads * head_dim))
         o.codes = self._o_codes(n, n_heads, head_dim, shape)
         try:
