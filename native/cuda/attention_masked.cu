@@ -54,9 +54,10 @@ extern "C" int fd_attention_masked_rope(float* o, const float* q, const float* k
     FD_CHECK_ARG(chunk_len >= CHUNK_MULTIPLE && chunk_len % CHUNK_MULTIPLE == 0);
     FD_CHECK_ARG(isfinite(shape->scale) && shape->scale != 0.0f);
     FD_CHECK_ARG(((uintptr_t)workspace & 15u) == 0 && ((uintptr_t)k_cache & 15u) == 0 &&
-                 ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0 && ((uintptr_t)v & 7u) == 0);
+                 ((uintptr_t)v_cache & 15u) == 0 && ((uintptr_t)o & 15u) == 0 && ((uintptr_t)k & 15u) == 0 &&
+                 ((uintptr_t)v & 15u) == 0);
     if (shape->k_type != FD_KV_F16 || shape->v_type != FD_KV_F16 || shape->window != 0 || n > MR_MAX_NEW ||
-        (shape->head_dim != 64 && shape->head_dim != 128))
+        (shape->head_dim != 64 && shape->head_dim != 128) || rope->rope_dim % 8 != 0)   // MrLane's quads
         return FD_E_SHAPE;
     if (n == 0) return 0;
     Params p = make_params(o, q, k_cache, v_cache, mask, n_past, n, *shape, chunk_len);

@@ -217,89 +217,111 @@ __device__ __forceinline__ void new_row_override(__half* ks, const __half* kv_ne
 }
 
 // ---- fd_attention_masked_rope's new rows (splitk_kernel's MR variant) ------------------------------------------
-// A row of K | V is HD tasks of two values each: task t < HD / 2 is K's pair slot t -- RoPE pair t of the row's table
-// row (dims rope_pair_dims) for t < rope_dim / 2, else the unrotated dims rope_dim + 2 (t - rope_dim / 2) and the next
-// -- and task t >= HD / 2 is V's dims 2 (t - HD / 2) and the next. THREADS is a multiple of HD or HD of THREADS, so a
-// thread's tasks (t = (tid + u THREADS) % HD) are the same in every row: their dims and table offsets are worked out
-// once (MrLane), and a row costs a thread a few loads and stores. The kernel runs this code once a launch between
-// GEMV launches, so it is kept short: code size is latency on a cold instruction cache (bench/NOTES.md, session 43:
-// a first version with a general task loop unrolled was 128 KB of SASS against the plain kernel's 38 KB, and lost).
-constexpr int MR_BATCH = 8;      // rows (passes) whose loads go out together: one L2 round trip for 8 x 128 tasks
+// A row of K | V is HD / 4 quad tasks of 8 values, each two float4 loads (and, RoPE'd, two float4 of the row's table
+// row) and two 8-byte stores: quad g < HD / 8 holds K's pair slots 4g .. 4g + 3 -- RoPE pairs where 4g < rope_dim / 2
+// (rope_dim % 8 == 0, so a quad is all pairs or none), dims 4g .. 4g + 3 with their NeoX partners rope_dim / 2 further,
+// or adjacent pairs in dims 8g .. 8g + 7; unrotated slots t hold dims 2t, so those are 8g .. 8g + 7 too -- and quad
+// g >= HD / 8 holds V's dims 8 (g - HD / 8) .. + 7. The pair slots' cos / sin are 8 consecutive floats of the table
+// row at 8g either way. THREADS is a multiple of HD / 4, so a thread's quad is the same in every row (MrLane: worked
+// out once) and RPP rows go at once. The kernel runs this once a launch between GEMV launches: its staging is one
+// warp's instruction stream a row (a 4-warp block), so values are handled 8 a task, not 2 -- a first version with a
+// pair a task cost ~0.1-0.15 us a row and lost above 8 rows (bench/NOTES.md, session 43); and the code is kept short
+// (code size is latency on a cold instruction cache: a general task loop unrolled was 128 KB of SASS and lost).
+constexpr int MR_BATCH = 2;      // rows a thread loads together: x RPP rows (8 at head_dim 128) a round trip
 
 template <int HD>
 struct MrLane {
-    static constexpr int TPR = HD > THREADS ? HD / THREADS : 1;   // tasks a thread has in a row
-    static constexpr int RPP = THREADS >= HD ? THREADS / HD : 1;  // rows one pass of the block covers
-    int ia[TPR], ib[TPR];      // the task's two dims in the row's K | V (V: HD + d)
-    bool k[TPR], rot[TPR];     // a K task; a RoPE pair (its cos / sin at table row + 2 j, j = its slot)
-    int j2[TPR];
+    static constexpr int QPR = HD / 4;               // quads a row
+    static constexpr int RPP = THREADS / QPR;        // rows one pass of the block covers
+    static_assert(THREADS % QPR == 0, "a thread's quad is the same in every row");
+    int lo, hi;                // the quad's two float4: first dims in the row's K | V (V: HD + d)
+    bool k, rot, neox;         // a K quad; RoPE pairs; NeoX pairs (a pair's dims in lo and hi, else within lo | hi)
+    int tab;                   // its cos / sin: table row + tab .. + 7
     int r_in;                  // this thread's row within a pass
 
     __device__ __forceinline__ MrLane(const Params& p, int tid) {
-        r_in = THREADS >= HD ? tid / HD : 0;
-        const int half = p.rope_dim / 2;
-#pragma unroll
-        for (int u = 0; u < TPR; ++u) {
-            const int t = (tid + u * THREADS) % HD;
-            k[u] = t < HD / 2;
-            rot[u] = k[u] && t < half;
-            j2[u] = 2 * t;
-            if (rot[u]) {
-                rope_pair_dims(t, p.rope_dim, p.neox != 0, ia[u], ib[u]);
-            } else if (k[u]) {
-                ia[u] = p.rope_dim + 2 * (t - half);
-                ib[u] = ia[u] + 1;
-            } else {
-                ia[u] = HD + 2 * (t - HD / 2);
-                ib[u] = ia[u] + 1;
-            }
-        }
+        const int g = tid % QPR, half = p.rope_dim / 2;
+        r_in = tid / QPR;
+        k = g < HD / 8;
+        rot = k && 4 * g < half;
+        neox = rot && p.neox != 0;
+        tab = 8 * g;
+        lo = neox ? 4 * g : k ? 8 * g : HD + 8 * (g - HD / 8);
+        hi = neox ? 4 * g + half : lo + 4;
     }
 };
 
-// Task u of `lane` on row `row` of k_new / v_new: the two values (a, b) and, for a RoPE pair, cos / sin (c, s)
-template <int HD>
-__device__ __forceinline__ void mr_load(const Params& p, const MrLane<HD>& lane, int u, int row, int kvh, float& a,
-                                        float& b, float& c, float& s) {
-    const size_t base = ((size_t)row * p.n_kv_heads + kvh) * HD;
-    c = 1.0f;
-    s = 0.0f;
-    if (lane.k[u]) {
-        a = __ldg(p.k_new + base + lane.ia[u]);
-        b = __ldg(p.k_new + base + lane.ib[u]);
-        if (lane.rot[u]) {
-            const float* tab = p.rope_tab_in + (size_t)row * p.rope_dim + lane.j2[u];
-            c = rope_tab_load(tab);
-            s = rope_tab_load(tab + 1);
-        }
-    } else {
-        const float2 v = __ldg(reinterpret_cast<const float2*>(p.v_new + base + (lane.ia[u] - HD)));
-        a = v.x;
-        b = v.y;
-    }
+// The step's rows table (written by an earlier launch that has completed): 4 floats through L2, as rope_tab_load
+__device__ __forceinline__ float4 rope_tab_load4(const float* a) {
+#if defined(__HIP_PLATFORM_AMD__)
+    const volatile float* v = a;
+    return make_float4(v[0], v[1], v[2], v[3]);
+#else
+    return __ldcg(reinterpret_cast<const float4*>(a));
+#endif
 }
 
-// The task's float16 values (rope_kv_write's float32 arithmetic and rounding: rope_rotated, so the same bits) into
-// `dst` (the row's 2 HD halves) and, with store, into the caches at `slot`
+struct MrQuad {
+    float4 a, b;               // the values at lo and hi
+    float4 c0, c1;             // cos / sin of pair slots 4g .. 4g + 3, interleaved (RoPE quads)
+};
+
+// Quad `lane` of row `row` of k_new / v_new (16-byte aligned rows: fd_attention_masked_rope checks k and v)
 template <int HD>
-__device__ __forceinline__ void mr_store(const Params& p, const MrLane<HD>& lane, int u, float a, float b, float c,
-                                         float s, __half* dst, int kvh, int slot, bool store) {
-    float ra = a, rb = b;
-    if (lane.rot[u]) {
-        ra = rope_rotated(a, b, c, s, true);
-        rb = rope_rotated(b, a, c, s, false);
+__device__ __forceinline__ MrQuad mr_load(const Params& p, const MrLane<HD>& lane, int row, int kvh) {
+    const size_t base = ((size_t)row * p.n_kv_heads + kvh) * HD;
+    const float* src = (lane.k ? p.k_new : p.v_new) + base;
+    const int off = lane.k ? 0 : HD;
+    MrQuad t;
+    t.a = __ldg(reinterpret_cast<const float4*>(src + (lane.lo - off)));
+    t.b = __ldg(reinterpret_cast<const float4*>(src + (lane.hi - off)));
+    t.c0 = t.c1 = make_float4(1.0f, 0.0f, 1.0f, 0.0f);
+    if (lane.rot) {
+        const float* tab = p.rope_tab_in + (size_t)row * p.rope_dim + lane.tab;
+        t.c0 = rope_tab_load4(tab);
+        t.c1 = rope_tab_load4(tab + 4);
     }
-    const __half ha = __float2half_rn(ra), hb = __float2half_rn(rb);
+    return t;
+}
+
+__device__ __forceinline__ uint2 mr_halves(float x, float y, float z, float w) {
+    const __half2 h0 = __halves2half2(__float2half_rn(x), __float2half_rn(y));
+    const __half2 h1 = __halves2half2(__float2half_rn(z), __float2half_rn(w));
+    return make_uint2(*reinterpret_cast<const unsigned*>(&h0), *reinterpret_cast<const unsigned*>(&h1));
+}
+
+// The quad's float16 values (rope_kv_write's float32 arithmetic and rounding: rope_rotated on each pair, so the same
+// bits) into `dst` (the row's 2 HD halves) and, with store, into the caches at `slot`
+template <int HD>
+__device__ __forceinline__ void mr_store(const Params& p, const MrLane<HD>& lane, MrQuad t, __half* dst, int kvh,
+                                         int slot, bool store) {
+    const float c[8] = {t.c0.x, t.c0.y, t.c0.z, t.c0.w, t.c1.x, t.c1.y, t.c1.z, t.c1.w};   // pair m: c[2m], c[2m + 1]
+    float x[8] = {t.a.x, t.a.y, t.a.z, t.a.w, t.b.x, t.b.y, t.b.z, t.b.w};
+    if (lane.neox) {           // pair m: dims lo + m (first) and hi + m
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const float a = x[m], b = x[4 + m];
+            x[m] = rope_rotated(a, b, c[2 * m], c[2 * m + 1], true);
+            x[4 + m] = rope_rotated(b, a, c[2 * m], c[2 * m + 1], false);
+        }
+    } else if (lane.rot) {     // pair m: dims lo + 2m (first) and lo + 2m + 1
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const float a = x[2 * m], b = x[2 * m + 1];
+            x[2 * m] = rope_rotated(a, b, c[2 * m], c[2 * m + 1], true);
+            x[2 * m + 1] = rope_rotated(b, a, c[2 * m], c[2 * m + 1], false);
+        }
+    }
+    const uint2 ha = mr_halves(x[0], x[1], x[2], x[3]), hb = mr_halves(x[4], x[5], x[6], x[7]);
     if (dst != nullptr) {
-        dst[lane.ia[u]] = ha;
-        dst[lane.ib[u]] = hb;
+        *reinterpret_cast<uint2*>(dst + lane.lo) = ha;
+        *reinterpret_cast<uint2*>(dst + lane.hi) = hb;
     }
     if (store) {
-        __half* cache = lane.k[u] ? p.k_store : p.v_store;
-        const int off = lane.k[u] ? 0 : HD;
-        const size_t at = ((size_t)kvh * p.max_ctx + slot) * HD;
-        cache[at + lane.ia[u] - off] = ha;
-        cache[at + lane.ib[u] - off] = hb;
+        __half* cache = (lane.k ? p.k_store : p.v_store) + ((size_t)kvh * p.max_ctx + slot) * HD;
+        const int off = lane.k ? 0 : HD;
+        *reinterpret_cast<uint2*>(cache + (lane.lo - off)) = ha;
+        *reinterpret_cast<uint2*>(cache + (lane.hi - off)) = hb;
     }
 }
 
@@ -316,7 +338,7 @@ __device__ __forceinline__ void masked_rope_stage(const Params& p, const RopeCoe
                                                   __half* rows) {
     constexpr int Q_PER_THREAD = ROWS * HD / THREADS;
     constexpr int NU = RopeCoefs<HD>::NU;
-    constexpr int TPR = MrLane<HD>::TPR, RPP = MrLane<HD>::RPP;
+    constexpr int RPP = MrLane<HD>::RPP;
     const MrLane<HD> lane(p, tid);
     int own = count;                                  // the store block's row: where the list has it, else appended
     if (store)
@@ -328,15 +350,11 @@ __device__ __forceinline__ void masked_rope_stage(const Params& p, const RopeCoe
     float xv[Q_PER_THREAD], yv[Q_PER_THREAD];
 #pragma unroll 1
     for (int r0 = 0; r0 < n_rows || r0 == 0; r0 += MR_BATCH * RPP) {
-        float a[MR_BATCH][TPR], b[MR_BATCH][TPR], c[MR_BATCH][TPR], s[MR_BATCH][TPR];
+        MrQuad t[MR_BATCH];
 #pragma unroll
         for (int i = 0; i < MR_BATCH; ++i) {
             const int r = r0 + i * RPP + lane.r_in;
-            if (r < n_rows) {
-                const int row = r < count ? list[r] : token;
-#pragma unroll
-                for (int u = 0; u < TPR; ++u) mr_load<HD>(p, lane, u, row, kvh, a[i][u], b[i][u], c[i][u], s[i][u]);
-            }
+            if (r < n_rows) t[i] = mr_load<HD>(p, lane, r < count ? list[r] : token, kvh);
         }
         if (r0 == 0) {                                // q's loads in the same round trip as the first batch
 #pragma unroll
@@ -357,12 +375,8 @@ __device__ __forceinline__ void masked_rope_stage(const Params& p, const RopeCoe
 #pragma unroll
         for (int i = 0; i < MR_BATCH; ++i) {
             const int r = r0 + i * RPP + lane.r_in;
-            if (r < n_rows) {
-#pragma unroll
-                for (int u = 0; u < TPR; ++u)
-                    mr_store<HD>(p, lane, u, a[i][u], b[i][u], c[i][u], s[i][u], rows + (size_t)r * 2 * HD, kvh, slot,
-                                 store && r == own && slot_in);
-            }
+            if (r < n_rows)
+                mr_store<HD>(p, lane, t[i], rows + (size_t)r * 2 * HD, kvh, slot, store && r == own && slot_in);
         }
     }
 }
@@ -374,11 +388,7 @@ __device__ __forceinline__ void mr_store_own_row(const Params& p, int kvh, int t
     const MrLane<HD> lane(p, tid);
     const int slot = p.n_past[0] + token;
     if (lane.r_in != 0 || slot < 0 || slot >= p.max_ctx) return;
-    for (int u = 0; u < MrLane<HD>::TPR; ++u) {
-        float a, b, c, s;
-        mr_load<HD>(p, lane, u, token, kvh, a, b, c, s);
-        mr_store<HD>(p, lane, u, a, b, c, s, nullptr, kvh, slot, true);
-    }
+    mr_store<HD>(p, lane, mr_load<HD>(p, lane, token, kvh), nullptr, kvh, slot, true);
 }
 
 // MR, each tile: the warp's keys v0 .. v0 + 15 that are new slots (v >= n_past, v < L: the (v - n_past)-th visible new

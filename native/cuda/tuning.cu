@@ -72,13 +72,15 @@ namespace {
 // 16 / 32 rows -1% or nothing; a decode step asks for none (tried at one row: tg128 1,252.3 vs 1,251.3 -- reading 1,536
 // bytes of codes takes the same one L2 round trip as quantizing 6 KB); one library, two rounds, H200, session 42
 // (bench/results/2026-11-29-h200-session42.md). 0 elsewhere (no gemv_rows there).
-// attn_masked_rope = 8 on sm_90: a verify forward of at most 8 rows folds RoPE and the K/V write into its masked
+// attn_masked_rope = 16 on sm_90: a verify forward of at most 16 rows folds RoPE and the K/V write into its masked
 // attention after the first layer (fd_attention_masked_rope) -- one launch a layer fewer: real 1.5B, 1 / 2 / 4 / 8 rows
 // at depth 128 0.955 / 1.140 / 1.183 / 1.198 -> 0.882 / 1.074 / 1.122 / 1.143 ms; clones at depth 1000 -3 to -6%; the
-// 0.5B clone 1 / 2 / 8 rows -7% / -7% / -0.5%. Above 8 rows each block RoPEs more visible rows than the launch saves:
-// 16 rows -1.3% at depth 128 but +2.4% at 1000, 23 / 32 rows +4-10% (one library, alternating, H200, session 43;
-// bench/results/2026-11-29-h200-session43.md). 0 elsewhere (sm_86 / sm_89 cannot give a block its ~102 KB at head_dim
-// 128, HIP's 64 KB neither; not measured there).
+// 0.5B clone 1 / 2 / 8 rows -7% / -7% / -0.5% (session 43, a pair of values a thread a row: bound 8). With 8 values a
+// thread a row (quad tasks, session 44) the 1-8-row forwards gained another 1.3-3.2% and 12 / 16 rows win too: 1.5B
+// clone 12 / 16 rows 1.612 / 1.619 -> 1.550 / 1.556 ms at depth 128, 1.919 / 1.953 -> 1.879 / 1.938 at depth 1000;
+// 23 / 32 rows still lose at depth (+1.6% / +3.9%: each block RoPEs up to n visible rows). One library, alternating,
+// H200 (bench/results/2026-11-29-h200-session44.md). 0 elsewhere (sm_86 / sm_89 cannot give a block its ~102 KB at
+// head_dim 128, HIP's 64 KB neither; not measured there).
 struct TuningEntry {
     int cc;   // major * 10 + minor: the entry serves this architecture and newer ones up to the next entry
     fd_tuning_t t;
@@ -88,7 +90,7 @@ constexpr TuningEntry TABLE[] = {
     {80, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0, 0}},   // sm_80 A100
     {86, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0, 0}},   // sm_86 RTX 30xx (24 GB: 3090)
     {89, {1, 6144, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 0, 0, 0, 16, 0, 0}},   // sm_89 RTX 40xx (24 GB: 4090)
-    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1, 8, 20000, 19, 1, 8}},  // sm_90 H100 / H200
+    {90, {1, 12288, 0, 1, 0, 1, 1, 1, 4, 1, 8192, 4096, 0, 1, 0, 8192, 1, 3, 1, 8, 20000, 19, 1, 16}},  // sm_90 H100 / H200
 };
 constexpr int MAX_DEVICES = 64;
 

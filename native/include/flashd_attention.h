@@ -188,15 +188,15 @@ int fd_attention_masked(float* o, const float* q, const void* k_cache, const voi
                         void* workspace, size_t workspace_bytes, void* stream);
 /* fd_attention_masked with the new tokens' RoPE and K/V write fused in (ABI 31; a verify forward's layers, instead
    of fd_rope_kv_write + fd_attention_masked, bit for bit the same o and cache rows): q (n, n_heads, head_dim) and k,
-   v (n, n_kv_heads, head_dim) float32 as projected (unrotated; not modified; v 8-byte aligned); row i's cos / sin in
-   rope->table (table_mode 2: rows, above -- stored by an fd_rope_kv_write of the same positions and rope two or more
-   launches earlier). Each token's visible new rows are RoPE'd in the blocks that attend them, and token i's own row
-   is stored at slot *n_past + i (if inside [0, max_ctx)) as fd_rope_kv_write stores it. float16 K and V, no window,
-   head_dim 64 or 128, n <= FD_ATTENTION_MASKED_ROPE_MAX_NEW (FD_E_SHAPE otherwise: the caller runs the two
-   launches); FD_E_SHAPE also where the device's per-block shared memory cannot hold the kernel's (~102 KB at
-   head_dim 128: sm_80 / sm_90). o_codes as fd_attention_masked's. Ordering (PDL): the mask, *n_past, the table and
-   the cache rows before slot *n_past are read before the previous kernel on the stream has finished (as
-   fd_attention_decode_rope's); q, k and v may be its. */
+   v (n, n_kv_heads, head_dim) float32 as projected (unrotated; not modified; k and v 16-byte aligned); row i's cos /
+   sin in rope->table (table_mode 2: rows, above -- stored by an fd_rope_kv_write of the same positions and rope two
+   or more launches earlier). Each token's visible new rows are RoPE'd in the blocks that attend them, and token i's
+   own row is stored at slot *n_past + i (if inside [0, max_ctx)) as fd_rope_kv_write stores it. float16 K and V, no
+   window, head_dim 64 or 128, rope_dim a multiple of 8, n <= FD_ATTENTION_MASKED_ROPE_MAX_NEW (FD_E_SHAPE otherwise:
+   the caller runs the two launches); FD_E_SHAPE also where the device's per-block shared memory cannot hold the
+   kernel's (~102 KB at head_dim 128: sm_80 / sm_90). o_codes as fd_attention_masked's. Ordering (PDL): the mask,
+   *n_past, the table and the cache rows before slot *n_past are read before the previous kernel on the stream has
+   finished (as fd_attention_decode_rope's); q, k and v may be its. */
 #define FD_ATTENTION_MASKED_ROPE_MAX_NEW 48
 int fd_attention_masked_rope(float* o, const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
                              const uint8_t* mask, const int32_t* n_past, int n, const fd_attention_shape_t* shape,

@@ -96,7 +96,7 @@ typedef struct {
     int attn_masked_rope;   /* 0 .. 48: a verify forward of at most this many rows runs fd_attention_masked_rope (RoPE
                                and the K/V write inside the attention) in its layers after the first, instead of
                                fd_rope_kv_write + fd_attention_masked, where it applies (float16 K and V, head_dim 64 /
-                               128); 0: never. Read by the Python runner, never changes a result */
+                               128, rope_dim % 8 == 0); 0: never. Read by the Python runner, never changes a result */
 } fd_tuning_t;
 
 /* The table's entry for compute capability major.minor (the closest entry at or below it). */

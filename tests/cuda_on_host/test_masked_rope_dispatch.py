@@ -151,6 +151,25 @@ def test_shapes_the_kernel_does_not_take_keep_the_two_kernels(case):
     assert all(c[1][10].table_mode == 0 for c in dev.lib.calls if c[0] == "fd_rope_kv_write")
 
 
+@pytest.mark.parametrize("case", ["rope_dim_44", "k_misaligned", "v_misaligned"])
+def test_rows_the_kernel_cannot_take_8_at_a_time_keep_the_two_kernels(case):
+    """The kernel takes a row's values 8 at a time (float4 loads of k / v, 8 cos / sin a quad of RoPE pairs): a
+    rope_dim that is not a multiple of 8, or k / v not 16-byte aligned, keep rope_kv_write + attention_masked."""
+    dev, ops, cache = make()
+    batch = batch_of(dev, 4)
+    n = batch.n_tokens
+    for i in range(3):
+        rope_dim = 44 if case == "rope_dim_44" else 128
+        q = ops.rope(ops.take((n, N_HEADS, 128)), batch.positions, 1e6, rope_dim, True)
+        kx = ops.take((n * N_KV * 128 + 1,))
+        kx = kx[1:] if case == "k_misaligned" else kx[:-1]
+        k = ops.rope(kx.reshape(n, N_KV, 128), batch.positions, 1e6, rope_dim, True)
+        vx = ops.take((n * N_KV * 128 + 2,))
+        v = (vx[2:] if case == "v_misaligned" else vx[:-2]).reshape(n, N_KV, 128)
+        ops.attention(q, k, v, cache.layer(i), batch)
+    assert names(dev) == ["fd_rope_kv_write", "fd_attention_masked"] * 3
+
+
 def test_head_dim_64_fuses_and_the_largest_batch_too():
     dev, ops, cache = make(head_dim=64)
     batch = batch_of(dev, MASKED_ROPE_MAX_NEW)

@@ -36,7 +36,7 @@ def test_the_device_starts_from_its_architectures_entry(native, dev, restore_tun
                         "gemv_swiglu_stage_bytes": 0, "gemv_swiglu_pair": 1,
                         "gemv_xq_direct": 0, "gemv_split_cols": 8192, "gemv_rows_tma": 1, "gemv_rows_formats": 3,
                         "gemv_rows_dp4a": 1, "gemv_rows_tma_split": 8, "gemv_rows_stage_x": 20000,
-                        "gemv_rows_tma_warps": 19, "attn_o_codes": 1, "attn_masked_rope": 8}
+                        "gemv_rows_tma_warps": 19, "attn_o_codes": 1, "attn_masked_rope": 16}
 
 
 @pytest.mark.parametrize("bad", [{"gemv_int8_x": 2}, {"gemv_stage_bytes": 255}, {"gemv_stage_bytes": 65537},

@@ -215,15 +215,17 @@ class AttentionOps:
             return 1
         return 2 if key == self._rope_table_key else 0
 
-    def _rows_table_mode(self, q: Roped, k: Roped, cache_layer) -> int:
+    def _rows_table_mode(self, q: Roped, k: Roped, v: DeviceTensor, cache_layer) -> int:
         """For a masked batch: 2 if this layer can run attention_masked_rope reading the rows table an earlier layer
         of this forward stored (same rope, same positions tensor, same rows), 1 if its rope_kv_write should store the
         table (the forward's first such layer), 0 for neither: more rows than the tuning's attn_masked_rope (0: off;
         measured: bench/NOTES.md session 43), or shapes the kernel does not take (a quantized K or V, a window,
-        head_dim other than 64 / 128, more than MASKED_ROPE_MAX_NEW rows, q and k roped apart)."""
+        head_dim other than 64 / 128, a rope_dim not a multiple of 8 or k / v not 16-byte aligned -- the kernel
+        takes a row's values 8 at a time --, more than MASKED_ROPE_MAX_NEW rows, q and k roped apart)."""
         n, _, head_dim = q.x.shape
         if (n > min(self.masked_rope_rows, MASKED_ROPE_MAX_NEW) or self.rope_rows_table is None
                 or head_dim not in MASKED_ROPE_HEAD_DIMS or q.rope_dim * n > self.rope_rows_table.size
+                or q.rope_dim % 8 or k.x.ptr % 16 or v.ptr % 16
                 or any(kv_type_of(c) != "f16" for c in cache_layer) or kv_window(cache_layer)[0]
                 or (k.rope_dim, k.theta, k.neox, k.scaling, k.positions.ptr)
                 != (q.rope_dim, q.theta, q.neox, q.scaling, q.positions.ptr)):
@@ -241,7 +243,7 @@ class AttentionOps:
         if n == 1 and batch.mask is None and self.fuse_decode_rope:
             return self.attention_decode_rope(q, k, v, cache_layer, batch.n_past)
         if batch.mask is not None:
-            mode = self._rows_table_mode(q, k, cache_layer)
+            mode = self._rows_table_mode(q, k, v, cache_layer)
             if mode == 2:
                 return self.attention_masked_rope(q, k, v, cache_layer, batch.mask, batch.n_past)
             self.rope_kv_write(q, k, v, cache_layer, batch.n_past, rows_table=mode == 1)
