@@ -14,8 +14,10 @@ llama.cpp, whose row then says why (bench/llama_spec.py). Prints a markdown tabl
     python bench/bench_spec.py --skip-llama --quick          # flashd only, 8 prompts, 3 configs
     python bench/bench_spec.py --sdist ... --build-dir /tmp/lcp-build --arch cpu --build-only
 
-Method: greedy decoding (temperature 0), every prompt once per configuration after a warm-up
-pass over the first prompts (CUDA graph capture of each tree size happens there). Decode speed is
+Method: greedy decoding (temperature 0), every prompt once per configuration and round after a
+warm-up pass over the first prompts for every configuration (CUDA graph capture of each tree size
+happens there); with --rounds N the timed passes are interleaved (plain, then every configuration,
+N times) and each row is its median pass. Decode speed is
 (tokens - 1) / (time from the first generated token to the last): prefill excluded, as
 llama-speculative-simple's "decoded ... t/s" does. llama-simple's t/s includes its prompt's
 evaluation (short prompts: a few percent). Every speculative output is compared with flashd's
@@ -133,44 +135,93 @@ def timed(gen) -> tuple[list[int], float]:
     return out, (time.perf_counter() - t_first) if t_first else 0.0
 
 
-def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_warm: int) -> list[Row]:
+@dataclass
+class Pass:
+    """One timed pass of a configuration over every prompt."""
+    tok_s: float
+    outputs: list
+    steps: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+
+def median_pass(passes: list[Pass]) -> Pass:
+    """The pass of median speed (the lower middle one of an even count), whose own stats the row then shows."""
+    return sorted(passes, key=lambda p: p.tok_s)[(len(passes) - 1) // 2]
+
+
+def plain_pass(runner, prompts, greedy, max_tokens) -> Pass:
+    outs, n_tok, secs = [], 0, 0.0
+    for p in prompts:
+        toks, dt = timed(runner.generate(p, greedy, max_tokens))
+        outs.append(toks)
+        n_tok, secs = n_tok + len(toks) - 1, secs + dt
+    return Pass(n_tok / secs, outs)
+
+
+def spec_pass(runner, drafter, cfg, policy, prompts, greedy, max_tokens) -> Pass:
+    from flashd.daemon.speculative.decoder import SpecDecoder
+
+    out = Pass(0.0, [])
+    n_tok, secs = 0, 0.0
+    for p in prompts:
+        dec = SpecDecoder(runner, drafter, cfg, policy)
+        toks, dt = timed(dec.generate(p, greedy, max_tokens))
+        out.outputs.append(toks)
+        n_tok, secs = n_tok + len(toks) - 1, secs + dt
+        st = dec.stats
+        out.steps, out.accepted = out.steps + st.steps, out.accepted + st.accepted
+        out.draft_s, out.verify_s = out.draft_s + st.draft_s, out.verify_s + st.verify_s
+    out.tok_s = n_tok / secs
+    return out
+
+
+def run_flashd(engine, prompts: list[list[int]], max_tokens: int, configs, n_warm: int, rounds: int = 1) -> list[Row]:
+    """Plain decoding and every configuration, warmed up first (graph captures), then `rounds` timed passes each,
+    interleaved round by round (plain, then every configuration) so that a slow stretch of the machine falls on all
+    of them alike; each row is its median pass (extra["rounds_tok_s"]: every pass's speed). A speculative pass's
+    "exact" counts its outputs equal to the first plain pass's."""
     from flashd.daemon.speculative.decoder import SpecConfig, SpecDecoder
     from flashd.daemon.speculative.policy import DepthPolicy
     from flashd.protocol.messages import SamplingParams
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     greedy = SamplingParams()
     runner = engine.runner
     for p in prompts[:n_warm]:
         timed(runner.generate(p, greedy, max_tokens))
-    plain, n_tok, secs = [], 0, 0.0
-    for p in prompts:
-        toks, dt = timed(runner.generate(p, greedy, max_tokens))
-        plain.append(toks)
-        n_tok, secs = n_tok + len(toks) - 1, secs + dt
-    base = n_tok / secs
-    rows = [Row("flashd", "-", "plain", "-", base)]
-    log(f"flashd plain: {base:.1f} tok/s")
-    for label, drafter, mode, budget in configs:
-        cfg = SpecConfig(mode, budget)
-        # spec=auto: one policy per configuration, learning from the warm-up on (as the engine keeps one)
-        policy = DepthPolicy(budget) if mode == "auto" else None
+    # spec=auto: one policy per configuration, learning from the warm-up on (as the engine keeps one)
+    setups = [(SpecConfig(mode, budget), DepthPolicy(budget) if mode == "auto" else None) for _, _, mode, budget in configs]
+    for (_, drafter, _, _), (cfg, policy) in zip(configs, setups):
         for p in prompts[:n_warm]:
             timed(SpecDecoder(runner, drafter, cfg, policy).generate(p, greedy, max_tokens))
-        n_tok, secs, steps, acc, d_s, v_s, exact = 0, 0.0, 0, 0, 0.0, 0.0, 0
-        for p, want in zip(prompts, plain):
-            dec = SpecDecoder(runner, drafter, cfg, policy)
-            toks, dt = timed(dec.generate(p, greedy, max_tokens))
-            n_tok, secs = n_tok + len(toks) - 1, secs + dt
-            st = dec.stats
-            steps, acc, d_s, v_s = steps + st.steps, acc + st.accepted, d_s + st.draft_s, v_s + st.verify_s
-            exact += toks == want
-        tok_s = n_tok / secs
-        rows.append(Row("flashd", label, mode, str(budget), tok_s, (acc + steps) / steps, acc / steps,
-                        1e3 * d_s / steps, 1e3 * v_s / steps, f"{exact}/{len(prompts)}"))
-        log(f"flashd {label} {mode} {budget}: {tok_s:.1f} tok/s, {(acc + steps) / steps:.2f} tokens/step, "
-            f"exact {exact}/{len(prompts)}" + (f", policy {policy.info()}" if policy else ""))
+    plain, spec = [], [[] for _ in configs]
+    for r in range(rounds):
+        plain.append(plain_pass(runner, prompts, greedy, max_tokens))
+        log(f"flashd plain{f' (round {r + 1})' if rounds > 1 else ''}: {plain[-1].tok_s:.1f} tok/s")
+        for (label, drafter, mode, budget), (cfg, policy), passes in zip(configs, setups, spec):
+            passes.append(spec_pass(runner, drafter, cfg, policy, prompts, greedy, max_tokens))
+            ps = passes[-1]
+            log(f"flashd {label} {mode} {budget}: {ps.tok_s:.1f} tok/s, {(ps.accepted + ps.steps) / ps.steps:.2f} "
+                f"tokens/step" + (f", policy {policy.info()}" if policy else ""))
+    want = plain[0].outputs
+    base = median_pass(plain)
+    rows = [Row("flashd", "-", "plain", "-", base.tok_s)]
+    if rounds > 1:
+        rows[0].extra["rounds_tok_s"] = [round(p.tok_s, 1) for p in plain]
+    for (label, drafter, mode, budget), (cfg, policy), passes in zip(configs, setups, spec):
+        m = median_pass(passes)
+        exact = sum(got == w for got, w in zip(m.outputs, want))
+        row = Row("flashd", label, mode, str(budget), m.tok_s, (m.accepted + m.steps) / m.steps, m.accepted / m.steps,
+                  1e3 * m.draft_s / m.steps, 1e3 * m.verify_s / m.steps, f"{exact}/{len(prompts)}")
+        if rounds > 1:
+            row.extra["rounds_tok_s"] = [round(p.tok_s, 1) for p in passes]
+            row.extra["rounds_exact"] = [sum(got == w for got, w in zip(p.outputs, want)) for p in passes]
         if policy:
-            rows[-1].extra["policy"] = policy.info()
+            row.extra["policy"] = policy.info()
+        rows.append(row)
     return rows
 
 
@@ -225,6 +276,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-ctx", type=int, default=2048)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--warmup", type=int, default=2, help="prompts run once untimed per configuration")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="timed passes of plain decoding and of every configuration, interleaved; each row shows its "
+                         "median pass (the quick set's speculative rows spread up to ~+-8%% between single passes)")
     ap.add_argument("--quick", action="store_true", help="8 prompts and one config per drafter/mode")
     ap.add_argument("--skip-llama", action="store_true", help="flashd only")
     ap.add_argument("--sdist", type=Path, help="llama_cpp_python-*.tar.gz (its vendored llama.cpp is built)")
@@ -247,6 +301,8 @@ def main(argv=None) -> int:
                     help="CUDA launch tuning overrides (flashd_tuning.h), e.g. gemv_rows=1: set before the load, so every "
                          "graph is captured with it; the table's title prints the tuning in effect")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     try:
         ngram_config(args.ngram)                                  # a bad --ngram fails before any loading
     except (TypeError, ValueError) as exc:
@@ -272,7 +328,7 @@ def main(argv=None) -> int:
     engine, tuning = load_flashd(args.target, args.max_ctx, args.device, args.tuning)
     prompts = [engine.tokenizer.encode(t) for t in texts]
     configs = make_drafters(engine, args.draft or None, args.dflash, args.quick, args.ngram)
-    rows = run_flashd(engine, prompts, args.max_tokens, configs, args.warmup)
+    rows = run_flashd(engine, prompts, args.max_tokens, configs, args.warmup, args.rounds)
     if not args.skip_llama:
         from flashd.clients.registry import resolve_model
         draft = Path(resolve_model(args.draft)) if args.draft else None   # none: plain and n-gram rows only
@@ -291,6 +347,7 @@ def main(argv=None) -> int:
     title = (f"### Speculative decoding: {Path(engine.model.path).name}, {len(prompts)} prompts x {args.max_tokens} "
              f"tokens, greedy; {device.get('name', args.device) if isinstance(device, dict) else device}; "
              f"flashd {commit}, {datetime.date.today()}"
+             + (f"; median of {args.rounds} interleaved rounds" if args.rounds > 1 else "")
              + (f"; tuning {', '.join(f'{k}={v}' for k, v in tuning.items())}" if tuning else ""))
     text = table(rows, title)
     print(text)
